@@ -1,0 +1,36 @@
+"""Collective communication in Python: pure schedules, a simulator, and an engine over mpi4py."""
+
+__all__ = [
+    "COLLECTIVES",
+    "OPS",
+    "CollectiveTimeout",
+    "CollectivesError",
+    "Communicator",
+    "InvalidBufferError",
+    "ReduceOp",
+    "ScheduleError",
+    "TransportError",
+    "UnknownAlgorithmError",
+    "UnsupportedDtypeError",
+    "UnsupportedOpError",
+    "__version__",
+    "allgather",
+    "allreduce",
+    "reduce_scatter",
+]
+
+from .api import Communicator, allgather, allreduce, reduce_scatter
+from .errors import (
+    CollectivesError,
+    CollectiveTimeout,
+    InvalidBufferError,
+    ScheduleError,
+    TransportError,
+    UnknownAlgorithmError,
+    UnsupportedDtypeError,
+    UnsupportedOpError,
+)
+from .ops import OPS, ReduceOp
+from .specs import COLLECTIVES
+
+__version__ = "0.1.0.dev0"

@@ -1,0 +1,282 @@
+"""The user's API: allreduce, reduce_scatter, allgather, and the Communicator they run on."""
+
+__all__ = ["Communicator", "allgather", "allreduce", "reduce_scatter"]
+
+import weakref
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from .algorithms import build_schedule
+from .backends import ArrayBackend, backend_for
+from .errors import InvalidBufferError
+from .execute import execute
+from .ops import ReduceOp, get_op
+from .transport.base import Transport
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+
+class Communicator:
+    """A group of ranks the collectives run over.
+
+    Wraps an mpi4py intracommunicator (``MPI.COMM_WORLD`` when none is given)
+    and keeps the library's traffic on a private duplicate of it, so creating
+    one is collective over its ranks. A :class:`~collectives.transport.Transport`
+    may be given instead, e.g. a loopback transport in tests.
+    """
+
+    def __init__(self, comm: "MPI.Comm | Transport | None" = None) -> None:
+        if isinstance(comm, Transport):
+            self._transport = comm
+        else:
+            from .transport.mpi import MPITransport
+
+            self._transport = MPITransport(comm)
+
+    @property
+    def rank(self) -> int:
+        """This process's rank."""
+        return self._transport.rank
+
+    @property
+    def size(self) -> int:
+        """The world size."""
+        return self._transport.size
+
+    @property
+    def transport(self) -> Transport:
+        """The transport the collectives send over."""
+        return self._transport
+
+    def free(self) -> None:
+        """Release the library's duplicate communicator; collective, like creating it."""
+        self._transport.close()
+
+    def __repr__(self) -> str:
+        return f"Communicator(rank={self.rank}, size={self.size}, transport={type(self._transport).__name__})"
+
+
+_default: Communicator | None = None
+_wrapped: list[tuple["weakref.ref[Any]", Communicator]] = []
+
+
+def _communicator(comm: "Communicator | MPI.Comm | None") -> Communicator:
+    global _default
+    if isinstance(comm, Communicator):
+        return comm
+    if comm is None:
+        if _default is None:
+            _default = Communicator()
+        return _default
+    # an mpi4py communicator: duplicate it once and reuse that (mpi4py comms are not hashable)
+    for ref, wrapper in _wrapped:
+        if ref() is comm:
+            return wrapper
+    wrapper = Communicator(comm)
+    _wrapped[:] = [(r, w) for r, w in _wrapped if r() is not None]
+    _wrapped.append((weakref.ref(comm), wrapper))
+    return wrapper
+
+
+def _prepare(x: Any, op: "str | ReduceOp | None") -> tuple[ArrayBackend, ReduceOp | None]:
+    backend = backend_for(x)
+    dtype = backend.dtype_name(x)
+    if op is None:
+        return backend, None
+    reduce_op = get_op(op)
+    reduce_op.check_dtype(dtype)
+    return backend, reduce_op
+
+
+def _check_out(backend: ArrayBackend, out: Any, x: Any, shape: tuple[int, ...]) -> None:
+    if not backend.owns(out):
+        raise InvalidBufferError(
+            f"out is a {type(out).__name__}, but the input is a {type(x).__name__}"
+        )
+    if out.dtype != x.dtype:
+        raise InvalidBufferError(f"out has dtype {out.dtype}, expected {x.dtype}")
+    if tuple(out.shape) != shape:
+        raise InvalidBufferError(f"out has shape {tuple(out.shape)}, expected {shape}")
+    if not backend.writable(out):
+        raise InvalidBufferError("out is read-only")
+
+
+def _workspace(backend: ArrayBackend, out: Any, count: int, like: Any) -> tuple[Any, bool]:
+    """A contiguous 1-D buffer for the result: ``out`` itself when it can be, and whether it is."""
+    if out is not None:
+        view = backend.flat_view(out)
+        if view is not None:
+            return view, True
+    return backend.empty(count, like), False
+
+
+def allreduce(
+    x: Any,
+    op: "str | ReduceOp" = "sum",
+    *,
+    out: Any = None,
+    algorithm: str = "ring",
+    comm: "Communicator | MPI.Comm | None" = None,
+) -> Any:
+    """Combine ``x`` element-wise across all ranks; every rank gets the result.
+
+    Args:
+        x: this rank's array; the same shape and dtype on every rank.
+        op: ``sum``, ``prod``, ``min``, ``max``, ``avg`` (floating types) or
+            ``band``, ``bor``, ``bxor`` (integers).
+        out: where to put the result, of ``x``'s shape and dtype; ``out=x``
+            reduces in place.
+        algorithm: the algorithm's name.
+        comm: the communicator; the one over ``MPI.COMM_WORLD`` by default.
+
+    Returns:
+        The result, ``out`` when given.
+    """
+    backend, reduce_op = _prepare(x, op)
+    group = _communicator(comm)
+    shape = tuple(x.shape)
+    if out is not None:
+        _check_out(backend, out, x, shape)
+    work, in_out = _workspace(backend, out, x.size, x)
+    if not (in_out and out is x):
+        backend.copy(work, x)
+    schedule = build_schedule("allreduce", algorithm, group.size, x.size)
+    execute(schedule, group.transport, backend, work, reduce_op)
+    if reduce_op is not None and reduce_op.averages:
+        backend.divide(work, group.size)
+    return _deliver(backend, work, in_out, out, shape)
+
+
+def reduce_scatter(
+    x: Any,
+    op: "str | ReduceOp" = "sum",
+    *,
+    counts: Sequence[int] | None = None,
+    out: Any = None,
+    algorithm: str = "ring",
+    comm: "Communicator | MPI.Comm | None" = None,
+) -> Any:
+    """Combine ``x`` across all ranks; each rank gets its own share of the result.
+
+    Without ``counts``, ``x`` has ``P * k`` rows (P the world size) and rank
+    ``r`` gets rows ``r * k`` to ``(r + 1) * k`` of the result, as
+    ``MPI_Reduce_scatter_block`` and NCCL's reduce-scatter do. With ``counts``,
+    ``x`` is taken flat and rank ``r`` gets ``counts[r]`` elements starting at
+    ``sum(counts[:r])``, as ``MPI_Reduce_scatter`` does.
+
+    Args:
+        x: this rank's array; the same shape and dtype on every rank.
+        op: the reduction, as for :func:`allreduce`.
+        counts: the elements of each rank's share, when they differ.
+        out: where to put this rank's share.
+        algorithm: the algorithm's name.
+        comm: the communicator; the one over ``MPI.COMM_WORLD`` by default.
+
+    Returns:
+        This rank's share of the result, ``out`` when given.
+    """
+    backend, reduce_op = _prepare(x, op)
+    group = _communicator(comm)
+    size, rank = group.size, group.rank
+    shares, shape = _shares("reduce_scatter", x, counts, size, x.size)
+    if out is not None:
+        _check_out(backend, out, x, shape[rank])
+    # the input must survive, so the schedule runs on a copy of all of it
+    work = backend.empty(x.size, x)
+    backend.copy(work, x)
+    schedule = build_schedule("reduce_scatter", algorithm, size, x.size, shares)
+    execute(schedule, group.transport, backend, work, reduce_op)
+    lo = sum(shares[:rank])
+    mine = work[lo : lo + shares[rank]]
+    if reduce_op is not None and reduce_op.averages:
+        backend.divide(mine, size)
+    if out is None:
+        out = backend.empty(shares[rank], x).reshape(shape[rank])
+    backend.copy(out, mine)
+    return out
+
+
+def allgather(
+    x: Any,
+    *,
+    counts: Sequence[int] | None = None,
+    out: Any = None,
+    algorithm: str = "ring",
+    comm: "Communicator | MPI.Comm | None" = None,
+) -> Any:
+    """Concatenate every rank's ``x`` in rank order; every rank gets the whole.
+
+    Without ``counts`` every rank passes the same shape and the result stacks
+    them along the first axis (a 0-d ``x`` gives a 1-d result of P elements).
+    With ``counts`` rank ``r`` passes ``counts[r]`` elements, as
+    ``MPI_Allgatherv``, and the result is flat.
+
+    Args:
+        x: this rank's array.
+        counts: the elements of each rank's contribution, when they differ.
+        out: where to put the result.
+        algorithm: the algorithm's name.
+        comm: the communicator; the one over ``MPI.COMM_WORLD`` by default.
+
+    Returns:
+        The concatenation, ``out`` when given.
+    """
+    backend, _ = _prepare(x, None)
+    group = _communicator(comm)
+    size, rank = group.size, group.rank
+    total = x.size * size if counts is None else sum(counts)
+    shares, shape = _shares("allgather", x, counts, size, total)
+    if counts is not None and x.size != shares[rank]:
+        raise InvalidBufferError(f"x has {x.size} elements but counts[{rank}] is {shares[rank]}")
+    if out is not None:
+        _check_out(backend, out, x, shape[size])
+    work, in_out = _workspace(backend, out, total, x)
+    lo = sum(shares[:rank])
+    backend.copy(work[lo : lo + shares[rank]], x)
+    schedule = build_schedule("allgather", algorithm, size, total, shares)
+    execute(schedule, group.transport, backend, work)
+    return _deliver(backend, work, in_out, out, shape[size])
+
+
+def _shares(
+    collective: str, x: Any, counts: Sequence[int] | None, size: int, total: int
+) -> tuple[tuple[int, ...], dict[int, tuple[int, ...]]]:
+    """Each rank's share of the full buffer, and the result shapes: per rank, and at key ``size`` the whole."""
+    if counts is not None:
+        shares = tuple(int(c) for c in counts)
+        if len(shares) != size or any(c < 0 for c in shares):
+            raise InvalidBufferError(
+                f"counts must give {size} non-negative element counts, one per rank; got {tuple(counts)}"
+            )
+        if sum(shares) != total:
+            raise InvalidBufferError(f"counts {shares} add up to {sum(shares)}, not {total}")
+        shapes = {r: (c,) for r, c in enumerate(shares)}
+        shapes[size] = (total,)
+        return shares, shapes
+    rows = x.shape[0] if x.ndim else 1
+    rest = tuple(x.shape[1:])
+    if collective == "allgather":
+        share = (rows, *rest) if x.ndim else ()
+        whole = (rows * size, *rest)
+    else:
+        if x.ndim == 0 or rows % size:
+            raise InvalidBufferError(
+                f"reduce_scatter needs the first dimension of x (shape {tuple(x.shape)}) to be "
+                f"divisible by the world size {size}; pass counts= for unequal shares"
+            )
+        share = (rows // size, *rest)
+        whole = tuple(x.shape)
+    per_rank = x.size if collective == "allgather" else x.size // size
+    shapes = dict.fromkeys(range(size), share)
+    shapes[size] = whole
+    return (per_rank,) * size, shapes
+
+
+def _deliver(backend: ArrayBackend, work: Any, in_out: bool, out: Any, shape: tuple[int, ...]) -> Any:
+    if in_out:
+        return out
+    if out is None:
+        return work.reshape(shape)
+    backend.copy(out, work)
+    return out

@@ -1,0 +1,57 @@
+"""What the executor needs from an array library."""
+
+__all__ = ["ArrayBackend"]
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from ..ops import ReduceOp
+
+
+class ArrayBackend(ABC):
+    """Element-wise work on one-dimensional, contiguous buffers of one array library.
+
+    Buffers are the library's own arrays; the executor only slices them.
+    """
+
+    name: str
+
+    @abstractmethod
+    def owns(self, array: Any) -> bool:
+        """Whether ``array`` belongs to this backend's library."""
+
+    @abstractmethod
+    def dtype_name(self, array: Any) -> str:
+        """The dtype's name (``float32``, ``bfloat16``, ...); raises if it is not supported."""
+
+    @abstractmethod
+    def empty(self, count: int, like: Any) -> Any:
+        """A new 1-D buffer of ``count`` elements of ``like``'s dtype and device."""
+
+    @abstractmethod
+    def flat_view(self, array: Any) -> Any | None:
+        """A 1-D view of a C-contiguous ``array``; ``None`` if it is not contiguous."""
+
+    @abstractmethod
+    def copy(self, dst: Any, src: Any) -> None:
+        """``dst[...] = src``, for arrays of equal size whatever their shapes and strides."""
+
+    @abstractmethod
+    def combine(self, op: ReduceOp, dst: Any, src: Any) -> None:
+        """``dst = op(dst, src)`` element-wise, in place."""
+
+    @abstractmethod
+    def divide(self, buffer: Any, divisor: int) -> None:
+        """``buffer /= divisor`` in place, in the buffer's dtype (the last step of ``avg``)."""
+
+    @abstractmethod
+    def message(self, buffer: Any) -> Any:
+        """The bytes of a 1-D buffer, as a transport sends and receives them."""
+
+    @abstractmethod
+    def writable(self, array: Any) -> bool:
+        """Whether ``array`` may be written."""
+
+    @abstractmethod
+    def shares_memory(self, a: Any, b: Any) -> bool:
+        """Whether two arrays may overlap in memory."""

@@ -1,0 +1,74 @@
+"""numpy arrays, bfloat16 through ml_dtypes."""
+
+__all__ = ["NumpyBackend"]
+
+from typing import Any
+
+import ml_dtypes  # noqa: F401 - registers bfloat16 with numpy
+import numpy as np
+
+from ..errors import UnsupportedDtypeError
+from ..ops import ReduceOp, check_dtype
+from .base import ArrayBackend
+
+_UFUNCS = {
+    "sum": np.add,
+    "prod": np.multiply,
+    "min": np.minimum,
+    "max": np.maximum,
+    "band": np.bitwise_and,
+    "bor": np.bitwise_or,
+    "bxor": np.bitwise_xor,
+}
+
+
+class NumpyBackend(ArrayBackend):
+    """Host arrays. Reductions follow numpy: integers wrap, NaN and Inf propagate."""
+
+    name = "numpy"
+
+    def owns(self, array: Any) -> bool:
+        return isinstance(array, np.ndarray)
+
+    def dtype_name(self, array: np.ndarray) -> str:
+        dtype = array.dtype
+        if not dtype.isnative:
+            raise UnsupportedDtypeError(
+                f"dtype {dtype.str} is not in native byte order; convert with astype('={dtype.char}')"
+            )
+        check_dtype(dtype.name)
+        return dtype.name
+
+    def empty(self, count: int, like: np.ndarray) -> np.ndarray:
+        return np.empty(count, dtype=like.dtype)
+
+    def flat_view(self, array: np.ndarray) -> np.ndarray | None:
+        if not array.flags.c_contiguous:
+            return None
+        return array.reshape(-1)
+
+    def copy(self, dst: np.ndarray, src: np.ndarray) -> None:
+        if dst.shape == src.shape:
+            np.copyto(dst, src)
+        elif dst.flags.c_contiguous:
+            np.copyto(dst.reshape(src.shape), src)
+        else:
+            np.copyto(dst, src.reshape(dst.shape))
+
+    def combine(self, op: ReduceOp, dst: np.ndarray, src: np.ndarray) -> None:
+        # overflow to Inf and NaN are results here, not errors
+        with np.errstate(all="ignore"):
+            _UFUNCS[op.combine](dst, src, out=dst)
+
+    def divide(self, buffer: np.ndarray, divisor: int) -> None:
+        with np.errstate(all="ignore"):
+            np.true_divide(buffer, divisor, out=buffer)
+
+    def message(self, buffer: np.ndarray) -> np.ndarray:
+        return buffer.view(np.uint8)
+
+    def writable(self, array: np.ndarray) -> bool:
+        return bool(array.flags.writeable)
+
+    def shares_memory(self, a: np.ndarray, b: np.ndarray) -> bool:
+        return bool(np.may_share_memory(a, b))

@@ -1,0 +1,168 @@
+"""The schedule data model: transfers of chunks between ranks, step by step."""
+
+__all__ = ["RankStep", "Schedule", "Step", "Transfer"]
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from .chunking import bounds
+from .errors import ScheduleError
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """Rank ``src`` sends its copy of ``chunk`` to rank ``dst``.
+
+    With ``reduce`` the receiver combines the incoming chunk into its own copy
+    with the collective's op; without it the receiver's copy is overwritten.
+    """
+
+    src: int
+    dst: int
+    chunk: int
+    reduce: bool = False
+
+
+@dataclass(frozen=True)
+class Step:
+    """One round of independent transfers.
+
+    Every send of a step reads the chunk as it was when the step began; the
+    receives land when all transfers of the step are done, reductions applied in
+    the order the transfers are listed (which makes results deterministic).
+    """
+
+    transfers: tuple[Transfer, ...]
+
+    def __init__(self, transfers: Iterable[Transfer]) -> None:
+        object.__setattr__(self, "transfers", tuple(transfers))
+
+
+@dataclass(frozen=True)
+class RankStep:
+    """One rank's part of a step: what it sends and what it receives, in schedule order."""
+
+    sends: tuple[Transfer, ...]
+    recvs: tuple[Transfer, ...]
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A collective's algorithm for one world size and buffer layout, in the global view.
+
+    Every rank holds a buffer of ``sum(chunk_sizes)`` elements cut into chunks
+    of ``chunk_sizes`` elements, in order. Each rank's sends and receives are
+    derived from the one list of transfers, so the two sides of a message
+    cannot disagree.
+
+    Attributes:
+        name: the algorithm with its parameters, e.g. ``allreduce-ring(n=8)``.
+        collective: ``allreduce``, ``reduce_scatter`` or ``allgather``.
+        world_size: the number of ranks.
+        chunk_sizes: elements per chunk.
+        steps: the rounds of transfers.
+        chunk_owner: for collectives where each rank has a share of the buffer
+            (reduce_scatter, allgather), the rank whose share each chunk is part of.
+    """
+
+    name: str
+    collective: str
+    world_size: int
+    chunk_sizes: tuple[int, ...]
+    steps: tuple[Step, ...]
+    chunk_owner: tuple[int, ...] | None = None
+    _programs: dict[int, tuple[RankStep, ...]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        self._check_structure()
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.chunk_sizes)
+
+    @cached_property
+    def chunk_bounds(self) -> tuple[int, ...]:
+        """Element offset of each chunk in the buffer, plus the buffer's length."""
+        return bounds(self.chunk_sizes)
+
+    @property
+    def count(self) -> int:
+        """Elements in each rank's buffer."""
+        return self.chunk_bounds[-1]
+
+    def chunk_range(self, chunk: int) -> tuple[int, int]:
+        """``(start, stop)`` element offsets of ``chunk`` in the buffer."""
+        return self.chunk_bounds[chunk], self.chunk_bounds[chunk + 1]
+
+    def program(self, rank: int) -> tuple[RankStep, ...]:
+        """The sends and receives of ``rank`` at every step (memoized)."""
+        program = self._programs.get(rank)
+        if program is None:
+            if not 0 <= rank < self.world_size:
+                raise ScheduleError(f"rank {rank} is outside world size {self.world_size}")
+            program = tuple(
+                RankStep(
+                    sends=tuple(t for t in step.transfers if t.src == rank),
+                    recvs=tuple(t for t in step.transfers if t.dst == rank),
+                )
+                for step in self.steps
+            )
+            self._programs[rank] = program
+        return program
+
+    def _check_structure(self) -> None:
+        size = self.world_size
+        if size < 1:
+            raise ScheduleError(f"{self.name}: world size must be at least 1, got {size}")
+        if any(n < 0 for n in self.chunk_sizes):
+            raise ScheduleError(f"{self.name}: negative chunk size in {self.chunk_sizes}")
+        if self.chunk_owner is not None:
+            if len(self.chunk_owner) != self.num_chunks:
+                raise ScheduleError(
+                    f"{self.name}: {len(self.chunk_owner)} chunk owners for {self.num_chunks} chunks"
+                )
+            if any(not 0 <= r < size for r in self.chunk_owner):
+                raise ScheduleError(f"{self.name}: chunk owner outside 0..{size - 1}")
+        for index, step in enumerate(self.steps):
+            copied: set[tuple[int, int]] = set()
+            reduced: set[tuple[int, int]] = set()
+            sent: set[tuple[int, int]] = set()
+            for t in step.transfers:
+                where = dict(step=index, chunk=t.chunk)
+                if not (0 <= t.src < size and 0 <= t.dst < size):
+                    raise ScheduleError(
+                        f"{self.name}: step {index}: transfer {t.src}->{t.dst} names a rank "
+                        f"outside 0..{size - 1}",
+                        **where,
+                    )
+                if t.src == t.dst:
+                    raise ScheduleError(
+                        f"{self.name}: step {index}: rank {t.src} sends chunk {t.chunk} to itself",
+                        rank=t.src,
+                        **where,
+                    )
+                if not 0 <= t.chunk < self.num_chunks:
+                    raise ScheduleError(
+                        f"{self.name}: step {index}: chunk {t.chunk} outside 0..{self.num_chunks - 1}",
+                        **where,
+                    )
+                target = (t.dst, t.chunk)
+                if target in copied or (not t.reduce and (target in reduced or target in sent)):
+                    raise ScheduleError(
+                        f"{self.name}: step {index}: rank {t.dst} overwrites chunk {t.chunk} "
+                        "while also receiving or sending it in the same step",
+                        rank=t.dst,
+                        **where,
+                    )
+                if (t.src, t.chunk) in copied:
+                    raise ScheduleError(
+                        f"{self.name}: step {index}: rank {t.src} sends chunk {t.chunk} "
+                        "while it is being overwritten in the same step",
+                        rank=t.src,
+                        **where,
+                    )
+                (reduced if t.reduce else copied).add(target)
+                sent.add((t.src, t.chunk))

@@ -1,0 +1,196 @@
+"""The contract of each collective: what every rank holds before and after, and its sizes."""
+
+__all__ = [
+    "COLLECTIVES",
+    "SPECS",
+    "CollectiveSpec",
+    "ExactPattern",
+    "exact_pattern",
+    "get_spec",
+]
+
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import reduce
+
+from .errors import ScheduleError
+from .ops import ReduceOp, get_op
+from .schedule import Schedule
+
+Contribution = frozenset[int] | None
+"""The set of ranks whose inputs were combined into a chunk; ``None`` for no data."""
+
+
+@dataclass(frozen=True)
+class CollectiveSpec:
+    """What a collective guarantees, independent of the algorithm.
+
+    Attributes:
+        name: the collective's name.
+        reduces: whether the collective combines inputs with an op.
+        shared: whether each rank owns a share of the buffer (every chunk then
+            has an owner) rather than all ranks holding the whole buffer.
+        busbw_factor: algorithm bandwidth times this is the bus bandwidth, as
+            nccl-tests reports it, for a world size.
+    """
+
+    name: str
+    reduces: bool
+    shared: bool
+    busbw_factor: Callable[[int], float]
+    _before: Callable[[int, int, int | None, int], Contribution]
+    _after: Callable[[int, int, int | None, int], Contribution]
+
+    def before(self, schedule: Schedule) -> list[list[Contribution]]:
+        """The precondition: ``[rank][chunk]`` contributions every rank starts with."""
+        self.check_layout(schedule)
+        return [
+            [self._before(rank, chunk, _owner(schedule, chunk), schedule.world_size)
+             for chunk in range(schedule.num_chunks)]
+            for rank in range(schedule.world_size)
+        ]  # fmt: skip
+
+    def check_after(self, schedule: Schedule, state: list[list[Contribution]]) -> None:
+        """Raise :class:`ScheduleError` at the first (rank, chunk) that breaks the postcondition."""
+        for rank, chunks in enumerate(state):
+            for chunk, actual in enumerate(chunks):
+                expected = self._after(rank, chunk, _owner(schedule, chunk), schedule.world_size)
+                if expected is not None and actual != expected:
+                    raise ScheduleError(
+                        f"{schedule.name}: rank {rank} ends with chunk {chunk} holding "
+                        f"{_describe(actual)}, expected {_describe(expected)}",
+                        rank=rank,
+                        chunk=chunk,
+                        expected=expected,
+                        actual=actual,
+                    )
+
+    def check_layout(self, schedule: Schedule) -> None:
+        """Raise if the schedule is for another collective or its chunk owners do not fit."""
+        if schedule.collective != self.name:
+            raise ScheduleError(f"{schedule.name} is a {schedule.collective} schedule, not {self.name}")
+        if not self.shared:
+            return
+        owners = schedule.chunk_owner
+        if owners is None:
+            raise ScheduleError(f"{schedule.name}: a {self.name} schedule must give each chunk's owner")
+        if any(a > b for a, b in zip(owners, owners[1:], strict=False)):
+            raise ScheduleError(
+                f"{schedule.name}: chunk owners {owners} are not in rank order, so a rank's "
+                "share would not be contiguous"
+            )
+
+    def shares(self, schedule: Schedule) -> tuple[int, ...]:
+        """Elements of each rank's share of the buffer."""
+        self.check_layout(schedule)
+        sizes = [0] * schedule.world_size
+        for chunk, owner in enumerate(schedule.chunk_owner or ()):
+            sizes[owner] += schedule.chunk_sizes[chunk]
+        return tuple(sizes)
+
+
+def _owner(schedule: Schedule, chunk: int) -> int | None:
+    return None if schedule.chunk_owner is None else schedule.chunk_owner[chunk]
+
+
+def _describe(contribution: Contribution) -> str:
+    if contribution is None:
+        return "no data"
+    return "contributions of ranks {" + ", ".join(map(str, sorted(contribution))) + "}"
+
+
+def _everyone(world_size: int) -> frozenset[int]:
+    return frozenset(range(world_size))
+
+
+def _ring_factor(world_size: int) -> float:
+    return (world_size - 1) / world_size
+
+
+SPECS: dict[str, CollectiveSpec] = {
+    spec.name: spec
+    for spec in (
+        CollectiveSpec(
+            "allreduce", reduces=True, shared=False,
+            busbw_factor=lambda p: 2 * _ring_factor(p),
+            _before=lambda rank, chunk, owner, p: frozenset((rank,)),
+            _after=lambda rank, chunk, owner, p: _everyone(p),
+        ),
+        CollectiveSpec(
+            "reduce_scatter", reduces=True, shared=True,
+            busbw_factor=_ring_factor,
+            _before=lambda rank, chunk, owner, p: frozenset((rank,)),
+            _after=lambda rank, chunk, owner, p: _everyone(p) if rank == owner else None,
+        ),
+        CollectiveSpec(
+            "allgather", reduces=False, shared=True,
+            busbw_factor=_ring_factor,
+            _before=lambda rank, chunk, owner, p: frozenset((rank,)) if rank == owner else None,
+            _after=lambda rank, chunk, owner, p: frozenset((owner,)) if owner is not None else None,
+        ),
+    )
+}  # fmt: skip
+COLLECTIVES = tuple(SPECS)
+
+
+def get_spec(collective: str) -> CollectiveSpec:
+    """The spec of a collective by name; the error lists the known ones."""
+    try:
+        return SPECS[collective]
+    except KeyError:
+        raise ValueError(
+            f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}"
+        ) from None
+
+
+_COMBINE: dict[str, Callable[[int, int], int]] = {
+    "sum": operator.add,
+    "prod": operator.mul,
+    "min": min,
+    "max": max,
+    "band": operator.and_,
+    "bor": operator.or_,
+    "bxor": operator.xor,
+}
+
+_BITS = tuple(1 << k for k in range(7))
+_PATTERN_VALUES: dict[str, tuple[int, ...]] = {
+    "sum": (1, 2, 3, 0, 2),
+    "min": (5, 3, 7, 1, 4, 6, 2),
+    "max": (5, 3, 7, 1, 4, 6, 2),
+    "band": tuple(127 ^ bit for bit in _BITS),
+    "bor": _BITS,
+    "bxor": _BITS,
+}
+
+
+@dataclass(frozen=True)
+class ExactPattern:
+    """Integer-valued inputs whose reduction is exact in every supported dtype.
+
+    Rank ``r`` holds ``values[(i + r) % len(values)]`` at element ``i`` of its
+    input; the combined result at element ``i`` is ``combined[i % len(values)]``
+    (before ``avg`` divides by the world size). Exact for world sizes up to 42,
+    where the largest sum, 3 * 42, still fits int8 and is exact in bfloat16.
+    """
+
+    values: tuple[int, ...]
+    combined: tuple[int, ...]
+
+
+def exact_pattern(op: "str | ReduceOp", world_size: int) -> ExactPattern:
+    """The exact test pattern for ``op`` reduced over ``world_size`` ranks."""
+    op = get_op(op)
+    if op.combine == "prod":
+        # one rank in each window of world_size contributes 2, the others 1
+        values: tuple[int, ...] = (2,) + (1,) * world_size
+    else:
+        values = _PATTERN_VALUES[op.combine]
+    period = len(values)
+    combine = _COMBINE[op.combine]
+    combined = tuple(
+        reduce(combine, (values[(i + r) % period] for r in range(world_size)))
+        for i in range(period)
+    )
+    return ExactPattern(values, combined)
