@@ -1,0 +1,46 @@
+"""Launching time-bounded mpiexec runs from the test suite."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def mpiexec() -> str | None:
+    """The mpiexec to use: $COLLECTIVES_MPIEXEC, the one beside this Python (the mpich wheel's), or PATH's."""
+    chosen = os.environ.get("COLLECTIVES_MPIEXEC")
+    if chosen:
+        return chosen
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.exists():
+        return str(beside)
+    return shutil.which("mpiexec")
+
+
+def run_mpi(ranks: int, args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run ``mpiexec -n ranks python ARGS`` from the repository root; kill the whole job after ``timeout`` s.
+
+    Raises:
+        subprocess.TimeoutExpired: the job ran too long (a deadlock); its output so far is attached.
+    """
+    launcher = mpiexec()
+    if launcher is None:
+        raise FileNotFoundError("no mpiexec found; install the mpich extra or set COLLECTIVES_MPIEXEC")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    command = [launcher, "-n", str(ranks), sys.executable, *args]
+    with subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True,
+    ) as process:  # fmt: skip
+        try:
+            output, _ = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired as expired:
+            os.killpg(process.pid, signal.SIGKILL)
+            output, _ = process.communicate()
+            expired.output = output
+            raise
+    return subprocess.CompletedProcess(command, process.returncode, output, None)
