@@ -91,9 +91,7 @@ def _prepare(x: Any, op: "str | ReduceOp | None") -> tuple[ArrayBackend, ReduceO
 
 def _check_out(backend: ArrayBackend, out: Any, x: Any, shape: tuple[int, ...]) -> None:
     if not backend.owns(out):
-        raise InvalidBufferError(
-            f"out is a {type(out).__name__}, but the input is a {type(x).__name__}"
-        )
+        raise InvalidBufferError(f"out is a {type(out).__name__}, but the input is a {type(x).__name__}")
     if out.dtype != x.dtype:
         raise InvalidBufferError(f"out has dtype {out.dtype}, expected {x.dtype}")
     if tuple(out.shape) != shape:
@@ -179,9 +177,9 @@ def reduce_scatter(
     backend, reduce_op = _prepare(x, op)
     group = _communicator(comm)
     size, rank = group.size, group.rank
-    shares, shape = _shares("reduce_scatter", x, counts, size, x.size)
+    shares, share_shape, _ = _shares("reduce_scatter", x, counts, size, rank, x.size)
     if out is not None:
-        _check_out(backend, out, x, shape[rank])
+        _check_out(backend, out, x, share_shape)
     # the input must survive, so the schedule runs on a copy of all of it
     work = backend.empty(x.size, x)
     backend.copy(work, x)
@@ -192,7 +190,7 @@ def reduce_scatter(
     if reduce_op is not None and reduce_op.averages:
         backend.divide(mine, size)
     if out is None:
-        out = backend.empty(shares[rank], x).reshape(shape[rank])
+        out = backend.empty(shares[rank], x).reshape(share_shape)
     backend.copy(out, mine)
     return out
 
@@ -226,23 +224,23 @@ def allgather(
     group = _communicator(comm)
     size, rank = group.size, group.rank
     total = x.size * size if counts is None else sum(counts)
-    shares, shape = _shares("allgather", x, counts, size, total)
+    shares, _, whole_shape = _shares("allgather", x, counts, size, rank, total)
     if counts is not None and x.size != shares[rank]:
         raise InvalidBufferError(f"x has {x.size} elements but counts[{rank}] is {shares[rank]}")
     if out is not None:
-        _check_out(backend, out, x, shape[size])
+        _check_out(backend, out, x, whole_shape)
     work, in_out = _workspace(backend, out, total, x)
     lo = sum(shares[:rank])
     backend.copy(work[lo : lo + shares[rank]], x)
     schedule = build_schedule("allgather", algorithm, size, total, shares)
     execute(schedule, group.transport, backend, work)
-    return _deliver(backend, work, in_out, out, shape[size])
+    return _deliver(backend, work, in_out, out, whole_shape)
 
 
 def _shares(
-    collective: str, x: Any, counts: Sequence[int] | None, size: int, total: int
-) -> tuple[tuple[int, ...], dict[int, tuple[int, ...]]]:
-    """Each rank's share of the full buffer, and the result shapes: per rank, and at key ``size`` the whole."""
+    collective: str, x: Any, counts: Sequence[int] | None, size: int, rank: int, total: int
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """Each rank's share of the buffer, the shape of this rank's share, and the shape of the whole."""
     if counts is not None:
         shares = tuple(int(c) for c in counts)
         if len(shares) != size or any(c < 0 for c in shares):
@@ -251,26 +249,17 @@ def _shares(
             )
         if sum(shares) != total:
             raise InvalidBufferError(f"counts {shares} add up to {sum(shares)}, not {total}")
-        shapes = {r: (c,) for r, c in enumerate(shares)}
-        shapes[size] = (total,)
-        return shares, shapes
+        return shares, (shares[rank],), (total,)
     rows = x.shape[0] if x.ndim else 1
     rest = tuple(x.shape[1:])
     if collective == "allgather":
-        share = (rows, *rest) if x.ndim else ()
-        whole = (rows * size, *rest)
-    else:
-        if x.ndim == 0 or rows % size:
-            raise InvalidBufferError(
-                f"reduce_scatter needs the first dimension of x (shape {tuple(x.shape)}) to be "
-                f"divisible by the world size {size}; pass counts= for unequal shares"
-            )
-        share = (rows // size, *rest)
-        whole = tuple(x.shape)
-    per_rank = x.size if collective == "allgather" else x.size // size
-    shapes = dict.fromkeys(range(size), share)
-    shapes[size] = whole
-    return (per_rank,) * size, shapes
+        return (x.size,) * size, tuple(x.shape), (rows * size, *rest)
+    if x.ndim == 0 or rows % size:
+        raise InvalidBufferError(
+            f"reduce_scatter needs the first dimension of x (shape {tuple(x.shape)}) to be "
+            f"divisible by the world size {size}; pass counts= for unequal shares"
+        )
+    return (x.size // size,) * size, (rows // size, *rest), tuple(x.shape)
 
 
 def _deliver(backend: ArrayBackend, work: Any, in_out: bool, out: Any, shape: tuple[int, ...]) -> Any:

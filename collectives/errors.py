@@ -11,6 +11,7 @@ __all__ = [
     "UnsupportedOpError",
 ]
 
+
 class CollectivesError(Exception):
     """Base class of every error this library raises."""
 

@@ -68,7 +68,8 @@ def execute(
             if lo != hi:
                 requests.append(transport.isend(backend.message(buffer[lo:hi]), t.dst, TAG))
         transport.waitall(requests)
-        if pending and op is None:
-            raise ValueError(f"{schedule.name} reduces, so it needs an op")
-        for target, landing in pending:
-            backend.combine(op, target, landing)
+        if pending:
+            if op is None:
+                raise ValueError(f"{schedule.name} reduces, so it needs an op")
+            for target, landing in pending:
+                backend.combine(op, target, landing)

@@ -73,14 +73,10 @@ def get_op(op: "str | ReduceOp") -> ReduceOp:
     try:
         return OPS[op]
     except (KeyError, TypeError):
-        raise UnsupportedOpError(
-            f"unknown op {op!r}; valid ops are {', '.join(OPS)}"
-        ) from None
+        raise UnsupportedOpError(f"unknown op {op!r}; valid ops are {', '.join(OPS)}") from None
 
 
 def check_dtype(dtype: str) -> None:
     """Raise if ``dtype`` (a dtype name) is not one the library moves and reduces."""
     if dtype not in DTYPES:
-        raise UnsupportedDtypeError(
-            f"unsupported dtype {dtype}; supported dtypes are {', '.join(DTYPES)}"
-        )
+        raise UnsupportedDtypeError(f"unsupported dtype {dtype}; supported dtypes are {', '.join(DTYPES)}")

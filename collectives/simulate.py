@@ -68,9 +68,7 @@ def simulate(schedule: Schedule) -> SimulationResult:
             sent[t.src] += elements
             received[t.dst] += elements
     spec.check_after(schedule, state)
-    return SimulationResult(
-        schedule.name, len(schedule.steps), tuple(messages), tuple(sent), tuple(received)
-    )
+    return SimulationResult(schedule.name, len(schedule.steps), tuple(messages), tuple(sent), tuple(received))
 
 
 def _reduce_into(
@@ -92,8 +90,7 @@ def _reduce_into(
     current = state[rank][chunk]
     if current is None:
         raise ScheduleError(
-            f"{schedule.name}: step {step}: rank {rank} reduces into chunk {chunk}, "
-            "which holds no data",
+            f"{schedule.name}: step {step}: rank {rank} reduces into chunk {chunk}, which holds no data",
             **where,
         )
     twice = current & incoming

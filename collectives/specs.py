@@ -13,6 +13,7 @@ import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import reduce
+from itertools import pairwise
 
 from .errors import ScheduleError
 from .ops import ReduceOp, get_op
@@ -75,7 +76,7 @@ class CollectiveSpec:
         owners = schedule.chunk_owner
         if owners is None:
             raise ScheduleError(f"{schedule.name}: a {self.name} schedule must give each chunk's owner")
-        if any(a > b for a, b in zip(owners, owners[1:], strict=False)):
+        if any(a > b for a, b in pairwise(owners)):
             raise ScheduleError(
                 f"{schedule.name}: chunk owners {owners} are not in rank order, so a rank's "
                 "share would not be contiguous"
@@ -139,9 +140,7 @@ def get_spec(collective: str) -> CollectiveSpec:
     try:
         return SPECS[collective]
     except KeyError:
-        raise ValueError(
-            f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}"
-        ) from None
+        raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}") from None
 
 
 _COMBINE: dict[str, Callable[[int, int], int]] = {
@@ -190,7 +189,6 @@ def exact_pattern(op: "str | ReduceOp", world_size: int) -> ExactPattern:
     period = len(values)
     combine = _COMBINE[op.combine]
     combined = tuple(
-        reduce(combine, (values[(i + r) % period] for r in range(world_size)))
-        for i in range(period)
+        reduce(combine, (values[(i + r) % period] for r in range(world_size))) for i in range(period)
     )
     return ExactPattern(values, combined)

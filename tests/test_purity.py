@@ -38,9 +38,6 @@ def test_mpi4py_is_imported_only_by_the_mpi_transport() -> None:
     importers = sorted(
         str(path.relative_to(package))
         for path in package.rglob("*.py")
-        if any(
-            line.startswith(("import mpi4py", "from mpi4py"))
-            for line in path.read_text().splitlines()
-        )
+        if any(line.startswith(("import mpi4py", "from mpi4py")) for line in path.read_text().splitlines())
     )
     assert importers == ["transport/mpi.py"]

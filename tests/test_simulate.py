@@ -37,7 +37,9 @@ def test_a_missing_transfer_names_the_rank_and_chunk_left_short() -> None:
 
 def test_a_missing_reduce_scatter_transfer_names_the_owner() -> None:
     broken = _without(ring.reduce_scatter((2, 2, 2)), step=0, index=0)  # 0 -> 1 carries chunk 2
-    with pytest.raises(ScheduleError, match="rank 2 ends with chunk 2 holding contributions of ranks") as caught:
+    with pytest.raises(
+        ScheduleError, match="rank 2 ends with chunk 2 holding contributions of ranks"
+    ) as caught:
         simulate(broken)
     assert (caught.value.rank, caught.value.chunk) == (2, 2)
 
@@ -46,7 +48,9 @@ def test_a_chunk_reduced_twice_is_named() -> None:
     schedule = ring.allreduce(3, 3)
     # rank 1 passes chunk 0 to rank 2 again in step 1, after rank 2 already added it
     broken = _with_extra(schedule, 1, Transfer(0, 2, 2, reduce=True))
-    with pytest.raises(ScheduleError, match=r"rank 2 reduces chunk 2 twice: the contributions of ranks \[0\]") as caught:
+    with pytest.raises(
+        ScheduleError, match=r"rank 2 reduces chunk 2 twice: the contributions of ranks \[0\]"
+    ) as caught:
         simulate(broken)
     assert (caught.value.step, caught.value.rank, caught.value.chunk) == (1, 2, 2)
 
@@ -69,7 +73,7 @@ def test_reducing_in_allgather_is_rejected() -> None:
 def test_a_schedule_with_no_steps_fails_unless_one_rank_suffices() -> None:
     assert simulate(ring.allreduce(1, 5)).steps == 0
     empty = replace(ring.allreduce(2, 5), steps=())
-    with pytest.raises(ScheduleError, match="rank 0 ends with chunk 0 holding contributions of ranks {0}"):
+    with pytest.raises(ScheduleError, match=r"rank 0 ends with chunk 0 holding contributions of ranks \{0\}"):
         simulate(empty)
 
 

@@ -20,7 +20,12 @@ def test_collectives_are_named_alike_everywhere() -> None:
 
 @pytest.mark.parametrize(
     ("collective", "world_size", "factor"),
-    [("allreduce", 4, 1.5), ("allreduce", 1, 0.0), ("reduce_scatter", 8, 0.875), ("allgather", 2, 0.5)],
+    [
+        ("allreduce", 4, 1.5),
+        ("allreduce", 1, 0.0),
+        ("reduce_scatter", 8, 0.875),
+        ("allgather", 2, 0.5),
+    ],
 )
 def test_bus_bandwidth_factor_is_the_nccl_tests_one(collective: str, world_size: int, factor: float) -> None:
     assert get_spec(collective).busbw_factor(world_size) == pytest.approx(factor)
@@ -36,4 +41,4 @@ def test_exact_pattern_reduces_to_its_combined_values(op: str, world_size: int) 
     combined = _NUMPY_REDUCE[OPS[op].combine].reduce(np.stack(inputs), axis=0)
     assert np.array_equal(combined, np.take(pattern.combined, index % period))
     # every partial result fits int8 and is an exact bfloat16 integer
-    assert 0 <= min(pattern.values) and max(pattern.combined) <= np.iinfo(np.int8).max
+    assert min(pattern.values) >= 0 and max(pattern.combined) <= np.iinfo(np.int8).max

@@ -36,7 +36,11 @@ def _cached(collective: str, algorithm: str, world_size: int, shares: tuple[int,
 
 
 def build_schedule(
-    collective: str, algorithm: str, world_size: int, count: int, shares: Sequence[int] | None = None
+    collective: str,
+    algorithm: str,
+    world_size: int,
+    count: int,
+    shares: Sequence[int] | None = None,
 ) -> Schedule:
     """The schedule of ``algorithm`` for ``collective`` (memoized).
 

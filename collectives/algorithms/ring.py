@@ -42,10 +42,7 @@ def _reduce_scatter_steps(size: int) -> list[Step]:
 
 def _allgather_steps(size: int) -> list[Step]:
     # at step s rank r passes on chunk r - s: its own first, then what it received
-    return [
-        Step(Transfer(r, (r + 1) % size, (r - s) % size) for r in range(size))
-        for s in range(size - 1)
-    ]
+    return [Step(Transfer(r, (r + 1) % size, (r - s) % size) for r in range(size)) for s in range(size - 1)]
 
 
 def reduce_scatter(shares: Sequence[int]) -> Schedule:

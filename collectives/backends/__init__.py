@@ -20,6 +20,5 @@ def backend_for(array: Any) -> ArrayBackend:
         if backend.owns(array):
             return backend
     raise UnsupportedDtypeError(
-        f"cannot communicate a {type(array).__module__}.{type(array).__qualname__}; "
-        "pass a numpy array"
+        f"cannot communicate a {type(array).__module__}.{type(array).__qualname__}; pass a numpy array"
     )
