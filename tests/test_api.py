@@ -6,6 +6,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import collectives as C
 from collectives import (
@@ -17,6 +19,9 @@ from collectives import (
 )
 from collectives.ops import DTYPES, OPS
 from collectives.specs import exact_pattern
+
+from .conftest import run_ranks
+from .strategies import shares
 
 Ranks = Callable[..., list[Any]]
 OP_DTYPES = [(op, dtype) for op in OPS for dtype in DTYPES if dtype in OPS[op].dtypes]
@@ -243,3 +248,23 @@ def test_a_rank_that_fails_does_not_hang_the_others(ranks: Ranks) -> None:
 
     with pytest.raises(RuntimeError, match="rank 1 gave up"):
         ranks(3, run)
+
+
+@settings(max_examples=40, deadline=None)
+@given(shares(max_world=6, max_share=9), st.sampled_from(["sum", "max", "bxor"]))
+def test_unequal_shares_on_loopback_match_numpy(counts: tuple[int, ...], op: str) -> None:
+    world_size, total = len(counts), sum(counts)
+    inputs = [np.random.default_rng(r).integers(0, 50, total).astype(np.int64) for r in range(world_size)]
+    reduce = {"sum": np.add, "max": np.maximum, "bxor": np.bitwise_xor}[op].reduce
+    expected = reduce(np.stack(inputs), axis=0) if total else np.zeros(0, np.int64)
+    starts = np.cumsum((0, *counts))
+
+    def run(comm: Communicator) -> tuple[np.ndarray, np.ndarray]:
+        x = inputs[comm.rank]
+        mine = C.reduce_scatter(x, op, counts=counts, comm=comm)
+        gathered = C.allgather(mine, counts=counts, comm=comm)
+        return mine, gathered
+
+    for rank, (mine, gathered) in enumerate(run_ranks(world_size, run)):
+        assert np.array_equal(mine, expected[starts[rank] : starts[rank + 1]])
+        assert np.array_equal(gathered, expected)
