@@ -1,0 +1,1 @@
+"""Tests run under mpiexec with pytest --with-mpi; launched by tests/test_mpi_launch.py."""
