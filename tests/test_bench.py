@@ -1,0 +1,223 @@
+"""The benchmark: its pure parts without MPI, then whole runs under mpiexec."""
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench.config import Settings, element_count, parse_size, plan_sizes, size_sweep
+from bench.patterns import ExactData, count_wrong, numpy_dtype
+from bench.report import Row, Timing, bandwidths, format_footer, format_header, format_row, to_json
+from collectives.specs import get_spec
+from tests.mpirun import mpiexec, run_mpi
+
+MiB = 1024**2
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("8", 8), ("1K", 1024), ("64M", 64 * MiB), ("2G", 2 * 1024**3), ("3k", 3072), (" 16 ", 16)],
+)
+def test_parse_size(text: str, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "K", "1.5K", "12X", "-1", "1KB", "0x10"])
+def test_parse_size_rejects(text: str) -> None:
+    with pytest.raises(ValueError, match="invalid size"):
+        parse_size(text)
+
+
+def test_size_sweep_defaults() -> None:
+    sizes = size_sweep(8, 64 * MiB, 2)
+    assert sizes[0] == 8
+    assert sizes[-1] == 64 * MiB
+    assert len(sizes) == 24
+    assert all(b == 2 * a for a, b in itertools.pairwise(sizes))
+
+
+def test_size_sweep_stops_at_maxbytes() -> None:
+    assert size_sweep(8, 100, 3) == (8, 24, 72)
+    assert size_sweep(5, 5, 2) == (5,)
+
+
+@pytest.mark.parametrize(("low", "high", "factor"), [(0, 8, 2), (16, 8, 2), (8, 64, 1)])
+def test_size_sweep_rejects(low: int, high: int, factor: int) -> None:
+    with pytest.raises(ValueError):
+        size_sweep(low, high, factor)
+
+
+def test_element_count_rounds_to_whole_shares() -> None:
+    assert element_count("allreduce", 10, 4, 3) == 2
+    assert element_count("reduce_scatter", 100, 4, 3) == 24  # 8 elements for each of 3 ranks
+    assert element_count("allgather", 7, 1, 4) == 4
+    assert element_count("allgather", 8, 4, 4) == 0
+
+
+def test_plan_sizes_skips_empty_and_repeated_sizes() -> None:
+    assert plan_sizes("reduce_scatter", (8, 16, 32), 4, 4) == ((16, 4), (32, 8))
+    assert plan_sizes("allreduce", (5, 6, 8), 4, 1) == ((4, 1), (8, 2))
+    assert plan_sizes("allgather", (8, 16), 8, 3) == ()
+
+
+def test_bandwidths() -> None:
+    factor = get_spec("allreduce").busbw_factor(4)
+    assert factor == 1.5
+    assert bandwidths(2 * 10**9, 2.0, factor) == (1.0, 1.5)
+    algbw, busbw = bandwidths(1024, 1e-6, get_spec("allgather").busbw_factor(8))
+    assert algbw == pytest.approx(1.024)
+    assert busbw == pytest.approx(1.024 * 7 / 8)
+    assert bandwidths(8, 0.0, 1.0) == (0.0, 0.0)
+
+
+def _row(algorithm: str = "ring", wrong: int | None = 0, busbw: float = 1.0) -> Row:
+    return Row(
+        size=64 * MiB, count=16 * MiB, dtype="float32", op="sum", algorithm=algorithm,
+        out_of_place=Timing(83976.8349, 0.799, busbw, wrong),
+        in_place=Timing(1234567.0, 0.05, busbw, wrong),
+    )  # fmt: skip
+
+
+def _settings(algorithms: tuple[str, ...] = ("ring",)) -> Settings:
+    return Settings("allreduce", (8, 16), "float32", "sum", algorithms, iters=3, warmup=1)
+
+
+def test_format_row_lines_up_with_the_header() -> None:
+    header = format_header(_settings(), 4, "MPICH Version: 5.0.2")
+    titles = header[-1]
+    row = format_row(_row())
+    assert row.split() == [
+        "67108864", "16777216", "float32", "sum", "ring",
+        "|", "83976.83", "0.80", "1.00", "0", "|", "1234567", "0.05", "1.00", "0",
+    ]  # fmt: skip
+    assert len(row) == len(titles)
+    assert [i for i, c in enumerate(row) if c == "|"] == [i for i, c in enumerate(titles) if c == "|"]
+    # right-justified: every value ends where its title does
+    for title in ("size", "count", "algorithm", "time(us)", "#wrong"):
+        end = titles.index(title) + len(title)
+        assert row[end - 1] != " " and row[end] == " "
+
+
+def test_format_row_unchecked() -> None:
+    assert format_row(_row(wrong=None)).split()[9] == "N/A"
+
+
+def test_format_header() -> None:
+    lines = format_header(_settings(("ring", "tree")), 4, "MPICH", {"mpi": "no bfloat16"})
+    assert lines[0] == "# collectives allreduce benchmark"
+    text = "\n".join(lines)
+    for part in ("world size  : 4", "float32", "sum", "MPICH", "ring, tree", "mpi: no bfloat16"):
+        assert part in text
+    assert "out-of-place" in lines[-2] and "in-place" in lines[-2]
+    assert all(line.startswith("#") for line in lines)
+
+
+def test_format_footer() -> None:
+    assert format_footer([_row(busbw=1.0), _row(busbw=2.0)]) == [
+        "# Out of bounds values : 0 OK",
+        "# Avg bus bandwidth    : 1.5000",
+    ]
+    lines = format_footer([_row("ring", wrong=3), _row("mpi", busbw=4.0)])
+    assert lines[0] == "# Out of bounds values : 6 FAILED"
+    assert lines[1:] == [
+        "# Avg bus bandwidth    : 1.0000  (ring)",
+        "# Avg bus bandwidth    : 4.0000  (mpi)",
+    ]
+    assert format_footer([])[-1] == "# Avg bus bandwidth    : 0.0000"
+
+
+def test_to_json() -> None:
+    record = json.loads(json.dumps(to_json(_settings(), 4, "MPICH", [_row()])))
+    assert record["world_size"] == 4
+    assert record["mpi_library_version"] == "MPICH"
+    assert (record["dtype"], record["op"], record["iters"]) == ("float32", "sum", 3)
+    assert record["rows"][0]["in_place"]["wrong"] == 0
+    assert record["rows"][0]["algorithm"] == "ring"
+
+
+def _inputs(data: ExactData, count: int) -> list[np.ndarray]:
+    return [data.rank_input(rank, count) for rank in range(data.world_size)]
+
+
+@pytest.mark.parametrize("dtype", ["int32", "float16", "bfloat16"])
+def test_exact_data_allreduce(dtype: str) -> None:
+    data = ExactData.of("allreduce", "sum", dtype, 3)
+    inputs = _inputs(data, 23)
+    assert inputs[1][0] == data.pattern.values[1]
+    total = sum(x.astype(np.float64) for x in inputs)
+    expected = data.expected(2, 23)
+    assert expected.dtype == numpy_dtype(dtype)
+    assert np.array_equal(expected.astype(np.float64), total)
+
+
+def test_exact_data_avg_divides_in_the_dtype() -> None:
+    data = ExactData.of("allreduce", "avg", "float16", 3)
+    total = sum(x.astype(np.float64) for x in _inputs(data, 10))
+    assert np.array_equal(data.expected(0, 10), (total.astype(np.float16) / np.float16(3)))
+
+
+def test_exact_data_reduce_scatter() -> None:
+    data = ExactData.of("reduce_scatter", "max", "int8", 4)
+    total = np.maximum.reduce(_inputs(data, 20))
+    for rank in range(4):
+        assert np.array_equal(data.expected(rank, 20), total[rank * 5 : rank * 5 + 5])
+
+
+def test_exact_data_allgather_ignores_the_op() -> None:
+    data = ExactData.of("allgather", None, "uint16", 3)
+    inputs = _inputs(data, 12)
+    assert [x.size for x in inputs] == [4, 4, 4]
+    assert not np.array_equal(inputs[0], inputs[1])
+    assert np.array_equal(data.expected(1, 12), np.concatenate(inputs))
+
+
+def test_count_wrong() -> None:
+    expected = np.array([1.0, np.nan, 3.0, 4.0], dtype=np.float32)
+    assert count_wrong(expected.copy(), expected) == 0
+    actual = np.array([1.0, np.nan, np.nan, -4.0], dtype=np.float32)
+    assert count_wrong(actual, expected) == 2
+    assert count_wrong(np.array([0, 5], np.int8), np.array([0, 4], np.int8)) == 1
+
+
+needs_mpiexec = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec: install the mpich extra")
+
+
+@needs_mpiexec
+@pytest.mark.parametrize(
+    ("collective", "algorithms"),
+    [("allreduce", ("ring",)), ("reduce_scatter", ("ring", "mpi")), ("allgather", ("ring", "mpi"))],
+)
+def test_bench_under_mpiexec(collective: str, algorithms: tuple[str, ...], tmp_path: Path) -> None:
+    record = tmp_path / "rows.json"
+    args = ["-m", "bench", collective, "-b", "8", "-e", "64K", "-n", "3", "-w", "1"]
+    args += ["--json", str(record)]
+    if algorithms != ("ring",):
+        args += ["-a", ",".join(algorithms)]
+    result = run_mpi(2, args, timeout=60)
+    assert result.returncode == 0, result.stdout
+    assert f"# collectives {collective} benchmark" in result.stdout
+    assert "out-of-place" in result.stdout
+    assert "# Out of bounds values : 0 OK" in result.stdout
+    assert "# Avg bus bandwidth" in result.stdout
+
+    data = json.loads(record.read_text())
+    assert data["world_size"] == 2
+    assert data["collective"] == collective
+    sizes = plan_sizes(collective, size_sweep(8, 64 * 1024, 2), 4, 2)
+    rows = data["rows"]
+    assert [(row["size"], row["algorithm"]) for row in rows] == [
+        (size, algorithm) for size, _ in sizes for algorithm in algorithms
+    ]
+    for row in rows:
+        for half in (row["out_of_place"], row["in_place"]):
+            assert half["wrong"] == 0
+            assert half["time_us"] > 0
+
+
+@needs_mpiexec
+def test_bench_rejects_an_op_the_dtype_lacks() -> None:
+    result = run_mpi(1, ["-m", "bench", "allreduce", "-d", "int8", "-o", "avg"], timeout=30)
+    assert result.returncode == 2
+    assert "avg" in result.stdout and "int8" in result.stdout
