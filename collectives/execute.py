@@ -18,7 +18,7 @@ def scratch_elements(schedule: Schedule, rank: int) -> int:
     """Elements of scratch ``rank`` needs: the most it receives for reduction in one step."""
     sizes = schedule.chunk_sizes
     return max(
-        (sum(sizes[t.chunk] for t in step.recvs if t.reduce) for step in schedule.program(rank)),
+        (sum(sizes[t.into] for t in step.recvs if t.reduce) for step in schedule.program(rank)),
         default=0,
     )
 
@@ -53,7 +53,7 @@ def execute(
         used = 0
         # empty chunks are skipped on both sides alike, so messages still pair up
         for t in step.recvs:
-            lo, hi = bounds[t.chunk], bounds[t.chunk + 1]
+            lo, hi = bounds[t.into], bounds[t.into + 1]
             if lo == hi:
                 continue
             if t.reduce:

@@ -2,6 +2,7 @@
 
 __all__ = ["RankStep", "Schedule", "Step", "Transfer"]
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -14,14 +15,23 @@ from .errors import ScheduleError
 class Transfer:
     """Rank ``src`` sends its copy of ``chunk`` to rank ``dst``.
 
-    With ``reduce`` the receiver combines the incoming chunk into its own copy
-    with the collective's op; without it the receiver's copy is overwritten.
+    The receiver stores it at chunk ``dst_chunk`` of its buffer, the same chunk
+    when that is ``None`` (a different one lets alltoall move rank i's chunk j
+    to rank j's chunk i). With ``reduce`` the receiver combines the incoming
+    chunk into its own copy with the collective's op; without it the receiver's
+    copy is overwritten.
     """
 
     src: int
     dst: int
     chunk: int
     reduce: bool = False
+    dst_chunk: int | None = None
+
+    @property
+    def into(self) -> int:
+        """The receiver's chunk the transfer lands in."""
+        return self.chunk if self.dst_chunk is None else self.dst_chunk
 
 
 @dataclass(frozen=True)
@@ -113,6 +123,46 @@ class Schedule:
             self._programs[rank] = program
         return program
 
+    def to_json(self) -> str:
+        """The schedule as JSON; each transfer is ``[src, dst, chunk, reduce]`` plus ``dst_chunk`` if set."""
+        steps = [
+            [
+                [t.src, t.dst, t.chunk, int(t.reduce), *(() if t.dst_chunk is None else (t.dst_chunk,))]
+                for t in step.transfers
+            ]
+            for step in self.steps
+        ]
+        return json.dumps(
+            {
+                "name": self.name,
+                "collective": self.collective,
+                "world_size": self.world_size,
+                "chunk_sizes": list(self.chunk_sizes),
+                "chunk_owner": None if self.chunk_owner is None else list(self.chunk_owner),
+                "steps": steps,
+            },
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> "Schedule":
+        """A schedule from :meth:`to_json`'s output, checked like any other."""
+        data = json.loads(text)
+        owner = data.get("chunk_owner")
+        return cls(
+            name=data["name"],
+            collective=data["collective"],
+            world_size=data["world_size"],
+            chunk_sizes=tuple(data["chunk_sizes"]),
+            steps=tuple(
+                Step(
+                    Transfer(src, dst, chunk, bool(reduce), *into) for src, dst, chunk, reduce, *into in step
+                )
+                for step in data["steps"]
+            ),
+            chunk_owner=None if owner is None else tuple(owner),
+        )
+
     def _check_structure(self) -> None:
         size = self.world_size
         if size < 1:
@@ -144,18 +194,26 @@ class Schedule:
                         rank=t.src,
                         **where,
                     )
-                if not 0 <= t.chunk < self.num_chunks:
+                for chunk in (t.chunk, t.into):
+                    if not 0 <= chunk < self.num_chunks:
+                        raise ScheduleError(
+                            f"{self.name}: step {index}: chunk {chunk} outside 0..{self.num_chunks - 1}",
+                            **where,
+                        )
+                if self.chunk_sizes[t.chunk] != self.chunk_sizes[t.into]:
                     raise ScheduleError(
-                        f"{self.name}: step {index}: chunk {t.chunk} outside 0..{self.num_chunks - 1}",
+                        f"{self.name}: step {index}: chunk {t.chunk} of {self.chunk_sizes[t.chunk]} "
+                        f"elements lands in chunk {t.into} of {self.chunk_sizes[t.into]}",
                         **where,
                     )
-                target = (t.dst, t.chunk)
+                target = (t.dst, t.into)
                 if target in copied or (not t.reduce and (target in reduced or target in sent)):
                     raise ScheduleError(
-                        f"{self.name}: step {index}: rank {t.dst} overwrites chunk {t.chunk} "
+                        f"{self.name}: step {index}: rank {t.dst} overwrites chunk {t.into} "
                         "while also receiving or sending it in the same step",
                         rank=t.dst,
-                        **where,
+                        step=index,
+                        chunk=t.into,
                     )
                 if (t.src, t.chunk) in copied:
                     raise ScheduleError(

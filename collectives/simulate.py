@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from .errors import ScheduleError
 from .schedule import Schedule
-from .specs import Contribution, get_spec
+from .specs import Contribution, Token, describe, get_spec
 
 
 @dataclass(frozen=True)
@@ -60,9 +60,9 @@ def simulate(schedule: Schedule) -> SimulationResult:
                     step=index, rank=t.src, chunk=t.chunk,
                 )  # fmt: skip
             if t.reduce:
-                _reduce_into(schedule, state, index, t.dst, t.chunk, incoming, spec.reduces)
+                _reduce_into(schedule, state, index, t.dst, t.into, incoming, spec.reduces)
             else:
-                state[t.dst][t.chunk] = incoming
+                state[t.dst][t.into] = incoming
             elements = schedule.chunk_sizes[t.chunk]
             messages[t.src] += 1
             sent[t.src] += elements
@@ -77,7 +77,7 @@ def _reduce_into(
     step: int,
     rank: int,
     chunk: int,
-    incoming: frozenset[int],
+    incoming: frozenset[Token],
     reduces: bool,
 ) -> None:
     where = dict(step=step, rank=rank, chunk=chunk)
@@ -97,7 +97,7 @@ def _reduce_into(
     if twice:
         raise ScheduleError(
             f"{schedule.name}: step {step}: rank {rank} reduces chunk {chunk} twice: "
-            f"the contributions of ranks {sorted(twice)} would be counted twice",
+            f"{describe(twice, chunk)} would be counted twice",
             expected=current,
             actual=incoming,
             **where,

@@ -4,7 +4,10 @@ __all__ = [
     "COLLECTIVES",
     "SPECS",
     "CollectiveSpec",
+    "Contribution",
     "ExactPattern",
+    "Token",
+    "describe",
     "exact_pattern",
     "get_spec",
 ]
@@ -19,8 +22,10 @@ from .errors import ScheduleError
 from .ops import ReduceOp, get_op
 from .schedule import Schedule
 
-Contribution = frozenset[int] | None
-"""The set of ranks whose inputs were combined into a chunk; ``None`` for no data."""
+Token = tuple[int, int]
+"""``(rank, chunk)``: the input that ``rank`` started with in ``chunk``."""
+Contribution = frozenset[Token] | None
+"""The inputs combined into a chunk; ``None`` for no data."""
 
 
 @dataclass(frozen=True)
@@ -60,7 +65,7 @@ class CollectiveSpec:
                 if expected is not None and actual != expected:
                     raise ScheduleError(
                         f"{schedule.name}: rank {rank} ends with chunk {chunk} holding "
-                        f"{_describe(actual)}, expected {_describe(expected)}",
+                        f"{describe(actual, chunk)}, expected {describe(expected, chunk)}",
                         rank=rank,
                         chunk=chunk,
                         expected=expected,
@@ -95,14 +100,21 @@ def _owner(schedule: Schedule, chunk: int) -> int | None:
     return None if schedule.chunk_owner is None else schedule.chunk_owner[chunk]
 
 
-def _describe(contribution: Contribution) -> str:
+def describe(contribution: Contribution, chunk: int) -> str:
+    """Words for what a rank's ``chunk`` holds, for error messages."""
     if contribution is None:
         return "no data"
-    return "contributions of ranks {" + ", ".join(map(str, sorted(contribution))) + "}"
+    if all(origin == chunk for _, origin in contribution):
+        return "contributions of ranks {" + ", ".join(str(r) for r, _ in sorted(contribution)) + "}"
+    return ", ".join(f"rank {r}'s chunk {c}" for r, c in sorted(contribution))
 
 
-def _everyone(world_size: int) -> frozenset[int]:
-    return frozenset(range(world_size))
+def _mine(rank: int, chunk: int) -> frozenset[Token]:
+    return frozenset(((rank, chunk),))
+
+
+def _everyone(world_size: int, chunk: int) -> frozenset[Token]:
+    return frozenset((r, chunk) for r in range(world_size))
 
 
 def _ring_factor(world_size: int) -> float:
@@ -115,20 +127,20 @@ SPECS: dict[str, CollectiveSpec] = {
         CollectiveSpec(
             "allreduce", reduces=True, shared=False,
             busbw_factor=lambda p: 2 * _ring_factor(p),
-            _before=lambda rank, chunk, owner, p: frozenset((rank,)),
-            _after=lambda rank, chunk, owner, p: _everyone(p),
+            _before=lambda rank, chunk, owner, p: _mine(rank, chunk),
+            _after=lambda rank, chunk, owner, p: _everyone(p, chunk),
         ),
         CollectiveSpec(
             "reduce_scatter", reduces=True, shared=True,
             busbw_factor=_ring_factor,
-            _before=lambda rank, chunk, owner, p: frozenset((rank,)),
-            _after=lambda rank, chunk, owner, p: _everyone(p) if rank == owner else None,
+            _before=lambda rank, chunk, owner, p: _mine(rank, chunk),
+            _after=lambda rank, chunk, owner, p: _everyone(p, chunk) if rank == owner else None,
         ),
         CollectiveSpec(
             "allgather", reduces=False, shared=True,
             busbw_factor=_ring_factor,
-            _before=lambda rank, chunk, owner, p: frozenset((rank,)) if rank == owner else None,
-            _after=lambda rank, chunk, owner, p: frozenset((owner,)) if owner is not None else None,
+            _before=lambda rank, chunk, owner, p: _mine(rank, chunk) if rank == owner else None,
+            _after=lambda rank, chunk, owner, p: None if owner is None else _mine(owner, chunk),
         ),
     )
 }  # fmt: skip

@@ -88,3 +88,30 @@ def test_bad_world_size_and_owners_are_rejected() -> None:
         Schedule("x", "allreduce", 2, (1, -1), ())
     with pytest.raises(ScheduleError, match="rank 5 is outside world size 3"):
         ring.allreduce(3, 3).program(5)
+
+
+def test_a_transfer_may_land_in_another_chunk_of_the_same_size() -> None:
+    schedule = _schedule(Step([Transfer(0, 1, 0, dst_chunk=2)]))
+    (landing,) = schedule.program(1)[0].recvs
+    assert (landing.chunk, landing.into) == (0, 2)
+    with pytest.raises(ScheduleError, match="chunk 0 of 2 elements lands in chunk 1 of 3"):
+        Schedule("x", "allreduce", 2, (2, 3), (Step([Transfer(0, 1, 0, dst_chunk=1)]),))
+    with pytest.raises(ScheduleError, match=r"chunk 9 outside 0\.\.2"):
+        _schedule(Step([Transfer(0, 1, 0, dst_chunk=9)]))
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        ring.allreduce(5, 13),
+        ring.reduce_scatter((3, 0, 2)),
+        ring.allgather((1, 1)),
+        ring.allreduce(1, 0),
+        Schedule("moved", "allgather", 2, (1, 1), (Step([Transfer(0, 1, 0, dst_chunk=1)]),), (0, 1)),
+    ],
+    ids=lambda s: s.name,
+)
+def test_schedules_survive_a_json_round_trip(schedule: Schedule) -> None:
+    again = Schedule.from_json(schedule.to_json())
+    assert again == schedule
+    assert again.to_json() == schedule.to_json()

@@ -31,7 +31,7 @@ def test_a_missing_transfer_names_the_rank_and_chunk_left_short() -> None:
     error = caught.value
     assert error.rank is not None and error.chunk is not None
     assert f"rank {error.rank} ends with chunk {error.chunk}" in str(error)
-    assert error.expected == frozenset(range(4))
+    assert error.expected == frozenset((r, error.chunk) for r in range(4))
     assert error.actual != error.expected
 
 
@@ -48,9 +48,8 @@ def test_a_chunk_reduced_twice_is_named() -> None:
     schedule = ring.allreduce(3, 3)
     # rank 1 passes chunk 0 to rank 2 again in step 1, after rank 2 already added it
     broken = _with_extra(schedule, 1, Transfer(0, 2, 2, reduce=True))
-    with pytest.raises(
-        ScheduleError, match=r"rank 2 reduces chunk 2 twice: the contributions of ranks \[0\]"
-    ) as caught:
+    twice = r"rank 2 reduces chunk 2 twice: contributions of ranks \{0\} would be counted twice"
+    with pytest.raises(ScheduleError, match=twice) as caught:
         simulate(broken)
     assert (caught.value.step, caught.value.rank, caught.value.chunk) == (1, 2, 2)
 
@@ -92,3 +91,16 @@ def test_counts_messages_and_elements() -> None:
     assert result.elements_sent == (20 - 3 - 3, 20 - 3 - 2, 20 - 2 - 2, 20 - 2 - 3)
     assert result.elements_received == (20 - 3 - 2, 20 - 3 - 3, 20 - 3 - 2, 20 - 2 - 2)
     assert result.bytes_sent(4) == tuple(4 * n for n in result.elements_sent)
+
+
+def test_a_transfer_into_another_chunk_is_tracked_by_origin() -> None:
+    # rank 0's chunk 0 lands in rank 1's chunk 1, overwriting rank 1's own share
+    moved = Schedule("move", "allgather", 2, (2, 2), (Step([Transfer(0, 1, 0, dst_chunk=1)]),), (0, 1))
+    with pytest.raises(ScheduleError, match="rank 0 ends with chunk 1 holding no data"):
+        simulate(moved)
+    # passing rank 1's chunk 1 on now passes rank 0's data, and the check says so
+    with pytest.raises(ScheduleError, match=r"rank 0 ends with chunk 1 holding rank 0's chunk 0, expected"):
+        simulate(replace(moved, steps=(*moved.steps, Step([Transfer(1, 0, 1)]))))
+    swapped = replace(moved, steps=(Step([Transfer(0, 1, 0)]), Step([Transfer(1, 0, 1, dst_chunk=0)])))
+    with pytest.raises(ScheduleError, match="rank 0 ends with chunk 0 holding rank 1's chunk 1, expected"):
+        simulate(swapped)
