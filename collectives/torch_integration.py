@@ -1,0 +1,720 @@
+"""torch tensors through collectives: Horovod-style functions, a DistributedOptimizer, and DDP hooks."""
+
+__all__ = [
+    "DistributedOptimizer",
+    "Handle",
+    "allgather",
+    "allreduce",
+    "allreduce_",
+    "allreduce_async_",
+    "allreduce_hook",
+    "bf16_compress_hook",
+    "explain",
+    "fp16_compress_hook",
+    "fusion_buckets",
+    "reduce_scatter",
+]
+
+import itertools
+import math
+import queue
+import threading
+import weakref
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import ml_dtypes
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from . import api
+from .errors import CollectivesError, InvalidBufferError, UnsupportedDtypeError, UnsupportedOpError
+from .ops import get_op
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+    from torch._C._distributed_c10d import GradBucket
+
+    Comm = api.Communicator | MPI.Comm | None
+else:
+    Comm = Any
+
+T = TypeVar("T")
+TensorFuture = torch.futures.Future[torch.Tensor]
+
+_DTYPES: dict[torch.dtype, str] = {
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float32: "float32",
+    torch.float64: "float64",
+    torch.int8: "int8",
+    torch.int16: "int16",
+    torch.int32: "int32",
+    torch.int64: "int64",
+    torch.uint8: "uint8",
+    torch.uint16: "uint16",
+    torch.uint32: "uint32",
+    torch.uint64: "uint64",
+}
+_WIRE_DTYPES: dict[str | None, torch.dtype | None] = {
+    None: None,
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+}
+_NO_GPU_BACKEND = (
+    "cuda tensors need the GPU backend, which collectives does not have yet, or torch.distributed "
+    "initialised with NCCL (torch.distributed.init_process_group('nccl'))"
+)
+_HOST = "collectives"
+_FALLBACK = "torch.distributed"
+
+# --------------------------------------------------------------------------- tensors and the path they take
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    name = _DTYPES.get(dtype)
+    if name is None:
+        supported = ", ".join(str(d).removeprefix("torch.") for d in _DTYPES)
+        raise UnsupportedDtypeError(f"unsupported dtype {dtype}; supported dtypes are {supported}")
+    return name
+
+
+def _check(tensor: torch.Tensor) -> str:
+    """Raise unless ``tensor`` is dense, contiguous and of a dtype the library moves; its dtype name."""
+    if not isinstance(tensor, torch.Tensor):
+        raise InvalidBufferError(f"expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.layout != torch.strided:
+        raise InvalidBufferError(f"tensor has layout {tensor.layout}; only dense (strided) tensors are taken")
+    name = _dtype_name(tensor.dtype)
+    if not tensor.is_contiguous():
+        raise InvalidBufferError(
+            f"tensor of shape {tuple(tensor.shape)} and strides {tensor.stride()} is not contiguous; "
+            "pass tensor.contiguous()"
+        )
+    return name
+
+
+def _nccl_initialised() -> bool:
+    return dist.is_available() and dist.is_initialized() and "nccl" in str(dist.get_backend())
+
+
+def _route(tensor: torch.Tensor, comm: Comm) -> str:
+    """``_HOST`` for a cpu tensor, ``_FALLBACK`` for a cuda one with NCCL; raises for any other."""
+    if tensor.device.type == "cpu":
+        return _HOST
+    if tensor.device.type == "cuda":
+        if not _nccl_initialised():
+            raise InvalidBufferError(_NO_GPU_BACKEND)
+        if comm is not None:
+            raise InvalidBufferError("cuda tensors use torch.distributed's default group; pass comm=None")
+        return _FALLBACK
+    raise InvalidBufferError(f"tensor is on device {tensor.device}; collectives takes cpu tensors")
+
+
+def _checked(tensor: torch.Tensor, op: str | None, comm: Comm) -> str:
+    """Validate ``tensor`` and ``op`` on the caller's thread, before any rank communicates; the route."""
+    name = _check(tensor)
+    if op is not None:
+        get_op(op).check_dtype(name)
+    return _route(tensor, comm)
+
+
+def explain(tensor: torch.Tensor, comm: Comm = None) -> str:
+    """Which path a collective on ``tensor`` takes, or why it cannot take any.
+
+    Returns:
+        One line: ``"collectives: ..."`` (a zero-copy numpy view of a cpu
+        tensor), ``"torch.distributed: ..."`` (a cuda tensor through the NCCL
+        process group), or ``"unsupported: <the error the collective raises>"``.
+    """
+    try:
+        name = _check(tensor)
+        route = _route(tensor, comm)
+    except CollectivesError as error:
+        return f"unsupported: {error}"
+    if route == _HOST:
+        through = " (through int16)" if tensor.dtype == torch.bfloat16 else ""
+        return f"collectives: zero-copy numpy view{through} of a cpu {name} tensor"
+    return f"torch.distributed: {name} tensor on {tensor.device} through the default NCCL process group"
+
+
+def _host_view(tensor: torch.Tensor) -> np.ndarray:
+    """A numpy array over ``tensor``'s memory: no copy (bfloat16 through ml_dtypes)."""
+    data = tensor.detach()
+    if data.dtype == torch.bfloat16:
+        # torch has no numpy bfloat16 to give; the same bits through int16 are ml_dtypes' bfloat16
+        return data.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return data.numpy()
+
+
+def _reduce_in_place(tensor: torch.Tensor, op: str, communicator: api.Communicator) -> torch.Tensor:
+    view = _host_view(tensor)
+    api.allreduce(view, op, out=view, comm=communicator)
+    return tensor
+
+
+# --------------------------------------------------------------------------- the communication thread
+
+
+class _Worker:
+    """One thread that runs a communicator's collectives one at a time, in the order they were submitted.
+
+    Every rank submits its collectives in its program order, which is the same
+    on every rank, so the collectives pair up; and two collectives on one
+    communicator never interleave their messages. Where MPI lets only the main
+    thread call it (``funneled``, ``single``) there is no thread: a job runs
+    at once on the caller's.
+    """
+
+    def __init__(self, inline: bool) -> None:
+        self._inline = inline
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = queue.SimpleQueue()
+        if not inline:
+            threading.Thread(target=self._run, name="collectives-comm", daemon=True).start()
+
+    def submit(self, job: Callable[[], T]) -> "Future[T]":
+        future: Future[T] = Future()
+        if self._inline:
+            _run_job(job, future)
+        else:
+            self._jobs.put((job, future))
+        return future
+
+    def stop(self) -> None:
+        """End the thread once the jobs before have run."""
+        self._jobs.put(None)
+
+    def _run(self) -> None:
+        while (item := self._jobs.get()) is not None:
+            _run_job(*item)
+            # hold no tensor while idle: one freed here during interpreter shutdown would abort
+            del item
+
+
+def _run_job(job: Callable[[], T], future: "Future[T]") -> None:
+    future.set_running_or_notify_cancel()
+    try:
+        with torch.no_grad():
+            result = job()
+    except BaseException as error:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+_workers: "weakref.WeakKeyDictionary[api.Communicator, _Worker]" = weakref.WeakKeyDictionary()
+_workers_lock = threading.Lock()
+
+
+def _worker(communicator: api.Communicator) -> _Worker:
+    with _workers_lock:
+        worker = _workers.get(communicator)
+        if worker is None:
+            worker = _Worker(inline=communicator.transport.thread_level in ("funneled", "single"))
+            _workers[communicator] = worker
+            weakref.finalize(communicator, worker.stop)
+        return worker
+
+
+def _submit(comm: Comm, job: Callable[[api.Communicator], T]) -> "Future[T]":
+    """Run ``job(communicator)`` on the communicator's thread.
+
+    The communicator is looked up (and the default one created, a collective
+    call) here, on the caller's thread.
+    """
+    communicator = api._communicator(comm)
+    return _worker(communicator).submit(lambda: job(communicator))
+
+
+# --------------------------------------------------------------------------- functions
+
+
+class Handle:
+    """A collective in flight, from :func:`allreduce_async_`; :meth:`wait` gives its result."""
+
+    __slots__ = ("_done", "_wait")
+
+    def __init__(self, wait: Callable[[float | None], torch.Tensor], done: Callable[[], bool]) -> None:
+        self._wait = wait
+        self._done = done
+
+    def done(self) -> bool:
+        """Whether the collective has finished, successfully or not."""
+        return self._done()
+
+    def wait(self, timeout: float | None = None) -> torch.Tensor:
+        """Block until the collective finishes; return its result, or raise its error.
+
+        Args:
+            timeout: the most seconds to wait (then ``TimeoutError``); ``None``
+                waits as long as it takes. The NCCL fallback ignores it.
+        """
+        return self._wait(timeout)
+
+
+_TORCH_OPS = {
+    "sum": dist.ReduceOp.SUM,
+    "prod": dist.ReduceOp.PRODUCT,
+    "min": dist.ReduceOp.MIN,
+    "max": dist.ReduceOp.MAX,
+    "avg": dist.ReduceOp.AVG,
+    "band": dist.ReduceOp.BAND,
+    "bor": dist.ReduceOp.BOR,
+    "bxor": dist.ReduceOp.BXOR,
+}
+
+
+def allreduce_async_(tensor: torch.Tensor, op: str = "sum", *, comm: Comm = None) -> Handle:
+    """Start reducing ``tensor`` in place across all ranks; :meth:`Handle.wait` returns it.
+
+    Leave the tensor alone until the handle is waited on. The collectives of
+    one communicator run in the order they were started, on a background
+    thread, so every rank must start them in the same order.
+
+    Args:
+        tensor: a contiguous cpu tensor, the same shape and dtype on every
+            rank (a cuda one goes through torch.distributed; see :func:`explain`).
+        op: ``sum``, ``prod``, ``min``, ``max``, ``avg`` (floating types) or
+            ``band``, ``bor``, ``bxor`` (integers).
+        comm: a :class:`~collectives.Communicator` or an mpi4py communicator;
+            the one over ``MPI.COMM_WORLD`` by default.
+    """
+    if _checked(tensor, op, comm) == _FALLBACK:
+        work = dist.all_reduce(tensor, op=_TORCH_OPS[get_op(op).name], async_op=True)
+        if work is None:
+            raise CollectivesError("torch.distributed.all_reduce gave no work to wait on")
+
+        def wait(timeout: float | None) -> torch.Tensor:
+            work.wait()
+            return tensor
+
+        return Handle(wait, work.is_completed)
+    future = _submit(comm, lambda communicator: _reduce_in_place(tensor, op, communicator))
+    return Handle(future.result, future.done)
+
+
+def allreduce_(tensor: torch.Tensor, op: str = "sum", *, comm: Comm = None) -> torch.Tensor:
+    """Reduce ``tensor`` in place across all ranks and return it; as :func:`allreduce_async_`."""
+    return allreduce_async_(tensor, op, comm=comm).wait()
+
+
+def allreduce(tensor: torch.Tensor, op: str = "sum", *, comm: Comm = None) -> torch.Tensor:
+    """The reduction of ``tensor`` across all ranks, in a new tensor; ``tensor`` is left as it was.
+
+    Args as for :func:`allreduce_async_`.
+    """
+    _checked(tensor, op, comm)
+    return allreduce_(tensor.detach().clone(), op, comm=comm)
+
+
+def allgather(tensor: torch.Tensor, *, comm: Comm = None) -> torch.Tensor:
+    """Every rank's ``tensor`` concatenated along the first dimension, in rank order, in a new tensor.
+
+    As in Horovod, the first dimension may differ between ranks (the row
+    counts are exchanged first); the other dimensions and the dtype must be the
+    same on every rank. A 0-d tensor counts as one row.
+    """
+    route = _checked(tensor, None, comm)
+    rows = tensor.reshape(1) if tensor.dim() == 0 else tensor
+    layout = [rows.shape[0], math.prod(rows.shape[1:]), rows.dim(), list(_DTYPES).index(tensor.dtype)]
+    if route == _FALLBACK:
+        return _fallback_allgather(rows, layout)
+
+    def job(communicator: api.Communicator) -> torch.Tensor:
+        layouts = api.allgather(np.array(layout, np.int64), comm=communicator).reshape(-1, len(layout))
+        _check_layouts(layouts, tuple(rows.shape[1:]))
+        out = torch.empty((int(layouts[:, 0].sum()), *rows.shape[1:]), dtype=tensor.dtype)
+        counts = [int(n) * layout[1] for n in layouts[:, 0]]
+        mine, whole = _host_view(rows).reshape(-1), _host_view(out).reshape(-1)
+        api.allgather(mine, counts=counts, out=whole, comm=communicator)
+        return out
+
+    return _submit(comm, job).result()
+
+
+def _check_layouts(layouts: np.ndarray, rest: tuple[int, ...]) -> None:
+    """Raise, on every rank alike, unless all ranks' rows have the same size, rank and dtype."""
+    if (layouts[:, 1:] != layouts[0, 1:]).any():
+        raise InvalidBufferError(
+            "allgather needs the same dtype and trailing dimensions on every rank; ranks differ in "
+            f"(elements per row, dimensions, dtype): {[tuple(int(v) for v in row[1:]) for row in layouts]}"
+        )
+
+
+def _fallback_allgather(rows: torch.Tensor, layout: list[int]) -> torch.Tensor:
+    size = dist.get_world_size()
+    mine = torch.tensor(layout, dtype=torch.int64, device=rows.device)
+    layouts = torch.empty(size * len(layout), dtype=torch.int64, device=rows.device)
+    dist.all_gather_single(layouts, mine)
+    table = layouts.reshape(size, len(layout)).cpu().numpy()
+    _check_layouts(table, tuple(rows.shape[1:]))
+    parts = [rows.new_empty((int(n), *rows.shape[1:])) for n in table[:, 0]]
+    dist.all_gather(parts, rows)
+    return torch.cat(parts)
+
+
+def reduce_scatter(tensor: torch.Tensor, op: str = "sum", *, comm: Comm = None) -> torch.Tensor:
+    """This rank's share of the reduction of ``tensor`` across all ranks, in a new tensor.
+
+    ``tensor`` has ``P * k`` rows (P the world size); rank ``r`` gets rows
+    ``r * k`` to ``(r + 1) * k`` of the reduction.
+    """
+    route = _checked(tensor, op, comm)
+    if tensor.dim() == 0:
+        raise InvalidBufferError("reduce_scatter needs a tensor with rows, got a 0-d tensor")
+    if route == _FALLBACK:
+        size = dist.get_world_size()
+        out = tensor.new_empty((tensor.shape[0] // size, *tensor.shape[1:]))
+        dist.reduce_scatter_single(out, tensor, op=_TORCH_OPS[get_op(op).name])
+        return out
+
+    def job(communicator: api.Communicator) -> torch.Tensor:
+        out = tensor.new_empty((tensor.shape[0] // communicator.size, *tensor.shape[1:]))
+        api.reduce_scatter(_host_view(tensor), op, out=_host_view(out), comm=communicator)
+        return out
+
+    return _submit(comm, job).result()
+
+
+# --------------------------------------------------------------------------- DistributedOptimizer
+
+
+def fusion_buckets(params: Sequence[torch.Tensor], threshold_bytes: int) -> list[list[int]]:
+    """Group parameters into fusion buckets: each bucket's indices into ``params``, in launch order.
+
+    The parameters are taken in reverse order (backward produces the last
+    layers' gradients first). A bucket is closed when the next parameter would
+    take it past ``threshold_bytes`` or has another dtype, so a parameter larger
+    than the threshold is alone, and a threshold of 0 puts every parameter
+    alone. Only the parameters' order, sizes and dtypes matter, so every rank
+    gets the same buckets.
+    """
+    if threshold_bytes < 0:
+        raise ValueError(f"threshold_bytes must be non-negative, got {threshold_bytes}")
+    buckets: list[list[int]] = []
+    filled = 0
+    for index in reversed(range(len(params))):
+        param = params[index]
+        nbytes = param.numel() * param.element_size()
+        if not buckets or param.dtype != params[buckets[-1][0]].dtype or filled + nbytes > threshold_bytes:
+            buckets.append([])
+            filled = 0
+        buckets[-1].append(index)
+        filled += nbytes
+    return buckets
+
+
+class _Bucket:
+    """The parameters of one fusion bucket, and the buffers their gradients travel in."""
+
+    def __init__(self, params: list[torch.Tensor], wire: torch.dtype | None) -> None:
+        self.params = params
+        self.wire = wire
+        self._fused: torch.Tensor | None = None
+        self._packed: torch.Tensor | None = None
+
+    def reduce(self, op: str, communicator: api.Communicator) -> None:
+        """Reduce the gradients in place across the ranks; runs on the communication thread."""
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if len(grads) < len(self.params):
+            raise CollectivesError("a gradient went missing before it was reduced; was zero_grad() called?")
+        if self.wire is None and len(grads) == 1 and grads[0].is_contiguous():
+            _reduce_in_place(grads[0], op, communicator)  # one gradient needs no fusion buffer
+            return
+        if self._fused is None:
+            self._fused = torch.empty(sum(p.numel() for p in self.params), dtype=self.params[0].dtype)
+        fused = self._fused
+        bounds = np.cumsum([0] + [p.numel() for p in self.params]).tolist()
+        pieces = [fused[lo:hi] for lo, hi in itertools.pairwise(bounds)]
+        for piece, grad in zip(pieces, grads, strict=True):
+            piece.copy_(grad.reshape(-1))
+        if self.wire is None:
+            _reduce_in_place(fused, op, communicator)
+        else:
+            if op == "avg":
+                fused.div_(communicator.size)  # before the cast, so float16 cannot overflow in the sum
+            if self._packed is None:
+                self._packed = torch.empty(fused.numel(), dtype=self.wire)
+            self._packed.copy_(fused)
+            _reduce_in_place(self._packed, "sum", communicator)
+            fused.copy_(self._packed)
+        for piece, grad in zip(pieces, grads, strict=True):
+            grad.copy_(piece.view_as(grad))
+
+
+class DistributedOptimizer(torch.optim.Optimizer):
+    """Wraps an optimizer so that ``step()`` uses the gradients averaged over all ranks, as Horovod's does.
+
+    A hook on every parameter hands its gradient over as soon as backward has
+    accumulated it. Gradients travel in fusion buckets (:func:`fusion_buckets`:
+    reverse registration order, up to ``fusion_threshold_bytes`` each); a
+    bucket is reduced on the communication thread once all its gradients are
+    ready and every bucket before it has been started, so the buckets go out
+    in the same order on every rank while backward goes on with earlier layers.
+    :meth:`step` calls :meth:`synchronize`, which starts the buckets backward
+    did not fill, waits for all, and leaves the results in ``.grad``; then it
+    steps the wrapped optimizer.
+
+    The wrapper shares the wrapped optimizer's ``param_groups`` and ``state``,
+    so learning-rate schedulers and state dicts work through either.
+
+    Args:
+        optimizer: the optimizer to wrap.
+        named_parameters: ``model.named_parameters()``. Their order fixes the
+            buckets, so it must be the same on every rank; the optimizer's
+            order is used without it.
+        fusion_threshold_bytes: the most gradient bytes fused into one
+            allreduce; 0 reduces each gradient alone.
+        compression: ``None``, ``"fp16"`` or ``"bf16"``: the dtype gradients
+            travel in. With ``op="avg"`` they are divided by the world size
+            before the cast, so float16 does not overflow in the sum.
+        op: ``"avg"`` or ``"sum"`` of the gradients.
+        backward_passes_per_step: backward passes that accumulate into
+            ``.grad`` before each step; gradients are reduced after the last.
+        comm: the communicator; the one over ``MPI.COMM_WORLD`` by default.
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+        *,
+        fusion_threshold_bytes: int = 64 * 2**20,
+        compression: str | None = None,
+        op: str = "avg",
+        backward_passes_per_step: int = 1,
+        comm: Comm = None,
+    ) -> None:
+        if compression not in _WIRE_DTYPES:
+            raise ValueError(f"unknown compression {compression!r}; valid ones are None, 'fp16', 'bf16'")
+        if op not in ("avg", "sum"):
+            raise UnsupportedOpError(f"DistributedOptimizer takes op 'avg' or 'sum', not {op!r}")
+        if backward_passes_per_step < 1:
+            raise ValueError(f"backward_passes_per_step must be at least 1, got {backward_passes_per_step}")
+        names, params = _parameters_to_reduce(optimizer, named_parameters)
+        super().__init__(optimizer.param_groups, optimizer.defaults)  # the same group dicts, shared
+        self.optimizer = optimizer
+        self.state = optimizer.state
+        self._names = names
+        self._op = op
+        self._passes = backward_passes_per_step
+        self._communicator = api._communicator(comm)
+        self._worker = _worker(self._communicator)
+        grouping = fusion_buckets(params, fusion_threshold_bytes)
+        wire = _WIRE_DTYPES[compression]
+        self._buckets = [_Bucket([params[i] for i in indices], wire) for indices in grouping]
+        self._bucket_names = [[names[i] for i in indices] for indices in grouping]
+        self._bucket_of = [0] * len(params)
+        for b, indices in enumerate(grouping):
+            for i in indices:
+                self._bucket_of[i] = b
+        self._lock = threading.Lock()
+        self._new_round()
+        self._needs_sync = True
+        self._hooks = [
+            param.register_post_accumulate_grad_hook(self._hook(i))  # type: ignore[no-untyped-call]
+            for i, param in enumerate(params)
+        ]
+
+    @property
+    def buckets(self) -> list[list[str]]:
+        """The parameter names of each fusion bucket, in the order the buckets are reduced."""
+        return [list(names) for names in self._bucket_names]
+
+    def _new_round(self) -> None:
+        self._passes_seen = [0] * len(self._bucket_of)
+        self._ready = [0] * len(self._buckets)
+        self._started = 0
+        self._pending: list[Future[None]] = []
+
+    def _hook(self, index: int) -> Callable[[torch.Tensor], None]:
+        def hook(param: torch.Tensor) -> None:
+            with self._lock:
+                self._passes_seen[index] += 1
+                passes = self._passes_seen[index]
+                if passes > self._passes:
+                    raise CollectivesError(
+                        f"the gradient of {self._names[index]} was accumulated {passes} times before "
+                        f"step() or synchronize(); pass backward_passes_per_step={passes} to accumulate"
+                    )
+                self._needs_sync = True
+                if passes == self._passes:
+                    self._ready[self._bucket_of[index]] += 1
+                    self._start_ready()
+
+        return hook
+
+    def _start_ready(self) -> None:
+        # strictly in bucket order: a full bucket waits until every bucket before it has started
+        while self._started < len(self._buckets) and self._ready[self._started] == len(
+            self._buckets[self._started].params
+        ):
+            self._start(self._buckets[self._started])
+
+    def _start(self, bucket: _Bucket) -> None:
+        op, communicator = self._op, self._communicator
+        self._pending.append(self._worker.submit(lambda: bucket.reduce(op, communicator)))
+        self._started += 1
+
+    def synchronize(self) -> None:
+        """Reduce what is left of this step's gradients and wait for all; ``.grad`` then holds the results.
+
+        Call it to read or clip the averaged gradients before :meth:`step`,
+        which then does not reduce again. A parameter without a gradient
+        contributes zeros, and gets the result.
+        """
+        with self._lock:
+            for bucket in self._buckets[self._started :]:
+                for param in bucket.params:
+                    if param.grad is None:
+                        param.grad = torch.zeros_like(param)
+                self._start(bucket)
+            pending = self._pending
+            self._new_round()
+            self._needs_sync = False
+        errors = [error for future in pending if (error := future.exception()) is not None]
+        if errors:
+            raise errors[0]
+
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        """Reduce the gradients (unless :meth:`synchronize` just did) and step the wrapped optimizer.
+
+        A closure is called once, before the reduction.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self._needs_sync:
+            self.synchronize()
+        self.optimizer.step()
+        self._needs_sync = True
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear the gradients as the wrapped optimizer does; an error while they are being reduced."""
+        with self._lock:
+            if self._pending:
+                raise CollectivesError(
+                    "zero_grad() was called while gradients were being reduced; call step() or "
+                    "synchronize() between backward and zero_grad()"
+                )
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Only while wrapping: the buckets are fixed once the wrapper exists."""
+        if hasattr(self, "_buckets"):
+            raise CollectivesError("DistributedOptimizer cannot take new parameter groups once created")
+        super().add_param_group(param_group)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped optimizer's state dict."""
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load into the wrapped optimizer, and share its new groups and state."""
+        self.optimizer.load_state_dict(state_dict)
+        self.param_groups = self.optimizer.param_groups
+        self.state = self.optimizer.state
+
+    def __repr__(self) -> str:
+        return f"DistributedOptimizer({self.optimizer!r}, buckets={len(self._buckets)}, op={self._op!r})"
+
+
+def _parameters_to_reduce(
+    optimizer: torch.optim.Optimizer, named_parameters: Iterable[tuple[str, torch.Tensor]] | None
+) -> tuple[list[str], list[torch.Tensor]]:
+    """The optimizer's parameters that take gradients, with names, in registration order; validated."""
+    owned = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    if named_parameters is None:
+        names, params = [f"param{i}" for i in range(len(owned))], owned
+    else:
+        pairs = list(named_parameters)
+        repeated = sorted(name for name, times in Counter(name for name, _ in pairs).items() if times > 1)
+        if repeated:
+            raise ValueError(f"named_parameters repeats the names {repeated}")
+        wanted = {id(p) for p in owned}
+        ordered = [(name, p) for name, p in pairs if id(p) in wanted]
+        missing = len(wanted) - len({id(p) for _, p in ordered})
+        if missing:
+            raise ValueError(f"{missing} of the optimizer's parameters are not in named_parameters")
+        names, params = [name for name, _ in ordered], [p for _, p in ordered]
+    devices = sorted({str(p.device) for p in params})
+    if len(devices) > 1:
+        raise InvalidBufferError(f"the parameters are on several devices ({', '.join(devices)}), not one")
+    for name, param in zip(names, params, strict=True):
+        if not param.dtype.is_floating_point:
+            raise UnsupportedDtypeError(f"parameter {name} has dtype {param.dtype}, not a floating one")
+        _dtype_name(param.dtype)
+        if param.layout != torch.strided:
+            raise InvalidBufferError(f"parameter {name} has layout {param.layout}, not a dense one")
+        if param.device.type == "cuda":
+            raise InvalidBufferError(
+                f"parameter {name} is on {param.device}: DistributedOptimizer reduces cpu parameters until "
+                "collectives has its GPU backend; use DDP over NCCL for cuda"
+            )
+        if param.device.type != "cpu":
+            raise InvalidBufferError(f"parameter {name} is on device {param.device}, not the cpu")
+    return names, params
+
+
+# --------------------------------------------------------------------------- DDP communication hooks
+
+
+def _hook_future(state: Comm, bucket: "GradBucket", wire: torch.dtype | None) -> "TensorFuture":
+    buffer = bucket.buffer()
+    if _checked(buffer, "avg", state) == _FALLBACK:
+        return _fallback_hook_future(buffer, wire)
+
+    def job(communicator: api.Communicator) -> torch.Tensor:
+        if wire is None:
+            return _reduce_in_place(buffer, "avg", communicator)
+        buffer.div_(communicator.size)  # before the cast, so float16 cannot overflow in the sum
+        packed = buffer.to(wire)
+        _reduce_in_place(packed, "sum", communicator)
+        return buffer.copy_(packed)
+
+    result: TensorFuture = torch.futures.Future()
+
+    def finish(done: "Future[torch.Tensor]") -> None:
+        error = done.exception()
+        if error is None:
+            result.set_result(done.result())
+        else:
+            result.set_exception(error)  # type: ignore[arg-type]  # torch annotates it as the result type
+
+    _submit(state, job).add_done_callback(finish)
+    return result
+
+
+def _fallback_hook_future(buffer: torch.Tensor, wire: torch.dtype | None) -> "TensorFuture":
+    buffer.div_(dist.get_world_size())
+    packed = buffer if wire is None else buffer.to(wire)
+    work = dist.all_reduce(packed, async_op=True)
+    if work is None:
+        raise CollectivesError("torch.distributed.all_reduce gave no work to wait on")
+    done: TensorFuture = work.get_future().then(lambda _: buffer if wire is None else buffer.copy_(packed))
+    return done
+
+
+def allreduce_hook(state: Comm, bucket: "GradBucket") -> TensorFuture:
+    """A DDP communication hook that averages gradients with collectives' allreduce.
+
+    ``model.register_comm_hook(comm, allreduce_hook)``; the state ``comm`` is a
+    :class:`~collectives.Communicator`, an mpi4py communicator, or ``None`` for
+    the one over ``MPI.COMM_WORLD``.
+    """
+    return _hook_future(state, bucket, None)
+
+
+def fp16_compress_hook(state: Comm, bucket: "GradBucket") -> TensorFuture:
+    """:func:`allreduce_hook` with the gradients sent as float16, divided by the world size first."""
+    return _hook_future(state, bucket, torch.float16)
+
+
+def bf16_compress_hook(state: Comm, bucket: "GradBucket") -> TensorFuture:
+    """:func:`allreduce_hook` with the gradients sent as bfloat16, divided by the world size first."""
+    return _hook_future(state, bucket, torch.bfloat16)
