@@ -7,10 +7,10 @@ __all__ = [
     "allreduce",
     "allreduce_",
     "allreduce_async_",
+    "allreduce_bf16_hook",
+    "allreduce_fp16_hook",
     "allreduce_hook",
-    "bf16_compress_hook",
     "explain",
-    "fp16_compress_hook",
     "fusion_buckets",
     "reduce_scatter",
 ]
@@ -30,13 +30,15 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+# DDP checks a hook's annotations against this very class, so it is imported at run time
+from torch._C._distributed_c10d import GradBucket
+
 from . import api
 from .errors import CollectivesError, InvalidBufferError, UnsupportedDtypeError, UnsupportedOpError
 from .ops import get_op
 
 if TYPE_CHECKING:
     from mpi4py import MPI
-    from torch._C._distributed_c10d import GradBucket
 
     Comm = api.Communicator | MPI.Comm | None
 else:
@@ -664,7 +666,7 @@ def _parameters_to_reduce(
 # --------------------------------------------------------------------------- DDP communication hooks
 
 
-def _hook_future(state: Comm, bucket: "GradBucket", wire: torch.dtype | None) -> "TensorFuture":
+def _hook_future(state: Comm, bucket: GradBucket, wire: torch.dtype | None) -> "TensorFuture":
     buffer = bucket.buffer()
     if _checked(buffer, "avg", state) == _FALLBACK:
         return _fallback_hook_future(buffer, wire)
@@ -700,7 +702,7 @@ def _fallback_hook_future(buffer: torch.Tensor, wire: torch.dtype | None) -> "Te
     return done
 
 
-def allreduce_hook(state: Comm, bucket: "GradBucket") -> TensorFuture:
+def allreduce_hook(state: Comm, bucket: GradBucket) -> TensorFuture:
     """A DDP communication hook that averages gradients with collectives' allreduce.
 
     ``model.register_comm_hook(comm, allreduce_hook)``; the state ``comm`` is a
@@ -710,11 +712,11 @@ def allreduce_hook(state: Comm, bucket: "GradBucket") -> TensorFuture:
     return _hook_future(state, bucket, None)
 
 
-def fp16_compress_hook(state: Comm, bucket: "GradBucket") -> TensorFuture:
+def allreduce_fp16_hook(state: Comm, bucket: GradBucket) -> TensorFuture:
     """:func:`allreduce_hook` with the gradients sent as float16, divided by the world size first."""
     return _hook_future(state, bucket, torch.float16)
 
 
-def bf16_compress_hook(state: Comm, bucket: "GradBucket") -> TensorFuture:
+def allreduce_bf16_hook(state: Comm, bucket: GradBucket) -> TensorFuture:
     """:func:`allreduce_hook` with the gradients sent as bfloat16, divided by the world size first."""
     return _hook_future(state, bucket, torch.bfloat16)

@@ -501,7 +501,7 @@ class _Bucket:
 
 @pytest.mark.parametrize(
     ("hook", "tolerance"),
-    [(ti.allreduce_hook, 1e-6), (ti.fp16_compress_hook, 1e-3), (ti.bf16_compress_hook, 1e-2)],
+    [(ti.allreduce_hook, 1e-6), (ti.allreduce_fp16_hook, 1e-3), (ti.allreduce_bf16_hook, 1e-2)],
     ids=["plain", "fp16", "bf16"],
 )
 def test_comm_hooks_average_the_bucket_in_place(ranks: Ranks, hook: Any, tolerance: float) -> None:
