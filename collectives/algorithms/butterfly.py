@@ -66,6 +66,7 @@ def _base(world_size: int) -> int:
 
 
 def _distances(base: int) -> list[int]:
+    # 1, 2, ..., base / 2: one step each
     return [1 << k for k in range(base.bit_length() - 1)]
 
 
@@ -176,8 +177,9 @@ def cost(collective: str, shares: Sequence[int]) -> Cost:
     size, total = len(shares), sum(shares)
     base = _base(size)
     distances = _distances(base)
-    extra = [shares[base + v] if base + v < size else 0 for v in range(base)]
-    handled = [shares[v] + extra[v] for v in range(base)]
+    folds = [base + r < size for r in range(base)]
+    extra = [shares[base + r] if folds[r] else 0 for r in range(base)]
+    handled = [shares[r] + extra[r] for r in range(base)]
     steps = len(distances) + (2 if size > base else 0)
 
     def group(rank: int, d: int) -> int:
@@ -187,10 +189,10 @@ def cost(collective: str, shares: Sequence[int]) -> Cost:
         sent = [sum(group(r ^ d, d) for d in distances) + extra[r] for r in range(base)]
         return Cost(steps, (*sent, *(total for _ in range(base, size))))
     if collective == "allgather":
-        sent = [sum(group(r, d) for d in distances) + (total - extra[r] if r + base < size else 0)
-                for r in range(base)]  # fmt: skip
+        back = [total - extra[r] if folds[r] else 0 for r in range(base)]
+        sent = [sum(group(r, d) for d in distances) + back[r] for r in range(base)]
         return Cost(steps, (*sent, *shares[base:]))
     if collective == "allreduce":
-        sent = [(len(distances) + (r + base < size)) * total for r in range(base)]
+        sent = [(len(distances) + folds[r]) * total for r in range(base)]
         return Cost(steps, (*sent, *(total for _ in range(base, size))))
     raise ValueError(f"the butterfly has no {collective!r}")
