@@ -5,13 +5,14 @@ is the ``butterfly`` module's recursive-halving reduce-scatter of those chunks
 followed by its recursive-doubling all-gather, with the same fold for world
 sizes that are not a power of two: extra rank P' + i first hands its whole
 buffer to rank i, reduced, and gets the result back at the end. Like the ring
-it sends about 2 S elements per rank whatever P, but in 2 log2 P' (+ 2) steps
-instead of 2 (P - 1), so it suits large messages on many ranks, where the
-``butterfly`` allreduce, sending S at each of its steps, does not.
+it sends under 2 S elements per rank whatever P (ranks that fold send S more),
+but in 2 log2 P' (+ 2) steps instead of 2 (P - 1), so it suits large messages
+on many ranks, where the ``butterfly`` allreduce, sending S at each of its
+steps, does not.
 
-This module exists because algorithms are registered by name, one function per
-collective: ``butterfly`` is the recursive-doubling allreduce, and this name is
-the halving-doubling one. Its reduce-scatter and all-gather are the
+The family lives in ``butterfly``; this module exists because algorithms are
+registered by name, one function per collective, and ``butterfly``'s allreduce
+is the recursive-doubling one. Its reduce-scatter and all-gather would be the
 ``butterfly`` module's, so they are not registered twice under this name.
 
 Each chunk is reduced at one rank only and then copied, so every rank ends with
