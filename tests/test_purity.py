@@ -9,6 +9,8 @@ PURE = [
     "collectives.specs",
     "collectives.ops",
     "collectives.algorithms",
+    "collectives.algorithms.butterfly",
+    "collectives.algorithms.halving_doubling",
     "collectives.algorithms.ring",
     "collectives.simulate",
 ]

@@ -10,9 +10,13 @@ from ..chunking import even_split
 from ..errors import UnknownAlgorithmError
 from ..schedule import Schedule
 from ..specs import get_spec
-from . import ring
+from . import butterfly, halving_doubling, ring
 
-ALGORITHMS: dict[str, ModuleType] = {"ring": ring}
+ALGORITHMS: dict[str, ModuleType] = {
+    "ring": ring,
+    "butterfly": butterfly,
+    "halving_doubling": halving_doubling,
+}
 
 
 def _builder(collective: str, algorithm: str) -> Callable[..., Schedule]:
