@@ -10,9 +10,9 @@ from ..chunking import even_split
 from ..errors import UnknownAlgorithmError
 from ..schedule import Schedule
 from ..specs import get_spec
-from . import ring
+from . import double_tree, ring, tree
 
-ALGORITHMS: dict[str, ModuleType] = {"ring": ring}
+ALGORITHMS: dict[str, ModuleType] = {"ring": ring, "tree": tree, "double_tree": double_tree}
 
 
 def _builder(collective: str, algorithm: str) -> Callable[..., Schedule]:

@@ -1,0 +1,363 @@
+"""Binary tree and double binary tree allreduce, pipelined over chunks, and the tree shapes.
+
+The tree is the in-order binary tree of the keys ``1..P`` (rank ``r`` has key
+``r + 1``): the root of a run of keys is the one with the most trailing zero
+bits, and the runs to its left and right hang under it. The root is rank
+``2^m - 1`` with ``m = floor(log2 P)``, the depth is ``m``, the odd ranks are
+interior and the even ranks leaves, and every interior rank has two children
+except rank ``P - 1`` when P is even, which has one. Neighbours in the tree are
+near in rank, which keeps traffic local where ranks are numbered by node.
+
+Allreduce cuts the buffer into K chunks and streams them through the tree:
+chunk ``c`` leaves a rank at depth ``d`` at step ``c + m - d``, so it climbs
+one level a step and every level works on a different chunk. Both children of
+a rank send in the same step, and their contributions are added in the order
+(own, first child, second child), so the root's sums are deterministic. Each
+chunk turns at the root and comes down one level a step, the root sending
+chunk ``c`` at step ``c + m``, right after its sum is complete; the two
+streams overlap in time, and the copies everywhere are the root's bits, so
+every rank ends bitwise identical.
+
+The double binary tree (NCCL's) runs two such trees at once, the first
+carrying the first ``ceil(K / 2)`` chunks and the second the rest. The second
+tree is the first with its ranks mirrored (``r -> P - 1 - r``) when P is even
+and shifted (``r -> r + 1 mod P``) when P is odd: either turns the odd ranks,
+the interior of the first tree, into even ranks, leaves of the second (the
+shift's one wrap takes rank ``P - 1``, a leaf when P is odd, to rank 0). So
+every rank is interior in at most one tree, and no rank sends more than about
+``2 S`` rather than ``3 S``.
+
+Cost, for P > 1 ranks, a buffer of S elements in K chunks, and depth
+``m = floor(log2 P)`` (no steps and nothing sent for P = 1):
+
+===================  ==========================  ===========================
+algorithm            steps                       elements sent by a rank
+===================  ==========================  ===========================
+tree                 K + 2 m - 1                 ``S * sent(role)``
+double_tree          ceil(K / 2) + 2 m - 1       ``S1 * sent(role in 1) +
+                                                 S2 * sent(role in 2)``
+ring (ring.py)       2 (P - 1)                   ``2 S (P - 1) / P``
+===================  ==========================  ===========================
+
+where S1 and S2 are the elements of the chunks each tree carries and
+``sent(role)`` counts the copies a rank sends of each of its tree's elements,
+one up to its parent and one down to each child:
+
+=============================================  =====
+role in a tree                                 sent
+=============================================  =====
+leaf (an even rank)                            1
+interior with two children (odd, not root)     3
+interior with one child (rank P - 1, P even)   2
+root with two children                         2
+root with one child (P a power of two)         1
+=============================================  =====
+
+So a rank sends at most ``3 S`` in the tree and ``3 S1 + S2`` in the double
+tree, against the ring's ``2 S``, and the tree's ``2 m`` latency term against
+the ring's ``2 (P - 1)``. Unpipelined (K = 1), the tree takes ``2 m`` steps,
+the ``2 log2 P`` rounds of the tree in the seeds' table; each pipelining chunk
+adds one step of ``S / K`` elements rather than ``m`` more levels of ``S``.
+
+The reduce and broadcast halves are separate helpers, rooted anywhere, so tree
+reduce and broadcast schedules need only their collectives' specs.
+"""
+
+__all__ = [
+    "MAX_PIPELINE_CHUNKS",
+    "PIPELINE_GRAIN",
+    "Tree",
+    "allreduce",
+    "binary_tree",
+    "cost",
+    "double_binary_tree",
+    "pipeline_chunks",
+    "trees_allreduce",
+    "trees_cost",
+]
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from math import isqrt
+
+from ..chunking import bounds, even_split
+from ..schedule import Schedule, Step, Transfer
+from .base import Cost
+
+PIPELINE_GRAIN = 4096
+"""Elements that make the default pipelining depth grow as ``sqrt(count / PIPELINE_GRAIN)``."""
+MAX_PIPELINE_CHUNKS = 64
+"""The most chunks the default cuts a buffer into."""
+
+Move = tuple[int, Transfer]
+"""A transfer and the step it happens in."""
+
+
+@dataclass(frozen=True)
+class Tree:
+    """A tree spanning the ranks ``0..P-1``.
+
+    Attributes:
+        root: the rank at the top.
+        parent: each rank's parent; ``None`` for the root.
+        children: each rank's children, in the order their contributions are
+            reduced into it.
+    """
+
+    root: int
+    parent: tuple[int | None, ...]
+    children: tuple[tuple[int, ...], ...]
+
+    @property
+    def world_size(self) -> int:
+        return len(self.parent)
+
+    @cached_property
+    def depth(self) -> tuple[int, ...]:
+        """Each rank's distance from the root."""
+        depth = [0] * self.world_size
+        pending = [self.root]
+        while pending:
+            rank = pending.pop()
+            for child in self.children[rank]:
+                depth[child] = depth[rank] + 1
+                pending.append(child)
+        return tuple(depth)
+
+    @property
+    def height(self) -> int:
+        """The greatest depth of any rank."""
+        return max(self.depth)
+
+    @property
+    def interior(self) -> frozenset[int]:
+        """The ranks with children."""
+        return frozenset(rank for rank, below in enumerate(self.children) if below)
+
+    def relabel(self, rank_of: Callable[[int], int]) -> "Tree":
+        """The same shape with rank ``r`` renamed ``rank_of(r)``, a permutation of the ranks."""
+        size = self.world_size
+        parent: list[int | None] = [None] * size
+        children: list[tuple[int, ...]] = [()] * size
+        for rank in range(size):
+            above = self.parent[rank]
+            parent[rank_of(rank)] = None if above is None else rank_of(above)
+            children[rank_of(rank)] = tuple(rank_of(child) for child in self.children[rank])
+        return Tree(rank_of(self.root), tuple(parent), tuple(children))
+
+
+def _in_order_tree(world_size: int) -> Tree:
+    """The in-order tree of keys ``1..P`` by trailing zero bits, as ranks ``key - 1``."""
+    if world_size < 1:
+        raise ValueError(f"world size must be at least 1, got {world_size}")
+    parent: list[int | None] = [None] * world_size
+    children: list[list[int]] = [[] for _ in range(world_size)]
+
+    def build(lo: int, hi: int) -> int | None:
+        # the keys lo..hi; returns the root's rank
+        if lo > hi:
+            return None
+        # the key with the most trailing zeros: hi rounded down to the highest bit where lo - 1 and hi differ
+        top = 1 << (((lo - 1) ^ hi).bit_length() - 1)
+        key = hi & -top
+        for child in (build(lo, key - 1), build(key + 1, hi)):
+            if child is not None:
+                parent[child] = key - 1
+                children[key - 1].append(child)
+        return key - 1
+
+    root = build(1, world_size)
+    assert root is not None
+    return Tree(root, tuple(parent), tuple(tuple(c) for c in children))
+
+
+def _rotated(tree: Tree, root: int | None) -> Tree:
+    """``tree`` with its ranks rotated so that its root is ``root`` (unchanged for ``None``)."""
+    size = tree.world_size
+    if root is None:
+        return tree
+    if not 0 <= root < size:
+        raise ValueError(f"root {root} is outside 0..{size - 1}")
+    shift = root - tree.root
+    return tree.relabel(lambda rank: (rank + shift) % size)
+
+
+def binary_tree(world_size: int, root: int | None = None) -> Tree:
+    """The binary tree over ``world_size`` ranks described above, of depth ``floor(log2 P)``.
+
+    Args:
+        world_size: the number of ranks.
+        root: the rank at the top; the ranks are rotated to put it there. By
+            default the in-order root, rank ``2^floor(log2 P) - 1``.
+    """
+    return _rotated(_in_order_tree(world_size), root)
+
+
+def double_binary_tree(world_size: int, root: int | None = None) -> tuple[Tree, Tree]:
+    """Two binary trees over the same ranks in which every rank is interior in at most one.
+
+    The first is :func:`binary_tree`; the second is the first mirrored (P even)
+    or shifted by one rank (P odd), both then rotated alike when ``root`` is
+    given. The second tree's root is then the first's mirror or neighbour.
+
+    Args:
+        world_size: the number of ranks.
+        root: the first tree's root, as for :func:`binary_tree`.
+    """
+    first = _in_order_tree(world_size)
+    size = world_size
+    if size % 2 == 0:
+        second = first.relabel(lambda rank: size - 1 - rank)
+    else:
+        second = first.relabel(lambda rank: (rank + 1) % size)
+    if root is None:
+        return first, second
+    rotated = _rotated(first, root)
+    shift = rotated.root - first.root
+    return rotated, second.relabel(lambda rank: (rank + shift) % size)
+
+
+def pipeline_chunks(count: int) -> int:
+    """The default pipelining depth: ``isqrt(count // PIPELINE_GRAIN)``, within 1..MAX_PIPELINE_CHUNKS.
+
+    Each chunk adds a step, and each step costs a latency ``a``, while smaller
+    chunks shorten the ``2 m - 1`` steps of filling and draining the tree. With
+    an interior rank sending three chunks a step at ``b`` seconds per element,
+    the time ``(K + 2 m - 1) (a + 3 b S / K)`` is least at
+    ``K = sqrt(3 (2 m - 1) b S / a)``, which is ``sqrt(S / 4096)`` for float32
+    at depth 2 with ``a`` = 30 us and 5 GB/s (this executor over shared
+    memory). So one chunk below 16K elements, 16 at 1M, 32 at 4M, and at most
+    64, which bounds the schedule's size. The depth is left out so the default
+    depends on the count alone.
+    """
+    if count < 0:
+        raise ValueError(f"count must be non-negative, got {count}")
+    return min(MAX_PIPELINE_CHUNKS, max(1, isqrt(count // PIPELINE_GRAIN)))
+
+
+def _reduce_moves(tree: Tree, chunks: Iterable[int], start: int = 0) -> Iterator[Move]:
+    """Pipelined reduce to ``tree.root``: the j-th chunk leaves depth d at step ``start + j + height - d``.
+
+    Both children of a rank send in the same step, listed first child first,
+    so the rank adds them in that order.
+    """
+    height = tree.height
+    for j, chunk in enumerate(chunks):
+        for rank, below in enumerate(tree.children):
+            for child in below:
+                yield start + j + height - tree.depth[child], Transfer(child, rank, chunk, reduce=True)
+
+
+def _broadcast_moves(tree: Tree, chunks: Iterable[int], start: int = 0) -> Iterator[Move]:
+    """Pipelined broadcast from ``tree.root``: the j-th chunk leaves depth d at step ``start + j + d``."""
+    for j, chunk in enumerate(chunks):
+        for rank, below in enumerate(tree.children):
+            for child in below:
+                yield start + j + tree.depth[rank], Transfer(rank, child, chunk)
+
+
+def _allreduce_moves(tree: Tree, chunks: Sequence[int]) -> Iterator[Move]:
+    # the root sends chunk j down at step j + height, the step after its sum is complete
+    yield from _reduce_moves(tree, chunks)
+    yield from _broadcast_moves(tree, chunks, start=tree.height)
+
+
+def _steps(moves: Iterable[Move]) -> tuple[Step, ...]:
+    """The moves as steps, each step's transfers in the order the moves came."""
+    by_step: defaultdict[int, list[Transfer]] = defaultdict(list)
+    for step, transfer in moves:
+        by_step[step].append(transfer)
+    return tuple(Step(by_step[step]) for step in range(max(by_step, default=-1) + 1))
+
+
+def _tree_chunks(chunks: int, trees: int) -> list[range]:
+    """The chunks each tree carries: consecutive runs, the first ``chunks % trees`` one longer."""
+    starts = bounds(even_split(chunks, trees))
+    return [range(starts[t], starts[t + 1]) for t in range(trees)]
+
+
+def _check_chunks(chunks: int | None, count: int) -> int:
+    if chunks is None:
+        return pipeline_chunks(count)
+    if chunks < 1:
+        raise ValueError(f"chunks must be at least 1, got {chunks}")
+    return chunks
+
+
+def trees_allreduce(trees: Sequence[Tree], count: int, chunks: int | None, name: str) -> Schedule:
+    """Allreduce of ``count`` elements streamed through several trees at once.
+
+    Args:
+        trees: trees over the same ranks; the t-th carries the t-th run of chunks.
+        count: elements in each rank's buffer.
+        chunks: chunks the buffer is cut into; :func:`pipeline_chunks` when ``None``.
+        name: the schedule's name, e.g. ``allreduce-tree``; the parameters are appended.
+    """
+    size = trees[0].world_size
+    total = _check_chunks(chunks, count)
+    carried = _tree_chunks(total, len(trees))
+    moves = (move for tree, mine in zip(trees, carried, strict=True) for move in _allreduce_moves(tree, mine))
+    return Schedule(
+        name=f"{name}(n={size},chunks={total})",
+        collective="allreduce",
+        world_size=size,
+        chunk_sizes=even_split(count, total),
+        steps=_steps(moves),
+    )
+
+
+def allreduce(world_size: int, count: int, chunks: int | None = None) -> Schedule:
+    """Binary tree allreduce of ``count`` elements over ``world_size`` ranks.
+
+    Args:
+        world_size: the number of ranks.
+        count: elements in each rank's buffer.
+        chunks: the pipelining depth, chunks the buffer is cut into;
+            :func:`pipeline_chunks` of ``count`` when ``None``.
+    """
+    return trees_allreduce([binary_tree(world_size)], count, chunks, "allreduce-tree")
+
+
+def _sent_per_element(tree: Tree, rank: int) -> int:
+    return len(tree.children[rank]) + (rank != tree.root)
+
+
+def trees_cost(collective: str, trees: Sequence[Tree], shares: Sequence[int], chunks: int | None) -> Cost:
+    """Steps and elements sent per rank by :func:`trees_allreduce`, from the tables above.
+
+    Args:
+        collective: ``allreduce``.
+        trees: the trees, as given to :func:`trees_allreduce`.
+        shares: the buffer as the ring shares it; only the sum, the count, matters.
+        chunks: the pipelining depth, as given to :func:`trees_allreduce`.
+    """
+    if collective != "allreduce":
+        raise ValueError(f"the tree has no {collective!r}")
+    count = sum(shares)
+    total = _check_chunks(chunks, count)
+    sizes = even_split(count, total)
+    carried = _tree_chunks(total, len(trees))
+    if trees[0].world_size == 1:
+        return Cost(0, (0,))
+    steps = max(len(mine) + 2 * tree.height - 1 for tree, mine in zip(trees, carried, strict=True) if mine)
+    sent = tuple(
+        sum(
+            sum(sizes[c] for c in mine) * _sent_per_element(tree, rank)
+            for tree, mine in zip(trees, carried, strict=True)
+        )
+        for rank in range(trees[0].world_size)
+    )
+    return Cost(steps, sent)
+
+
+def cost(collective: str, shares: Sequence[int], chunks: int | None = None) -> Cost:
+    """Steps and elements sent per rank by the binary tree, from the tables above.
+
+    Args:
+        collective: ``allreduce``.
+        shares: the buffer split over ``len(shares)`` ranks, as for ``ring.cost``.
+        chunks: the pipelining depth, as for :func:`allreduce`.
+    """
+    return trees_cost(collective, [binary_tree(len(shares))], shares, chunks)
