@@ -188,9 +188,10 @@ def test_the_double_tree_halves_the_busiest_ranks_traffic(world_size: int) -> No
 
 
 def test_the_default_pipelining_depth_grows_with_the_square_root_of_the_count() -> None:
-    assert [pipeline_chunks(n) for n in (0, 1, 16383, 16384, 2**20, 2**22, 2**40)] == [1, 1, 1, 2, 16, 32, 64]
-    assert tree.allreduce(4, 2**22).name == "allreduce-tree(n=4,chunks=32)"
-    assert double_tree.allreduce(4, 2**22).name == "allreduce-double_tree(n=4,chunks=32)"
+    counts = (0, 1, 2**18 - 1, 2**18, 2**20, 2**22, 2**40)
+    assert [pipeline_chunks(n) for n in counts] == [1, 1, 1, 2, 4, 8, 64]
+    assert tree.allreduce(4, 2**22).name == "allreduce-tree(n=4,chunks=8)"
+    assert double_tree.allreduce(4, 2**22).name == "allreduce-double_tree(n=4,chunks=8)"
     with pytest.raises(ValueError, match="count must be non-negative, got -1"):
         pipeline_chunks(-1)
 
@@ -300,7 +301,7 @@ def test_every_rank_ends_with_the_roots_bits(ranks: Ranks, world_size: int, dtyp
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 6, 7, 9])
 @pytest.mark.parametrize("algorithm", MODULES)
 def test_integers_are_exact_through_the_api(ranks: Ranks, world_size: int, algorithm: str) -> None:
-    for count in (*edge_counts(world_size), 40_000):  # 40_000 elements pipeline in 3 chunks by default
+    for count in (*edge_counts(world_size), 600_000):  # pipelined in 3 chunks by default
         inputs = [np.arange(count, dtype=np.int64) * (r + 1) - r for r in range(world_size)]
         expected = sum(inputs, np.zeros(count, np.int64))
         maxima = np.max(np.stack(inputs), axis=0)

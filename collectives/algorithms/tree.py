@@ -2,65 +2,49 @@
 
 The tree is the in-order binary tree of the keys ``1..P`` (rank ``r`` has key
 ``r + 1``): the root of a run of keys is the one with the most trailing zero
-bits, and the runs to its left and right hang under it. The root is rank
-``2^m - 1`` with ``m = floor(log2 P)``, the depth is ``m``, the odd ranks are
-interior and the even ranks leaves, and every interior rank has two children
-except rank ``P - 1`` when P is even, which has one. Neighbours in the tree are
-near in rank, which keeps traffic local where ranks are numbered by node.
+bits, and the runs either side of it hang under it. So the root is rank
+``2^m - 1`` with ``m = floor(log2 P)``, the depth is ``m``, the even ranks are
+leaves, and the odd ranks are interior with two children, except rank
+``P - 1`` when P is even, which has one. Tree neighbours are near in rank.
 
 Allreduce cuts the buffer into K chunks and streams them through the tree:
-chunk ``c`` leaves a rank at depth ``d`` at step ``c + m - d``, so it climbs
-one level a step and every level works on a different chunk. Both children of
-a rank send in the same step, and their contributions are added in the order
-(own, first child, second child), so the root's sums are deterministic. Each
-chunk turns at the root and comes down one level a step, the root sending
-chunk ``c`` at step ``c + m``, right after its sum is complete; the two
-streams overlap in time, and the copies everywhere are the root's bits, so
-every rank ends bitwise identical.
+chunk ``c`` leaves a rank at depth ``d`` for its parent at step ``c + m - d``,
+both children of a rank sending in the same step and added in the order
+(own, first child, second child). The root sends chunk ``c`` back down at step
+``c + m``, as soon as its sum is complete, and it descends a level a step, so
+the two streams overlap; every rank ends with the root's bits.
 
-The double binary tree (NCCL's) runs two such trees at once, the first
-carrying the first ``ceil(K / 2)`` chunks and the second the rest. The second
-tree is the first with its ranks mirrored (``r -> P - 1 - r``) when P is even
-and shifted (``r -> r + 1 mod P``) when P is odd: either turns the odd ranks,
-the interior of the first tree, into even ranks, leaves of the second (the
-shift's one wrap takes rank ``P - 1``, a leaf when P is odd, to rank 0). So
-every rank is interior in at most one tree, and no rank sends more than about
-``2 S`` rather than ``3 S``.
+The double binary tree (NCCL's) streams the first ``ceil(K / 2)`` chunks
+through that tree and the rest, at the same time, through its complement: the
+tree mirrored (``r -> P - 1 - r``) for even P, shifted (``r -> r + 1 mod P``)
+for odd P. Either takes the odd ranks, the first tree's interior, to even ranks,
+leaves of the second (the shift's wrap takes rank ``P - 1``, a leaf for odd P,
+to rank 0, a leaf in both), so every rank is interior in at most one tree.
 
-Cost, for P > 1 ranks, a buffer of S elements in K chunks, and depth
-``m = floor(log2 P)`` (no steps and nothing sent for P = 1):
+Cost, for P > 1 ranks, S elements in K chunks (S1 and S2 of them through the
+first and second tree) and ``m = floor(log2 P)``; nothing for P = 1:
 
-===================  ==========================  ===========================
-algorithm            steps                       elements sent by a rank
-===================  ==========================  ===========================
-tree                 K + 2 m - 1                 ``S * sent(role)``
-double_tree          ceil(K / 2) + 2 m - 1       ``S1 * sent(role in 1) +
-                                                 S2 * sent(role in 2)``
-ring (ring.py)       2 (P - 1)                   ``2 S (P - 1) / P``
-===================  ==========================  ===========================
+===========  =====================  =========================================
+algorithm    steps                  elements sent by rank r
+===========  =====================  =========================================
+tree         K + 2 m - 1            ``S * sent(r's role)``
+double_tree  ceil(K / 2) + 2 m - 1  ``S1 * sent(role in 1) + S2 * sent(role in 2)``
+ring         2 (P - 1)              ``2 S (P - 1) / P`` when P divides S
+===========  =====================  =========================================
 
-where S1 and S2 are the elements of the chunks each tree carries and
-``sent(role)`` counts the copies a rank sends of each of its tree's elements,
-one up to its parent and one down to each child:
+where ``sent`` counts a rank's copies of each element, one to its parent and
+one to each child: 1 for a leaf, 3 for an interior rank with two children, 2
+for rank ``P - 1`` with one (P even), and for the root 2, or 1 when P is a
+power of two (the root is then rank ``P - 1``). All ranks together send
+``2 (P - 1) S``, as in the ring, but unevenly: the busiest sends ``3 S`` in the
+tree and ``3 S1 + S2``, about ``2 S``, in the double tree. The seeds' table
+gives the tree ``2 log2 P`` rounds, ours for K = 1; its per-node volume,
+``2 n log2 K / K`` as printed, is an average that hides the interior ranks'
+``3 S``. Pipelining trades ``2 m`` steps of S for ``K + 2 m - 1`` steps of
+``S / K``.
 
-=============================================  =====
-role in a tree                                 sent
-=============================================  =====
-leaf (an even rank)                            1
-interior with two children (odd, not root)     3
-interior with one child (rank P - 1, P even)   2
-root with two children                         2
-root with one child (P a power of two)         1
-=============================================  =====
-
-So a rank sends at most ``3 S`` in the tree and ``3 S1 + S2`` in the double
-tree, against the ring's ``2 S``, and the tree's ``2 m`` latency term against
-the ring's ``2 (P - 1)``. Unpipelined (K = 1), the tree takes ``2 m`` steps,
-the ``2 log2 P`` rounds of the tree in the seeds' table; each pipelining chunk
-adds one step of ``S / K`` elements rather than ``m`` more levels of ``S``.
-
-The reduce and broadcast halves are separate helpers, rooted anywhere, so tree
-reduce and broadcast schedules need only their collectives' specs.
+The reduce and broadcast halves are separate helpers taking any tree, rooted
+anywhere, so tree reduce and broadcast need only their collectives' specs.
 """
 
 __all__ = [
@@ -86,7 +70,7 @@ from ..chunking import bounds, even_split
 from ..schedule import Schedule, Step, Transfer
 from .base import Cost
 
-PIPELINE_GRAIN = 4096
+PIPELINE_GRAIN = 65536
 """Elements that make the default pipelining depth grow as ``sqrt(count / PIPELINE_GRAIN)``."""
 MAX_PIPELINE_CHUNKS = 64
 """The most chunks the default cuts a buffer into."""
@@ -224,13 +208,16 @@ def pipeline_chunks(count: int) -> int:
 
     Each chunk adds a step, and each step costs a latency ``a``, while smaller
     chunks shorten the ``2 m - 1`` steps of filling and draining the tree. With
-    an interior rank sending three chunks a step at ``b`` seconds per element,
-    the time ``(K + 2 m - 1) (a + 3 b S / K)`` is least at
-    ``K = sqrt(3 (2 m - 1) b S / a)``, which is ``sqrt(S / 4096)`` for float32
-    at depth 2 with ``a`` = 30 us and 5 GB/s (this executor over shared
-    memory). So one chunk below 16K elements, 16 at 1M, 32 at 4M, and at most
-    64, which bounds the schedule's size. The depth is left out so the default
-    depends on the count alone.
+    an interior rank sending three chunks a step at ``b`` seconds per byte, the
+    time ``(K + 2 m - 1) (a + 3 b 4 S / K)`` for float32 is least at
+    ``K = sqrt(12 (2 m - 1) b S / a)``, which is ``sqrt(S / 65536)`` at depth 2
+    when ``a / b`` is 2.4 MB: 0.5 ms at 5 GB/s. On a shared 2-core machine a
+    step of this executor over MPI shared memory cost 0.1 ms beyond its bytes
+    with a core per rank and about 1 ms with ranks sharing cores, and 4 to 16
+    chunks were best at 4M elements. So one chunk below 256K elements, 4 at 1M,
+    8 at 4M, and at most 64, which bounds the schedule's size; a faster
+    executor would want a smaller grain. The depth is left out so that the
+    default depends on the count alone.
     """
     if count < 0:
         raise ValueError(f"count must be non-negative, got {count}")
