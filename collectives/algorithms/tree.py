@@ -139,21 +139,19 @@ def _in_order_tree(world_size: int) -> Tree:
     parent: list[int | None] = [None] * world_size
     children: list[list[int]] = [[] for _ in range(world_size)]
 
-    def build(lo: int, hi: int) -> int | None:
-        # the keys lo..hi; returns the root's rank
-        if lo > hi:
-            return None
-        # the key with the most trailing zeros: hi rounded down to the highest bit where lo - 1 and hi differ
+    def build(lo: int, hi: int) -> int:
+        # the keys lo..hi, lo <= hi; returns the root's rank. The key with the most trailing
+        # zeros is hi with the bits below the highest one where lo - 1 and hi differ cleared.
         top = 1 << (((lo - 1) ^ hi).bit_length() - 1)
         key = hi & -top
-        for child in (build(lo, key - 1), build(key + 1, hi)):
-            if child is not None:
+        for start, stop in ((lo, key - 1), (key + 1, hi)):
+            if start <= stop:
+                child = build(start, stop)
                 parent[child] = key - 1
                 children[key - 1].append(child)
         return key - 1
 
     root = build(1, world_size)
-    assert root is not None
     return Tree(root, tuple(parent), tuple(tuple(c) for c in children))
 
 
