@@ -12,6 +12,8 @@ PURE = [
     "collectives.algorithms.butterfly",
     "collectives.algorithms.halving_doubling",
     "collectives.algorithms.ring",
+    "collectives.algorithms.tree",
+    "collectives.algorithms.double_tree",
     "collectives.simulate",
 ]
 
@@ -24,6 +26,7 @@ def test_pure_modules_and_the_package_import_no_mpi_gpu_or_torch() -> None:
         "from collectives.algorithms import build_schedule\n"
         "from collectives.simulate import simulate\n"
         "simulate(build_schedule('allreduce', 'ring', 4, 10))\n"
+        "simulate(build_schedule('allreduce', 'double_tree', 5, 100_000))\n"
         "print(sorted(m for m in ('mpi4py', 'cupy', 'torch') if m in sys.modules))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

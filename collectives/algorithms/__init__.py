@@ -10,10 +10,12 @@ from ..chunking import even_split
 from ..errors import UnknownAlgorithmError
 from ..schedule import Schedule
 from ..specs import get_spec
-from . import butterfly, halving_doubling, ring
+from . import butterfly, double_tree, halving_doubling, ring, tree
 
 ALGORITHMS: dict[str, ModuleType] = {
     "ring": ring,
+    "tree": tree,
+    "double_tree": double_tree,
     "butterfly": butterfly,
     "halving_doubling": halving_doubling,
 }
