@@ -35,7 +35,9 @@ class Communicator:
     Wraps an mpi4py intracommunicator (``MPI.COMM_WORLD`` when none is given)
     and keeps the library's traffic on a private duplicate of it, so creating
     one is collective over its ranks. A :class:`~collectives.transport.Transport`
-    may be given instead, e.g. a loopback transport in tests.
+    may be given instead, e.g. a loopback transport in tests. On the first
+    ``algorithm="auto"`` call its ranks take rank 0's cost model, so that they
+    all choose the same algorithm.
     """
 
     def __init__(self, comm: "MPI.Comm | Transport | None" = None) -> None:

@@ -15,7 +15,7 @@ __all__ = [
     "default_selector",
     "itemsize",
     "load_model",
-    "not_supported_reasons",
+    "rejection_reasons",
     "save_model",
     "selector_for",
     "traffic",
@@ -239,7 +239,7 @@ def check_algorithm(collective: str, algorithm: str) -> None:
     )
 
 
-def not_supported_reasons(collective: str, algorithm: str, world_size: int, count: int) -> list[str]:
+def rejection_reasons(collective: str, algorithm: str, world_size: int, count: int) -> list[str]:
     """Why a registered algorithm cannot run ``collective`` of ``count`` elements over ``world_size`` ranks.
 
     A module without a builder for the collective cannot; one that defines
@@ -448,7 +448,7 @@ class Selector:
         candidates: list[Candidate] = []
         rejected: list[Rejected] = []
         for name in algorithms.ALGORITHMS:
-            reasons = not_supported_reasons(collective, name, world_size, count)
+            reasons = rejection_reasons(collective, name, world_size, count)
             if not reasons:
                 try:
                     schedule, counted = _counted(collective, name, world_size, count)
