@@ -1,6 +1,7 @@
 """Exceptions raised by collectives."""
 
 __all__ = [
+    "CalibrationError",
     "CollectiveTimeout",
     "CollectivesError",
     "InvalidBufferError",
@@ -63,3 +64,7 @@ class TransportError(CollectivesError, RuntimeError):
 
 class CollectiveTimeout(TransportError, TimeoutError):
     """A collective did not complete in time."""
+
+
+class CalibrationError(CollectivesError, ValueError):
+    """A calibration file cannot be read or does not hold the cost model's constants."""
