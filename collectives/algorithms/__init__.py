@@ -10,11 +10,12 @@ from ..chunking import even_split
 from ..errors import UnknownAlgorithmError
 from ..schedule import Schedule
 from ..specs import get_spec
-from . import multi_ring, ring
+from . import hierarchical, multi_ring, ring
 
 ALGORITHMS: dict[str, ModuleType] = {
     "ring": ring,
     "multi_ring": multi_ring,
+    "hierarchical": hierarchical,
 }
 
 
