@@ -1,4 +1,8 @@
-"""The command line: ``mpiexec -n 4 python -m bench allreduce -b 8 -e 64M -a ring,mpi``."""
+"""The command line: ``mpiexec -n 4 python -m bench allreduce -b 8 -e 64M -a ring,mpi``.
+
+``python -m bench simulate`` predicts times on a topology instead, without
+MPI (see :mod:`bench.simulate`); it is dispatched before MPI is imported.
+"""
 
 __all__ = ["main"]
 
@@ -9,14 +13,11 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from mpi4py import MPI
-
 from collectives.algorithms import build_schedule
 from collectives.errors import CollectivesError, UnknownAlgorithmError
 from collectives.ops import DTYPES, OPS, get_op
 from collectives.specs import get_spec
 
-from .collective import COLLECTIVES, library_version, run
 from .config import MPI_ALGORITHM, Settings, parse_size, size_sweep
 from .report import to_json, total_wrong
 
@@ -66,6 +67,8 @@ def _options() -> argparse.ArgumentParser:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from .collective import COLLECTIVES  # imports MPI, which simulate does without
+
     parser = argparse.ArgumentParser(
         prog="python -m bench",
         description="Time the collectives under mpiexec and print an nccl-tests style table.",
@@ -74,6 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     options = _options()
     for name in COLLECTIVES:
         commands.add_parser(name, parents=[options], help=f"benchmark {name}")
+    commands.add_parser("simulate", add_help=False, help="predict times on a topology, without MPI")
     return parser
 
 
@@ -129,6 +133,15 @@ def _printer(enabled: bool) -> Callable[[str], None]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark on every rank; rank 0 prints. The exit status is 1 if anything was wrong."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["simulate"]:
+        from .simulate import main as simulate
+
+        return simulate(argv[1:])
+    from mpi4py import MPI
+
+    from .collective import library_version, run
+
     parser = _parser()
     args = parser.parse_args(argv)
     settings = _settings(parser, args)
