@@ -116,3 +116,10 @@ def test_unknown_devices_and_links_are_named() -> None:
         t.bandwidth(("gpu0", "gpu1"))
     with pytest.raises(TopologyError, match="gpus must be at least 1"):
         pcie_switch(0)
+
+
+def test_the_package_exports_a_sorted_all() -> None:
+    import collectives.topology as package
+
+    assert package.__all__ == sorted(package.__all__)
+    assert all(hasattr(package, name) for name in package.__all__)

@@ -3,6 +3,7 @@
 __all__ = [
     "Device",
     "Link",
+    "Prediction",
     "RingPacking",
     "Route",
     "Topology",
@@ -12,9 +13,11 @@ __all__ = [
     "multi_node",
     "pack_rings",
     "pcie_switch",
+    "predict",
     "ring",
 ]
 
+from .cost_model import Prediction, predict
 from .graph import Device, Link, Route, Topology
 from .presets import dgx1, fully_connected, multi_node, pcie_switch, ring
 from .rings import RingPacking, find_rings, pack_rings
