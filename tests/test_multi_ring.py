@@ -1,5 +1,6 @@
 """Multi-ring: verified by the simulator for every world size, count and choice of rings, at its cost."""
 
+import random
 from typing import Any
 
 import pytest
@@ -34,6 +35,17 @@ def test_the_default_bidirectional_ring_meets_the_contract_at_its_documented_cos
         result = simulate(schedule)
         expected = multi_ring.cost(collective, even_split(count, world_size))
         assert (result.steps, result.elements_sent) == expected, (collective, world_size, count)
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_three_weighted_rings_meet_the_contract_at_their_documented_cost(world_size: int) -> None:
+    ranks = list(range(world_size))
+    rings = [ranks, random.Random(world_size).sample(ranks, world_size), ranks[::-1]]
+    for count in edge_counts(world_size):
+        schedule = multi_ring.allreduce(world_size, count, rings, weights=[3, 2, 1])
+        result = simulate(schedule)
+        expected = multi_ring.cost("allreduce", even_split(count, world_size), rings, weights=[3, 2, 1])
+        assert (result.steps, result.elements_sent) == expected, (world_size, count)
 
 
 @st.composite
@@ -87,10 +99,12 @@ def test_weights_split_every_share_between_the_rings() -> None:
 
 
 def test_bidirectional_adds_each_ring_reversed_with_its_weight() -> None:
-    schedule = multi_ring.allreduce(3, 9, rings=[(0, 1, 2)], weights=[1], bidirectional=True)
-    assert schedule.name == "allreduce-multi_ring(n=3,rings=0-1-2:1,2-1-0:1)"
-    assert multi_ring.allreduce(3, 9).name == "allreduce-multi_ring(n=3)"
-    assert multi_ring.allreduce(3, 9).steps == schedule.steps
+    schedule = multi_ring.allreduce(3, 9, rings=[(0, 2, 1)], weights=[1], bidirectional=True)
+    assert schedule.name == "allreduce-multi_ring(n=3,rings=0-2-1:1,1-2-0:1)"
+    default = multi_ring.allreduce(3, 9)
+    assert default.name == "allreduce-multi_ring(n=3)"  # the same schedule has the same name
+    assert multi_ring.allreduce(3, 9, rings=[(0, 1, 2), (2, 1, 0)], weights=[4, 4]) == default
+    assert multi_ring.allreduce(3, 9, rings=[(0, 1, 2)], bidirectional=True) == default
     weighted = multi_ring.allreduce(8, 9, rings=[range(8), (0, 2, 4, 6, 1, 3, 5, 7)], weights=[36, 18])
     assert weighted.name == "allreduce-multi_ring(n=8,rings=0-1-2-3-4-5-6-7:2,0-2-4-6-1-3-5-7:1)"
 

@@ -126,7 +126,6 @@ class _Plan:
         if world_size < 1:
             raise ValueError(f"world size must be at least 1, got {world_size}")
         self.size = world_size
-        self.default = rings is None and weights is None and not bidirectional
         if rings is None:
             rings, bidirectional = [tuple(range(world_size))], True
         chosen = tuple(tuple(ring) for ring in rings)
@@ -144,6 +143,8 @@ class _Plan:
             scale = tuple(w for w in scale for _ in range(2))
         self.rings: _Rings = chosen
         self.weights = scale
+        natural = tuple(range(world_size))
+        self.default = chosen == (natural, natural[::-1]) and scale[0] == scale[1]
 
     def chunk(self, rank: int, ring: int) -> int:
         """The chunk of ``rank``'s share that ``ring`` moves; chunks are in rank order."""
