@@ -7,10 +7,12 @@ NVLink hop, 2.5 us a network hop in the presets).
 
 import pytest
 
-from collectives.algorithms import hierarchical, multi_ring, ring
+from collectives.algorithms import ALGORITHMS, build_schedule, hierarchical, multi_ring, ring
 from collectives.errors import TopologyError
 from collectives.schedule import Schedule, Step, Transfer
-from collectives.topology import dgx1, multi_node, pack_rings, pcie_switch
+from collectives.simulate import simulate
+from collectives.specs import COLLECTIVES
+from collectives.topology import dgx1, fully_connected, multi_node, pack_rings, pcie_switch
 from collectives.topology import ring as ring_topology
 from collectives.topology.cost_model import predict
 from collectives.topology.strategies import aggregate_on, split_aggregation
@@ -143,3 +145,15 @@ def test_placements_must_fit() -> None:
         predict(schedule, t, 4, ["gpu0", "gpu1", "gpu9"])
     with pytest.raises(TopologyError, match="itemsize must be at least 1"):
         predict(schedule, t, 0, ["gpu0", "gpu1", "cpu"])
+
+
+@pytest.mark.parametrize("world_size", [2, 5, 8])
+def test_the_cost_model_moves_the_bytes_the_simulator_counts(world_size: int) -> None:
+    # fully connected, every transfer is one hop: the links carry exactly what the ranks send
+    t = fully_connected(world_size)
+    for name, module in ALGORITHMS.items():
+        for collective in (c for c in COLLECTIVES if hasattr(module, c)):
+            schedule = build_schedule(collective, name, world_size, 37)
+            p = predict(schedule, t, 8)
+            assert len(p.per_step) == simulate(schedule).steps
+            assert sum(p.link_bytes.values()) == sum(simulate(schedule).bytes_sent(8)), (name, collective)
