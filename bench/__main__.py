@@ -1,4 +1,8 @@
-"""The command line: ``mpiexec -n 4 python -m bench allreduce -b 8 -e 64M -a ring,mpi``, and ``calibrate``."""
+"""The command line: ``mpiexec -n 4 python -m bench allreduce -b 8 -e 64M -a ring,mpi``, and ``calibrate``.
+
+``python -m bench simulate`` predicts times on a topology instead, without
+MPI (see :mod:`bench.simulate`); it is dispatched before MPI is imported.
+"""
 
 __all__ = ["main"]
 
@@ -8,19 +12,18 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
-
-from mpi4py import MPI
+from typing import TYPE_CHECKING, TypeVar
 
 from collectives.errors import UnknownAlgorithmError
 from collectives.ops import DTYPES, OPS, get_op
 from collectives.selector import AUTO, CALIBRATION_ENV, calibration_path, check_algorithm
 from collectives.specs import get_spec
 
-from .calibrate import calibrate
-from .collective import COLLECTIVES, library_version, run
 from .config import MPI_ALGORITHM, Settings, parse_size, size_sweep
 from .report import to_json, total_wrong
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
 
 T = TypeVar("T")
 
@@ -76,6 +79,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m bench",
         description="Time the collectives under mpiexec and print an nccl-tests style table.",
     )
+    from .collective import COLLECTIVES  # imports MPI, which simulate does without
+
     commands = parser.add_subparsers(dest="collective", required=True, metavar="collective")
     options = _options()
     for name in COLLECTIVES:
@@ -89,6 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--quick", action="store_true", help="fewer, smaller cases: seconds, rougher")
     calibrate.add_argument("-n", "--iters", type=int, default=20, help="timed calls per case (default 20)")
     calibrate.add_argument("-w", "--warmup", type=int, default=3, help="untimed calls first (default 3)")
+    commands.add_parser("simulate", add_help=False, help="predict times on a topology, without MPI")
     return parser
 
 
@@ -141,7 +147,7 @@ def _printer(enabled: bool) -> Callable[[str], None]:
     return emit
 
 
-def _abort_on_error(world: MPI.Intracomm, call: Callable[[], T]) -> T:
+def _abort_on_error(world: "MPI.Intracomm", call: Callable[[], T]) -> T:
     """``call()``; if it raises on this rank, abort every rank, as the others would wait for it forever."""
     try:
         return call()
@@ -154,6 +160,16 @@ def _abort_on_error(world: MPI.Intracomm, call: Callable[[], T]) -> T:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark on every rank; rank 0 prints. The exit status is 1 if anything was wrong."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["simulate"]:
+        from .simulate import main as simulate
+
+        return simulate(argv[1:])
+    from mpi4py import MPI
+
+    from .calibrate import calibrate
+    from .collective import library_version, run
+
     parser = _parser()
     args = parser.parse_args(argv)
     world = MPI.COMM_WORLD

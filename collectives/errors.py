@@ -6,6 +6,7 @@ __all__ = [
     "CollectivesError",
     "InvalidBufferError",
     "ScheduleError",
+    "TopologyError",
     "TransportError",
     "UnknownAlgorithmError",
     "UnsupportedDtypeError",
@@ -56,6 +57,10 @@ class ScheduleError(CollectivesError):
         self.chunk = chunk
         self.expected = expected
         self.actual = actual
+
+
+class TopologyError(CollectivesError, ValueError):
+    """A topology is malformed, or a device, route or placement is not in it."""
 
 
 class TransportError(CollectivesError, RuntimeError):

@@ -10,7 +10,7 @@ from ..chunking import even_split
 from ..errors import UnknownAlgorithmError
 from ..schedule import Schedule
 from ..specs import get_spec
-from . import butterfly, double_tree, halving_doubling, ring, tree
+from . import butterfly, double_tree, halving_doubling, hierarchical, multi_ring, ring, tree
 
 ALGORITHMS: dict[str, ModuleType] = {
     "ring": ring,
@@ -18,6 +18,8 @@ ALGORITHMS: dict[str, ModuleType] = {
     "double_tree": double_tree,
     "butterfly": butterfly,
     "halving_doubling": halving_doubling,
+    "multi_ring": multi_ring,
+    "hierarchical": hierarchical,
 }
 
 
