@@ -1,4 +1,8 @@
-"""The command line: ``mpiexec -n 4 python -m bench allreduce -b 8 -e 64M -a ring,mpi``."""
+"""The command line: ``mpiexec -n 4 python -m bench allreduce -b 8 -e 64M -a ring,mpi``, and ``calibrate``.
+
+``python -m bench simulate`` predicts times on a topology instead, without
+MPI (see :mod:`bench.simulate`); it is dispatched before MPI is imported.
+"""
 
 __all__ = ["main"]
 
@@ -8,17 +12,20 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
-from mpi4py import MPI
-
-from collectives.algorithms import build_schedule
-from collectives.errors import CollectivesError, UnknownAlgorithmError
+from collectives.errors import UnknownAlgorithmError
 from collectives.ops import DTYPES, OPS, get_op
+from collectives.selector import AUTO, CALIBRATION_ENV, calibration_path, check_algorithm
 from collectives.specs import get_spec
 
-from .collective import COLLECTIVES, library_version, run
 from .config import MPI_ALGORITHM, Settings, parse_size, size_sweep
 from .report import to_json, total_wrong
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+T = TypeVar("T")
 
 
 def _size(text: str) -> int:
@@ -56,12 +63,14 @@ def _options() -> argparse.ArgumentParser:
         "--algorithm",
         default="ring",
         metavar="NAMES",
-        help=f"comma-separated algorithms; {MPI_ALGORITHM} is the MPI library's own (default ring)",
+        help=f"comma-separated algorithms; {AUTO} lets the selector choose at each size, "
+        f"{MPI_ALGORITHM} is the MPI library's own (default ring)",
     )
     add("-n", "--iters", type=int, default=20, help="timed iterations (default 20)")
     add("-w", "--warmup", type=int, default=5, help="untimed warmup iterations (default 5)")
     add("-c", "--check", type=int, choices=(0, 1), default=1, help="count wrong elements (default 1)")
     add("--json", type=Path, metavar="PATH", help="also save every row, with metadata, as JSON")
+    add("--explain", action="store_true", help="print the selector's predictions at each size")
     return options
 
 
@@ -70,10 +79,22 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m bench",
         description="Time the collectives under mpiexec and print an nccl-tests style table.",
     )
+    from .collective import COLLECTIVES  # imports MPI, which simulate does without
+
     commands = parser.add_subparsers(dest="collective", required=True, metavar="collective")
     options = _options()
     for name in COLLECTIVES:
         commands.add_parser(name, parents=[options], help=f"benchmark {name}")
+    calibrate = commands.add_parser(
+        "calibrate",
+        help="measure the cost model's alpha, beta and gamma (needs 2 or more ranks)",
+        description=f"Measure the selector's cost model on this machine and save it where the selector "
+        f"reads it: ${CALIBRATION_ENV}, else the user cache directory ({calibration_path()} here).",
+    )
+    calibrate.add_argument("--quick", action="store_true", help="fewer, smaller cases: seconds, rougher")
+    calibrate.add_argument("-n", "--iters", type=int, default=20, help="timed calls per case (default 20)")
+    calibrate.add_argument("-w", "--warmup", type=int, default=3, help="untimed calls first (default 3)")
+    commands.add_parser("simulate", add_help=False, help="predict times on a topology, without MPI")
     return parser
 
 
@@ -86,11 +107,9 @@ def _algorithms(parser: argparse.ArgumentParser, collective: str, text: str) -> 
         if name == MPI_ALGORITHM:
             continue
         try:
-            build_schedule(collective, name, 1, 0)
+            check_algorithm(collective, name)
         except UnknownAlgorithmError as error:
             parser.error(f"{error}, or {MPI_ALGORITHM} for the MPI library's own")
-        except (CollectivesError, ValueError):
-            pass  # the name is known; one rank and no elements just do not suit it
     return names
 
 
@@ -114,6 +133,7 @@ def _settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sett
         iters=args.iters,
         warmup=args.warmup,
         check=bool(args.check),
+        explain=args.explain,
     )
 
 
@@ -127,20 +147,44 @@ def _printer(enabled: bool) -> Callable[[str], None]:
     return emit
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark on every rank; rank 0 prints. The exit status is 1 if anything was wrong."""
-    parser = _parser()
-    args = parser.parse_args(argv)
-    settings = _settings(parser, args)
-    world = MPI.COMM_WORLD
+def _abort_on_error(world: "MPI.Intracomm", call: Callable[[], T]) -> T:
+    """``call()``; if it raises on this rank, abort every rank, as the others would wait for it forever."""
     try:
-        rows = run(settings, world, _printer(world.rank == 0))
+        return call()
     except Exception:
-        # the other ranks would wait for this one forever
         traceback.print_exc()
         sys.stderr.flush()
         world.Abort(1)
         raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark on every rank; rank 0 prints. The exit status is 1 if anything was wrong."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["simulate"]:
+        from .simulate import main as simulate
+
+        return simulate(argv[1:])
+    from mpi4py import MPI
+
+    from .calibrate import calibrate
+    from .collective import library_version, run
+
+    parser = _parser()
+    args = parser.parse_args(argv)
+    world = MPI.COMM_WORLD
+    emit = _printer(world.rank == 0)
+    if args.collective == "calibrate":
+        if world.size < 2:
+            parser.error("calibrate times messages between ranks; run it under mpiexec -n 2 or more")
+        if args.iters < 1 or args.warmup < 0:
+            parser.error(f"need -n of at least 1 and -w of at least 0; got -n {args.iters} -w {args.warmup}")
+        _abort_on_error(
+            world, lambda: calibrate(world, emit, quick=args.quick, iters=args.iters, warmup=args.warmup)
+        )
+        return 0
+    settings = _settings(parser, args)
+    rows = _abort_on_error(world, lambda: run(settings, world, emit))
     if args.json is not None and world.rank == 0:
         record = to_json(settings, world.size, library_version(), rows)
         args.json.write_text(json.dumps(record, indent=2) + "\n")

@@ -11,6 +11,7 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives
+from collectives.selector import AUTO, Explanation, default_selector
 from collectives.specs import get_spec
 
 from .config import MPI_ALGORITHM, Settings, plan_sizes
@@ -189,6 +190,12 @@ def _wrong(ctx: _Context, case: _Case, source: np.ndarray, expected: np.ndarray)
     return int(ctx.world.allreduce(count_wrong(case.result, expected), op=MPI.SUM))
 
 
+def _explanation(ctx: _Context, count: int) -> Explanation:
+    """What the selector predicts for this run's collective at ``count`` elements."""
+    op = ctx.settings.op or "sum"  # the collectives that do not reduce ignore it
+    return collectives.explain(ctx.settings.collective, count, ctx.settings.dtype, comm=ctx.comm, op=op)
+
+
 def _row(ctx: _Context, algorithm: str, size: int, count: int, data: ExactData) -> Row:
     """Measure one size with one algorithm, out of place and in place."""
     rank, settings = ctx.world.rank, ctx.settings
@@ -202,7 +209,9 @@ def _row(ctx: _Context, algorithm: str, size: int, count: int, data: ExactData) 
         wrong = None if expected is None else _wrong(ctx, case, source, expected)
         algbw, busbw = bandwidths(size, seconds, factor)
         halves.append(Timing(seconds * 1e6, algbw, busbw, wrong))
-    return Row(size, count, settings.dtype, settings.op or "none", algorithm, *halves)
+    # after the calls, so the label is the choice of the model the ranks agreed on
+    label = f"{AUTO}:{_explanation(ctx, count).choice}" if algorithm == AUTO else algorithm
+    return Row(size, count, settings.dtype, settings.op or "none", label, *halves)
 
 
 def run(settings: Settings, world: MPI.Intracomm, emit: Callable[[str], None]) -> list[Row]:
@@ -218,7 +227,9 @@ def run(settings: Settings, world: MPI.Intracomm, emit: Callable[[str], None]) -
     """
     notes = unavailable(settings)
     settings = replace(settings, algorithms=tuple(a for a in settings.algorithms if a not in notes))
-    for line in format_header(settings, world.size, library_version(), notes):
+    selecting = settings.explain or AUTO in settings.algorithms
+    model = default_selector().model.describe() if selecting else None
+    for line in format_header(settings, world.size, library_version(), notes, model):
         emit(line)
     dtype = numpy_dtype(settings.dtype)
     data = ExactData.of(settings.collective, settings.op, settings.dtype, world.size)
@@ -227,6 +238,9 @@ def run(settings: Settings, world: MPI.Intracomm, emit: Callable[[str], None]) -
     rows = []
     try:
         for size, count in plan_sizes(settings.collective, settings.sizes, dtype.itemsize, world.size):
+            if settings.explain:
+                for line in str(_explanation(ctx, count)).splitlines():
+                    emit(f"# {line}".rstrip())
             for algorithm in settings.algorithms:
                 rows.append(_row(ctx, algorithm, size, count, data))
                 emit(format_row(rows[-1]))

@@ -21,10 +21,12 @@ class Settings:
         sizes: the requested sizes in bytes of the full buffer, before rounding.
         dtype: the element type's name, e.g. ``float32``.
         op: the reduction's name; ``None`` for a collective that does not reduce.
-        algorithms: the algorithms to compare, ``mpi`` meaning the MPI library's own.
+        algorithms: the algorithms to compare, ``mpi`` meaning the MPI library's own and
+            ``auto`` the selector's choice at each size.
         iters: timed iterations per measurement.
         warmup: untimed iterations before them.
         check: whether to count wrong elements after timing.
+        explain: whether to print the selector's explanation at each size.
     """
 
     collective: str
@@ -35,6 +37,7 @@ class Settings:
     iters: int = 20
     warmup: int = 5
     check: bool = True
+    explain: bool = False
 
 
 def parse_size(text: str) -> int:

@@ -15,10 +15,15 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from collectives.algorithms import ALGORITHMS
+from collectives.selector import AUTO
+
 from .config import Settings
 
-# (title, width) of the columns that name a row, then of each of its two halves
-_KEY_COLUMNS = (("size", 12), ("count", 12), ("type", 8), ("redop", 6), ("algorithm", 10))
+# (title, width) of the columns that name a row, then of each of its two halves; the
+# algorithm column fits every "auto:<name>" the selector can choose
+_ALGORITHM_WIDTH = max(10, *(len(f"{AUTO}:{name}") for name in ALGORITHMS))
+_KEY_COLUMNS = (("size", 12), ("count", 12), ("type", 8), ("redop", 6), ("algorithm", _ALGORITHM_WIDTH))
 _HALF_COLUMNS = (("time(us)", 10), ("algbw(GB/s)", 11), ("busbw(GB/s)", 11), ("#wrong", 6))
 _SEPARATOR = " | "
 
@@ -43,7 +48,10 @@ class Timing:
 
 @dataclass(frozen=True)
 class Row:
-    """One line of the table: a size measured with one algorithm."""
+    """One line of the table: a size measured with one algorithm.
+
+    ``algorithm`` is the name asked for; for ``auto`` it is ``auto:<chosen>``.
+    """
 
     size: int
     count: int
@@ -86,7 +94,11 @@ def format_row(row: Row) -> str:
 
 
 def format_header(
-    settings: Settings, world_size: int, library: str, notes: Mapping[str, str] | None = None
+    settings: Settings,
+    world_size: int,
+    library: str,
+    notes: Mapping[str, str] | None = None,
+    cost_model: str | None = None,
 ) -> list[str]:
     """The comment block and column titles that open the table.
 
@@ -95,6 +107,7 @@ def format_header(
         world_size: the number of ranks.
         library: the first line of the MPI library's version.
         notes: why an algorithm that was asked for is left out, by name.
+        cost_model: the selector's constants, when it chooses or explains.
     """
     lines = [
         f"# collectives {settings.collective} benchmark",
@@ -106,6 +119,8 @@ def format_header(
         f"# algorithms  : {', '.join(settings.algorithms) or 'none'}",
         f"# iterations  : {settings.iters} timed after {settings.warmup} warmup, check {int(settings.check)}",
     ]
+    if cost_model is not None:
+        lines.append(f"# cost model  : {cost_model}")
     lines += [f"# skipped     : {name}: {why}" for name, why in (notes or {}).items()]
     half = _width(_HALF_COLUMNS)
     groups = (" " * _width(_KEY_COLUMNS), "out-of-place".center(half), "in-place".center(half))
@@ -113,6 +128,11 @@ def format_header(
     titles = (_cells([title for title, _ in _KEY_COLUMNS], _KEY_COLUMNS), halves, halves)
     lines += ["#", "#" + _SEPARATOR.join(groups).rstrip(), "#" + _SEPARATOR.join(titles)]
     return lines
+
+
+def _asked(row: Row) -> str:
+    """The algorithm the row's run asked for: ``auto`` for ``auto:ring``."""
+    return row.algorithm.partition(":")[0]
 
 
 def _average_busbw(rows: list[Row]) -> float:
@@ -128,15 +148,16 @@ def total_wrong(rows: list[Row]) -> int:
 def format_footer(rows: list[Row]) -> list[str]:
     """The closing lines: the wrong elements in all, and the mean bus bandwidth.
 
-    The mean is over both halves of every row, one line per algorithm when there are several.
+    The mean is over both halves of every row, one line per algorithm asked for
+    (``auto`` whatever it chose) when there are several.
     """
     wrong = total_wrong(rows)
     lines = [f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}"]
-    algorithms = list(dict.fromkeys(row.algorithm for row in rows))
+    algorithms = list(dict.fromkeys(_asked(row) for row in rows))
     if len(algorithms) <= 1:
         return [*lines, f"# Avg bus bandwidth    : {_average_busbw(rows):.4f}"]
     for algorithm in algorithms:
-        mine = [row for row in rows if row.algorithm == algorithm]
+        mine = [row for row in rows if _asked(row) == algorithm]
         lines.append(f"# Avg bus bandwidth    : {_average_busbw(mine):.4f}  ({algorithm})")
     return lines
 

@@ -3,6 +3,7 @@
 __all__ = [
     "COLLECTIVES",
     "OPS",
+    "CalibrationError",
     "CollectiveTimeout",
     "CollectivesError",
     "Communicator",
@@ -16,11 +17,13 @@ __all__ = [
     "__version__",
     "allgather",
     "allreduce",
+    "explain",
     "reduce_scatter",
 ]
 
-from .api import Communicator, allgather, allreduce, reduce_scatter
+from .api import Communicator, allgather, allreduce, explain, reduce_scatter
 from .errors import (
+    CalibrationError,
     CollectivesError,
     CollectiveTimeout,
     InvalidBufferError,

@@ -1,16 +1,28 @@
-"""The user's API: allreduce, reduce_scatter, allgather, and the Communicator they run on."""
+"""The user's API: allreduce, reduce_scatter, allgather, the Communicator they run on, and explain."""
 
-__all__ = ["Communicator", "allgather", "allreduce", "reduce_scatter"]
+__all__ = ["Communicator", "allgather", "allreduce", "explain", "reduce_scatter"]
 
+import math
+import struct
 import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .algorithms import build_schedule
 from .backends import ArrayBackend, backend_for
-from .errors import InvalidBufferError
+from .errors import CalibrationError, InvalidBufferError
 from .execute import execute
 from .ops import ReduceOp, get_op
+from .selector import (
+    AUTO,
+    CostModel,
+    Explanation,
+    Selector,
+    check_algorithm,
+    default_selector,
+    itemsize,
+    selector_for,
+)
 from .transport.base import Transport
 
 if TYPE_CHECKING:
@@ -23,10 +35,13 @@ class Communicator:
     Wraps an mpi4py intracommunicator (``MPI.COMM_WORLD`` when none is given)
     and keeps the library's traffic on a private duplicate of it, so creating
     one is collective over its ranks. A :class:`~collectives.transport.Transport`
-    may be given instead, e.g. a loopback transport in tests.
+    may be given instead, e.g. a loopback transport in tests. On the first
+    ``algorithm="auto"`` call its ranks take rank 0's cost model, so that they
+    all choose the same algorithm.
     """
 
     def __init__(self, comm: "MPI.Comm | Transport | None" = None) -> None:
+        self._selector: Selector | None = None  # agreed on the first algorithm="auto"
         if isinstance(comm, Transport):
             self._transport = comm
         else:
@@ -79,14 +94,61 @@ def _communicator(comm: "Communicator | MPI.Comm | None") -> Communicator:
     return wrapper
 
 
-def _prepare(x: Any, op: "str | ReduceOp | None") -> tuple[ArrayBackend, ReduceOp | None]:
+def _prepare(
+    x: Any, op: "str | ReduceOp | None", collective: str, algorithm: str
+) -> tuple[ArrayBackend, ReduceOp | None, int]:
+    """The backend of ``x``, the checked op, and the bytes per element; raises on a bad algorithm name."""
     backend = backend_for(x)
     dtype = backend.dtype_name(x)
+    check_algorithm(collective, algorithm)
     if op is None:
-        return backend, None
+        return backend, None, itemsize(dtype)
     reduce_op = get_op(op)
     reduce_op.check_dtype(dtype)
-    return backend, reduce_op
+    return backend, reduce_op, itemsize(dtype)
+
+
+_AGREE_TAG = 8  # apart from the executor's messages
+
+
+def _agreed_selector(group: Communicator) -> Selector:
+    """Rank 0's selector, on every rank of ``group``; collective on the first call.
+
+    Ranks whose calibrations differ would choose different algorithms and wait
+    on each other forever, so they all take rank 0's constants.
+    """
+    if group._selector is not None:
+        return group._selector
+    transport = group.transport
+    message = bytearray(struct.calcsize("3d"))
+    if transport.size == 1:
+        selector = default_selector()
+    elif transport.rank == 0:
+        try:
+            selector = default_selector()
+        except CalibrationError:
+            # tell the others, or they would wait for constants that never come
+            struct.pack_into("3d", message, 0, math.nan, math.nan, math.nan)
+            transport.waitall([transport.isend(message, peer, _AGREE_TAG) for peer in range(1, group.size)])
+            raise
+        model = selector.model
+        struct.pack_into("3d", message, 0, model.alpha, model.beta, model.gamma)
+        transport.waitall([transport.isend(message, peer, _AGREE_TAG) for peer in range(1, group.size)])
+    else:
+        transport.waitall([transport.irecv(message, 0, _AGREE_TAG)])
+        alpha, beta, gamma = struct.unpack("3d", message)
+        if math.isnan(alpha):
+            raise CalibrationError("rank 0 could not load its calibration; see its error")
+        selector = selector_for(CostModel(alpha, beta, gamma, source="calibration of rank 0"))
+    group._selector = selector
+    return selector
+
+
+def _algorithm(group: Communicator, collective: str, algorithm: str, count: int, item_bytes: int) -> str:
+    """``algorithm``, or the selector's choice for ``"auto"``."""
+    if algorithm != AUTO:
+        return algorithm
+    return _agreed_selector(group).choose(collective, group.size, count, item_bytes)
 
 
 def _check_out(backend: ArrayBackend, out: Any, x: Any, shape: tuple[int, ...]) -> None:
@@ -114,7 +176,7 @@ def allreduce(
     op: "str | ReduceOp" = "sum",
     *,
     out: Any = None,
-    algorithm: str = "ring",
+    algorithm: str = AUTO,
     comm: "Communicator | MPI.Comm | None" = None,
 ) -> Any:
     """Combine ``x`` element-wise across all ranks; every rank gets the result.
@@ -125,13 +187,14 @@ def allreduce(
             ``band``, ``bor``, ``bxor`` (integers).
         out: where to put the result, of ``x``'s shape and dtype; ``out=x``
             reduces in place.
-        algorithm: the algorithm's name.
+        algorithm: the algorithm's name, e.g. ``"ring"``; ``"auto"`` (the default)
+            runs the one the cost model predicts fastest (see :func:`explain`).
         comm: the communicator; the one over ``MPI.COMM_WORLD`` by default.
 
     Returns:
         The result, ``out`` when given.
     """
-    backend, reduce_op = _prepare(x, op)
+    backend, reduce_op, item_bytes = _prepare(x, op, "allreduce", algorithm)
     group = _communicator(comm)
     shape = tuple(x.shape)
     if out is not None:
@@ -139,6 +202,7 @@ def allreduce(
     work, in_out = _workspace(backend, out, x.size, x)
     if not (in_out and out is x):
         backend.copy(work, x)
+    algorithm = _algorithm(group, "allreduce", algorithm, x.size, item_bytes)
     schedule = build_schedule("allreduce", algorithm, group.size, x.size)
     execute(schedule, group.transport, backend, work, reduce_op)
     if reduce_op is not None and reduce_op.averages:
@@ -152,7 +216,7 @@ def reduce_scatter(
     *,
     counts: Sequence[int] | None = None,
     out: Any = None,
-    algorithm: str = "ring",
+    algorithm: str = AUTO,
     comm: "Communicator | MPI.Comm | None" = None,
 ) -> Any:
     """Combine ``x`` across all ranks; each rank gets its own share of the result.
@@ -168,13 +232,14 @@ def reduce_scatter(
         op: the reduction, as for :func:`allreduce`.
         counts: the elements of each rank's share, when they differ.
         out: where to put this rank's share.
-        algorithm: the algorithm's name.
+        algorithm: the algorithm's name, or ``"auto"`` (the default), as for :func:`allreduce`;
+            it chooses for an even split of ``x``, whatever ``counts`` says.
         comm: the communicator; the one over ``MPI.COMM_WORLD`` by default.
 
     Returns:
         This rank's share of the result, ``out`` when given.
     """
-    backend, reduce_op = _prepare(x, op)
+    backend, reduce_op, item_bytes = _prepare(x, op, "reduce_scatter", algorithm)
     group = _communicator(comm)
     size, rank = group.size, group.rank
     shares, share_shape, _ = _shares("reduce_scatter", x, counts, size, rank, x.size)
@@ -183,6 +248,7 @@ def reduce_scatter(
     # the input must survive, so the schedule runs on a copy of all of it
     work = backend.empty(x.size, x)
     backend.copy(work, x)
+    algorithm = _algorithm(group, "reduce_scatter", algorithm, x.size, item_bytes)
     schedule = build_schedule("reduce_scatter", algorithm, size, x.size, shares)
     execute(schedule, group.transport, backend, work, reduce_op)
     lo = sum(shares[:rank])
@@ -200,7 +266,7 @@ def allgather(
     *,
     counts: Sequence[int] | None = None,
     out: Any = None,
-    algorithm: str = "ring",
+    algorithm: str = AUTO,
     comm: "Communicator | MPI.Comm | None" = None,
 ) -> Any:
     """Concatenate every rank's ``x`` in rank order; every rank gets the whole.
@@ -214,13 +280,14 @@ def allgather(
         x: this rank's array.
         counts: the elements of each rank's contribution, when they differ.
         out: where to put the result.
-        algorithm: the algorithm's name.
+        algorithm: the algorithm's name, or ``"auto"`` (the default), as for :func:`allreduce`;
+            it chooses for an even split of the result, whatever ``counts`` says.
         comm: the communicator; the one over ``MPI.COMM_WORLD`` by default.
 
     Returns:
         The concatenation, ``out`` when given.
     """
-    backend, _ = _prepare(x, None)
+    backend, _, item_bytes = _prepare(x, None, "allgather", algorithm)
     group = _communicator(comm)
     size, rank = group.size, group.rank
     total = x.size * size if counts is None else sum(counts)
@@ -232,9 +299,45 @@ def allgather(
     work, in_out = _workspace(backend, out, total, x)
     lo = sum(shares[:rank])
     backend.copy(work[lo : lo + shares[rank]], x)
+    algorithm = _algorithm(group, "allgather", algorithm, total, item_bytes)
     schedule = build_schedule("allgather", algorithm, size, total, shares)
     execute(schedule, group.transport, backend, work)
     return _deliver(backend, work, in_out, out, whole_shape)
+
+
+def explain(
+    collective: str,
+    count: int,
+    dtype: object = "float32",
+    *,
+    world_size: int | None = None,
+    comm: "Communicator | MPI.Comm | None" = None,
+    op: "str | ReduceOp" = "sum",
+) -> Explanation:
+    """What ``algorithm="auto"`` runs for ``collective`` of ``count`` elements, and why.
+
+    Nothing is sent: the explanation is this rank's, with the cost model the
+    communicator agreed on if it already has (rank 0's), else this process's
+    calibration. ``print()`` it for a table of every algorithm's predicted time.
+
+    Args:
+        collective: ``allreduce``, ``reduce_scatter`` or ``allgather``.
+        count: elements of the full buffer (allreduce's buffer, reduce_scatter's
+            input, allgather's output).
+        dtype: the element type, by name (``"float32"``) or as a dtype.
+        world_size: the number of ranks; the communicator's size by default.
+        comm: the communicator; the one over ``MPI.COMM_WORLD`` by default.
+        op: the reduction, for the collectives that reduce.
+
+    Returns:
+        Each candidate's prediction, the rejected algorithms with their reasons, and the choice.
+    """
+    selector = None
+    if world_size is None or comm is not None:
+        group = _communicator(comm)
+        world_size = group.size if world_size is None else world_size
+        selector = group._selector
+    return (selector or default_selector()).explain(collective, count, dtype, world_size=world_size, op=op)
 
 
 def _shares(

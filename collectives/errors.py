@@ -1,10 +1,12 @@
 """Exceptions raised by collectives."""
 
 __all__ = [
+    "CalibrationError",
     "CollectiveTimeout",
     "CollectivesError",
     "InvalidBufferError",
     "ScheduleError",
+    "TopologyError",
     "TransportError",
     "UnknownAlgorithmError",
     "UnsupportedDtypeError",
@@ -57,9 +59,17 @@ class ScheduleError(CollectivesError):
         self.actual = actual
 
 
+class TopologyError(CollectivesError, ValueError):
+    """A topology is malformed, or a device, route or placement is not in it."""
+
+
 class TransportError(CollectivesError, RuntimeError):
     """A point-to-point transfer failed."""
 
 
 class CollectiveTimeout(TransportError, TimeoutError):
     """A collective did not complete in time."""
+
+
+class CalibrationError(CollectivesError, ValueError):
+    """A calibration file cannot be read or does not hold the cost model's constants."""

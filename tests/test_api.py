@@ -194,7 +194,7 @@ def test_ops_and_algorithms_are_checked() -> None:
         _one_rank(lambda comm: C.allreduce(x, "mean", comm=comm))
     with pytest.raises(
         UnknownAlgorithmError,
-        match="unknown algorithm 'rign' for allreduce; valid algorithms are ring",
+        match="unknown algorithm 'rign' for allreduce; valid algorithms are auto, ring",
     ):
         _one_rank(lambda comm: C.allreduce(x, algorithm="rign", comm=comm))
 

@@ -2,6 +2,7 @@
 
 import itertools
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,8 @@ import pytest
 from bench.config import Settings, element_count, parse_size, plan_sizes, size_sweep
 from bench.patterns import ExactData, count_wrong, numpy_dtype
 from bench.report import Row, Timing, bandwidths, format_footer, format_header, format_row, to_json
+from collectives.algorithms import ALGORITHMS
+from collectives.selector import load_model
 from collectives.specs import get_spec
 from tests.mpirun import mpiexec, run_mpi
 
@@ -221,3 +224,104 @@ def test_bench_rejects_an_op_the_dtype_lacks() -> None:
     result = run_mpi(1, ["-m", "bench", "allreduce", "-d", "int8", "-o", "avg"], timeout=30)
     assert result.returncode == 2
     assert "avg" in result.stdout and "int8" in result.stdout
+
+
+def test_format_header_names_the_cost_model() -> None:
+    lines = format_header(_settings(("auto",)), 2, "MPICH", cost_model="alpha 6.00 us/message; defaults")
+    assert "# cost model  : alpha 6.00 us/message; defaults" in lines
+    assert not any("cost model" in line for line in format_header(_settings(), 2, "MPICH"))
+
+
+def test_auto_rows_line_up_and_average_together() -> None:
+    titles = format_header(_settings(("auto",)), 4, "MPICH")[-1]
+    for name in ALGORITHMS:
+        row = format_row(_row(f"auto:{name}"))
+        assert len(row) == len(titles)
+        assert row.split()[4] == f"auto:{name}"
+    lines = format_footer([_row("auto:ring", busbw=1.0), _row("auto:direct", busbw=3.0), _row("mpi")])
+    assert lines[1:] == [
+        "# Avg bus bandwidth    : 2.0000  (auto)",
+        "# Avg bus bandwidth    : 1.0000  (mpi)",
+    ]
+
+
+def _no_calibration(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """Point the ranks at a calibration file of their own (absent until calibrate writes it)."""
+    path = tmp_path / "calibration.json"
+    monkeypatch.setenv("COLLECTIVES_CALIBRATION", str(path))
+    return path
+
+
+@needs_mpiexec
+def test_bench_auto_shows_its_choice_and_explains(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _no_calibration(monkeypatch, tmp_path)
+    record = tmp_path / "rows.json"
+    args = ["-m", "bench", "reduce_scatter", "-b", "8", "-e", "4K", "-f", "8", "-n", "2", "-w", "1"]
+    args += ["-a", "auto,ring", "--explain", "--json", str(record)]
+    result = run_mpi(2, args, timeout=60)
+    assert result.returncode == 0, result.stdout
+    assert "# cost model  : alpha 6.00 us/message" in result.stdout
+    sizes = plan_sizes("reduce_scatter", size_sweep(8, 4096, 8), 4, 2)
+    # one explanation per size, ahead of its rows, every line a comment
+    choices = re.findall(r"# choice: (\w+) \(predicted", result.stdout)
+    assert len(choices) == len(sizes)
+    assert re.search(r"# \*\s+(\w+)\s+reduce_scatter-\1\(n=2\)", result.stdout)
+    assert "# Avg bus bandwidth    : " in result.stdout and "(auto)" in result.stdout
+    rows = json.loads(record.read_text())["rows"]
+    assert [row["algorithm"] for row in rows] == [
+        name for choice in choices for name in (f"auto:{choice}", "ring")
+    ]
+    assert all(half["wrong"] == 0 for row in rows for half in (row["out_of_place"], row["in_place"]))
+
+
+@needs_mpiexec
+def test_bench_lists_auto_among_the_valid_algorithms() -> None:
+    result = run_mpi(1, ["-m", "bench", "allgather", "-a", "ring,rign"], timeout=30)
+    assert result.returncode == 2
+    valid = ", ".join(name for name, module in ALGORITHMS.items() if hasattr(module, "allgather"))
+    assert (
+        f"unknown algorithm 'rign' for allgather; valid algorithms are auto, {valid}, or mpi" in result.stdout
+    )
+
+
+@needs_mpiexec
+def test_calibrate_under_mpiexec_saves_where_the_env_var_says(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    path = _no_calibration(monkeypatch, tmp_path)
+    result = run_mpi(2, ["-m", "bench", "calibrate", "--quick", "-n", "2", "-w", "0"], timeout=120)
+    assert result.returncode == 0, result.stdout
+    assert f"# saved to {path}" in result.stdout
+    assert "# alpha " in result.stdout and "measured" in result.stdout
+    saved = json.loads(path.read_text())
+    assert saved["world_size"] == 2 and saved["quick"] is True
+    assert len(saved["exchanges"]) == 4
+    model = load_model(path)
+    assert all(0 <= value < 1 for value in (model.alpha, model.beta, model.gamma))
+    assert model.source == f"calibrated, from {path}"
+
+
+@needs_mpiexec
+def test_calibrate_needs_two_ranks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    path = _no_calibration(monkeypatch, tmp_path)
+    result = run_mpi(1, ["-m", "bench", "calibrate", "--quick"], timeout=30)
+    assert result.returncode == 2
+    assert "calibrate times messages between ranks; run it under mpiexec -n 2 or more" in result.stdout
+    assert not path.exists()
+
+
+@needs_mpiexec
+def test_the_exchange_fit_recovers_known_constants() -> None:
+    # bench.calibrate imports mpi4py, which the test process itself keeps out of
+    code = (
+        "from bench.calibrate import Measurement, fit_exchange\n"
+        "alpha, beta, overhead = 5e-6, 1e-10, 2e-6\n"
+        "cases = [Measurement(k, b, overhead + k * (alpha + beta * b)) for k in (1, 4) for b in (8, 2**20)]\n"
+        "fitted = fit_exchange(cases)\n"
+        "assert all(abs(f - e) <= 1e-9 * e for f, e in zip(fitted, (alpha, beta, overhead))), fitted\n"
+        # more steps taking less time fits a negative alpha, which noise it is
+        "noisy = [Measurement(1, 8, 2e-5), Measurement(4, 8, 1e-5), Measurement(1, 10**6, 2e-5)]\n"
+        "assert fit_exchange(noisy)[0] == 0, fit_exchange(noisy)\n"
+    )
+    result = run_mpi(1, ["-c", code], timeout=30)
+    assert result.returncode == 0, result.stdout

@@ -10,9 +10,17 @@ from ..chunking import even_split
 from ..errors import UnknownAlgorithmError
 from ..schedule import Schedule
 from ..specs import get_spec
-from . import ring
+from . import butterfly, double_tree, halving_doubling, hierarchical, multi_ring, ring, tree
 
-ALGORITHMS: dict[str, ModuleType] = {"ring": ring}
+ALGORITHMS: dict[str, ModuleType] = {
+    "ring": ring,
+    "tree": tree,
+    "double_tree": double_tree,
+    "butterfly": butterfly,
+    "halving_doubling": halving_doubling,
+    "multi_ring": multi_ring,
+    "hierarchical": hierarchical,
+}
 
 
 def _builder(collective: str, algorithm: str) -> Callable[..., Schedule]:

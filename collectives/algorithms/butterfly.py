@@ -1,0 +1,198 @@
+"""Butterfly reduce-scatter, all-gather and allreduce: recursive halving and recursive doubling.
+
+At the step of distance d (a power of two) rank r works with its peer r XOR d,
+so after log2 P steps every rank has heard, through its peers, from every other.
+Reduce-scatter halves (recursive halving): the first step's peers are P/2 apart
+and each hands the other the half of the buffer that the other's half of the
+ranks will own, reduced into the peer's copy; each later step halves the part a
+rank is responsible for, until it holds its own share with every contribution.
+All-gather runs the same steps backwards (recursive doubling): each rank sends
+its peer everything it has gathered, doubling it, distance 1 first. Allreduce
+exchanges and reduces the whole buffer at every step (recursive doubling), the
+fewest steps of any allreduce but all S elements on the wire at each, so it
+suits small messages; ``halving_doubling`` is the allreduce for large ones.
+
+A world size that is not a power of two is folded: with P' the largest power of
+two not above P and E = P - P', extra rank P' + i first hands its data to rank
+i (reduced into it for reduce-scatter and allreduce), the P' ranks run the
+butterfly with rank i also standing for rank P' + i (for reduce-scatter and
+all-gather it handles chunks i and P' + i), and rank i finally sends rank
+P' + i its result. That costs two steps and leaves the extra ranks idle.
+
+Every element is reduced in one order by this module's allreduce and
+reduce-scatter and by ``halving_doubling``'s allreduce: a_i + a_(P'+i) for the
+folded ranks, then a balanced tree in which peers P'/2 apart meet first. Their
+results are the same bits as one another, so choosing between them by size
+does not change results, but generally not the ring's (they agree for P <= 2).
+Every rank ends with the same bits: the reduce-scatter reduces each chunk at one
+rank only, and in the allreduce ranks that have combined the same inputs hold
+the same bits, since each step's sum is a + b on one rank and b + a on its peer,
+which IEEE arithmetic rounds alike. The exception is NaN payloads: where two
+different NaNs meet, a kernel keeps the one in a given operand position, so the
+peers may end with NaNs of different bits. ``halving_doubling`` copies its
+results and has no such exception.
+
+Cost, for P ranks and a buffer of S elements whose share at rank r is S_r
+(allreduce: S alone matters). P' = the largest power of two not above P,
+E = P - P', m = log2 P' and f = 1 if E > 0 else 0; sums run over the distances
+d = 1, 2, ..., P'/2. Rank v < P' handles W_v = S_v + S_(P'+v) if v < E,
+else W_v = S_v, and W(r, d) is the sum of W_v over the d ranks v with
+v // d == r // d (the aligned group of d ranks that holds r):
+
+===============  ======  ==========================================  ===========
+collective       steps   elements sent by rank r < P'                rank P' + i
+===============  ======  ==========================================  ===========
+reduce_scatter   m + 2f  sum_d W(r XOR d, d) + [r < E] S_(P'+r)      S
+allgather        m + 2f  sum_d W(r, d) + [r < E] (S - S_(P'+r))      S_(P'+i)
+allreduce        m + 2f  (m + [r < E]) S                             S
+===============  ======  ==========================================  ===========
+
+For a power of two P with even shares that is (P - 1) / P * S for reduce-scatter
+and all-gather, as for the ring but in log2 P steps instead of P - 1, and
+log2 P * S for allreduce.
+"""
+
+__all__ = ["allgather", "allreduce", "cost", "reduce_scatter"]
+
+from collections.abc import Callable, Iterable, Sequence
+
+from ..schedule import Schedule, Step, Transfer
+from .base import Cost
+
+
+def _base(world_size: int) -> int:
+    # the largest power of two not above the world size: the ranks the butterfly runs on
+    return 1 << (world_size.bit_length() - 1)
+
+
+def _distances(base: int) -> list[int]:
+    # 1, 2, ..., base / 2: one step each
+    return [1 << k for k in range(base.bit_length() - 1)]
+
+
+def _group(rank: int, distance: int) -> range:
+    start = rank - rank % distance
+    return range(start, start + distance)
+
+
+def _chunks_per_rank(world_size: int) -> list[tuple[int, ...]]:
+    # with one chunk per rank's share, butterfly rank v handles its own and that of extra rank P' + v
+    base = _base(world_size)
+    return [(v, base + v) if base + v < world_size else (v,) for v in range(base)]
+
+
+def _fold_in(world_size: int, chunks: Callable[[int], Iterable[int]], reduce: bool) -> list[Step]:
+    base = _base(world_size)
+    extras = range(base, world_size)
+    return [Step(Transfer(e, e - base, c, reduce) for e in extras for c in chunks(e))] if extras else []
+
+
+def _fold_out(world_size: int, chunks: Callable[[int], Iterable[int]]) -> list[Step]:
+    base = _base(world_size)
+    extras = range(base, world_size)
+    return [Step(Transfer(e - base, e, c) for e in extras for c in chunks(e))] if extras else []
+
+
+def _halving_steps(chunks_of: Sequence[Sequence[int]]) -> list[Step]:
+    # rank r is responsible for the chunks of its aligned group of 2d ranks; it keeps its own half
+    # and hands its peer, reduced, the half the peer's group of d ranks is responsible for
+    base = len(chunks_of)
+    return [
+        Step(
+            Transfer(r, r ^ d, c, reduce=True)
+            for r in range(base)
+            for v in _group(r ^ d, d)
+            for c in chunks_of[v]
+        )
+        for d in reversed(_distances(base))
+    ]
+
+
+def _doubling_steps(chunks_of: Sequence[Sequence[int]]) -> list[Step]:
+    # rank r holds the chunks of its aligned group of d ranks and sends them all to its peer
+    base = len(chunks_of)
+    return [
+        Step(Transfer(r, r ^ d, c) for r in range(base) for v in _group(r, d) for c in chunks_of[v])
+        for d in _distances(base)
+    ]
+
+
+def reduce_scatter(shares: Sequence[int]) -> Schedule:
+    """Recursive-halving reduce-scatter; rank ``r`` ends with its share of ``shares[r]`` elements reduced."""
+    size = len(shares)
+    steps = [
+        *_fold_in(size, lambda e: range(size), reduce=True),
+        *_halving_steps(_chunks_per_rank(size)),
+        *_fold_out(size, lambda e: (e,)),
+    ]
+    return Schedule(
+        name=f"reduce_scatter-butterfly(n={size})",
+        collective="reduce_scatter",
+        world_size=size,
+        chunk_sizes=tuple(shares),
+        steps=tuple(steps),
+        chunk_owner=tuple(range(size)),
+    )
+
+
+def allgather(shares: Sequence[int]) -> Schedule:
+    """Recursive-doubling all-gather; rank ``r`` contributes ``shares[r]`` elements and ends with them all."""
+    size = len(shares)
+    steps = [
+        *_fold_in(size, lambda e: (e,), reduce=False),
+        *_doubling_steps(_chunks_per_rank(size)),
+        *_fold_out(size, lambda e: (c for c in range(size) if c != e)),
+    ]
+    return Schedule(
+        name=f"allgather-butterfly(n={size})",
+        collective="allgather",
+        world_size=size,
+        chunk_sizes=tuple(shares),
+        steps=tuple(steps),
+        chunk_owner=tuple(range(size)),
+    )
+
+
+def allreduce(world_size: int, count: int) -> Schedule:
+    """Recursive-doubling allreduce of ``count`` elements over ``world_size`` ranks, as one chunk."""
+    base = _base(world_size)
+    whole = (0,)
+    steps = [
+        *_fold_in(world_size, lambda e: whole, reduce=True),
+        # farthest peers first, the order of the halving, so both allreduces round alike
+        *(Step(Transfer(r, r ^ d, 0, reduce=True) for r in range(base)) for d in reversed(_distances(base))),
+        *_fold_out(world_size, lambda e: whole),
+    ]
+    return Schedule(
+        name=f"allreduce-butterfly(n={world_size})",
+        collective="allreduce",
+        world_size=world_size,
+        chunk_sizes=(count,),
+        steps=tuple(steps),
+    )
+
+
+def cost(collective: str, shares: Sequence[int]) -> Cost:
+    """Steps and elements sent per rank, from the table above."""
+    size, total = len(shares), sum(shares)
+    base = _base(size)
+    distances = _distances(base)
+    folds = [base + r < size for r in range(base)]
+    extra = [shares[base + r] if folds[r] else 0 for r in range(base)]
+    handled = [shares[r] + extra[r] for r in range(base)]
+    steps = len(distances) + (2 if size > base else 0)
+
+    def group(rank: int, d: int) -> int:
+        return sum(handled[v] for v in _group(rank, d))
+
+    if collective == "reduce_scatter":
+        sent = [sum(group(r ^ d, d) for d in distances) + extra[r] for r in range(base)]
+        return Cost(steps, (*sent, *(total for _ in range(base, size))))
+    if collective == "allgather":
+        back = [total - extra[r] if folds[r] else 0 for r in range(base)]
+        sent = [sum(group(r, d) for d in distances) + back[r] for r in range(base)]
+        return Cost(steps, (*sent, *shares[base:]))
+    if collective == "allreduce":
+        sent = [(len(distances) + folds[r]) * total for r in range(base)]
+        return Cost(steps, (*sent, *(total for _ in range(base, size))))
+    raise ValueError(f"the butterfly has no {collective!r}")

@@ -1,0 +1,31 @@
+"""NCCL's double binary tree allreduce, by collective name for the registry; built in tree.py.
+
+Two complementary binary trees (:func:`.tree.double_binary_tree`), each
+carrying half of the pipelined chunks, run at once; every rank is interior in
+at most one of them. Its cost is in tree.py's table.
+"""
+
+__all__ = ["allreduce", "cost"]
+
+from collections.abc import Sequence
+
+from ..schedule import Schedule
+from .base import Cost
+from .tree import double_binary_tree, trees_allreduce, trees_cost
+
+
+def allreduce(world_size: int, count: int, chunks: int | None = None) -> Schedule:
+    """Double binary tree allreduce of ``count`` elements over ``world_size`` ranks.
+
+    Args:
+        world_size: the number of ranks.
+        count: elements in each rank's buffer.
+        chunks: chunks the buffer is cut into, the first ``ceil(chunks / 2)``
+            through the first tree; :func:`.tree.pipeline_chunks` of ``count`` when ``None``.
+    """
+    return trees_allreduce(double_binary_tree(world_size), count, chunks, "allreduce-double_tree")
+
+
+def cost(collective: str, shares: Sequence[int], chunks: int | None = None) -> Cost:
+    """Steps and elements sent per rank, from tree.py's tables (``shares`` as for ``ring.cost``)."""
+    return trees_cost(collective, double_binary_tree(len(shares)), shares, chunks)

@@ -1,0 +1,84 @@
+"""Rabenseifner's allreduce: a butterfly reduce-scatter, then a butterfly all-gather.
+
+The buffer is cut into one chunk per rank of the butterfly, and the allreduce
+is the ``butterfly`` module's recursive-halving reduce-scatter of those chunks
+followed by its recursive-doubling all-gather, with the same fold for world
+sizes that are not a power of two: extra rank P' + i first hands its whole
+buffer to rank i, reduced, and gets the result back at the end. Like the ring
+it sends under 2 S elements per rank whatever P (ranks that fold send S more),
+but in 2 log2 P' (+ 2) steps instead of 2 (P - 1), so it suits large messages
+on many ranks, where the ``butterfly`` allreduce, sending S at each of its
+steps, does not.
+
+The family lives in ``butterfly``; this module exists because algorithms are
+registered by name, one function per collective, and ``butterfly``'s allreduce
+is the recursive-doubling one. Its reduce-scatter and all-gather would be the
+``butterfly`` module's, so they are not registered twice under this name.
+
+Each chunk is reduced at one rank only and then copied, so every rank ends with
+the same bits, NaN payloads included. The reduction order is the butterfly's
+(rank P' + i joins rank i first, then peers P'/2 apart meet first), so the bits
+equal the ``butterfly`` allreduce's and generally differ from the ring's.
+
+Cost, for P ranks and a buffer of S elements. P' = the largest power of two not
+above P, E = P - P', m = log2 P' and f = 1 if E > 0 else 0; the chunks are
+C_v = even_split(S, P')[v], C(r, d) is the sum of C_v over the d ranks v with
+v // d == r // d, and sums run over the distances d = 1, 2, ..., P'/2:
+
+==========  =======  =============================================  ===========
+collective  steps    elements sent by rank r < P'                   rank P' + i
+==========  =======  =============================================  ===========
+allreduce   2m + 2f  sum_d (C(r XOR d, d) + C(r, d)) + [r < E] S    S
+==========  =======  =============================================  ===========
+
+When P' divides S that is 2 (P' - 1) / P' * S, plus S for the ranks that fold.
+"""
+
+__all__ = ["allreduce", "cost"]
+
+from collections.abc import Sequence
+
+from ..chunking import even_split
+from ..schedule import Schedule
+from .base import Cost
+from .butterfly import _base, _distances, _doubling_steps, _fold_in, _fold_out, _group, _halving_steps
+
+
+def allreduce(world_size: int, count: int) -> Schedule:
+    """Halving-doubling allreduce of ``count`` elements over ``world_size`` ranks."""
+    base = _base(world_size)
+    every = range(base)
+    chunks_of = [(v,) for v in every]
+    steps = [
+        *_fold_in(world_size, lambda e: every, reduce=True),
+        *_halving_steps(chunks_of),
+        *_doubling_steps(chunks_of),
+        *_fold_out(world_size, lambda e: every),
+    ]
+    return Schedule(
+        name=f"allreduce-halving_doubling(n={world_size})",
+        collective="allreduce",
+        world_size=world_size,
+        chunk_sizes=even_split(count, base),
+        steps=tuple(steps),
+    )
+
+
+def cost(collective: str, shares: Sequence[int]) -> Cost:
+    """Steps and elements sent per rank, from the table above (only the shares' number and total count)."""
+    if collective != "allreduce":
+        raise ValueError(f"halving_doubling has no {collective!r}; the butterfly's is the same schedule")
+    size, total = len(shares), sum(shares)
+    base = _base(size)
+    chunks = even_split(total, base)
+    distances = _distances(base)
+
+    def group(rank: int, d: int) -> int:
+        return sum(chunks[v] for v in _group(rank, d))
+
+    sent = [
+        sum(group(r ^ d, d) + group(r, d) for d in distances) + (total if r + base < size else 0)
+        for r in range(base)
+    ]
+    steps = 2 * len(distances) + (2 if size > base else 0)
+    return Cost(steps, (*sent, *(total for _ in range(base, size))))

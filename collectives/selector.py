@@ -1,0 +1,483 @@
+"""Choosing an algorithm for ``algorithm="auto"`` from an alpha-beta-gamma cost model of its schedule."""
+
+__all__ = [
+    "AUTO",
+    "CALIBRATION_ENV",
+    "DEFAULT_MODEL",
+    "Candidate",
+    "CostModel",
+    "Explanation",
+    "Rejected",
+    "Selector",
+    "Traffic",
+    "calibration_path",
+    "check_algorithm",
+    "default_selector",
+    "itemsize",
+    "load_model",
+    "rejection_reasons",
+    "save_model",
+    "selector_for",
+    "traffic",
+]
+
+import json
+import math
+import os
+from dataclasses import dataclass, field, replace
+from functools import cache, lru_cache
+from pathlib import Path
+from typing import Any
+
+from . import algorithms
+from .errors import CalibrationError, CollectivesError, UnknownAlgorithmError
+from .ops import ReduceOp, check_dtype, get_op
+from .schedule import Schedule
+from .specs import get_spec
+
+AUTO = "auto"
+"""The algorithm name that asks the selector to choose."""
+
+CALIBRATION_ENV = "COLLECTIVES_CALIBRATION"
+"""The environment variable naming the calibration file, overriding the user cache directory."""
+
+_CHOICES_KEPT = 4096  # distinct (collective, world size, count, itemsize) choices remembered per selector
+
+
+def itemsize(dtype: object) -> int:
+    """Bytes per element of a dtype, by name (``"float32"``) or as a numpy-like dtype with a ``name``."""
+    name = str(getattr(dtype, "name", dtype))
+    check_dtype(name)
+    # every supported dtype's name ends in its width in bits
+    return int(name.lstrip("abcdefghijklmnopqrstuvwxyz")) // 8
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """A schedule's work on its critical path, step by step, as the cost model weighs it.
+
+    Every field sums, over the steps, the most any one rank does in that step;
+    transfers of empty chunks are skipped, as the executor skips them.
+
+    Attributes:
+        steps: steps that move any data.
+        messages: per step, the most messages a rank sends or receives.
+        elements: per step, the most elements a rank sends or receives.
+        reduced: per step, the most elements a rank reduces.
+    """
+
+    steps: int
+    messages: int
+    elements: int
+    reduced: int
+
+
+def traffic(schedule: Schedule) -> Traffic:
+    """Count ``schedule``'s critical-path traffic (see :class:`Traffic`)."""
+    sizes = schedule.chunk_sizes
+    steps = messages = elements = reduced = 0
+    for step in schedule.steps:
+        sends: dict[int, int] = {}
+        recvs: dict[int, int] = {}
+        sent: dict[int, int] = {}
+        received: dict[int, int] = {}
+        reducing: dict[int, int] = {}
+        for t in step.transfers:
+            n = sizes[t.chunk]
+            if n == 0:
+                continue
+            sends[t.src] = sends.get(t.src, 0) + 1
+            recvs[t.dst] = recvs.get(t.dst, 0) + 1
+            sent[t.src] = sent.get(t.src, 0) + n
+            received[t.dst] = received.get(t.dst, 0) + n
+            if t.reduce:
+                reducing[t.dst] = reducing.get(t.dst, 0) + n
+        if not sends:
+            continue
+        steps += 1
+        # links are full duplex: a rank's sends and receives overlap, its messages to
+        # different peers do not (they share its one CPU and network port)
+        messages += max(*sends.values(), *recvs.values())
+        elements += max(*sent.values(), *received.values())
+        reduced += max(reducing.values(), default=0)
+    return Traffic(steps, messages, elements, reduced)
+
+
+@lru_cache(maxsize=1024)
+def _counted(collective: str, algorithm: str, world_size: int, count: int) -> tuple[str, Traffic]:
+    """The name and traffic of a registered algorithm's schedule, evenly shared (memoized)."""
+    schedule = algorithms.build_schedule(collective, algorithm, world_size, count)
+    return schedule.name, traffic(schedule)
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Time of a schedule: per step, alpha per message, beta per byte moved, gamma per byte reduced.
+
+    A step's time is ``alpha * m + beta * b + gamma * r``, where ``m``, ``b`` and
+    ``r`` are the most messages, bytes moved and bytes reduced by any rank in the
+    step (see :class:`Traffic`); the executor reduces after a step's transfers
+    complete, so the terms add. A schedule's time is the sum over its steps.
+
+    Attributes:
+        alpha: seconds per message (latency and per-message software overhead).
+        beta: seconds per byte a rank sends or receives (the inverse bandwidth).
+        gamma: seconds per byte a rank reduces.
+        source: where the constants came from, for explanations.
+    """
+
+    alpha: float
+    beta: float
+    gamma: float
+    source: str = field(default="given", compare=False)
+
+    def time(self, counted: Traffic, itemsize: int) -> float:
+        """Predicted seconds of a schedule with traffic ``counted`` in elements of ``itemsize`` bytes."""
+        return (
+            self.alpha * counted.messages
+            + self.beta * counted.elements * itemsize
+            + self.gamma * counted.reduced * itemsize
+        )
+
+    def predict(self, schedule: Schedule, itemsize: int) -> float:
+        """Predicted seconds of ``schedule`` for elements of ``itemsize`` bytes."""
+        return self.time(traffic(schedule), itemsize)
+
+    def describe(self) -> str:
+        """One line with the constants in readable units and their source."""
+        bandwidth = f"{1e-9 / self.beta:.2f} GB/s" if self.beta > 0 else "unbounded"
+        return (
+            f"alpha {self.alpha * 1e6:.2f} us/message, beta {self.beta * 1e9:.4f} ns/byte ({bandwidth}), "
+            f"gamma {self.gamma * 1e9:.4f} ns/byte; {self.source}"
+        )
+
+
+DEFAULT_MODEL = CostModel(alpha=6e-6, beta=0.1e-9, gamma=0.07e-9, source="defaults")
+"""The constants used when there is no calibration file: 6 us, 0.1 ns/byte (10 GB/s), 0.07 ns/byte.
+
+Measured with ``python -m bench calibrate -n 100`` under ``mpiexec -n 2`` on a
+2-core Linux VM (MPICH 5.0 over shared memory, numpy 2.4 float32 sums, each case
+timed by its least disturbed iteration), six runs while other jobs loaded the
+cores: alpha ranged 3.6 to 13 us, beta 0.065 to 0.16 ns/byte, gamma 0.061 to 0.089
+ns/byte; these are their medians, rounded. alpha is mostly the Python cost of
+posting and waiting on a step's messages. Run the calibration on your own machine
+for better choices.
+"""
+
+
+def calibration_path() -> Path:
+    """Where the calibration is read and written.
+
+    ``$COLLECTIVES_CALIBRATION`` if set, else ``$XDG_CACHE_HOME/collectives/calibration.json``,
+    else ``~/.cache/collectives/calibration.json``.
+    """
+    chosen = os.environ.get(CALIBRATION_ENV)
+    if chosen:
+        return Path(chosen).expanduser()
+    cache_home = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache_home) / "collectives" / "calibration.json"
+
+
+def load_model(path: Path | str | None = None) -> CostModel:
+    """The cost model saved at ``path`` (:func:`calibration_path` by default); defaults if there is none.
+
+    Raises:
+        CalibrationError: the file exists but cannot be read, is not JSON, or lacks
+            a non-negative, finite ``alpha``, ``beta`` or ``gamma``; the message names the path.
+    """
+    path = calibration_path() if path is None else Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return replace(DEFAULT_MODEL, source=f"defaults (no calibration at {path})")
+    except (OSError, UnicodeDecodeError) as error:
+        raise CalibrationError(f"cannot read calibration {path}: {error}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise CalibrationError(f"malformed calibration {path}: not JSON ({error})") from None
+    if not isinstance(data, dict):
+        raise CalibrationError(f"malformed calibration {path}: expected a JSON object")
+    values: list[float] = []
+    for key in ("alpha", "beta", "gamma"):
+        value = data.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+            raise CalibrationError(
+                f"malformed calibration {path}: {key} must be a non-negative number of seconds, got {value!r}"
+            )
+        values.append(float(value))
+    alpha, beta, gamma = values
+    return CostModel(alpha, beta, gamma, source=f"calibrated, from {path}")
+
+
+def save_model(model: CostModel, path: Path | str | None = None, **metadata: Any) -> Path:
+    """Write ``model`` (and JSON-ready ``metadata``) where :func:`load_model` finds it; returns the path.
+
+    The file is replaced atomically, so ranks reading it meanwhile see the old or the new one.
+    """
+    path = calibration_path() if path is None else Path(path)
+    record = {"alpha": model.alpha, "beta": model.beta, "gamma": model.gamma, **metadata}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    partial.write_text(json.dumps(record, indent=2) + "\n")
+    partial.replace(path)
+    return path
+
+
+def check_algorithm(collective: str, algorithm: str) -> None:
+    """Raise unless ``algorithm`` is ``"auto"`` or a registered algorithm that implements ``collective``.
+
+    Raises:
+        UnknownAlgorithmError: listing the valid names, ``"auto"`` first.
+    """
+    if algorithm == AUTO or hasattr(algorithms.ALGORITHMS.get(algorithm), collective):
+        return
+    get_spec(collective)
+    valid = [name for name, module in algorithms.ALGORITHMS.items() if hasattr(module, collective)]
+    raise UnknownAlgorithmError(
+        f"unknown algorithm {algorithm!r} for {collective}; valid algorithms are {', '.join([AUTO, *valid])}"
+    )
+
+
+def rejection_reasons(collective: str, algorithm: str, world_size: int, count: int) -> list[str]:
+    """Why a registered algorithm cannot run ``collective`` of ``count`` elements over ``world_size`` ranks.
+
+    A module without a builder for the collective cannot; one that defines
+    ``not_supported_reasons(collective, world_size, count)`` is asked. Empty if
+    the algorithm applies.
+    """
+    module = algorithms.ALGORITHMS[algorithm]
+    if not hasattr(module, collective):
+        return [f"{algorithm} has no {collective}"]
+    ask = getattr(module, "not_supported_reasons", None)
+    return [] if ask is None else list(ask(collective, world_size, count))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An algorithm the selector could run, with its prediction.
+
+    Attributes:
+        algorithm: the algorithm's name.
+        schedule: the schedule's name, parameters included.
+        traffic: what the model counted.
+        itemsize: bytes per element.
+        latency: seconds of ``alpha`` terms.
+        transfer: seconds of ``beta`` terms.
+        reduction: seconds of ``gamma`` terms.
+    """
+
+    algorithm: str
+    schedule: str
+    traffic: Traffic
+    itemsize: int
+    latency: float
+    transfer: float
+    reduction: float
+
+    @property
+    def time(self) -> float:
+        """Predicted seconds in all."""
+        return self.latency + self.transfer + self.reduction
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A registered algorithm the selector ruled out, and why."""
+
+    algorithm: str
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """What the selector predicted for every algorithm, and what it chose.
+
+    Attributes:
+        collective: the collective's name.
+        count: elements of the full buffer (allreduce's buffer, reduce_scatter's
+            input, allgather's output).
+        dtype: the element type's name.
+        world_size: the number of ranks.
+        op: the reduction's name; ``None`` for a collective that does not reduce.
+        model: the cost model's constants.
+        candidates: the algorithms that apply, fastest first.
+        rejected: the algorithms that do not, with their reasons.
+        choice: the fastest candidate; ``None`` when every algorithm was rejected.
+    """
+
+    collective: str
+    count: int
+    dtype: str
+    world_size: int
+    op: str | None
+    model: CostModel
+    candidates: tuple[Candidate, ...]
+    rejected: tuple[Rejected, ...]
+    choice: str | None
+
+    def __str__(self) -> str:
+        size = self.count * itemsize(self.dtype)
+        op = "" if self.op is None else f", op {self.op}"
+        lines = [
+            f"{self.collective} of {self.count} {self.dtype} ({_bytes(size)}) over {self.world_size} "
+            f"ranks{op}",
+            f"cost model: {self.model.describe()}",
+            "",
+        ]
+        titles = ("", "algorithm", "schedule", "steps", "messages", "bytes moved", "bytes reduced",
+                  "latency(us)", "transfer(us)", "reduce(us)", "total(us)")  # fmt: skip
+        rows: list[tuple[str, ...]] = [
+            ("*" if c.algorithm == self.choice else "", c.algorithm, c.schedule,
+             str(c.traffic.steps), str(c.traffic.messages),
+             str(c.traffic.elements * c.itemsize), str(c.traffic.reduced * c.itemsize),
+             f"{c.latency * 1e6:.2f}", f"{c.transfer * 1e6:.2f}", f"{c.reduction * 1e6:.2f}",
+             f"{c.time * 1e6:.2f}")
+            for c in self.candidates
+        ]  # fmt: skip
+        lines += _table(titles, rows, left=3) if rows else ["no candidates"]
+        lines.append("(messages and bytes: per step, the most any one rank sends, receives or reduces)")
+        if self.rejected:
+            lines.append("rejected:")
+            width = max(len(r.algorithm) for r in self.rejected)
+            lines += [f"  {r.algorithm.ljust(width)}  {'; '.join(r.reasons)}" for r in self.rejected]
+        if self.choice is None:
+            lines.append("choice: none")
+        else:
+            best = self.candidates[0]
+            lines.append(f"choice: {self.choice} (predicted {best.time * 1e6:.2f} us)")
+        return "\n".join(lines)
+
+
+def _bytes(size: int) -> str:
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if size >= scale:
+            return f"{size / scale:.4g} {unit}"
+    return f"{size} B"
+
+
+def _table(titles: tuple[str, ...], rows: list[tuple[str, ...]], left: int) -> list[str]:
+    """Aligned lines: the first ``left`` columns flush left, the rest flush right."""
+    widths = [max(len(row[i]) for row in (titles, *rows)) for i in range(len(titles))]
+
+    def line(cells: tuple[str, ...]) -> str:
+        return "  ".join(
+            cell.ljust(width) if i < left else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    return [line(titles), *(line(row) for row in rows)]
+
+
+class Selector:
+    """Chooses the algorithm the cost model predicts fastest, and explains the choice.
+
+    Every algorithm in :data:`collectives.algorithms.ALGORITHMS` is a candidate
+    unless it reports reasons not to be. Choices are remembered per (collective,
+    world size, count, itemsize), so a repeated choice is one dict lookup; call
+    :meth:`clear` after changing the registry.
+    """
+
+    def __init__(self, model: CostModel) -> None:
+        self.model = model
+        self._choices: dict[tuple[str, int, int, int], str] = {}
+
+    def choose(self, collective: str, world_size: int, count: int, itemsize: int) -> str:
+        """The fastest algorithm for ``collective`` of ``count`` elements of ``itemsize`` bytes.
+
+        Raises:
+            UnknownAlgorithmError: no registered algorithm applies; the message gives the reasons.
+        """
+        key = (collective, world_size, count, itemsize)
+        choice = self._choices.get(key)
+        if choice is None:
+            candidates, rejected = self._rank(collective, world_size, count, itemsize)
+            if not candidates:
+                reasons = "; ".join(f"{r.algorithm}: {', '.join(r.reasons)}" for r in rejected)
+                raise UnknownAlgorithmError(
+                    f"no algorithm runs {collective} of {count} elements over {world_size} ranks ({reasons})"
+                )
+            choice = candidates[0].algorithm
+            if len(self._choices) >= _CHOICES_KEPT:
+                # start afresh rather than evict one by one: cheap, and safe for loopback threads
+                self._choices.clear()
+            self._choices[key] = choice
+        return choice
+
+    def explain(
+        self,
+        collective: str,
+        count: int,
+        dtype: object = "float32",
+        *,
+        world_size: int,
+        op: "str | ReduceOp" = "sum",
+    ) -> Explanation:
+        """Every algorithm's prediction for ``collective`` of ``count`` elements, and the choice.
+
+        Args:
+            collective: ``allreduce``, ``reduce_scatter`` or ``allgather``.
+            count: elements of the full buffer.
+            dtype: the element type, by name or as a dtype.
+            world_size: the number of ranks.
+            op: the reduction, checked against the dtype; ignored by collectives that do not reduce.
+        """
+        name = str(getattr(dtype, "name", dtype))
+        size = itemsize(name)
+        reduce_op: str | None = None
+        if get_spec(collective).reduces:
+            get_op(op).check_dtype(name)
+            reduce_op = get_op(op).name
+        if world_size < 1 or count < 0:
+            raise ValueError(f"need world_size >= 1 and count >= 0; got {world_size} and {count}")
+        candidates, rejected = self._rank(collective, world_size, count, size)
+        choice = candidates[0].algorithm if candidates else None
+        return Explanation(
+            collective, count, name, world_size, reduce_op, self.model, candidates, rejected, choice
+        )
+
+    def clear(self) -> None:
+        """Forget remembered choices."""
+        self._choices.clear()
+
+    def _rank(
+        self, collective: str, world_size: int, count: int, itemsize: int
+    ) -> tuple[tuple[Candidate, ...], tuple[Rejected, ...]]:
+        """The candidates, fastest first (ties in registry order), and the rejected algorithms."""
+        get_spec(collective)
+        candidates: list[Candidate] = []
+        rejected: list[Rejected] = []
+        for name in algorithms.ALGORITHMS:
+            reasons = rejection_reasons(collective, name, world_size, count)
+            if not reasons:
+                try:
+                    schedule, counted = _counted(collective, name, world_size, count)
+                except (CollectivesError, ValueError) as error:
+                    # an algorithm that cannot build this case without saying so is still no candidate
+                    reasons = [f"cannot be built: {error}"]
+            if reasons:
+                rejected.append(Rejected(name, tuple(reasons)))
+                continue
+            m = self.model
+            latency = m.alpha * counted.messages
+            transfer = m.beta * counted.elements * itemsize
+            reduction = m.gamma * counted.reduced * itemsize
+            candidates.append(Candidate(name, schedule, counted, itemsize, latency, transfer, reduction))
+        # sorted() is stable, so equal predictions keep the registry's order
+        return tuple(sorted(candidates, key=lambda c: c.time)), tuple(rejected)
+
+
+@lru_cache(maxsize=16)
+def selector_for(model: CostModel) -> Selector:
+    """The one selector of a cost model, so its remembered choices are shared."""
+    return Selector(model)
+
+
+@cache
+def default_selector() -> Selector:
+    """The selector of the calibration file, read once per process (``cache_clear()`` to read it again).
+
+    Raises:
+        CalibrationError: the file is malformed.
+    """
+    return selector_for(load_model())

@@ -1,0 +1,467 @@
+"""The selector: its cost model on hand-built schedules, its choice, its reasons, and its calibration file."""
+
+import json
+import math
+import re
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+import collectives as C
+from collectives import algorithms, api, selector
+from collectives.algorithms import ALGORITHMS, build_schedule, ring
+from collectives.errors import (
+    CalibrationError,
+    UnknownAlgorithmError,
+    UnsupportedDtypeError,
+    UnsupportedOpError,
+)
+from collectives.schedule import Schedule, Step, Transfer
+from collectives.selector import (
+    DEFAULT_MODEL,
+    CostModel,
+    Selector,
+    Traffic,
+    calibration_path,
+    check_algorithm,
+    itemsize,
+    load_model,
+    save_model,
+    traffic,
+)
+from collectives.simulate import simulate
+
+Ranks = Callable[..., list[Any]]
+# whole numbers of "seconds" keep the hand computations exact
+UNIT = CostModel(alpha=2.0, beta=3.0, gamma=5.0)
+
+
+@pytest.fixture(autouse=True)
+def _no_calibration_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every test sees the defaults, whatever calibration this machine has; later tests too."""
+    monkeypatch.setenv(selector.CALIBRATION_ENV, str(tmp_path / "absent.json"))
+    selector.default_selector.cache_clear()
+    selector.selector_for.cache_clear()
+    yield
+    selector.default_selector.cache_clear()
+    selector.selector_for.cache_clear()
+
+
+def _direct_allreduce(world_size: int, count: int) -> Schedule:
+    """One step: every rank sends its whole buffer to every other, which adds it in."""
+    step = Step(Transfer(src, dst, 0, reduce=True) for src in range(world_size) for dst in range(world_size)
+                if src != dst)  # fmt: skip
+    return Schedule(f"allreduce-direct(n={world_size})", "allreduce", world_size, (count,), (step,))
+
+
+def _register(monkeypatch: pytest.MonkeyPatch, name: str, **members: Any) -> ModuleType:
+    """Register a fake algorithm module for this test only."""
+    module = ModuleType(f"tests.fake_{name}")
+    for key, value in members.items():
+        setattr(module, key, value)
+    monkeypatch.setitem(ALGORITHMS, name, module)
+    return module
+
+
+@pytest.fixture(autouse=True)
+def _ring_as_the_only_real_algorithm() -> Iterator[None]:
+    # the expected choices here must not depend on which other algorithms the library has;
+    # the registry is restored in place, in its order, which breaks ties
+    saved = dict(ALGORITHMS)
+    ALGORITHMS.clear()
+    ALGORITHMS["ring"] = saved["ring"]
+    _forget_choices()
+    yield
+    ALGORITHMS.clear()
+    ALGORITHMS.update(saved)
+    _forget_choices()
+
+
+def _forget_choices() -> None:
+    # choices made with another registry must not leak into or out of these tests
+    selector.selector_for.cache_clear()
+    selector.default_selector.cache_clear()
+
+
+# --- the model on hand-built schedules
+
+
+def test_traffic_of_a_hand_built_schedule() -> None:
+    schedule = Schedule(
+        "hand", "allreduce", 3, (4, 0, 2),
+        (
+            # rank 0 posts two sends (8 elements); the empty chunk 1 is no message
+            Step([Transfer(0, 1, 0), Transfer(0, 2, 0), Transfer(2, 0, 2, reduce=True), Transfer(1, 2, 1)]),
+            Step([Transfer(1, 0, 1)]),  # only an empty chunk: the step costs nothing
+            # rank 0 receives two messages (4 elements) and reduces both, while sending 4
+            Step([Transfer(1, 0, 2, reduce=True), Transfer(2, 0, 2, reduce=True), Transfer(0, 1, 0)]),
+        ),
+    )  # fmt: skip
+    assert traffic(schedule) == Traffic(steps=2, messages=4, elements=12, reduced=6)
+    # alpha 2 * 4 messages + beta 3 * 48 bytes + gamma 5 * 24 bytes
+    assert UNIT.predict(schedule, itemsize=4) == 8 + 144 + 120
+
+
+def test_each_term_takes_its_own_busiest_rank() -> None:
+    # rank 0 posts the most messages, rank 2 receives the most bytes
+    schedule = Schedule(
+        "skewed", "allreduce", 3, (1, 1, 10),
+        (Step([Transfer(0, 1, 0), Transfer(0, 2, 1), Transfer(1, 2, 2, reduce=True)]),),
+    )  # fmt: skip
+    assert traffic(schedule) == Traffic(steps=1, messages=2, elements=11, reduced=10)
+    assert UNIT.predict(schedule, itemsize=2) == 2 * 2 + 3 * 22 + 5 * 20
+
+
+def test_an_empty_schedule_costs_nothing() -> None:
+    for schedule in (ring.allreduce(1, 100), ring.allreduce(5, 0)):
+        assert traffic(schedule) == Traffic(0, 0, 0, 0)
+        assert DEFAULT_MODEL.predict(schedule, 4) == 0
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 8, 16])
+def test_ring_prediction_is_the_textbook_formula(world_size: int) -> None:
+    p, count, size = world_size, world_size * 1000, 4
+    s = count * size
+    model = CostModel(alpha=7e-6, beta=0.3e-9, gamma=0.2e-9)
+    schedule = ring.allreduce(p, count)
+    expected = 2 * (p - 1) * model.alpha + 2 * (p - 1) / p * s * model.beta + (p - 1) / p * s * model.gamma
+    assert model.predict(schedule, size) == pytest.approx(expected, rel=1e-12)
+    for collective in ("reduce_scatter", "allgather"):
+        reduces = collective == "reduce_scatter"
+        expected = (p - 1) * model.alpha + (p - 1) / p * s * (model.beta + reduces * model.gamma)
+        predicted = model.predict(build_schedule(collective, "ring", p, count), size)
+        assert predicted == pytest.approx(expected, rel=1e-12)
+
+
+def test_ring_at_large_sizes_is_bandwidth_bound() -> None:
+    p, size = 8, 4
+    count = 64 * 1024**2 // size
+    model = CostModel(alpha=6e-6, beta=0.1e-9, gamma=0.0)
+    bandwidth_term = 2 * (p - 1) / p * count * size * model.beta
+    predicted = model.predict(ring.allreduce(p, count), size)
+    assert bandwidth_term < predicted < 1.01 * bandwidth_term
+
+
+@pytest.mark.parametrize("world_size", [2, 5, 8])
+def test_traffic_agrees_with_the_simulator_when_every_rank_does_the_same(world_size: int) -> None:
+    for collective in ("allreduce", "reduce_scatter", "allgather"):
+        schedule = build_schedule(collective, "ring", world_size, 6 * world_size)
+        counted, result = traffic(schedule), simulate(schedule)
+        assert counted.steps == result.steps
+        assert {counted.elements} == set(result.elements_sent)
+
+
+def test_itemsize() -> None:
+    names = ("int8", "uint16", "bfloat16", "float32", "float64")
+    assert [itemsize(name) for name in names] == [1, 2, 2, 4, 8]
+    assert itemsize(np.dtype(np.int64)) == 8
+    with pytest.raises(UnsupportedDtypeError, match="unsupported dtype complex64"):
+        itemsize("complex64")
+
+
+# --- the choice
+
+
+def test_the_choice_is_the_fastest_candidate(monkeypatch: pytest.MonkeyPatch) -> None:
+    _register(monkeypatch, "direct_test", allreduce=_direct_allreduce)
+    chooser = Selector(DEFAULT_MODEL)
+    choices = {}
+    for count in (0, 1, 10, 1000, 10_000, 100_000, 10**6):
+        predicted = {
+            name: DEFAULT_MODEL.predict(build_schedule("allreduce", name, 4, count), 4)
+            for name in ("ring", "direct_test")
+        }
+        explanation = chooser.explain("allreduce", count, "float32", world_size=4)
+        assert [c.time for c in explanation.candidates] == sorted(predicted.values())
+        assert explanation.choice == min(predicted, key=lambda name: (predicted[name], name != "ring"))
+        assert chooser.choose("allreduce", 4, count, 4) == explanation.choice
+        choices[count] = explanation.choice
+    # one step of 3 messages beats 6 ring steps until the 4x bytes outweigh 3 alphas
+    assert choices == {0: "ring", 1: "direct_test", 10: "direct_test", 1000: "direct_test",
+                       10_000: "direct_test", 100_000: "ring", 10**6: "ring"}  # fmt: skip
+
+
+def test_a_cached_choice_builds_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    builds = []
+
+    def counting(*args: Any, **kwargs: Any) -> Schedule:
+        builds.append(args)
+        return build_schedule(*args, **kwargs)
+
+    monkeypatch.setattr(algorithms, "build_schedule", counting)
+    selector._counted.cache_clear()
+    chooser = Selector(DEFAULT_MODEL)
+    assert chooser.choose("allreduce", 6, 12345, 4) == "ring"
+    assert builds == [("allreduce", "ring", 6, 12345)]
+    ranked = []
+    rank = chooser._rank
+
+    def counting_rank(*args: Any) -> Any:
+        ranked.append(args)
+        return rank(*args)
+
+    monkeypatch.setattr(chooser, "_rank", counting_rank)
+    for _ in range(3):
+        assert chooser.choose("allreduce", 6, 12345, 4) == "ring"
+    assert builds == [("allreduce", "ring", 6, 12345)] and ranked == []
+    assert chooser.choose("allreduce", 6, 12345, 8) == "ring"  # another itemsize is another choice
+    chooser.clear()
+    assert chooser.choose("allreduce", 6, 12345, 4) == "ring"
+    assert len(ranked) == 2
+
+
+def test_an_algorithm_with_reasons_is_rejected_and_explained(monkeypatch: pytest.MonkeyPatch) -> None:
+    def reasons(collective: str, world_size: int, count: int) -> list[str]:
+        power = world_size & (world_size - 1) == 0
+        return [] if power else [f"picky needs a power-of-two world size, not {world_size}"]
+
+    _register(monkeypatch, "picky", allreduce=_direct_allreduce, not_supported_reasons=reasons)
+    explanation = C.explain("allreduce", 64, world_size=3)
+    assert [c.algorithm for c in explanation.candidates] == ["ring"]
+    assert [(r.algorithm, r.reasons) for r in explanation.rejected] == [
+        ("picky", ("picky needs a power-of-two world size, not 3",))
+    ]
+    text = str(explanation)
+    assert "rejected:" in text
+    assert "picky  picky needs a power-of-two world size, not 3" in text
+    assert "choice: ring" in text
+    assert {c.algorithm for c in C.explain("allreduce", 64, world_size=4).candidates} == {"ring", "picky"}
+    # no builder for the collective is a reason too
+    gather = C.explain("allgather", 64, "int8", world_size=4)
+    assert [(r.algorithm, r.reasons) for r in gather.rejected] == [("picky", ("picky has no allgather",))]
+
+
+def test_an_algorithm_that_fails_to_build_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(world_size: int, count: int) -> Schedule:
+        raise ValueError(f"cannot split {count} elements")
+
+    _register(monkeypatch, "broken_test", allreduce=broken)
+    explanation = Selector(DEFAULT_MODEL).explain("allreduce", 10, world_size=2)
+    assert explanation.choice == "ring"
+    assert explanation.rejected[0].reasons == ("cannot be built: cannot split 10 elements",)
+
+
+def test_no_candidate_at_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    refuse = SimpleNamespace(not_supported_reasons=lambda *args: ["never"], allreduce=ring.allreduce)
+    monkeypatch.setitem(algorithms.ALGORITHMS, "ring", refuse)
+    chooser = Selector(DEFAULT_MODEL)
+    explanation = chooser.explain("allreduce", 8, world_size=2)
+    assert explanation.choice is None and "choice: none" in str(explanation)
+    with pytest.raises(UnknownAlgorithmError, match=r"no algorithm runs allreduce .*\(ring: never\)"):
+        chooser.choose("allreduce", 2, 8, 4)
+
+
+def test_explanation_table() -> None:
+    text = str(Selector(UNIT).explain("reduce_scatter", 12, "float64", world_size=3, op="max"))
+    lines = text.splitlines()
+    assert lines[0] == "reduce_scatter of 12 float64 (96 B) over 3 ranks, op max"
+    assert lines[1].startswith("cost model: alpha 2000000.00 us/message")
+    titles = lines[3].split()
+    assert titles[:4] == ["algorithm", "schedule", "steps", "messages"]
+    # 2 steps of 1 message and 32 bytes moved and reduced: 2*2 + 3*64 + 5*64 seconds
+    assert lines[4].split() == ["*", "ring", "reduce_scatter-ring(n=3)", "2", "2", "64", "64",
+                                "4000000.00", "192000000.00", "320000000.00", "516000000.00"]  # fmt: skip
+    assert lines[-1] == "choice: ring (predicted 516000000.00 us)"
+    assert "rejected" not in text
+
+
+def test_explain_checks_its_arguments() -> None:
+    with pytest.raises(UnsupportedOpError, match="op 'avg' does not apply to int32"):
+        C.explain("allreduce", 8, "int32", world_size=2, op="avg")
+    assert C.explain("allgather", 8, "int32", world_size=2, op="avg").op is None  # no reduction to check
+    with pytest.raises(ValueError, match="unknown collective 'bcast'"):
+        C.explain("bcast", 8, world_size=2)
+    with pytest.raises(ValueError, match="need world_size >= 1 and count >= 0"):
+        C.explain("allreduce", -1, world_size=2)
+
+
+def test_explain_takes_the_world_size_from_the_communicator(ranks: Ranks) -> None:
+    explanations = ranks(3, lambda comm: C.explain("allreduce", 30, comm=comm))
+    assert [e.world_size for e in explanations] == [3, 3, 3]
+    assert explanations[0].candidates[0].schedule == "allreduce-ring(n=3)"
+
+
+def test_check_algorithm_lists_auto_first() -> None:
+    check_algorithm("allreduce", "auto")
+    check_algorithm("allgather", "ring")
+    with pytest.raises(UnknownAlgorithmError, match="for reduce_scatter; valid algorithms are auto, ring"):
+        check_algorithm("reduce_scatter", "tree")
+
+
+# --- auto through the API
+
+
+def test_auto_is_the_default_and_gives_what_ring_gives(ranks: Ranks) -> None:
+    world_size = 4
+    inputs = [np.arange(40, dtype=np.int32) * (r + 1) for r in range(world_size)]
+
+    def run(comm: C.Communicator, algorithm: str | None) -> list[np.ndarray]:
+        chosen = {} if algorithm is None else {"algorithm": algorithm}
+        x = inputs[comm.rank]
+        return [
+            C.allreduce(x, comm=comm, **chosen),
+            C.reduce_scatter(x, "max", comm=comm, **chosen),
+            C.reduce_scatter(x, counts=(1, 0, 30, 9), comm=comm, **chosen),
+            C.allgather(x[:3], comm=comm, **chosen),
+            C.allgather(x[: comm.rank], counts=(0, 1, 2, 3), comm=comm, **chosen),
+        ]
+
+    by_default = ranks(world_size, lambda comm: run(comm, None))
+    for algorithm in ("auto", "ring"):
+        results = ranks(world_size, lambda comm, a=algorithm: run(comm, a))
+        for mine, theirs in zip(by_default, results, strict=True):
+            assert all(np.array_equal(a, b) for a, b in zip(mine, theirs, strict=True))
+
+
+def test_auto_runs_the_algorithm_it_chooses(ranks: Ranks, monkeypatch: pytest.MonkeyPatch) -> None:
+    _register(monkeypatch, "direct_auto", allreduce=_direct_allreduce)
+    ran = []
+    original = api.execute
+
+    def spy(schedule: Schedule, *args: Any, **kwargs: Any) -> None:
+        ran.append(schedule.name)
+        original(schedule, *args, **kwargs)
+
+    monkeypatch.setattr(api, "execute", spy)
+    inputs = [np.full(n, 1.5, np.float32) for n in (10, 10**6)]
+    results = ranks(2, lambda comm: [C.allreduce(x, comm=comm) for x in inputs])
+    for mine in results:
+        assert [r.tolist() for r in mine] == [[3.0] * x.size for x in inputs]
+    # small: one step beats two; large: the ring halves the bytes
+    assert sorted(set(ran)) == ["allreduce-direct(n=2)", "allreduce-ring(n=2)"]
+    assert ran[:2] == ["allreduce-direct(n=2)"] * 2
+
+
+def test_the_ranks_agree_on_rank_0s_model(ranks: Ranks, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranks that read different calibrations would choose differently and deadlock; they take rank 0's."""
+    _register(monkeypatch, "direct_agree", allreduce=_direct_allreduce)
+    # rank 0 finds latency dear (direct wins), the others find bandwidth dear (ring wins)
+    models = {0: CostModel(1.0, 0.0, 0.0)} | {r: CostModel(0.0, 1.0, 0.0) for r in (1, 2)}
+
+    def local() -> Selector:
+        return Selector(models[int(threading.current_thread().name.removeprefix("rank-"))])
+
+    monkeypatch.setattr(api, "default_selector", local)
+
+    def run(comm: C.Communicator) -> tuple[np.ndarray, CostModel, str | None]:
+        result = C.allreduce(np.ones(100, np.int64), comm=comm)
+        choice = C.explain("allreduce", 100, "int64", comm=comm).choice
+        return result, api._agreed_selector(comm).model, choice
+
+    for result, model, choice in ranks(3, run):
+        assert np.array_equal(result, np.full(100, 3))
+        assert model == models[0]
+        assert choice == "direct_agree"
+
+
+def test_a_bad_calibration_on_rank_0_fails_every_rank(ranks: Ranks, monkeypatch: pytest.MonkeyPatch) -> None:
+    def local() -> Selector:
+        if threading.current_thread().name == "rank-0":
+            raise CalibrationError("malformed calibration /somewhere: not JSON")
+        return Selector(DEFAULT_MODEL)
+
+    monkeypatch.setattr(api, "default_selector", local)
+    failures = []
+
+    def run(comm: C.Communicator) -> None:
+        try:
+            C.allreduce(np.ones(4), comm=comm)
+        except CalibrationError as error:
+            failures.append(str(error))
+
+    ranks(3, run)
+    assert sorted(failures) == [
+        "malformed calibration /somewhere: not JSON",
+        "rank 0 could not load its calibration; see its error",
+        "rank 0 could not load its calibration; see its error",
+    ]
+
+
+def test_an_unknown_name_is_refused_before_anything_is_chosen(ranks: Ranks) -> None:
+    def run(comm: C.Communicator) -> None:
+        for call in (
+            lambda: C.allreduce(np.ones(4), algorithm="Auto", comm=comm),
+            lambda: C.reduce_scatter(np.ones(4), algorithm="tree", comm=comm),
+            lambda: C.allgather(np.ones(4), algorithm="", comm=comm),
+        ):
+            with pytest.raises(UnknownAlgorithmError, match="valid algorithms are auto, ring"):
+                call()
+        assert comm._selector is None
+
+    ranks(2, run)
+
+
+# --- the calibration file
+
+
+def test_calibration_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(selector.CALIBRATION_ENV, str(tmp_path / "mine.json"))
+    assert calibration_path() == tmp_path / "mine.json"
+    monkeypatch.delenv(selector.CALIBRATION_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert calibration_path() == tmp_path / "cache" / "collectives" / "calibration.json"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert calibration_path() == tmp_path / "home" / ".cache" / "collectives" / "calibration.json"
+
+
+def test_calibration_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "dir" / "calibration.json"
+    model = CostModel(alpha=1.25e-6, beta=3e-11, gamma=7.5e-11)
+    assert save_model(model, path, world_size=2, note="test") == path
+    assert json.loads(path.read_text())["note"] == "test"
+    loaded = load_model(path)
+    assert (loaded.alpha, loaded.beta, loaded.gamma) == (1.25e-6, 3e-11, 7.5e-11)
+    assert loaded.source == f"calibrated, from {path}"
+    assert [p.name for p in path.parent.iterdir()] == ["calibration.json"]  # no temporary left
+
+
+def test_the_env_var_points_the_selector_at_a_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    path = tmp_path / "cal.json"
+    monkeypatch.setenv(selector.CALIBRATION_ENV, str(path))
+    selector.default_selector.cache_clear()
+    assert selector.default_selector().model == DEFAULT_MODEL
+    assert "defaults (no calibration at" in selector.default_selector().model.source
+    save_model(CostModel(1.0, 0.0, 0.0))
+    selector.default_selector.cache_clear()
+    assert selector.default_selector().model == CostModel(1.0, 0.0, 0.0)
+    assert str(path) in str(C.explain("allreduce", 10, world_size=2))
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{", "not JSON"),
+        ("[1, 2, 3]", "expected a JSON object"),
+        ('{"alpha": 1e-6, "beta": 1e-9}', "gamma must be a non-negative number of seconds, got None"),
+        ('{"alpha": -1e-6, "beta": 1e-9, "gamma": 0}', "alpha must be .* got -1e-06"),
+        ('{"alpha": 1e-6, "beta": "fast", "gamma": 0}', "beta must be .* got 'fast'"),
+        ('{"alpha": true, "beta": 0, "gamma": 0}', "alpha must be .* got True"),
+        ('{"alpha": NaN, "beta": 0, "gamma": 0}', "alpha must be .* got nan"),
+        ('{"alpha": 0, "beta": Infinity, "gamma": 0}', "beta must be .* got inf"),
+    ],
+)
+def test_a_malformed_calibration_names_its_path(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(CalibrationError, match=f"malformed calibration {re.escape(str(path))}: {message}"):
+        load_model(path)
+
+
+def test_an_unreadable_calibration_names_its_path(tmp_path: Path) -> None:
+    with pytest.raises(CalibrationError, match=f"cannot read calibration {re.escape(str(tmp_path))}"):
+        load_model(tmp_path)  # a directory
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(CalibrationError, match=f"cannot read calibration {re.escape(str(binary))}"):
+        load_model(binary)
+
+
+def test_defaults_are_sane() -> None:
+    assert all(0 < v < math.inf for v in (DEFAULT_MODEL.alpha, DEFAULT_MODEL.beta, DEFAULT_MODEL.gamma))
+    assert "GB/s" in DEFAULT_MODEL.describe()
