@@ -10,7 +10,7 @@ __all__ = [
     "allreduce_bf16_hook",
     "allreduce_fp16_hook",
     "allreduce_hook",
-    "explain",
+    "explain_path",
     "fusion_buckets",
     "reduce_scatter",
 ]
@@ -124,7 +124,7 @@ def _checked(tensor: torch.Tensor, op: str | None, comm: Comm) -> str:
     return _route(tensor, comm)
 
 
-def explain(tensor: torch.Tensor, comm: Comm = None) -> str:
+def explain_path(tensor: torch.Tensor, comm: Comm = None) -> str:
     """Which path a collective on ``tensor`` takes, or why it cannot take any.
 
     Returns:
@@ -278,7 +278,7 @@ def allreduce_async_(tensor: torch.Tensor, op: str = "sum", *, comm: Comm = None
 
     Args:
         tensor: a contiguous cpu tensor, the same shape and dtype on every
-            rank (a cuda one goes through torch.distributed; see :func:`explain`).
+            rank (a cuda one goes through torch.distributed; see :func:`explain_path`).
         op: ``sum``, ``prod``, ``min``, ``max``, ``avg`` (floating types) or
             ``band``, ``bor``, ``bxor`` (integers).
         comm: a :class:`~collectives.Communicator` or an mpi4py communicator;
