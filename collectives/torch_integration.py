@@ -12,7 +12,9 @@ __all__ = [
     "allreduce_hook",
     "explain_path",
     "fusion_buckets",
+    "rank",
     "reduce_scatter",
+    "size",
 ]
 
 import itertools
@@ -232,6 +234,16 @@ def _submit(comm: Comm, job: Callable[[api.Communicator], T]) -> "Future[T]":
 
 
 # --------------------------------------------------------------------------- functions
+
+
+def rank(comm: Comm = None) -> int:
+    """This process's rank in ``comm`` (over ``MPI.COMM_WORLD`` by default), as Horovod's ``rank()``."""
+    return api._communicator(comm).rank
+
+
+def size(comm: Comm = None) -> int:
+    """The number of ranks in ``comm`` (over ``MPI.COMM_WORLD`` by default), as Horovod's ``size()``."""
+    return api._communicator(comm).size
 
 
 class Handle:

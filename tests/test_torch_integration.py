@@ -517,3 +517,7 @@ def test_comm_hooks_average_the_bucket_in_place(ranks: Ranks, hook: Any, toleran
     for buffer, result in ranks(3, run):
         assert result is buffer
         assert float((result - expected).abs().max()) <= tolerance * float(expected.abs().max())
+
+
+def test_rank_and_size_are_the_communicators(ranks: Ranks) -> None:
+    assert ranks(3, lambda comm: (ti.rank(comm), ti.size(comm))) == [(0, 3), (1, 3), (2, 3)]
