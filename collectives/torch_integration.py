@@ -281,6 +281,18 @@ _TORCH_OPS = {
 }
 
 
+def _work_handle(work: dist.Work | None, tensor: torch.Tensor) -> Handle:
+    """A handle on torch.distributed's work on ``tensor``."""
+    if work is None:
+        raise CollectivesError("torch.distributed gave no work to wait on")
+
+    def wait(timeout: float | None) -> torch.Tensor:
+        work.wait()
+        return tensor
+
+    return Handle(wait, work.is_completed)
+
+
 def allreduce_async_(tensor: torch.Tensor, op: str = "sum", *, comm: Comm = None) -> Handle:
     """Start reducing ``tensor`` in place across all ranks; :meth:`Handle.wait` returns it.
 
@@ -297,15 +309,7 @@ def allreduce_async_(tensor: torch.Tensor, op: str = "sum", *, comm: Comm = None
             the one over ``MPI.COMM_WORLD`` by default.
     """
     if _checked(tensor, op, comm) == _FALLBACK:
-        work = dist.all_reduce(tensor, op=_TORCH_OPS[get_op(op).name], async_op=True)
-        if work is None:
-            raise CollectivesError("torch.distributed.all_reduce gave no work to wait on")
-
-        def wait(timeout: float | None) -> torch.Tensor:
-            work.wait()
-            return tensor
-
-        return Handle(wait, work.is_completed)
+        return _work_handle(dist.all_reduce(tensor, op=_TORCH_OPS[get_op(op).name], async_op=True), tensor)
     future = _submit(comm, lambda communicator: _reduce_in_place(tensor, op, communicator))
     return Handle(future.result, future.done)
 
