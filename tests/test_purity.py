@@ -10,6 +10,8 @@ PURE = [
     "collectives.ops",
     "collectives.algorithms",
     "collectives.algorithms.ring",
+    "collectives.algorithms.direct",
+    "collectives.algorithms.dissemination",
     "collectives.simulate",
 ]
 
