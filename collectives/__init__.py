@@ -17,10 +17,27 @@ __all__ = [
     "__version__",
     "allgather",
     "allreduce",
+    "alltoall",
+    "barrier",
+    "broadcast",
+    "gather",
+    "reduce",
     "reduce_scatter",
+    "scatter",
 ]
 
-from .api import Communicator, allgather, allreduce, reduce_scatter
+from .api import (
+    Communicator,
+    allgather,
+    allreduce,
+    alltoall,
+    barrier,
+    broadcast,
+    gather,
+    reduce,
+    reduce_scatter,
+    scatter,
+)
 from .errors import (
     CollectivesError,
     CollectiveTimeout,
