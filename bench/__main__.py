@@ -1,4 +1,7 @@
-"""The command line: ``mpiexec -n 4 python -m bench allreduce -b 8 -e 64M -a ring,mpi``."""
+"""The command line: ``mpiexec -n 4 python -m bench allreduce -b 8 -e 64M -a ring,mpi``.
+
+Every collective has a sub-command; the barrier's table has one row, its latency.
+"""
 
 __all__ = ["main"]
 
@@ -17,7 +20,7 @@ from collectives.ops import DTYPES, OPS, get_op
 from collectives.specs import get_spec
 
 from .collective import COLLECTIVES, library_version, run
-from .config import MPI_ALGORITHM, Settings, parse_size, size_sweep
+from .config import MPI_ALGORITHM, Settings, default_algorithm, parse_size, size_sweep
 from .report import to_json, total_wrong
 
 
@@ -49,14 +52,15 @@ def _options() -> argparse.ArgumentParser:
         choices=tuple(OPS),
         default="sum",
         metavar="OP",
-        help=f"reduction: {', '.join(OPS)} (default sum; allgather ignores it)",
+        help=f"reduction: {', '.join(OPS)} (default sum; collectives that do not reduce ignore it)",
     )
+    add("-r", "--root", type=int, default=0, help="root of broadcast, reduce, gather, scatter (default 0)")
     add(
         "-a",
         "--algorithm",
-        default="ring",
         metavar="NAMES",
-        help=f"comma-separated algorithms; {MPI_ALGORITHM} is the MPI library's own (default ring)",
+        help=f"comma-separated algorithms; {MPI_ALGORITHM} is the MPI library's own "
+        "(default: the API's, e.g. ring for allreduce)",
     )
     add("-n", "--iters", type=int, default=20, help="timed iterations (default 20)")
     add("-w", "--warmup", type=int, default=5, help="untimed warmup iterations (default 5)")
@@ -94,13 +98,17 @@ def _algorithms(parser: argparse.ArgumentParser, collective: str, text: str) -> 
     return names
 
 
-def _settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Settings:
+def _settings(parser: argparse.ArgumentParser, args: argparse.Namespace, world_size: int) -> Settings:
     """The validated settings of the parsed arguments; a parser error otherwise."""
     if args.iters < 1 or args.warmup < 0:
         parser.error(f"need -n of at least 1 and -w of at least 0; got -n {args.iters} -w {args.warmup}")
+    spec = get_spec(args.collective)
+    if spec.rooted and not 0 <= args.root < world_size:
+        parser.error(f"root {args.root} is not a rank: valid roots are 0..{world_size - 1}")
     try:
         sizes = size_sweep(args.minbytes, args.maxbytes, args.stepfactor)
-        op = args.op if get_spec(args.collective).reduces else None
+        # the barrier combines tokens, not data
+        op = args.op if spec.reduces and spec.carries_data else None
         if op is not None:
             get_op(op).check_dtype(args.datatype)
     except ValueError as error:
@@ -110,10 +118,11 @@ def _settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sett
         sizes=sizes,
         dtype=args.datatype,
         op=op,
-        algorithms=_algorithms(parser, args.collective, args.algorithm),
+        algorithms=_algorithms(parser, args.collective, args.algorithm or default_algorithm(args.collective)),
         iters=args.iters,
         warmup=args.warmup,
         check=bool(args.check),
+        root=args.root if spec.rooted else None,
     )
 
 
@@ -131,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark on every rank; rank 0 prints. The exit status is 1 if anything was wrong."""
     parser = _parser()
     args = parser.parse_args(argv)
-    settings = _settings(parser, args)
     world = MPI.COMM_WORLD
+    settings = _settings(parser, args, world.size)
     try:
         rows = run(settings, world, _printer(world.rank == 0))
     except Exception:
