@@ -170,6 +170,28 @@ def test_gather_with_unequal_counts(ranks: Ranks) -> None:
     assert _same_bits(results[2], np.concatenate(pieces))
 
 
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_gather_and_scatter_in_place_at_the_root(ranks: Ranks, world_size: int) -> None:
+    # as MPI_IN_PLACE: the root's own share already sits in its slot of the whole
+    root = world_size - 1
+    pieces = [_input(r, 3).reshape(3, 1) for r in range(world_size)]
+    whole = np.concatenate(pieces)
+
+    def run(comm: Communicator) -> tuple[Any, Any]:
+        mine = slice(3 * comm.rank, 3 * comm.rank + 3)
+        gathered = np.zeros_like(whole)
+        gathered[mine] = pieces[comm.rank]
+        x = gathered[mine] if comm.rank == root else pieces[comm.rank]
+        result = C.gather(x, root, out=gathered, comm=comm)
+        full = whole.copy()
+        share = C.scatter(full if comm.rank == root else None, root, out=full[mine], comm=comm)
+        return result, share
+
+    for rank, (result, share) in enumerate(ranks(world_size, run)):
+        assert _same_bits(result, whole) if rank == root else result is None
+        assert _same_bits(share, pieces[rank])
+
+
 @pytest.mark.parametrize(("world_size", "root", "algorithm"), _cases("scatter"))
 def test_scatter_gives_each_rank_its_rows(ranks: Ranks, world_size: int, root: int, algorithm: str) -> None:
     for rows, rest in [(0, ()), (1, ()), (3, ()), (2, (3,)), (1, (0,))]:
