@@ -234,7 +234,7 @@ def _scatter_case(ctx: _Context, algorithm: str, count: int, in_place: bool) -> 
 
 
 def _alltoall_case(ctx: _Context, algorithm: str, count: int, in_place: bool) -> _Case:
-    """Alltoall of ``count`` elements per rank, a block for each; in place, over the input."""
+    """Alltoall of ``count`` elements per rank, a share for each; in place, over the input."""
     x = np.empty(count, ctx.dtype)
     out = x if in_place else np.empty_like(x)
     if algorithm == MPI_ALGORITHM:

@@ -92,7 +92,7 @@ def element_count(collective: str, size: int, itemsize: int, world_size: int) ->
 
     Args:
         collective: the collective's name; shared collectives split the buffer over
-            the ranks, and alltoall sends a block to each.
+            the ranks, and alltoall sends a share to each.
         size: bytes of the full buffer (allreduce's, broadcast's and reduce's buffer,
             reduce_scatter's and scatter's input, allgather's and gather's output,
             alltoall's input on each rank).

@@ -12,7 +12,7 @@ from collectives.specs import ExactPattern, exact_pattern, get_spec
 
 # The collectives that only move data take 101 distinct values, each rank starting 31 further on:
 # no two of up to 101 ranks hold the same value at an element, and the prime period makes two
-# shares or blocks of one rank (scatter's, alltoall's) alike only when their offsets differ by 101k.
+# shares of one rank's input (scatter's, alltoall's) alike only when their offsets differ by 101k.
 _MOVED = ExactPattern(values=tuple(7 * i % 101 for i in range(101)), combined=())
 _MOVED_STRIDE = 31
 

@@ -514,11 +514,11 @@ def alltoall(
     algorithm: str = "direct",
     comm: "Communicator | MPI.Comm | None" = None,
 ) -> Any:
-    """Send block ``j`` of ``x`` to rank ``j``; get every rank's block for this one, in rank order.
+    """Send share ``j`` of ``x`` to rank ``j``; get every rank's share for this one, in rank order.
 
-    ``x`` has ``P * k`` rows (P the world size) and block ``j`` is rows
-    ``j * k`` to ``(j + 1) * k``. The result has ``x``'s shape, and its block
-    ``i`` is rank ``i``'s block for this rank, as ``MPI_Alltoall``.
+    ``x`` has ``P * k`` rows (P the world size) and share ``j`` is rows
+    ``j * k`` to ``(j + 1) * k``. The result has ``x``'s shape, and its share
+    ``i`` is rank ``i``'s share for this rank, as ``MPI_Alltoall``.
 
     Args:
         x: this rank's array; the same shape and dtype on every rank.
@@ -528,7 +528,7 @@ def alltoall(
         comm: the communicator; the one over ``MPI.COMM_WORLD`` by default.
 
     Returns:
-        The blocks from every rank, ``out`` when given.
+        The shares from every rank, ``out`` when given.
     """
     backend, _ = _prepare(x, None)
     group = _communicator(comm)
@@ -538,13 +538,13 @@ def alltoall(
     if out is not None:
         _check_out(backend, out, x, shape)
     count = x.size
-    block = count // size
+    share = count // size
     # the schedule's buffer: the input, then the output (see collectives.specs)
     work = backend.empty(2 * count, x)
     backend.copy(work[:count], x)
-    # no rank sends to itself, so its own block starts in its slot of the output
-    mine = rank * block
-    backend.copy(work[count + mine : count + mine + block], work[mine : mine + block])
+    # no rank sends to itself, so its share for itself starts in its slot of the output
+    mine = rank * share
+    backend.copy(work[count + mine : count + mine + share], work[mine : mine + share])
     schedule = build_schedule("alltoall", algorithm, size, count)
     execute(schedule, group.transport, backend, work)
     result = work[count:]

@@ -160,7 +160,7 @@ def _ring_factor(world_size: int) -> float:
 def _alltoall_before(rank: int, chunk: int, owner: int | None, p: int, root: int | None) -> Contribution:
     if chunk < p:
         return _mine(rank, chunk)
-    # the rank's own block, which the caller copies from input chunk ``rank``
+    # the rank's share for itself, which the caller copies from input chunk ``rank``
     return _mine(rank, rank) if chunk == p + rank else None
 
 
@@ -168,9 +168,9 @@ def _alltoall_before(rank: int, chunk: int, owner: int | None, p: int, root: int
 #   allreduce, reduce, broadcast: the whole array, chunked as the algorithm likes.
 #   reduce_scatter, allgather, gather, scatter: the P shares in rank order, each chunk
 #     inside one rank's share (chunk_owner), so every share is contiguous.
-#   alltoall: 2P chunks of one block each. Chunk j of the input half (0..P-1) is the block
-#     for rank j; chunk P + i of the output half is the block from rank i. No rank sends to
-#     itself, so its own block starts in its output half, copied there before the schedule.
+#   alltoall: 2P chunks of one share each. Chunk j of the input half (0..P-1) is the share
+#     for rank j; chunk P + i of the output half is the share from rank i. No rank sends to
+#     itself, so its share for itself starts in the output half, copied there beforehand.
 #   barrier: one-element tokens that say whom a rank has heard from, combined by union.
 SPECS: dict[str, CollectiveSpec] = {
     spec.name: spec

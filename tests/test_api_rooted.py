@@ -164,24 +164,24 @@ def test_gather_stacks_at_the_root(ranks: Ranks, world_size: int, root: int, alg
 
 def test_gather_with_unequal_counts(ranks: Ranks) -> None:
     counts = (2, 0, 3, 1)
-    pieces = [_input(r, c, np.int64) for r, c in enumerate(counts)]
-    results = ranks(4, lambda comm: C.gather(pieces[comm.rank], root=2, counts=counts, comm=comm))
+    contributions = [_input(r, c, np.int64) for r, c in enumerate(counts)]
+    results = ranks(4, lambda comm: C.gather(contributions[comm.rank], root=2, counts=counts, comm=comm))
     assert results[:2] == [None, None] and results[3] is None
-    assert _same_bits(results[2], np.concatenate(pieces))
+    assert _same_bits(results[2], np.concatenate(contributions))
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_gather_and_scatter_in_place_at_the_root(ranks: Ranks, world_size: int) -> None:
     # as MPI_IN_PLACE: the root's own share already sits in its slot of the whole
     root = world_size - 1
-    pieces = [_input(r, 3).reshape(3, 1) for r in range(world_size)]
-    whole = np.concatenate(pieces)
+    contributions = [_input(r, 3).reshape(3, 1) for r in range(world_size)]
+    whole = np.concatenate(contributions)
 
     def run(comm: Communicator) -> tuple[Any, Any]:
         mine = slice(3 * comm.rank, 3 * comm.rank + 3)
         gathered = np.zeros_like(whole)
-        gathered[mine] = pieces[comm.rank]
-        x = gathered[mine] if comm.rank == root else pieces[comm.rank]
+        gathered[mine] = contributions[comm.rank]
+        x = gathered[mine] if comm.rank == root else contributions[comm.rank]
         result = C.gather(x, root, out=gathered, comm=comm)
         full = whole.copy()
         share = C.scatter(full if comm.rank == root else None, root, out=full[mine], comm=comm)
@@ -189,7 +189,7 @@ def test_gather_and_scatter_in_place_at_the_root(ranks: Ranks, world_size: int) 
 
     for rank, (result, share) in enumerate(ranks(world_size, run)):
         assert _same_bits(result, whole) if rank == root else result is None
-        assert _same_bits(share, pieces[rank])
+        assert _same_bits(share, contributions[rank])
 
 
 @pytest.mark.parametrize(("world_size", "root", "algorithm"), _cases("scatter"))
@@ -234,7 +234,7 @@ def test_scatter_with_unequal_counts_moves_random_floats_exactly(ranks: Ranks, d
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("algorithm", _algorithms("alltoall"))
-def test_alltoall_exchanges_blocks_like_mpi(ranks: Ranks, world_size: int, algorithm: str) -> None:
+def test_alltoall_exchanges_shares_like_mpi(ranks: Ranks, world_size: int, algorithm: str) -> None:
     for rows, rest in [(0, ()), (1, ()), (3, ()), (world_size + 1, (2,)), (2, (0,))]:
         shape = (world_size * rows, *rest)
         inputs = [_input(r, int(np.prod(shape, dtype=int))).reshape(shape) for r in range(world_size)]
@@ -250,8 +250,8 @@ def test_alltoall_exchanges_blocks_like_mpi(ranks: Ranks, world_size: int, algor
             return fresh, out, x
 
         for rank, results in enumerate(ranks(world_size, run)):
-            blocks = [inputs[peer][rank * rows : (rank + 1) * rows] for peer in range(world_size)]
-            expected = np.concatenate(blocks)
+            mine = [inputs[peer][rank * rows : (rank + 1) * rows] for peer in range(world_size)]
+            expected = np.concatenate(mine)
             assert all(_same_bits(r, expected) for r in results), (world_size, rows, rest, rank)
 
 

@@ -57,7 +57,7 @@ def test_element_count_rounds_to_whole_shares() -> None:
     assert element_count("allgather", 8, 4, 4) == 0
     assert element_count("broadcast", 10, 4, 3) == element_count("reduce", 10, 4, 3) == 2
     assert element_count("gather", 100, 4, 3) == element_count("scatter", 100, 4, 3) == 24
-    assert element_count("alltoall", 100, 4, 3) == 24  # a block of 8 for each of 3 ranks
+    assert element_count("alltoall", 100, 4, 3) == 24  # a share of 8 for each of 3 ranks
 
 
 def test_plan_sizes_skips_empty_and_repeated_sizes() -> None:
@@ -229,12 +229,12 @@ def test_exact_data_reduce_and_gather_only_at_the_root() -> None:
     assert gather.expected(1, 12) is None
 
 
-def test_exact_data_alltoall_takes_this_ranks_block_of_every_input() -> None:
+def test_exact_data_alltoall_takes_this_ranks_share_of_every_input() -> None:
     data = ExactData.of("alltoall", None, "float32", 3)
     inputs = _inputs(data, 9)
     for rank in range(3):
-        blocks = [x[3 * rank : 3 * rank + 3] for x in inputs]
-        assert np.array_equal(data.expected(rank, 9), np.concatenate(blocks))
+        mine = [x[3 * rank : 3 * rank + 3] for x in inputs]
+        assert np.array_equal(data.expected(rank, 9), np.concatenate(mine))
     assert ExactData.of("barrier", None, "float32", 3).expected(0, 0) is None
 
 

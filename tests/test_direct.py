@@ -23,11 +23,11 @@ def _roots(collective: str, world_size: int) -> list[int]:
 
 
 def _counts(collective: str, world_size: int) -> list[int]:
-    """Edge counts; alltoall's are whole blocks per rank, and the barrier moves nothing."""
+    """Edge counts; alltoall's are whole shares for every rank, and the barrier moves nothing."""
     if collective == "barrier":
         return [0]
     if collective == "alltoall":
-        return [world_size * block for block in edge_counts(world_size)]
+        return [world_size * share for share in edge_counts(world_size)]
     return list(edge_counts(world_size))
 
 
@@ -96,7 +96,7 @@ def test_names_carry_the_parameters() -> None:
     assert dissemination.barrier(6).name == "barrier-dissemination(n=6)"
 
 
-def test_alltoall_needs_whole_blocks() -> None:
+def test_alltoall_needs_whole_shares() -> None:
     with pytest.raises(ValueError, match="alltoall needs a count divisible by the world size 3, got 7"):
         build_schedule("alltoall", "direct", 3, 7)
 

@@ -147,11 +147,11 @@ def test_a_scatter_into_the_wrong_chunk_is_named() -> None:
     assert (caught.value.rank, caught.value.chunk) == (1, 1)
 
 
-def test_an_alltoall_block_in_the_wrong_slot_is_named() -> None:
+def test_an_alltoall_share_in_the_wrong_slot_is_named() -> None:
     schedule = direct.alltoall(3, 3)  # chunks 0..2 the input, 3..5 the output
     first = list(schedule.steps[0].transfers)
     assert first[0] == Transfer(0, 1, 1, dst_chunk=3)
-    first[0] = Transfer(0, 1, 1, dst_chunk=4)  # over rank 1's own block
+    first[0] = Transfer(0, 1, 1, dst_chunk=4)  # over rank 1's share for itself
     broken = replace(schedule, steps=(Step(first), *schedule.steps[1:]))
     with pytest.raises(
         ScheduleError, match="rank 1 ends with chunk 3 holding no data, expected rank 0's chunk 1"

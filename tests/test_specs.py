@@ -75,13 +75,13 @@ def test_rooted_conditions_follow_the_root() -> None:
     assert get_spec("gather").before(gather) == [[_tokens((0, 0)), None], [None, _tokens((1, 1))]]
 
 
-def test_alltoall_starts_with_the_input_and_the_own_block_in_the_output_half() -> None:
+def test_alltoall_starts_with_the_input_and_the_share_for_itself_in_the_output_half() -> None:
     schedule = Schedule("a", "alltoall", 2, (3,) * 4, ())
     assert get_spec("alltoall").before(schedule) == [
         [_tokens((0, 0)), _tokens((0, 1)), _tokens((0, 0)), None],
         [_tokens((1, 0)), _tokens((1, 1)), None, _tokens((1, 1))],
     ]
-    # nothing moved: rank 0's output chunk 3 should hold rank 1's block for rank 0
+    # nothing moved: rank 0's output chunk 3 should hold rank 1's share for rank 0
     with pytest.raises(ScheduleError, match="rank 0 ends with chunk 3 holding no data") as caught:
         get_spec("alltoall").check_after(schedule, get_spec("alltoall").before(schedule))
     assert caught.value.expected == _tokens((1, 0))

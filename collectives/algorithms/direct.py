@@ -8,9 +8,9 @@ parameter-server pattern round rank 0, the hub: everything goes to the hub,
 which reduces it, and back out (allreduce is reduce then broadcast,
 reduce_scatter is reduce then scatter, allgather is gather then broadcast of the
 shares each rank lacks); the barrier is the same with one-element tokens.
-Alltoall is pairwise exchange: at step s rank i sends its block for rank i + s
-and receives rank i - s's block for it (mod P), so every rank sends and receives
-one block per step and no rank is a hot spot. The root carries the whole traffic
+Alltoall is pairwise exchange: at step s rank i sends its share for rank i + s
+and receives rank i - s's share for it (mod P), so every rank sends and receives
+one share per step and no rank is a hot spot. The root carries the whole traffic
 and, when reducing, receives P - 1 buffers at once, so the star suits small
 buffers and few ranks; its virtue is the fewest steps.
 
@@ -31,7 +31,7 @@ barrier         2      P - 1               1
 alltoall        P - 1  S - S / P           S - S / P
 ==============  =====  ==================  ==========================
 
-For alltoall S is what each rank sends in all, P blocks of S / P elements, and
+For alltoall S is what each rank sends in all, P shares of S / P elements, and
 the buffer holds an input and an output half (see ``collectives.specs``). The
 barrier's elements are one-element tokens.
 """
@@ -186,20 +186,20 @@ def barrier(world_size: int) -> Schedule:
 
 
 def alltoall(world_size: int, count: int) -> Schedule:
-    """Pairwise exchange of ``count`` elements per rank, a block of ``count / P`` for each rank.
+    """Pairwise exchange of ``count`` elements per rank, a share of ``count / P`` for each rank.
 
     Raises:
         ValueError: ``count`` is not divisible by ``world_size``.
     """
     size = world_size
-    block, left = divmod(count, size)
+    share, left = divmod(count, size)
     if left:
         raise ValueError(f"alltoall needs a count divisible by the world size {size}, got {count}")
     return Schedule(
         name=f"alltoall-direct(n={size})",
         collective="alltoall",
         world_size=size,
-        chunk_sizes=(block,) * (2 * size),
+        chunk_sizes=(share,) * (2 * size),
         steps=_steps(
             *(
                 [Transfer(i, (i + s) % size, (i + s) % size, dst_chunk=size + i) for i in range(size)]
@@ -216,7 +216,7 @@ def cost(collective: str, shares: Sequence[int], root: int = 0) -> Cost:
         collective: the collective's name.
         shares: each rank's share of the buffer; only their sum S matters to
             the collectives without chunk owners, and only their number P to the
-            barrier. Alltoall's are its P equal blocks.
+            barrier. Alltoall's are its P equal shares, one for each rank.
         root: the root of a rooted collective; the others centre on rank 0.
     """
     size, total = len(shares), sum(shares)
