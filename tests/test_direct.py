@@ -146,7 +146,16 @@ def test_ring_broadcast_passes_chunks_along_the_chain() -> None:
     ]  # fmt: skip
 
 
-def test_every_registered_algorithm_documents_its_cost() -> None:
+def test_every_registered_algorithm_documents_its_cost_and_the_simulator_agrees() -> None:
+    world_size = 3
     for name, module in ALGORITHMS.items():
-        assert callable(module.cost), name
         assert "cost" in (module.__doc__ or "").lower(), name
+        for collective in (c for c in COLLECTIVES if hasattr(module, c)):
+            rooted = get_spec(collective).rooted
+            count = 0 if collective == "barrier" else 6
+            schedule = build_schedule(collective, name, world_size, count, root=1)
+            result = simulate(schedule)
+            options = {"root": 1} if rooted else {}
+            shares = (1,) * world_size if collective == "barrier" else even_split(count, world_size)
+            expected = module.cost(collective, shares, **options)
+            assert (result.steps, result.elements_sent) == expected, (name, collective)

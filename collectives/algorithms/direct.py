@@ -7,19 +7,19 @@ gather), the root combining what it receives in rank order. The others are the
 parameter-server pattern round rank 0, the hub: everything goes to the hub,
 which reduces it, and back out (allreduce is reduce then broadcast,
 reduce_scatter is reduce then scatter, allgather is gather then broadcast of the
-shares each rank lacks); the barrier is the same with one-element tokens.
-Alltoall is pairwise exchange: at step s rank i sends its share for rank i + s
-and receives rank i - s's share for it (mod P), so every rank sends and receives
-one share per step and no rank is a hot spot. The root carries the whole traffic
-and, when reducing, receives P - 1 buffers at once, so the star suits small
-buffers and few ranks; its virtue is the fewest steps.
+shares each rank lacks); the barrier is the same with one-element tokens. The
+star's centre carries all the traffic and, when reducing, receives P - 1 buffers
+at once (scratch for them all), so the star suits small buffers and few ranks;
+its virtue is the fewest steps. Alltoall is pairwise exchange: at step s rank i
+sends its share for rank i + s and receives rank i - s's share for it (mod P),
+so every rank sends and receives one share per step and no rank is a hot spot.
 
 Cost, for P ranks, a buffer of S elements whose share at rank r is S_r, and
 root R (rank 0 for the collectives without a root); no steps when P = 1:
 
-==============  =====  ==================  ==========================
-collective      steps  elements sent by R  elements sent by rank r ≠ R
-==============  =====  ==================  ==========================
+==============  =====  ==================  ===========================
+collective      steps  elements sent by R  elements sent by rank r != R
+==============  =====  ==================  ===========================
 broadcast       1      (P - 1) S           0
 reduce          1      0                   S
 gather          1      0                   S_r
@@ -29,7 +29,7 @@ reduce_scatter  2      S - S_R             S
 allgather       2      (P - 2) S + S_R     S_r
 barrier         2      P - 1               1
 alltoall        P - 1  S - S / P           S - S / P
-==============  =====  ==================  ==========================
+==============  =====  ==================  ===========================
 
 For alltoall S is what each rank sends in all, P shares of S / P elements, and
 the buffer holds an input and an output half (see ``collectives.specs``). The
