@@ -41,6 +41,8 @@ from .transport.base import Transport
 if TYPE_CHECKING:
     from mpi4py import MPI
 
+    from .topology import Topology
+
 
 class Communicator:
     """A group of ranks the collectives run over.
@@ -326,6 +328,7 @@ def explain(
     world_size: int | None = None,
     comm: "Communicator | MPI.Comm | None" = None,
     op: "str | ReduceOp" = "sum",
+    topology: "Topology | None" = None,
 ) -> Explanation:
     """What ``algorithm="auto"`` runs for ``collective`` of ``count`` elements, and why.
 
@@ -341,6 +344,9 @@ def explain(
         world_size: the number of ranks; the communicator's size by default.
         comm: the communicator; the one over ``MPI.COMM_WORLD`` by default.
         op: the reduction, for the collectives that reduce.
+        topology: predict on this machine's links instead (one GPU per rank), as
+            :meth:`collectives.selector.Selector.explain` says; the choice is then advice
+            for that machine, and what this communicator's ``"auto"`` runs is unchanged.
 
     Returns:
         Each candidate's prediction, the rejected algorithms with their reasons, and the choice.
@@ -350,7 +356,9 @@ def explain(
         group = _communicator(comm)
         world_size = group.size if world_size is None else world_size
         selector = group._selector
-    return (selector or default_selector()).explain(collective, count, dtype, world_size=world_size, op=op)
+    return (selector or default_selector()).explain(
+        collective, count, dtype, world_size=world_size, op=op, topology=topology
+    )
 
 
 def _shares(
