@@ -1,5 +1,6 @@
 """The command line: ``mpiexec -n 4 python -m bench allreduce -b 8 -e 64M -a ring,mpi``, and ``calibrate``.
 
+Every collective has a sub-command; the barrier's table has one row, its latency.
 ``python -m bench simulate`` predicts times on a topology instead, without
 MPI (see :mod:`bench.simulate`); it is dispatched before MPI is imported.
 """
@@ -19,7 +20,7 @@ from collectives.ops import DTYPES, OPS, get_op
 from collectives.selector import AUTO, CALIBRATION_ENV, calibration_path, check_algorithm
 from collectives.specs import get_spec
 
-from .config import MPI_ALGORITHM, Settings, parse_size, size_sweep
+from .config import MPI_ALGORITHM, Settings, default_algorithm, parse_size, size_sweep
 from .report import to_json, total_wrong
 
 if TYPE_CHECKING:
@@ -56,15 +57,15 @@ def _options() -> argparse.ArgumentParser:
         choices=tuple(OPS),
         default="sum",
         metavar="OP",
-        help=f"reduction: {', '.join(OPS)} (default sum; allgather ignores it)",
+        help=f"reduction: {', '.join(OPS)} (default sum; collectives that do not reduce ignore it)",
     )
+    add("-r", "--root", type=int, default=0, help="root of broadcast, reduce, gather, scatter (default 0)")
     add(
         "-a",
         "--algorithm",
-        default="ring",
         metavar="NAMES",
         help=f"comma-separated algorithms; {AUTO} lets the selector choose at each size, "
-        f"{MPI_ALGORITHM} is the MPI library's own (default ring)",
+        f"{MPI_ALGORITHM} is the MPI library's own (default: the API's, {AUTO})",
     )
     add("-n", "--iters", type=int, default=20, help="timed iterations (default 20)")
     add("-w", "--warmup", type=int, default=5, help="untimed warmup iterations (default 5)")
@@ -113,13 +114,17 @@ def _algorithms(parser: argparse.ArgumentParser, collective: str, text: str) -> 
     return names
 
 
-def _settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Settings:
+def _settings(parser: argparse.ArgumentParser, args: argparse.Namespace, world_size: int) -> Settings:
     """The validated settings of the parsed arguments; a parser error otherwise."""
     if args.iters < 1 or args.warmup < 0:
         parser.error(f"need -n of at least 1 and -w of at least 0; got -n {args.iters} -w {args.warmup}")
+    spec = get_spec(args.collective)
+    if spec.rooted and not 0 <= args.root < world_size:
+        parser.error(f"root {args.root} is not a rank: valid roots are 0..{world_size - 1}")
     try:
         sizes = size_sweep(args.minbytes, args.maxbytes, args.stepfactor)
-        op = args.op if get_spec(args.collective).reduces else None
+        # the barrier combines tokens, not data
+        op = args.op if spec.reduces and spec.carries_data else None
         if op is not None:
             get_op(op).check_dtype(args.datatype)
     except ValueError as error:
@@ -129,11 +134,12 @@ def _settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sett
         sizes=sizes,
         dtype=args.datatype,
         op=op,
-        algorithms=_algorithms(parser, args.collective, args.algorithm),
+        algorithms=_algorithms(parser, args.collective, args.algorithm or default_algorithm(args.collective)),
         iters=args.iters,
         warmup=args.warmup,
         check=bool(args.check),
         explain=args.explain,
+        root=args.root if spec.rooted else None,
     )
 
 
@@ -183,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             world, lambda: calibrate(world, emit, quick=args.quick, iters=args.iters, warmup=args.warmup)
         )
         return 0
-    settings = _settings(parser, args)
+    settings = _settings(parser, args, world.size)
     rows = _abort_on_error(world, lambda: run(settings, world, emit))
     if args.json is not None and world.rank == 0:
         record = to_json(settings, world.size, library_version(), rows)

@@ -46,7 +46,8 @@ def mpi_datatype(dtype: str) -> MPI.Datatype | None:
 
 def unavailable(settings: Settings) -> dict[str, str]:
     """Why each algorithm asked for cannot run here, by name; empty when all can."""
-    if MPI_ALGORITHM in settings.algorithms and mpi_datatype(settings.dtype) is None:
+    moves_data = get_spec(settings.collective).carries_data
+    if MPI_ALGORITHM in settings.algorithms and moves_data and mpi_datatype(settings.dtype) is None:
         return {MPI_ALGORITHM: f"this MPI library has no {settings.dtype} datatype"}
     return {}
 
@@ -74,6 +75,16 @@ class _Context:
         """The MPI op of the run's reduction."""
         op: MPI.Op = getattr(MPI, _MPI_OPS[self.op()])
         return op
+
+    def root(self) -> int:
+        """The run's root; only the rooted collectives ask for it."""
+        if self.settings.root is None:
+            raise ValueError(f"{self.settings.collective} has no root")
+        return self.settings.root
+
+    def at_root(self) -> bool:
+        """Whether this rank is the run's root."""
+        return self.world.rank == self.root()
 
 
 @dataclass(frozen=True)
@@ -150,10 +161,109 @@ def _allgather_case(ctx: _Context, algorithm: str, count: int, in_place: bool) -
     return _Case(buffers, x, out, call)
 
 
+def _broadcast_case(ctx: _Context, algorithm: str, count: int, in_place: bool) -> _Case:
+    """Broadcast of ``count`` elements from the root; in place, the root's input is everyone's output."""
+    root = ctx.root()
+    x = np.empty(count, ctx.dtype)
+    out = x if in_place else np.empty_like(x)
+    if algorithm != MPI_ALGORITHM:
+        call = partial(collectives.broadcast, x, root, out=out, algorithm=algorithm, comm=ctx.comm)
+        return _Case((x, out), x, out, call)
+
+    def mpi_call() -> None:
+        # MPI broadcasts in place; out of place the root first copies its input, as the library does
+        if not in_place and ctx.at_root():
+            np.copyto(out, x)
+        ctx.world.Bcast(ctx.message(out), root=root)
+
+    return _Case((x, out), x, out, mpi_call)
+
+
+def _reduce_case(ctx: _Context, algorithm: str, count: int, in_place: bool) -> _Case:
+    """Reduce of ``count`` elements to the root; in place, the root's result overwrites its input."""
+    root = ctx.root()
+    x = np.empty(count, ctx.dtype)
+    out = x if in_place else np.empty_like(x)
+    if algorithm != MPI_ALGORITHM:
+        call = partial(collectives.reduce, x, ctx.op(), root, out=out, algorithm=algorithm, comm=ctx.comm)
+        return _Case((x, out), x, out, call)
+    # the receive buffer means something only at the root
+    send = MPI.IN_PLACE if in_place and ctx.at_root() else ctx.message(x)
+    recv = ctx.message(out) if ctx.at_root() else None
+    mpi_call = partial(ctx.world.Reduce, send, recv, op=ctx.mpi_op(), root=root)
+    return _Case((x, out), x, out, _averaged(ctx, mpi_call, out) if ctx.at_root() else mpi_call)
+
+
+def _gather_case(ctx: _Context, algorithm: str, count: int, in_place: bool) -> _Case:
+    """Gather into ``count`` elements at the root; in place, each input is its rank's slot of the output."""
+    root = ctx.root()
+    share = count // ctx.world.size
+    out = np.empty(count, ctx.dtype)
+    lo = ctx.world.rank * share
+    x = out[lo : lo + share] if in_place else np.empty(share, ctx.dtype)
+    buffers = (out,) if in_place else (x, out)
+    if algorithm != MPI_ALGORITHM:
+        call = partial(collectives.gather, x, root, out=out, algorithm=algorithm, comm=ctx.comm)
+        return _Case(buffers, x, out, call)
+    if ctx.at_root():
+        send = MPI.IN_PLACE if in_place else ctx.message(x)
+        mpi_call = partial(ctx.world.Gather, send, ctx.message(out), root=root)
+    else:
+        mpi_call = partial(ctx.world.Gather, ctx.message(x), None, root=root)
+    return _Case(buffers, x, out, mpi_call)
+
+
+def _scatter_case(ctx: _Context, algorithm: str, count: int, in_place: bool) -> _Case:
+    """Scatter of the root's ``count`` elements; in place, each share lands in its slot of the input."""
+    root = ctx.root()
+    share = count // ctx.world.size
+    x = np.empty(count, ctx.dtype)
+    lo = ctx.world.rank * share
+    out = x[lo : lo + share] if in_place else np.empty(share, ctx.dtype)
+    buffers = (x,) if in_place else (x, out)
+    if algorithm != MPI_ALGORITHM:
+        # only the root has data; the others give their share's shape by out= alone
+        source = x if ctx.at_root() else None
+        call = partial(collectives.scatter, source, root, out=out, algorithm=algorithm, comm=ctx.comm)
+        return _Case(buffers, x, out, call)
+    if ctx.at_root():
+        recv = MPI.IN_PLACE if in_place else ctx.message(out)
+        mpi_call = partial(ctx.world.Scatter, ctx.message(x), recv, root=root)
+    else:
+        mpi_call = partial(ctx.world.Scatter, None, ctx.message(out), root=root)
+    return _Case(buffers, x, out, mpi_call)
+
+
+def _alltoall_case(ctx: _Context, algorithm: str, count: int, in_place: bool) -> _Case:
+    """Alltoall of ``count`` elements per rank, a share for each; in place, over the input."""
+    x = np.empty(count, ctx.dtype)
+    out = x if in_place else np.empty_like(x)
+    if algorithm == MPI_ALGORITHM:
+        send = MPI.IN_PLACE if in_place else ctx.message(x)
+        call: Callable[[], object] = partial(ctx.world.Alltoall, send, ctx.message(out))
+    else:
+        call = partial(collectives.alltoall, x, out=out, algorithm=algorithm, comm=ctx.comm)
+    return _Case((x, out), x, out, call)
+
+
+def _barrier_case(ctx: _Context, algorithm: str, count: int, in_place: bool) -> _Case:
+    """A barrier: no buffers, nothing to check."""
+    nothing = np.empty(0, ctx.dtype)
+    if algorithm == MPI_ALGORITHM:
+        return _Case((), nothing, nothing, ctx.world.Barrier)
+    return _Case((), nothing, nothing, partial(collectives.barrier, ctx.comm, algorithm=algorithm))
+
+
 _CASES: dict[str, Callable[[_Context, str, int, bool], _Case]] = {
     "allreduce": _allreduce_case,
     "reduce_scatter": _reduce_scatter_case,
     "allgather": _allgather_case,
+    "broadcast": _broadcast_case,
+    "reduce": _reduce_case,
+    "gather": _gather_case,
+    "scatter": _scatter_case,
+    "alltoall": _alltoall_case,
+    "barrier": _barrier_case,
 }
 COLLECTIVES = tuple(_CASES)
 """The collectives this benchmark times."""
@@ -183,11 +293,15 @@ def _seconds(ctx: _Context, case: _Case, source: np.ndarray) -> float:
     return float(np.median(times))
 
 
-def _wrong(ctx: _Context, case: _Case, source: np.ndarray, expected: np.ndarray) -> int:
-    """Elements that came out wrong on one fresh call, over all ranks."""
+def _wrong(ctx: _Context, case: _Case, source: np.ndarray, expected: np.ndarray | None) -> int:
+    """Elements that came out wrong on one fresh call, over all ranks; collective.
+
+    A rank that gets no result (``expected`` is ``None``) counts none, but takes part.
+    """
     _initialise(case, source)
     case.call()
-    return int(ctx.world.allreduce(count_wrong(case.result, expected), op=MPI.SUM))
+    mine = 0 if expected is None else count_wrong(case.result, expected)
+    return int(ctx.world.allreduce(mine, op=MPI.SUM))
 
 
 def _explanation(ctx: _Context, count: int) -> Explanation:
@@ -197,21 +311,24 @@ def _explanation(ctx: _Context, count: int) -> Explanation:
 
 
 def _row(ctx: _Context, algorithm: str, size: int, count: int, data: ExactData) -> Row:
-    """Measure one size with one algorithm, out of place and in place."""
+    """Measure one size with one algorithm, out of place and in place (the barrier only once)."""
     rank, settings = ctx.world.rank, ctx.settings
+    spec = get_spec(settings.collective)
     source = data.rank_input(rank, count)
-    expected = data.expected(rank, count) if settings.check else None
-    factor = get_spec(settings.collective).busbw_factor(ctx.world.size)
+    check = settings.check and spec.carries_data
+    expected = data.expected(rank, count) if check else None
+    factor = spec.busbw_factor(ctx.world.size)
     halves = []
-    for in_place in (False, True):
+    for in_place in (False, True) if spec.carries_data else (False,):
         case = _CASES[settings.collective](ctx, algorithm, count, in_place)
         seconds = _seconds(ctx, case, source)
-        wrong = None if expected is None else _wrong(ctx, case, source, expected)
+        wrong = _wrong(ctx, case, source, expected) if check else None
         algbw, busbw = bandwidths(size, seconds, factor)
         halves.append(Timing(seconds * 1e6, algbw, busbw, wrong))
     # after the calls, so the label is the choice of the model the ranks agreed on
     label = f"{AUTO}:{_explanation(ctx, count).choice}" if algorithm == AUTO else algorithm
-    return Row(size, count, settings.dtype, settings.op or "none", label, *halves)
+    in_place_half = halves[1] if len(halves) > 1 else None
+    return Row(size, count, settings.dtype, settings.op or "none", label, halves[0], in_place_half)
 
 
 def run(settings: Settings, world: MPI.Intracomm, emit: Callable[[str], None]) -> list[Row]:
@@ -232,7 +349,7 @@ def run(settings: Settings, world: MPI.Intracomm, emit: Callable[[str], None]) -
     for line in format_header(settings, world.size, library_version(), notes, model):
         emit(line)
     dtype = numpy_dtype(settings.dtype)
-    data = ExactData.of(settings.collective, settings.op, settings.dtype, world.size)
+    data = ExactData.of(settings.collective, settings.op, settings.dtype, world.size, settings.root or 0)
     comm = collectives.Communicator(world)
     ctx = _Context(settings, world, comm, dtype)
     rows = []

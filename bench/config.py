@@ -1,9 +1,19 @@
 """What a benchmark run measures: its settings and the message sizes it sweeps."""
 
-__all__ = ["MPI_ALGORITHM", "Settings", "element_count", "parse_size", "plan_sizes", "size_sweep"]
+__all__ = [
+    "MPI_ALGORITHM",
+    "Settings",
+    "default_algorithm",
+    "element_count",
+    "parse_size",
+    "plan_sizes",
+    "size_sweep",
+]
 
+import inspect
 from dataclasses import dataclass
 
+import collectives
 from collectives.specs import get_spec
 
 MPI_ALGORITHM = "mpi"
@@ -17,7 +27,7 @@ class Settings:
     """The options of one benchmark run.
 
     Attributes:
-        collective: ``allreduce``, ``reduce_scatter`` or ``allgather``.
+        collective: the collective's name, e.g. ``allreduce`` or ``broadcast``.
         sizes: the requested sizes in bytes of the full buffer, before rounding.
         dtype: the element type's name, e.g. ``float32``.
         op: the reduction's name; ``None`` for a collective that does not reduce.
@@ -27,6 +37,7 @@ class Settings:
         warmup: untimed iterations before them.
         check: whether to count wrong elements after timing.
         explain: whether to print the selector's explanation at each size.
+        root: the root of a rooted collective; ``None`` for the others.
     """
 
     collective: str
@@ -38,6 +49,13 @@ class Settings:
     warmup: int = 5
     check: bool = True
     explain: bool = False
+    root: int | None = None
+
+
+def default_algorithm(collective: str) -> str:
+    """The algorithm the API uses when given none, so the benchmark times what users get."""
+    default = inspect.signature(getattr(collectives, collective)).parameters["algorithm"].default
+    return str(default)
 
 
 def parse_size(text: str) -> int:
@@ -76,13 +94,15 @@ def element_count(collective: str, size: int, itemsize: int, world_size: int) ->
     """Elements of the full buffer of ``size`` bytes, rounded down so every rank's share is whole.
 
     Args:
-        collective: the collective's name; shared collectives split the buffer over the ranks.
-        size: bytes of the full buffer (allreduce's buffer, reduce_scatter's input,
-            allgather's output).
+        collective: the collective's name; shared collectives split the buffer over
+            the ranks, and alltoall sends a share to each.
+        size: bytes of the full buffer (allreduce's, broadcast's and reduce's buffer,
+            reduce_scatter's and scatter's input, allgather's and gather's output,
+            alltoall's input on each rank).
         itemsize: bytes of one element.
         world_size: the number of ranks.
     """
-    per = world_size if get_spec(collective).shared else 1
+    per = world_size if get_spec(collective).shared or collective == "alltoall" else 1
     return size // (itemsize * per) * per
 
 
@@ -92,7 +112,10 @@ def plan_sizes(
     """The ``(bytes, elements)`` to measure: each size rounded down to whole shares.
 
     Sizes that round to no elements, or to a size already measured, are left out.
+    The barrier moves no data: it has one row, of no bytes.
     """
+    if not get_spec(collective).carries_data:
+        return ((0, 0),)
     plan: list[tuple[int, int]] = []
     for size in sizes:
         count = element_count(collective, size, itemsize, world_size)

@@ -51,6 +51,8 @@ class Row:
     """One line of the table: a size measured with one algorithm.
 
     ``algorithm`` is the name asked for; for ``auto`` it is ``auto:<chosen>``.
+    The barrier has no buffers, so it is timed once, as out of place, and
+    its ``in_place`` is ``None``.
     """
 
     size: int
@@ -59,7 +61,11 @@ class Row:
     op: str
     algorithm: str
     out_of_place: Timing
-    in_place: Timing
+    in_place: Timing | None
+
+
+def _timings(row: Row) -> list[Timing]:
+    return [timing for timing in (row.out_of_place, row.in_place) if timing is not None]
 
 
 def bandwidths(size: int, seconds: float, factor: float) -> tuple[float, float]:
@@ -81,7 +87,9 @@ def _time(us: float) -> str:
     return f"{us:.2f}" if us < 1e6 else f"{us:.0f}"
 
 
-def _half(timing: Timing) -> str:
+def _half(timing: Timing | None) -> str:
+    if timing is None:
+        return _cells(["N/A"] * len(_HALF_COLUMNS), _HALF_COLUMNS)
     wrong = "N/A" if timing.wrong is None else str(timing.wrong)
     values = [_time(timing.time_us), f"{timing.algbw:.2f}", f"{timing.busbw:.2f}", wrong]
     return _cells(values, _HALF_COLUMNS)
@@ -116,6 +124,7 @@ def format_header(
         f"# world size  : {world_size}",
         f"# dtype       : {settings.dtype}",
         f"# op          : {settings.op or 'none'}",
+        *([] if settings.root is None else [f"# root        : {settings.root}"]),
         f"# algorithms  : {', '.join(settings.algorithms) or 'none'}",
         f"# iterations  : {settings.iters} timed after {settings.warmup} warmup, check {int(settings.check)}",
     ]
@@ -136,13 +145,13 @@ def _asked(row: Row) -> str:
 
 
 def _average_busbw(rows: list[Row]) -> float:
-    values = [timing.busbw for row in rows for timing in (row.out_of_place, row.in_place)]
+    values = [timing.busbw for row in rows for timing in _timings(row)]
     return sum(values) / len(values) if values else 0.0
 
 
 def total_wrong(rows: list[Row]) -> int:
     """Wrong elements over every row and both halves; unchecked halves count none."""
-    return sum(timing.wrong or 0 for row in rows for timing in (row.out_of_place, row.in_place))
+    return sum(timing.wrong or 0 for row in rows for timing in _timings(row))
 
 
 def format_footer(rows: list[Row]) -> list[str]:
@@ -170,6 +179,7 @@ def to_json(settings: Settings, world_size: int, library: str, rows: list[Row]) 
         "mpi_library_version": library,
         "dtype": settings.dtype,
         "op": settings.op or "none",
+        "root": settings.root,
         "algorithms": list(settings.algorithms),
         "iters": settings.iters,
         "warmup": settings.warmup,

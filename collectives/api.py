@@ -1,6 +1,18 @@
-"""The user's API: allreduce, reduce_scatter, allgather, the Communicator they run on, and explain."""
+"""The user's API: the collectives, the Communicator they run on, and explain."""
 
-__all__ = ["Communicator", "allgather", "allreduce", "explain", "reduce_scatter"]
+__all__ = [
+    "Communicator",
+    "allgather",
+    "allreduce",
+    "alltoall",
+    "barrier",
+    "broadcast",
+    "explain",
+    "gather",
+    "reduce",
+    "reduce_scatter",
+    "scatter",
+]
 
 import math
 import struct
@@ -23,10 +35,13 @@ from .selector import (
     itemsize,
     selector_for,
 )
+from .specs import check_root
 from .transport.base import Transport
 
 if TYPE_CHECKING:
     from mpi4py import MPI
+
+    from .topology import Topology
 
 
 class Communicator:
@@ -313,6 +328,7 @@ def explain(
     world_size: int | None = None,
     comm: "Communicator | MPI.Comm | None" = None,
     op: "str | ReduceOp" = "sum",
+    topology: "Topology | None" = None,
 ) -> Explanation:
     """What ``algorithm="auto"`` runs for ``collective`` of ``count`` elements, and why.
 
@@ -328,6 +344,9 @@ def explain(
         world_size: the number of ranks; the communicator's size by default.
         comm: the communicator; the one over ``MPI.COMM_WORLD`` by default.
         op: the reduction, for the collectives that reduce.
+        topology: predict on this machine's links instead (one GPU per rank), as
+            :meth:`collectives.selector.Selector.explain` says; the choice is then advice
+            for that machine, and what this communicator's ``"auto"`` runs is unchanged.
 
     Returns:
         Each candidate's prediction, the rejected algorithms with their reasons, and the choice.
@@ -337,7 +356,9 @@ def explain(
         group = _communicator(comm)
         world_size = group.size if world_size is None else world_size
         selector = group._selector
-    return (selector or default_selector()).explain(collective, count, dtype, world_size=world_size, op=op)
+    return (selector or default_selector()).explain(
+        collective, count, dtype, world_size=world_size, op=op, topology=topology
+    )
 
 
 def _shares(
@@ -355,14 +376,19 @@ def _shares(
         return shares, (shares[rank],), (total,)
     rows = x.shape[0] if x.ndim else 1
     rest = tuple(x.shape[1:])
-    if collective == "allgather":
+    if collective in ("allgather", "gather"):
         return (x.size,) * size, tuple(x.shape), (rows * size, *rest)
-    if x.ndim == 0 or rows % size:
-        raise InvalidBufferError(
-            f"reduce_scatter needs the first dimension of x (shape {tuple(x.shape)}) to be "
-            f"divisible by the world size {size}; pass counts= for unequal shares"
-        )
+    _check_rows(collective, x, size, "; pass counts= for unequal shares")
     return (x.size // size,) * size, (rows // size, *rest), tuple(x.shape)
+
+
+def _check_rows(collective: str, x: Any, size: int, hint: str = "") -> None:
+    """Raise unless ``x`` has a first dimension divisible by the world size."""
+    if x.ndim == 0 or x.shape[0] % size:
+        raise InvalidBufferError(
+            f"{collective} needs the first dimension of x (shape {tuple(x.shape)}) to be "
+            f"divisible by the world size {size}{hint}"
+        )
 
 
 def _deliver(backend: ArrayBackend, work: Any, in_out: bool, out: Any, shape: tuple[int, ...]) -> Any:
@@ -372,3 +398,291 @@ def _deliver(backend: ArrayBackend, work: Any, in_out: bool, out: Any, shape: tu
         return work.reshape(shape)
     backend.copy(out, work)
     return out
+
+
+def broadcast(
+    x: Any,
+    root: int = 0,
+    *,
+    out: Any = None,
+    algorithm: str = AUTO,
+    comm: "Communicator | MPI.Comm | None" = None,
+) -> Any:
+    """Copy the root's ``x`` to every rank.
+
+    Every rank passes an array of the same shape and dtype, as ``MPI_Bcast``
+    asks; only the root's contents are read, the others' give the result's
+    shape and dtype.
+
+    Args:
+        x: the data at the root; an array of its shape and dtype elsewhere.
+        root: the rank whose ``x`` is sent.
+        out: where to put the result, of ``x``'s shape and dtype; ``out=x``
+            broadcasts in place, as ``MPI_Bcast`` does.
+        algorithm: the algorithm's name, or ``"auto"`` for the selector's choice.
+        comm: the communicator; the one over ``MPI.COMM_WORLD`` by default.
+
+    Returns:
+        The root's data, ``out`` when given.
+
+    Raises:
+        InvalidRootError: ``root`` is not a rank of the communicator.
+    """
+    backend, _, item_bytes = _prepare(x, None, "broadcast", algorithm)
+    group = _communicator(comm)
+    root = check_root(root, group.size)
+    shape = tuple(x.shape)
+    if out is not None:
+        _check_out(backend, out, x, shape)
+    work, in_out = _workspace(backend, out, x.size, x)
+    if group.rank == root and not (in_out and out is x):
+        backend.copy(work, x)
+    algorithm = _algorithm(group, "broadcast", algorithm, x.size, item_bytes)
+    schedule = build_schedule("broadcast", algorithm, group.size, x.size, root=root)
+    execute(schedule, group.transport, backend, work)
+    return _deliver(backend, work, in_out, out, shape)
+
+
+def reduce(
+    x: Any,
+    op: "str | ReduceOp" = "sum",
+    root: int = 0,
+    *,
+    out: Any = None,
+    algorithm: str = AUTO,
+    comm: "Communicator | MPI.Comm | None" = None,
+) -> Any:
+    """Combine ``x`` element-wise across all ranks; the root gets the result.
+
+    Args:
+        x: this rank's array; the same shape and dtype on every rank.
+        op: the reduction, as for :func:`allreduce`.
+        root: the rank that gets the result.
+        out: where the root puts the result, of ``x``'s shape and dtype;
+            ``out=x`` reduces in place. Checked on every rank, written only
+            at the root.
+        algorithm: the algorithm's name, or ``"auto"`` for the selector's choice.
+        comm: the communicator; the one over ``MPI.COMM_WORLD`` by default.
+
+    Returns:
+        At the root, the result (``out`` when given); ``None`` elsewhere, as
+        mpi4py's ``comm.reduce``.
+
+    Raises:
+        InvalidRootError: ``root`` is not a rank of the communicator.
+    """
+    backend, reduce_op, item_bytes = _prepare(x, op, "reduce", algorithm)
+    group = _communicator(comm)
+    root = check_root(root, group.size)
+    shape = tuple(x.shape)
+    if out is not None:
+        _check_out(backend, out, x, shape)
+    at_root = group.rank == root
+    # elsewhere an algorithm may combine partial results in the buffer, so it is a copy of x too
+    work, in_out = _workspace(backend, out if at_root else None, x.size, x)
+    if not (in_out and out is x):
+        backend.copy(work, x)
+    algorithm = _algorithm(group, "reduce", algorithm, x.size, item_bytes)
+    schedule = build_schedule("reduce", algorithm, group.size, x.size, root=root)
+    execute(schedule, group.transport, backend, work, reduce_op)
+    if not at_root:
+        return None
+    if reduce_op is not None and reduce_op.averages:
+        backend.divide(work, group.size)
+    return _deliver(backend, work, in_out, out, shape)
+
+
+def gather(
+    x: Any,
+    root: int = 0,
+    *,
+    counts: Sequence[int] | None = None,
+    out: Any = None,
+    algorithm: str = AUTO,
+    comm: "Communicator | MPI.Comm | None" = None,
+) -> Any:
+    """Concatenate every rank's ``x`` in rank order at the root.
+
+    Without ``counts`` every rank passes the same shape and the root's result
+    stacks them along the first axis (a 0-d ``x`` gives P elements), as
+    ``MPI_Gather``. With ``counts`` rank ``r`` passes ``counts[r]`` elements,
+    as ``MPI_Gatherv``, and the result is flat.
+
+    Args:
+        x: this rank's array.
+        root: the rank that gets the concatenation.
+        counts: the elements of each rank's contribution, when they differ.
+        out: where the root puts the result; checked on every rank, written
+            only at the root.
+        algorithm: the algorithm's name, or ``"auto"`` for the selector's choice.
+        comm: the communicator; the one over ``MPI.COMM_WORLD`` by default.
+
+    Returns:
+        At the root, the concatenation (``out`` when given); ``None`` elsewhere.
+
+    Raises:
+        InvalidRootError: ``root`` is not a rank of the communicator.
+    """
+    backend, _, item_bytes = _prepare(x, None, "gather", algorithm)
+    group = _communicator(comm)
+    size, rank = group.size, group.rank
+    root = check_root(root, size)
+    total = x.size * size if counts is None else sum(counts)
+    shares, _, whole_shape = _shares("gather", x, counts, size, rank, total)
+    if counts is not None and x.size != shares[rank]:
+        raise InvalidBufferError(f"x has {x.size} elements but counts[{rank}] is {shares[rank]}")
+    if out is not None:
+        _check_out(backend, out, x, whole_shape)
+    at_root = rank == root
+    work, in_out = _workspace(backend, out if at_root else None, total, x)
+    lo = sum(shares[:rank])
+    backend.copy(work[lo : lo + shares[rank]], x)
+    algorithm = _algorithm(group, "gather", algorithm, total, item_bytes)
+    schedule = build_schedule("gather", algorithm, size, total, shares, root=root)
+    execute(schedule, group.transport, backend, work)
+    return _deliver(backend, work, in_out, out, whole_shape) if at_root else None
+
+
+def scatter(
+    x: Any,
+    root: int = 0,
+    *,
+    counts: Sequence[int] | None = None,
+    out: Any = None,
+    algorithm: str = AUTO,
+    comm: "Communicator | MPI.Comm | None" = None,
+) -> Any:
+    """Split the root's ``x`` into shares in rank order; each rank gets its own.
+
+    Without ``counts`` ``x`` has ``P * k`` rows (P the world size) and rank
+    ``r`` gets rows ``r * k`` to ``(r + 1) * k``, as ``MPI_Scatter``. With
+    ``counts`` ``x`` is taken flat and rank ``r`` gets ``counts[r]`` elements
+    starting at ``sum(counts[:r])``, as ``MPI_Scatterv``.
+
+    Only the root's ``x`` is read. Elsewhere ``x`` is either ``None``, with
+    ``out=`` giving this rank's share's shape and dtype, or an array of the
+    root's shape and dtype whose contents are ignored, so every rank may make
+    the same call.
+
+    Args:
+        x: the data at the root; ``None`` or an array of its shape elsewhere.
+        root: the rank whose ``x`` is split.
+        counts: the elements of each rank's share, when they differ.
+        out: where to put this rank's share.
+        algorithm: the algorithm's name, or ``"auto"`` for the selector's choice.
+        comm: the communicator; the one over ``MPI.COMM_WORLD`` by default.
+
+    Returns:
+        This rank's share, ``out`` when given.
+
+    Raises:
+        InvalidRootError: ``root`` is not a rank of the communicator.
+        InvalidBufferError: the root has no ``x``, or another rank has
+            neither ``x`` nor ``out``.
+    """
+    group = _communicator(comm)
+    size, rank = group.size, group.rank
+    root = check_root(root, size)
+    if x is None:
+        if rank == root:
+            raise InvalidBufferError(f"scatter needs x at the root, rank {root}")
+        if out is None:
+            raise InvalidBufferError(
+                f"scatter needs out= (or x) on rank {rank}, which is not the root {root}, "
+                "to know the shape and dtype of its share"
+            )
+        like = out
+        shares, share_shape = _scatter_shares(out, counts, size, rank)
+    else:
+        like = x
+        shares, share_shape, _ = _shares("scatter", x, counts, size, rank, x.size)
+    backend, _, item_bytes = _prepare(like, None, "scatter", algorithm)
+    if out is not None:
+        _check_out(backend, out, like, share_shape)
+    total = sum(shares)
+    work = backend.empty(total, like)
+    if rank == root:
+        backend.copy(work, x)
+    algorithm = _algorithm(group, "scatter", algorithm, total, item_bytes)
+    schedule = build_schedule("scatter", algorithm, size, total, shares, root=root)
+    execute(schedule, group.transport, backend, work)
+    lo = sum(shares[:rank])
+    if out is None:
+        out = backend.empty(shares[rank], like).reshape(share_shape)
+    backend.copy(out, work[lo : lo + shares[rank]])
+    return out
+
+
+def _scatter_shares(
+    out: Any, counts: Sequence[int] | None, size: int, rank: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Each rank's share and this rank's share's shape, told by ``out`` alone."""
+    if counts is None:
+        return (out.size,) * size, tuple(out.shape)
+    shares, share_shape, _ = _shares("scatter", out, counts, size, rank, sum(int(c) for c in counts))
+    return shares, share_shape
+
+
+def alltoall(
+    x: Any,
+    *,
+    out: Any = None,
+    algorithm: str = AUTO,
+    comm: "Communicator | MPI.Comm | None" = None,
+) -> Any:
+    """Send share ``j`` of ``x`` to rank ``j``; get every rank's share for this one, in rank order.
+
+    ``x`` has ``P * k`` rows (P the world size) and share ``j`` is rows
+    ``j * k`` to ``(j + 1) * k``. The result has ``x``'s shape, and its share
+    ``i`` is rank ``i``'s share for this rank, as ``MPI_Alltoall``.
+
+    Args:
+        x: this rank's array; the same shape and dtype on every rank.
+        out: where to put the result, of ``x``'s shape and dtype; ``out=x``
+            exchanges in place.
+        algorithm: the algorithm's name, or ``"auto"`` for the selector's choice.
+        comm: the communicator; the one over ``MPI.COMM_WORLD`` by default.
+
+    Returns:
+        The shares from every rank, ``out`` when given.
+    """
+    backend, _, item_bytes = _prepare(x, None, "alltoall", algorithm)
+    group = _communicator(comm)
+    size, rank = group.size, group.rank
+    shape = tuple(x.shape)
+    _check_rows("alltoall", x, size)
+    if out is not None:
+        _check_out(backend, out, x, shape)
+    count = x.size
+    share = count // size
+    # the schedule's buffer: the input, then the output (see collectives.specs)
+    work = backend.empty(2 * count, x)
+    backend.copy(work[:count], x)
+    # no rank sends to itself, so its share for itself starts in its slot of the output
+    mine = rank * share
+    backend.copy(work[count + mine : count + mine + share], work[mine : mine + share])
+    algorithm = _algorithm(group, "alltoall", algorithm, count, item_bytes)
+    schedule = build_schedule("alltoall", algorithm, size, count)
+    execute(schedule, group.transport, backend, work)
+    result = work[count:]
+    if out is None:
+        return result.reshape(shape)
+    backend.copy(out, result)
+    return out
+
+
+def barrier(comm: "Communicator | MPI.Comm | None" = None, *, algorithm: str = AUTO) -> None:
+    """Return only once every rank of the communicator has called ``barrier``.
+
+    Args:
+        comm: the communicator; the one over ``MPI.COMM_WORLD`` by default.
+        algorithm: the algorithm's name, or ``"auto"`` for the selector's choice.
+    """
+    import numpy as np  # the tokens are host bytes, whatever library the user's arrays are from
+
+    check_algorithm("barrier", algorithm)
+    group = _communicator(comm)
+    algorithm = _algorithm(group, "barrier", algorithm, 0, 1)
+    schedule = build_schedule("barrier", algorithm, group.size, 0)
+    tokens = np.zeros(schedule.count, np.uint8)
+    execute(schedule, group.transport, backend_for(tokens), tokens, get_op("bor"))

@@ -5,6 +5,7 @@ __all__ = [
     "CollectiveTimeout",
     "CollectivesError",
     "InvalidBufferError",
+    "InvalidRootError",
     "ScheduleError",
     "TopologyError",
     "TransportError",
@@ -32,6 +33,10 @@ class UnknownAlgorithmError(CollectivesError, ValueError):
 
 class InvalidBufferError(CollectivesError, ValueError):
     """An input or output buffer has the wrong shape, size, dtype or layout."""
+
+
+class InvalidRootError(CollectivesError, ValueError):
+    """The root of a rooted collective is not a rank of the communicator."""
 
 
 class ScheduleError(CollectivesError):

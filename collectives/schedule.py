@@ -68,12 +68,15 @@ class Schedule:
 
     Attributes:
         name: the algorithm with its parameters, e.g. ``allreduce-ring(n=8)``.
-        collective: ``allreduce``, ``reduce_scatter`` or ``allgather``.
+        collective: the collective's name, e.g. ``allreduce`` or ``broadcast``.
         world_size: the number of ranks.
         chunk_sizes: elements per chunk.
         steps: the rounds of transfers.
         chunk_owner: for collectives where each rank has a share of the buffer
-            (reduce_scatter, allgather), the rank whose share each chunk is part of.
+            (reduce_scatter, allgather, gather, scatter), the rank whose share
+            each chunk is part of.
+        root: for rooted collectives (broadcast, reduce, gather, scatter), the
+            rank the data comes from or goes to.
     """
 
     name: str
@@ -82,6 +85,7 @@ class Schedule:
     chunk_sizes: tuple[int, ...]
     steps: tuple[Step, ...]
     chunk_owner: tuple[int, ...] | None = None
+    root: int | None = None
     _programs: dict[int, tuple[RankStep, ...]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -139,6 +143,7 @@ class Schedule:
                 "world_size": self.world_size,
                 "chunk_sizes": list(self.chunk_sizes),
                 "chunk_owner": None if self.chunk_owner is None else list(self.chunk_owner),
+                "root": self.root,
                 "steps": steps,
             },
             separators=(",", ":"),
@@ -161,6 +166,7 @@ class Schedule:
                 for step in data["steps"]
             ),
             chunk_owner=None if owner is None else tuple(owner),
+            root=data.get("root"),
         )
 
     def _check_structure(self) -> None:
@@ -176,6 +182,8 @@ class Schedule:
                 )
             if any(not 0 <= r < size for r in self.chunk_owner):
                 raise ScheduleError(f"{self.name}: chunk owner outside 0..{size - 1}")
+        if self.root is not None and not 0 <= self.root < size:
+            raise ScheduleError(f"{self.name}: root {self.root} outside 0..{size - 1}", rank=self.root)
         for index, step in enumerate(self.steps):
             copied: set[tuple[int, int]] = set()
             reduced: set[tuple[int, int]] = set()

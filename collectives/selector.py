@@ -30,10 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from . import algorithms
-from .errors import CalibrationError, CollectivesError, UnknownAlgorithmError
+from .errors import CalibrationError, CollectivesError, TopologyError, UnknownAlgorithmError
 from .ops import ReduceOp, check_dtype, get_op
 from .schedule import Schedule
 from .specs import get_spec
+from .topology import Prediction, Topology, predict
 
 AUTO = "auto"
 """The algorithm name that asks the selector to choose."""
@@ -101,6 +102,23 @@ def traffic(schedule: Schedule) -> Traffic:
         elements += max(*sent.values(), *received.values())
         reduced += max(reducing.values(), default=0)
     return Traffic(steps, messages, elements, reduced)
+
+
+@lru_cache(maxsize=256)
+def _on_topology(
+    collective: str, algorithm: str, world_size: int, count: int, itemsize: int, topology: Topology
+) -> tuple[str, Traffic, Prediction]:
+    """A registered algorithm's schedule as built for ``topology``, its traffic and its predicted time.
+
+    A module with ``for_topology(collective, world_size, count, topology)`` builds
+    what fits the machine (e.g. multi_ring on its packed rings); any other is
+    built as for MPI, rank r on GPU r.
+    """
+    build = getattr(algorithms.ALGORITHMS[algorithm], "for_topology", None)
+    schedule = None if build is None else build(collective, world_size, count, topology)
+    if schedule is None:
+        schedule = algorithms.build_schedule(collective, algorithm, world_size, count)
+    return schedule.name, traffic(schedule), predict(schedule, topology, itemsize)
 
 
 @lru_cache(maxsize=1024)
@@ -304,6 +322,8 @@ class Explanation:
         candidates: the algorithms that apply, fastest first.
         rejected: the algorithms that do not, with their reasons.
         choice: the fastest candidate; ``None`` when every algorithm was rejected.
+        topology: the machine the transfers were predicted on, with link
+            contention, instead of the model's alpha and beta; ``None`` for none.
     """
 
     collective: str
@@ -315,6 +335,7 @@ class Explanation:
     candidates: tuple[Candidate, ...]
     rejected: tuple[Rejected, ...]
     choice: str | None
+    topology: Topology | None = None
 
     def __str__(self) -> str:
         size = self.count * itemsize(self.dtype)
@@ -323,6 +344,11 @@ class Explanation:
             f"{self.collective} of {self.count} {self.dtype} ({_bytes(size)}) over {self.world_size} "
             f"ranks{op}",
             f"cost model: {self.model.describe()}",
+            *(
+                []
+                if self.topology is None
+                else [f"transfers: on the links of {self.topology.name}, with contention, not alpha and beta"]
+            ),
             "",
         ]
         titles = ("", "algorithm", "schedule", "steps", "messages", "bytes moved", "bytes reduced",
@@ -412,6 +438,7 @@ class Selector:
         *,
         world_size: int,
         op: "str | ReduceOp" = "sum",
+        topology: Topology | None = None,
     ) -> Explanation:
         """Every algorithm's prediction for ``collective`` of ``count`` elements, and the choice.
 
@@ -421,6 +448,9 @@ class Selector:
             dtype: the element type, by name or as a dtype.
             world_size: the number of ranks.
             op: the reduction, checked against the dtype; ignored by collectives that do not reduce.
+            topology: a machine with one GPU per rank: transfers are then predicted on its
+                links (:func:`collectives.topology.predict`) and algorithms that know how
+                build for it (multi_ring on its packed rings, hierarchical by its nodes).
         """
         name = str(getattr(dtype, "name", dtype))
         size = itemsize(name)
@@ -430,10 +460,14 @@ class Selector:
             reduce_op = get_op(op).name
         if world_size < 1 or count < 0:
             raise ValueError(f"need world_size >= 1 and count >= 0; got {world_size} and {count}")
-        candidates, rejected = self._rank(collective, world_size, count, size)
+        if topology is not None and len(topology.gpus) != world_size:
+            raise ValueError(
+                f"topology {topology.name} has {len(topology.gpus)} GPUs, not one per rank of {world_size}"
+            )
+        candidates, rejected = self._rank(collective, world_size, count, size, topology)
         choice = candidates[0].algorithm if candidates else None
         return Explanation(
-            collective, count, name, world_size, reduce_op, self.model, candidates, rejected, choice
+            collective, count, name, world_size, reduce_op, self.model, candidates, rejected, choice, topology
         )
 
     def clear(self) -> None:
@@ -441,7 +475,7 @@ class Selector:
         self._choices.clear()
 
     def _rank(
-        self, collective: str, world_size: int, count: int, itemsize: int
+        self, collective: str, world_size: int, count: int, itemsize: int, topology: Topology | None = None
     ) -> tuple[tuple[Candidate, ...], tuple[Rejected, ...]]:
         """The candidates, fastest first (ties in registry order), and the rejected algorithms."""
         get_spec(collective)
@@ -449,9 +483,17 @@ class Selector:
         rejected: list[Rejected] = []
         for name in algorithms.ALGORITHMS:
             reasons = rejection_reasons(collective, name, world_size, count)
+            on_links = None
             if not reasons:
                 try:
-                    schedule, counted = _counted(collective, name, world_size, count)
+                    if topology is None:
+                        schedule, counted = _counted(collective, name, world_size, count)
+                    else:
+                        schedule, counted, on_links = _on_topology(
+                            collective, name, world_size, count, itemsize, topology
+                        )
+                except TopologyError as error:
+                    reasons = [f"no route on {topology.name if topology else 'the topology'}: {error}"]
                 except (CollectivesError, ValueError) as error:
                     # an algorithm that cannot build this case without saying so is still no candidate
                     reasons = [f"cannot be built: {error}"]
@@ -459,8 +501,11 @@ class Selector:
                 rejected.append(Rejected(name, tuple(reasons)))
                 continue
             m = self.model
-            latency = m.alpha * counted.messages
-            transfer = m.beta * counted.elements * itemsize
+            if on_links is None:
+                latency = m.alpha * counted.messages
+                transfer = m.beta * counted.elements * itemsize
+            else:
+                latency, transfer = on_links.latency_s, on_links.bandwidth_s
             reduction = m.gamma * counted.reduced * itemsize
             candidates.append(Candidate(name, schedule, counted, itemsize, latency, transfer, reduction))
         # sorted() is stable, so equal predictions keep the registry's order

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from .errors import ScheduleError
 from .schedule import Schedule
-from .specs import Contribution, Token, describe, get_spec
+from .specs import CollectiveSpec, Contribution, Token, describe, get_spec
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def simulate(schedule: Schedule) -> SimulationResult:
                     step=index, rank=t.src, chunk=t.chunk,
                 )  # fmt: skip
             if t.reduce:
-                _reduce_into(schedule, state, index, t.dst, t.into, incoming, spec.reduces)
+                _reduce_into(schedule, spec, state, index, t.dst, t.into, incoming)
             else:
                 state[t.dst][t.into] = incoming
             elements = schedule.chunk_sizes[t.chunk]
@@ -73,15 +73,15 @@ def simulate(schedule: Schedule) -> SimulationResult:
 
 def _reduce_into(
     schedule: Schedule,
+    spec: CollectiveSpec,
     state: list[list[Contribution]],
     step: int,
     rank: int,
     chunk: int,
     incoming: frozenset[Token],
-    reduces: bool,
 ) -> None:
     where = dict(step=step, rank=rank, chunk=chunk)
-    if not reduces:
+    if not spec.reduces:
         raise ScheduleError(
             f"{schedule.name}: step {step}: {schedule.collective} does not reduce, "
             f"yet rank {rank} reduces into chunk {chunk}",
@@ -94,7 +94,7 @@ def _reduce_into(
             **where,
         )
     twice = current & incoming
-    if twice:
+    if twice and not spec.idempotent:
         raise ScheduleError(
             f"{schedule.name}: step {step}: rank {rank} reduces chunk {chunk} twice: "
             f"{describe(twice, chunk)} would be counted twice",

@@ -7,6 +7,7 @@ __all__ = [
     "Contribution",
     "ExactPattern",
     "Token",
+    "check_root",
     "describe",
     "exact_pattern",
     "get_spec",
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from functools import reduce
 from itertools import pairwise
 
-from .errors import ScheduleError
+from .errors import InvalidRootError, ScheduleError
 from .ops import ReduceOp, get_op
 from .schedule import Schedule
 
@@ -26,6 +27,9 @@ Token = tuple[int, int]
 """``(rank, chunk)``: the input that ``rank`` started with in ``chunk``."""
 Contribution = frozenset[Token] | None
 """The inputs combined into a chunk; ``None`` for no data."""
+Condition = Callable[[int, int, int | None, int, int | None], Contribution]
+"""``(rank, chunk, owner, world_size, root) -> contribution`` of a pre- or postcondition;
+a postcondition's ``None`` leaves the chunk unchecked."""
 
 
 @dataclass(frozen=True)
@@ -39,29 +43,41 @@ class CollectiveSpec:
             has an owner) rather than all ranks holding the whole buffer.
         busbw_factor: algorithm bandwidth times this is the bus bandwidth, as
             nccl-tests reports it, for a world size.
+        rooted: whether the data comes from or goes to one rank, the schedule's root.
+        idempotent: whether a contribution may be combined into a chunk more
+            than once; true of the barrier, whose chunks carry no data, only
+            whom a rank has heard from.
+        carries_data: false for the barrier: its chunks are tokens of one element.
+        num_chunks: the number of chunks the layout fixes for a world size, if it does.
     """
 
     name: str
     reduces: bool
     shared: bool
     busbw_factor: Callable[[int], float]
-    _before: Callable[[int, int, int | None, int], Contribution]
-    _after: Callable[[int, int, int | None, int], Contribution]
+    _before: Condition
+    _after: Condition
+    rooted: bool = False
+    idempotent: bool = False
+    carries_data: bool = True
+    num_chunks: Callable[[int], int] | None = None
 
     def before(self, schedule: Schedule) -> list[list[Contribution]]:
         """The precondition: ``[rank][chunk]`` contributions every rank starts with."""
         self.check_layout(schedule)
+        size, root = schedule.world_size, schedule.root
         return [
-            [self._before(rank, chunk, _owner(schedule, chunk), schedule.world_size)
+            [self._before(rank, chunk, _owner(schedule, chunk), size, root)
              for chunk in range(schedule.num_chunks)]
-            for rank in range(schedule.world_size)
+            for rank in range(size)
         ]  # fmt: skip
 
     def check_after(self, schedule: Schedule, state: list[list[Contribution]]) -> None:
         """Raise :class:`ScheduleError` at the first (rank, chunk) that breaks the postcondition."""
+        size, root = schedule.world_size, schedule.root
         for rank, chunks in enumerate(state):
             for chunk, actual in enumerate(chunks):
-                expected = self._after(rank, chunk, _owner(schedule, chunk), schedule.world_size)
+                expected = self._after(rank, chunk, _owner(schedule, chunk), size, root)
                 if expected is not None and actual != expected:
                     raise ScheduleError(
                         f"{schedule.name}: rank {rank} ends with chunk {chunk} holding "
@@ -73,9 +89,25 @@ class CollectiveSpec:
                     )
 
     def check_layout(self, schedule: Schedule) -> None:
-        """Raise if the schedule is for another collective or its chunk owners do not fit."""
+        """Raise if the schedule is for another collective or its root, chunks or owners do not fit."""
         if schedule.collective != self.name:
             raise ScheduleError(f"{schedule.name} is a {schedule.collective} schedule, not {self.name}")
+        if self.rooted and schedule.root is None:
+            raise ScheduleError(f"{schedule.name}: a {self.name} schedule must name its root")
+        if not self.rooted and schedule.root is not None:
+            raise ScheduleError(
+                f"{schedule.name}: {self.name} has no root, yet the schedule names {schedule.root}"
+            )
+        if self.num_chunks is not None and schedule.num_chunks != self.num_chunks(schedule.world_size):
+            raise ScheduleError(
+                f"{schedule.name}: a {self.name} schedule over {schedule.world_size} ranks has "
+                f"{self.num_chunks(schedule.world_size)} chunks, not {schedule.num_chunks}"
+            )
+        if not self.carries_data and any(n != 1 for n in schedule.chunk_sizes):
+            # the executor skips empty chunks, and a token needs no more than one element
+            raise ScheduleError(
+                f"{schedule.name}: {self.name} chunks hold one element each, not {schedule.chunk_sizes}"
+            )
         if not self.shared:
             return
         owners = schedule.chunk_owner
@@ -117,34 +149,105 @@ def _everyone(world_size: int, chunk: int) -> frozenset[Token]:
     return frozenset((r, chunk) for r in range(world_size))
 
 
+def _mine_if(rank: int | None, chunk: int) -> Contribution:
+    return None if rank is None else _mine(rank, chunk)
+
+
 def _ring_factor(world_size: int) -> float:
     return (world_size - 1) / world_size
 
 
+def _alltoall_before(rank: int, chunk: int, owner: int | None, p: int, root: int | None) -> Contribution:
+    if chunk < p:
+        return _mine(rank, chunk)
+    # the rank's share for itself, which the caller copies from input chunk ``rank``
+    return _mine(rank, rank) if chunk == p + rank else None
+
+
+# Every rank works on one buffer of the collective's full size, cut into chunks:
+#   allreduce, reduce, broadcast: the whole array, chunked as the algorithm likes.
+#   reduce_scatter, allgather, gather, scatter: the P shares in rank order, each chunk
+#     inside one rank's share (chunk_owner), so every share is contiguous.
+#   alltoall: 2P chunks of one share each. Chunk j of the input half (0..P-1) is the share
+#     for rank j; chunk P + i of the output half is the share from rank i. No rank sends to
+#     itself, so its share for itself starts in the output half, copied there beforehand.
+#   barrier: one-element tokens that say whom a rank has heard from, combined by union.
 SPECS: dict[str, CollectiveSpec] = {
     spec.name: spec
     for spec in (
         CollectiveSpec(
             "allreduce", reduces=True, shared=False,
             busbw_factor=lambda p: 2 * _ring_factor(p),
-            _before=lambda rank, chunk, owner, p: _mine(rank, chunk),
-            _after=lambda rank, chunk, owner, p: _everyone(p, chunk),
+            _before=lambda rank, chunk, owner, p, root: _mine(rank, chunk),
+            _after=lambda rank, chunk, owner, p, root: _everyone(p, chunk),
         ),
         CollectiveSpec(
             "reduce_scatter", reduces=True, shared=True,
             busbw_factor=_ring_factor,
-            _before=lambda rank, chunk, owner, p: _mine(rank, chunk),
-            _after=lambda rank, chunk, owner, p: _everyone(p, chunk) if rank == owner else None,
+            _before=lambda rank, chunk, owner, p, root: _mine(rank, chunk),
+            _after=lambda rank, chunk, owner, p, root: _everyone(p, chunk) if rank == owner else None,
         ),
         CollectiveSpec(
             "allgather", reduces=False, shared=True,
             busbw_factor=_ring_factor,
-            _before=lambda rank, chunk, owner, p: _mine(rank, chunk) if rank == owner else None,
-            _after=lambda rank, chunk, owner, p: None if owner is None else _mine(owner, chunk),
+            _before=lambda rank, chunk, owner, p, root: _mine(rank, chunk) if rank == owner else None,
+            _after=lambda rank, chunk, owner, p, root: _mine_if(owner, chunk),
+        ),
+        CollectiveSpec(
+            "broadcast", reduces=False, shared=False, rooted=True,
+            busbw_factor=lambda p: 1.0,
+            _before=lambda rank, chunk, owner, p, root: _mine(rank, chunk) if rank == root else None,
+            _after=lambda rank, chunk, owner, p, root: _mine_if(root, chunk),
+        ),
+        CollectiveSpec(
+            "reduce", reduces=True, shared=False, rooted=True,
+            busbw_factor=lambda p: 1.0,
+            _before=lambda rank, chunk, owner, p, root: _mine(rank, chunk),
+            _after=lambda rank, chunk, owner, p, root: _everyone(p, chunk) if rank == root else None,
+        ),
+        CollectiveSpec(
+            "gather", reduces=False, shared=True, rooted=True,
+            busbw_factor=_ring_factor,
+            _before=lambda rank, chunk, owner, p, root: _mine(rank, chunk) if rank == owner else None,
+            _after=lambda rank, chunk, owner, p, root: _mine_if(owner, chunk) if rank == root else None,
+        ),
+        CollectiveSpec(
+            "scatter", reduces=False, shared=True, rooted=True,
+            busbw_factor=_ring_factor,
+            _before=lambda rank, chunk, owner, p, root: _mine(rank, chunk) if rank == root else None,
+            _after=lambda rank, chunk, owner, p, root: _mine_if(root, chunk) if rank == owner else None,
+        ),
+        CollectiveSpec(
+            "alltoall", reduces=False, shared=False,
+            busbw_factor=_ring_factor,
+            num_chunks=lambda p: 2 * p,
+            _before=_alltoall_before,
+            _after=lambda rank, chunk, owner, p, root: _mine(chunk - p, rank) if chunk >= p else None,
+        ),
+        CollectiveSpec(
+            "barrier", reduces=True, shared=False, idempotent=True, carries_data=False,
+            busbw_factor=lambda p: 0.0,
+            _before=lambda rank, chunk, owner, p, root: _mine(rank, chunk),
+            _after=lambda rank, chunk, owner, p, root: _everyone(p, chunk),
         ),
     )
 }  # fmt: skip
 COLLECTIVES = tuple(SPECS)
+
+
+def check_root(root: int, world_size: int) -> int:
+    """``root`` as an int, if it is a rank of a world of ``world_size`` ranks.
+
+    Raises:
+        InvalidRootError: it is not an integer, or outside ``0..world_size - 1``.
+    """
+    try:
+        rank = operator.index(root)
+    except TypeError:
+        raise InvalidRootError(f"root must be an integer rank, got {root!r}") from None
+    if not 0 <= rank < world_size:
+        raise InvalidRootError(f"root {rank} is not a rank: valid roots are 0..{world_size - 1}")
+    return rank
 
 
 def get_spec(collective: str) -> CollectiveSpec:

@@ -7,7 +7,7 @@ from collectives.simulate import simulate
 comm = collectives.Communicator()  # over MPI.COMM_WORLD
 x = np.arange(12, dtype=np.float32) + comm.rank
 
-total = collectives.allreduce(x)  # ring allreduce: every rank gets the sum
+total = collectives.allreduce(x)  # every rank gets the sum; the selector picks the algorithm
 mine = collectives.reduce_scatter(x)  # rank r gets its 12 / P elements of the sum
 everyone = collectives.allgather(np.array([comm.rank]))  # [0, 1, ..., P - 1]
 

@@ -3,12 +3,13 @@
 import itertools
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from bench.config import Settings, element_count, parse_size, plan_sizes, size_sweep
+from bench.config import Settings, default_algorithm, element_count, parse_size, plan_sizes, size_sweep
 from bench.patterns import ExactData, count_wrong, numpy_dtype
 from bench.report import Row, Timing, bandwidths, format_footer, format_header, format_row, to_json
 from collectives.algorithms import ALGORITHMS
@@ -57,12 +58,23 @@ def test_element_count_rounds_to_whole_shares() -> None:
     assert element_count("reduce_scatter", 100, 4, 3) == 24  # 8 elements for each of 3 ranks
     assert element_count("allgather", 7, 1, 4) == 4
     assert element_count("allgather", 8, 4, 4) == 0
+    assert element_count("broadcast", 10, 4, 3) == element_count("reduce", 10, 4, 3) == 2
+    assert element_count("gather", 100, 4, 3) == element_count("scatter", 100, 4, 3) == 24
+    assert element_count("alltoall", 100, 4, 3) == 24  # a share of 8 for each of 3 ranks
 
 
 def test_plan_sizes_skips_empty_and_repeated_sizes() -> None:
     assert plan_sizes("reduce_scatter", (8, 16, 32), 4, 4) == ((16, 4), (32, 8))
     assert plan_sizes("allreduce", (5, 6, 8), 4, 1) == ((4, 1), (8, 2))
     assert plan_sizes("allgather", (8, 16), 8, 3) == ()
+    assert plan_sizes("alltoall", (8, 16, 32), 4, 3) == ((12, 3), (24, 6))
+    assert plan_sizes("barrier", (8, 1024), 4, 3) == ((0, 0),)
+
+
+def test_default_algorithm_is_the_apis() -> None:
+    # every collective lets the selector choose unless told otherwise, and the bench times that
+    for collective in ("allreduce", "broadcast", "alltoall", "barrier"):
+        assert default_algorithm(collective) == "auto"
 
 
 def test_bandwidths() -> None:
@@ -107,12 +119,24 @@ def test_format_row_unchecked() -> None:
     assert format_row(_row(wrong=None)).split()[9] == "N/A"
 
 
+def test_a_row_timed_once_fills_its_in_place_half_with_na() -> None:
+    barrier = replace(_row(wrong=None), size=0, count=0, in_place=None)
+    line = format_row(barrier)
+    assert line.split()[-5:] == ["|", "N/A", "N/A", "N/A", "N/A"]
+    assert len(line) == len(format_row(_row()))
+    assert format_footer([barrier, _row(wrong=2)])[0] == "# Out of bounds values : 4 FAILED"
+    assert json.loads(json.dumps(to_json(_settings(), 2, "MPICH", [barrier])))["rows"][0]["in_place"] is None
+
+
 def test_format_header() -> None:
     lines = format_header(_settings(("ring", "tree")), 4, "MPICH", {"mpi": "no bfloat16"})
     assert lines[0] == "# collectives allreduce benchmark"
     text = "\n".join(lines)
     for part in ("world size  : 4", "float32", "sum", "MPICH", "ring, tree", "mpi: no bfloat16"):
         assert part in text
+    assert "root" not in text
+    rooted = replace(_settings(), collective="gather", op=None, root=3)
+    assert "# root        : 3" in format_header(rooted, 4, "MPICH")
     assert "out-of-place" in lines[-2] and "in-place" in lines[-2]
     assert all(line.startswith("#") for line in lines)
 
@@ -138,6 +162,8 @@ def test_to_json() -> None:
     assert (record["dtype"], record["op"], record["iters"]) == ("float32", "sum", 3)
     assert record["rows"][0]["in_place"]["wrong"] == 0
     assert record["rows"][0]["algorithm"] == "ring"
+    assert record["root"] is None
+    assert to_json(replace(_settings(), root=1), 4, "MPICH", [])["root"] == 1
 
 
 def _inputs(data: ExactData, count: int) -> list[np.ndarray]:
@@ -176,6 +202,45 @@ def test_exact_data_allgather_ignores_the_op() -> None:
     assert np.array_equal(data.expected(1, 12), np.concatenate(inputs))
 
 
+def test_exact_data_of_the_collectives_that_move_data_differs_at_every_element() -> None:
+    for collective in ("allgather", "broadcast", "gather", "scatter", "alltoall"):
+        data = ExactData.of(collective, "sum", "int8", 5)
+        inputs = np.stack([data.rank_input(rank, 505) for rank in range(5)])
+        for a, b in itertools.combinations(range(5), 2):
+            assert (inputs[a] != inputs[b]).all(), collective
+        assert inputs.min() >= 0 and inputs.max() <= 100  # exact in int8 and bfloat16
+
+
+def test_exact_data_broadcast_and_scatter_come_from_the_root() -> None:
+    broadcast = ExactData.of("broadcast", None, "float16", 3, root=2)
+    root_input = broadcast.rank_input(2, 12)
+    assert all(np.array_equal(broadcast.expected(rank, 12), root_input) for rank in range(3))
+    scatter = ExactData.of("scatter", None, "int16", 3, root=1)
+    full = scatter.rank_input(1, 12)
+    for rank in range(3):
+        assert np.array_equal(scatter.expected(rank, 12), full[4 * rank : 4 * rank + 4])
+
+
+def test_exact_data_reduce_and_gather_only_at_the_root() -> None:
+    reduce = ExactData.of("reduce", "max", "int8", 4, root=3)
+    total = np.maximum.reduce(_inputs(reduce, 20))
+    assert np.array_equal(reduce.expected(3, 20), total)
+    assert reduce.expected(0, 20) is None
+    gather = ExactData.of("gather", None, "uint8", 3, root=0)
+    assert [x.size for x in _inputs(gather, 12)] == [4, 4, 4]
+    assert np.array_equal(gather.expected(0, 12), np.concatenate(_inputs(gather, 12)))
+    assert gather.expected(1, 12) is None
+
+
+def test_exact_data_alltoall_takes_this_ranks_share_of_every_input() -> None:
+    data = ExactData.of("alltoall", None, "float32", 3)
+    inputs = _inputs(data, 9)
+    for rank in range(3):
+        mine = [x[3 * rank : 3 * rank + 3] for x in inputs]
+        assert np.array_equal(data.expected(rank, 9), np.concatenate(mine))
+    assert ExactData.of("barrier", None, "float32", 3).expected(0, 0) is None
+
+
 def test_count_wrong() -> None:
     expected = np.array([1.0, np.nan, 3.0, 4.0], dtype=np.float32)
     assert count_wrong(expected.copy(), expected) == 0
@@ -189,15 +254,26 @@ needs_mpiexec = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec: instal
 
 @needs_mpiexec
 @pytest.mark.parametrize(
-    ("collective", "algorithms"),
-    [("allreduce", ("ring",)), ("reduce_scatter", ("ring", "mpi")), ("allgather", ("ring", "mpi"))],
+    ("collective", "algorithms", "root"),
+    [
+        ("allreduce", None, None),  # the default algorithm, ring
+        ("reduce_scatter", ("ring", "mpi"), None),
+        ("allgather", ("ring", "mpi"), None),
+        ("broadcast", ("direct", "ring", "mpi"), 1),
+        ("alltoall", ("direct", "mpi"), None),
+        ("scatter", ("direct", "mpi"), 1),
+    ],
 )
-def test_bench_under_mpiexec(collective: str, algorithms: tuple[str, ...], tmp_path: Path) -> None:
+def test_bench_under_mpiexec(
+    collective: str, algorithms: tuple[str, ...] | None, root: int | None, tmp_path: Path
+) -> None:
     record = tmp_path / "rows.json"
     args = ["-m", "bench", collective, "-b", "8", "-e", "64K", "-n", "3", "-w", "1"]
     args += ["--json", str(record)]
-    if algorithms != ("ring",):
+    if algorithms is not None:
         args += ["-a", ",".join(algorithms)]
+    if root is not None:
+        args += ["-r", str(root)]
     result = run_mpi(2, args, timeout=60)
     assert result.returncode == 0, result.stdout
     assert f"# collectives {collective} benchmark" in result.stdout
@@ -208,15 +284,41 @@ def test_bench_under_mpiexec(collective: str, algorithms: tuple[str, ...], tmp_p
     data = json.loads(record.read_text())
     assert data["world_size"] == 2
     assert data["collective"] == collective
+    assert data["root"] == root
     sizes = plan_sizes(collective, size_sweep(8, 64 * 1024, 2), 4, 2)
     rows = data["rows"]
-    assert [(row["size"], row["algorithm"]) for row in rows] == [
-        (size, algorithm) for size, _ in sizes for algorithm in algorithms
+    # without -a the bench times the API's default, the selector's choice
+    labels = [row["algorithm"] for row in rows]
+    if algorithms is None:
+        assert all(label.startswith("auto:") for label in labels)
+        labels = ["auto"] * len(labels)
+    assert [(row["size"], label) for row, label in zip(rows, labels, strict=True)] == [
+        (size, algorithm) for size, _ in sizes for algorithm in algorithms or ("auto",)
     ]
     for row in rows:
         for half in (row["out_of_place"], row["in_place"]):
             assert half["wrong"] == 0
             assert half["time_us"] > 0
+
+
+@needs_mpiexec
+def test_bench_barrier_times_one_row_per_algorithm(tmp_path: Path) -> None:
+    record = tmp_path / "rows.json"
+    args = ["-m", "bench", "barrier", "-a", "dissemination,direct,mpi", "-n", "3", "-w", "1"]
+    result = run_mpi(2, [*args, "--json", str(record)], timeout=60)
+    assert result.returncode == 0, result.stdout
+    rows = json.loads(record.read_text())["rows"]
+    assert [(row["size"], row["algorithm"]) for row in rows] == [
+        (0, "dissemination"), (0, "direct"), (0, "mpi")
+    ]  # fmt: skip
+    assert all(row["in_place"] is None and row["out_of_place"]["time_us"] > 0 for row in rows)
+
+
+@needs_mpiexec
+def test_bench_rejects_a_root_outside_the_world() -> None:
+    result = run_mpi(2, ["-m", "bench", "reduce", "-r", "2"], timeout=30)
+    assert result.returncode == 2
+    assert "root 2 is not a rank: valid roots are 0..1" in result.stdout
 
 
 @needs_mpiexec

@@ -1,4 +1,4 @@
-"""Runs the MPI suite (tests/mpi) under mpiexec with 1 to 4 ranks, each run time-bounded."""
+"""Runs the MPI suite (tests/mpi) under mpiexec with 1 to 5 ranks, each run time-bounded."""
 
 import os
 import re
@@ -8,7 +8,7 @@ import pytest
 
 from tests.mpirun import mpiexec, run_mpi
 
-TIMEOUT_S = 240  # the whole run; measured 4 s at 1 rank to 17 s at 4 ranks on 2 cores
+TIMEOUT_S = 240  # the whole run; measured 7 s at 1 rank to 53 s at 5 ranks on 2 busy cores
 TEST_TIMEOUT_S = 120  # one test; a hung rank then exits with its stack, and mpiexec ends the job
 
 MPI_PYTEST = [
@@ -19,7 +19,7 @@ MPI_PYTEST = [
 
 
 @pytest.mark.skipif(mpiexec() is None, reason="no mpiexec (install the mpich extra)")
-@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4, 5])
 def test_mpi_suite(ranks: int, monkeypatch: pytest.MonkeyPatch) -> None:
     if ranks > (os.cpu_count() or 1) and "MPIR_CVAR_ENABLE_HEAVY_YIELD" not in os.environ:
         # oversubscribed, MPICH's busy polling starves the ranks it waits for; yielding the

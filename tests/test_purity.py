@@ -16,6 +16,8 @@ PURE = [
     "collectives.algorithms.double_tree",
     "collectives.algorithms.multi_ring",
     "collectives.algorithms.hierarchical",
+    "collectives.algorithms.direct",
+    "collectives.algorithms.dissemination",
     "collectives.simulate",
     "collectives.selector",
     "collectives.topology",

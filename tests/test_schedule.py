@@ -90,6 +90,13 @@ def test_bad_world_size_and_owners_are_rejected() -> None:
         ring.allreduce(3, 3).program(5)
 
 
+@pytest.mark.parametrize("root", [-1, 3])
+def test_a_root_outside_the_world_is_rejected(root: int) -> None:
+    with pytest.raises(ScheduleError, match=rf"x: root {root} outside 0\.\.2") as caught:
+        Schedule("x", "broadcast", 3, (1,), (), root=root)
+    assert caught.value.rank == root
+
+
 def test_a_transfer_may_land_in_another_chunk_of_the_same_size() -> None:
     schedule = _schedule(Step([Transfer(0, 1, 0, dst_chunk=2)]))
     (landing,) = schedule.program(1)[0].recvs
@@ -108,10 +115,12 @@ def test_a_transfer_may_land_in_another_chunk_of_the_same_size() -> None:
         ring.allgather((1, 1)),
         ring.allreduce(1, 0),
         Schedule("moved", "allgather", 2, (1, 1), (Step([Transfer(0, 1, 0, dst_chunk=1)]),), (0, 1)),
+        Schedule("rooted", "broadcast", 3, (4,), (Step([Transfer(2, 0, 0), Transfer(2, 1, 0)]),), root=2),
     ],
     ids=lambda s: s.name,
 )
 def test_schedules_survive_a_json_round_trip(schedule: Schedule) -> None:
     again = Schedule.from_json(schedule.to_json())
     assert again == schedule
+    assert again.root == schedule.root
     assert again.to_json() == schedule.to_json()

@@ -9,8 +9,18 @@ from types import ModuleType
 from ..chunking import even_split
 from ..errors import UnknownAlgorithmError
 from ..schedule import Schedule
-from ..specs import get_spec
-from . import butterfly, double_tree, halving_doubling, hierarchical, multi_ring, ring, tree
+from ..specs import check_root, get_spec
+from . import (
+    butterfly,
+    direct,
+    dissemination,
+    double_tree,
+    halving_doubling,
+    hierarchical,
+    multi_ring,
+    ring,
+    tree,
+)
 
 ALGORITHMS: dict[str, ModuleType] = {
     "ring": ring,
@@ -20,6 +30,8 @@ ALGORITHMS: dict[str, ModuleType] = {
     "halving_doubling": halving_doubling,
     "multi_ring": multi_ring,
     "hierarchical": hierarchical,
+    "direct": direct,
+    "dissemination": dissemination,
 }
 
 
@@ -36,11 +48,19 @@ def _builder(collective: str, algorithm: str) -> Callable[..., Schedule]:
 
 
 @lru_cache(maxsize=256)
-def _cached(collective: str, algorithm: str, world_size: int, shares: tuple[int, ...]) -> Schedule:
+def _cached(
+    collective: str, algorithm: str, world_size: int, shares: tuple[int, ...], root: int | None
+) -> Schedule:
     builder = _builder(collective, algorithm)
-    if get_spec(collective).shared:
-        return builder(shares)
-    return builder(world_size, sum(shares))
+    spec = get_spec(collective)
+    # builders take shares, or the world size and count, or for the barrier the world size alone
+    if spec.shared:
+        args: tuple[object, ...] = (shares,)
+    elif spec.carries_data:
+        args = (world_size, sum(shares))
+    else:
+        args = (world_size,)
+    return builder(*args) if root is None else builder(*args, root)
 
 
 def build_schedule(
@@ -49,20 +69,35 @@ def build_schedule(
     world_size: int,
     count: int,
     shares: Sequence[int] | None = None,
+    *,
+    root: int = 0,
 ) -> Schedule:
     """The schedule of ``algorithm`` for ``collective`` (memoized).
 
     Args:
-        collective: ``allreduce``, ``reduce_scatter`` or ``allgather``.
+        collective: the collective's name, e.g. ``allreduce`` or ``broadcast``.
         algorithm: an algorithm's name, e.g. ``"ring"``.
         world_size: the number of ranks.
-        count: elements in each rank's full buffer.
-        shares: for reduce_scatter and allgather, the elements of each rank's
-            share of the buffer; an even split of ``count`` when omitted.
+        count: elements in each rank's full buffer (alltoall's input, a
+            multiple of ``world_size``; 0 for the barrier, which moves no data).
+        shares: for the collectives where each rank owns a share of the buffer
+            (reduce_scatter, allgather, gather, scatter), the elements of each
+            rank's share; an even split of ``count`` when omitted.
+        root: the root of a rooted collective (broadcast, reduce, gather,
+            scatter); the others have none and ignore it.
+
+    Raises:
+        UnknownAlgorithmError: no algorithm of that name implements the collective.
+        InvalidRootError: a rooted collective's root is not one of the ranks.
+        ValueError: the count or shares do not fit the collective.
     """
     _builder(collective, algorithm)  # fail early, and uncached, on a bad name
-    if shares is None or not get_spec(collective).shared:
+    spec = get_spec(collective)
+    if not spec.carries_data and count:
+        raise ValueError(f"{collective} moves no data; count must be 0, got {count}")
+    if shares is None or not spec.shared:
         shares = even_split(count, world_size)
     elif len(shares) != world_size or sum(shares) != count:
         raise ValueError(f"shares {tuple(shares)} do not split {count} elements over {world_size} ranks")
-    return _cached(collective, algorithm, world_size, tuple(shares))
+    rooted = check_root(root, world_size) if spec.rooted else None
+    return _cached(collective, algorithm, world_size, tuple(shares), rooted)

@@ -32,13 +32,14 @@ no greater than its square root (P = 32 gives 8 nodes of 4); give the
 machines' real G with ``local_size``.
 """
 
-__all__ = ["allreduce", "cost", "default_local_size"]
+__all__ = ["allreduce", "cost", "default_local_size", "for_topology"]
 
 from collections.abc import Sequence
 from math import isqrt
 
 from ..chunking import even_split
 from ..schedule import Schedule, Step, Transfer
+from ..topology import Topology
 from .base import Cost
 
 
@@ -94,6 +95,19 @@ def allreduce(world_size: int, count: int, local_size: int | None = None) -> Sch
         chunk_sizes=tuple(piece for part in parts for piece in even_split(part, m)),
         steps=steps,
     )
+
+
+def for_topology(collective: str, world_size: int, count: int, topology: Topology) -> Schedule | None:
+    """The allreduce with ``topology``'s machines as its nodes; ``None`` unless they are equal and several."""
+    sizes = {len(node) for node in topology.nodes}
+    if (
+        collective != "allreduce"
+        or len(topology.nodes) < 2
+        or len(sizes) != 1
+        or len(topology.gpus) != world_size
+    ):
+        return None
+    return allreduce(world_size, count, local_size=sizes.pop())
 
 
 def cost(collective: str, shares: Sequence[int], local_size: int | None = None) -> Cost:

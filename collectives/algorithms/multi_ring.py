@@ -28,12 +28,13 @@ the buffer evenly (the first S mod P shares one element larger), then splits
 each share between the rings; so with one ring it is the ring allreduce.
 """
 
-__all__ = ["DEFAULT_RINGS", "allgather", "allreduce", "cost", "reduce_scatter"]
+__all__ = ["DEFAULT_RINGS", "allgather", "allreduce", "cost", "for_topology", "reduce_scatter"]
 
 from collections.abc import Sequence
 
 from ..chunking import even_split, weighted_split
 from ..schedule import Schedule, Step, Transfer
+from ..topology import Topology, pack_rings
 from .base import Cost
 
 DEFAULT_RINGS = "ranks in order, and reversed"
@@ -88,6 +89,24 @@ def allreduce(
     plan = _Plan(world_size, rings, weights, bidirectional)
     steps = (*plan.reduce_scatter_steps(), *plan.allgather_steps())
     return plan.schedule("allreduce", even_split(count, world_size), steps, owned=False)
+
+
+def for_topology(collective: str, world_size: int, count: int, topology: Topology) -> Schedule | None:
+    """The schedule on ``topology``'s packed rings, run both ways, rank r on GPU r.
+
+    ``None`` when the rings cannot be packed for one GPU per rank, or for a
+    collective this module lacks; the selector then builds the default rings.
+    """
+    packing = pack_rings(topology)
+    if not packing.rings or len(topology.gpus) != world_size:
+        return None
+    rings, weights = packing.rank_rings(topology.gpus), packing.bandwidths
+    if collective == "allreduce":
+        return allreduce(world_size, count, rings, weights, bidirectional=True)
+    if collective in ("reduce_scatter", "allgather"):
+        builder = reduce_scatter if collective == "reduce_scatter" else allgather
+        return builder(even_split(count, world_size), rings, weights, bidirectional=True)
+    return None
 
 
 def cost(

@@ -198,11 +198,14 @@ def mpi_reference(
     op: str,
     comm: MPI.Intracomm,
     counts: Sequence[int] | None = None,
+    root: int = 0,
 ) -> np.ndarray:
     """What mpi4py's own collective gives for ``x``: the reference the library must equal bitwise.
 
-    ``collective`` is ``allreduce`` (``comm.Allreduce``) or ``reduce_scatter``
-    (``comm.Reduce_scatter_block``, or ``comm.Reduce_scatter`` with ``counts``).
+    ``collective`` is ``allreduce`` (``comm.Allreduce``), ``reduce``
+    (``comm.Reduce`` to ``root``; the result is significant only there) or
+    ``reduce_scatter`` (``comm.Reduce_scatter_block``, or ``comm.Reduce_scatter``
+    with ``counts``).
     ``avg`` is MPI's sum divided by the world size in the dtype. A dtype MPI
     cannot reduce (bfloat16) is reduced in float32 and cast back, exact for the
     integer-valued inputs the tests use.
@@ -214,6 +217,9 @@ def mpi_reference(
     if collective == "allreduce":
         result = np.empty_like(send)
         comm.Allreduce(send, result, op=MPI_OPS[op])
+    elif collective == "reduce":
+        result = np.zeros_like(send)
+        comm.Reduce(send, result, op=MPI_OPS[op], root=root)
     elif counts is None:
         rows = send.shape[0] // comm.size
         result = np.empty((rows, *send.shape[1:]), send.dtype)

@@ -1,0 +1,239 @@
+"""Direct algorithms: a star round one rank, and pairwise exchange for alltoall.
+
+Every transfer goes straight to where its data is needed, in as few steps as the
+collective allows. The rooted collectives are one step: the root sends to every
+other rank (broadcast, scatter) or every other rank sends to the root (reduce,
+gather), the root combining what it receives in rank order. The others are the
+parameter-server pattern round rank 0, the hub: everything goes to the hub,
+which reduces it, and back out (allreduce is reduce then broadcast,
+reduce_scatter is reduce then scatter, allgather is gather then broadcast of the
+shares each rank lacks); the barrier is the same with one-element tokens. The
+star's centre carries all the traffic and, when reducing, receives P - 1 buffers
+at once (scratch for them all), so the star suits small buffers and few ranks;
+its virtue is the fewest steps. Alltoall is pairwise exchange: at step s rank i
+sends its share for rank i + s and receives rank i - s's share for it (mod P),
+so every rank sends and receives one share per step and no rank is a hot spot.
+
+Cost, for P ranks, a buffer of S elements whose share at rank r is S_r, and
+root R (rank 0 for the collectives without a root); no steps when P = 1:
+
+==============  =====  ==================  ===========================
+collective      steps  elements sent by R  elements sent by rank r != R
+==============  =====  ==================  ===========================
+broadcast       1      (P - 1) S           0
+reduce          1      0                   S
+gather          1      0                   S_r
+scatter         1      S - S_R             0
+allreduce       2      (P - 1) S           S
+reduce_scatter  2      S - S_R             S
+allgather       2      (P - 2) S + S_R     S_r
+barrier         2      P - 1               1
+alltoall        P - 1  S - S / P           S - S / P
+==============  =====  ==================  ===========================
+
+For alltoall S is what each rank sends in all, P shares of S / P elements, and
+the buffer holds an input and an output half (see ``collectives.specs``). The
+barrier's elements are one-element tokens.
+"""
+
+__all__ = [
+    "allgather",
+    "allreduce",
+    "alltoall",
+    "barrier",
+    "broadcast",
+    "cost",
+    "gather",
+    "reduce",
+    "reduce_scatter",
+    "scatter",
+]
+
+from collections.abc import Callable, Iterable, Sequence
+
+from ..schedule import Schedule, Step, Transfer
+from ..specs import get_spec
+from .base import Cost
+
+HUB = 0
+"""The star's centre for the collectives that have no root."""
+
+
+def _steps(*steps: Iterable[Transfer]) -> tuple[Step, ...]:
+    """The steps that have transfers: a world of one rank has none."""
+    built = (Step(transfers) for transfers in steps)
+    return tuple(step for step in built if step.transfers)
+
+
+def _others(world_size: int, rank: int) -> list[int]:
+    return [r for r in range(world_size) if r != rank]
+
+
+def _to(root: int, world_size: int, chunks: Sequence[int], reduce: bool) -> list[Transfer]:
+    """Every other rank sends ``chunks`` to ``root``, in rank order (the order the root combines them)."""
+    return [Transfer(r, root, c, reduce=reduce) for r in _others(world_size, root) for c in chunks]
+
+
+def _from(root: int, world_size: int, chunks: Sequence[int]) -> list[Transfer]:
+    """``root`` sends ``chunks`` to every other rank."""
+    return [Transfer(root, r, c) for r in _others(world_size, root) for c in chunks]
+
+
+def broadcast(world_size: int, count: int, root: int) -> Schedule:
+    """The root sends its ``count`` elements to every other rank."""
+    return Schedule(
+        name=f"broadcast-direct(n={world_size}, root={root})",
+        collective="broadcast",
+        world_size=world_size,
+        chunk_sizes=(count,),
+        steps=_steps(_from(root, world_size, [0])),
+        root=root,
+    )
+
+
+def reduce(world_size: int, count: int, root: int) -> Schedule:
+    """Every other rank sends its ``count`` elements to the root, which combines them."""
+    return Schedule(
+        name=f"reduce-direct(n={world_size}, root={root})",
+        collective="reduce",
+        world_size=world_size,
+        chunk_sizes=(count,),
+        steps=_steps(_to(root, world_size, [0], reduce=True)),
+        root=root,
+    )
+
+
+def gather(shares: Sequence[int], root: int) -> Schedule:
+    """Every other rank sends its share of ``shares[r]`` elements to the root."""
+    size = len(shares)
+    return Schedule(
+        name=f"gather-direct(n={size}, root={root})",
+        collective="gather",
+        world_size=size,
+        chunk_sizes=tuple(shares),
+        steps=_steps(Transfer(r, root, r) for r in _others(size, root)),
+        chunk_owner=tuple(range(size)),
+        root=root,
+    )
+
+
+def scatter(shares: Sequence[int], root: int) -> Schedule:
+    """The root sends rank ``r`` its share of ``shares[r]`` elements."""
+    size = len(shares)
+    return Schedule(
+        name=f"scatter-direct(n={size}, root={root})",
+        collective="scatter",
+        world_size=size,
+        chunk_sizes=tuple(shares),
+        steps=_steps(Transfer(root, r, r) for r in _others(size, root)),
+        chunk_owner=tuple(range(size)),
+        root=root,
+    )
+
+
+def allreduce(world_size: int, count: int) -> Schedule:
+    """Reduce to the hub, then broadcast from it."""
+    return Schedule(
+        name=f"allreduce-direct(n={world_size})",
+        collective="allreduce",
+        world_size=world_size,
+        chunk_sizes=(count,),
+        steps=_steps(_to(HUB, world_size, [0], reduce=True), _from(HUB, world_size, [0])),
+    )
+
+
+def reduce_scatter(shares: Sequence[int]) -> Schedule:
+    """Reduce the whole buffer at the hub, then send each rank its share."""
+    size = len(shares)
+    return Schedule(
+        name=f"reduce_scatter-direct(n={size})",
+        collective="reduce_scatter",
+        world_size=size,
+        chunk_sizes=tuple(shares),
+        steps=_steps(
+            _to(HUB, size, range(size), reduce=True),
+            (Transfer(HUB, r, r) for r in _others(size, HUB)),
+        ),
+        chunk_owner=tuple(range(size)),
+    )
+
+
+def allgather(shares: Sequence[int]) -> Schedule:
+    """Gather the shares at the hub, then send each rank the shares it lacks."""
+    size = len(shares)
+    return Schedule(
+        name=f"allgather-direct(n={size})",
+        collective="allgather",
+        world_size=size,
+        chunk_sizes=tuple(shares),
+        steps=_steps(
+            (Transfer(r, HUB, r) for r in _others(size, HUB)),
+            (Transfer(HUB, r, c) for r in _others(size, HUB) for c in _others(size, r)),
+        ),
+        chunk_owner=tuple(range(size)),
+    )
+
+
+def barrier(world_size: int) -> Schedule:
+    """Every rank signals the hub, which signals back once it has heard from all."""
+    return Schedule(
+        name=f"barrier-direct(n={world_size})",
+        collective="barrier",
+        world_size=world_size,
+        chunk_sizes=(1,),
+        steps=_steps(_to(HUB, world_size, [0], reduce=True), _from(HUB, world_size, [0])),
+    )
+
+
+def alltoall(world_size: int, count: int) -> Schedule:
+    """Pairwise exchange of ``count`` elements per rank, a share of ``count / P`` for each rank.
+
+    Raises:
+        ValueError: ``count`` is not divisible by ``world_size``.
+    """
+    size = world_size
+    share, left = divmod(count, size)
+    if left:
+        raise ValueError(f"alltoall needs a count divisible by the world size {size}, got {count}")
+    return Schedule(
+        name=f"alltoall-direct(n={size})",
+        collective="alltoall",
+        world_size=size,
+        chunk_sizes=(share,) * (2 * size),
+        steps=_steps(
+            *(
+                [Transfer(i, (i + s) % size, (i + s) % size, dst_chunk=size + i) for i in range(size)]
+                for s in range(1, size)
+            )
+        ),
+    )
+
+
+def cost(collective: str, shares: Sequence[int], root: int = 0) -> Cost:
+    """Steps and elements sent per rank, from the table above.
+
+    Args:
+        collective: the collective's name.
+        shares: each rank's share of the buffer; only their sum S matters to
+            the collectives without chunk owners, and only their number P to the
+            barrier. Alltoall's are its P equal shares, one for each rank.
+        root: the root of a rooted collective; the others centre on rank 0.
+    """
+    size, total = len(shares), sum(shares)
+    center = root if get_spec(collective).rooted else HUB
+    if collective == "alltoall":
+        return Cost(size - 1, tuple(total - shares[r] for r in range(size)))
+    # (steps, elements sent by the centre, elements sent by rank r elsewhere)
+    table: dict[str, tuple[int, int, Callable[[int], int]]] = {
+        "broadcast": (1, (size - 1) * total, lambda r: 0),
+        "reduce": (1, 0, lambda r: total),
+        "gather": (1, 0, lambda r: shares[r]),
+        "scatter": (1, total - shares[center], lambda r: 0),
+        "allreduce": (2, (size - 1) * total, lambda r: total),
+        "reduce_scatter": (2, total - shares[center], lambda r: total),
+        "allgather": (2, (size - 2) * total + shares[center], lambda r: shares[r]),
+        "barrier": (2, size - 1, lambda r: 1),
+    }
+    steps, at_center, elsewhere = table[collective]
+    sent = tuple(at_center if r == center else elsewhere(r) for r in range(size))
+    return Cost(steps if size > 1 else 0, sent)
