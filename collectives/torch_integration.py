@@ -1,6 +1,8 @@
-"""torch tensors through collectives: Horovod-style functions, a DistributedOptimizer, and DDP hooks."""
+"""torch through collectives: Horovod-style API, DDP hooks, a torch.distributed backend."""
 
 __all__ = [
+    "BACKEND",
+    "RENDEZVOUS",
     "DistributedOptimizer",
     "Handle",
     "allgather",
@@ -10,6 +12,10 @@ __all__ = [
     "allreduce_bf16_hook",
     "allreduce_fp16_hook",
     "allreduce_hook",
+    "broadcast_",
+    "broadcast_async_",
+    "broadcast_optimizer_state",
+    "broadcast_parameters",
     "explain_path",
     "fusion_buckets",
     "rank",
@@ -17,23 +23,38 @@ __all__ = [
     "size",
 ]
 
+import contextlib
+import io
 import itertools
 import math
+import os
 import queue
+import socket
 import threading
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, TypeVar
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+from urllib.parse import parse_qsl, urlparse
 
 import ml_dtypes
 import numpy as np
 import torch
 import torch.distributed as dist
-
-# DDP checks a hook's annotations against this very class, so it is imported at run time
-from torch._C._distributed_c10d import GradBucket
+from torch._C._distributed_c10d import (  # GradBucket at run time: DDP checks hook annotations against it
+    AllgatherOptions,
+    AllreduceCoalescedOptions,
+    AllreduceOptions,
+    BarrierOptions,
+    BroadcastOptions,
+    GradBucket,
+    ReduceScatterOptions,
+    TCPStore,
+    _DistributedBackendOptions,
+)
+from torch.distributed.rendezvous import register_rendezvous_handler
 
 from . import api
 from .errors import CollectivesError, InvalidBufferError, UnsupportedDtypeError, UnsupportedOpError
@@ -48,6 +69,10 @@ else:
 
 T = TypeVar("T")
 TensorFuture = torch.futures.Future[torch.Tensor]
+# a Work that completes with a future: how c10d asks Python process groups to answer (missing from its stubs)
+_create_work_from_future: Callable[[torch.futures.Future[Any]], dist.Work] = (
+    torch._C._distributed_c10d._create_work_from_future  # type: ignore[attr-defined]
+)
 
 _DTYPES: dict[torch.dtype, str] = {
     torch.float16: "float16",
@@ -397,6 +422,104 @@ def reduce_scatter(tensor: torch.Tensor, op: str = "sum", *, comm: Comm = None) 
     return _submit(comm, job).result()
 
 
+def broadcast_async_(tensor: torch.Tensor, root_rank: int = 0, *, comm: Comm = None) -> Handle:
+    """Start copying the root's ``tensor`` into every rank's ``tensor``; :meth:`Handle.wait` returns it.
+
+    Args:
+        tensor: a contiguous cpu tensor of the same shape and dtype on every
+            rank (a cuda one goes through torch.distributed); only the root's
+            contents are read.
+        root_rank: the rank whose tensor is sent.
+        comm: the communicator, as for :func:`allreduce_async_`.
+    """
+    if _checked(tensor, None, comm) == _FALLBACK:
+        return _work_handle(dist.broadcast(tensor, src=root_rank, async_op=True), tensor)
+
+    def job(communicator: api.Communicator) -> torch.Tensor:
+        view = _host_view(tensor)
+        api.broadcast(view, root_rank, out=view, comm=communicator)
+        return tensor
+
+    future = _submit(comm, job)
+    return Handle(future.result, future.done)
+
+
+def broadcast_(tensor: torch.Tensor, root_rank: int = 0, *, comm: Comm = None) -> torch.Tensor:
+    """Copy the root's ``tensor`` into every rank's ``tensor`` and return it; as :func:`broadcast_async_`."""
+    return broadcast_async_(tensor, root_rank, comm=comm).wait()
+
+
+def broadcast_parameters(
+    params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]] | Iterable[torch.Tensor],
+    root_rank: int = 0,
+    *,
+    comm: Comm = None,
+) -> None:
+    """Copy the root's parameters (and buffers) into every rank's, in place, so all ranks start equal.
+
+    Args:
+        params: ``model.state_dict()``, ``model.named_parameters()`` or a list
+            of tensors, in the same order on every rank.
+        root_rank: the rank whose values are sent.
+        comm: the communicator, as for :func:`allreduce_async_`.
+    """
+    if isinstance(params, Mapping):
+        named = list(params.items())
+    else:
+        named = [item if isinstance(item, tuple) else (f"tensor {i}", item) for i, item in enumerate(params)]
+    for name, tensor in named:
+        if not isinstance(tensor, torch.Tensor):
+            raise InvalidBufferError(f"broadcast_parameters takes tensors; {name} is {type(tensor).__name__}")
+        _checked(tensor, None, comm)
+    with torch.no_grad():
+        handles = [broadcast_async_(tensor, root_rank, comm=comm) for _, tensor in named]
+    for handle in handles:
+        handle.wait()
+
+
+def broadcast_optimizer_state(
+    optimizer: torch.optim.Optimizer, root_rank: int = 0, *, comm: Comm = None
+) -> None:
+    """Give every rank the root's optimizer state (moments, step counts) and hyperparameters.
+
+    The root's ``state_dict()`` is serialised with ``torch.save``, broadcast as
+    bytes, and loaded into every other rank's optimizer, which must hold the
+    same parameters in the same groups.
+    """
+    future = _submit(comm, lambda communicator: _broadcast_state(optimizer, root_rank, communicator))
+    state = future.result()
+    if state is not None:
+        optimizer.load_state_dict(state)
+
+
+def _broadcast_state(
+    optimizer: torch.optim.Optimizer, root_rank: int, communicator: api.Communicator
+) -> dict[str, Any] | None:
+    """The root's state dict on the other ranks, ``None`` on the root; on the communication thread."""
+    payload = b""
+    if communicator.rank == root_rank:
+        buffer = io.BytesIO()
+        torch.save(optimizer.state_dict(), buffer)
+        payload = buffer.getvalue()
+    received = _broadcast_bytes(payload, root_rank, communicator)
+    if communicator.rank == root_rank:
+        return None
+    loaded: dict[str, Any] = torch.load(io.BytesIO(received), weights_only=True)
+    return loaded
+
+
+def _broadcast_bytes(payload: bytes, root: int, communicator: api.Communicator) -> bytes:
+    """The root's ``payload`` on every rank (the others pass anything); two broadcasts, length first."""
+    length = np.array([len(payload)], np.int64)
+    api.broadcast(length, root, out=length, comm=communicator)
+    if communicator.rank == root:
+        data = np.frombuffer(payload, np.uint8).copy()
+    else:
+        data = np.empty(int(length[0]), np.uint8)
+    api.broadcast(data, root, out=data, comm=communicator)
+    return data.tobytes()
+
+
 # --------------------------------------------------------------------------- DistributedOptimizer
 
 
@@ -736,3 +859,233 @@ def allreduce_fp16_hook(state: Comm, bucket: GradBucket) -> TensorFuture:
 def allreduce_bf16_hook(state: Comm, bucket: GradBucket) -> TensorFuture:
     """:func:`allreduce_hook` with the gradients sent as bfloat16, divided by the world size first."""
     return _hook_future(state, bucket, torch.bfloat16)
+
+
+# --------------------------------------------------------------------------- the torch.distributed backend
+
+BACKEND = "collectives"
+"""The name ``torch.distributed.init_process_group`` knows this library's backend by."""
+RENDEZVOUS = "mpi"
+"""``init_method="mpi://"``: rank and world size from MPI, and a store rank 0 opens for the others."""
+
+
+def _c10d_op(opts: AllreduceOptions | AllreduceCoalescedOptions | ReduceScatterOptions | None) -> str:
+    """Our name of the c10d op in ``opts`` (a sum without them)."""
+    if opts is None:
+        return "sum"
+    for name, torch_op in _TORCH_OPS.items():
+        if cast(object, opts.reduceOp) == torch_op:  # a ReduceOp equals its RedOpType
+            return name
+    raise UnsupportedOpError(f"the collectives backend cannot reduce with {opts.reduceOp}")
+
+
+def _flat(tensor: torch.Tensor) -> np.ndarray:
+    return _host_view(tensor).reshape(-1)
+
+
+def _reduce_all(tensors: list[torch.Tensor], op: str, communicator: api.Communicator) -> None:
+    for tensor in tensors:
+        _reduce_in_place(tensor, op, communicator)
+
+
+def _host_tensors(tensors: Iterable[torch.Tensor], op: str | None = None) -> list[torch.Tensor]:
+    """``tensors``, each checked to be a cpu tensor the library can take, before any rank communicates."""
+    checked = list(tensors)
+    for tensor in checked:
+        name = _check(tensor)
+        if tensor.device.type != "cpu":
+            raise InvalidBufferError(f"the collectives backend takes cpu tensors, not {tensor.device} ones")
+        if op is not None:
+            get_op(op).check_dtype(name)
+    return checked
+
+
+class _ProcessGroup(dist.ProcessGroup):
+    """torch.distributed's face of a :class:`~collectives.Communicator`: the ``collectives`` backend.
+
+    Each collective runs on the communicator's thread, in the order it was
+    called, and returns a ``Work`` whose future completes when it has.
+    """
+
+    def __init__(self, communicator: api.Communicator) -> None:
+        # a Python subclass must take (rank, size), the constructor torch's stubs leave out
+        super().__init__(communicator.rank, communicator.size)  # type: ignore[call-arg]
+        self._communicator = communicator
+        self._worker = _worker(communicator)
+
+    def getBackendName(self) -> str:
+        return BACKEND
+
+    def _run(self, job: Callable[[api.Communicator], None], result: Any) -> dist.Work:
+        """Submit ``job``; the work completes with ``result`` (what c10d expects of the collective)."""
+        future: torch.futures.Future[Any] = torch.futures.Future()
+
+        def finish(done: "Future[None]") -> None:
+            error = done.exception()
+            if error is None:
+                future.set_result(result)
+            else:
+                future.set_exception(error)
+
+        communicator = self._communicator
+        self._worker.submit(lambda: job(communicator)).add_done_callback(finish)
+        work: dist.Work = _create_work_from_future(future)
+        return work
+
+    # c10d calls each collective in its first form, (tensors, options); the others are Python sugar
+    def allreduce(  # type: ignore[override]
+        self, tensors: list[torch.Tensor], opts: AllreduceOptions | None = None
+    ) -> dist.Work:
+        op = _c10d_op(opts)
+        tensors = _host_tensors(tensors, op)
+
+        return self._run(lambda communicator: _reduce_all(tensors, op, communicator), tensors)
+
+    def allreduce_coalesced(
+        self, tensors: list[torch.Tensor], opts: AllreduceCoalescedOptions | None = None
+    ) -> dist.Work:
+        op = _c10d_op(opts)
+        tensors = _host_tensors(tensors, op)
+        return self._run(lambda communicator: _reduce_all(tensors, op, communicator), tensors)
+
+    def broadcast(  # type: ignore[override]
+        self, tensors: list[torch.Tensor], opts: BroadcastOptions | None = None
+    ) -> dist.Work:
+        root = 0 if opts is None else opts.rootRank
+        tensors = _host_tensors(tensors)
+
+        def job(communicator: api.Communicator) -> None:
+            for tensor in tensors:
+                view = _host_view(tensor)
+                api.broadcast(view, root, out=view, comm=communicator)
+
+        return self._run(job, tensors)
+
+    def allgather(  # type: ignore[override]
+        self,
+        output_lists: list[list[torch.Tensor]],
+        tensors: list[torch.Tensor],
+        opts: AllgatherOptions | None = None,
+    ) -> dist.Work:
+        tensors = _host_tensors(tensors)
+        for outputs, tensor in zip(output_lists, tensors, strict=True):
+            _host_tensors(outputs)
+            if len(outputs) != self.size() or any(
+                (o.shape, o.dtype) != (tensor.shape, tensor.dtype) for o in outputs
+            ):
+                raise InvalidBufferError(
+                    f"allgather needs {self.size()} outputs of shape {tuple(tensor.shape)}, {tensor.dtype}"
+                )
+
+        def job(communicator: api.Communicator) -> None:
+            for outputs, tensor in zip(output_lists, tensors, strict=True):
+                whole = api.allgather(_flat(tensor), comm=communicator)
+                for output, piece in zip(outputs, np.split(whole, communicator.size), strict=True):
+                    _flat(output)[...] = piece
+
+        return self._run(job, output_lists)
+
+    def all_gather_single(
+        self, output: torch.Tensor, tensor: torch.Tensor, opts: AllgatherOptions | None = None
+    ) -> dist.Work:
+        output, tensor = _host_tensors([output, tensor])
+
+        def job(communicator: api.Communicator) -> None:
+            api.allgather(_flat(tensor), out=_flat(output), comm=communicator)
+
+        return self._run(job, [output])
+
+    def reduce_scatter(  # type: ignore[override]
+        self,
+        outputs: list[torch.Tensor],
+        input_lists: list[list[torch.Tensor]],
+        opts: ReduceScatterOptions | None = None,
+    ) -> dist.Work:
+        op = _c10d_op(opts)
+        outputs = _host_tensors(outputs, op)
+        for inputs in input_lists:
+            _host_tensors(inputs, op)
+
+        def job(communicator: api.Communicator) -> None:
+            for output, inputs in zip(outputs, input_lists, strict=True):
+                whole = torch.cat([t.reshape(-1) for t in inputs])
+                api.reduce_scatter(_host_view(whole), op, out=_flat(output), comm=communicator)
+
+        return self._run(job, outputs)
+
+    def reduce_scatter_single(
+        self, output: torch.Tensor, tensor: torch.Tensor, opts: ReduceScatterOptions | None = None
+    ) -> dist.Work:
+        op = _c10d_op(opts)
+        output, tensor = _host_tensors([output, tensor], op)
+
+        def job(communicator: api.Communicator) -> None:
+            api.reduce_scatter(_flat(tensor), op, out=_flat(output), comm=communicator)
+
+        return self._run(job, [output])
+
+    def barrier(self, opts: BarrierOptions | None = None) -> dist.Work:  # type: ignore[override]
+        return self._run(lambda communicator: api.barrier(comm=communicator), [])
+
+    def shutdown(self) -> None:
+        """Free the communicator after its collectives; ``destroy_process_group`` calls it on every rank."""
+        self._worker.submit(self._communicator.free).result()
+
+
+def _create_process_group(options: _DistributedBackendOptions, backend_options: object) -> _ProcessGroup:
+    """c10d's constructor of the ``collectives`` backend: a process group over a new communicator."""
+    ranks = list(options.global_ranks_in_group)
+    communicator = api.Communicator()  # its own duplicate of COMM_WORLD: collective, as creating a group is
+    if ranks and sorted(ranks) != list(range(communicator.size)):
+        communicator.free()
+        raise CollectivesError(f"the collectives backend runs on all ranks, not on a subgroup {ranks}")
+    if (options.group_rank, options.group_size) != (communicator.rank, communicator.size):
+        rank, size = communicator.rank, communicator.size
+        communicator.free()
+        raise CollectivesError(
+            f"torch.distributed says rank {options.group_rank} of {options.group_size}, MPI says rank "
+            f"{rank} of {size}; launch with mpiexec and init_method='mpi://'"
+        )
+    return _ProcessGroup(communicator)
+
+
+def _mpi_rendezvous(
+    url: str, timeout: timedelta = timedelta(minutes=30), **kwargs: Any
+) -> Iterator[tuple[TCPStore, int, int]]:
+    """``mpi://``: rank and world size from MPI, and a TCPStore rank 0 opens on a port it tells the others.
+
+    Rank 0's host is ``$MASTER_ADDR`` when set, else its host name.
+    """
+    query = dict(parse_qsl(urlparse(url).query))
+    communicator = api._communicator(None)
+    rank, size = communicator.rank, communicator.size
+    given = (int(query.get("rank", -1)), int(query.get("world_size", -1)))
+    if given[0] not in (-1, rank) or given[1] not in (-1, size):
+        raise CollectivesError(f"mpi:// was given rank {given[0]} of {given[1]}; MPI says {rank} of {size}")
+    store, address, failure = None, b"", None
+    if rank == 0:
+        host = os.environ.get("MASTER_ADDR") or socket.gethostname()
+        try:
+            store = TCPStore(host, 0, size, True, timeout, wait_for_workers=False)
+            address = f"{host}:{store.port}".encode()
+        except Exception as error:  # the others learn of it from the empty address, rather than wait
+            failure = error
+    address = _submit(communicator, lambda c: _broadcast_bytes(address, 0, c)).result()
+    if failure is not None:
+        raise failure
+    if not address:
+        raise CollectivesError("mpi://: rank 0 could not open the TCPStore; see its error")
+    if store is None:
+        host, port = address.decode().rsplit(":", 1)
+        store = TCPStore(host, int(port), size, False, timeout)
+    yield store, rank, size
+    raise CollectivesError("mpi:// cannot rendezvous a second time")
+
+
+def _register() -> None:
+    dist.Backend.register_backend(BACKEND, _create_process_group, extended_api=True, devices=["cpu"])
+    with contextlib.suppress(RuntimeError):  # registered already, by an earlier import of this module
+        register_rendezvous_handler(RENDEZVOUS, _mpi_rendezvous)  # type: ignore[no-untyped-call]
+
+
+_register()

@@ -1,6 +1,7 @@
 """The torch integration on loopback ranks: zero-copy views, functions, buckets, optimizer, DDP hooks."""
 
 import threading
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -521,3 +522,143 @@ def test_comm_hooks_average_the_bucket_in_place(ranks: Ranks, hook: Any, toleran
 
 def test_rank_and_size_are_the_communicators(ranks: Ranks) -> None:
     assert ranks(3, lambda comm: (ti.rank(comm), ti.size(comm))) == [(0, 3), (1, 3), (2, 3)]
+
+
+# --------------------------------------------------------------------------- broadcast
+
+
+@pytest.mark.parametrize("root", [0, 2])
+def test_broadcast_copies_the_roots_tensor_in_place(
+    ranks: Ranks, root: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[int] = []
+    send = C.api.broadcast
+
+    def spy(x: np.ndarray, *args: Any, **kwargs: Any) -> Any:
+        seen.append(_address(x))
+        return send(x, *args, **kwargs)
+
+    monkeypatch.setattr(C.api, "broadcast", spy)
+    tensors = [torch.full((2, 5), float(r), dtype=torch.bfloat16) for r in range(3)]
+
+    def run(comm: Communicator) -> tuple[torch.Tensor, torch.Tensor]:
+        tensor = tensors[comm.rank]
+        handle = ti.broadcast_async_(torch.arange(4) * (comm.rank + 1), root, comm=comm)
+        return ti.broadcast_(tensor, root, comm=comm), handle.wait()
+
+    for rank, (result, counted) in enumerate(ranks(3, run)):
+        assert result is tensors[rank]
+        assert torch.equal(result, torch.full((2, 5), float(root), dtype=torch.bfloat16))
+        assert torch.equal(counted, torch.arange(4) * (root + 1))
+    assert {t.data_ptr() for t in tensors} <= set(seen)  # the tensors' own memory, no copies
+
+
+def _different_model(rank: int) -> torch.nn.Module:
+    net = training.model(seed=rank)
+    net.register_buffer("steps", torch.tensor(rank))
+    return net
+
+
+def test_broadcast_parameters_takes_a_state_dict_named_parameters_or_tensors(ranks: Ranks) -> None:
+    def run(comm: Communicator) -> list[dict[str, torch.Tensor]]:
+        results = []
+        for form in ("state_dict", "named_parameters", "tensors"):
+            net = _different_model(comm.rank)
+            if form == "state_dict":
+                ti.broadcast_parameters(net.state_dict(), root_rank=1, comm=comm)
+            elif form == "named_parameters":
+                ti.broadcast_parameters(net.named_parameters(), root_rank=1, comm=comm)
+            else:
+                ti.broadcast_parameters(list(net.parameters()), root_rank=1, comm=comm)
+            results.append({name: t.clone() for name, t in net.state_dict().items()})
+        return results
+
+    expected = _different_model(1).state_dict()
+    for rank, results in enumerate(ranks(3, run)):
+        for form, result in zip(("state_dict", "named_parameters", "tensors"), results, strict=True):
+            for name, value in result.items():
+                # the buffer is in the state dict only, not among the parameters
+                wanted = torch.tensor(rank) if name == "steps" and form != "state_dict" else expected[name]
+                assert torch.equal(value, wanted), (rank, form, name)
+
+
+def test_broadcast_parameters_refuses_what_is_not_a_tensor() -> None:
+    comm = Communicator(LoopbackWorld(1).transport(0))
+    with pytest.raises(InvalidBufferError, match="takes tensors; extra is int"):
+        ti.broadcast_parameters({"weight": torch.ones(2), "extra": 3}, comm=comm)  # type: ignore[dict-item]
+
+
+def test_broadcast_optimizer_state_gives_every_rank_the_roots(ranks: Ranks) -> None:
+    def run(comm: Communicator) -> dict[str, Any]:
+        net = training.model()
+        adam = torch.optim.Adam(net.parameters(), lr=0.01 * (comm.rank + 1))
+        optimizer = ti.DistributedOptimizer(adam, comm=comm)
+        if comm.rank == 0:  # only the root has taken a step, so only it has moments
+            for param in net.parameters():
+                param.grad = torch.ones_like(param)
+            optimizer.optimizer.step()
+        ti.broadcast_optimizer_state(optimizer, root_rank=0, comm=comm)
+        return optimizer.state_dict()
+
+    states = ranks(3, run)
+    for state in states[1:]:
+        assert state["param_groups"] == states[0]["param_groups"]
+        assert state["param_groups"][0]["lr"] == 0.01
+        for key, values in states[0]["state"].items():
+            assert all(torch.equal(values[k], state["state"][key][k]) for k in values)
+
+
+# --------------------------------------------------------------------------- the process group
+
+
+def test_the_process_group_runs_c10d_collectives(ranks: Ranks) -> None:
+    from torch._C._distributed_c10d import (
+        AllgatherOptions,
+        AllreduceOptions,
+        BroadcastOptions,
+        ReduceScatterOptions,
+    )
+
+    def run(comm: Communicator) -> dict[str, Any]:
+        group = ti._ProcessGroup(comm)
+        p, r = comm.size, comm.rank
+        out: dict[str, Any] = {"name": group.getBackendName(), "rank": group.rank(), "size": group.size()}
+        tensors = [torch.full((3,), float(r)), torch.arange(4) + r]
+        options = AllreduceOptions()
+        options.reduceOp = torch.distributed.ReduceOp.MAX
+        group.allreduce(tensors, options).wait()
+        out["allreduce"] = tensors
+        broadcast = BroadcastOptions()
+        broadcast.rootRank = 1
+        out["broadcast"] = torch.full((2,), float(r))
+        group.broadcast([out["broadcast"]], broadcast).wait()
+        out["allgather"] = [[torch.empty(2, dtype=torch.int32) for _ in range(p)]]
+        group.allgather(out["allgather"], [torch.full((2,), r, dtype=torch.int32)], AllgatherOptions()).wait()
+        out["all_gather_single"] = torch.empty(2 * p)
+        mine = torch.full((2,), float(r))
+        group.all_gather_single(out["all_gather_single"], mine, AllgatherOptions()).wait()
+        out["reduce_scatter"] = torch.empty(2)
+        pieces = [[torch.full((2,), float(i + r)) for i in range(p)]]
+        group.reduce_scatter([out["reduce_scatter"]], pieces, ReduceScatterOptions()).wait()
+        out["reduce_scatter_single"] = torch.empty(2)
+        whole = torch.arange(2.0 * p)
+        group.reduce_scatter_single(out["reduce_scatter_single"], whole, ReduceScatterOptions()).wait()
+        group.barrier().wait()
+        unsupported = types.SimpleNamespace(reduceOp=torch.distributed._make_nccl_premul_sum(2.0))
+        with pytest.raises(UnsupportedOpError, match="cannot reduce with"):
+            group.allreduce([torch.ones(1)], unsupported)
+        with pytest.raises(InvalidBufferError, match="not contiguous"):
+            group.allreduce([torch.ones(2, 2).t()], AllreduceOptions())
+        return out
+
+    p = 3
+    for r, out in enumerate(ranks(p, run)):
+        assert (out["name"], out["rank"], out["size"]) == ("collectives", r, p)
+        assert torch.equal(out["allreduce"][0], torch.full((3,), 2.0))
+        assert torch.equal(out["allreduce"][1], torch.arange(4) + 2)
+        assert torch.equal(out["broadcast"], torch.full((2,), 1.0))
+        gathered = out["allgather"][0]
+        assert all(torch.equal(t, torch.full((2,), i, dtype=torch.int32)) for i, t in enumerate(gathered))
+        assert torch.equal(out["all_gather_single"], torch.arange(float(p)).repeat_interleave(2))
+        assert torch.equal(out["reduce_scatter"], torch.full((2,), float(3 * r + 3)))
+        assert torch.equal(out["reduce_scatter_single"], torch.arange(2.0 * r, 2.0 * r + 2) * p)

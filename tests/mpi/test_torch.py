@@ -1,9 +1,7 @@
 """torch under mpiexec: data-parallel training through collectives equals one process on the whole batch."""
 
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
-from pathlib import Path
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -15,6 +13,7 @@ dist = torch.distributed
 
 import collectives  # noqa: E402
 from collectives import torch_integration as ti  # noqa: E402
+from collectives.errors import CollectivesError  # noqa: E402
 from tests import training  # noqa: E402
 from tests.mpi.helpers import Problems, exact_input, mpi_reference  # noqa: E402
 
@@ -47,33 +46,33 @@ def _check_training(problems: Problems, label: str, params: list[Any], tolerance
 def test_distributed_optimizer(compression: str | None, threshold: int, world: MPI.Intracomm) -> None:
     problems = Problems(world)
     with problems.guard("training"):
-        net = training.model()
+        net = training.model(seed=world.rank)  # unlike until rank 0's weights are broadcast
+        sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+        ti.broadcast_parameters(net.state_dict(), root_rank=0)
+        ti.broadcast_optimizer_state(sgd, root_rank=0)
         optimizer = ti.DistributedOptimizer(
-            torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9),
-            net.named_parameters(),
-            fusion_threshold_bytes=threshold,
-            compression=compression,
+            sgd, net.named_parameters(), fusion_threshold_bytes=threshold, compression=compression
         )
         params = training.train(net, optimizer, world.rank, world.size)
         _check_training(problems, f"compression={compression}", params, COMPRESSION_TOLERANCE[compression])
     problems.check()
 
 
-@pytest.fixture(scope="module")
-def gloo() -> Iterator[None]:
-    """A gloo process group over a file store (no ports), as DDP needs one for its own setup."""
-    world = MPI.COMM_WORLD
-    folder = world.bcast(tempfile.mkdtemp(prefix="collectives-gloo-") if world.rank == 0 else None, root=0)
-    dist.init_process_group(
-        "gloo", init_method=f"file://{Path(folder) / 'store'}", rank=world.rank, world_size=world.size
-    )
+@contextmanager
+def _process_group(backend: str) -> Iterator[None]:
+    """torch.distributed's default group on ``backend``, rank and world size from MPI (``mpi://``)."""
+    dist.init_process_group(backend, init_method="mpi://")
     try:
         yield
     finally:
         dist.destroy_process_group()
-        world.Barrier()
-        if world.rank == 0:
-            shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def gloo() -> Iterator[None]:
+    """A gloo group, as DDP needs one for its own setup even where a hook averages the gradients."""
+    with _process_group("gloo"):
+        yield
 
 
 @pytest.mark.parametrize(
@@ -95,6 +94,43 @@ def test_ddp_comm_hook(
     problems.check()
 
 
+def test_ddp_on_the_collectives_backend(world: MPI.Intracomm) -> None:
+    problems = Problems(world)
+    try:
+        dist.init_process_group(
+            "collectives", init_method="mpi://", rank=world.rank, world_size=world.size + 1
+        )
+    except CollectivesError as error:
+        problems.expect("MPI says" in str(error), f"a wrong world size: {error}")
+    else:
+        problems.expect(False, "a wrong world size: no error")
+    with problems.guard("the backend"), _process_group("collectives"):
+        problems.expect(dist.get_backend() == "collectives", f"backend {dist.get_backend()}")
+        problems.expect((dist.get_rank(), dist.get_world_size()) == (world.rank, world.size), "rank, size")
+        net = training.model()
+        model = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.001)  # as with any backend
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        params = training.train(model, optimizer, world.rank, world.size)
+        _check_training(problems, "DDP on collectives", params, COMPRESSION_TOLERANCE[None])
+        # what other common code calls on the default group
+        total = torch.full((3,), float(world.rank))
+        dist.all_reduce(total)
+        problems.expect(torch.equal(total, torch.full((3,), world.size * (world.size - 1) / 2)), "all_reduce")
+        last = torch.full((2,), float(world.rank))
+        dist.broadcast(last, src=world.size - 1)
+        problems.expect(torch.equal(last, torch.full((2,), world.size - 1.0)), "broadcast")
+        gathered = [torch.empty(2, dtype=torch.int64) for _ in range(world.size)]
+        dist.all_gather(gathered, torch.full((2,), world.rank))
+        problems.expect(
+            all(torch.equal(g, torch.full((2,), r)) for r, g in enumerate(gathered)), "all_gather"
+        )
+        objects: list[Any] = [None] * world.size
+        dist.all_gather_object(objects, {"rank": world.rank})
+        problems.expect(objects == [{"rank": r} for r in range(world.size)], f"all_gather_object {objects}")
+        dist.barrier()
+    problems.check()
+
+
 def test_functions_equal_mpi(world: MPI.Intracomm) -> None:
     problems = Problems(world)
     x = torch.from_numpy(exact_input("sum", "float32", 1001, world.rank, world.size))
@@ -105,6 +141,11 @@ def test_functions_equal_mpi(world: MPI.Intracomm) -> None:
         handles = [ti.allreduce_async_(t) for t in tensors]
         for i, handle in enumerate(handles):
             problems.expect_equal(f"allreduce_async_ {i}", handle.wait(timeout=60).numpy(), expected)
+    with problems.guard("broadcast_"):
+        root = world.size - 1
+        sent = torch.from_numpy(exact_input("max", "int16", 77, world.rank, world.size))
+        expected = world.bcast(sent.numpy(), root=root)
+        problems.expect_equal("broadcast_", ti.broadcast_(sent, root).numpy(), expected)
     with problems.guard("allgather"):
         rows = torch.full((world.rank + 1, 2), world.rank, dtype=torch.int16)
         gathered = np.concatenate(world.allgather(rows.numpy()))
