@@ -21,7 +21,7 @@ pytestmark = pytest.mark.mpi
 
 COMPRESSION_TOLERANCE = {None: 1e-6, "fp16": 1e-3, "bf16": 1e-2}
 """Relative error of the parameters after training.STEPS steps: float32 gradients within 1e-6;
-compressed ones measured below 2e-4 (fp16) and 2e-3 (bf16)."""
+compressed ones measured at 1 to 5 ranks at most 1.5e-4 (fp16) and 7.1e-4 (bf16)."""
 
 
 def _single_process() -> list[Any]:
