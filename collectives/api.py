@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from .algorithms import build_schedule
 from .backends import ArrayBackend, backend_for
 from .errors import CalibrationError, InvalidBufferError
-from .execute import execute
+from .execute import Scratch, execute
 from .ops import ReduceOp, get_op
 from .selector import (
     AUTO,
@@ -55,6 +55,7 @@ class Communicator:
 
     def __init__(self, comm: "MPI.Comm | Transport | None" = None) -> None:
         self._selector: Selector | None = None  # agreed on the first algorithm="auto"
+        self._scratch = Scratch()  # reused by every call, so repeated calls allocate nothing
         if isinstance(comm, Transport):
             self._transport = comm
         else:
@@ -79,6 +80,7 @@ class Communicator:
 
     def free(self) -> None:
         """Release the library's duplicate communicator; collective, like creating it."""
+        self._scratch.clear()
         self._transport.close()
 
     def __repr__(self) -> str:
@@ -213,11 +215,16 @@ def allreduce(
     if out is not None:
         _check_out(backend, out, x, shape)
     work, in_out = _workspace(backend, out, x.size, x)
+    source = None
     if not (in_out and out is x):
-        backend.copy(work, x)
+        # the schedule reads x where it first needs each chunk, sparing a copy into work
+        source = backend.flat_view(x)
+        if source is None or backend.shares_memory(source, work):
+            backend.copy(work, x)
+            source = None
     algorithm = _algorithm(group, "allreduce", algorithm, x.size, item_bytes)
     schedule = build_schedule("allreduce", algorithm, group.size, x.size)
-    execute(schedule, group.transport, backend, work, reduce_op)
+    execute(schedule, group.transport, backend, work, reduce_op, group._scratch, source=source)
     if reduce_op is not None and reduce_op.averages:
         backend.divide(work, group.size)
     return _deliver(backend, work, in_out, out, shape)

@@ -40,6 +40,11 @@ class ArrayBackend(ABC):
     def combine(self, op: ReduceOp, dst: Any, src: Any) -> None:
         """``dst = op(dst, src)`` element-wise, in place."""
 
+    def reduce_into(self, op: ReduceOp, dst: Any, a: Any, b: Any) -> None:
+        """``dst = op(a, b)`` element-wise, ``a`` left unchanged; one pass where the library allows."""
+        self.copy(dst, a)
+        self.combine(op, dst, b)
+
     @abstractmethod
     def divide(self, buffer: Any, divisor: int) -> None:
         """``buffer /= divisor`` in place, in the buffer's dtype (the last step of ``avg``)."""

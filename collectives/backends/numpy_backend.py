@@ -60,6 +60,10 @@ class NumpyBackend(ArrayBackend):
         with np.errstate(all="ignore"):
             _UFUNCS[op.combine](dst, src, out=dst)
 
+    def reduce_into(self, op: ReduceOp, dst: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+        with np.errstate(all="ignore"):
+            _UFUNCS[op.combine](a, b, out=dst)
+
     def divide(self, buffer: np.ndarray, divisor: int) -> None:
         with np.errstate(all="ignore"):
             np.true_divide(buffer, divisor, out=buffer)
