@@ -105,9 +105,14 @@ def traffic(schedule: Schedule) -> Traffic:
 
 @lru_cache(maxsize=1024)
 def _counted(collective: str, algorithm: str, world_size: int, count: int) -> tuple[str, Traffic]:
-    """The name and traffic of a registered algorithm's schedule, evenly shared (memoized)."""
+    """The name and traffic of a registered algorithm's schedule, evenly shared (memoized).
+
+    A module that runs its schedule its own way (``shared_memory``) gives the traffic
+    of that execution from ``traffic(collective, world_size, count)``.
+    """
     schedule = algorithms.build_schedule(collective, algorithm, world_size, count)
-    return schedule.name, traffic(schedule)
+    own = getattr(algorithms.ALGORITHMS[algorithm], "traffic", None)
+    return schedule.name, Traffic(*own(collective, world_size, count)) if own else traffic(schedule)
 
 
 @dataclass(frozen=True)
@@ -239,16 +244,22 @@ def check_algorithm(collective: str, algorithm: str) -> None:
     )
 
 
-def rejection_reasons(collective: str, algorithm: str, world_size: int, count: int) -> list[str]:
+def rejection_reasons(
+    collective: str, algorithm: str, world_size: int, count: int, features: frozenset[str] = frozenset()
+) -> list[str]:
     """Why a registered algorithm cannot run ``collective`` of ``count`` elements over ``world_size`` ranks.
 
-    A module without a builder for the collective cannot; one that defines
-    ``not_supported_reasons(collective, world_size, count)`` is asked. Empty if
-    the algorithm applies.
+    A module without a builder for the collective cannot, nor one whose
+    ``REQUIRES`` names a transport feature not in ``features`` (e.g.
+    ``"shared_memory"``); one that defines ``not_supported_reasons(collective,
+    world_size, count)`` is asked. Empty if the algorithm applies.
     """
     module = algorithms.ALGORITHMS[algorithm]
     if not hasattr(module, collective):
         return [f"{algorithm} has no {collective}"]
+    needs = getattr(module, "REQUIRES", None)
+    if needs is not None and needs not in features:
+        return [f"needs a transport with {needs.replace('_', ' ')} (ranks on one node)"]
     ask = getattr(module, "not_supported_reasons", None)
     return [] if ask is None else list(ask(collective, world_size, count))
 
@@ -380,18 +391,27 @@ class Selector:
 
     def __init__(self, model: CostModel) -> None:
         self.model = model
-        self._choices: dict[tuple[str, int, int, int], str] = {}
+        self._choices: dict[tuple[str, int, int, int, frozenset[str]], str] = {}
 
-    def choose(self, collective: str, world_size: int, count: int, itemsize: int) -> str:
+    def choose(
+        self,
+        collective: str,
+        world_size: int,
+        count: int,
+        itemsize: int,
+        features: frozenset[str] = frozenset(),
+    ) -> str:
         """The fastest algorithm for ``collective`` of ``count`` elements of ``itemsize`` bytes.
+
+        ``features`` are what the transport offers (e.g. ``"shared_memory"``).
 
         Raises:
             UnknownAlgorithmError: no registered algorithm applies; the message gives the reasons.
         """
-        key = (collective, world_size, count, itemsize)
+        key = (collective, world_size, count, itemsize, features)
         choice = self._choices.get(key)
         if choice is None:
-            candidates, rejected = self._rank(collective, world_size, count, itemsize)
+            candidates, rejected = self._rank(collective, world_size, count, itemsize, features)
             if not candidates:
                 reasons = "; ".join(f"{r.algorithm}: {', '.join(r.reasons)}" for r in rejected)
                 raise UnknownAlgorithmError(
@@ -412,6 +432,7 @@ class Selector:
         *,
         world_size: int,
         op: "str | ReduceOp" = "sum",
+        features: frozenset[str] = frozenset(),
     ) -> Explanation:
         """Every algorithm's prediction for ``collective`` of ``count`` elements, and the choice.
 
@@ -421,6 +442,7 @@ class Selector:
             dtype: the element type, by name or as a dtype.
             world_size: the number of ranks.
             op: the reduction, checked against the dtype; ignored by collectives that do not reduce.
+            features: what the transport offers, as for :meth:`choose`.
         """
         name = str(getattr(dtype, "name", dtype))
         size = itemsize(name)
@@ -430,7 +452,7 @@ class Selector:
             reduce_op = get_op(op).name
         if world_size < 1 or count < 0:
             raise ValueError(f"need world_size >= 1 and count >= 0; got {world_size} and {count}")
-        candidates, rejected = self._rank(collective, world_size, count, size)
+        candidates, rejected = self._rank(collective, world_size, count, size, features)
         choice = candidates[0].algorithm if candidates else None
         return Explanation(
             collective, count, name, world_size, reduce_op, self.model, candidates, rejected, choice
@@ -441,14 +463,14 @@ class Selector:
         self._choices.clear()
 
     def _rank(
-        self, collective: str, world_size: int, count: int, itemsize: int
+        self, collective: str, world_size: int, count: int, itemsize: int, features: frozenset[str]
     ) -> tuple[tuple[Candidate, ...], tuple[Rejected, ...]]:
         """The candidates, fastest first (ties in registry order), and the rejected algorithms."""
         get_spec(collective)
         candidates: list[Candidate] = []
         rejected: list[Rejected] = []
         for name in algorithms.ALGORITHMS:
-            reasons = rejection_reasons(collective, name, world_size, count)
+            reasons = rejection_reasons(collective, name, world_size, count, features)
             if not reasons:
                 try:
                     schedule, counted = _counted(collective, name, world_size, count)
