@@ -17,8 +17,8 @@ and both sides post a step's messages in schedule order, so order alone matches 
 
 DEFAULT_SEGMENT_BYTES = 1 << 18
 """Bytes per segment of a reduced message: the reduction of one segment overlaps the
-transfer of the next. Measured with ``python -m bench compare`` at 2 ranks on a 2-core
-VM (64 KiB to 4 MiB tried): 256 KiB was as fast as any at 1-64 MiB, within noise."""
+transfer of the next. A first guess (about L2-sized), not yet tuned by measurement:
+the machine it was written on was too loaded to tell segment sizes apart."""
 
 
 @dataclass(frozen=True, slots=True)
