@@ -60,6 +60,14 @@ class NumpyBackend(ArrayBackend):
         with np.errstate(all="ignore"):
             _UFUNCS[op.combine](dst, src, out=dst)
 
+    def reduce_into(self, op: ReduceOp, dst: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+        with np.errstate(all="ignore"):
+            _UFUNCS[op.combine](a, b, out=dst)
+
+    def from_bytes(self, memory: memoryview, like: np.ndarray) -> np.ndarray:
+        usable = len(memory) // like.dtype.itemsize * like.dtype.itemsize
+        return np.frombuffer(memory[:usable], dtype=like.dtype)
+
     def divide(self, buffer: np.ndarray, divisor: int) -> None:
         with np.errstate(all="ignore"):
             np.true_divide(buffer, divisor, out=buffer)
