@@ -1,4 +1,7 @@
-"""The command line: ``mpiexec -n 4 python -m bench allreduce -b 8 -e 64M -a ring,mpi``, and ``calibrate``.
+"""The command line: ``mpiexec -n 4 python -m bench allreduce -b 8 -e 64M -a ring,mpi``, and more.
+
+``calibrate`` measures the cost model; ``compare`` times our allreduce against
+the MPI library's and gloo's (see :mod:`bench.compare`).
 
 Every collective has a sub-command; the barrier's table has one row, its latency.
 ``python -m bench simulate`` predicts times on a topology instead, without
@@ -96,6 +99,7 @@ def _parser() -> argparse.ArgumentParser:
     calibrate.add_argument("-n", "--iters", type=int, default=20, help="timed calls per case (default 20)")
     calibrate.add_argument("-w", "--warmup", type=int, default=3, help="untimed calls first (default 3)")
     commands.add_parser("simulate", add_help=False, help="predict times on a topology, without MPI")
+    commands.add_parser("compare", add_help=False, help="allreduce against MPI's and gloo's, interleaved")
     return parser
 
 
@@ -171,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
         from .simulate import main as simulate
 
         return simulate(argv[1:])
+    if argv[:1] == ["compare"]:
+        from .compare import main as compare
+
+        return compare(argv[1:])
     from mpi4py import MPI
 
     from .calibrate import calibrate

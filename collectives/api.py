@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 from .algorithms import build_schedule
 from .backends import ArrayBackend, backend_for
 from .errors import CalibrationError, InvalidBufferError
-from .execute import execute
+from .execute import Scratch, execute
+from .execute_shared import SharedExecutor
 from .ops import ReduceOp, get_op
 from .selector import (
     AUTO,
@@ -57,6 +58,9 @@ class Communicator:
 
     def __init__(self, comm: "MPI.Comm | Transport | None" = None) -> None:
         self._selector: Selector | None = None  # agreed on the first algorithm="auto"
+        self._scratch = Scratch()  # reused by every call, so repeated calls allocate nothing
+        self._shared: SharedExecutor | None = None
+        self._features: frozenset[str] | None = None  # what the transport offers, asked once
         if isinstance(comm, Transport):
             self._transport = comm
         else:
@@ -79,8 +83,22 @@ class Communicator:
         """The transport the collectives send over."""
         return self._transport
 
+    @property
+    def features(self) -> frozenset[str]:
+        """What the transport offers beyond messages: ``"shared_memory"`` when all ranks share a node.
+
+        Collective the first time it is asked (the ranks agree on a shared window).
+        """
+        if self._features is None:
+            shared = self._transport.shared_memory()
+            if shared is not None:
+                self._shared = SharedExecutor(shared, self.rank, self.size)
+            self._features = frozenset() if shared is None else frozenset({"shared_memory"})
+        return self._features
+
     def free(self) -> None:
         """Release the library's duplicate communicator; collective, like creating it."""
+        self._scratch.clear()
         self._transport.close()
 
     def __repr__(self) -> str:
@@ -163,7 +181,14 @@ def _algorithm(group: Communicator, collective: str, algorithm: str, count: int,
     """``algorithm``, or the selector's choice for ``"auto"``."""
     if algorithm != AUTO:
         return algorithm
-    return _agreed_selector(group).choose(collective, group.size, count, item_bytes)
+    return _agreed_selector(group).choose(collective, group.size, count, item_bytes, group.features)
+
+
+def _shared(group: Communicator, algorithm: str, backend: ArrayBackend) -> SharedExecutor | None:
+    """The shared-memory executor, when ``algorithm`` is ``shared_memory`` and it can run it."""
+    if algorithm != "shared_memory" or backend.name != "numpy" or not group.features:
+        return None
+    return group._shared
 
 
 def _check_out(backend: ArrayBackend, out: Any, x: Any, shape: tuple[int, ...]) -> None:
@@ -215,11 +240,20 @@ def allreduce(
     if out is not None:
         _check_out(backend, out, x, shape)
     work, in_out = _workspace(backend, out, x.size, x)
+    source = None
     if not (in_out and out is x):
-        backend.copy(work, x)
+        # the schedule reads x where it first needs each chunk, sparing a copy into work
+        source = backend.flat_view(x)
+        if source is None or backend.shares_memory(source, work):
+            backend.copy(work, x)
+            source = None
     algorithm = _algorithm(group, "allreduce", algorithm, x.size, item_bytes)
-    schedule = build_schedule("allreduce", algorithm, group.size, x.size)
-    execute(schedule, group.transport, backend, work, reduce_op)
+    shared = _shared(group, algorithm, backend)
+    if shared is not None and reduce_op is not None:
+        shared.allreduce(backend, work, work if source is None else source, reduce_op)
+    else:
+        schedule = build_schedule("allreduce", algorithm, group.size, x.size)
+        execute(schedule, group.transport, backend, work, reduce_op, group._scratch, source=source)
     if reduce_op is not None and reduce_op.averages:
         backend.divide(work, group.size)
     return _deliver(backend, work, in_out, out, shape)
@@ -260,10 +294,23 @@ def reduce_scatter(
     shares, share_shape, _ = _shares("reduce_scatter", x, counts, size, rank, x.size)
     if out is not None:
         _check_out(backend, out, x, share_shape)
+    algorithm = _algorithm(group, "reduce_scatter", algorithm, x.size, item_bytes)
+    shared = _shared(group, algorithm, backend)
+    flat = backend.flat_view(x)
+    if shared is not None and reduce_op is not None and flat is not None:
+        if out is None:
+            out = backend.empty(shares[rank], x).reshape(share_shape)
+        mine = backend.flat_view(out)
+        target = backend.empty(shares[rank], x) if mine is None or backend.shares_memory(mine, flat) else mine
+        shared.reduce_scatter(backend, target, flat, shares, reduce_op)
+        if reduce_op.averages:
+            backend.divide(target, size)
+        if target is not mine:
+            backend.copy(out, target)
+        return out
     # the input must survive, so the schedule runs on a copy of all of it
     work = backend.empty(x.size, x)
     backend.copy(work, x)
-    algorithm = _algorithm(group, "reduce_scatter", algorithm, x.size, item_bytes)
     schedule = build_schedule("reduce_scatter", algorithm, size, x.size, shares)
     execute(schedule, group.transport, backend, work, reduce_op)
     lo = sum(shares[:rank])
@@ -315,8 +362,12 @@ def allgather(
     lo = sum(shares[:rank])
     backend.copy(work[lo : lo + shares[rank]], x)
     algorithm = _algorithm(group, "allgather", algorithm, total, item_bytes)
-    schedule = build_schedule("allgather", algorithm, size, total, shares)
-    execute(schedule, group.transport, backend, work)
+    shared = _shared(group, algorithm, backend)
+    if shared is not None:
+        shared.allgather(backend, work, work[lo : lo + shares[rank]], shares)
+    else:
+        schedule = build_schedule("allgather", algorithm, size, total, shares)
+        execute(schedule, group.transport, backend, work)
     return _deliver(backend, work, in_out, out, whole_shape)
 
 
@@ -356,8 +407,11 @@ def explain(
         group = _communicator(comm)
         world_size = group.size if world_size is None else world_size
         selector = group._selector
+        features = group._features or frozenset()  # as agreed by earlier calls; asking would be collective
+    else:
+        features = frozenset()
     return (selector or default_selector()).explain(
-        collective, count, dtype, world_size=world_size, op=op, topology=topology
+        collective, count, dtype, world_size=world_size, op=op, features=features, topology=topology
     )
 
 

@@ -1,7 +1,9 @@
 """Runs one rank's part of a schedule over a transport, on an array backend."""
 
-__all__ = ["execute", "scratch_elements"]
+__all__ = ["DEFAULT_SEGMENT_BYTES", "Plan", "Scratch", "execute", "plan", "scratch_elements"]
 
+from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from .backends.base import ArrayBackend
@@ -13,6 +15,82 @@ TAG = 7
 """Tag of every library message: the transport's communicator is the library's own,
 and both sides post a step's messages in schedule order, so order alone matches them."""
 
+DEFAULT_SEGMENT_BYTES = 1 << 18
+"""Bytes per segment of a reduced message: the reduction of one segment overlaps the
+transfer of the next. A first guess (about L2-sized), not yet tuned by measurement:
+the machine it was written on was too loaded to tell segment sizes apart."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Message:
+    """One message of a rank's step: elements ``lo:hi`` of the buffer, to or from ``peer``.
+
+    A send reads the source (the caller's input, untouched so far) where ``fresh``,
+    else the buffer. A receive with ``landing >= 0`` lands in scratch at that offset
+    and is then reduced into ``lo:hi`` (from the source where ``fresh``); otherwise it
+    lands in the buffer directly.
+    """
+
+    peer: int
+    lo: int
+    hi: int
+    fresh: bool
+    landing: int
+
+
+@dataclass(frozen=True, slots=True)
+class _StepPlan:
+    prefill: tuple[tuple[int, int], ...]  # ranges copied from the source before the step
+    recvs: tuple[_Message, ...]
+    sends: tuple[_Message, ...]
+    reduces: bool
+    # a reduction overlaps a send of the same step, so it must wait for the sends
+    reduce_after_sends: bool
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A rank's part of a schedule, ready to post: every message's range, peer and landing.
+
+    Consecutive transfers of a step between the same two ranks whose chunks are
+    adjacent on both sides travel as one message; reduced messages are cut into
+    segments so that reducing one overlaps receiving the next. Built once per
+    (schedule, rank, segment, whether a separate source is read) and cached.
+
+    Attributes:
+        steps: the rank's steps, empty ones left out.
+        scratch: elements of scratch the plan needs.
+        untouched: element ranges the schedule never writes on this rank, copied from
+            the source at the end when there is a separate one.
+    """
+
+    steps: tuple[_StepPlan, ...]
+    scratch: int
+    untouched: tuple[tuple[int, int], ...]
+
+
+class Scratch:
+    """Scratch buffers kept between calls, one per array library, dtype and device.
+
+    A communicator owns one, so repeated collectives allocate nothing: a buffer is
+    replaced only by a larger one, when a call needs more than any before.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[str, str, str], Any] = {}
+
+    def get(self, backend: ArrayBackend, count: int, like: Any) -> Any:
+        """``count`` elements of ``like``'s dtype and device: the start of a kept buffer."""
+        key = (backend.name, str(like.dtype), str(getattr(like, "device", "")))
+        kept = self._buffers.get(key)
+        if kept is None or kept.shape[0] < count:
+            kept = self._buffers[key] = backend.empty(count, like)
+        return kept[:count]
+
+    def clear(self) -> None:
+        """Let go of every buffer."""
+        self._buffers.clear()
+
 
 def scratch_elements(schedule: Schedule, rank: int) -> int:
     """Elements of scratch ``rank`` needs: the most it receives for reduction in one step."""
@@ -23,6 +101,124 @@ def scratch_elements(schedule: Schedule, rank: int) -> int:
     )
 
 
+@dataclass
+class _Run:
+    """Consecutive transfers of one pair of ranks in a step that travel as one message."""
+
+    src: int
+    dst: int
+    src_lo: int
+    src_hi: int
+    dst_lo: int
+    dst_hi: int
+    reduce: bool
+    src_chunks: list[int]
+    dst_chunks: list[int]
+
+
+def _runs(schedule: Schedule, index: int, rank: int) -> list[_Run]:
+    """The messages of ``rank`` in step ``index``, in schedule order of their first transfers.
+
+    Both ends of a message derive it from the global step alike: transfers of one
+    pair merge when adjacent on both sides, unless they reduce at a receiver that
+    also reduces from another rank in the step (the order of contributions to a
+    chunk is the schedule's, which a merge could change).
+    """
+    bounds = schedule.chunk_bounds
+    step = schedule.steps[index]
+    reducing_from: dict[int, set[int]] = {}
+    for t in step.transfers:
+        if t.reduce:
+            reducing_from.setdefault(t.dst, set()).add(t.src)
+    last: dict[tuple[int, int], _Run] = {}
+    runs: list[_Run] = []
+    for t in step.transfers:
+        if rank not in (t.src, t.dst) or bounds[t.chunk] == bounds[t.chunk + 1]:
+            continue
+        s_lo, s_hi, d_lo, d_hi = bounds[t.chunk], bounds[t.chunk + 1], bounds[t.into], bounds[t.into + 1]
+        run = last.get((t.src, t.dst))
+        alone = not t.reduce or len(reducing_from[t.dst]) == 1
+        if run is not None and run.reduce == t.reduce and alone and run.src_hi == s_lo and run.dst_hi == d_lo:
+            run.src_hi, run.dst_hi = s_hi, d_hi
+            run.src_chunks.append(t.chunk)
+            run.dst_chunks.append(t.into)
+            continue
+        run = _Run(t.src, t.dst, s_lo, s_hi, d_lo, d_hi, t.reduce, [t.chunk], [t.into])
+        last[(t.src, t.dst)] = run
+        runs.append(run)
+    return runs
+
+
+def _segments(length: int, segment: int) -> list[tuple[int, int]]:
+    return [(s, min(s + segment, length)) for s in range(0, length, segment)] or [(0, length)]
+
+
+@lru_cache(maxsize=512)
+def plan(schedule: Schedule, rank: int, segment: int = 0, separate_source: bool = False) -> Plan:
+    """The plan of ``rank``'s part of ``schedule`` (memoized; see :class:`Plan`).
+
+    Args:
+        schedule: the schedule.
+        rank: the rank.
+        segment: elements per segment of a reduced message; 0 for whole messages.
+        separate_source: whether the input is read from a source apart from the
+            buffer until the schedule first writes each chunk there.
+    """
+    bounds = schedule.chunk_bounds
+    written = [not separate_source] * schedule.num_chunks
+    steps: list[_StepPlan] = []
+    scratch = 0
+    for index in range(len(schedule.steps)):
+        recvs: list[_Message] = []
+        sends: list[_Message] = []
+        prefill: list[tuple[int, int]] = []
+        used = 0
+        writes: list[int] = []
+        reduced: set[int] = set()
+        for run in _runs(schedule, index, rank):
+            sender = rank == run.src
+            local = run.src_chunks if sender else run.dst_chunks
+            state = {written[c] for c in local}
+            if len(state) > 1:
+                # part fresh, part written: bring the fresh part over first, then use the buffer
+                for c in local:
+                    if not written[c]:
+                        prefill.append((bounds[c], bounds[c + 1]))
+                        written[c] = True
+            length = run.src_hi - run.src_lo
+            pieces = _segments(length, segment) if run.reduce and segment else [(0, length)]
+            for p_lo, p_hi in pieces:
+                if sender:
+                    fresh = not written[local[0]]
+                    sends.append(_Message(run.dst, run.src_lo + p_lo, run.src_lo + p_hi, fresh, -1))
+                else:
+                    # a later reduction into the same chunk in this step adds to the first's result
+                    fresh = run.reduce and not written[local[0]] and local[0] not in reduced
+                    landing = used if run.reduce else -1
+                    recvs.append(_Message(run.src, run.dst_lo + p_lo, run.dst_lo + p_hi, fresh, landing))
+                    used += (p_hi - p_lo) if run.reduce else 0
+            if not sender:
+                writes += local
+                if run.reduce:
+                    reduced.update(local)
+        if not (recvs or sends):
+            continue
+        scratch = max(scratch, used)
+        reduces = any(m.landing >= 0 for m in recvs)
+        overlap = any(
+            r.landing >= 0 and not s.fresh and r.lo < s.hi and s.lo < r.hi for r in recvs for s in sends
+        )
+        steps.append(_StepPlan(tuple(prefill), tuple(recvs), tuple(sends), reduces, overlap))
+        for c in writes:
+            written[c] = True
+    untouched = tuple(
+        (bounds[c], bounds[c + 1])
+        for c in range(schedule.num_chunks)
+        if not written[c] and bounds[c] < bounds[c + 1]
+    )
+    return Plan(tuple(steps), scratch, untouched)
+
+
 def execute(
     schedule: Schedule,
     transport: Transport,
@@ -30,6 +226,9 @@ def execute(
     buffer: Any,
     op: ReduceOp | None = None,
     scratch: Any = None,
+    *,
+    source: Any = None,
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES,
 ) -> None:
     """Run ``transport.rank``'s part of ``schedule`` on ``buffer`` in place.
 
@@ -40,36 +239,61 @@ def execute(
         buffer: this rank's 1-D contiguous buffer of ``schedule.count`` elements.
         op: the reduction, for schedules that reduce.
         scratch: a buffer of at least ``scratch_elements(schedule, rank)``
-            elements; allocated here when omitted.
+            elements, or a :class:`Scratch` to take it from; allocated here when omitted.
+        source: this rank's input, when it is not already in ``buffer``: read
+            where the schedule first sends or reduces each chunk, so that no
+            separate copy into ``buffer`` is needed; left unchanged.
+        segment_bytes: bytes per segment of a reduced message (see
+            :data:`DEFAULT_SEGMENT_BYTES`); every rank must pass the same.
     """
-    rank = transport.rank
-    program = schedule.program(rank)
-    bounds = schedule.chunk_bounds
-    if scratch is None:
-        scratch = backend.empty(scratch_elements(schedule, rank), buffer)
-    for step in program:
-        requests = []
-        pending = []
-        used = 0
-        # empty chunks are skipped on both sides alike, so messages still pair up
-        for t in step.recvs:
-            lo, hi = bounds[t.into], bounds[t.into + 1]
-            if lo == hi:
-                continue
-            if t.reduce:
-                landing = scratch[used : used + hi - lo]
-                used += hi - lo
-                pending.append((buffer[lo:hi], landing))
-            else:
-                landing = buffer[lo:hi]
-            requests.append(transport.irecv(backend.message(landing), t.src, TAG))
-        for t in step.sends:
-            lo, hi = bounds[t.chunk], bounds[t.chunk + 1]
-            if lo != hi:
-                requests.append(transport.isend(backend.message(buffer[lo:hi]), t.dst, TAG))
-        transport.waitall(requests)
-        if pending:
-            if op is None:
-                raise ValueError(f"{schedule.name} reduces, so it needs an op")
-            for target, landing in pending:
-                backend.combine(op, target, landing)
+    itemsize = buffer.itemsize if hasattr(buffer, "itemsize") else buffer.element_size()
+    segment = max(segment_bytes // itemsize, 1) if segment_bytes > 0 else 0
+    rank_plan = plan(schedule, transport.rank, segment, source is not None)
+    if op is None and any(s.reduces for s in rank_plan.steps):
+        raise ValueError(f"{schedule.name} reduces, so it needs an op")
+    reduce_op: ReduceOp = op  # type: ignore[assignment]  # checked above where it is used
+    if isinstance(scratch, Scratch):
+        scratch = scratch.get(backend, rank_plan.scratch, buffer)
+    elif scratch is None and rank_plan.scratch:
+        scratch = backend.empty(rank_plan.scratch, buffer)
+    src = buffer if source is None else source
+    message = backend.message
+    for step in rank_plan.steps:
+        for lo, hi in step.prefill:
+            backend.copy(buffer[lo:hi], src[lo:hi])
+        recvs = [
+            transport.irecv(
+                message(
+                    buffer[m.lo : m.hi] if m.landing < 0 else scratch[m.landing : m.landing + m.hi - m.lo]
+                ),
+                m.peer,
+                TAG,
+            )
+            for m in step.recvs
+        ]
+        sends = [
+            transport.isend(message((src if m.fresh else buffer)[m.lo : m.hi]), m.peer, TAG)
+            for m in step.sends
+        ]
+        if not step.reduces:
+            transport.waitall(recvs + sends)
+            continue
+        if step.reduce_after_sends:
+            transport.waitall(recvs + sends)
+            sends = []
+            recvs = [None] * len(recvs)
+        # reductions in schedule order, each as soon as its segment has arrived
+        for m, request in zip(step.recvs, recvs, strict=True):
+            if request is not None:
+                transport.waitall([request])
+            if m.landing >= 0:
+                landing = scratch[m.landing : m.landing + m.hi - m.lo]
+                if m.fresh:
+                    backend.reduce_into(reduce_op, buffer[m.lo : m.hi], src[m.lo : m.hi], landing)
+                else:
+                    backend.combine(reduce_op, buffer[m.lo : m.hi], landing)
+        if sends:
+            transport.waitall(sends)
+    if source is not None:
+        for lo, hi in rank_plan.untouched:
+            backend.copy(buffer[lo:hi], source[lo:hi])

@@ -123,9 +123,14 @@ def _on_topology(
 
 @lru_cache(maxsize=1024)
 def _counted(collective: str, algorithm: str, world_size: int, count: int) -> tuple[str, Traffic]:
-    """The name and traffic of a registered algorithm's schedule, evenly shared (memoized)."""
+    """The name and traffic of a registered algorithm's schedule, evenly shared (memoized).
+
+    A module that runs its schedule its own way (``shared_memory``) gives the traffic
+    of that execution from ``traffic(collective, world_size, count)``.
+    """
     schedule = algorithms.build_schedule(collective, algorithm, world_size, count)
-    return schedule.name, traffic(schedule)
+    own = getattr(algorithms.ALGORITHMS[algorithm], "traffic", None)
+    return schedule.name, Traffic(*own(collective, world_size, count)) if own else traffic(schedule)
 
 
 @dataclass(frozen=True)
@@ -257,16 +262,22 @@ def check_algorithm(collective: str, algorithm: str) -> None:
     )
 
 
-def rejection_reasons(collective: str, algorithm: str, world_size: int, count: int) -> list[str]:
+def rejection_reasons(
+    collective: str, algorithm: str, world_size: int, count: int, features: frozenset[str] = frozenset()
+) -> list[str]:
     """Why a registered algorithm cannot run ``collective`` of ``count`` elements over ``world_size`` ranks.
 
-    A module without a builder for the collective cannot; one that defines
-    ``not_supported_reasons(collective, world_size, count)`` is asked. Empty if
-    the algorithm applies.
+    A module without a builder for the collective cannot, nor one whose
+    ``REQUIRES`` names a transport feature not in ``features`` (e.g.
+    ``"shared_memory"``); one that defines ``not_supported_reasons(collective,
+    world_size, count)`` is asked. Empty if the algorithm applies.
     """
     module = algorithms.ALGORITHMS[algorithm]
     if not hasattr(module, collective):
         return [f"{algorithm} has no {collective}"]
+    needs = getattr(module, "REQUIRES", None)
+    if needs is not None and needs not in features:
+        return [f"needs a transport with {needs.replace('_', ' ')} (ranks on one node)"]
     ask = getattr(module, "not_supported_reasons", None)
     return [] if ask is None else list(ask(collective, world_size, count))
 
@@ -406,18 +417,27 @@ class Selector:
 
     def __init__(self, model: CostModel) -> None:
         self.model = model
-        self._choices: dict[tuple[str, int, int, int], str] = {}
+        self._choices: dict[tuple[str, int, int, int, frozenset[str]], str] = {}
 
-    def choose(self, collective: str, world_size: int, count: int, itemsize: int) -> str:
+    def choose(
+        self,
+        collective: str,
+        world_size: int,
+        count: int,
+        itemsize: int,
+        features: frozenset[str] = frozenset(),
+    ) -> str:
         """The fastest algorithm for ``collective`` of ``count`` elements of ``itemsize`` bytes.
+
+        ``features`` are what the transport offers (e.g. ``"shared_memory"``).
 
         Raises:
             UnknownAlgorithmError: no registered algorithm applies; the message gives the reasons.
         """
-        key = (collective, world_size, count, itemsize)
+        key = (collective, world_size, count, itemsize, features)
         choice = self._choices.get(key)
         if choice is None:
-            candidates, rejected = self._rank(collective, world_size, count, itemsize)
+            candidates, rejected = self._rank(collective, world_size, count, itemsize, features)
             if not candidates:
                 reasons = "; ".join(f"{r.algorithm}: {', '.join(r.reasons)}" for r in rejected)
                 raise UnknownAlgorithmError(
@@ -438,6 +458,7 @@ class Selector:
         *,
         world_size: int,
         op: "str | ReduceOp" = "sum",
+        features: frozenset[str] = frozenset(),
         topology: Topology | None = None,
     ) -> Explanation:
         """Every algorithm's prediction for ``collective`` of ``count`` elements, and the choice.
@@ -448,6 +469,7 @@ class Selector:
             dtype: the element type, by name or as a dtype.
             world_size: the number of ranks.
             op: the reduction, checked against the dtype; ignored by collectives that do not reduce.
+            features: what the transport offers, as for :meth:`choose`.
             topology: a machine with one GPU per rank: transfers are then predicted on its
                 links (:func:`collectives.topology.predict`) and algorithms that know how
                 build for it (multi_ring on its packed rings, hierarchical by its nodes).
@@ -464,7 +486,7 @@ class Selector:
             raise ValueError(
                 f"topology {topology.name} has {len(topology.gpus)} GPUs, not one per rank of {world_size}"
             )
-        candidates, rejected = self._rank(collective, world_size, count, size, topology)
+        candidates, rejected = self._rank(collective, world_size, count, size, features, topology)
         choice = candidates[0].algorithm if candidates else None
         return Explanation(
             collective, count, name, world_size, reduce_op, self.model, candidates, rejected, choice, topology
@@ -475,14 +497,20 @@ class Selector:
         self._choices.clear()
 
     def _rank(
-        self, collective: str, world_size: int, count: int, itemsize: int, topology: Topology | None = None
+        self,
+        collective: str,
+        world_size: int,
+        count: int,
+        itemsize: int,
+        features: frozenset[str],
+        topology: Topology | None = None,
     ) -> tuple[tuple[Candidate, ...], tuple[Rejected, ...]]:
         """The candidates, fastest first (ties in registry order), and the rejected algorithms."""
         get_spec(collective)
         candidates: list[Candidate] = []
         rejected: list[Rejected] = []
         for name in algorithms.ALGORITHMS:
-            reasons = rejection_reasons(collective, name, world_size, count)
+            reasons = rejection_reasons(collective, name, world_size, count, features)
             on_links = None
             if not reasons:
                 try:

@@ -427,3 +427,38 @@ def test_the_exchange_fit_recovers_known_constants() -> None:
     )
     result = run_mpi(1, ["-c", code], timeout=30)
     assert result.returncode == 0, result.stdout
+
+
+def test_compare_ratio_is_the_ratio_of_medians_with_the_spread_of_rounds() -> None:
+    from bench.compare_report import ratio
+
+    ours = [1.0, 2.0, 3.0, 4.0, 100.0]
+    peer = [2.0, 2.0, 2.0, 2.0, 2.0]
+    r = ratio(ours, peer)
+    assert r.median == 3.0 / 2.0
+    assert (r.low, r.high) == (0.5, 50.0)
+    assert (r.q25, r.q75) == (1.0, 2.0)  # per-round ratios 0.5, 1, 1.5, 2, 50
+    one = ratio([3.0], [4.0])
+    assert (one.median, one.q25, one.q75, one.low, one.high) == (0.75,) * 5
+    with pytest.raises(ValueError):
+        ratio([1.0], [1.0, 2.0])
+    with pytest.raises(ValueError):
+        ratio([0.0], [1.0])
+
+
+@needs_mpiexec
+def test_bench_compare_end_to_end(tmp_path: Path) -> None:
+    record, picture = tmp_path / "compare.json", tmp_path / "compare.png"
+    args = ["-m", "bench", "compare", "-b", "8", "-e", "1K", "-f", "8", "-n", "3", "-w", "1"]
+    args += ["-a", "auto,ring", "-p", "mpi", "--json", str(record), "--plot", str(picture)]
+    result = run_mpi(2, args, timeout=90)
+    assert result.returncode == 0, result.stdout
+    assert "ours/mpi" in result.stdout and "# wrong elements: 0 OK" in result.stdout
+    data = json.loads(record.read_text())
+    assert data["world_size"] == 2 and data["peers"] == ["mpi"]
+    assert [s["size"] for s in data["sizes"]] == [8, 64, 512]
+    for entry in data["sizes"]:
+        assert set(entry["times_us"]) == {"auto", "ring", "mpi"}
+        assert {(r["ours"], r["peer"]) for r in entry["ratios"]} == {("auto", "mpi"), ("ring", "mpi")}
+        assert all(r["low"] <= r["q25"] <= r["q75"] <= r["high"] for r in entry["ratios"])
+    assert picture.stat().st_size > 0

@@ -19,6 +19,7 @@ from . import (
     hierarchical,
     multi_ring,
     ring,
+    shared_memory,
     tree,
 )
 
@@ -32,6 +33,7 @@ ALGORITHMS: dict[str, ModuleType] = {
     "hierarchical": hierarchical,
     "direct": direct,
     "dissemination": dissemination,
+    "shared_memory": shared_memory,
 }
 
 

@@ -40,6 +40,19 @@ class ArrayBackend(ABC):
     def combine(self, op: ReduceOp, dst: Any, src: Any) -> None:
         """``dst = op(dst, src)`` element-wise, in place."""
 
+    def reduce_into(self, op: ReduceOp, dst: Any, a: Any, b: Any) -> None:
+        """``dst = op(a, b)`` element-wise, ``a`` left unchanged; one pass where the library allows."""
+        self.copy(dst, a)
+        self.combine(op, dst, b)
+
+    def from_bytes(self, memory: memoryview, like: Any) -> Any:
+        """A 1-D array of ``like``'s dtype over host ``memory`` (no copy), for shared memory.
+
+        Raises:
+            NotImplementedError: the library's arrays cannot live in host memory it did not allocate.
+        """
+        raise NotImplementedError(f"{self.name} arrays cannot use shared host memory")
+
     @abstractmethod
     def divide(self, buffer: Any, divisor: int) -> None:
         """``buffer /= divisor`` in place, in the buffer's dtype (the last step of ``avg``)."""

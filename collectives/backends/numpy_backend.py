@@ -22,6 +22,10 @@ _UFUNCS = {
 }
 
 
+_CHECKED_NAMES: dict[np.dtype[Any], str] = {}
+"""The names of the supported dtypes seen so far (a handful at most)."""
+
+
 class NumpyBackend(ArrayBackend):
     """Host arrays. Reductions follow numpy: integers wrap, NaN and Inf propagate."""
 
@@ -32,12 +36,17 @@ class NumpyBackend(ArrayBackend):
 
     def dtype_name(self, array: np.ndarray) -> str:
         dtype = array.dtype
-        if not dtype.isnative:
-            raise UnsupportedDtypeError(
-                f"dtype {dtype.str} is not in native byte order; convert with astype('={dtype.char}')"
-            )
-        check_dtype(dtype.name)
-        return dtype.name
+        # numpy builds dtype.name anew on every access: microseconds on the small-message path
+        name = _CHECKED_NAMES.get(dtype)
+        if name is None:
+            if not dtype.isnative:
+                raise UnsupportedDtypeError(
+                    f"dtype {dtype.str} is not in native byte order; convert with astype('={dtype.char}')"
+                )
+            name = dtype.name
+            check_dtype(name)
+            _CHECKED_NAMES[dtype] = name
+        return name
 
     def empty(self, count: int, like: np.ndarray) -> np.ndarray:
         return np.empty(count, dtype=like.dtype)
@@ -59,6 +68,14 @@ class NumpyBackend(ArrayBackend):
         # overflow to Inf and NaN are results here, not errors
         with np.errstate(all="ignore"):
             _UFUNCS[op.combine](dst, src, out=dst)
+
+    def reduce_into(self, op: ReduceOp, dst: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+        with np.errstate(all="ignore"):
+            _UFUNCS[op.combine](a, b, out=dst)
+
+    def from_bytes(self, memory: memoryview, like: np.ndarray) -> np.ndarray:
+        usable = len(memory) // like.dtype.itemsize * like.dtype.itemsize
+        return np.frombuffer(memory[:usable], dtype=like.dtype)
 
     def divide(self, buffer: np.ndarray, divisor: int) -> None:
         with np.errstate(all="ignore"):

@@ -1,6 +1,6 @@
 """The point-to-point interface every transport implements."""
 
-__all__ = ["Request", "Transport"]
+__all__ = ["Request", "SharedMemory", "Transport"]
 
 from abc import ABC, abstractmethod
 from typing import Any
@@ -50,5 +50,34 @@ class Transport(ABC):
     def waitall(self, requests: list[Request]) -> None:
         """Block until every request has completed."""
 
+    def shared_memory(self) -> "SharedMemory | None":
+        """The group's shared memory, if all its ranks share one node; ``None`` otherwise (the default).
+
+        Collective the first time it is called.
+        """
+        return None
+
     def close(self) -> None:  # noqa: B027 - most transports have nothing to release
         """Release what the transport holds; it is not used afterwards."""
+
+
+class SharedMemory(ABC):
+    """Memory that every rank of a group maps, each owning a region of it, and a barrier.
+
+    Offered by a transport whose ranks all share one node (see
+    :meth:`Transport.shared_memory`); the shared-memory executor reads and writes
+    peers' regions directly instead of sending messages.
+    """
+
+    @property
+    @abstractmethod
+    def region_bytes(self) -> int:
+        """Bytes of each rank's region."""
+
+    @abstractmethod
+    def region(self, rank: int) -> memoryview:
+        """Rank ``rank``'s region, writable by every rank, as bytes."""
+
+    @abstractmethod
+    def barrier(self) -> None:
+        """Return once every rank has called it; writes before it are visible to all ranks after it."""

@@ -1,12 +1,15 @@
 """Point-to-point over mpi4py: the only module that imports it."""
 
-__all__ = ["MPITransport"]
+__all__ = ["MPISharedMemory", "MPITransport"]
 
-from typing import Any
+from typing import Any, cast
 
 from mpi4py import MPI
 
-from .base import Request, Transport
+from .base import Request, SharedMemory, Transport
+
+SHARED_REGION_BYTES = 1 << 21
+"""Bytes of each rank's region of the shared window: two segments of 1 MiB, double-buffered."""
 
 _THREAD_LEVELS = {
     MPI.THREAD_SINGLE: "single",
@@ -30,6 +33,8 @@ class MPITransport(Transport):
         self._comm = base.Dup()
         self._rank = self._comm.Get_rank()
         self._size = self._comm.Get_size()
+        self._shared: MPISharedMemory | None = None
+        self._shared_known = False
 
     @property
     def rank(self) -> int:
@@ -58,6 +63,55 @@ class MPITransport(Transport):
     def waitall(self, requests: list[Request]) -> None:
         MPI.Request.Waitall(requests)
 
+    def shared_memory(self) -> "MPISharedMemory | None":
+        if not self._shared_known:
+            self._shared_known = True
+            node = cast(MPI.Intracomm, self._comm.Split_type(MPI.COMM_TYPE_SHARED))
+            together = self._comm.allreduce(node.Get_size() == self._size, op=MPI.LAND)
+            if together:
+                self._shared = MPISharedMemory(node, SHARED_REGION_BYTES)
+            else:
+                node.Free()
+        return self._shared
+
     def close(self) -> None:
+        if self._shared is not None and not MPI.Is_finalized():
+            self._shared.free()
+            self._shared = None
         if self._comm != MPI.COMM_NULL and not MPI.Is_finalized():
             self._comm.Free()
+
+
+class MPISharedMemory(SharedMemory):
+    """An MPI-3 shared window (``Win.Allocate_shared``) over the ranks of one node.
+
+    Ranks keep a passive epoch open on the window for its whole life, so the
+    barrier is the standard's ``Win.Sync``, ``Barrier``, ``Win.Sync``: stores before
+    it are visible to every rank after it.
+    """
+
+    def __init__(self, node: MPI.Intracomm, region_bytes: int) -> None:
+        self._node = node
+        self._bytes = region_bytes
+        self._win = MPI.Win.Allocate_shared(region_bytes, 1, comm=node)
+        self._regions = [memoryview(self._win.Shared_query(r)[0]).cast("B") for r in range(node.Get_size())]  # type: ignore[arg-type]
+        self._win.Lock_all(MPI.MODE_NOCHECK)
+
+    @property
+    def region_bytes(self) -> int:
+        return self._bytes
+
+    def region(self, rank: int) -> memoryview:
+        return self._regions[rank]
+
+    def barrier(self) -> None:
+        self._win.Sync()
+        self._node.Barrier()
+        self._win.Sync()
+
+    def free(self) -> None:
+        """Release the window and the node's communicator; collective."""
+        self._regions = []
+        self._win.Unlock_all()
+        self._win.Free()
+        self._node.Free()

@@ -1,0 +1,122 @@
+"""Shared-memory allreduce, reduce-scatter and all-gather: each share reduced once, by its owner.
+
+The buffer is cut into one chunk per rank. In reduce-scatter every rank sends
+chunk ``c`` straight to rank ``c``, which reduces all P contributions in rank
+order; all-gather is every owner sending its chunk to every other rank; allreduce
+is the one then the other. As a schedule this is what any transport can run. On
+ranks that share one node it is run by :mod:`collectives.execute_shared`
+instead, which does the same data movement without messages: each rank copies
+its input into its region of a shared window once, each owner reduces its share
+reading all P regions in one pass, and every rank copies the shares out. So the
+selector is told the traffic of that execution (see :func:`traffic`), and the
+algorithm is a candidate only where memory is shared (:data:`REQUIRES`).
+
+Across nodes it composes as the hierarchical algorithm does: reduce-scatter
+inside each node through shared memory, rings between nodes on each rank's
+share, all-gather inside each node; that composition is designed for, not built.
+
+Cost, for P ranks and a buffer of S elements whose share at rank r is S_r:
+
+==============  =====  =========================
+collective      steps  elements sent by rank r
+==============  =====  =========================
+reduce_scatter  1      S - S_r
+allgather       1      (P - 1) S_r
+allreduce       2      S - S_r + (P - 1) S_r
+==============  =====  =========================
+"""
+
+__all__ = ["REQUIRES", "allgather", "allreduce", "cost", "reduce_scatter", "traffic"]
+
+from collections.abc import Sequence
+
+from ..chunking import even_split
+from ..schedule import Schedule, Step, Transfer
+from .base import Cost
+
+REQUIRES = "shared_memory"
+"""The transport feature this algorithm needs to be chosen by the selector."""
+
+_SEGMENT_ELEMENTS = 1 << 18  # elements per rank per barrier of the executor, for float32 (1 MiB halves)
+
+
+def _scatter(size: int) -> Step:
+    return Step(Transfer(r, c, c, reduce=True) for c in range(size) for r in range(size) if r != c)
+
+
+def _gather(size: int) -> Step:
+    return Step(Transfer(c, r, c) for c in range(size) for r in range(size) if r != c)
+
+
+def reduce_scatter(shares: Sequence[int]) -> Schedule:
+    """Every rank's share reduced at its owner in one step."""
+    size = len(shares)
+    return Schedule(
+        name=f"reduce_scatter-shared_memory(n={size})",
+        collective="reduce_scatter",
+        world_size=size,
+        chunk_sizes=tuple(shares),
+        steps=(_scatter(size),) if size > 1 else (),
+        chunk_owner=tuple(range(size)),
+    )
+
+
+def allgather(shares: Sequence[int]) -> Schedule:
+    """Every owner's share copied to every other rank in one step."""
+    size = len(shares)
+    return Schedule(
+        name=f"allgather-shared_memory(n={size})",
+        collective="allgather",
+        world_size=size,
+        chunk_sizes=tuple(shares),
+        steps=(_gather(size),) if size > 1 else (),
+        chunk_owner=tuple(range(size)),
+    )
+
+
+def allreduce(world_size: int, count: int) -> Schedule:
+    """Reduce-scatter then all-gather, one step each."""
+    return Schedule(
+        name=f"allreduce-shared_memory(n={world_size})",
+        collective="allreduce",
+        world_size=world_size,
+        chunk_sizes=even_split(count, world_size),
+        steps=(_scatter(world_size), _gather(world_size)) if world_size > 1 else (),
+    )
+
+
+def cost(collective: str, shares: Sequence[int]) -> Cost:
+    """Steps and elements sent per rank, from the table above."""
+    size = len(shares)
+    total = sum(shares)
+    if size == 1:
+        return Cost(0, (0,))
+    if collective == "reduce_scatter":
+        return Cost(1, tuple(total - s for s in shares))
+    if collective == "allgather":
+        return Cost(1, tuple((size - 1) * s for s in shares))
+    return Cost(2, tuple(total - s + (size - 1) * s for s in shares))
+
+
+def traffic(collective: str, world_size: int, count: int) -> tuple[int, int, int, int]:
+    """``(steps, messages, elements, reduced)`` of the shared-memory execution, as the cost model weighs them.
+
+    A message is a barrier: one per segment of up to ``P * 2**18`` elements per
+    phase, and for an allreduce of up to 4096 elements one in all (each rank then
+    reduces the whole buffer). Elements are what a rank copies: each input element
+    in once and each result element out once, where MPI's point-to-point over shared
+    memory copies every byte it sends twice (into a shared cell and out), so a
+    copied element weighs half a sent one. Reduced elements are the rank's share
+    read from P - 1 other regions.
+    """
+    if world_size == 1 or count == 0:
+        return (0, 0, 0, 0)
+    share = -(-count // world_size)
+    segments = -(-share // _SEGMENT_ELEMENTS)
+    if collective == "allreduce":
+        if count <= 4096:
+            return (1, 1, count, (world_size - 1) * count)
+        return (2 * segments, 2 * segments, count, (world_size - 1) * share)
+    if collective == "reduce_scatter":
+        return (segments, segments, count // 2, (world_size - 1) * share)
+    return (segments, segments, count // 2, 0)
