@@ -77,6 +77,9 @@ def main() -> None:
             flush=True,
         )
     if dist.is_initialized():
+        # DDP goes first, while the group still holds its own reference: a gloo group that DDP's
+        # reducer frees can hang the exit (torch joins gloo's threads while holding the GIL)
+        del model, optimizer
         dist.destroy_process_group()
 
 
