@@ -630,7 +630,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         comm: Comm = None,
     ) -> None:
         if compression not in _WIRE_DTYPES:
-            raise ValueError(f"unknown compression {compression!r}; valid ones are None, 'fp16', 'bf16'")
+            raise UnsupportedDtypeError(
+                f"unknown compression {compression!r}; valid ones are None, 'fp16', 'bf16'"
+            )
         if op not in ("avg", "sum"):
             raise UnsupportedOpError(f"DistributedOptimizer takes op 'avg' or 'sum', not {op!r}")
         if backward_passes_per_step < 1:
@@ -776,12 +778,12 @@ def _parameters_to_reduce(
         pairs = list(named_parameters)
         repeated = sorted(name for name, times in Counter(name for name, _ in pairs).items() if times > 1)
         if repeated:
-            raise ValueError(f"named_parameters repeats the names {repeated}")
+            raise InvalidBufferError(f"named_parameters repeats the names {repeated}")
         wanted = {id(p) for p in owned}
         ordered = [(name, p) for name, p in pairs if id(p) in wanted]
         missing = len(wanted) - len({id(p) for _, p in ordered})
         if missing:
-            raise ValueError(f"{missing} of the optimizer's parameters are not in named_parameters")
+            raise InvalidBufferError(f"{missing} of the optimizer's parameters are not in named_parameters")
         names, params = [name for name, _ in ordered], [p for _, p in ordered]
     devices = sorted({str(p.device) for p in params})
     if len(devices) > 1:

@@ -476,11 +476,13 @@ def test_the_optimizer_checks_its_parameters() -> None:
         ti.DistributedOptimizer(torch.optim.SGD([a, meta], lr=1.0), comm=comm)
     with pytest.raises(InvalidBufferError, match="on device meta, not the cpu"):
         ti.DistributedOptimizer(torch.optim.SGD([meta], lr=1.0), comm=comm)
-    with pytest.raises(ValueError, match="1 of the optimizer's parameters are not in named_parameters"):
+    with pytest.raises(
+        InvalidBufferError, match="1 of the optimizer's parameters are not in named_parameters"
+    ):
         ti.DistributedOptimizer(torch.optim.SGD([a, b], lr=1.0), [("a", a)], comm=comm)
-    with pytest.raises(ValueError, match=r"repeats the names \['a'\]"):
+    with pytest.raises(InvalidBufferError, match=r"repeats the names \['a'\]"):
         ti.DistributedOptimizer(torch.optim.SGD([a, b], lr=1.0), [("a", a), ("a", b)], comm=comm)
-    with pytest.raises(ValueError, match="unknown compression 'int8'"):
+    with pytest.raises(UnsupportedDtypeError, match="unknown compression 'int8'"):
         ti.DistributedOptimizer(torch.optim.SGD([a], lr=1.0), compression="int8", comm=comm)
     with pytest.raises(UnsupportedOpError, match="takes op 'avg' or 'sum', not 'max'"):
         ti.DistributedOptimizer(torch.optim.SGD([a], lr=1.0), op="max", comm=comm)
@@ -662,3 +664,61 @@ def test_the_process_group_runs_c10d_collectives(ranks: Ranks) -> None:
         assert torch.equal(out["all_gather_single"], torch.arange(float(p)).repeat_interleave(2))
         assert torch.equal(out["reduce_scatter"], torch.full((2,), float(3 * r + 3)))
         assert torch.equal(out["reduce_scatter_single"], torch.arange(2.0 * r, 2.0 * r + 2) * p)
+
+
+# --------------------------------------------------------------------------- cuda (on a GPU host)
+
+needs_cuda = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device here; the GPU paths run on a GPU host"
+)
+
+
+@pytest.fixture
+def nccl(tmp_path: Any) -> Any:
+    """torch.distributed over NCCL with one rank: the fallback cuda tensors take."""
+    if not torch.distributed.is_nccl_available():
+        pytest.skip("this torch has no NCCL")
+    store = f"file://{tmp_path / 'store'}"
+    torch.distributed.init_process_group("nccl", init_method=store, rank=0, world_size=1)
+    yield
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.usefixtures("nccl")
+def test_cuda_tensors_go_through_nccl() -> None:
+    tensor = torch.arange(6.0, device="cuda").reshape(2, 3)
+    assert ti.explain_path(tensor).startswith("torch.distributed: float32 tensor on cuda")
+    assert torch.equal(ti.allreduce(tensor, "avg"), tensor)
+    assert ti.allreduce_(tensor) is tensor
+    assert torch.equal(tensor.cpu(), torch.arange(6.0).reshape(2, 3))
+    assert ti.allreduce_async_(tensor, "max").wait() is tensor
+    assert ti.broadcast_(tensor, 0) is tensor
+    assert torch.equal(ti.allgather(tensor), tensor)
+    assert torch.equal(ti.reduce_scatter(tensor), tensor)
+    with pytest.raises(InvalidBufferError, match="pass comm=None"):
+        ti.allreduce_(tensor, comm=Communicator(LoopbackWorld(1).transport(0)))
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.usefixtures("nccl")
+def test_ddp_hooks_on_cuda_average_through_nccl() -> None:
+    net = training.model().cuda()
+    model = torch.nn.parallel.DistributedDataParallel(net)
+    model.register_comm_hook(None, ti.allreduce_hook)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    params = [p.cpu() for p in training.train(model, optimizer)]
+    assert training.relative_error(params, _single_process()) < 1e-5
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_tensors_without_nccl_name_the_missing_gpu_backend() -> None:
+    tensor = torch.ones(3, device="cuda")
+    with pytest.raises(InvalidBufferError, match="need the GPU backend"):
+        ti.allreduce_(tensor)
+    assert ti.explain_path(tensor).startswith("unsupported: cuda tensors need the GPU backend")
+    with pytest.raises(InvalidBufferError, match="DistributedOptimizer reduces cpu parameters"):
+        ti.DistributedOptimizer(torch.optim.SGD([torch.nn.Parameter(tensor)], lr=1.0))
