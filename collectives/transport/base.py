@@ -40,5 +40,15 @@ class Transport(ABC):
     def waitall(self, requests: list[Request]) -> None:
         """Block until every request has completed."""
 
+    def wait_for(self, requests: list[Request], timeout: float) -> list[int]:
+        """Wait at most ``timeout`` seconds for ``requests``; the indices of those still pending.
+
+        An empty list means every request completed. Pending requests stay
+        valid and may be waited for again. This default waits without bound;
+        transports that can stop waiting override it.
+        """
+        self.waitall(requests)
+        return []
+
     def close(self) -> None:  # noqa: B027 - most transports have nothing to release
         """Release what the transport holds; it is not used afterwards."""

@@ -2,11 +2,15 @@
 
 __all__ = ["MPITransport"]
 
+import time
 from typing import Any
 
 from mpi4py import MPI
 
 from .base import Request, Transport
+
+_SPIN_S = 1e-3  # poll without sleeping this long first: a fast step never sleeps
+_PAUSE_S = (20e-6, 2e-3)  # then sleep between polls, doubling from the first to the second
 
 
 class MPITransport(Transport):
@@ -45,6 +49,22 @@ class MPITransport(Transport):
 
     def waitall(self, requests: list[Request]) -> None:
         MPI.Request.Waitall(requests)
+
+    def wait_for(self, requests: list[Request], timeout: float) -> list[int]:
+        # MPI_Waitall cannot be bounded, so poll with MPI_Testall; sleeping once
+        # the spin is over leaves the core to the peers on an oversubscribed node
+        start = time.monotonic()
+        deadline = start + timeout
+        pause = _PAUSE_S[0]
+        while not MPI.Request.Testall(requests):
+            now = time.monotonic()
+            if now >= deadline:
+                # Test completes what has finished; the rest are pending
+                return [i for i, request in enumerate(requests) if not request.Test()]
+            if now - start > _SPIN_S:
+                time.sleep(min(pause, deadline - now))
+                pause = min(2 * pause, _PAUSE_S[1])
+        return []
 
     def close(self) -> None:
         if self._comm != MPI.COMM_NULL and not MPI.Is_finalized():
