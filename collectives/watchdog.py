@@ -120,13 +120,14 @@ class _Record:
 
 
 class _Tracked:
-    """A request with the peer it waits on."""
+    """A request with the peer it waits on, and whether it sends."""
 
-    __slots__ = ("peer", "request")
+    __slots__ = ("peer", "request", "sends")
 
-    def __init__(self, request: Request, peer: int) -> None:
+    def __init__(self, request: Request, peer: int, sends: bool) -> None:
         self.request = request
         self.peer = peer
+        self.sends = sends
 
 
 class _WatchedTransport(Transport):
@@ -146,10 +147,10 @@ class _WatchedTransport(Transport):
         return self._inner.size
 
     def isend(self, buffer: Any, dst: int, tag: int) -> Request:
-        return _Tracked(self._inner.isend(buffer, dst, tag), dst)
+        return _Tracked(self._inner.isend(buffer, dst, tag), dst, True)
 
     def irecv(self, buffer: Any, src: int, tag: int) -> Request:
-        return _Tracked(self._inner.irecv(buffer, src, tag), src)
+        return _Tracked(self._inner.irecv(buffer, src, tag), src, False)
 
     def waitall(self, requests: list[Request]) -> None:
         step = self._steps
@@ -213,8 +214,12 @@ class Call:
     def _time_out(self, stuck: list[_Tracked], step: int | str) -> None:
         watchdog, s = self.watchdog, self._record.signature
         peers = tuple(sorted({t.peer for t in stuck}))
-        # MPI cannot cancel them: keep the buffers alive, and the communicator out of use
+        # MPI cannot cancel the sends: keep their buffers alive, and the communicator out of use
         watchdog.abandoned.extend(stuck)
+        watchdog.transport.abandon(
+            [t.request for t in stuck if not t.sends], [t.request for t in stuck if t.sends]
+        )
+        self._record.outcome = "timed out"
         where = "before it started" if step == "signature" else f"in step {step}"
         message = (
             f"rank {watchdog.transport.rank}: {s.collective} #{s.sequence} did not complete in "
@@ -335,10 +340,10 @@ class Watchdog:
         requests = []
         for peer in range(size):
             if peer != rank:
-                requests.append(_Tracked(transport.irecv(received[peer], peer, SIGNATURE_TAG), peer))
+                requests.append(_Tracked(transport.irecv(received[peer], peer, SIGNATURE_TAG), peer, False))
         for peer in range(size):
             if peer != rank:
-                requests.append(_Tracked(transport.isend(mine, peer, SIGNATURE_TAG), peer))
+                requests.append(_Tracked(transport.isend(mine, peer, SIGNATURE_TAG), peer, True))
         call.wait(requests, "signature")
         received[rank][:] = mine
         error = disagreement(signature, [bytes(r) for r in received], rank)

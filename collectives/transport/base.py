@@ -50,5 +50,11 @@ class Transport(ABC):
         self.waitall(requests)
         return []
 
+    def abandon(self, receives: list[Request], sends: list[Request]) -> None:  # noqa: B027
+        """Give up on requests a timeout left pending: cancel what can be, and let the process still end.
+
+        The transport is not used afterwards. This default does nothing.
+        """
+
     def close(self) -> None:  # noqa: B027 - most transports have nothing to release
         """Release what the transport holds; it is not used afterwards."""

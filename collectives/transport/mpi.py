@@ -2,15 +2,15 @@
 
 __all__ = ["MPITransport"]
 
+import atexit
+import os
+import sys
 import time
 from typing import Any
 
 from mpi4py import MPI
 
 from .base import Request, Transport
-
-_SPIN_S = 1e-3  # poll without sleeping this long first: a fast step never sleeps
-_PAUSE_S = (20e-6, 2e-3)  # then sleep between polls, doubling from the first to the second
 
 
 class MPITransport(Transport):
@@ -27,6 +27,7 @@ class MPITransport(Transport):
         self._comm = base.Dup()
         self._rank = self._comm.Get_rank()
         self._size = self._comm.Get_size()
+        self._stuck: list[MPI.Request] = []  # sends a timeout left behind
 
     @property
     def rank(self) -> int:
@@ -51,20 +52,39 @@ class MPITransport(Transport):
         MPI.Request.Waitall(requests)
 
     def wait_for(self, requests: list[Request], timeout: float) -> list[int]:
-        # MPI_Waitall cannot be bounded, so poll with MPI_Testall; sleeping once
-        # the spin is over leaves the core to the peers on an oversubscribed node
-        start = time.monotonic()
-        deadline = start + timeout
-        pause = _PAUSE_S[0]
+        # MPI_Waitall cannot be bounded, so poll MPI_Testall. MPI moves large messages
+        # only inside its calls, so a sleep between polls would stall them; yielding the
+        # core instead lets oversubscribed peers run, as MPICH's heavy yield does
+        deadline = time.monotonic() + timeout
         while not MPI.Request.Testall(requests):
-            now = time.monotonic()
-            if now >= deadline:
+            if time.monotonic() >= deadline:
                 # Test completes what has finished; the rest are pending
                 return [i for i, request in enumerate(requests) if not request.Test()]
-            if now - start > _SPIN_S:
-                time.sleep(min(pause, deadline - now))
-                pause = min(2 * pause, _PAUSE_S[1])
+            os.sched_yield()
         return []
+
+    def abandon(self, receives: list[Request], sends: list[Request]) -> None:
+        # a receive can be cancelled; a send cannot (MPI-4 deprecates it), and MPI_Finalize
+        # waits for it, so a process left with one aborts the job at exit rather than hang
+        for request in receives:
+            request.Cancel()
+        deadline = time.monotonic() + 1.0
+        while not MPI.Request.Testall(receives) and time.monotonic() < deadline:
+            time.sleep(1e-3)
+        if not self._stuck:
+            atexit.register(self._abort_if_stuck)  # runs before mpi4py's own MPI_Finalize
+        self._stuck.extend(sends)
+
+    def _abort_if_stuck(self) -> None:
+        if MPI.Is_finalized() or MPI.Request.Testall(self._stuck):
+            return
+        print(
+            "collectives: a timed-out collective left sends that never completed; "
+            "MPI_Finalize would wait for them forever, so the job is aborted",
+            file=sys.stderr,
+            flush=True,
+        )
+        MPI.COMM_WORLD.Abort(1)
 
     def close(self) -> None:
         if self._comm != MPI.COMM_NULL and not MPI.Is_finalized():
