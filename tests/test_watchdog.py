@@ -221,7 +221,7 @@ def test_settings_come_from_arguments_then_the_environment(monkeypatch: pytest.M
 
 
 def test_check_off_by_environment_sends_no_signature(monkeypatch: pytest.MonkeyPatch) -> None:
-    # with the check off, ranks that disagree are not caught: the shorter count's rank times out
+    # COLLECTIVES_CHECK=0: no message on the signature tag (9), only the schedule's
     monkeypatch.setenv("COLLECTIVES_CHECK", "0")
     sent: list[int] = []
     world = LoopbackWorld(2, timeout=5)
