@@ -18,6 +18,7 @@ import math
 import struct
 import weakref
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from .algorithms import build_schedule
@@ -38,6 +39,7 @@ from .selector import (
 )
 from .specs import check_root
 from .transport.base import Transport
+from .watchdog import Call, Watchdog
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -54,9 +56,33 @@ class Communicator:
     may be given instead, e.g. a loopback transport in tests. On the first
     ``algorithm="auto"`` call its ranks take rank 0's cost model, so that they
     all choose the same algorithm.
+
+    Before each collective its ranks agree on the call (collective, count,
+    dtype, op, root, algorithm, sequence number) and raise
+    :class:`~collectives.MismatchError` on every rank if they differ; no
+    collective waits longer than ``timeout`` (see :mod:`collectives.watchdog`).
+
+    Args:
+        comm: the mpi4py communicator, or a transport.
+        timeout: seconds a collective may take before it raises
+            :class:`~collectives.CollectiveTimeout`; ``$COLLECTIVES_TIMEOUT``
+            or 30 minutes by default; 0 for no limit.
+        stall_warning: seconds after which a waiting collective logs the ranks it
+            waits for; ``$COLLECTIVES_STALL_WARNING`` or ``min(60, timeout / 2)``
+            by default; 0 for none.
+        check: whether calls are checked for mismatches unless a call says
+            otherwise; ``$COLLECTIVES_CHECK`` (``1`` or ``0``) or on by default.
+            It must be the same on every rank.
     """
 
-    def __init__(self, comm: "MPI.Comm | Transport | None" = None) -> None:
+    def __init__(
+        self,
+        comm: "MPI.Comm | Transport | None" = None,
+        *,
+        timeout: float | None = None,
+        stall_warning: float | None = None,
+        check: bool | None = None,
+    ) -> None:
         self._selector: Selector | None = None  # agreed on the first algorithm="auto"
         self._scratch = Scratch()  # reused by every call, so repeated calls allocate nothing
         self._shared: SharedExecutor | None = None
@@ -67,6 +93,7 @@ class Communicator:
             from .transport.mpi import MPITransport
 
             self._transport = MPITransport(comm)
+        self._watchdog = Watchdog(self._transport, timeout=timeout, stall_warning=stall_warning, check=check)
 
     @property
     def rank(self) -> int:
@@ -95,6 +122,15 @@ class Communicator:
                 self._shared = SharedExecutor(shared, self.rank, self.size)
             self._features = frozenset() if shared is None else frozenset({"shared_memory"})
         return self._features
+
+    @property
+    def timeout(self) -> float:
+        """Seconds a collective may take; ``math.inf`` for no limit."""
+        return self._watchdog.timeout
+
+    def flight_record(self) -> list[str]:
+        """This rank's last collectives on the communicator, oldest first, one line each."""
+        return self._watchdog.flight_record()
 
     def free(self) -> None:
         """Release the library's duplicate communicator; collective, like creating it."""
@@ -191,6 +227,23 @@ def _shared(group: Communicator, algorithm: str, backend: ArrayBackend) -> Share
     return group._shared
 
 
+def _watch(
+    group: Communicator,
+    collective: str,
+    algorithm: str,
+    count: int,
+    dtype: str = "",
+    op: ReduceOp | None = None,
+    root: int = -1,
+    counts: Sequence[int] | None = None,
+    check: bool | None = None,
+) -> AbstractContextManager[Call]:
+    """The guard of one call: signature agreement, deadlines, flight recorder (see collectives.watchdog)."""
+    shares = None if counts is None else tuple(int(c) for c in counts)
+    name = "" if op is None else op.name
+    return group._watchdog.collective(collective, algorithm, count, dtype, name, root, shares, check)
+
+
 def _check_out(backend: ArrayBackend, out: Any, x: Any, shape: tuple[int, ...]) -> None:
     if not backend.owns(out):
         raise InvalidBufferError(f"out is a {type(out).__name__}, but the input is a {type(x).__name__}")
@@ -218,6 +271,7 @@ def allreduce(
     out: Any = None,
     algorithm: str = AUTO,
     comm: "Communicator | MPI.Comm | None" = None,
+    check: bool | None = None,
 ) -> Any:
     """Combine ``x`` element-wise across all ranks; every rank gets the result.
 
@@ -230,6 +284,9 @@ def allreduce(
         algorithm: the algorithm's name, e.g. ``"ring"``; ``"auto"`` (the default)
             runs the one the cost model predicts fastest (see :func:`explain`).
         comm: the communicator; the one over ``MPI.COMM_WORLD`` by default.
+        check: agree with the other ranks on the call before running it, and raise
+            :class:`~collectives.MismatchError` on every rank if they differ; the
+            communicator's setting by default. The same on every rank.
 
     Returns:
         The result, ``out`` when given.
@@ -247,13 +304,14 @@ def allreduce(
         if source is None or backend.shares_memory(source, work):
             backend.copy(work, x)
             source = None
-    algorithm = _algorithm(group, "allreduce", algorithm, x.size, item_bytes)
-    shared = _shared(group, algorithm, backend)
-    if shared is not None and reduce_op is not None:
-        shared.allreduce(backend, work, work if source is None else source, reduce_op)
-    else:
-        schedule = build_schedule("allreduce", algorithm, group.size, x.size)
-        execute(schedule, group.transport, backend, work, reduce_op, group._scratch, source=source)
+    with _watch(group, "allreduce", algorithm, x.size, backend.dtype_name(x), reduce_op, check=check) as call:
+        call.algorithm = _algorithm(group, "allreduce", algorithm, x.size, item_bytes)
+        shared = _shared(group, call.algorithm, backend)
+        if shared is not None and reduce_op is not None:
+            shared.allreduce(backend, work, work if source is None else source, reduce_op)
+        else:
+            schedule = build_schedule("allreduce", call.algorithm, group.size, x.size)
+            execute(schedule, call.transport, backend, work, reduce_op, group._scratch, source=source)
     if reduce_op is not None and reduce_op.averages:
         backend.divide(work, group.size)
     return _deliver(backend, work, in_out, out, shape)
@@ -267,6 +325,7 @@ def reduce_scatter(
     out: Any = None,
     algorithm: str = AUTO,
     comm: "Communicator | MPI.Comm | None" = None,
+    check: bool | None = None,
 ) -> Any:
     """Combine ``x`` across all ranks; each rank gets its own share of the result.
 
@@ -284,6 +343,9 @@ def reduce_scatter(
         algorithm: the algorithm's name, or ``"auto"`` (the default), as for :func:`allreduce`;
             it chooses for an even split of ``x``, whatever ``counts`` says.
         comm: the communicator; the one over ``MPI.COMM_WORLD`` by default.
+        check: agree with the other ranks on the call before running it, and raise
+            :class:`~collectives.MismatchError` on every rank if they differ; the
+            communicator's setting by default. The same on every rank.
 
     Returns:
         This rank's share of the result, ``out`` when given.
@@ -294,25 +356,29 @@ def reduce_scatter(
     shares, share_shape, _ = _shares("reduce_scatter", x, counts, size, rank, x.size)
     if out is not None:
         _check_out(backend, out, x, share_shape)
-    algorithm = _algorithm(group, "reduce_scatter", algorithm, x.size, item_bytes)
-    shared = _shared(group, algorithm, backend)
-    flat = backend.flat_view(x)
-    if shared is not None and reduce_op is not None and flat is not None:
-        if out is None:
-            out = backend.empty(shares[rank], x).reshape(share_shape)
-        mine = backend.flat_view(out)
-        target = backend.empty(shares[rank], x) if mine is None or backend.shares_memory(mine, flat) else mine
-        shared.reduce_scatter(backend, target, flat, shares, reduce_op)
-        if reduce_op.averages:
-            backend.divide(target, size)
-        if target is not mine:
-            backend.copy(out, target)
-        return out
-    # the input must survive, so the schedule runs on a copy of all of it
-    work = backend.empty(x.size, x)
-    backend.copy(work, x)
-    schedule = build_schedule("reduce_scatter", algorithm, size, x.size, shares)
-    execute(schedule, group.transport, backend, work, reduce_op)
+    dtype = backend.dtype_name(x)
+    with _watch(group, "reduce_scatter", algorithm, x.size, dtype, reduce_op, -1, counts, check) as call:
+        call.algorithm = _algorithm(group, "reduce_scatter", algorithm, x.size, item_bytes)
+        shared = _shared(group, call.algorithm, backend)
+        flat = backend.flat_view(x)
+        if shared is not None and reduce_op is not None and flat is not None:
+            if out is None:
+                out = backend.empty(shares[rank], x).reshape(share_shape)
+            mine = backend.flat_view(out)
+            target = (
+                backend.empty(shares[rank], x) if mine is None or backend.shares_memory(mine, flat) else mine
+            )
+            shared.reduce_scatter(backend, target, flat, shares, reduce_op)
+            if reduce_op.averages:
+                backend.divide(target, size)
+            if target is not mine:
+                backend.copy(out, target)
+            return out
+        # the input must survive, so the schedule runs on a copy of all of it
+        work = backend.empty(x.size, x)
+        backend.copy(work, x)
+        schedule = build_schedule("reduce_scatter", call.algorithm, size, x.size, shares)
+        execute(schedule, call.transport, backend, work, reduce_op)
     lo = sum(shares[:rank])
     mine = work[lo : lo + shares[rank]]
     if reduce_op is not None and reduce_op.averages:
@@ -330,6 +396,7 @@ def allgather(
     out: Any = None,
     algorithm: str = AUTO,
     comm: "Communicator | MPI.Comm | None" = None,
+    check: bool | None = None,
 ) -> Any:
     """Concatenate every rank's ``x`` in rank order; every rank gets the whole.
 
@@ -345,6 +412,9 @@ def allgather(
         algorithm: the algorithm's name, or ``"auto"`` (the default), as for :func:`allreduce`;
             it chooses for an even split of the result, whatever ``counts`` says.
         comm: the communicator; the one over ``MPI.COMM_WORLD`` by default.
+        check: agree with the other ranks on the call before running it, and raise
+            :class:`~collectives.MismatchError` on every rank if they differ; the
+            communicator's setting by default. The same on every rank.
 
     Returns:
         The concatenation, ``out`` when given.
@@ -361,13 +431,14 @@ def allgather(
     work, in_out = _workspace(backend, out, total, x)
     lo = sum(shares[:rank])
     backend.copy(work[lo : lo + shares[rank]], x)
-    algorithm = _algorithm(group, "allgather", algorithm, total, item_bytes)
-    shared = _shared(group, algorithm, backend)
-    if shared is not None:
-        shared.allgather(backend, work, work[lo : lo + shares[rank]], shares)
-    else:
-        schedule = build_schedule("allgather", algorithm, size, total, shares)
-        execute(schedule, group.transport, backend, work)
+    with _watch(group, "allgather", algorithm, total, backend.dtype_name(x), None, -1, counts, check) as call:
+        call.algorithm = _algorithm(group, "allgather", algorithm, total, item_bytes)
+        shared = _shared(group, call.algorithm, backend)
+        if shared is not None:
+            shared.allgather(backend, work, work[lo : lo + shares[rank]], shares)
+        else:
+            schedule = build_schedule("allgather", call.algorithm, size, total, shares)
+            execute(schedule, call.transport, backend, work)
     return _deliver(backend, work, in_out, out, whole_shape)
 
 
@@ -461,6 +532,7 @@ def broadcast(
     out: Any = None,
     algorithm: str = AUTO,
     comm: "Communicator | MPI.Comm | None" = None,
+    check: bool | None = None,
 ) -> Any:
     """Copy the root's ``x`` to every rank.
 
@@ -475,6 +547,9 @@ def broadcast(
             broadcasts in place, as ``MPI_Bcast`` does.
         algorithm: the algorithm's name, or ``"auto"`` for the selector's choice.
         comm: the communicator; the one over ``MPI.COMM_WORLD`` by default.
+        check: agree with the other ranks on the call before running it, and raise
+            :class:`~collectives.MismatchError` on every rank if they differ; the
+            communicator's setting by default. The same on every rank.
 
     Returns:
         The root's data, ``out`` when given.
@@ -491,9 +566,12 @@ def broadcast(
     work, in_out = _workspace(backend, out, x.size, x)
     if group.rank == root and not (in_out and out is x):
         backend.copy(work, x)
-    algorithm = _algorithm(group, "broadcast", algorithm, x.size, item_bytes)
-    schedule = build_schedule("broadcast", algorithm, group.size, x.size, root=root)
-    execute(schedule, group.transport, backend, work)
+    with _watch(
+        group, "broadcast", algorithm, x.size, backend.dtype_name(x), None, root, None, check
+    ) as call:
+        call.algorithm = _algorithm(group, "broadcast", algorithm, x.size, item_bytes)
+        schedule = build_schedule("broadcast", call.algorithm, group.size, x.size, root=root)
+        execute(schedule, call.transport, backend, work)
     return _deliver(backend, work, in_out, out, shape)
 
 
@@ -505,6 +583,7 @@ def reduce(
     out: Any = None,
     algorithm: str = AUTO,
     comm: "Communicator | MPI.Comm | None" = None,
+    check: bool | None = None,
 ) -> Any:
     """Combine ``x`` element-wise across all ranks; the root gets the result.
 
@@ -517,6 +596,9 @@ def reduce(
             at the root.
         algorithm: the algorithm's name, or ``"auto"`` for the selector's choice.
         comm: the communicator; the one over ``MPI.COMM_WORLD`` by default.
+        check: agree with the other ranks on the call before running it, and raise
+            :class:`~collectives.MismatchError` on every rank if they differ; the
+            communicator's setting by default. The same on every rank.
 
     Returns:
         At the root, the result (``out`` when given); ``None`` elsewhere, as
@@ -536,9 +618,11 @@ def reduce(
     work, in_out = _workspace(backend, out if at_root else None, x.size, x)
     if not (in_out and out is x):
         backend.copy(work, x)
-    algorithm = _algorithm(group, "reduce", algorithm, x.size, item_bytes)
-    schedule = build_schedule("reduce", algorithm, group.size, x.size, root=root)
-    execute(schedule, group.transport, backend, work, reduce_op)
+    dtype = backend.dtype_name(x)
+    with _watch(group, "reduce", algorithm, x.size, dtype, reduce_op, root, None, check) as call:
+        call.algorithm = _algorithm(group, "reduce", algorithm, x.size, item_bytes)
+        schedule = build_schedule("reduce", call.algorithm, group.size, x.size, root=root)
+        execute(schedule, call.transport, backend, work, reduce_op)
     if not at_root:
         return None
     if reduce_op is not None and reduce_op.averages:
@@ -554,6 +638,7 @@ def gather(
     out: Any = None,
     algorithm: str = AUTO,
     comm: "Communicator | MPI.Comm | None" = None,
+    check: bool | None = None,
 ) -> Any:
     """Concatenate every rank's ``x`` in rank order at the root.
 
@@ -570,6 +655,9 @@ def gather(
             only at the root.
         algorithm: the algorithm's name, or ``"auto"`` for the selector's choice.
         comm: the communicator; the one over ``MPI.COMM_WORLD`` by default.
+        check: agree with the other ranks on the call before running it, and raise
+            :class:`~collectives.MismatchError` on every rank if they differ; the
+            communicator's setting by default. The same on every rank.
 
     Returns:
         At the root, the concatenation (``out`` when given); ``None`` elsewhere.
@@ -591,9 +679,10 @@ def gather(
     work, in_out = _workspace(backend, out if at_root else None, total, x)
     lo = sum(shares[:rank])
     backend.copy(work[lo : lo + shares[rank]], x)
-    algorithm = _algorithm(group, "gather", algorithm, total, item_bytes)
-    schedule = build_schedule("gather", algorithm, size, total, shares, root=root)
-    execute(schedule, group.transport, backend, work)
+    with _watch(group, "gather", algorithm, total, backend.dtype_name(x), None, root, counts, check) as call:
+        call.algorithm = _algorithm(group, "gather", algorithm, total, item_bytes)
+        schedule = build_schedule("gather", call.algorithm, size, total, shares, root=root)
+        execute(schedule, call.transport, backend, work)
     return _deliver(backend, work, in_out, out, whole_shape) if at_root else None
 
 
@@ -605,6 +694,7 @@ def scatter(
     out: Any = None,
     algorithm: str = AUTO,
     comm: "Communicator | MPI.Comm | None" = None,
+    check: bool | None = None,
 ) -> Any:
     """Split the root's ``x`` into shares in rank order; each rank gets its own.
 
@@ -625,6 +715,9 @@ def scatter(
         out: where to put this rank's share.
         algorithm: the algorithm's name, or ``"auto"`` for the selector's choice.
         comm: the communicator; the one over ``MPI.COMM_WORLD`` by default.
+        check: agree with the other ranks on the call before running it, and raise
+            :class:`~collectives.MismatchError` on every rank if they differ; the
+            communicator's setting by default. The same on every rank.
 
     Returns:
         This rank's share, ``out`` when given.
@@ -657,9 +750,11 @@ def scatter(
     work = backend.empty(total, like)
     if rank == root:
         backend.copy(work, x)
-    algorithm = _algorithm(group, "scatter", algorithm, total, item_bytes)
-    schedule = build_schedule("scatter", algorithm, size, total, shares, root=root)
-    execute(schedule, group.transport, backend, work)
+    dtype = backend.dtype_name(like)
+    with _watch(group, "scatter", algorithm, total, dtype, None, root, counts, check) as call:
+        call.algorithm = _algorithm(group, "scatter", algorithm, total, item_bytes)
+        schedule = build_schedule("scatter", call.algorithm, size, total, shares, root=root)
+        execute(schedule, call.transport, backend, work)
     lo = sum(shares[:rank])
     if out is None:
         out = backend.empty(shares[rank], like).reshape(share_shape)
@@ -683,6 +778,7 @@ def alltoall(
     out: Any = None,
     algorithm: str = AUTO,
     comm: "Communicator | MPI.Comm | None" = None,
+    check: bool | None = None,
 ) -> Any:
     """Send share ``j`` of ``x`` to rank ``j``; get every rank's share for this one, in rank order.
 
@@ -696,6 +792,9 @@ def alltoall(
             exchanges in place.
         algorithm: the algorithm's name, or ``"auto"`` for the selector's choice.
         comm: the communicator; the one over ``MPI.COMM_WORLD`` by default.
+        check: agree with the other ranks on the call before running it, and raise
+            :class:`~collectives.MismatchError` on every rank if they differ; the
+            communicator's setting by default. The same on every rank.
 
     Returns:
         The shares from every rank, ``out`` when given.
@@ -715,9 +814,10 @@ def alltoall(
     # no rank sends to itself, so its share for itself starts in its slot of the output
     mine = rank * share
     backend.copy(work[count + mine : count + mine + share], work[mine : mine + share])
-    algorithm = _algorithm(group, "alltoall", algorithm, count, item_bytes)
-    schedule = build_schedule("alltoall", algorithm, size, count)
-    execute(schedule, group.transport, backend, work)
+    with _watch(group, "alltoall", algorithm, count, backend.dtype_name(x), None, check=check) as call:
+        call.algorithm = _algorithm(group, "alltoall", algorithm, count, item_bytes)
+        schedule = build_schedule("alltoall", call.algorithm, size, count)
+        execute(schedule, call.transport, backend, work)
     result = work[count:]
     if out is None:
         return result.reshape(shape)
@@ -725,18 +825,24 @@ def alltoall(
     return out
 
 
-def barrier(comm: "Communicator | MPI.Comm | None" = None, *, algorithm: str = AUTO) -> None:
+def barrier(
+    comm: "Communicator | MPI.Comm | None" = None, *, algorithm: str = AUTO, check: bool | None = None
+) -> None:
     """Return only once every rank of the communicator has called ``barrier``.
 
     Args:
         comm: the communicator; the one over ``MPI.COMM_WORLD`` by default.
         algorithm: the algorithm's name, or ``"auto"`` for the selector's choice.
+        check: agree with the other ranks on the call before running it, and raise
+            :class:`~collectives.MismatchError` on every rank if they differ; the
+            communicator's setting by default. The same on every rank.
     """
     import numpy as np  # the tokens are host bytes, whatever library the user's arrays are from
 
     check_algorithm("barrier", algorithm)
     group = _communicator(comm)
-    algorithm = _algorithm(group, "barrier", algorithm, 0, 1)
-    schedule = build_schedule("barrier", algorithm, group.size, 0)
-    tokens = np.zeros(schedule.count, np.uint8)
-    execute(schedule, group.transport, backend_for(tokens), tokens, get_op("bor"))
+    with _watch(group, "barrier", algorithm, 0, check=check) as call:
+        call.algorithm = _algorithm(group, "barrier", algorithm, 0, 1)
+        schedule = build_schedule("barrier", call.algorithm, group.size, 0)
+        tokens = np.zeros(schedule.count, np.uint8)
+        execute(schedule, call.transport, backend_for(tokens), tokens, get_op("bor"))

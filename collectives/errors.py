@@ -4,8 +4,10 @@ __all__ = [
     "CalibrationError",
     "CollectiveTimeout",
     "CollectivesError",
+    "ConfigurationError",
     "InvalidBufferError",
     "InvalidRootError",
+    "MismatchError",
     "ScheduleError",
     "TopologyError",
     "TransportError",
@@ -73,7 +75,50 @@ class TransportError(CollectivesError, RuntimeError):
 
 
 class CollectiveTimeout(TransportError, TimeoutError):
-    """A collective did not complete in time."""
+    """A collective did not complete in time.
+
+    Attributes say where this rank was stuck; any of them may be ``None`` when
+    the timeout came from below the library's own bookkeeping.
+
+    Attributes:
+        collective: the collective's name.
+        sequence: its sequence number on the communicator.
+        step: the step this rank was waiting in (``"signature"`` while the
+            ranks agree on the call, else the schedule's step number).
+        peers: the ranks this rank was still waiting for.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        collective: str | None = None,
+        sequence: int | None = None,
+        step: int | str | None = None,
+        peers: tuple[int, ...] = (),
+    ) -> None:
+        super().__init__(message)
+        self.collective = collective
+        self.sequence = sequence
+        self.step = step
+        self.peers = peers
+
+
+class MismatchError(CollectivesError, ValueError):
+    """The ranks called different collectives, or the same one with different arguments.
+
+    Attributes:
+        fields: each field the ranks disagree on, mapped to its values and the
+            ranks that passed each one.
+    """
+
+    def __init__(self, message: str, fields: dict[str, dict[str, tuple[int, ...]]]) -> None:
+        super().__init__(message)
+        self.fields = fields
+
+
+class ConfigurationError(CollectivesError, ValueError):
+    """A setting, from an argument or an environment variable, has a value that cannot be used."""
 
 
 class CalibrationError(CollectivesError, ValueError):

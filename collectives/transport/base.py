@@ -57,6 +57,22 @@ class Transport(ABC):
         """
         return None
 
+    def wait_for(self, requests: list[Request], timeout: float) -> list[int]:
+        """Wait at most ``timeout`` seconds for ``requests``; the indices of those still pending.
+
+        An empty list means every request completed. Pending requests stay
+        valid and may be waited for again. This default waits without bound;
+        transports that can stop waiting override it.
+        """
+        self.waitall(requests)
+        return []
+
+    def abandon(self, receives: list[Request], sends: list[Request]) -> None:  # noqa: B027
+        """Give up on requests a timeout left pending: cancel what can be, and let the process still end.
+
+        The transport is not used afterwards. This default does nothing.
+        """
+
     def close(self) -> None:  # noqa: B027 - most transports have nothing to release
         """Release what the transport holds; it is not used afterwards."""
 

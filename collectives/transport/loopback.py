@@ -2,6 +2,7 @@
 
 __all__ = ["LoopbackTransport", "LoopbackWorld"]
 
+import math
 import threading
 import time
 from collections import deque
@@ -77,7 +78,8 @@ class LoopbackWorld:
             self._mailboxes.setdefault((src, dst, tag), deque()).append(data)
             self._changed.notify_all()
 
-    def _take(self, src: int, dst: int, tag: int) -> bytes:
+    def _take(self, src: int, dst: int, tag: int, until: float | None = None) -> bytes | None:
+        """The next message, or ``None`` once the monotonic time ``until`` has passed."""
         deadline = time.monotonic() + self.timeout
         with self._changed:
             while True:
@@ -86,12 +88,15 @@ class LoopbackWorld:
                 box = self._mailboxes.get((src, dst, tag))
                 if box:
                     return box.popleft()
-                left = deadline - time.monotonic()
+                now = time.monotonic()
+                if until is not None and now >= until:
+                    return None
+                left = deadline - now
                 if left <= 0:
                     raise CollectiveTimeout(
                         f"rank {dst} waited {self.timeout:g} s for a message from rank {src} (tag {tag})"
                     )
-                self._changed.wait(left)
+                self._changed.wait(left if until is None else min(left, until - now))
 
 
 class _Aborted(TransportError):
@@ -103,12 +108,13 @@ def _is_abort(exc: BaseException) -> bool:
 
 
 class _Receive:
-    __slots__ = ("buffer", "src", "tag")
+    __slots__ = ("buffer", "done", "src", "tag")
 
     def __init__(self, buffer: Any, src: int, tag: int) -> None:
         self.buffer = buffer
         self.src = src
         self.tag = tag
+        self.done = False
 
 
 class LoopbackTransport(Transport):
@@ -136,16 +142,26 @@ class LoopbackTransport(Transport):
         return _Receive(buffer, src, tag)
 
     def waitall(self, requests: list[Request]) -> None:
-        for request in requests:
-            if isinstance(request, _Receive):
-                data = self._world._take(request.src, self._rank, request.tag)
-                target = memoryview(request.buffer).cast("B")
-                if len(data) != len(target):
-                    raise TransportError(
-                        f"rank {self._rank} expected {len(target)} bytes from rank "
-                        f"{request.src}, got {len(data)}"
-                    )
-                target[:] = data
+        self.wait_for(requests, math.inf)  # the world's own timeout still bounds each receive
+
+    def wait_for(self, requests: list[Request], timeout: float) -> list[int]:
+        until = time.monotonic() + timeout
+        for i, request in enumerate(requests):
+            if isinstance(request, _Receive) and not request.done:
+                data = self._world._take(request.src, self._rank, request.tag, until)
+                if data is None:
+                    return [j for j in range(i, len(requests)) if isinstance(requests[j], _Receive)]
+                self._deliver(request, data)
+        return []
+
+    def _deliver(self, request: "_Receive", data: bytes) -> None:
+        target = memoryview(request.buffer).cast("B")
+        if len(data) != len(target):
+            raise TransportError(
+                f"rank {self._rank} expected {len(target)} bytes from rank {request.src}, got {len(data)}"
+            )
+        target[:] = data
+        request.done = True
 
     def _check_peer(self, peer: int) -> None:
         if not 0 <= peer < self._world.size:

@@ -2,6 +2,10 @@
 
 __all__ = ["MPISharedMemory", "MPITransport"]
 
+import atexit
+import os
+import sys
+import time
 from typing import Any, cast
 
 from mpi4py import MPI
@@ -35,6 +39,7 @@ class MPITransport(Transport):
         self._size = self._comm.Get_size()
         self._shared: MPISharedMemory | None = None
         self._shared_known = False
+        self._stuck: list[MPI.Request] = []  # sends a timeout left behind
 
     @property
     def rank(self) -> int:
@@ -73,6 +78,41 @@ class MPITransport(Transport):
             else:
                 node.Free()
         return self._shared
+
+    def wait_for(self, requests: list[Request], timeout: float) -> list[int]:
+        # MPI_Waitall cannot be bounded, so poll MPI_Testall. MPI moves large messages
+        # only inside its calls, so a sleep between polls would stall them; yielding the
+        # core instead lets oversubscribed peers run, as MPICH's heavy yield does
+        deadline = time.monotonic() + timeout
+        while not MPI.Request.Testall(requests):
+            if time.monotonic() >= deadline:
+                # Test completes what has finished; the rest are pending
+                return [i for i, request in enumerate(requests) if not request.Test()]
+            os.sched_yield()
+        return []
+
+    def abandon(self, receives: list[Request], sends: list[Request]) -> None:
+        # a receive can be cancelled; a send cannot (MPI-4 deprecates it), and MPI_Finalize
+        # waits for it, so a process left with one aborts the job at exit rather than hang
+        for request in receives:
+            request.Cancel()
+        deadline = time.monotonic() + 1.0
+        while not MPI.Request.Testall(receives) and time.monotonic() < deadline:
+            time.sleep(1e-3)
+        if not self._stuck:
+            atexit.register(self._abort_if_stuck)  # runs before mpi4py's own MPI_Finalize
+        self._stuck.extend(sends)
+
+    def _abort_if_stuck(self) -> None:
+        if MPI.Is_finalized() or MPI.Request.Testall(self._stuck):
+            return
+        print(
+            "collectives: a timed-out collective left sends that never completed; "
+            "MPI_Finalize would wait for them forever, so the job is aborted",
+            file=sys.stderr,
+            flush=True,
+        )
+        MPI.COMM_WORLD.Abort(1)
 
     def close(self) -> None:
         if self._shared is not None and not MPI.Is_finalized():

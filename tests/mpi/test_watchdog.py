@@ -1,0 +1,67 @@
+"""Under mpiexec: mismatched calls raise on every rank; a rank that never comes makes the others time out."""
+
+import time
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import collectives
+from collectives import CollectiveTimeout, MismatchError
+from tests.mpi.helpers import Problems
+
+pytestmark = pytest.mark.mpi
+
+
+def test_a_mismatch_raises_on_every_rank(world: MPI.Intracomm) -> None:
+    if world.size == 1:
+        pytest.skip("one rank always agrees with itself")
+    problems = Problems(world)
+    last = world.size - 1
+    comm = collectives.Communicator(world, check=True)  # whatever $COLLECTIVES_CHECK says
+    x = np.ones(10 if world.rank != last else 11, np.float32)
+    try:
+        collectives.allreduce(x, comm=comm)
+        problems.expect(False, "allreduce of unequal counts did not raise")
+    except MismatchError as error:
+        others = ", ".join(map(str, range(last)))
+        problems.expect(
+            error.fields == {"count": {"10": tuple(range(last)), "11": (last,)}},
+            f"fields {error.fields}",
+        )
+        problems.expect(
+            f"count: 10 on rank{'s' if last > 1 else ''} {others}; 11 on rank {last}" in str(error),
+            str(error),
+        )
+    # the communicator is still in step: the next call agrees and runs
+    with problems.guard("allreduce after the mismatch"):
+        result = collectives.allreduce(np.ones(3, np.float32), comm=comm)
+        problems.expect((result == world.size).all(), f"got {result}")
+    comm.free()
+    problems.check()
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_a_rank_that_never_calls_makes_the_others_time_out(world: MPI.Intracomm, check: bool) -> None:
+    if world.size == 1:
+        pytest.skip("needs a rank to stay away")
+    problems = Problems(world)
+    last = world.size - 1
+    comm = collectives.Communicator(world, timeout=1.0, check=check)
+    if world.rank != last:
+        started = time.monotonic()
+        try:
+            collectives.allreduce(np.ones(16, np.float64), algorithm="ring", comm=comm)
+            problems.expect(False, "allreduce without the last rank did not time out")
+        except CollectiveTimeout as error:
+            took = time.monotonic() - started
+            problems.expect(1.0 <= took < 10, f"timed out after {took:.1f} s, expected 1 s")
+            problems.expect(error.collective == "allreduce" and error.sequence == 0, str(error))
+            if check:
+                problems.expect(error.step == "signature" and error.peers == (last,), str(error))
+            else:
+                # the ring's neighbours wait for the last rank; the others for whoever waits on it
+                problems.expect(isinstance(error.step, int) and len(error.peers) > 0, str(error))
+            problems.expect("#0 allreduce count=16 dtype=float64" in str(error), "no flight recorder")
+    # MPI cannot cancel the messages posted to the absent rank, so the communicator is not freed
+    problems.check()

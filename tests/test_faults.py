@@ -1,0 +1,29 @@
+"""A rank that dies or hangs in the middle of a collective ends the job within a bound, never hangs it."""
+
+import subprocess
+import time
+
+import pytest
+
+from tests.mpirun import mpiexec, run_mpi
+
+BOUND_S = 60  # the job must be over by then; the survivors' own timeout is 5 s
+
+
+@pytest.mark.skipif(mpiexec() is None, reason="no mpiexec (install the mpich extra)")
+@pytest.mark.parametrize("how", ["exit", "kill", "hang"])
+def test_a_rank_lost_mid_collective_ends_the_job(how: str) -> None:
+    started = time.monotonic()
+    try:
+        finished = run_mpi(3, ["-m", "tests.faults.die_mid_collective", how], timeout=BOUND_S)
+    except subprocess.TimeoutExpired as expired:
+        pytest.fail(f"the job hung after a rank was lost ({how}); output:\n{expired.output}")
+    took = time.monotonic() - started
+    output = finished.stdout
+    assert finished.returncode != 0, output
+    assert f"rank 2: dying ({how})" in output
+    assert "completed without rank 2" not in output
+    if how == "hang":
+        # nothing died, so only the survivors' timeout can end it
+        assert "CollectiveTimeout" in output and "waiting for rank" in output, output
+    print(f"{how}: the job ended in {took:.1f} s with exit status {finished.returncode}")
