@@ -28,6 +28,16 @@ class Transport(ABC):
     def size(self) -> int:
         """The number of ranks in the group."""
 
+    @property
+    def thread_level(self) -> str:
+        """Which threads may use the transport, in MPI's terms.
+
+        ``"multiple"``: any thread, at the same time as others; ``"serialized"``:
+        any thread, one at a time; ``"funneled"``: only the main thread;
+        ``"single"``: the process has one thread.
+        """
+        return "multiple"
+
     @abstractmethod
     def isend(self, buffer: Any, dst: int, tag: int) -> Request:
         """Start sending ``buffer`` to rank ``dst``."""

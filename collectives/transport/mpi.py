@@ -15,6 +15,13 @@ from .base import Request, SharedMemory, Transport
 SHARED_REGION_BYTES = 1 << 21
 """Bytes of each rank's region of the shared window: two segments of 1 MiB, double-buffered."""
 
+_THREAD_LEVELS = {
+    MPI.THREAD_SINGLE: "single",
+    MPI.THREAD_FUNNELED: "funneled",
+    MPI.THREAD_SERIALIZED: "serialized",
+    MPI.THREAD_MULTIPLE: "multiple",
+}
+
 
 class MPITransport(Transport):
     """Sends and receives on a private duplicate of an mpi4py communicator.
@@ -46,6 +53,11 @@ class MPITransport(Transport):
     def comm(self) -> MPI.Intracomm:
         """The library's private duplicate of the user's communicator."""
         return self._comm
+
+    @property
+    def thread_level(self) -> str:
+        """The thread support MPI was initialised with (mpi4py asks for ``multiple``)."""
+        return _THREAD_LEVELS.get(MPI.Query_thread(), "single")
 
     def isend(self, buffer: Any, dst: int, tag: int) -> Request:
         return self._comm.Isend([buffer, MPI.BYTE], dst, tag)
