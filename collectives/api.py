@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from .algorithms import build_schedule
+from .algorithms import ALGORITHMS, build_schedule
 from .backends import ArrayBackend, backend_for
 from .errors import CalibrationError, InvalidBufferError
 from .execute import Scratch, execute
@@ -221,8 +221,9 @@ def _algorithm(group: Communicator, collective: str, algorithm: str, count: int,
 
 
 def _shared(group: Communicator, algorithm: str, backend: ArrayBackend) -> SharedExecutor | None:
-    """The shared-memory executor, when ``algorithm`` is ``shared_memory`` and it can run it."""
-    if algorithm != "shared_memory" or backend.name != "numpy" or not group.features:
+    """The shared-memory executor, when ``algorithm`` declares it needs shared memory and it can run it."""
+    needs = getattr(ALGORITHMS[algorithm], "REQUIRES", None)
+    if needs != "shared_memory" or backend.name != "numpy" or needs not in group.features:
         return None
     return group._shared
 
