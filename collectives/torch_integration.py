@@ -17,6 +17,7 @@ __all__ = [
     "broadcast_optimizer_state",
     "broadcast_parameters",
     "explain_path",
+    "functional",
     "fusion_buckets",
     "rank",
     "reduce_scatter",
@@ -1091,3 +1092,9 @@ def _register() -> None:
 
 
 _register()
+
+
+# --------------------------------------------------------------------------- differentiable collectives
+
+# last: torch_functional builds on the functions above
+from . import torch_functional as functional  # noqa: E402
