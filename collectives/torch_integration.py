@@ -1036,12 +1036,20 @@ class _ProcessGroup(dist.ProcessGroup):
 
 
 def _create_process_group(options: _DistributedBackendOptions, backend_options: object) -> _ProcessGroup:
-    """c10d's constructor of the ``collectives`` backend: a process group over a new communicator."""
+    """c10d's constructor of the ``collectives`` backend: a process group over a new communicator.
+
+    c10d calls it on the group's members only. The default group and a group
+    of every rank get a duplicate of ``MPI.COMM_WORLD``; a subgroup
+    (``torch.distributed.new_group(ranks)``) gets a communicator over those
+    ranks of it, created by them alone. Either way torch's global ranks must be
+    MPI's, as ``init_method="mpi://"`` makes them.
+    """
     ranks = list(options.global_ranks_in_group)
-    communicator = api.Communicator()  # its own duplicate of COMM_WORLD: collective, as creating a group is
-    if ranks and sorted(ranks) != list(range(communicator.size)):
-        communicator.free()
-        raise CollectivesError(f"the collectives backend runs on all ranks, not on a subgroup {ranks}")
+    if ranks and len(ranks) < dist.get_world_size():
+        communicator = _subgroup_communicator(ranks)
+    else:
+        # its own duplicate of COMM_WORLD: collective, as creating a group is
+        communicator = api.Communicator()
     if (options.group_rank, options.group_size) != (communicator.rank, communicator.size):
         rank, size = communicator.rank, communicator.size
         communicator.free()
@@ -1050,6 +1058,14 @@ def _create_process_group(options: _DistributedBackendOptions, backend_options: 
             f"{rank} of {size}; launch with mpiexec and init_method='mpi://'"
         )
     return _ProcessGroup(communicator)
+
+
+def _subgroup_communicator(ranks: list[int]) -> api.Communicator:
+    """A communicator over ``ranks`` of ``MPI.COMM_WORLD``; this process is one of them."""
+    from .transport.mpi import MPITransport
+
+    # torch's global rank is the rank in the default group, which mpi:// numbers as MPI does
+    return api.Communicator(MPITransport.of_world_ranks(ranks, dist.get_rank()))
 
 
 def _mpi_rendezvous(
