@@ -9,8 +9,9 @@ from mpi4py import MPI
 torch = pytest.importorskip("torch", reason="the torch integration needs torch (pip install torch==2.13.0)")
 dist = torch.distributed
 
-import collectives.torch_integration  # noqa: E402, F401 - registers the backend
-from tests import training  # noqa: E402
+from collectives import torch_integration as ti  # noqa: E402
+from collectives.errors import ConfigurationError  # noqa: E402
+from tests import autograd_cases, training  # noqa: E402
 from tests.mpi.helpers import Problems  # noqa: E402
 
 pytestmark = pytest.mark.mpi
@@ -119,4 +120,40 @@ def test_ddp_trains_within_a_subgroup(split: str, default_group: str, world: MPI
             problems.expect(
                 torch.equal(flat, first), f"group {ranks}: parameters differ from its first rank's"
             )
+    problems.check()
+
+
+def test_the_functions_take_a_group_as_their_communicator(default_group: str, world: MPI.Intracomm) -> None:
+    problems = Problems(world)
+    members = _groups(world.size)
+    groups = {name: dist.new_group(ranks, backend="collectives") for name, ranks in members.items()}
+    mine = "even" if world.rank % 2 == 0 else "odd"
+    ranks, group = members[mine], groups[mine]
+    with problems.guard("functions"):
+        where = (ti.rank(group), ti.size(group))
+        problems.expect(where == (ranks.index(world.rank), len(ranks)), f"rank, size {where}")
+        total = ti.allreduce(torch.full((3,), float(world.rank)), comm=group)
+        problems.expect(torch.equal(total, torch.full((3,), float(sum(ranks)))), f"allreduce {total}")
+        rows = ti.allgather(torch.full((1, 2), world.rank), comm=group)
+        problems.expect(torch.equal(rows[:, 0], torch.tensor(ranks)), f"allgather {rows}")
+        for case in autograd_cases.CASES:
+            x = autograd_cases.input_of(case, ti.rank(group), len(ranks))
+            actual = autograd_cases.distributed_gradient(case, x, ti.rank(group), len(ranks), group)
+            expected = autograd_cases.reference_gradients(case, len(ranks))[ti.rank(group)]
+            close = torch.allclose(actual, expected, rtol=1e-6, atol=0)
+            problems.expect(close, f"{case}: {actual.tolist()} != {expected.tolist()}")
+    wrong = {"NON_GROUP_MEMBER": dist.GroupMember.NON_GROUP_MEMBER}
+    if default_group == "gloo":
+        wrong["'gloo' backend"] = dist.group.WORLD
+    for match, comm in wrong.items():
+        try:
+            ti.allreduce(torch.ones(2), comm=comm)
+        except ConfigurationError as error:
+            problems.expect(match in str(error), f"{match}: {error}")
+        else:
+            problems.expect(False, f"{match}: no error")
+    if default_group == "collectives":
+        with problems.guard("the default group"):
+            everyone = ti.allreduce(torch.ones(2), comm=dist.group.WORLD)
+            problems.expect(torch.equal(everyone, torch.full((2,), float(world.size))), f"world {everyone}")
     problems.check()
