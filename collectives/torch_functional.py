@@ -77,7 +77,7 @@ def allreduce(tensor: torch.Tensor, op: str = "sum", *, comm: ti.Comm = None) ->
             ``requires_grad`` must be the same on every rank, since backward
             communicates.
         op: one of :data:`DIFFERENTIABLE_OPS` ``["allreduce"]``.
-        comm: the communicator; the one over ``MPI.COMM_WORLD`` by default.
+        comm: the communicator, as for :func:`~collectives.torch_integration.allreduce_async_`.
 
     Raises:
         UnsupportedOpError: for ``prod`` and the bitwise ops, on every rank
@@ -102,7 +102,8 @@ class _Allgather(torch.autograd.Function):
 
 def _reduce_scatter_rows(grad: torch.Tensor, rows: int, comm: ti.Comm) -> torch.Tensor:
     """The sum over the ranks of ``grad``'s rows that came from this rank, which has ``rows`` of them."""
-    counts = ti.allgather(torch.tensor([rows], dtype=torch.int64), comm=comm).tolist()
+    # on the gradient's device, so the counts take the same path as the gradient
+    counts = ti.allgather(torch.tensor([rows], dtype=torch.int64, device=grad.device), comm=comm).tolist()
     if len(set(counts)) == 1:
         return ti.reduce_scatter(grad, "sum", comm=comm)
     if ti._checked(grad, "sum", comm) == ti._FALLBACK:
@@ -136,7 +137,7 @@ def allgather(tensor: torch.Tensor, *, comm: ti.Comm = None) -> torch.Tensor:
 
     Args:
         tensor: a contiguous tensor; ``requires_grad`` the same on every rank.
-        comm: the communicator; the one over ``MPI.COMM_WORLD`` by default.
+        comm: the communicator, as for :func:`~collectives.torch_integration.allreduce_async_`.
     """
     return _apply(_Allgather, tensor, comm)
 
@@ -167,7 +168,7 @@ def reduce_scatter(tensor: torch.Tensor, op: str = "sum", *, comm: ti.Comm = Non
         tensor: a contiguous tensor of the same shape and dtype on every rank;
             ``requires_grad`` the same on every rank.
         op: ``sum`` or ``avg``.
-        comm: the communicator; the one over ``MPI.COMM_WORLD`` by default.
+        comm: the communicator, as for :func:`~collectives.torch_integration.allreduce_async_`.
 
     Raises:
         UnsupportedOpError: for any other op, on every rank before any message.
@@ -214,6 +215,6 @@ def broadcast(tensor: torch.Tensor, root_rank: int = 0, *, comm: ti.Comm = None)
         tensor: a contiguous tensor of the same shape and dtype on every rank;
             only the root's values are read. ``requires_grad`` the same on every rank.
         root_rank: the rank whose tensor is sent.
-        comm: the communicator; the one over ``MPI.COMM_WORLD`` by default.
+        comm: the communicator, as for :func:`~collectives.torch_integration.allreduce_async_`.
     """
     return _apply(_Broadcast, tensor, root_rank, comm)

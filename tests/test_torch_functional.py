@@ -120,3 +120,38 @@ def test_bad_tensors_fail_on_every_rank_and_the_next_collective_works(
 
     for result in ranks(3, run):
         assert torch.equal(result, torch.full((2,), 3.0))
+
+
+# --------------------------------------------------------------------------- cuda (on a GPU host)
+
+
+@pytest.fixture
+def nccl(tmp_path: Any) -> Any:
+    """torch.distributed over NCCL with one rank: the path cuda tensors take."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device here; the GPU paths run on a GPU host")
+    if not torch.distributed.is_nccl_available():
+        pytest.skip("this torch has no NCCL")
+    torch.distributed.init_process_group(
+        "nccl", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    yield
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda x: functional.allreduce(x, "sum"),
+        lambda x: functional.allreduce(x, "max"),
+        functional.allgather,
+        lambda x: functional.reduce_scatter(x, "avg"),
+        functional.broadcast,
+    ],
+    ids=["allreduce-sum", "allreduce-max", "allgather", "reduce_scatter-avg", "broadcast"],
+)
+def test_gradcheck_on_cuda_through_nccl(nccl: None, call: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    x = torch.randn(4, 3, dtype=torch.float64, device="cuda", requires_grad=True)
+    assert call(x).device == x.device
+    assert torch.autograd.gradcheck(call, (x,))
