@@ -155,3 +155,18 @@ def test_gradcheck_on_cuda_through_nccl(nccl: None, call: Callable[[torch.Tensor
     x = torch.randn(4, 3, dtype=torch.float64, device="cuda", requires_grad=True)
     assert call(x).device == x.device
     assert torch.autograd.gradcheck(call, (x,))
+
+
+def test_a_bad_tensor_on_one_rank_ends_the_others_at_a_timeout_rather_than_hanging(ranks: Ranks) -> None:
+    from collectives import CollectiveTimeout
+
+    def run(comm: Communicator) -> str:
+        bounded = Communicator(comm.transport, timeout=1.0, stall_warning=0)
+        x = torch.ones(4, 3) if comm.rank else torch.ones(3, 4).t()  # not contiguous on rank 0 only
+        try:
+            functional.allreduce(x.requires_grad_(), comm=bounded)
+        except (InvalidBufferError, CollectiveTimeout) as error:
+            return type(error).__name__
+        return "no error"
+
+    assert ranks(2, run, timeout=5.0) == ["InvalidBufferError", "CollectiveTimeout"]
