@@ -1,4 +1,4 @@
-"""The CUDA kernels and their loader, without a GPU: NVRTC compiles them, and a stand-in for CuPy runs the loader.
+"""The CUDA kernels and their loader without a GPU: NVRTC compiles them, a stand-in for CuPy runs the loader.
 
 NVRTC (``cuda-bindings`` and ``nvidia-cuda-nvrtc``, the ``test`` extra on Linux x86_64)
 compiles without a device, so the sources, entry points and 128-bit accesses are checked on
@@ -158,7 +158,7 @@ def test_float_arithmetic_keeps_subnormals(ptx: str) -> None:
             assert ".ftz" not in body, name
 
 
-# --------------------------------------------------------------------------------------------- the loader, on a stand-in for CuPy
+# --------------------------------------------------------------------------------------------- loader
 
 
 def _numpy_dtype(name: str) -> np.dtype[Any]:
@@ -252,7 +252,9 @@ def fake_cupy(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Launch]]:
             assert name in gpu_kernels.kernel_names()
             return FakeKernel(name, launches)
 
-    runtime = SimpleNamespace(getDevice=lambda: 0, getDeviceProperties=lambda device: {"multiProcessorCount": 2})
+    runtime = SimpleNamespace(
+        getDevice=lambda: 0, getDeviceProperties=lambda device: {"multiProcessorCount": 2}
+    )
     fake = SimpleNamespace(ndarray=FakeArray, RawModule=RawModule, cuda=SimpleNamespace(runtime=runtime))
     monkeypatch.setattr(gpu_kernels, "_cupy", lambda: fake)
     monkeypatch.setattr(gpu_kernels, "_modules", {})
@@ -328,7 +330,11 @@ def test_reduce_many_reads_dst_before_writing_it(fake_cupy: list[Any]) -> None:
 
 
 def test_divide_rounds_the_divisor_as_numpy(fake_cupy: list[Any]) -> None:
-    for dtype, divisor, expected in [("float32", 257, 257), ("bfloat16", 257, 256), ("float16", 100_000, np.inf)]:
+    for dtype, divisor, expected in [
+        ("float32", 257, 257),
+        ("bfloat16", 257, 256),
+        ("float16", 100_000, np.inf),
+    ]:
         gpu_kernels.divide(_array([1], dtype), divisor)
         assert float(fake_cupy[-1][3][1]) == expected
     with pytest.raises(TypeError):
@@ -352,7 +358,11 @@ def test_empty_buffers_launch_nothing(fake_cupy: list[Any]) -> None:
         (lambda a, b: gpu_kernels.combine("sum", a[::2], b[::2]), InvalidBufferError, "1-D and contiguous"),
         (lambda a, b: gpu_kernels.combine("mean", a, b), UnsupportedOpError, "unknown op 'mean'"),
         (lambda a, b: gpu_kernels.combine("bxor", a, b), UnsupportedOpError, "does not apply to float32"),
-        (lambda a, b: gpu_kernels.combine("sum", a, b, dtype="complex64"), UnsupportedDtypeError, "complex64"),
+        (
+            lambda a, b: gpu_kernels.combine("sum", a, b, dtype="complex64"),
+            UnsupportedDtypeError,
+            "complex64",
+        ),
         (lambda a, b: gpu_kernels.combine("sum", a, b, dtype="float16"), InvalidBufferError, "as float16"),
         (
             lambda a, b: gpu_kernels.combine("sum", a, FakeArray(b.host.astype(np.int32))),
@@ -361,7 +371,11 @@ def test_empty_buffers_launch_nothing(fake_cupy: list[Any]) -> None:
         ),
         (lambda a, b: gpu_kernels.reduce_many("sum", a, []), InvalidBufferError, "at least one source"),
         (lambda a, b: gpu_kernels.reduce_many("sum", a[1:5], [a[0:4]]), InvalidBufferError, "overlaps"),
-        (lambda a, b: gpu_kernels.divide(FakeArray(np.zeros(3, np.int32)), 2), UnsupportedDtypeError, "int32"),
+        (
+            lambda a, b: gpu_kernels.divide(FakeArray(np.zeros(3, np.int32)), 2),
+            UnsupportedDtypeError,
+            "int32",
+        ),
     ],
 )
 def test_bad_buffers_and_ops_are_refused(

@@ -50,7 +50,7 @@ def numpy_dtype(name: str) -> np.dtype[Any]:
 
 
 def inputs(rng: np.random.Generator, dtype: str, op: str, count: int, exact: bool) -> np.ndarray:
-    """Host values for ``op`` on ``dtype``: the full range for integers; small integers (exact) or normals for floats."""
+    """Values for ``op`` on ``dtype``: integers over their range; floats small and whole (exact) or normal."""
     if dtype not in FLOAT_DTYPES:
         info = np.iinfo(dtype)
         return rng.integers(info.min, info.max, size=count, dtype=dtype, endpoint=True)
@@ -62,7 +62,7 @@ def inputs(rng: np.random.Generator, dtype: str, op: str, count: int, exact: boo
 
 
 def device_view(cp: Any, host: np.ndarray, offset: int) -> Any:
-    """A copy of ``host`` on the device, starting ``offset`` elements into its allocation; bfloat16 as uint16."""
+    """A copy of ``host`` on the device, ``offset`` elements into its allocation; bfloat16 as uint16."""
     bits = host.view(np.uint16) if host.dtype == numpy_dtype("bfloat16") else host
     base = cp.empty(bits.size + offset, dtype=bits.dtype)
     view = base[offset : offset + bits.size]
@@ -168,7 +168,7 @@ def test_reduce_into(cp: Any, op: str, dtype: str) -> None:
 def test_reduce_many(cp: Any, op: str, dtype: str) -> None:
     rng = np.random.default_rng(3)
     for size, (off_dst, off_first, off_rest), exact in cases(dtype):
-        for k in (range(1, 10) if size < 10_000 else (2, 8)):
+        for k in range(1, 10) if size < 10_000 else (2, 8):
             hosts = [inputs(rng, dtype, op, size, exact) for _ in range(k)]
             offsets = [off_first] + [off_rest] * (k - 1)
             sources = [device_view(cp, host, offset) for host, offset in zip(hosts, offsets, strict=True)]

@@ -31,7 +31,17 @@ def test_the_installed_wheel_holds_and_finds_the_kernel_sources(tmp_path: Path) 
     assert {f"collectives/kernels/{name}" for name in sources} <= names
 
     target = tmp_path / "site"
-    install = [sys.executable, "-m", "pip", "install", "--no-deps", "--quiet", "--target", str(target), str(wheel)]
+    install = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--no-deps",
+        "--quiet",
+        "--target",
+        str(target),
+        str(wheel),
+    ]
     subprocess.run(install, check=True, timeout=60)
     code = (
         "import json, collectives\n"
@@ -41,7 +51,12 @@ def test_the_installed_wheel_holds_and_finds_the_kernel_sources(tmp_path: Path) 
     # run away from the source tree, with only the install on the path
     environment = {**os.environ, "PYTHONPATH": str(target)}
     result = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     package_file, kernel_dir, installed_sources = json.loads(result.stdout)

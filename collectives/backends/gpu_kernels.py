@@ -122,7 +122,7 @@ def kernel_name(kind: str, op: str | None, dtype: str) -> str:
 def kernel_names() -> list[str]:
     """Every kernel entry point: each reducing kind for each (op, dtype) pair of :mod:`collectives.ops`,
     and ``divide`` for each float dtype (``avg`` applies to them only)."""
-    names = []
+    names: list[str] = []
     for kind in KINDS[:-1]:
         for name, op in OPS.items():
             if name != op.combine:  # avg reduces with sum
@@ -223,7 +223,7 @@ def _check_overlap(dst: Any, sources: Sequence[Any]) -> None:
 
 
 def _reduce_op(op: "str | ReduceOp", dtype: str) -> str:
-    """The binary op the kernels combine with (``avg`` combines with ``sum``); raises if it cannot reduce ``dtype``."""
+    """The binary op the kernels use (``avg`` combines with ``sum``); raises if it cannot reduce ``dtype``."""
     reduce_op = get_op(op)
     reduce_op.check_dtype(dtype)
     return reduce_op.combine
@@ -303,7 +303,7 @@ def reduce_many(op: "str | ReduceOp", dst: Any, srcs: Sequence[Any], *, dtype: s
 
 
 def divide(buffer: Any, divisor: int, *, dtype: str | None = None) -> None:
-    """``buffer /= divisor`` in place, in the buffer's dtype, on the current CuPy stream (``avg``'s last step).
+    """``buffer /= divisor`` in place in the buffer's dtype, on the current CuPy stream: ``avg``'s last step.
 
     As ``np.true_divide(buffer, divisor, out=buffer)``: the divisor is first rounded to the
     dtype, and float16 and bfloat16 divide in float32 and round once.
