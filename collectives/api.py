@@ -189,7 +189,7 @@ def _agreed_selector(group: Communicator) -> Selector:
     if group._selector is not None:
         return group._selector
     transport = group.transport
-    message = bytearray(struct.calcsize("3d"))
+    message = bytearray(struct.calcsize("4d"))
     if transport.size == 1:
         selector = default_selector()
     elif transport.rank == 0:
@@ -197,18 +197,18 @@ def _agreed_selector(group: Communicator) -> Selector:
             selector = default_selector()
         except CalibrationError:
             # tell the others, or they would wait for constants that never come
-            struct.pack_into("3d", message, 0, math.nan, math.nan, math.nan)
+            struct.pack_into("4d", message, 0, math.nan, math.nan, math.nan, math.nan)
             transport.waitall([transport.isend(message, peer, _AGREE_TAG) for peer in range(1, group.size)])
             raise
         model = selector.model
-        struct.pack_into("3d", message, 0, model.alpha, model.beta, model.gamma)
+        struct.pack_into("4d", message, 0, model.alpha, model.beta, model.gamma, model.barrier)
         transport.waitall([transport.isend(message, peer, _AGREE_TAG) for peer in range(1, group.size)])
     else:
         transport.waitall([transport.irecv(message, 0, _AGREE_TAG)])
-        alpha, beta, gamma = struct.unpack("3d", message)
+        alpha, beta, gamma, barrier = struct.unpack("4d", message)
         if math.isnan(alpha):
             raise CalibrationError("rank 0 could not load its calibration; see its error")
-        selector = selector_for(CostModel(alpha, beta, gamma, source="calibration of rank 0"))
+        selector = selector_for(CostModel(alpha, beta, gamma, barrier, source="calibration of rank 0"))
     group._selector = selector
     return selector
 
