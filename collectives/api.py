@@ -309,7 +309,7 @@ def allreduce(
         call.algorithm = _algorithm(group, "allreduce", algorithm, x.size, item_bytes)
         shared = _shared(group, call.algorithm, backend)
         if shared is not None and reduce_op is not None:
-            shared.allreduce(backend, work, work if source is None else source, reduce_op)
+            shared.allreduce(backend, work, work if source is None else source, reduce_op, call.barrier)
         else:
             schedule = build_schedule("allreduce", call.algorithm, group.size, x.size)
             execute(schedule, call.transport, backend, work, reduce_op, group._scratch, source=source)
@@ -369,7 +369,7 @@ def reduce_scatter(
             target = (
                 backend.empty(shares[rank], x) if mine is None or backend.shares_memory(mine, flat) else mine
             )
-            shared.reduce_scatter(backend, target, flat, shares, reduce_op)
+            shared.reduce_scatter(backend, target, flat, shares, reduce_op, call.barrier)
             if reduce_op.averages:
                 backend.divide(target, size)
             if target is not mine:
@@ -436,7 +436,7 @@ def allgather(
         call.algorithm = _algorithm(group, "allgather", algorithm, total, item_bytes)
         shared = _shared(group, call.algorithm, backend)
         if shared is not None:
-            shared.allgather(backend, work, work[lo : lo + shares[rank]], shares)
+            shared.allgather(backend, work, work[lo : lo + shares[rank]], shares, call.barrier)
         else:
             schedule = build_schedule("allgather", call.algorithm, size, total, shares)
             execute(schedule, call.transport, backend, work)

@@ -18,15 +18,25 @@ the barriers between phases also order a half's reuse two segments later, so
 only main memory's reads of the input and writes of the output remain.
 """
 
-__all__ = ["SMALL_BYTES", "SharedExecutor"]
+__all__ = ["SMALL_BYTES", "Barrier", "SharedExecutor"]
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .backends.base import ArrayBackend
 from .chunking import bounds
 from .ops import ReduceOp
 from .transport.base import SharedMemory
+
+Barrier = Callable[[SharedMemory, Sequence[int]], None]
+"""Passes the next barrier of a shared memory, leaving a note (the watchdog bounds it by the deadline)."""
+
+
+def unbounded(shared: SharedMemory, note: Sequence[int] = ()) -> None:
+    """A barrier with no deadline."""
+    shared.arrive(note)
+    shared.wait()
+
 
 SMALL_BYTES = 1 << 14
 """Allreduces up to this size take one barrier: every rank reduces the whole buffer itself."""
@@ -73,7 +83,9 @@ class SharedExecutor:
         for part in parts[2:]:
             backend.combine(op, out, part)
 
-    def allreduce(self, backend: ArrayBackend, out: Any, x: Any, op: ReduceOp) -> None:
+    def allreduce(
+        self, backend: ArrayBackend, out: Any, x: Any, op: ReduceOp, barrier: Barrier = unbounded
+    ) -> None:
         """``out = op`` over every rank's ``x`` (1-D, of equal size); ``out`` may be ``x``."""
         views = self._halves(backend, x)
         count, size, rank = x.shape[0], self._size, self._rank
@@ -81,7 +93,7 @@ class SharedExecutor:
         if count * itemsize <= min(SMALL_BYTES, self._half):
             half = self._next(views)
             backend.copy(half[rank][:count], x)
-            self._shared.barrier()
+            barrier(self._shared, ())
             self._reduce(backend, op, out, [region[:count] for region in half])
             return
         share = bounds(tuple(count // size + (r < count % size) for r in range(size)))
@@ -93,19 +105,25 @@ class SharedExecutor:
             for r, (lo, hi) in enumerate(cuts):
                 if lo < hi:
                     backend.copy(mine[r * piece : r * piece + hi - lo], x[lo:hi])
-            self._shared.barrier()
+            barrier(self._shared, ())
             lo, hi = cuts[rank]
             at = rank * piece
             if lo < hi:
                 self._reduce(backend, op, out[lo:hi], [region[at : at + hi - lo] for region in half])
                 backend.copy(mine[at : at + hi - lo], out[lo:hi])
-            self._shared.barrier()
+            barrier(self._shared, ())
             for r, (lo, hi) in enumerate(cuts):
                 if r != rank and lo < hi:
                     backend.copy(out[lo:hi], half[r][r * piece : r * piece + hi - lo])
 
     def reduce_scatter(
-        self, backend: ArrayBackend, out: Any, x: Any, shares: Sequence[int], op: ReduceOp
+        self,
+        backend: ArrayBackend,
+        out: Any,
+        x: Any,
+        shares: Sequence[int],
+        op: ReduceOp,
+        barrier: Barrier = unbounded,
     ) -> None:
         """``out`` = this rank's share of ``op`` over every rank's ``x``, cut into ``shares``."""
         views = self._halves(backend, x)
@@ -121,14 +139,16 @@ class SharedExecutor:
             for r, (lo, hi) in enumerate(cuts):
                 if lo < hi:
                     backend.copy(half[rank][r * piece : r * piece + hi - lo], x[lo:hi])
-            self._shared.barrier()
+            barrier(self._shared, ())
             lo, hi = cuts[rank]
             at = rank * piece
             if lo < hi:
                 target = out[lo - edge[rank] : hi - edge[rank]]
                 self._reduce(backend, op, target, [region[at : at + hi - lo] for region in half])
 
-    def allgather(self, backend: ArrayBackend, out: Any, x: Any, shares: Sequence[int]) -> None:
+    def allgather(
+        self, backend: ArrayBackend, out: Any, x: Any, shares: Sequence[int], barrier: Barrier = unbounded
+    ) -> None:
         """``out`` = every rank's ``x`` (``shares[r]`` elements) in rank order; ``x`` may lie in ``out``."""
         views = self._halves(backend, x)
         size, rank = self._size, self._rank
@@ -139,7 +159,7 @@ class SharedExecutor:
             n = max(min(start + piece, shares[rank]) - start, 0)
             if n:
                 backend.copy(half[rank][:n], x[start : start + n])
-            self._shared.barrier()
+            barrier(self._shared, ())
             for r in range(size):
                 m = max(min(start + piece, shares[r]) - start, 0)
                 if m and r != rank:

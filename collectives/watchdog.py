@@ -6,8 +6,9 @@ A :class:`Watchdog` belongs to one communicator. Around every collective it
 - unless checking is off, exchanges a :class:`~collectives.signature.Signature`
   with every other rank (one fixed-size message each way, on its own tag) and
   raises :class:`~collectives.errors.MismatchError` on every rank if they differ;
-- bounds every wait by the communicator's timeout: a collective that has not
-  completed by then raises :class:`~collectives.errors.CollectiveTimeout` naming
+- bounds every wait by the communicator's timeout (messages, and the barriers
+  of the shared-memory executor): a collective that has not completed by then
+  raises :class:`~collectives.errors.CollectiveTimeout` naming
   the step and the peers still awaited, with this rank's flight recorder; a
   warning on the ``collectives`` logger after the shorter stall interval names
   the ranks not heard from yet;
@@ -38,14 +39,14 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import CollectiveTimeout, ConfigurationError, TransportError
 from .signature import SIGNATURE_BYTES, Signature, disagreement
-from .transport.base import Request, Transport
+from .transport.base import Request, SharedMemory, Transport
 
 SIGNATURE_TAG = 9
 """Tag of the signature messages, apart from the executor's (7) and the selector's (8)."""
@@ -173,6 +174,7 @@ class Call:
         self._deadline = self._started + watchdog.timeout
         self._warn_at = self._started + watchdog.stall_warning
         self._warned = False
+        self._barriers = 0
         watched = math.isfinite(watchdog.timeout) or math.isfinite(watchdog.stall_warning)
         self.transport: Transport = _WatchedTransport(self) if watched else watchdog.transport
 
@@ -211,16 +213,49 @@ class Call:
         if pending:
             self._time_out([requests[i] for i in pending], step)
 
+    def barrier(self, shared: SharedMemory, note: Sequence[int] = ()) -> None:
+        """Pass the next barrier of ``shared``, leaving ``note``, by the deadline; warn at the stall interval.
+
+        ``shared``'s ranks are this communicator's ranks (the one-node case).
+        """
+        step = f"barrier {self._barriers}"
+        self._barriers += 1
+        shared.arrive(note)
+        if not self._warned:
+            missing = shared.wait(max(self._warn_at - time.monotonic(), 0.0))
+            if not missing:
+                return
+            self._warned = True
+            _log.warning(
+                "rank %d: %s #%d has waited %.3g s in %s for %s",
+                self.watchdog.transport.rank,
+                self._record.signature.collective,
+                self._record.signature.sequence,
+                time.monotonic() - self._started,
+                step,
+                _ranks(tuple(missing)),
+            )
+        missing = shared.wait(max(self._deadline - time.monotonic(), 0.0))
+        if missing:
+            shared.abandon()
+            self._fail(tuple(missing), step)
+
     def _time_out(self, stuck: list[_Tracked], step: int | str) -> None:
-        watchdog, s = self.watchdog, self._record.signature
+        watchdog = self.watchdog
         peers = tuple(sorted({t.peer for t in stuck}))
         # MPI cannot cancel the sends: keep their buffers alive, and the communicator out of use
         watchdog.abandoned.extend(stuck)
         watchdog.transport.abandon(
             [t.request for t in stuck if not t.sends], [t.request for t in stuck if t.sends]
         )
+        self._fail(peers, step)
+
+    def _fail(self, peers: tuple[int, ...], step: int | str) -> None:
+        watchdog, s = self.watchdog, self._record.signature
         self._record.outcome = "timed out"
-        where = "before it started" if step == "signature" else f"in step {step}"
+        where = "before it started" if step == "signature" else f"in {step}"
+        if isinstance(step, int):
+            where = f"in step {step}"
         message = (
             f"rank {watchdog.transport.rank}: {s.collective} #{s.sequence} did not complete in "
             f"{watchdog.timeout:g} s; stuck {where} waiting for {_ranks(peers)}; "

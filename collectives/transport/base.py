@@ -2,7 +2,9 @@
 
 __all__ = ["Request", "SharedMemory", "Transport"]
 
+import math
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any
 
 Request = Any
@@ -83,7 +85,15 @@ class SharedMemory(ABC):
     Offered by a transport whose ranks all share one node (see
     :meth:`Transport.shared_memory`); the shared-memory executor reads and writes
     peers' regions directly instead of sending messages.
+
+    The barrier is split in two so that a wait can be bounded and resumed:
+    :meth:`arrive` once, then :meth:`wait` until it returns no pending ranks. With
+    its arrival a rank may leave a short note (a few integers) that every rank can
+    read after the barrier, e.g. where its data lies.
     """
+
+    NOTE_INTS = 6
+    """Integers a note may hold."""
 
     @property
     @abstractmethod
@@ -95,5 +105,24 @@ class SharedMemory(ABC):
         """Rank ``rank``'s region, writable by every rank, as bytes."""
 
     @abstractmethod
+    def arrive(self, note: Sequence[int] = ()) -> None:
+        """Arrive at the next barrier, leaving ``note``; stores before it are seen by all ranks after it."""
+
+    @abstractmethod
+    def wait(self, timeout: float = math.inf) -> list[int]:
+        """Wait at most ``timeout`` seconds for every rank to arrive; the ranks still missing.
+
+        Empty means the barrier is passed. Call again to go on waiting.
+        """
+
+    @abstractmethod
+    def note(self, rank: int) -> tuple[int, ...]:
+        """The note ``rank`` left at the last barrier passed (:data:`NOTE_INTS` integers, zeros unset)."""
+
+    def abandon(self) -> None:  # noqa: B027 - nothing to do where the process can end on its own
+        """Give up on a barrier a timeout left unpassed; the process must still be able to end."""
+
     def barrier(self) -> None:
-        """Return once every rank has called it; writes before it are visible to all ranks after it."""
+        """Return once every rank has called it, waiting without bound."""
+        self.arrive()
+        self.wait()
