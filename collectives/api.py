@@ -128,6 +128,41 @@ class Communicator:
         """Seconds a collective may take; ``math.inf`` for no limit."""
         return self._watchdog.timeout
 
+    def alloc(self, shape: "int | Sequence[int]", dtype: Any = "float32") -> Any:
+        """A numpy array in memory every rank of the node maps, for collectives that need no copy.
+
+        An allreduce in place (``out=x``) or a reduce_scatter of such an array, with
+        the ``shared_memory`` algorithm (or ``"auto"`` choosing it), reads the
+        other ranks' data where it already lies instead of copying it through a
+        window first. Every rank must pass such an array or none may (a
+        :class:`~collectives.MismatchError` says so otherwise).
+
+        Collective: every rank of the communicator calls it, in the same order
+        (each gets its own array; shapes may differ). The memory lives until
+        :meth:`free`, so the array must not be used after it. Where the transport
+        has no shared memory (a loopback transport, ranks on several nodes) it is
+        a plain ``numpy.empty`` array, and the collectives copy as usual.
+
+        Args:
+            shape: the array's shape.
+            dtype: a numpy dtype or its name.
+
+        Returns:
+            An uninitialised C-contiguous numpy array.
+        """
+        import numpy as np
+
+        dims = (shape,) if isinstance(shape, int) else tuple(shape)
+        kind = np.dtype(dtype)
+        if any(not isinstance(d, int | np.integer) or d < 0 for d in dims):
+            raise InvalidBufferError(f"alloc needs a shape of non-negative integers, got {shape!r}")
+        nbytes = math.prod(dims) * kind.itemsize
+        if "shared_memory" not in self.features or self._shared is None:
+            return np.empty(dims, kind)
+        # padded, so every allocation starts on a cache line and a zero-size one still exists
+        memory = self._shared.alloc(max(-(-nbytes // 64) * 64, 64))
+        return np.frombuffer(memory, np.uint8, nbytes).view(kind).reshape(dims)
+
     def flight_record(self) -> list[str]:
         """This rank's last collectives on the communicator, oldest first, one line each."""
         return self._watchdog.flight_record()

@@ -119,6 +119,13 @@ class SharedMemory(ABC):
     def note(self, rank: int) -> tuple[int, ...]:
         """The note ``rank`` left at the last barrier passed (:data:`NOTE_INTS` integers, zeros unset)."""
 
+    def allocate(self, nbytes: int) -> list[memoryview]:
+        """A new shared allocation of ``nbytes`` per rank: every rank's part, as bytes; collective.
+
+        It lives as long as the shared memory (until the transport is closed).
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot allocate")
+
     def abandon(self) -> None:  # noqa: B027 - nothing to do where the process can end on its own
         """Give up on a barrier a timeout left unpassed; the process must still be able to end."""
 

@@ -195,6 +195,12 @@ class MPISharedMemory(SharedMemory):
     def note(self, rank: int) -> tuple[int, ...]:
         return tuple(int(v) for v in self._slots[rank, 1 : 1 + self.NOTE_INTS])
 
+    def allocate(self, nbytes: int) -> list[memoryview]:
+        win = MPI.Win.Allocate_shared(nbytes, 1, comm=self._node)
+        win.Lock_all(MPI.MODE_NOCHECK)
+        self._windows.append(win)
+        return [memoryview(win.Shared_query(r)[0]).cast("B") for r in range(self._node.Get_size())]  # type: ignore[arg-type]
+
     def abandon(self) -> None:
         # the ranks that never arrived would leave MPI_Finalize waiting for them forever
         # (measured: a survivor's exit hangs while a peer sleeps), so end the job at exit

@@ -1,12 +1,14 @@
-"""The watchdog bounds the shared-memory executor's barriers as it bounds messages."""
+"""Shared memory without MPI: the watchdog bounds its barriers; alloc without it is a plain array."""
 
 import math
 import time
 from collections.abc import Sequence
 
+import numpy as np
 import pytest
 
-from collectives.errors import CollectiveTimeout, TransportError
+import collectives
+from collectives.errors import CollectiveTimeout, InvalidBufferError, TransportError
 from collectives.transport.base import SharedMemory
 from collectives.transport.loopback import LoopbackWorld
 from collectives.watchdog import Watchdog
@@ -62,3 +64,22 @@ def test_a_barrier_no_peer_reaches_times_out_naming_it() -> None:
         watchdog.collective("allreduce", "shared_memory", 8),
     ):
         pass
+
+
+def test_alloc_without_shared_memory_is_a_plain_array_that_reduces() -> None:
+    world = LoopbackWorld(2)
+
+    def body(transport: collectives.transport.base.Transport) -> np.ndarray:
+        comm = collectives.Communicator(transport)
+        assert "shared_memory" not in comm.features
+        x = comm.alloc((3, 2), "int32")
+        assert isinstance(x, np.ndarray) and x.shape == (3, 2) and x.dtype == np.int32
+        assert x.flags.c_contiguous and x.flags.writeable
+        x[:] = comm.rank + 1
+        with pytest.raises(InvalidBufferError, match="shape of non-negative integers"):
+            comm.alloc((2, -1))
+        assert comm.alloc(0, np.float64).shape == (0,)
+        return collectives.allreduce(x, out=x, comm=comm)
+
+    for result in world.run(body):
+        assert (result == 3).all()
