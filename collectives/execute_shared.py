@@ -12,10 +12,17 @@ out of each owner's region. The algorithm's schedule
 (:mod:`collectives.algorithms.shared_memory`) describes the same data movement,
 so the simulator checks it and other transports run it when memory is not shared.
 
-The buffer goes through in segments small enough for the regions to stay in
-cache, double-buffered: segment ``k`` uses half ``k mod 2`` of each region, and
-the barriers between phases also order a half's reuse two segments later, so
-only main memory's reads of the input and writes of the output remain.
+The buffer goes through in segments of half a region (see
+:data:`collectives.transport.mpi.SHARED_REGION_BYTES`), double-buffered: segment
+``k`` uses half ``k mod 2`` of each region, and the barriers between phases also
+order a half's reuse two segments later.
+
+Buffers from :meth:`SharedExecutor.alloc` (``Communicator.alloc``) already lie in
+shared memory, so with them the copy into the window is skipped: each owner
+reduces its share reading the others' buffers, and every rank copies the shares
+from the owners' buffers (per rank, S read and S / P written to reduce, and
+(P - 1) / P S read and written to gather, against a further S read and written
+to copy in through the window).
 """
 
 __all__ = ["SMALL_BYTES", "Barrier", "SharedExecutor"]

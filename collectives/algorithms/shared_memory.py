@@ -37,7 +37,7 @@ from .base import Cost
 REQUIRES = "shared_memory"
 """The transport feature this algorithm needs to be chosen by the selector."""
 
-_SEGMENT_ELEMENTS = 1 << 18  # elements per rank per barrier of the executor, for float32 (1 MiB halves)
+_SEGMENT_ELEMENTS = 1 << 21  # float32 elements of the buffer per segment of the executor (8 MiB halves)
 
 
 def _scatter(size: int) -> Step:
@@ -102,7 +102,7 @@ def traffic(collective: str, world_size: int, count: int) -> tuple[int, int, int
     """``(steps, messages, elements, reduced, barriers)`` of the shared-memory execution, for the cost model.
 
     It sends no messages; it synchronises by barriers: one per segment of up to
-    ``P * 2**18`` elements per phase, and for an allreduce of up to 4096 elements
+    ``2**21`` elements per phase, and for an allreduce of up to 4096 elements
     one in all (each rank then reduces the whole buffer). Elements are what a rank
     copies: each input element in once and each result element out once, where
     MPI's point-to-point over shared memory copies every byte it sends twice (into a
@@ -112,7 +112,7 @@ def traffic(collective: str, world_size: int, count: int) -> tuple[int, int, int
     if world_size == 1 or count == 0:
         return (0, 0, 0, 0, 0)
     share = -(-count // world_size)
-    segments = -(-share // _SEGMENT_ELEMENTS)
+    segments = -(-share // max(_SEGMENT_ELEMENTS // world_size, 1))
     if collective == "allreduce":
         if count <= 4096:
             return (1, 0, count, (world_size - 1) * count, 1)
