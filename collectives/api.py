@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .algorithms import ALGORITHMS, build_schedule
 from .backends import ArrayBackend, backend_for
+from .chunking import even_split
 from .errors import CalibrationError, InvalidBufferError
 from .execute import Scratch, execute
 from .execute_shared import SharedExecutor
@@ -38,7 +39,7 @@ from .selector import (
     selector_for,
 )
 from .specs import check_root
-from .transport.base import Transport
+from .transport.base import NodeSplit, SharedMemory, Transport
 from .watchdog import Call, Watchdog
 
 if TYPE_CHECKING:
@@ -86,6 +87,8 @@ class Communicator:
         self._selector: Selector | None = None  # agreed on the first algorithm="auto"
         self._scratch = Scratch()  # reused by every call, so repeated calls allocate nothing
         self._shared: SharedExecutor | None = None
+        self._nodes: NodeSplit | None = None  # where the ranks span several nodes
+        self._node_shared: SharedExecutor | None = None  # over this rank's node then
         self._features: frozenset[str] | None = None  # what the transport offers, asked once
         if isinstance(comm, Transport):
             self._transport = comm
@@ -112,15 +115,28 @@ class Communicator:
 
     @property
     def features(self) -> frozenset[str]:
-        """What the transport offers beyond messages: ``"shared_memory"`` when all ranks share a node.
+        """What the transport offers beyond messages.
+
+        ``"shared_memory"`` when all ranks share a node; ``"shared_memory_nodes"``
+        (and ``"ranks_per_node=G"``) when they span several nodes of G ranks each
+        (``$COLLECTIVES_RANKS_PER_NODE`` splits one machine into pretend nodes).
 
         Collective the first time it is asked (the ranks agree on a shared window).
         """
         if self._features is None:
             shared = self._transport.shared_memory()
+            nodes = None if shared is not None else self._transport.node_split()
             if shared is not None:
                 self._shared = SharedExecutor(shared, self.rank, self.size)
-            self._features = frozenset() if shared is None else frozenset({"shared_memory"})
+                self._features = frozenset({"shared_memory"})
+            elif nodes is not None:
+                self._nodes = nodes
+                self._node_shared = SharedExecutor(
+                    nodes.shared, nodes.node_ranks.index(self.rank), len(nodes.node_ranks)
+                )
+                self._features = frozenset({"shared_memory_nodes", f"ranks_per_node={len(nodes.node_ranks)}"})
+            else:
+                self._features = frozenset()
         return self._features
 
     @property
@@ -263,6 +279,43 @@ def _shared(group: Communicator, algorithm: str, backend: ArrayBackend) -> Share
     return group._shared
 
 
+def _across_nodes(group: Communicator, algorithm: str, backend: ArrayBackend) -> bool:
+    """Whether ``algorithm`` runs through nodes' shared memory and rails here."""
+    needs = getattr(ALGORITHMS[algorithm], "REQUIRES", None)
+    return needs == "shared_memory_nodes" and backend.name == "numpy" and needs in group.features
+
+
+def _allreduce_nodes(
+    group: Communicator, call: Call, backend: ArrayBackend, work: Any, x: Any, op: ReduceOp
+) -> None:
+    """``work`` = the allreduce of ``x`` (may be ``work``): reduce-scatter in the node, rail, all-gather.
+
+    See :mod:`collectives.algorithms.hierarchical_shared_memory`.
+    """
+    nodes, node = group._nodes, group._node_shared
+    if nodes is None or node is None:  # features said otherwise
+        raise RuntimeError("no node split")
+    ranks = nodes.node_ranks
+    local = ranks.index(group.rank)
+    parts = even_split(x.shape[0], len(ranks))
+    lo = sum(parts[:local])
+    mine = work[lo : lo + parts[local]]
+
+    def barrier(shared: SharedMemory, note: Sequence[int]) -> None:
+        call.barrier(shared, note, ranks)
+
+    # in place is safe: a rank writes only its own part, which only it reads
+    node.reduce_scatter(backend, mine, x, parts, op, barrier)
+    rail = len(nodes.rail_ranks)
+    if rail > 1 and parts[local]:
+        # every rank of the rail has the same part, so they choose alike
+        item_bytes = itemsize(backend.dtype_name(work))
+        algorithm = _agreed_selector(group).choose("allreduce", rail, parts[local], item_bytes)
+        schedule = build_schedule("allreduce", algorithm, rail, parts[local])
+        execute(schedule, call.watch(nodes.rail, nodes.rail_ranks), backend, mine, op, group._scratch)
+    node.allgather(backend, work, mine, parts, barrier)
+
+
 def _watch(
     group: Communicator,
     collective: str,
@@ -345,6 +398,8 @@ def allreduce(
         shared = _shared(group, call.algorithm, backend)
         if shared is not None and reduce_op is not None:
             shared.allreduce(backend, work, work if source is None else source, reduce_op, call.barrier)
+        elif reduce_op is not None and _across_nodes(group, call.algorithm, backend):
+            _allreduce_nodes(group, call, backend, work, work if source is None else source, reduce_op)
         else:
             schedule = build_schedule("allreduce", call.algorithm, group.size, x.size)
             execute(schedule, call.transport, backend, work, reduce_op, group._scratch, source=source)

@@ -4,6 +4,7 @@ __all__ = [
     "AUTO",
     "CALIBRATION_ENV",
     "DEFAULT_MODEL",
+    "NETWORK_ALPHA",
     "Candidate",
     "CostModel",
     "Explanation",
@@ -127,15 +128,29 @@ def _on_topology(
 
 
 @lru_cache(maxsize=1024)
-def _counted(collective: str, algorithm: str, world_size: int, count: int) -> tuple[str, Traffic]:
+def _counted(
+    collective: str, algorithm: str, world_size: int, count: int, features: frozenset[str] = frozenset()
+) -> tuple[str, Traffic]:
     """The name and traffic of a registered algorithm's schedule, evenly shared (memoized).
 
     A module that runs its schedule its own way (``shared_memory``) gives the traffic
-    of that execution from ``traffic(collective, world_size, count)``.
+    of that execution from ``traffic(collective, world_size, count, features)``.
     """
     schedule = algorithms.build_schedule(collective, algorithm, world_size, count)
     own = getattr(algorithms.ALGORITHMS[algorithm], "traffic", None)
-    return schedule.name, Traffic(*own(collective, world_size, count)) if own else traffic(schedule)
+    if own is None:
+        return schedule.name, traffic(schedule)
+    return schedule.name, Traffic(*own(collective, world_size, count, features))
+
+
+NETWORK_ALPHA = 20e-6
+"""Seconds per message between nodes, charged to every message where the transport spans several nodes.
+
+Not measured (``bench calibrate`` runs on one node): MPI over a cluster network
+takes a few microseconds a message on the wire, more through the software of
+each side; 20 us is a round figure of that. Per byte the network is taken to be
+as fast as memory here, which favours the algorithms that send the most bytes.
+"""
 
 
 @dataclass(frozen=True)
@@ -297,7 +312,8 @@ def rejection_reasons(
         return [f"{algorithm} has no {collective}"]
     needs = getattr(module, "REQUIRES", None)
     if needs is not None and needs not in features:
-        return [f"needs a transport with {needs.replace('_', ' ')} (ranks on one node)"]
+        text = getattr(module, "REQUIRES_TEXT", "ranks on one node")
+        return [f"needs a transport with {needs.replace('_', ' ')} ({text})"]
     ask = getattr(module, "not_supported_reasons", None)
     return [] if ask is None else list(ask(collective, world_size, count))
 
@@ -529,13 +545,18 @@ class Selector:
         get_spec(collective)
         candidates: list[Candidate] = []
         rejected: list[Rejected] = []
+        # across nodes a step of messages waits for those between nodes, and a barrier is a node's
+        per_message, barrier_ranks = self.model.alpha, world_size
+        if "shared_memory_nodes" in features:
+            per_message = max(NETWORK_ALPHA, self.model.alpha)
+            barrier_ranks = algorithms.hierarchical_shared_memory.ranks_per_node(features) or world_size
         for name in algorithms.ALGORITHMS:
             reasons = rejection_reasons(collective, name, world_size, count, features)
             on_links = None
             if not reasons:
                 try:
                     if topology is None:
-                        schedule, counted = _counted(collective, name, world_size, count)
+                        schedule, counted = _counted(collective, name, world_size, count, features)
                     else:
                         schedule, counted, on_links = _on_topology(
                             collective, name, world_size, count, itemsize, topology
@@ -550,7 +571,7 @@ class Selector:
                 continue
             m = self.model
             if on_links is None:
-                latency = m.alpha * counted.messages + m.barrier_time(world_size) * counted.barriers
+                latency = per_message * counted.messages + m.barrier_time(barrier_ranks) * counted.barriers
                 transfer = m.beta * counted.elements * itemsize
             else:
                 latency, transfer = on_links.latency_s, on_links.bandwidth_s

@@ -132,11 +132,16 @@ class _Tracked:
 
 
 class _WatchedTransport(Transport):
-    """The transport the executor gets: each ``waitall`` is one step, bounded by the call's deadline."""
+    """The transport the executor gets: each ``waitall`` is one step, bounded by the call's deadline.
 
-    def __init__(self, call: "Call") -> None:
+    ``inner`` is the communicator's transport, or one over a subgroup of its ranks
+    (a rail between nodes), whose rank ``i`` is the communicator's ``ranks[i]``.
+    """
+
+    def __init__(self, call: "Call", inner: Transport, ranks: tuple[int, ...] | None = None) -> None:
         self._call = call
-        self._inner = call.watchdog.transport
+        self._inner = inner
+        self._ranks = ranks
         self._steps = 0
 
     @property
@@ -147,16 +152,19 @@ class _WatchedTransport(Transport):
     def size(self) -> int:
         return self._inner.size
 
+    def _peer(self, peer: int) -> int:
+        return peer if self._ranks is None else self._ranks[peer]
+
     def isend(self, buffer: Any, dst: int, tag: int) -> Request:
-        return _Tracked(self._inner.isend(buffer, dst, tag), dst, True)
+        return _Tracked(self._inner.isend(buffer, dst, tag), self._peer(dst), True)
 
     def irecv(self, buffer: Any, src: int, tag: int) -> Request:
-        return _Tracked(self._inner.irecv(buffer, src, tag), src, False)
+        return _Tracked(self._inner.irecv(buffer, src, tag), self._peer(src), False)
 
     def waitall(self, requests: list[Request]) -> None:
         step = self._steps
         self._steps += 1
-        self._call.wait(requests, step)
+        self._call.wait(requests, step, self._inner)
 
 
 class Call:
@@ -176,7 +184,8 @@ class Call:
         self._warned = False
         self._barriers = 0
         watched = math.isfinite(watchdog.timeout) or math.isfinite(watchdog.stall_warning)
-        self.transport: Transport = _WatchedTransport(self) if watched else watchdog.transport
+        self._watched = watched
+        self.transport: Transport = self.watch(watchdog.transport)
 
     @property
     def algorithm(self) -> str:
@@ -186,11 +195,18 @@ class Call:
     def algorithm(self, name: str) -> None:
         self._record.algorithm = name
 
-    def wait(self, requests: list[_Tracked], step: int | str) -> None:
-        """Wait for ``requests`` until the deadline, warning once at the stall interval."""
-        transport = self.watchdog.transport
+    def watch(self, inner: Transport, ranks: tuple[int, ...] | None = None) -> Transport:
+        """``inner`` with its waits bounded by this call's deadline; its rank ``i`` is ``ranks[i]`` here."""
+        return _WatchedTransport(self, inner, ranks) if self._watched else inner
+
+    def wait(self, requests: list[_Tracked], step: int | str, transport: Transport | None = None) -> None:
+        """Wait for ``requests`` (of ``transport``, the communicator's by default) until the deadline.
+
+        Warns once at the stall interval.
+        """
+        transport = self.watchdog.transport if transport is None else transport
         inner = [t.request for t in requests]
-        if self.transport is transport:  # neither a deadline nor a warning
+        if not self._watched:  # neither a deadline nor a warning
             transport.waitall(inner)
             return
         if not self._warned:
@@ -211,12 +227,14 @@ class Call:
             )
         pending = transport.wait_for(inner, max(self._deadline - time.monotonic(), 0.0))
         if pending:
-            self._time_out([requests[i] for i in pending], step)
+            self._time_out([requests[i] for i in pending], step, transport)
 
-    def barrier(self, shared: SharedMemory, note: Sequence[int] = ()) -> None:
+    def barrier(
+        self, shared: SharedMemory, note: Sequence[int] = (), ranks: tuple[int, ...] | None = None
+    ) -> None:
         """Pass the next barrier of ``shared``, leaving ``note``, by the deadline; warn at the stall interval.
 
-        ``shared``'s ranks are this communicator's ranks (the one-node case).
+        ``shared``'s rank ``i`` is this communicator's ``ranks[i]`` (all of them, in order, by default).
         """
         step = f"barrier {self._barriers}"
         self._barriers += 1
@@ -233,21 +251,19 @@ class Call:
                 self._record.signature.sequence,
                 time.monotonic() - self._started,
                 step,
-                _ranks(tuple(missing)),
+                _ranks(tuple(missing if ranks is None else [ranks[r] for r in missing])),
             )
         missing = shared.wait(max(self._deadline - time.monotonic(), 0.0))
         if missing:
             shared.abandon()
-            self._fail(tuple(missing), step)
+            self._fail(tuple(missing if ranks is None else [ranks[r] for r in missing]), step)
 
-    def _time_out(self, stuck: list[_Tracked], step: int | str) -> None:
+    def _time_out(self, stuck: list[_Tracked], step: int | str, transport: Transport) -> None:
         watchdog = self.watchdog
         peers = tuple(sorted({t.peer for t in stuck}))
         # MPI cannot cancel the sends: keep their buffers alive, and the communicator out of use
         watchdog.abandoned.extend(stuck)
-        watchdog.transport.abandon(
-            [t.request for t in stuck if not t.sends], [t.request for t in stuck if t.sends]
-        )
+        transport.abandon([t.request for t in stuck if not t.sends], [t.request for t in stuck if t.sends])
         self._fail(peers, step)
 
     def _fail(self, peers: tuple[int, ...], step: int | str) -> None:

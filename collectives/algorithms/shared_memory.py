@@ -13,7 +13,7 @@ algorithm is a candidate only where memory is shared (:data:`REQUIRES`).
 
 Across nodes it composes as the hierarchical algorithm does: reduce-scatter
 inside each node through shared memory, rings between nodes on each rank's
-share, all-gather inside each node; that composition is designed for, not built.
+share, all-gather inside each node (:mod:`.hierarchical_shared_memory`).
 
 Cost, for P ranks and a buffer of S elements whose share at rank r is S_r:
 
@@ -98,7 +98,9 @@ def cost(collective: str, shares: Sequence[int]) -> Cost:
     return Cost(2, tuple(total - s + (size - 1) * s for s in shares))
 
 
-def traffic(collective: str, world_size: int, count: int) -> tuple[int, int, int, int, int]:
+def traffic(
+    collective: str, world_size: int, count: int, features: frozenset[str] = frozenset()
+) -> tuple[int, int, int, int, int]:
     """``(steps, messages, elements, reduced, barriers)`` of the shared-memory execution, for the cost model.
 
     It sends no messages; it synchronises by barriers: one per segment of up to
@@ -107,7 +109,8 @@ def traffic(collective: str, world_size: int, count: int) -> tuple[int, int, int
     copies: each input element in once and each result element out once, where
     MPI's point-to-point over shared memory copies every byte it sends twice (into a
     shared cell and out), so a copied element weighs half a sent one. Reduced
-    elements are the rank's share read from P - 1 other regions.
+    elements are the rank's share read from P - 1 other regions. ``features`` are
+    the transport's (unused here).
     """
     if world_size == 1 or count == 0:
         return (0, 0, 0, 0, 0)

@@ -1,10 +1,11 @@
 """The point-to-point interface every transport implements."""
 
-__all__ = ["Request", "SharedMemory", "Transport"]
+__all__ = ["NodeSplit", "Request", "SharedMemory", "Transport"]
 
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 Request = Any
@@ -56,6 +57,14 @@ class Transport(ABC):
         """The group's shared memory, if all its ranks share one node; ``None`` otherwise (the default).
 
         Collective the first time it is called.
+        """
+        return None
+
+    def node_split(self) -> "NodeSplit | None":
+        """This rank's node and rail, where the group spans several nodes of equal size; ``None`` otherwise.
+
+        Collective the first time it is called. ``None`` (the default) also where
+        all ranks share one node (see :meth:`shared_memory`).
         """
         return None
 
@@ -133,3 +142,21 @@ class SharedMemory(ABC):
         """Return once every rank has called it, waiting without bound."""
         self.arrive()
         self.wait()
+
+
+@dataclass(frozen=True)
+class NodeSplit:
+    """A group spread over several nodes, each of the same number of ranks, from one rank's view.
+
+    Attributes:
+        shared: the memory of this rank's node, over its ranks in group order.
+        node_ranks: the group ranks of this node's ranks, in that order.
+        rail: a transport over the ranks of every node with this rank's local rank,
+            one per node, in group order.
+        rail_ranks: the group ranks of the rail's ranks, in that order.
+    """
+
+    shared: SharedMemory
+    node_ranks: tuple[int, ...]
+    rail: Transport
+    rail_ranks: tuple[int, ...]

@@ -1,6 +1,6 @@
 """Point-to-point over mpi4py: the only module that imports it."""
 
-__all__ = ["MPISharedMemory", "MPITransport"]
+__all__ = ["RANKS_PER_NODE_ENV", "SHARED_REGION_BYTES", "MPISharedMemory", "MPITransport"]
 
 import atexit
 import math
@@ -13,7 +13,8 @@ from typing import Any, cast
 import numpy as np
 from mpi4py import MPI
 
-from .base import Request, SharedMemory, Transport
+from ..errors import ConfigurationError
+from .base import NodeSplit, Request, SharedMemory, Transport
 
 SHARED_REGION_BYTES = 1 << 24
 """Bytes of each rank's region of the shared window: two segments of 8 MiB, double-buffered.
@@ -24,6 +25,9 @@ slower than 8 MiB ones on 2 loaded cores), so segments are large rather than
 small enough for a core's cache.
 """
 
+RANKS_PER_NODE_ENV = "COLLECTIVES_RANKS_PER_NODE"
+"""Splits each node into pretend nodes of this many consecutive ranks, for testing on one machine."""
+
 _SLOT_BYTES = 64  # a rank's barrier slot in the control window: its own cache line
 
 _THREAD_LEVELS = {
@@ -32,6 +36,15 @@ _THREAD_LEVELS = {
     MPI.THREAD_SERIALIZED: "serialized",
     MPI.THREAD_MULTIPLE: "multiple",
 }
+
+
+def _ranks_per_node() -> int:
+    text = os.environ.get(RANKS_PER_NODE_ENV, "").strip()
+    if not text:
+        return 0
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigurationError(f"{RANKS_PER_NODE_ENV}={text!r} is not a positive number of ranks")
+    return int(text)
 
 
 class MPITransport(Transport):
@@ -49,6 +62,7 @@ class MPITransport(Transport):
         self._rank = self._comm.Get_rank()
         self._size = self._comm.Get_size()
         self._shared: MPISharedMemory | None = None
+        self._nodes: NodeSplit | None = None
         self._shared_known = False
         self._stuck: list[MPI.Request] = []  # sends a timeout left behind
 
@@ -80,15 +94,39 @@ class MPITransport(Transport):
         MPI.Request.Waitall(requests)
 
     def shared_memory(self) -> "MPISharedMemory | None":
-        if not self._shared_known:
-            self._shared_known = True
-            node = cast(MPI.Intracomm, self._comm.Split_type(MPI.COMM_TYPE_SHARED))
-            together = self._comm.allreduce(node.Get_size() == self._size, op=MPI.LAND)
-            if together:
-                self._shared = MPISharedMemory(node, SHARED_REGION_BYTES)
-            else:
-                node.Free()
+        self._split()
         return self._shared
+
+    def node_split(self) -> NodeSplit | None:
+        self._split()
+        return self._nodes
+
+    def _split(self) -> None:
+        """Find the nodes (collective, once): one shared memory, or a node split, or neither."""
+        if self._shared_known:
+            return
+        self._shared_known = True
+        node = cast(MPI.Intracomm, self._comm.Split_type(MPI.COMM_TYPE_SHARED))
+        per_node = _ranks_per_node()
+        if per_node:
+            pretend = cast(MPI.Intracomm, node.Split(node.Get_rank() // per_node, node.Get_rank()))
+            node.Free()
+            node = pretend
+        node_ranks = tuple(node.allgather(self._rank))
+        sizes = set(self._comm.allgather(len(node_ranks)))
+        if sizes == {self._size}:
+            self._shared = MPISharedMemory(node, SHARED_REGION_BYTES)
+            return
+        local = node_ranks.index(self._rank)
+        if len(sizes) == 1 and min(sizes) > 1:
+            rail = self._comm.Split(local, self._rank)
+            rail_ranks = tuple(rail.allgather(self._rank))
+            self._nodes = NodeSplit(
+                MPISharedMemory(node, SHARED_REGION_BYTES), node_ranks, MPITransport(rail), rail_ranks
+            )
+            rail.Free()  # the transport keeps its own duplicate
+            return
+        node.Free()
 
     def wait_for(self, requests: list[Request], timeout: float) -> list[int]:
         # MPI_Waitall cannot be bounded, so poll MPI_Testall. MPI moves large messages
@@ -129,6 +167,10 @@ class MPITransport(Transport):
         if self._shared is not None and not MPI.Is_finalized():
             self._shared.free()
             self._shared = None
+        if self._nodes is not None and not MPI.Is_finalized():
+            cast(MPISharedMemory, self._nodes.shared).free()
+            self._nodes.rail.close()
+            self._nodes = None
         if self._comm != MPI.COMM_NULL and not MPI.Is_finalized():
             self._comm.Free()
 
