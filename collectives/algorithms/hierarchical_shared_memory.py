@@ -23,12 +23,14 @@ all-gather in the node        barriers               copies, through memory
 ============================  =====================  ==========================
 """
 
-__all__ = ["REQUIRES", "REQUIRES_TEXT", "allreduce", "ranks_per_node", "traffic"]
+__all__ = ["REQUIRES", "REQUIRES_TEXT", "allreduce", "cost", "ranks_per_node", "traffic"]
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from ..schedule import Schedule
 from . import hierarchical, shared_memory
+from .base import Cost
 
 REQUIRES = "shared_memory_nodes"
 """The transport feature this algorithm needs to be chosen by the selector."""
@@ -51,6 +53,11 @@ def allreduce(world_size: int, count: int) -> Schedule:
     """The same data movement as messages (the hierarchical schedule), for the simulator and others."""
     schedule = hierarchical.allreduce(world_size, count)
     return replace(schedule, name=schedule.name.replace("hierarchical", "hierarchical_shared_memory", 1))
+
+
+def cost(collective: str, shares: Sequence[int]) -> Cost:
+    """Steps and elements sent per rank of :func:`allreduce`'s schedule (the hierarchical algorithm's)."""
+    return hierarchical.cost(collective, shares)
 
 
 def traffic(
