@@ -26,7 +26,7 @@ def test_a_rank_lost_mid_collective_ends_the_job(how: str, algorithm: str) -> No
     assert "completed without rank 2" not in output
     if how == "hang":
         # nothing died, so only the survivors' timeout can end it
-        assert "CollectiveTimeout" in output and "waiting for rank 2" in output, output
-        if algorithm == "shared_memory":
-            assert "in barrier 1" in output, output
+        # (on a loaded machine a survivor may time out waiting for the other survivor, so the
+        # rank and step named vary; the barrier's message is checked in tests/test_shared_memory.py)
+        assert "CollectiveTimeout" in output and "waiting for rank" in output, output
     print(f"{how} in {algorithm}: the job ended in {took:.1f} s with exit status {finished.returncode}")
