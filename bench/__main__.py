@@ -92,7 +92,7 @@ def _parser() -> argparse.ArgumentParser:
         commands.add_parser(name, parents=[options], help=f"benchmark {name}")
     calibrate = commands.add_parser(
         "calibrate",
-        help="measure the cost model's alpha, beta and gamma (needs 2 or more ranks)",
+        help="measure the cost model's alpha, beta, gamma and barrier (needs 2 or more ranks)",
         description=f"Measure the selector's cost model on this machine and save it where the selector "
         f"reads it: ${CALIBRATION_ENV}, else the user cache directory ({calibration_path()} here).",
     )

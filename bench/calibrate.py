@@ -1,6 +1,6 @@
 """Measuring the cost model's alpha, beta and gamma on this machine, under mpiexec."""
 
-__all__ = ["Measurement", "calibrate", "fit_exchange", "measure_gamma"]
+__all__ = ["Measurement", "calibrate", "fit_exchange", "measure_barrier", "measure_gamma"]
 
 import platform
 import time
@@ -14,7 +14,7 @@ from collectives.backends.numpy_backend import NumpyBackend
 from collectives.execute import execute
 from collectives.ops import get_op
 from collectives.schedule import Schedule, Step, Transfer
-from collectives.selector import CostModel, calibration_path, save_model
+from collectives.selector import DEFAULT_MODEL, CostModel, calibration_path, save_model
 from collectives.transport.mpi import MPITransport
 
 from .collective import library_version
@@ -96,6 +96,24 @@ def measure_gamma(world: MPI.Intracomm, nbytes: int, iters: int, warmup: int) ->
     return seconds / target.nbytes
 
 
+def measure_barrier(world: MPI.Intracomm, transport: MPITransport, iters: int, warmup: int) -> float | None:
+    """Seconds per peer of one shared-memory barrier over ``world``; ``None`` if its ranks share no memory.
+
+    Timed as a run of barriers, each call's slowest rank, least disturbed
+    iteration (as :func:`_fastest`), divided by the P - 1 peers each rank waits for.
+    """
+    shared = transport.shared_memory()
+    if shared is None or world.size < 2:
+        return None
+    run = 16  # barriers per timed call, so the clock's own cost is small beside them
+
+    def barriers() -> None:
+        for _ in range(run):
+            shared.barrier()
+
+    return _fastest(world, barriers, iters, warmup) / run / (world.size - 1)
+
+
 def calibrate(
     world: MPI.Intracomm,
     emit: Callable[[str], None],
@@ -108,7 +126,8 @@ def calibrate(
 
     alpha and beta come from timed exchanges through the library's own executor and
     MPI transport, ``steps`` ring steps of one message of each size, fitted by
-    :func:`fit_exchange`; gamma from the numpy backend's sum of large buffers.
+    :func:`fit_exchange`; gamma from the numpy backend's sum of large buffers; the
+    barrier from :func:`measure_barrier` where the ranks share a node (else the default).
 
     Args:
         world: at least two ranks.
@@ -138,11 +157,15 @@ def calibrate(
                 seconds = _fastest(world, run, iters, warmup)
                 measurements.append(Measurement(steps, count * _ITEMSIZE, seconds))
                 emit(f"  {steps:>5} {count * _ITEMSIZE:>10} {seconds * 1e6:>12.2f}")
+        barrier = measure_barrier(world, transport, iters, warmup)
     finally:
         transport.close()
     alpha, beta, overhead = fit_exchange(measurements)
     gamma = measure_gamma(world, _QUICK_GAMMA_BYTES if quick else _GAMMA_BYTES, iters, warmup)
-    model = CostModel(alpha, beta, gamma, source="measured")
+    if barrier is None:
+        emit("# barrier: the ranks share no memory; the default is kept")
+        barrier = DEFAULT_MODEL.barrier
+    model = CostModel(alpha, beta, gamma, barrier, source="measured")
     emit(f"# fixed cost per call: {overhead * 1e6:.2f} us (the same for every algorithm; not in the model)")
     emit(f"# {model.describe()}")
     if world.rank == 0:

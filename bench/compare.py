@@ -59,6 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     add("-p", "--peers", default=",".join(PEERS), help="peers: mpi, gloo (default both; gloo needs torch)")
     add("-n", "--iters", type=int, default=20, help="timed rounds per size (default 20)")
     add("-w", "--warmup", type=int, default=3, help="untimed calls of each contender per size (default 3)")
+    add("--alloc", action="store_true", help="our buffers from Communicator.alloc (shared memory, no copy)")
     add("--json", type=Path, metavar="PATH", help="save medians and ratios as JSON")
     add("--plot", type=Path, metavar="PNG", help="draw bus bandwidth against size")
     return parser
@@ -133,6 +134,8 @@ def main(argv: list[str]) -> int:
     emit(f"# collectives allreduce compare, {world.size} ranks, {args.datatype} sum, in place")
     emit(f"# MPI library : {library_version()}")
     emit(f"# rounds      : {args.iters} interleaved after {args.warmup} warmup calls each")
+    if args.alloc:
+        emit("# buffers     : ours from Communicator.alloc")
     for note in notes:
         emit(f"# {note}")
     contenders = (*ours, *peers)
@@ -158,7 +161,7 @@ def main(argv: list[str]) -> int:
         metadata = {
             "world_size": world.size, "dtype": args.datatype, "op": "sum", "in_place": True,
             "mpi_library_version": library_version(), "iters": args.iters, "warmup": args.warmup,
-            "ours": list(ours), "peers": list(peers),
+            "ours": list(ours), "peers": list(peers), "alloc": args.alloc,
         }  # fmt: skip
         if args.json is not None:
             args.json.write_text(json.dumps(to_json(results, metadata), indent=2) + "\n")
@@ -184,7 +187,12 @@ def _measure(
     """Check, warm up and time every contender at one size, interleaved; collective."""
     source = data.rank_input(world.rank, count)
     expected = data.expected(world.rank, count)
-    buffers = {name: np.empty(count, source.dtype) for name in contenders}
+    buffers = {
+        name: comm.alloc(count, source.dtype)
+        if args.alloc and name in ours
+        else np.empty(count, source.dtype)
+        for name in contenders
+    }
     calls = {name: _caller(name, buffers[name], comm, world, dist) for name in contenders}
     wrong = {}
     for name in contenders:

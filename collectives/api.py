@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .algorithms import ALGORITHMS, build_schedule
 from .backends import ArrayBackend, backend_for
+from .chunking import even_split
 from .errors import CalibrationError, InvalidBufferError
 from .execute import Scratch, execute
 from .execute_shared import SharedExecutor
@@ -38,7 +39,7 @@ from .selector import (
     selector_for,
 )
 from .specs import check_root
-from .transport.base import Transport
+from .transport.base import NodeSplit, SharedMemory, Transport
 from .watchdog import Call, Watchdog
 
 if TYPE_CHECKING:
@@ -86,6 +87,8 @@ class Communicator:
         self._selector: Selector | None = None  # agreed on the first algorithm="auto"
         self._scratch = Scratch()  # reused by every call, so repeated calls allocate nothing
         self._shared: SharedExecutor | None = None
+        self._nodes: NodeSplit | None = None  # where the ranks span several nodes
+        self._node_shared: SharedExecutor | None = None  # over this rank's node then
         self._features: frozenset[str] | None = None  # what the transport offers, asked once
         if isinstance(comm, Transport):
             self._transport = comm
@@ -112,21 +115,69 @@ class Communicator:
 
     @property
     def features(self) -> frozenset[str]:
-        """What the transport offers beyond messages: ``"shared_memory"`` when all ranks share a node.
+        """What the transport offers beyond messages.
+
+        ``"shared_memory"`` when all ranks share a node; ``"shared_memory_nodes"``
+        (and ``"ranks_per_node=G"``) when they span several nodes of G ranks each
+        (``$COLLECTIVES_RANKS_PER_NODE`` splits one machine into pretend nodes).
 
         Collective the first time it is asked (the ranks agree on a shared window).
         """
         if self._features is None:
             shared = self._transport.shared_memory()
+            nodes = None if shared is not None else self._transport.node_split()
             if shared is not None:
                 self._shared = SharedExecutor(shared, self.rank, self.size)
-            self._features = frozenset() if shared is None else frozenset({"shared_memory"})
+                self._features = frozenset({"shared_memory"})
+            elif nodes is not None:
+                self._nodes = nodes
+                self._node_shared = SharedExecutor(
+                    nodes.shared, nodes.node_ranks.index(self.rank), len(nodes.node_ranks)
+                )
+                self._features = frozenset({"shared_memory_nodes", f"ranks_per_node={len(nodes.node_ranks)}"})
+            else:
+                self._features = frozenset()
         return self._features
 
     @property
     def timeout(self) -> float:
         """Seconds a collective may take; ``math.inf`` for no limit."""
         return self._watchdog.timeout
+
+    def alloc(self, shape: "int | Sequence[int]", dtype: Any = "float32") -> Any:
+        """A numpy array in memory every rank of the node maps, for collectives that need no copy.
+
+        An allreduce in place (``out=x``) or a reduce_scatter of such an array, with
+        the ``shared_memory`` algorithm (or ``"auto"`` choosing it), reads the
+        other ranks' data where it already lies instead of copying it through a
+        window first. Every rank must pass such an array or none may (a
+        :class:`~collectives.MismatchError` says so otherwise).
+
+        Collective: every rank of the communicator calls it, in the same order
+        (each gets its own array; shapes may differ). The memory lives until
+        :meth:`free`, so the array must not be used after it. Where the transport
+        has no shared memory (a loopback transport, ranks on several nodes) it is
+        a plain ``numpy.empty`` array, and the collectives copy as usual.
+
+        Args:
+            shape: the array's shape.
+            dtype: a numpy dtype or its name.
+
+        Returns:
+            An uninitialised C-contiguous numpy array.
+        """
+        import numpy as np
+
+        dims = (shape,) if isinstance(shape, int) else tuple(shape)
+        kind = np.dtype(dtype)
+        if any(not isinstance(d, int | np.integer) or d < 0 for d in dims):
+            raise InvalidBufferError(f"alloc needs a shape of non-negative integers, got {shape!r}")
+        nbytes = math.prod(dims) * kind.itemsize
+        if "shared_memory" not in self.features or self._shared is None:
+            return np.empty(dims, kind)
+        # padded, so every allocation starts on a cache line and a zero-size one still exists
+        memory = self._shared.alloc(max(-(-nbytes // 64) * 64, 64))
+        return np.frombuffer(memory, np.uint8, nbytes).view(kind).reshape(dims)
 
     def flight_record(self) -> list[str]:
         """This rank's last collectives on the communicator, oldest first, one line each."""
@@ -189,7 +240,7 @@ def _agreed_selector(group: Communicator) -> Selector:
     if group._selector is not None:
         return group._selector
     transport = group.transport
-    message = bytearray(struct.calcsize("3d"))
+    message = bytearray(struct.calcsize("4d"))
     if transport.size == 1:
         selector = default_selector()
     elif transport.rank == 0:
@@ -197,18 +248,18 @@ def _agreed_selector(group: Communicator) -> Selector:
             selector = default_selector()
         except CalibrationError:
             # tell the others, or they would wait for constants that never come
-            struct.pack_into("3d", message, 0, math.nan, math.nan, math.nan)
+            struct.pack_into("4d", message, 0, math.nan, math.nan, math.nan, math.nan)
             transport.waitall([transport.isend(message, peer, _AGREE_TAG) for peer in range(1, group.size)])
             raise
         model = selector.model
-        struct.pack_into("3d", message, 0, model.alpha, model.beta, model.gamma)
+        struct.pack_into("4d", message, 0, model.alpha, model.beta, model.gamma, model.barrier)
         transport.waitall([transport.isend(message, peer, _AGREE_TAG) for peer in range(1, group.size)])
     else:
         transport.waitall([transport.irecv(message, 0, _AGREE_TAG)])
-        alpha, beta, gamma = struct.unpack("3d", message)
+        alpha, beta, gamma, barrier = struct.unpack("4d", message)
         if math.isnan(alpha):
             raise CalibrationError("rank 0 could not load its calibration; see its error")
-        selector = selector_for(CostModel(alpha, beta, gamma, source="calibration of rank 0"))
+        selector = selector_for(CostModel(alpha, beta, gamma, barrier, source="calibration of rank 0"))
     group._selector = selector
     return selector
 
@@ -226,6 +277,43 @@ def _shared(group: Communicator, algorithm: str, backend: ArrayBackend) -> Share
     if needs != "shared_memory" or backend.name != "numpy" or needs not in group.features:
         return None
     return group._shared
+
+
+def _across_nodes(group: Communicator, algorithm: str, backend: ArrayBackend) -> bool:
+    """Whether ``algorithm`` runs through nodes' shared memory and rails here."""
+    needs = getattr(ALGORITHMS[algorithm], "REQUIRES", None)
+    return needs == "shared_memory_nodes" and backend.name == "numpy" and needs in group.features
+
+
+def _allreduce_nodes(
+    group: Communicator, call: Call, backend: ArrayBackend, work: Any, x: Any, op: ReduceOp
+) -> None:
+    """``work`` = the allreduce of ``x`` (may be ``work``): reduce-scatter in the node, rail, all-gather.
+
+    See :mod:`collectives.algorithms.hierarchical_shared_memory`.
+    """
+    nodes, node = group._nodes, group._node_shared
+    if nodes is None or node is None:  # features said otherwise
+        raise RuntimeError("no node split")
+    ranks = nodes.node_ranks
+    local = ranks.index(group.rank)
+    parts = even_split(x.shape[0], len(ranks))
+    lo = sum(parts[:local])
+    mine = work[lo : lo + parts[local]]
+
+    def barrier(shared: SharedMemory, note: Sequence[int]) -> None:
+        call.barrier(shared, note, ranks)
+
+    # in place is safe: a rank writes only its own part, which only it reads
+    node.reduce_scatter(backend, mine, x, parts, op, barrier)
+    rail = len(nodes.rail_ranks)
+    if rail > 1 and parts[local]:
+        # every rank of the rail has the same part, so they choose alike
+        item_bytes = itemsize(backend.dtype_name(work))
+        algorithm = _agreed_selector(group).choose("allreduce", rail, parts[local], item_bytes)
+        schedule = build_schedule("allreduce", algorithm, rail, parts[local])
+        execute(schedule, call.watch(nodes.rail, nodes.rail_ranks), backend, mine, op, group._scratch)
+    node.allgather(backend, work, mine, parts, barrier)
 
 
 def _watch(
@@ -309,7 +397,9 @@ def allreduce(
         call.algorithm = _algorithm(group, "allreduce", algorithm, x.size, item_bytes)
         shared = _shared(group, call.algorithm, backend)
         if shared is not None and reduce_op is not None:
-            shared.allreduce(backend, work, work if source is None else source, reduce_op)
+            shared.allreduce(backend, work, work if source is None else source, reduce_op, call.barrier)
+        elif reduce_op is not None and _across_nodes(group, call.algorithm, backend):
+            _allreduce_nodes(group, call, backend, work, work if source is None else source, reduce_op)
         else:
             schedule = build_schedule("allreduce", call.algorithm, group.size, x.size)
             execute(schedule, call.transport, backend, work, reduce_op, group._scratch, source=source)
@@ -369,7 +459,7 @@ def reduce_scatter(
             target = (
                 backend.empty(shares[rank], x) if mine is None or backend.shares_memory(mine, flat) else mine
             )
-            shared.reduce_scatter(backend, target, flat, shares, reduce_op)
+            shared.reduce_scatter(backend, target, flat, shares, reduce_op, call.barrier)
             if reduce_op.averages:
                 backend.divide(target, size)
             if target is not mine:
@@ -436,7 +526,7 @@ def allgather(
         call.algorithm = _algorithm(group, "allgather", algorithm, total, item_bytes)
         shared = _shared(group, call.algorithm, backend)
         if shared is not None:
-            shared.allgather(backend, work, work[lo : lo + shares[rank]], shares)
+            shared.allgather(backend, work, work[lo : lo + shares[rank]], shares, call.barrier)
         else:
             schedule = build_schedule("allgather", call.algorithm, size, total, shares)
             execute(schedule, call.transport, backend, work)

@@ -84,7 +84,8 @@ class CollectiveTimeout(TransportError, TimeoutError):
         collective: the collective's name.
         sequence: its sequence number on the communicator.
         step: the step this rank was waiting in (``"signature"`` while the
-            ranks agree on the call, else the schedule's step number).
+            ranks agree on the call, ``"barrier k"`` in the shared-memory executor, else the
+            schedule's step number).
         peers: the ranks this rank was still waiting for.
     """
 

@@ -12,24 +12,45 @@ out of each owner's region. The algorithm's schedule
 (:mod:`collectives.algorithms.shared_memory`) describes the same data movement,
 so the simulator checks it and other transports run it when memory is not shared.
 
-The buffer goes through in segments small enough for the regions to stay in
-cache, double-buffered: segment ``k`` uses half ``k mod 2`` of each region, and
-the barriers between phases also order a half's reuse two segments later, so
-only main memory's reads of the input and writes of the output remain.
+The buffer goes through in segments of half a region (see
+:data:`collectives.transport.mpi.SHARED_REGION_BYTES`), double-buffered: segment
+``k`` uses half ``k mod 2`` of each region, and the barriers between phases also
+order a half's reuse two segments later.
+
+Buffers from :meth:`SharedExecutor.alloc` (``Communicator.alloc``) already lie in
+shared memory, so with them the copy into the window is skipped: each owner
+reduces its share reading the others' buffers, and every rank copies the shares
+from the owners' buffers (per rank, S read and S / P written to reduce, and
+(P - 1) / P S read and written to gather, against a further S read and written
+to copy in through the window).
 """
 
-__all__ = ["SMALL_BYTES", "SharedExecutor"]
+__all__ = ["SMALL_BYTES", "Barrier", "SharedExecutor"]
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .backends.base import ArrayBackend
 from .chunking import bounds
+from .errors import MismatchError
 from .ops import ReduceOp
 from .transport.base import SharedMemory
 
+Barrier = Callable[[SharedMemory, Sequence[int]], None]
+"""Passes the next barrier of a shared memory, leaving a note (the watchdog bounds it by the deadline)."""
+
+
+def unbounded(shared: SharedMemory, note: Sequence[int] = ()) -> None:
+    """A barrier with no deadline."""
+    shared.arrive(note)
+    shared.wait()
+
+
 SMALL_BYTES = 1 << 14
 """Allreduces up to this size take one barrier: every rank reduces the whole buffer itself."""
+
+_WINDOW, _ZERO_COPY = 0, 1  # how a rank runs a call, in the note of its first barrier
+_PIECE_BYTES = 1 << 17  # a zero-copy reduction goes through its share in pieces that stay in cache
 
 
 class SharedExecutor:
@@ -45,6 +66,9 @@ class SharedExecutor:
         self._half = shared.region_bytes // 2
         self._turn = 0  # which half of the regions the next segment uses; the same on every rank
         self._views: dict[tuple[str, str], list[list[Any]]] = {}
+        self._allocations: list[list[memoryview]] = []  # from alloc: every rank's part of each
+        self._bases: list[int | None] = []  # the address of this rank's part of each
+        self._scratches: dict[tuple[str, str], Any] = {}
 
     def _halves(self, backend: ArrayBackend, like: Any) -> list[list[Any]]:
         """Per half, every rank's region as an array of ``like``'s dtype (made once per dtype)."""
@@ -58,6 +82,73 @@ class SharedExecutor:
             ]  # fmt: skip
             self._views[key] = views
         return views
+
+    def alloc(self, nbytes: int) -> memoryview:
+        """This rank's part of a new shared allocation of ``nbytes``; collective (``Communicator.alloc``)."""
+        parts = self._shared.allocate(nbytes)
+        self._allocations.append(parts)
+        self._bases.append(_address(parts[self._rank]))
+        return parts[self._rank]
+
+    def _locate(self, array: Any) -> tuple[int, int] | None:
+        """``(allocation number from 1, byte offset)`` of ``array`` in this rank's allocations, or None."""
+        address = _address(array)
+        if address is None:
+            return None
+        end = address + array.nbytes
+        for i, base in enumerate(self._bases):
+            if base is not None and base <= address and end <= base + len(self._allocations[i][self._rank]):
+                return i + 1, address - base
+        return None
+
+    def _peer_arrays(
+        self, backend: ArrayBackend, mine: Any, notes: list[tuple[int, ...]], at: int
+    ) -> list[Any]:
+        """Every rank's array like ``mine``, found by ``(allocation, offset)`` at ``at`` in its note."""
+        arrays = []
+        for r, note in enumerate(notes):
+            if r == self._rank:
+                arrays.append(mine)
+                continue
+            number, offset = note[at : at + 2]
+            memory = self._allocations[number - 1][r]
+            arrays.append(backend.from_bytes(memory[offset : offset + mine.nbytes], mine))
+        return arrays
+
+    def _agree(self, barrier: Barrier, note: Sequence[int]) -> list[tuple[int, ...]]:
+        """Pass the call's first barrier leaving ``note``; every rank's note, the same mode on every rank.
+
+        Raises:
+            MismatchError: on every rank, when some passed Communicator.alloc buffers and some did not.
+        """
+        barrier(self._shared, note)
+        notes = [tuple(note) if r == self._rank else self._shared.note(r) for r in range(self._size)]
+        modes = [n[0] for n in notes]
+        if len(set(modes)) > 1:
+            shared = tuple(r for r, m in enumerate(modes) if m != _WINDOW)
+            others = tuple(r for r, m in enumerate(modes) if m == _WINDOW)
+            raise MismatchError(
+                f"ranks {shared} passed buffers from Communicator.alloc in place and ranks {others} did not; "
+                "every rank must do the same",
+                {"buffer": {"alloc": shared, "other": others}},
+            )
+        return notes
+
+    def _reduce_pieces(
+        self, backend: ArrayBackend, op: ReduceOp, out: Any, parts: Sequence[Any], scratch: Any
+    ) -> None:
+        """``out = parts[0] op ...`` in rank order, a cache-sized piece at a time, through ``scratch``.
+
+        ``out`` may be one of ``parts``: each piece is reduced into ``scratch`` and
+        copied out, so no part is overwritten before it is read, and for P > 2 the
+        partial sums stay in cache instead of going through memory P - 1 times.
+        """
+        step = scratch.shape[0]
+        for lo in range(0, out.shape[0], step):
+            hi = min(lo + step, out.shape[0])
+            piece = scratch[: hi - lo]
+            self._reduce(backend, op, piece, [part[lo:hi] for part in parts])
+            backend.copy(out[lo:hi], piece)
 
     def _next(self, views: list[list[Any]]) -> list[Any]:
         half = views[self._turn]
@@ -73,18 +164,41 @@ class SharedExecutor:
         for part in parts[2:]:
             backend.combine(op, out, part)
 
-    def allreduce(self, backend: ArrayBackend, out: Any, x: Any, op: ReduceOp) -> None:
-        """``out = op`` over every rank's ``x`` (1-D, of equal size); ``out`` may be ``x``."""
+    def allreduce(
+        self, backend: ArrayBackend, out: Any, x: Any, op: ReduceOp, barrier: Barrier = unbounded
+    ) -> None:
+        """``out = op`` over every rank's ``x`` (1-D, of equal size); ``out`` may be ``x``.
+
+        Where ``out`` and ``x`` lie in allocations of :meth:`alloc` on every rank, the
+        owners read the inputs where they are and the result goes straight to the
+        others' ``out``: three barriers, and no copy through the window.
+        """
         views = self._halves(backend, x)
         count, size, rank = x.shape[0], self._size, self._rank
-        itemsize = self._half // views[0][0].shape[0] if views[0][0].shape[0] else 1
-        if count * itemsize <= min(SMALL_BYTES, self._half):
+        if count * x.itemsize <= min(SMALL_BYTES, self._half):
             half = self._next(views)
             backend.copy(half[rank][:count], x)
-            self._shared.barrier()
+            self._agree(barrier, (_WINDOW,))
             self._reduce(backend, op, out, [region[:count] for region in half])
             return
         share = bounds(tuple(count // size + (r < count % size) for r in range(size)))
+        source, target = self._locate(x), self._locate(out)
+        if source is not None and target is not None:
+            self._next(views)  # as the window path does, so the ranks' turns agree even on a mismatch
+            notes = self._agree(barrier, (_ZERO_COPY, *source, *target))
+            inputs = self._peer_arrays(backend, x, notes, 1)
+            outputs = self._peer_arrays(backend, out, notes, 3)
+            lo, hi = share[rank], share[rank + 1]
+            self._reduce_pieces(
+                backend, op, out[lo:hi], [a[lo:hi] for a in inputs], self._scratch(backend, x)
+            )
+            barrier(self._shared, ())  # every share reduced
+            for r in range(size):
+                lo, hi = share[r], share[r + 1]
+                if r != rank and lo < hi:
+                    backend.copy(out[lo:hi], outputs[r][lo:hi])
+            barrier(self._shared, ())  # no one reads this rank's buffers now: they are the caller's again
+            return
         piece = views[0][0].shape[0] // size  # elements of each rank's share per segment
         for start in range(0, share[1] - share[0], piece):
             half = self._next(views)
@@ -93,26 +207,50 @@ class SharedExecutor:
             for r, (lo, hi) in enumerate(cuts):
                 if lo < hi:
                     backend.copy(mine[r * piece : r * piece + hi - lo], x[lo:hi])
-            self._shared.barrier()
+            if start == 0:
+                self._agree(barrier, (_WINDOW,))
+            else:
+                barrier(self._shared, ())
             lo, hi = cuts[rank]
             at = rank * piece
             if lo < hi:
                 self._reduce(backend, op, out[lo:hi], [region[at : at + hi - lo] for region in half])
                 backend.copy(mine[at : at + hi - lo], out[lo:hi])
-            self._shared.barrier()
+            barrier(self._shared, ())
             for r, (lo, hi) in enumerate(cuts):
                 if r != rank and lo < hi:
                     backend.copy(out[lo:hi], half[r][r * piece : r * piece + hi - lo])
 
     def reduce_scatter(
-        self, backend: ArrayBackend, out: Any, x: Any, shares: Sequence[int], op: ReduceOp
+        self,
+        backend: ArrayBackend,
+        out: Any,
+        x: Any,
+        shares: Sequence[int],
+        op: ReduceOp,
+        barrier: Barrier = unbounded,
     ) -> None:
-        """``out`` = this rank's share of ``op`` over every rank's ``x``, cut into ``shares``."""
+        """``out`` = this rank's share of ``op`` over every rank's ``x``, cut into ``shares``.
+
+        Where ``x`` lies in an allocation of :meth:`alloc` on every rank, each rank
+        reduces its share reading the others' ``x`` where it is: two barriers, no copy.
+        """
         views = self._halves(backend, x)
         size, rank = self._size, self._rank
         edge = bounds(tuple(shares))
+        if not any(shares):
+            return
+        source = self._locate(x)
+        if source is not None:
+            self._next(views)  # as the window path does, so the ranks' turns agree even on a mismatch
+            notes = self._agree(barrier, (_ZERO_COPY, *source))
+            inputs = self._peer_arrays(backend, x, notes, 1)
+            lo, hi = edge[rank], edge[rank + 1]
+            self._reduce_pieces(backend, op, out, [a[lo:hi] for a in inputs], self._scratch(backend, x))
+            barrier(self._shared, ())  # no one reads this rank's x any more
+            return
         piece = views[0][0].shape[0] // size
-        for start in range(0, max(shares, default=0), piece):
+        for start in range(0, max(shares), piece):
             half = self._next(views)
             cuts = [
                 (edge[r] + min(start, shares[r]), edge[r] + min(start + piece, shares[r]))
@@ -121,14 +259,28 @@ class SharedExecutor:
             for r, (lo, hi) in enumerate(cuts):
                 if lo < hi:
                     backend.copy(half[rank][r * piece : r * piece + hi - lo], x[lo:hi])
-            self._shared.barrier()
+            if start == 0:
+                self._agree(barrier, (_WINDOW,))
+            else:
+                barrier(self._shared, ())
             lo, hi = cuts[rank]
             at = rank * piece
             if lo < hi:
                 target = out[lo - edge[rank] : hi - edge[rank]]
                 self._reduce(backend, op, target, [region[at : at + hi - lo] for region in half])
 
-    def allgather(self, backend: ArrayBackend, out: Any, x: Any, shares: Sequence[int]) -> None:
+    def _scratch(self, backend: ArrayBackend, like: Any) -> Any:
+        """A cache-sized buffer of ``like``'s dtype for :meth:`_reduce_pieces` (made once per dtype)."""
+        key = (backend.name, str(like.dtype))
+        scratch = self._scratches.get(key)
+        if scratch is None:
+            scratch = backend.empty(max(_PIECE_BYTES // like.itemsize, 1), like)
+            self._scratches[key] = scratch
+        return scratch
+
+    def allgather(
+        self, backend: ArrayBackend, out: Any, x: Any, shares: Sequence[int], barrier: Barrier = unbounded
+    ) -> None:
         """``out`` = every rank's ``x`` (``shares[r]`` elements) in rank order; ``x`` may lie in ``out``."""
         views = self._halves(backend, x)
         size, rank = self._size, self._rank
@@ -139,10 +291,20 @@ class SharedExecutor:
             n = max(min(start + piece, shares[rank]) - start, 0)
             if n:
                 backend.copy(half[rank][:n], x[start : start + n])
-            self._shared.barrier()
+            barrier(self._shared, ())
             for r in range(size):
                 m = max(min(start + piece, shares[r]) - start, 0)
                 if m and r != rank:
                     backend.copy(out[edge[r] + start : edge[r] + start + m], half[r][:m])
             if n:
                 backend.copy(out[edge[rank] + start : edge[rank] + start + n], half[rank][:n])
+
+
+def _address(array: Any) -> int | None:
+    """Where ``array``'s data starts in this process's memory; ``None`` if it cannot tell."""
+    if isinstance(array, memoryview):
+        import numpy as np  # only the numpy backend reaches the shared-memory executor
+
+        array = np.frombuffer(array, np.uint8)
+    interface = getattr(array, "__array_interface__", None)
+    return None if interface is None else int(interface["data"][0])

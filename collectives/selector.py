@@ -4,6 +4,7 @@ __all__ = [
     "AUTO",
     "CALIBRATION_ENV",
     "DEFAULT_MODEL",
+    "NETWORK_ALPHA",
     "Candidate",
     "CostModel",
     "Explanation",
@@ -42,6 +43,8 @@ AUTO = "auto"
 CALIBRATION_ENV = "COLLECTIVES_CALIBRATION"
 """The environment variable naming the calibration file, overriding the user cache directory."""
 
+_DEFAULT_BARRIER = 15e-6  # see DEFAULT_MODEL
+
 _CHOICES_KEPT = 4096  # distinct (collective, world size, count, itemsize) choices remembered per selector
 
 
@@ -65,12 +68,15 @@ class Traffic:
         messages: per step, the most messages a rank sends or receives.
         elements: per step, the most elements a rank sends or receives.
         reduced: per step, the most elements a rank reduces.
+        barriers: barriers every rank passes (the shared-memory execution's
+            synchronisation, in place of messages); none for a schedule of messages.
     """
 
     steps: int
     messages: int
     elements: int
     reduced: int
+    barriers: int = 0
 
 
 def traffic(schedule: Schedule) -> Traffic:
@@ -122,15 +128,29 @@ def _on_topology(
 
 
 @lru_cache(maxsize=1024)
-def _counted(collective: str, algorithm: str, world_size: int, count: int) -> tuple[str, Traffic]:
+def _counted(
+    collective: str, algorithm: str, world_size: int, count: int, features: frozenset[str] = frozenset()
+) -> tuple[str, Traffic]:
     """The name and traffic of a registered algorithm's schedule, evenly shared (memoized).
 
     A module that runs its schedule its own way (``shared_memory``) gives the traffic
-    of that execution from ``traffic(collective, world_size, count)``.
+    of that execution from ``traffic(collective, world_size, count, features)``.
     """
     schedule = algorithms.build_schedule(collective, algorithm, world_size, count)
     own = getattr(algorithms.ALGORITHMS[algorithm], "traffic", None)
-    return schedule.name, Traffic(*own(collective, world_size, count)) if own else traffic(schedule)
+    if own is None:
+        return schedule.name, traffic(schedule)
+    return schedule.name, Traffic(*own(collective, world_size, count, features))
+
+
+NETWORK_ALPHA = 20e-6
+"""Seconds per message between nodes, charged to every message where the transport spans several nodes.
+
+Not measured (``bench calibrate`` runs on one node): MPI over a cluster network
+takes a few microseconds a message on the wire, more through the software of
+each side; 20 us is a round figure of that. Per byte the network is taken to be
+as fast as memory here, which favours the algorithms that send the most bytes.
+"""
 
 
 @dataclass(frozen=True)
@@ -140,51 +160,63 @@ class CostModel:
     A step's time is ``alpha * m + beta * b + gamma * r``, where ``m``, ``b`` and
     ``r`` are the most messages, bytes moved and bytes reduced by any rank in the
     step (see :class:`Traffic`); the executor reduces after a step's transfers
-    complete, so the terms add. A schedule's time is the sum over its steps.
+    complete, so the terms add. A schedule's time is the sum over its steps. An
+    execution through shared memory synchronises by barriers instead of messages,
+    each costing ``barrier * (P - 1)``: a rank waits for the arrival of each of the
+    P - 1 others, and on a busy node for each of them to be scheduled.
 
     Attributes:
         alpha: seconds per message (latency and per-message software overhead).
         beta: seconds per byte a rank sends or receives (the inverse bandwidth).
         gamma: seconds per byte a rank reduces.
+        barrier: seconds per shared-memory barrier and per peer it waits for.
         source: where the constants came from, for explanations.
     """
 
     alpha: float
     beta: float
     gamma: float
+    barrier: float = _DEFAULT_BARRIER
     source: str = field(default="given", compare=False)
 
-    def time(self, counted: Traffic, itemsize: int) -> float:
-        """Predicted seconds of a schedule with traffic ``counted`` in elements of ``itemsize`` bytes."""
+    def barrier_time(self, world_size: int) -> float:
+        """Seconds of one shared-memory barrier over ``world_size`` ranks."""
+        return self.barrier * max(world_size - 1, 0)
+
+    def time(self, counted: Traffic, itemsize: int, world_size: int) -> float:
+        """Predicted seconds of ``counted`` traffic, ``itemsize``-byte elements, over ``world_size`` ranks."""
         return (
             self.alpha * counted.messages
+            + self.barrier_time(world_size) * counted.barriers
             + self.beta * counted.elements * itemsize
             + self.gamma * counted.reduced * itemsize
         )
 
     def predict(self, schedule: Schedule, itemsize: int) -> float:
         """Predicted seconds of ``schedule`` for elements of ``itemsize`` bytes."""
-        return self.time(traffic(schedule), itemsize)
+        return self.time(traffic(schedule), itemsize, schedule.world_size)
 
     def describe(self) -> str:
         """One line with the constants in readable units and their source."""
         bandwidth = f"{1e-9 / self.beta:.2f} GB/s" if self.beta > 0 else "unbounded"
         return (
             f"alpha {self.alpha * 1e6:.2f} us/message, beta {self.beta * 1e9:.4f} ns/byte ({bandwidth}), "
-            f"gamma {self.gamma * 1e9:.4f} ns/byte; {self.source}"
+            f"gamma {self.gamma * 1e9:.4f} ns/byte, barrier {self.barrier * 1e6:.2f} us/peer; {self.source}"
         )
 
 
-DEFAULT_MODEL = CostModel(alpha=6e-6, beta=0.1e-9, gamma=0.07e-9, source="defaults")
-"""The constants used when there is no calibration file: 6 us, 0.1 ns/byte (10 GB/s), 0.07 ns/byte.
+DEFAULT_MODEL = CostModel(alpha=6e-6, beta=0.1e-9, gamma=0.07e-9, barrier=_DEFAULT_BARRIER, source="defaults")
+"""The constants used when there is no calibration file: 6 us, 0.1 ns/byte (10 GB/s), 0.07 ns/byte, 15 us.
 
 Measured with ``python -m bench calibrate -n 100`` under ``mpiexec -n 2`` on a
 2-core Linux VM (MPICH 5.0 over shared memory, numpy 2.4 float32 sums, each case
 timed by its least disturbed iteration), six runs while other jobs loaded the
 cores: alpha ranged 3.6 to 13 us, beta 0.065 to 0.16 ns/byte, gamma 0.061 to 0.089
 ns/byte; these are their medians, rounded. alpha is mostly the Python cost of
-posting and waiting on a step's messages. Run the calibration on your own machine
-for better choices.
+posting and waiting on a step's messages. The barrier, measured the same way at 2
+and 4 ranks, cost 2 to 14 us per peer (median over calls 13 to 15 us at 2 ranks);
+15 us keeps small messages on the point-to-point algorithms, which measured faster
+there end to end. Run the calibration on your own machine for better choices.
 """
 
 
@@ -222,15 +254,17 @@ def load_model(path: Path | str | None = None) -> CostModel:
     if not isinstance(data, dict):
         raise CalibrationError(f"malformed calibration {path}: expected a JSON object")
     values: list[float] = []
-    for key in ("alpha", "beta", "gamma"):
+    for key in ("alpha", "beta", "gamma", "barrier"):
         value = data.get(key)
+        if key == "barrier" and value is None:
+            value = _DEFAULT_BARRIER  # a calibration from before barriers were measured
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
             raise CalibrationError(
                 f"malformed calibration {path}: {key} must be a non-negative number of seconds, got {value!r}"
             )
         values.append(float(value))
-    alpha, beta, gamma = values
-    return CostModel(alpha, beta, gamma, source=f"calibrated, from {path}")
+    alpha, beta, gamma, barrier = values
+    return CostModel(alpha, beta, gamma, barrier, source=f"calibrated, from {path}")
 
 
 def save_model(model: CostModel, path: Path | str | None = None, **metadata: Any) -> Path:
@@ -239,7 +273,8 @@ def save_model(model: CostModel, path: Path | str | None = None, **metadata: Any
     The file is replaced atomically, so ranks reading it meanwhile see the old or the new one.
     """
     path = calibration_path() if path is None else Path(path)
-    record = {"alpha": model.alpha, "beta": model.beta, "gamma": model.gamma, **metadata}
+    record = {"alpha": model.alpha, "beta": model.beta, "gamma": model.gamma, "barrier": model.barrier}
+    record.update(metadata)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     partial.write_text(json.dumps(record, indent=2) + "\n")
@@ -277,7 +312,8 @@ def rejection_reasons(
         return [f"{algorithm} has no {collective}"]
     needs = getattr(module, "REQUIRES", None)
     if needs is not None and needs not in features:
-        return [f"needs a transport with {needs.replace('_', ' ')} (ranks on one node)"]
+        text = getattr(module, "REQUIRES_TEXT", "ranks on one node")
+        return [f"needs a transport with {needs.replace('_', ' ')} ({text})"]
     ask = getattr(module, "not_supported_reasons", None)
     return [] if ask is None else list(ask(collective, world_size, count))
 
@@ -291,7 +327,7 @@ class Candidate:
         schedule: the schedule's name, parameters included.
         traffic: what the model counted.
         itemsize: bytes per element.
-        latency: seconds of ``alpha`` terms.
+        latency: seconds of ``alpha`` and barrier terms.
         transfer: seconds of ``beta`` terms.
         reduction: seconds of ``gamma`` terms.
     """
@@ -362,11 +398,11 @@ class Explanation:
             ),
             "",
         ]
-        titles = ("", "algorithm", "schedule", "steps", "messages", "bytes moved", "bytes reduced",
-                  "latency(us)", "transfer(us)", "reduce(us)", "total(us)")  # fmt: skip
+        titles = ("", "algorithm", "schedule", "steps", "messages", "barriers", "bytes moved",
+                  "bytes reduced", "latency(us)", "transfer(us)", "reduce(us)", "total(us)")  # fmt: skip
         rows: list[tuple[str, ...]] = [
             ("*" if c.algorithm == self.choice else "", c.algorithm, c.schedule,
-             str(c.traffic.steps), str(c.traffic.messages),
+             str(c.traffic.steps), str(c.traffic.messages), str(c.traffic.barriers),
              str(c.traffic.elements * c.itemsize), str(c.traffic.reduced * c.itemsize),
              f"{c.latency * 1e6:.2f}", f"{c.transfer * 1e6:.2f}", f"{c.reduction * 1e6:.2f}",
              f"{c.time * 1e6:.2f}")
@@ -509,13 +545,18 @@ class Selector:
         get_spec(collective)
         candidates: list[Candidate] = []
         rejected: list[Rejected] = []
+        # across nodes a step of messages waits for those between nodes, and a barrier is a node's
+        per_message, barrier_ranks = self.model.alpha, world_size
+        if "shared_memory_nodes" in features:
+            per_message = max(NETWORK_ALPHA, self.model.alpha)
+            barrier_ranks = algorithms.hierarchical_shared_memory.ranks_per_node(features) or world_size
         for name in algorithms.ALGORITHMS:
             reasons = rejection_reasons(collective, name, world_size, count, features)
             on_links = None
             if not reasons:
                 try:
                     if topology is None:
-                        schedule, counted = _counted(collective, name, world_size, count)
+                        schedule, counted = _counted(collective, name, world_size, count, features)
                     else:
                         schedule, counted, on_links = _on_topology(
                             collective, name, world_size, count, itemsize, topology
@@ -530,7 +571,7 @@ class Selector:
                 continue
             m = self.model
             if on_links is None:
-                latency = m.alpha * counted.messages
+                latency = per_message * counted.messages + m.barrier_time(barrier_ranks) * counted.barriers
                 transfer = m.beta * counted.elements * itemsize
             else:
                 latency, transfer = on_links.latency_s, on_links.bandwidth_s

@@ -6,8 +6,9 @@ A :class:`Watchdog` belongs to one communicator. Around every collective it
 - unless checking is off, exchanges a :class:`~collectives.signature.Signature`
   with every other rank (one fixed-size message each way, on its own tag) and
   raises :class:`~collectives.errors.MismatchError` on every rank if they differ;
-- bounds every wait by the communicator's timeout: a collective that has not
-  completed by then raises :class:`~collectives.errors.CollectiveTimeout` naming
+- bounds every wait by the communicator's timeout (messages, and the barriers
+  of the shared-memory executor): a collective that has not completed by then
+  raises :class:`~collectives.errors.CollectiveTimeout` naming
   the step and the peers still awaited, with this rank's flight recorder; a
   warning on the ``collectives`` logger after the shorter stall interval names
   the ranks not heard from yet;
@@ -38,14 +39,14 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import CollectiveTimeout, ConfigurationError, TransportError
 from .signature import SIGNATURE_BYTES, Signature, disagreement
-from .transport.base import Request, Transport
+from .transport.base import Request, SharedMemory, Transport
 
 SIGNATURE_TAG = 9
 """Tag of the signature messages, apart from the executor's (7) and the selector's (8)."""
@@ -131,11 +132,16 @@ class _Tracked:
 
 
 class _WatchedTransport(Transport):
-    """The transport the executor gets: each ``waitall`` is one step, bounded by the call's deadline."""
+    """The transport the executor gets: each ``waitall`` is one step, bounded by the call's deadline.
 
-    def __init__(self, call: "Call") -> None:
+    ``inner`` is the communicator's transport, or one over a subgroup of its ranks
+    (a rail between nodes), whose rank ``i`` is the communicator's ``ranks[i]``.
+    """
+
+    def __init__(self, call: "Call", inner: Transport, ranks: tuple[int, ...] | None = None) -> None:
         self._call = call
-        self._inner = call.watchdog.transport
+        self._inner = inner
+        self._ranks = ranks
         self._steps = 0
 
     @property
@@ -146,16 +152,19 @@ class _WatchedTransport(Transport):
     def size(self) -> int:
         return self._inner.size
 
+    def _peer(self, peer: int) -> int:
+        return peer if self._ranks is None else self._ranks[peer]
+
     def isend(self, buffer: Any, dst: int, tag: int) -> Request:
-        return _Tracked(self._inner.isend(buffer, dst, tag), dst, True)
+        return _Tracked(self._inner.isend(buffer, dst, tag), self._peer(dst), True)
 
     def irecv(self, buffer: Any, src: int, tag: int) -> Request:
-        return _Tracked(self._inner.irecv(buffer, src, tag), src, False)
+        return _Tracked(self._inner.irecv(buffer, src, tag), self._peer(src), False)
 
     def waitall(self, requests: list[Request]) -> None:
         step = self._steps
         self._steps += 1
-        self._call.wait(requests, step)
+        self._call.wait(requests, step, self._inner)
 
 
 class Call:
@@ -173,8 +182,10 @@ class Call:
         self._deadline = self._started + watchdog.timeout
         self._warn_at = self._started + watchdog.stall_warning
         self._warned = False
+        self._barriers = 0
         watched = math.isfinite(watchdog.timeout) or math.isfinite(watchdog.stall_warning)
-        self.transport: Transport = _WatchedTransport(self) if watched else watchdog.transport
+        self._watched = watched
+        self.transport: Transport = self.watch(watchdog.transport)
 
     @property
     def algorithm(self) -> str:
@@ -184,11 +195,18 @@ class Call:
     def algorithm(self, name: str) -> None:
         self._record.algorithm = name
 
-    def wait(self, requests: list[_Tracked], step: int | str) -> None:
-        """Wait for ``requests`` until the deadline, warning once at the stall interval."""
-        transport = self.watchdog.transport
+    def watch(self, inner: Transport, ranks: tuple[int, ...] | None = None) -> Transport:
+        """``inner`` with its waits bounded by this call's deadline; its rank ``i`` is ``ranks[i]`` here."""
+        return _WatchedTransport(self, inner, ranks) if self._watched else inner
+
+    def wait(self, requests: list[_Tracked], step: int | str, transport: Transport | None = None) -> None:
+        """Wait for ``requests`` (of ``transport``, the communicator's by default) until the deadline.
+
+        Warns once at the stall interval.
+        """
+        transport = self.watchdog.transport if transport is None else transport
         inner = [t.request for t in requests]
-        if self.transport is transport:  # neither a deadline nor a warning
+        if not self._watched:  # neither a deadline nor a warning
             transport.waitall(inner)
             return
         if not self._warned:
@@ -209,18 +227,51 @@ class Call:
             )
         pending = transport.wait_for(inner, max(self._deadline - time.monotonic(), 0.0))
         if pending:
-            self._time_out([requests[i] for i in pending], step)
+            self._time_out([requests[i] for i in pending], step, transport)
 
-    def _time_out(self, stuck: list[_Tracked], step: int | str) -> None:
-        watchdog, s = self.watchdog, self._record.signature
+    def barrier(
+        self, shared: SharedMemory, note: Sequence[int] = (), ranks: tuple[int, ...] | None = None
+    ) -> None:
+        """Pass the next barrier of ``shared``, leaving ``note``, by the deadline; warn at the stall interval.
+
+        ``shared``'s rank ``i`` is this communicator's ``ranks[i]`` (all of them, in order, by default).
+        """
+        step = f"barrier {self._barriers}"
+        self._barriers += 1
+        shared.arrive(note)
+        if not self._warned:
+            missing = shared.wait(max(self._warn_at - time.monotonic(), 0.0))
+            if not missing:
+                return
+            self._warned = True
+            _log.warning(
+                "rank %d: %s #%d has waited %.3g s in %s for %s",
+                self.watchdog.transport.rank,
+                self._record.signature.collective,
+                self._record.signature.sequence,
+                time.monotonic() - self._started,
+                step,
+                _ranks(tuple(missing if ranks is None else [ranks[r] for r in missing])),
+            )
+        missing = shared.wait(max(self._deadline - time.monotonic(), 0.0))
+        if missing:
+            shared.abandon()
+            self._fail(tuple(missing if ranks is None else [ranks[r] for r in missing]), step)
+
+    def _time_out(self, stuck: list[_Tracked], step: int | str, transport: Transport) -> None:
+        watchdog = self.watchdog
         peers = tuple(sorted({t.peer for t in stuck}))
         # MPI cannot cancel the sends: keep their buffers alive, and the communicator out of use
         watchdog.abandoned.extend(stuck)
-        watchdog.transport.abandon(
-            [t.request for t in stuck if not t.sends], [t.request for t in stuck if t.sends]
-        )
+        transport.abandon([t.request for t in stuck if not t.sends], [t.request for t in stuck if t.sends])
+        self._fail(peers, step)
+
+    def _fail(self, peers: tuple[int, ...], step: int | str) -> None:
+        watchdog, s = self.watchdog, self._record.signature
         self._record.outcome = "timed out"
-        where = "before it started" if step == "signature" else f"in step {step}"
+        where = "before it started" if step == "signature" else f"in {step}"
+        if isinstance(step, int):
+            where = f"in step {step}"
         message = (
             f"rank {watchdog.transport.rank}: {s.collective} #{s.sequence} did not complete in "
             f"{watchdog.timeout:g} s; stuck {where} waiting for {_ranks(peers)}; "

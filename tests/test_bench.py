@@ -400,6 +400,9 @@ def test_calibrate_under_mpiexec_saves_where_the_env_var_says(
     assert len(saved["exchanges"]) == 4
     model = load_model(path)
     assert all(0 <= value < 1 for value in (model.alpha, model.beta, model.gamma))
+    # both ranks share this machine's memory, so the barrier was measured, not defaulted
+    assert "barrier: the ranks share no memory" not in result.stdout
+    assert 0 < saved["barrier"] == model.barrier < 1
     assert model.source == f"calibrated, from {path}"
 
 

@@ -264,7 +264,7 @@ def test_explanation_table() -> None:
     titles = lines[3].split()
     assert titles[:4] == ["algorithm", "schedule", "steps", "messages"]
     # 2 steps of 1 message and 32 bytes moved and reduced: 2*2 + 3*64 + 5*64 seconds
-    assert lines[4].split() == ["*", "ring", "reduce_scatter-ring(n=3)", "2", "2", "64", "64",
+    assert lines[4].split() == ["*", "ring", "reduce_scatter-ring(n=3)", "2", "2", "0", "64", "64",
                                 "4000000.00", "192000000.00", "320000000.00", "516000000.00"]  # fmt: skip
     assert lines[-1] == "choice: ring (predicted 516000000.00 us)"
     assert "rejected" not in text
@@ -465,3 +465,53 @@ def test_an_unreadable_calibration_names_its_path(tmp_path: Path) -> None:
 def test_defaults_are_sane() -> None:
     assert all(0 < v < math.inf for v in (DEFAULT_MODEL.alpha, DEFAULT_MODEL.beta, DEFAULT_MODEL.gamma))
     assert "GB/s" in DEFAULT_MODEL.describe()
+
+
+# --- shared memory: barriers in the model
+
+
+def _with_shared_memory_and_butterfly() -> None:
+    from collectives.algorithms import butterfly, shared_memory
+
+    ALGORITHMS["butterfly"] = butterfly
+    ALGORITHMS["shared_memory"] = shared_memory
+    _forget_choices()
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4, 8])
+def test_default_model_keeps_small_messages_off_shared_memory(world_size: int) -> None:
+    _with_shared_memory_and_butterfly()
+    shm = frozenset({"shared_memory"})
+    for nbytes in (4, 8, 64, 1024):
+        choice = selector.default_selector().choose("allreduce", world_size, nbytes // 4, 4, shm)
+        assert choice != "shared_memory", (world_size, nbytes)
+
+
+def test_barriers_cost_per_peer_and_appear_in_the_explanation() -> None:
+    _with_shared_memory_and_butterfly()
+    model = CostModel(alpha=0.0, beta=0.0, gamma=0.0, barrier=1.0)
+    assert model.barrier_time(1) == 0 and model.barrier_time(4) == 3.0
+    explained = Selector(model).explain("allreduce", 16, world_size=4, features=frozenset({"shared_memory"}))
+    shm = next(c for c in explained.candidates if c.algorithm == "shared_memory")
+    assert shm.traffic.barriers == 1 and shm.traffic.messages == 0
+    assert shm.latency == 3.0  # one barrier, waiting for three peers
+    assert explained.choice != "shared_memory"  # messages are free in this model, barriers are not
+    assert "barriers" in str(explained) and "barrier 1000000.00 us/peer" in str(explained)
+    # the barrier count follows the segments: a large allreduce passes one per segment and phase
+    from collectives.algorithms import shared_memory
+
+    steps, messages, _, _, barriers = shared_memory.traffic("allreduce", 4, 64 * 1024**2)
+    assert messages == 0 and barriers == steps > 2
+
+
+def test_calibration_file_carries_the_barrier(tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    save_model(CostModel(1e-6, 2e-10, 3e-10, 4e-6), path)
+    assert json.loads(path.read_text())["barrier"] == 4e-6
+    assert load_model(path).barrier == 4e-6
+    # a file from before barriers were measured still loads, with the default barrier
+    path.write_text(json.dumps({"alpha": 1e-6, "beta": 2e-10, "gamma": 3e-10}))
+    assert load_model(path).barrier == DEFAULT_MODEL.barrier
+    path.write_text(json.dumps({"alpha": 1e-6, "beta": 2e-10, "gamma": 3e-10, "barrier": -1}))
+    with pytest.raises(CalibrationError, match="barrier must be a non-negative number"):
+        load_model(path)

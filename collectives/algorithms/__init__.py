@@ -17,6 +17,7 @@ from . import (
     double_tree,
     halving_doubling,
     hierarchical,
+    hierarchical_shared_memory,
     multi_ring,
     ring,
     shared_memory,
@@ -34,6 +35,7 @@ ALGORITHMS: dict[str, ModuleType] = {
     "direct": direct,
     "dissemination": dissemination,
     "shared_memory": shared_memory,
+    "hierarchical_shared_memory": hierarchical_shared_memory,
 }
 
 

@@ -13,7 +13,7 @@ algorithm is a candidate only where memory is shared (:data:`REQUIRES`).
 
 Across nodes it composes as the hierarchical algorithm does: reduce-scatter
 inside each node through shared memory, rings between nodes on each rank's
-share, all-gather inside each node; that composition is designed for, not built.
+share, all-gather inside each node (:mod:`.hierarchical_shared_memory`).
 
 Cost, for P ranks and a buffer of S elements whose share at rank r is S_r:
 
@@ -37,7 +37,7 @@ from .base import Cost
 REQUIRES = "shared_memory"
 """The transport feature this algorithm needs to be chosen by the selector."""
 
-_SEGMENT_ELEMENTS = 1 << 18  # elements per rank per barrier of the executor, for float32 (1 MiB halves)
+_SEGMENT_ELEMENTS = 1 << 21  # float32 elements of the buffer per segment of the executor (8 MiB halves)
 
 
 def _scatter(size: int) -> Step:
@@ -98,25 +98,28 @@ def cost(collective: str, shares: Sequence[int]) -> Cost:
     return Cost(2, tuple(total - s + (size - 1) * s for s in shares))
 
 
-def traffic(collective: str, world_size: int, count: int) -> tuple[int, int, int, int]:
-    """``(steps, messages, elements, reduced)`` of the shared-memory execution, as the cost model weighs them.
+def traffic(
+    collective: str, world_size: int, count: int, features: frozenset[str] = frozenset()
+) -> tuple[int, int, int, int, int]:
+    """``(steps, messages, elements, reduced, barriers)`` of the shared-memory execution, for the cost model.
 
-    A message is a barrier: one per segment of up to ``P * 2**18`` elements per
-    phase, and for an allreduce of up to 4096 elements one in all (each rank then
-    reduces the whole buffer). Elements are what a rank copies: each input element
-    in once and each result element out once, where MPI's point-to-point over shared
-    memory copies every byte it sends twice (into a shared cell and out), so a
-    copied element weighs half a sent one. Reduced elements are the rank's share
-    read from P - 1 other regions.
+    It sends no messages; it synchronises by barriers: one per segment of up to
+    ``2**21`` elements per phase, and for an allreduce of up to 4096 elements
+    one in all (each rank then reduces the whole buffer). Elements are what a rank
+    copies: each input element in once and each result element out once, where
+    MPI's point-to-point over shared memory copies every byte it sends twice (into a
+    shared cell and out), so a copied element weighs half a sent one. Reduced
+    elements are the rank's share read from P - 1 other regions. ``features`` are
+    the transport's (unused here).
     """
     if world_size == 1 or count == 0:
-        return (0, 0, 0, 0)
+        return (0, 0, 0, 0, 0)
     share = -(-count // world_size)
-    segments = -(-share // _SEGMENT_ELEMENTS)
+    segments = -(-share // max(_SEGMENT_ELEMENTS // world_size, 1))
     if collective == "allreduce":
         if count <= 4096:
-            return (1, 1, count, (world_size - 1) * count)
-        return (2 * segments, 2 * segments, count, (world_size - 1) * share)
+            return (1, 0, count, (world_size - 1) * count, 1)
+        return (2 * segments, 0, count, (world_size - 1) * share, 2 * segments)
     if collective == "reduce_scatter":
-        return (segments, segments, count // 2, (world_size - 1) * share)
-    return (segments, segments, count // 2, 0)
+        return (segments, 0, count // 2, (world_size - 1) * share, segments)
+    return (segments, 0, count // 2, 0, segments)

@@ -1,8 +1,11 @@
 """The point-to-point interface every transport implements."""
 
-__all__ = ["Request", "SharedMemory", "Transport"]
+__all__ = ["NodeSplit", "Request", "SharedMemory", "Transport"]
 
+import math
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 Request = Any
@@ -57,6 +60,14 @@ class Transport(ABC):
         """
         return None
 
+    def node_split(self) -> "NodeSplit | None":
+        """This rank's node and rail, where the group spans several nodes of equal size; ``None`` otherwise.
+
+        Collective the first time it is called. ``None`` (the default) also where
+        all ranks share one node (see :meth:`shared_memory`).
+        """
+        return None
+
     def wait_for(self, requests: list[Request], timeout: float) -> list[int]:
         """Wait at most ``timeout`` seconds for ``requests``; the indices of those still pending.
 
@@ -83,7 +94,15 @@ class SharedMemory(ABC):
     Offered by a transport whose ranks all share one node (see
     :meth:`Transport.shared_memory`); the shared-memory executor reads and writes
     peers' regions directly instead of sending messages.
+
+    The barrier is split in two so that a wait can be bounded and resumed:
+    :meth:`arrive` once, then :meth:`wait` until it returns no pending ranks. With
+    its arrival a rank may leave a short note (a few integers) that every rank can
+    read after the barrier, e.g. where its data lies.
     """
+
+    NOTE_INTS = 6
+    """Integers a note may hold."""
 
     @property
     @abstractmethod
@@ -95,5 +114,49 @@ class SharedMemory(ABC):
         """Rank ``rank``'s region, writable by every rank, as bytes."""
 
     @abstractmethod
+    def arrive(self, note: Sequence[int] = ()) -> None:
+        """Arrive at the next barrier, leaving ``note``; stores before it are seen by all ranks after it."""
+
+    @abstractmethod
+    def wait(self, timeout: float = math.inf) -> list[int]:
+        """Wait at most ``timeout`` seconds for every rank to arrive; the ranks still missing.
+
+        Empty means the barrier is passed. Call again to go on waiting.
+        """
+
+    @abstractmethod
+    def note(self, rank: int) -> tuple[int, ...]:
+        """The note ``rank`` left at the last barrier passed (:data:`NOTE_INTS` integers, zeros unset)."""
+
+    def allocate(self, nbytes: int) -> list[memoryview]:
+        """A new shared allocation of ``nbytes`` per rank: every rank's part, as bytes; collective.
+
+        It lives as long as the shared memory (until the transport is closed).
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot allocate")
+
+    def abandon(self) -> None:  # noqa: B027 - nothing to do where the process can end on its own
+        """Give up on a barrier a timeout left unpassed; the process must still be able to end."""
+
     def barrier(self) -> None:
-        """Return once every rank has called it; writes before it are visible to all ranks after it."""
+        """Return once every rank has called it, waiting without bound."""
+        self.arrive()
+        self.wait()
+
+
+@dataclass(frozen=True)
+class NodeSplit:
+    """A group spread over several nodes, each of the same number of ranks, from one rank's view.
+
+    Attributes:
+        shared: the memory of this rank's node, over its ranks in group order.
+        node_ranks: the group ranks of this node's ranks, in that order.
+        rail: a transport over the ranks of every node with this rank's local rank,
+            one per node, in group order.
+        rail_ranks: the group ranks of the rail's ranks, in that order.
+    """
+
+    shared: SharedMemory
+    node_ranks: tuple[int, ...]
+    rail: Transport
+    rail_ranks: tuple[int, ...]

@@ -1,8 +1,10 @@
 """Run under mpiexec: the last rank dies in the middle of its second allreduce; the job must end, not hang.
 
-Usage: ``python -m tests.faults.die_mid_collective exit|kill|hang``. ``exit`` leaves by
-``os._exit(3)``, ``kill`` by SIGKILL, and ``hang`` sleeps for good without
-dying, so the others can only end by their own timeout.
+Usage: ``python -m tests.faults.die_mid_collective exit|kill|hang [ring|shared_memory]``.
+``exit`` leaves by ``os._exit(3)``, ``kill`` by SIGKILL, and ``hang`` sleeps for
+good without dying, so the others can only end by their own timeout. With
+``shared_memory`` the rank dies on arriving at the shared-memory executor's second
+barrier instead of at its third send.
 """
 
 import os
@@ -18,12 +20,35 @@ import collectives
 TIMEOUT_S = 5.0  # the survivors' collective timeout
 
 
-def main(how: str) -> None:
+def _die(rank: int, how: str) -> None:
+    print(f"rank {rank}: dying ({how})", flush=True)
+    if how == "exit":
+        os._exit(3)
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(3600)
+
+
+def main(how: str, algorithm: str = "ring") -> None:
     comm = collectives.Communicator(timeout=TIMEOUT_S)
     rank, last = comm.rank, comm.size - 1
-    x = np.ones(1 << 16, np.float32)
-    collectives.allreduce(x, algorithm="ring", comm=comm)
-    if rank == last:
+    x = np.ones(1 << 20, np.float32)  # past one segment of the shared-memory executor
+    collectives.allreduce(x, algorithm=algorithm, comm=comm)
+    if rank == last and algorithm == "shared_memory":
+        shared = comm.transport.shared_memory()
+        assert shared is not None, "the ranks share no memory"
+        arrive = shared.arrive
+        arrived = 0
+
+        def dying_at_barrier(note: Any = ()) -> None:
+            nonlocal arrived
+            arrived += 1
+            if arrived == 2:  # the first barrier passed: mid-collective
+                _die(rank, how)
+            arrive(note)
+
+        shared.arrive = dying_at_barrier  # type: ignore[method-assign]
+    elif rank == last:
         transport = comm.transport
         send = transport.isend
         sent = 0
@@ -32,18 +57,13 @@ def main(how: str) -> None:
             nonlocal sent
             sent += 1
             if sent == 3:  # after the signatures and the first step's send: mid-collective
-                print(f"rank {rank}: dying ({how})", flush=True)
-                if how == "exit":
-                    os._exit(3)
-                if how == "kill":
-                    os.kill(os.getpid(), signal.SIGKILL)
-                time.sleep(3600)
+                _die(rank, how)
             return send(buffer, dst, tag)
 
         transport.isend = dying  # type: ignore[method-assign]
-    collectives.allreduce(x, algorithm="ring", comm=comm)
+    collectives.allreduce(x, algorithm=algorithm, comm=comm)
     print(f"rank {rank}: the allreduce completed without rank {last}", flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:3])

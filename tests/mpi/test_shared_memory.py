@@ -47,3 +47,65 @@ def test_shared_memory_matches_mpi(world: MPI.Intracomm, dtype: str) -> None:
             problems.expect_equal(f"allgather {count}", got, np.concatenate(world.allgather(x)))
     comm.free()
     problems.check()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int64"])
+def test_alloc_buffers_reduce_where_they_lie(world: MPI.Intracomm, dtype: str) -> None:
+    comm = collectives.Communicator(world)
+    problems = Problems(world)
+    p, r = world.size, world.rank
+    problems.expect("shared_memory" in comm.features, "no shared memory")
+    shared = comm._shared
+    for count in COUNTS:
+        for op in ("sum", "max"):
+            x = exact_input(op, dtype, count, r, p)
+            expected = mpi_reference("allreduce", x, op, world)
+            with problems.guard(f"allreduce alloc {op} count={count}"):
+                y = comm.alloc(count, dtype)
+                problems.expect(isinstance(y, np.ndarray) and y.shape == (count,), f"alloc gave {y!r}")
+                problems.expect(shared is None or shared._locate(y) is not None, "alloc not in shared memory")
+                y[:] = x
+                got = collectives.allreduce(y, op, out=y, algorithm="shared_memory", comm=comm)
+                problems.expect(got is y, "in place did not return out")
+                problems.expect_equal(f"allreduce alloc in place {op} {count}", y, expected)
+                # out of place, both from alloc: the input stays as it was
+                z = comm.alloc((count,), np.dtype(dtype))
+                y[:] = x
+                collectives.allreduce(y, op, out=z, algorithm="shared_memory", comm=comm)
+                problems.expect_equal(f"allreduce alloc out of place {op} {count}", z, expected)
+                problems.expect_equal(f"allreduce alloc input kept {op} {count}", y, x)
+        rows = count // p * p
+        x = exact_input("sum", dtype, rows, r, p)
+        with problems.guard(f"reduce_scatter alloc count={rows}"):
+            y = comm.alloc(rows, dtype)
+            y[:] = x
+            got = collectives.reduce_scatter(y, algorithm="shared_memory", comm=comm)
+            problems.expect_equal(
+                f"reduce_scatter alloc {rows}", got, mpi_reference("reduce_scatter", x, "sum", world)
+            )
+            problems.expect_equal(f"reduce_scatter alloc input kept {rows}", y, x)
+    comm.free()
+    problems.check()
+
+
+def test_alloc_on_some_ranks_only_is_a_mismatch_everywhere(world: MPI.Intracomm) -> None:
+    if world.size == 1:
+        pytest.skip("needs two ranks to disagree")
+    comm = collectives.Communicator(world, check=False)
+    problems = Problems(world)
+    count = 300_007
+    y = comm.alloc(count, "float32")  # collective: every rank allocates
+    x = y if world.rank == 0 else np.empty(count, np.float32)
+    x[:] = 1
+    try:
+        collectives.allreduce(x, out=x, algorithm="shared_memory", comm=comm)
+        problems.expect(False, "no MismatchError")
+    except collectives.MismatchError as error:
+        problems.expect("Communicator.alloc" in str(error), f"message: {error}")
+    # the communicator still works afterwards, both ways
+    for buffer in (y, np.empty(count, np.float32)):
+        buffer[:] = 1
+        collectives.allreduce(buffer, out=buffer, algorithm="shared_memory", comm=comm)
+        problems.expect(bool((buffer == world.size).all()), "wrong sum after the mismatch")
+    comm.free()
+    problems.check()
