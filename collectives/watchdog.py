@@ -133,9 +133,9 @@ class _Tracked:
 class _WatchedTransport(Transport):
     """The transport the executor gets: each ``waitall`` is one step, bounded by the call's deadline."""
 
-    def __init__(self, call: "Call") -> None:
+    def __init__(self, call: "Call", inner: Transport) -> None:
         self._call = call
-        self._inner = call.watchdog.transport
+        self._inner = inner
         self._steps = 0
 
     @property
@@ -173,8 +173,9 @@ class Call:
         self._deadline = self._started + watchdog.timeout
         self._warn_at = self._started + watchdog.stall_warning
         self._warned = False
-        watched = math.isfinite(watchdog.timeout) or math.isfinite(watchdog.stall_warning)
-        self.transport: Transport = _WatchedTransport(self) if watched else watchdog.transport
+        self._inner = watchdog.transport
+        self.transport: Transport = watchdog.transport
+        self.run_on(watchdog.transport)
 
     @property
     def algorithm(self) -> str:
@@ -184,9 +185,18 @@ class Call:
     def algorithm(self, name: str) -> None:
         self._record.algorithm = name
 
+    def run_on(self, transport: Transport) -> None:
+        """Send the collective's messages over ``transport``, e.g. a device transport over the communicator's.
+
+        The signature check has already used the communicator's own transport.
+        """
+        self._inner = transport
+        watched = math.isfinite(self.watchdog.timeout) or math.isfinite(self.watchdog.stall_warning)
+        self.transport = _WatchedTransport(self, transport) if watched else transport
+
     def wait(self, requests: list[_Tracked], step: int | str) -> None:
         """Wait for ``requests`` until the deadline, warning once at the stall interval."""
-        transport = self.watchdog.transport
+        transport = self._inner
         inner = [t.request for t in requests]
         if self.transport is transport:  # neither a deadline nor a warning
             transport.waitall(inner)
@@ -216,9 +226,7 @@ class Call:
         peers = tuple(sorted({t.peer for t in stuck}))
         # MPI cannot cancel the sends: keep their buffers alive, and the communicator out of use
         watchdog.abandoned.extend(stuck)
-        watchdog.transport.abandon(
-            [t.request for t in stuck if not t.sends], [t.request for t in stuck if t.sends]
-        )
+        self._inner.abandon([t.request for t in stuck if not t.sends], [t.request for t in stuck if t.sends])
         self._record.outcome = "timed out"
         where = "before it started" if step == "signature" else f"in step {step}"
         message = (

@@ -3,14 +3,20 @@
 __all__ = ["MPISharedMemory", "MPITransport"]
 
 import atexit
+import ctypes
 import os
 import sys
 import time
+from functools import cache
 from typing import Any, cast
 
 from mpi4py import MPI
 
+from ..errors import ConfigurationError
 from .base import Request, SharedMemory, Transport
+
+CUDA_AWARE_ENV = "COLLECTIVES_CUDA_AWARE"
+"""``1`` or ``0`` to say whether MPI takes CUDA device buffers, instead of asking the library."""
 
 SHARED_REGION_BYTES = 1 << 21
 """Bytes of each rank's region of the shared window: two segments of 1 MiB, double-buffered."""
@@ -39,6 +45,7 @@ class MPITransport(Transport):
         self._size = self._comm.Get_size()
         self._shared: MPISharedMemory | None = None
         self._shared_known = False
+        self._node_local: bool | None = None
         self._stuck: list[MPI.Request] = []  # sends a timeout left behind
 
     @property
@@ -71,13 +78,32 @@ class MPITransport(Transport):
     def shared_memory(self) -> "MPISharedMemory | None":
         if not self._shared_known:
             self._shared_known = True
-            node = cast(MPI.Intracomm, self._comm.Split_type(MPI.COMM_TYPE_SHARED))
-            together = self._comm.allreduce(node.Get_size() == self._size, op=MPI.LAND)
-            if together:
+            if self.node_local():
+                node = cast(MPI.Intracomm, self._comm.Split_type(MPI.COMM_TYPE_SHARED))
                 self._shared = MPISharedMemory(node, SHARED_REGION_BYTES)
-            else:
-                node.Free()
         return self._shared
+
+    def node_local(self) -> bool:
+        if self._node_local is None:
+            node = cast(MPI.Intracomm, self._comm.Split_type(MPI.COMM_TYPE_SHARED))
+            self._node_local = bool(self._comm.allreduce(node.Get_size() == self._size, op=MPI.LAND))
+            node.Free()
+        return self._node_local
+
+    def cuda_aware(self) -> bool:
+        """``$COLLECTIVES_CUDA_AWARE`` if set, else what the MPI library says (``MPIX_Query_cuda_support``).
+
+        Open MPI and MPICH both offer the query; an MPI without it is taken as not
+        CUDA-aware. The ranks must agree, so set the variable alike on all of them.
+        """
+        text = os.environ.get(CUDA_AWARE_ENV, "").strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        if text:
+            raise ConfigurationError(f"{CUDA_AWARE_ENV}={text!r} is neither 1 nor 0")
+        return _mpi_cuda_support()
 
     def wait_for(self, requests: list[Request], timeout: float) -> list[int]:
         # MPI_Waitall cannot be bounded, so poll MPI_Testall. MPI moves large messages
@@ -120,6 +146,29 @@ class MPITransport(Transport):
             self._shared = None
         if self._comm != MPI.COMM_NULL and not MPI.Is_finalized():
             self._comm.Free()
+
+
+@cache
+def _mpi_cuda_support() -> bool:
+    """``MPIX_Query_cuda_support()`` of the MPI library mpi4py loaded; ``False`` where it has none."""
+    for path in _loaded_mpi_libraries():
+        try:
+            query = ctypes.CDLL(path).MPIX_Query_cuda_support
+        except (OSError, AttributeError):
+            continue
+        query.restype = ctypes.c_int
+        return bool(query())
+    return False
+
+
+def _loaded_mpi_libraries() -> list[str]:
+    """Paths of the MPI libraries mapped into this process (mpi4py loads them privately)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libmpi" in line and "/" in line}
+    except OSError:
+        return []
+    return sorted(paths)
 
 
 class MPISharedMemory(SharedMemory):
