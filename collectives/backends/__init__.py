@@ -2,6 +2,7 @@
 
 __all__ = ["ArrayBackend", "adopt", "backend_for", "looks_like_device_array"]
 
+from contextlib import suppress
 from typing import Any
 
 from ..errors import UnsupportedDtypeError
@@ -18,13 +19,14 @@ def looks_like_device_array(array: Any) -> bool:
     """Whether ``array`` is a CuPy array or exposes CUDA memory; imports no GPU library."""
     if type(array).__module__.startswith("cupy"):
         return True
-    try:
-        if hasattr(array, "__cuda_array_interface__"):
-            return True
+    # a foreign object's protocol may raise anything (torch's CUDA array interface, for bfloat16)
+    with suppress(Exception):
         device = getattr(array, "__dlpack_device__", None)
-        return device is not None and int(device()[0]) in _DLPACK_CUDA
-    except Exception:  # a foreign object's property may raise anything; it is then not a device array
-        return False
+        if device is not None and int(device()[0]) in _DLPACK_CUDA:
+            return True
+    with suppress(Exception):
+        return hasattr(array, "__cuda_array_interface__")
+    return False
 
 
 def _cupy_backend() -> ArrayBackend:

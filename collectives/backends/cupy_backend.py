@@ -20,10 +20,11 @@ _DEVICE: list["CupyDevice"] = []
 def adopt(array: Any) -> Any:
     """``array`` as a CuPy array over the same memory (no copy).
 
-    CuPy arrays are returned as they are; objects with ``__cuda_array_interface__``
-    (Numba, torch) go through ``cupy.asarray``, others with a CUDA ``__dlpack__``
-    through ``cupy.from_dlpack``. Either way CuPy orders the producer's stream
-    before its own current one where the object says which it is.
+    CuPy arrays are returned as they are; objects with a CUDA ``__dlpack__``
+    (torch, JAX) go through ``cupy.from_dlpack``, others with
+    ``__cuda_array_interface__`` (Numba) through ``cupy.asarray``. Either way CuPy
+    orders the producer's stream before its own current one where the object says
+    which it is.
 
     Raises:
         UnsupportedDtypeError: CuPy cannot view the object (e.g. bfloat16 before CuPy 14).
@@ -31,9 +32,10 @@ def adopt(array: Any) -> Any:
     if isinstance(array, cupy.ndarray):
         return array
     try:
-        if hasattr(array, "__cuda_array_interface__"):
-            return cupy.asarray(array)
-        return cupy.from_dlpack(array)
+        # DLPack first: it orders the producer's stream before CuPy's, and carries bfloat16
+        if hasattr(array, "__dlpack__"):
+            return cupy.from_dlpack(array)
+        return cupy.asarray(array)
     except (TypeError, ValueError, NotImplementedError, BufferError) as error:
         raise UnsupportedDtypeError(
             f"cannot view a {type(array).__module__}.{type(array).__qualname__} as a CuPy array: {error} "
