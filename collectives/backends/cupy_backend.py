@@ -15,6 +15,7 @@ from .base import ArrayBackend
 
 _CHECKED_NAMES: dict[Any, str] = {}
 _DEVICE: list["CupyDevice"] = []
+_MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: the direction follows from the pointers (unified addressing)
 
 
 def adopt(array: Any) -> Any:
@@ -157,7 +158,7 @@ class CupyDevice(Device):
                 dst.data.ptr,
                 src.data.ptr,
                 len(src),
-                cupy.cuda.runtime.memcpyDefault,
+                _MEMCPY_DEFAULT,
                 cupy.cuda.get_current_stream().ptr,
             )
 
@@ -176,7 +177,7 @@ class CupyDevice(Device):
         return handle
 
     def open_ipc(self, handle: bytes, nbytes: int) -> Any:
-        pointer = cupy.cuda.runtime.ipcOpenMemHandle(handle, cupy.cuda.runtime.cudaIpcMemLazyEnablePeerAccess)
+        pointer = cupy.cuda.runtime.ipcOpenMemHandle(handle)  # lazily enabling peer access
         memory = cupy.cuda.UnownedMemory(pointer, nbytes, None)
         buffer = cupy.ndarray((nbytes,), cupy.uint8, cupy.cuda.MemoryPointer(memory, 0))
         self._opened[id(buffer)] = pointer
