@@ -82,6 +82,8 @@ class CudaIpcTransport(Transport):
     message; the receiver copies it out into the receive buffer and gives the slot
     back with another. A sender writes a slot only once it is given back, so
     nothing is overwritten early. Host buffers pass to the inner transport as they are.
+    Device messages between two ranks are matched in the order they were posted,
+    whatever their tags (the executor sends all its messages under one tag).
 
     Transfers move while the executor waits (:meth:`waitall`, :meth:`wait_for`),
     each wait advancing every message in flight, as MPI's progress does.
