@@ -1,7 +1,8 @@
 """The command line: ``mpiexec -n 4 python -m bench allreduce -b 8 -e 64M -a ring,mpi``, and more.
 
 ``calibrate`` measures the cost model; ``compare`` times our allreduce against
-the MPI library's and gloo's (see :mod:`bench.compare`).
+the MPI library's and gloo's (see :mod:`bench.compare`); ``kernels`` times the CUDA
+reduction kernels on one GPU, without MPI (see :mod:`bench.kernel_bench`).
 
 Every collective has a sub-command; the barrier's table has one row, its latency.
 ``python -m bench simulate`` predicts times on a topology instead, without
@@ -100,6 +101,7 @@ def _parser() -> argparse.ArgumentParser:
     calibrate.add_argument("-w", "--warmup", type=int, default=3, help="untimed calls first (default 3)")
     commands.add_parser("simulate", add_help=False, help="predict times on a topology, without MPI")
     commands.add_parser("compare", add_help=False, help="allreduce against MPI's and gloo's, interleaved")
+    commands.add_parser("kernels", add_help=False, help="GB/s of the CUDA reduction kernels on one GPU")
     return parser
 
 
@@ -179,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
         from .compare import main as compare
 
         return compare(argv[1:])
+    if argv[:1] == ["kernels"]:
+        from .kernel_bench import main as kernels
+
+        return kernels(argv[1:])
     from mpi4py import MPI
 
     from .calibrate import calibrate

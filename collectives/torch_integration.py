@@ -17,6 +17,7 @@ __all__ = [
     "broadcast_optimizer_state",
     "broadcast_parameters",
     "explain_path",
+    "functional",
     "fusion_buckets",
     "rank",
     "reduce_scatter",
@@ -57,13 +58,19 @@ from torch._C._distributed_c10d import (  # GradBucket at run time: DDP checks h
 from torch.distributed.rendezvous import register_rendezvous_handler
 
 from . import api
-from .errors import CollectivesError, InvalidBufferError, UnsupportedDtypeError, UnsupportedOpError
+from .errors import (
+    CollectivesError,
+    ConfigurationError,
+    InvalidBufferError,
+    UnsupportedDtypeError,
+    UnsupportedOpError,
+)
 from .ops import get_op
 
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-    Comm = api.Communicator | MPI.Comm | None
+    Comm = api.Communicator | MPI.Comm | dist.ProcessGroup | None
 else:
     Comm = Any
 
@@ -304,8 +311,26 @@ def _submit(comm: Comm, job: Callable[[api.Communicator], T]) -> "Future[T]":
     The communicator is looked up (and the default one created, a collective
     call) here, on the caller's thread.
     """
-    communicator = api._communicator(comm)
+    communicator = _communicator_of(comm)
     return _worker(communicator).submit(lambda: job(communicator))
+
+
+def _communicator_of(comm: Comm) -> api.Communicator:
+    """The library's communicator for ``comm``, which may also be a torch.distributed group of this backend.
+
+    ``None`` is the communicator over ``MPI.COMM_WORLD`` (created on first use,
+    a collective call), not torch's default group.
+    """
+    if isinstance(comm, _ProcessGroup):
+        return comm._communicator
+    if isinstance(comm, dist.ProcessGroup):
+        raise ConfigurationError(
+            f"comm is a torch.distributed group of the {comm.name()!r} backend; collectives runs on the "
+            f"groups of the {BACKEND!r} backend (torch.distributed.new_group(ranks, backend={BACKEND!r}))"
+        )
+    if isinstance(comm, int) and comm == dist.GroupMember.NON_GROUP_MEMBER:
+        raise ConfigurationError("comm is GroupMember.NON_GROUP_MEMBER: this rank is not in that group")
+    return api._communicator(comm)
 
 
 # --------------------------------------------------------------------------- functions
@@ -313,12 +338,12 @@ def _submit(comm: Comm, job: Callable[[api.Communicator], T]) -> "Future[T]":
 
 def rank(comm: Comm = None) -> int:
     """This process's rank in ``comm`` (over ``MPI.COMM_WORLD`` by default), as Horovod's ``rank()``."""
-    return api._communicator(comm).rank
+    return _communicator_of(comm).rank
 
 
 def size(comm: Comm = None) -> int:
     """The number of ranks in ``comm`` (over ``MPI.COMM_WORLD`` by default), as Horovod's ``size()``."""
-    return api._communicator(comm).size
+    return _communicator_of(comm).size
 
 
 class Handle:
@@ -381,8 +406,9 @@ def allreduce_async_(tensor: torch.Tensor, op: str = "sum", *, comm: Comm = None
             NCCL where CuPy is missing (see :func:`explain_path`).
         op: ``sum``, ``prod``, ``min``, ``max``, ``avg`` (floating types) or
             ``band``, ``bor``, ``bxor`` (integers).
-        comm: a :class:`~collectives.Communicator` or an mpi4py communicator;
-            the one over ``MPI.COMM_WORLD`` by default.
+        comm: a :class:`~collectives.Communicator`, an mpi4py communicator,
+            or a torch.distributed group of the ``collectives`` backend; the
+            communicator over ``MPI.COMM_WORLD`` by default.
     """
     if _checked(tensor, op, comm) == _FALLBACK:
         return _work_handle(dist.all_reduce(tensor, op=_TORCH_OPS[get_op(op).name], async_op=True), tensor)
@@ -700,7 +726,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._names = names
         self._op = op
         self._passes = backward_passes_per_step
-        self._communicator = api._communicator(comm)
+        self._communicator = _communicator_of(comm)
         self._worker = _worker(self._communicator)
         grouping = fusion_buckets(params, fusion_threshold_bytes)
         wire = _WIRE_DTYPES[compression]
@@ -903,8 +929,9 @@ def allreduce_hook(state: Comm, bucket: GradBucket) -> TensorFuture:
     """A DDP communication hook that averages gradients with collectives' allreduce.
 
     ``model.register_comm_hook(comm, allreduce_hook)``; the state ``comm`` is a
-    :class:`~collectives.Communicator`, an mpi4py communicator, or ``None`` for
-    the one over ``MPI.COMM_WORLD``.
+    :class:`~collectives.Communicator`, an mpi4py communicator, a
+    torch.distributed group of the ``collectives`` backend, or ``None`` for the
+    one over ``MPI.COMM_WORLD``.
     """
     return _hook_future(state, bucket, None)
 
@@ -1091,12 +1118,20 @@ class _ProcessGroup(dist.ProcessGroup):
 
 
 def _create_process_group(options: _DistributedBackendOptions, backend_options: object) -> _ProcessGroup:
-    """c10d's constructor of the ``collectives`` backend: a process group over a new communicator."""
+    """c10d's constructor of the ``collectives`` backend: a process group over a new communicator.
+
+    c10d calls it on the group's members only. The default group and a group
+    of every rank get a duplicate of ``MPI.COMM_WORLD``; a subgroup
+    (``torch.distributed.new_group(ranks)``) gets a communicator over those
+    ranks of it, created by them alone. Either way torch's global ranks must be
+    MPI's, as ``init_method="mpi://"`` makes them.
+    """
     ranks = list(options.global_ranks_in_group)
-    communicator = api.Communicator()  # its own duplicate of COMM_WORLD: collective, as creating a group is
-    if ranks and sorted(ranks) != list(range(communicator.size)):
-        communicator.free()
-        raise CollectivesError(f"the collectives backend runs on all ranks, not on a subgroup {ranks}")
+    if ranks and len(ranks) < dist.get_world_size():
+        communicator = _subgroup_communicator(ranks)
+    else:
+        # its own duplicate of COMM_WORLD: collective, as creating a group is
+        communicator = api.Communicator()
     if (options.group_rank, options.group_size) != (communicator.rank, communicator.size):
         rank, size = communicator.rank, communicator.size
         communicator.free()
@@ -1105,6 +1140,14 @@ def _create_process_group(options: _DistributedBackendOptions, backend_options: 
             f"{rank} of {size}; launch with mpiexec and init_method='mpi://'"
         )
     return _ProcessGroup(communicator)
+
+
+def _subgroup_communicator(ranks: list[int]) -> api.Communicator:
+    """A communicator over ``ranks`` of ``MPI.COMM_WORLD``; this process is one of them."""
+    from .transport.mpi import MPITransport
+
+    # torch's global rank is the rank in the default group, which mpi:// numbers as MPI does
+    return api.Communicator(MPITransport.of_world_ranks(ranks, dist.get_rank()))
 
 
 def _mpi_rendezvous(
@@ -1147,3 +1190,9 @@ def _register() -> None:
 
 
 _register()
+
+
+# --------------------------------------------------------------------------- differentiable collectives
+
+# last: torch_functional builds on the functions above
+from . import torch_functional as functional  # noqa: E402

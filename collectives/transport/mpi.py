@@ -7,6 +7,7 @@ import ctypes
 import os
 import sys
 import time
+from collections.abc import Sequence
 from functools import cache
 from typing import Any, cast
 
@@ -47,6 +48,36 @@ class MPITransport(Transport):
         self._shared_known = False
         self._node_local: bool | None = None
         self._stuck: list[MPI.Request] = []  # sends a timeout left behind
+
+    @classmethod
+    def of_world_ranks(cls, ranks: Sequence[int], rank: int) -> "MPITransport":
+        """A transport over ``ranks`` of ``MPI.COMM_WORLD``, numbered in that order.
+
+        Collective over those ranks only (``MPI_Comm_create_group``), so the
+        others need not take part.
+
+        Args:
+            ranks: ranks of ``MPI.COMM_WORLD``, the caller's among them.
+            rank: the caller's rank in ``MPI.COMM_WORLD`` as the caller numbers
+                it; checked against MPI's before any message, since members
+                that disagree on who is in the group would wait for each other.
+        """
+        world = MPI.COMM_WORLD
+        if world.Get_rank() != rank:
+            raise ConfigurationError(f"the caller says it is rank {rank}; MPI says rank {world.Get_rank()}")
+        if rank not in ranks:
+            raise ConfigurationError(f"rank {rank} of MPI.COMM_WORLD is not in the group {list(ranks)}")
+        everyone = world.Get_group()
+        group = everyone.Incl(list(ranks))
+        everyone.Free()
+        try:
+            sub = world.Create_group(group)
+        finally:
+            group.Free()
+        try:
+            return cls(sub)
+        finally:
+            sub.Free()
 
     @property
     def rank(self) -> int:

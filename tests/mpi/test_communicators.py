@@ -155,3 +155,28 @@ def test_mpi4py_communicator_is_duplicated_once(world: MPI.Intracomm) -> None:
         for _ in range(3000):
             collectives.allreduce(empty, comm=world)
     problems.check()
+
+
+def test_a_transport_over_some_world_ranks_is_numbered_in_their_order(world: MPI.Intracomm) -> None:
+    from collectives.errors import ConfigurationError
+    from collectives.transport.mpi import MPITransport
+
+    problems = Problems(world)
+    for ranks, rank in [([world.rank], world.rank + 1), ([world.rank + 1], world.rank)]:
+        try:
+            MPITransport.of_world_ranks(ranks, rank)  # local checks: no rank waits for another
+        except ConfigurationError as error:
+            problems.expect(str(rank) in str(error), f"{ranks}, {rank}: {error}")
+        else:
+            problems.expect(False, f"{ranks}, {rank}: no error")
+    with problems.guard("the first ranks, reversed"):
+        members = list(range(world.size - 1, -1, -1))[world.size // 2 :]  # the lower half, highest first
+        if world.rank in members:
+            transport = MPITransport.of_world_ranks(members, world.rank)
+            communicator = collectives.Communicator(transport)
+            position = members.index(world.rank)
+            problems.expect((communicator.rank, communicator.size) == (position, len(members)), "rank, size")
+            total = collectives.allreduce(np.full(3, world.rank, np.int64), comm=communicator)
+            problems.expect_equal("allreduce", total, np.full(3, sum(members), np.int64))
+            communicator.free()
+    problems.check()

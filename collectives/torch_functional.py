@@ -1,0 +1,220 @@
+"""Differentiable collectives on torch tensors: each backward is the collective that carries the gradient."""
+
+__all__ = ["DIFFERENTIABLE_OPS", "allgather", "allreduce", "broadcast", "reduce_scatter"]
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.autograd.function import FunctionCtx
+
+from . import api
+from . import torch_integration as ti
+from .errors import InvalidBufferError, UnsupportedOpError
+from .ops import get_op
+
+DIFFERENTIABLE_OPS: dict[str, tuple[str, ...]] = {
+    "allreduce": ("sum", "avg", "max", "min"),
+    "reduce_scatter": ("sum", "avg"),
+}
+"""The ops each reducing collective differentiates; the others (prod, bitwise) have no gradient here."""
+
+# The convention, as torch.distributed.nn's: the loss being differentiated is the sum of every
+# rank's loss, so an input's gradient gathers what every rank's output sent back to it.
+
+
+def _differentiable(collective: str, op: str) -> str:
+    """The op's canonical name; raises, alike on every rank as the op is, unless it is differentiable."""
+    name = get_op(op).name
+    if name not in DIFFERENTIABLE_OPS[collective]:
+        valid = ", ".join(DIFFERENTIABLE_OPS[collective])
+        raise UnsupportedOpError(
+            f"functional.{collective} has no gradient for op {name!r}; it differentiates {valid} "
+            f"(torch_integration.{collective} reduces with {name!r} without a gradient)"
+        )
+    return name
+
+
+def _apply(function: type[torch.autograd.Function], *args: Any) -> torch.Tensor:
+    result: torch.Tensor = function.apply(*args)  # type: ignore[no-untyped-call]  # torch leaves it untyped
+    return result
+
+
+class _Allreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: FunctionCtx, tensor: torch.Tensor, op: str, comm: ti.Comm) -> torch.Tensor:
+        result = ti.allreduce(tensor, op, comm=comm)
+        state: Any = ctx
+        state.op, state.comm = op, comm
+        if op in ("max", "min"):
+            ctx.save_for_backward(tensor, result)
+        return result
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        if ctx.op in ("sum", "avg"):
+            return ti.allreduce(grad.contiguous(), ctx.op, comm=ctx.comm), None, None
+        # as torch.amax: the gradient is shared evenly between the ranks that hold the extreme value
+        tensor, result = ctx.saved_tensors
+        holds = (tensor == result).to(grad.dtype)
+        holders = ti.allreduce(holds, "sum", comm=ctx.comm)
+        total = ti.allreduce(grad.contiguous(), "sum", comm=ctx.comm)
+        return total * holds / holders, None, None
+
+
+def allreduce(tensor: torch.Tensor, op: str = "sum", *, comm: ti.Comm = None) -> torch.Tensor:
+    """The reduction of ``tensor`` across all ranks, in a new tensor that autograd differentiates.
+
+    Backward reduces the gradient across the ranks again: for ``sum`` with a
+    sum, for ``avg`` with an average. For ``max`` and ``min`` the summed
+    gradient goes to the ranks holding the extreme value, shared evenly between
+    ties, as :func:`torch.amax` does.
+
+    Args:
+        tensor: a contiguous tensor of the same shape and dtype on every rank,
+            as for :func:`~collectives.torch_integration.allreduce`;
+            ``requires_grad`` must be the same on every rank, since backward
+            communicates.
+        op: one of :data:`DIFFERENTIABLE_OPS` ``["allreduce"]``.
+        comm: the communicator, as for :func:`~collectives.torch_integration.allreduce_async_`.
+
+    Raises:
+        UnsupportedOpError: for ``prod`` and the bitwise ops, on every rank
+            before any message.
+    """
+    name = _differentiable("allreduce", op)
+    return _apply(_Allreduce, tensor, name, comm)
+
+
+class _Allgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: FunctionCtx, tensor: torch.Tensor, comm: ti.Comm) -> torch.Tensor:
+        state: Any = ctx
+        state.comm, state.shape = comm, tensor.shape
+        return ti.allgather(tensor, comm=comm)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        rows = ctx.shape[0] if ctx.shape else 1  # a 0-d tensor was gathered as one row
+        return _reduce_scatter_rows(grad.contiguous(), rows, ctx.comm).reshape(ctx.shape), None
+
+
+def _reduce_scatter_rows(grad: torch.Tensor, rows: int, comm: ti.Comm) -> torch.Tensor:
+    """The sum over the ranks of ``grad``'s rows that came from this rank, which has ``rows`` of them."""
+    # on the gradient's device, so the counts take the same path as the gradient
+    counts = ti.allgather(torch.tensor([rows], dtype=torch.int64, device=grad.device), comm=comm).tolist()
+    if len(set(counts)) == 1:
+        return ti.reduce_scatter(grad, "sum", comm=comm)
+    if ti._checked(grad, "sum", comm) == ti._FALLBACK:
+        raise InvalidBufferError(
+            f"the gradient of an allgather of rows that differ between ranks ({counts}) is reduced on the "
+            "cpu only; torch.distributed reduce-scatters equal rows"
+        )
+    row_size = grad[0].numel()
+
+    def job(communicator: api.Communicator) -> torch.Tensor:
+        out = grad.new_empty((rows, *grad.shape[1:]))
+        elements = [n * row_size for n in counts]
+        api.reduce_scatter(
+            ti._host_view(grad).reshape(-1), "sum", counts=elements, out=_flat(out), comm=communicator
+        )
+        return out
+
+    return ti._submit(comm, job).result()
+
+
+def _flat(tensor: torch.Tensor) -> np.ndarray:
+    return ti._host_view(tensor).reshape(-1)
+
+
+def allgather(tensor: torch.Tensor, *, comm: ti.Comm = None) -> torch.Tensor:
+    """Every rank's ``tensor`` concatenated along the first dimension; a new tensor autograd differentiates.
+
+    As :func:`~collectives.torch_integration.allgather`, the first dimension may
+    differ between ranks. Backward reduce-scatters the gradient with a sum:
+    each rank gets the gradient of its own rows, summed over the ranks.
+
+    Args:
+        tensor: a contiguous tensor; ``requires_grad`` the same on every rank.
+        comm: the communicator, as for :func:`~collectives.torch_integration.allreduce_async_`.
+    """
+    return _apply(_Allgather, tensor, comm)
+
+
+class _ReduceScatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: FunctionCtx, tensor: torch.Tensor, op: str, comm: ti.Comm) -> torch.Tensor:
+        state: Any = ctx
+        state.op, state.comm = op, comm
+        return ti.reduce_scatter(tensor, op, comm=comm)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        whole = ti.allgather(grad.contiguous(), comm=ctx.comm)
+        if ctx.op == "avg" and grad.shape[0]:
+            whole = whole / (whole.shape[0] // grad.shape[0])  # the world size
+        return whole, None, None
+
+
+def reduce_scatter(tensor: torch.Tensor, op: str = "sum", *, comm: ti.Comm = None) -> torch.Tensor:
+    """This rank's rows of the reduction of ``tensor`` over the ranks; a new tensor autograd differentiates.
+
+    As :func:`~collectives.torch_integration.reduce_scatter`: ``tensor`` has
+    ``P * k`` rows and rank ``r`` gets rows ``r * k`` to ``(r + 1) * k``.
+    Backward allgathers the gradient (divided by P for ``avg``).
+
+    Args:
+        tensor: a contiguous tensor of the same shape and dtype on every rank;
+            ``requires_grad`` the same on every rank.
+        op: ``sum`` or ``avg``.
+        comm: the communicator, as for :func:`~collectives.torch_integration.allreduce_async_`.
+
+    Raises:
+        UnsupportedOpError: for any other op, on every rank before any message.
+    """
+    name = _differentiable("reduce_scatter", op)
+    return _apply(_ReduceScatter, tensor, name, comm)
+
+
+class _Broadcast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: FunctionCtx, tensor: torch.Tensor, root: int, comm: ti.Comm) -> torch.Tensor:
+        state: Any = ctx
+        state.root, state.comm = root, comm
+        return ti.broadcast_(tensor.detach().clone(), root, comm=comm)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return _reduce_to_root(grad.contiguous(), ctx.root, ctx.comm), None, None
+
+
+def _reduce_to_root(grad: torch.Tensor, root: int, comm: ti.Comm) -> torch.Tensor:
+    """The sum of ``grad`` over the ranks at ``root``; zeros elsewhere."""
+    if ti._checked(grad, "sum", comm) == ti._FALLBACK:
+        total = grad.clone()
+        dist.reduce(total, dst=root)
+        return total if dist.get_rank() == root else torch.zeros_like(grad)
+
+    def job(communicator: api.Communicator) -> torch.Tensor:
+        total = torch.zeros_like(grad)
+        api.reduce(_flat(grad), "sum", root, out=_flat(total), comm=communicator)
+        return total
+
+    return ti._submit(comm, job).result()
+
+
+def broadcast(tensor: torch.Tensor, root_rank: int = 0, *, comm: ti.Comm = None) -> torch.Tensor:
+    """The root's ``tensor`` on every rank, in a new tensor autograd differentiates.
+
+    Backward follows ``torch.distributed.nn.functional.broadcast``: the root's
+    input gets the gradient summed over all ranks (a reduce to the root), and
+    every other rank's input gets zeros, as its value was not used.
+
+    Args:
+        tensor: a contiguous tensor of the same shape and dtype on every rank;
+            only the root's values are read. ``requires_grad`` the same on every rank.
+        root_rank: the rank whose tensor is sent.
+        comm: the communicator, as for :func:`~collectives.torch_integration.allreduce_async_`.
+    """
+    return _apply(_Broadcast, tensor, root_rank, comm)

@@ -1,0 +1,29 @@
+"""The RSS benchmark: flat resident memory over repeated allreduces, and its own check."""
+
+import re
+
+import pytest
+
+from tests.mpirun import mpiexec, run_mpi
+
+needs_mpiexec = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec: install the mpich extra")
+
+
+@needs_mpiexec
+def test_resident_memory_stays_flat_over_repeated_allreduces() -> None:
+    args = ["-m", "bench.memory", "-n", "2000", "--sizes", "8,64K", "--max-growth-kib", "1024"]
+    result = run_mpi(2, args, timeout=120)
+    assert result.returncode == 0, result.stdout
+    rows = re.findall(r"growth after warm-up ([+-]\d+) KiB", result.stdout)
+    assert len(rows) == 2, result.stdout
+    # a leak of even half a KiB per call would show as about 900 KiB here
+    assert all(int(kib) <= 1024 for kib in rows), result.stdout
+
+
+@needs_mpiexec
+def test_memory_bench_fails_when_growth_exceeds_the_bound() -> None:
+    # a bound below zero cannot be met: the check itself must be able to fail
+    args = ["-m", "bench.memory", "-n", "20", "--sizes", "8", "--max-growth-kib", "-1"]
+    result = run_mpi(1, args, timeout=60)
+    assert result.returncode == 1, result.stdout
+    assert "more than -1 KiB" in result.stdout

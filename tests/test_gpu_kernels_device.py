@@ -1,0 +1,254 @@
+"""Every CUDA kernel against numpy, on a GPU: every dtype, op and kind, aligned and not."""
+
+from collections.abc import Callable
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from collectives.backends import gpu_kernels
+from collectives.ops import DTYPES, FLOAT_DTYPES, OPS
+
+pytestmark = pytest.mark.gpu
+
+SIZES = (0, 1, 7, 4099, (1 << 20) + 3)
+# element offsets of (dst, first source, other sources) from an allocation's start: equal offsets
+# take the scalar head, the 128-bit body and the scalar tail; unequal ones the scalar path only
+OFFSETS = ((0, 0, 0), (1, 1, 1), (3, 3, 3), (0, 1, 2), (2, 0, 3))
+LARGE_OFFSETS = ((0, 0, 0), (1, 1, 1), (0, 1, 2))
+PAIRS = [(name, dtype) for name, op in OPS.items() if name != "avg" for dtype in op.dtypes]
+SIXTEEN_BIT_FLOATS = ("float16", "bfloat16")
+_UFUNCS: dict[str, Callable[..., Any]] = {
+    "sum": np.add,
+    "prod": np.multiply,
+    "min": np.minimum,
+    "max": np.maximum,
+    "band": np.bitwise_and,
+    "bor": np.bitwise_or,
+    "bxor": np.bitwise_xor,
+}
+
+
+@pytest.fixture(scope="module")
+def cp() -> Any:
+    try:
+        import cupy
+    except ImportError:
+        pytest.skip("needs CuPy (pip install cupy-cuda13x) and a CUDA device")
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except cupy.cuda.runtime.CUDARuntimeError as error:
+        pytest.skip(f"needs a CUDA device: {error}")
+    if count < 1:
+        pytest.skip("needs a CUDA device; CuPy sees none")
+    return cupy
+
+
+def numpy_dtype(name: str) -> np.dtype[Any]:
+    return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+
+
+def inputs(rng: np.random.Generator, dtype: str, op: str, count: int, exact: bool) -> np.ndarray:
+    """Values for ``op`` on ``dtype``: integers over their range; floats small and whole (exact) or normal."""
+    if dtype not in FLOAT_DTYPES:
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, size=count, dtype=dtype, endpoint=True)
+    if exact:
+        # sums and products of up to 8 of these are integers every float dtype holds exactly
+        values = rng.integers(-2, 3, size=count) if op == "prod" else rng.integers(-8, 9, size=count)
+        return values.astype(numpy_dtype(dtype))
+    return rng.standard_normal(count).astype(numpy_dtype(dtype))
+
+
+def device_view(cp: Any, host: np.ndarray, offset: int) -> Any:
+    """A copy of ``host`` on the device, ``offset`` elements into its allocation; bfloat16 as uint16."""
+    bits = host.view(np.uint16) if host.dtype == numpy_dtype("bfloat16") else host
+    base = cp.empty(bits.size + offset, dtype=bits.dtype)
+    view = base[offset : offset + bits.size]
+    view.set(bits)
+    return view
+
+
+def to_host(array: Any, dtype: str) -> np.ndarray:
+    return array.get().view(numpy_dtype(dtype))
+
+
+def ordered(values: np.ndarray) -> np.ndarray:
+    """Float bits as integers whose difference counts ulps (sign-magnitude to two's complement)."""
+    width = values.dtype.itemsize * 8
+    bits = values.view(f"int{width}").astype(np.int64)
+    magnitude = bits & np.int64((1 << (width - 1)) - 1)
+    return np.where(bits < 0, -magnitude, magnitude)
+
+
+def assert_matches(actual: np.ndarray, expected: np.ndarray, dtype: str, ulps: int) -> None:
+    """Equal bits (NaN matching NaN), or within ``ulps`` for floats."""
+    assert actual.shape == expected.shape
+    if dtype not in FLOAT_DTYPES:
+        np.testing.assert_array_equal(actual, expected)
+        return
+    actual_nan = np.isnan(actual.astype(np.float64))
+    expected_nan = np.isnan(expected.astype(np.float64))
+    np.testing.assert_array_equal(actual_nan, expected_nan, err_msg="NaN in different places")
+    difference = np.abs(ordered(actual[~actual_nan]) - ordered(expected[~expected_nan]))
+    worst = int(difference.max(initial=0))
+    if worst > ulps:
+        at = int(np.argmax(difference))
+        pytest.fail(
+            f"{dtype}: {worst} ulps apart (allowed {ulps}) at {at}: "
+            f"{actual[~actual_nan][at]} != {expected[~expected_nan][at]}"
+        )
+
+
+def reference(op: str, dtype: str, sources: list[np.ndarray]) -> np.ndarray:
+    """What reduce_many computes: left to right, in float32 for the 16-bit floats, rounded once a pass.
+
+    A pass reads up to MAX_INPUTS sources; each further pass folds the next MAX_INPUTS - 1 into
+    the rounded result.
+    """
+    accumulate = np.float32 if dtype in SIXTEEN_BIT_FLOATS else numpy_dtype(dtype)
+    first, rest = gpu_kernels.MAX_INPUTS, gpu_kernels.MAX_INPUTS - 1
+    passes = [sources[:first]] + [sources[i : i + rest] for i in range(first, len(sources), rest)]
+    result: np.ndarray | None = None
+    with np.errstate(all="ignore"):
+        for batch in passes:
+            values = [source.astype(accumulate) for source in batch]
+            partial = values[0] if result is None else result.astype(accumulate)
+            for value in values[0 if result is not None else 1 :]:
+                partial = _UFUNCS[op](partial, value)
+            result = partial.astype(numpy_dtype(dtype))
+    assert result is not None
+    return result
+
+
+def tolerance(dtype: str, exact: bool) -> int:
+    return 0 if exact or dtype not in SIXTEEN_BIT_FLOATS else 1
+
+
+def cases(dtype: str) -> list[tuple[int, tuple[int, int, int], bool]]:
+    """(size, offsets, exact) to run; the large size with fewer offsets."""
+    found = []
+    for size in SIZES:
+        for offsets in LARGE_OFFSETS if size > 10_000 else OFFSETS:
+            for exact in (True, False) if dtype in FLOAT_DTYPES else (True,):
+                found.append((size, offsets, exact))
+    return found
+
+
+def bf16(dtype: str) -> dict[str, str]:
+    """The dtype override CuPy's missing bfloat16 needs."""
+    return {"dtype": "bfloat16"} if dtype == "bfloat16" else {}
+
+
+@pytest.mark.parametrize(("op", "dtype"), PAIRS)
+def test_combine(cp: Any, op: str, dtype: str) -> None:
+    rng = np.random.default_rng(1)
+    for size, (off_dst, off_src, _), exact in cases(dtype):
+        a, b = inputs(rng, dtype, op, size, exact), inputs(rng, dtype, op, size, exact)
+        dst, src = device_view(cp, a, off_dst), device_view(cp, b, off_src)
+        gpu_kernels.combine(op, dst, src, **bf16(dtype))
+        assert_matches(to_host(dst, dtype), reference(op, dtype, [a, b]), dtype, tolerance(dtype, exact))
+        assert_matches(to_host(src, dtype), b, dtype, 0)
+
+
+@pytest.mark.parametrize(("op", "dtype"), PAIRS)
+def test_reduce_into(cp: Any, op: str, dtype: str) -> None:
+    rng = np.random.default_rng(2)
+    for size, (off_dst, off_a, off_b), exact in cases(dtype):
+        a, b = inputs(rng, dtype, op, size, exact), inputs(rng, dtype, op, size, exact)
+        dst = device_view(cp, np.zeros(size, numpy_dtype(dtype)), off_dst)
+        da, db = device_view(cp, a, off_a), device_view(cp, b, off_b)
+        gpu_kernels.reduce_into(op, dst, da, db, **bf16(dtype))
+        assert_matches(to_host(dst, dtype), reference(op, dtype, [a, b]), dtype, tolerance(dtype, exact))
+        assert_matches(to_host(da, dtype), a, dtype, 0)
+
+
+@pytest.mark.parametrize(("op", "dtype"), PAIRS)
+def test_reduce_many(cp: Any, op: str, dtype: str) -> None:
+    rng = np.random.default_rng(3)
+    for size, (off_dst, off_first, off_rest), exact in cases(dtype):
+        for k in range(1, 10) if size < 10_000 else (2, 8):
+            hosts = [inputs(rng, dtype, op, size, exact) for _ in range(k)]
+            offsets = [off_first] + [off_rest] * (k - 1)
+            sources = [device_view(cp, host, offset) for host, offset in zip(hosts, offsets, strict=True)]
+            dst = device_view(cp, np.zeros(size, numpy_dtype(dtype)), off_dst)
+            gpu_kernels.reduce_many(op, dst, sources, **bf16(dtype))
+            expected = reference(op, dtype, hosts)
+            assert_matches(to_host(dst, dtype), expected, dtype, tolerance(dtype, exact))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_in_place_aliases(cp: Any, dtype: str) -> None:
+    rng = np.random.default_rng(4)
+    a, b = inputs(rng, dtype, "sum", 4099, True), inputs(rng, dtype, "sum", 4099, True)
+    dst = device_view(cp, a, 1)
+    gpu_kernels.combine("sum", dst, dst, **bf16(dtype))
+    assert_matches(to_host(dst, dtype), reference("sum", dtype, [a, a]), dtype, 0)
+    dst, src = device_view(cp, a, 0), device_view(cp, b, 0)
+    gpu_kernels.reduce_many("max", dst, [src, dst, src], **bf16(dtype))
+    assert_matches(to_host(dst, dtype), reference("max", dtype, [b, a, b]), dtype, 0)
+    dst, src = device_view(cp, a, 0), device_view(cp, b, 0)
+    gpu_kernels.reduce_into("min", dst, src, dst, **bf16(dtype))
+    assert_matches(to_host(dst, dtype), reference("min", dtype, [b, a]), dtype, 0)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("op", ["min", "max"])
+def test_min_and_max_propagate_nan(cp: Any, dtype: str, op: str) -> None:
+    size = 4099
+    a = np.linspace(-3, 3, size).astype(numpy_dtype(dtype))
+    b = a[::-1].copy()
+    a[::5] = np.nan
+    b[::7] = np.nan
+    a[1::11] = np.inf
+    b[2::13] = -np.inf
+    expected = reference(op, dtype, [a, b])
+    assert np.isnan(expected.astype(np.float64)).sum() > size // 5
+    for offset in (0, 1):
+        dst, src = device_view(cp, a, offset), device_view(cp, b, offset)
+        gpu_kernels.combine(op, dst, src, **bf16(dtype))
+        assert_matches(to_host(dst, dtype), expected, dtype, 0)
+        dst = device_view(cp, np.zeros(size, numpy_dtype(dtype)), offset)
+        many = [device_view(cp, host, offset) for host in (a, b, a, b)]
+        gpu_kernels.reduce_many(op, dst, many, **bf16(dtype))
+        assert_matches(to_host(dst, dtype), expected, dtype, 0)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_divide_as_numpy_true_divide(cp: Any, dtype: str) -> None:
+    rng = np.random.default_rng(5)
+    for size in SIZES:
+        for offset in (0, 1, 3):
+            for divisor in (1, 2, 3, 7, 257, 100_000):
+                host = (rng.standard_normal(size) * 100).astype(numpy_dtype(dtype))
+                host[: min(size, 3)] = [np.nan, np.inf, 0][: min(size, 3)]
+                expected = host.copy()
+                with np.errstate(all="ignore"):
+                    np.true_divide(expected, divisor, out=expected)
+                buffer = device_view(cp, host, offset)
+                gpu_kernels.divide(buffer, divisor, **bf16(dtype))
+                assert_matches(to_host(buffer, dtype), expected, dtype, tolerance(dtype, False))
+
+
+def test_float32_subnormals_are_kept(cp: Any) -> None:
+    tiny = np.array([1e-45, 3e-39, -2e-40, 1e-38], dtype=np.float32)
+    dst, src = device_view(cp, tiny, 0), device_view(cp, tiny, 0)
+    gpu_kernels.combine("sum", dst, src)
+    np.testing.assert_array_equal(to_host(dst, "float32"), tiny + tiny)
+    dst = device_view(cp, tiny, 0)
+    gpu_kernels.combine("min", dst, device_view(cp, np.zeros(4, np.float32), 0))
+    np.testing.assert_array_equal(to_host(dst, "float32"), np.minimum(tiny, 0))
+
+
+def test_kernels_run_on_the_current_stream(cp: Any) -> None:
+    size = 1 << 22
+    with cp.cuda.Stream(non_blocking=True) as stream:
+        dst = cp.zeros(size, dtype=cp.float32)
+        src = cp.ones(size, dtype=cp.float32)
+        for _ in range(5):
+            dst += 1  # queued on the stream before the kernel
+        gpu_kernels.combine("sum", dst, src)
+        result = dst.get(stream=stream)
+        stream.synchronize()
+    assert np.all(result == 6)
