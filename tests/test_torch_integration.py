@@ -712,7 +712,7 @@ def test_cuda_tensors_go_through_nccl() -> None:
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.usefixtures("nccl")
+@pytest.mark.usefixtures("nccl", "no_cupy")
 def test_ddp_hooks_on_cuda_average_through_nccl() -> None:
     net = training.model().cuda()
     model = torch.nn.parallel.DistributedDataParallel(net)
