@@ -22,7 +22,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from .algorithms import ALGORITHMS, build_schedule
-from .backends import ArrayBackend, backend_for
+from .backends import ArrayBackend, adopt, backend_for
 from .chunking import even_split
 from .errors import CalibrationError, InvalidBufferError
 from .execute import Scratch, execute
@@ -40,6 +40,7 @@ from .selector import (
 )
 from .specs import check_root
 from .transport.base import NodeSplit, SharedMemory, Transport
+from .transport.device_path import DevicePath
 from .watchdog import Call, Watchdog
 
 if TYPE_CHECKING:
@@ -90,6 +91,7 @@ class Communicator:
         self._nodes: NodeSplit | None = None  # where the ranks span several nodes
         self._node_shared: SharedExecutor | None = None  # over this rank's node then
         self._features: frozenset[str] | None = None  # what the transport offers, asked once
+        self._device_paths: dict[str, DevicePath] = {}  # by backend: made on the first device call
         if isinstance(comm, Transport):
             self._transport = comm
         else:
@@ -140,6 +142,28 @@ class Communicator:
         return self._features
 
     @property
+    def device_path(self) -> str | None:
+        """How device arrays travel: ``"cuda ipc"``, ``"cuda-aware mpi"`` or ``"host staging"``.
+
+        ``None`` until the first collective on device arrays chooses it (collectively;
+        see :func:`collectives.transport.device_path.connect`).
+        """
+        path = next(iter(self._device_paths.values()), None)
+        return None if path is None else path.name
+
+    def _device_path(self, backend: ArrayBackend) -> DevicePath | None:
+        """The path of ``backend``'s device arrays, made on first use; ``None`` for host arrays."""
+        path = self._device_paths.get(backend.name)
+        if path is None:
+            device = backend.device()
+            if device is None:
+                return None
+            from .transport.device_path import connect
+
+            path = self._device_paths[backend.name] = connect(self._transport, device)
+        return path
+
+    @property
     def timeout(self) -> float:
         """Seconds a collective may take; ``math.inf`` for no limit."""
         return self._watchdog.timeout
@@ -186,6 +210,9 @@ class Communicator:
     def free(self) -> None:
         """Release the library's duplicate communicator; collective, like creating it."""
         self._scratch.clear()
+        for path in self._device_paths.values():
+            path.close()
+        self._device_paths.clear()
         self._transport.close()
 
     def __repr__(self) -> str:
@@ -264,11 +291,26 @@ def _agreed_selector(group: Communicator) -> Selector:
     return selector
 
 
-def _algorithm(group: Communicator, collective: str, algorithm: str, count: int, item_bytes: int) -> str:
-    """``algorithm``, or the selector's choice for ``"auto"``."""
+def _algorithm(
+    group: Communicator, collective: str, algorithm: str, count: int, item_bytes: int, device: bool = False
+) -> str:
+    """``algorithm``, or the selector's choice for ``"auto"``.
+
+    Device arrays never use the host's shared memory, so the selector is not offered it for them.
+    """
     if algorithm != AUTO:
         return algorithm
-    return _agreed_selector(group).choose(collective, group.size, count, item_bytes, group.features)
+    features = frozenset() if device else group.features
+    return _agreed_selector(group).choose(collective, group.size, count, item_bytes, features)
+
+
+def _on_device(group: Communicator, call: Call, backend: ArrayBackend) -> bool:
+    """Send the call's messages over the communicator's device path if ``backend`` has a device."""
+    path = group._device_path(backend)
+    if path is None:
+        return False
+    call.run_on(path.transport)
+    return True
 
 
 def _shared(group: Communicator, algorithm: str, backend: ArrayBackend) -> SharedExecutor | None:
@@ -380,6 +422,7 @@ def allreduce(
     Returns:
         The result, ``out`` when given.
     """
+    x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
     backend, reduce_op, item_bytes = _prepare(x, op, "allreduce", algorithm)
     group = _communicator(comm)
     shape = tuple(x.shape)
@@ -394,7 +437,8 @@ def allreduce(
             backend.copy(work, x)
             source = None
     with _watch(group, "allreduce", algorithm, x.size, backend.dtype_name(x), reduce_op, check=check) as call:
-        call.algorithm = _algorithm(group, "allreduce", algorithm, x.size, item_bytes)
+        device = _on_device(group, call, backend)
+        call.algorithm = _algorithm(group, "allreduce", algorithm, x.size, item_bytes, device)
         shared = _shared(group, call.algorithm, backend)
         if shared is not None and reduce_op is not None:
             shared.allreduce(backend, work, work if source is None else source, reduce_op, call.barrier)
@@ -441,6 +485,7 @@ def reduce_scatter(
     Returns:
         This rank's share of the result, ``out`` when given.
     """
+    x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
     backend, reduce_op, item_bytes = _prepare(x, op, "reduce_scatter", algorithm)
     group = _communicator(comm)
     size, rank = group.size, group.rank
@@ -449,7 +494,8 @@ def reduce_scatter(
         _check_out(backend, out, x, share_shape)
     dtype = backend.dtype_name(x)
     with _watch(group, "reduce_scatter", algorithm, x.size, dtype, reduce_op, -1, counts, check) as call:
-        call.algorithm = _algorithm(group, "reduce_scatter", algorithm, x.size, item_bytes)
+        device = _on_device(group, call, backend)
+        call.algorithm = _algorithm(group, "reduce_scatter", algorithm, x.size, item_bytes, device)
         shared = _shared(group, call.algorithm, backend)
         flat = backend.flat_view(x)
         if shared is not None and reduce_op is not None and flat is not None:
@@ -510,6 +556,7 @@ def allgather(
     Returns:
         The concatenation, ``out`` when given.
     """
+    x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
     backend, _, item_bytes = _prepare(x, None, "allgather", algorithm)
     group = _communicator(comm)
     size, rank = group.size, group.rank
@@ -523,7 +570,8 @@ def allgather(
     lo = sum(shares[:rank])
     backend.copy(work[lo : lo + shares[rank]], x)
     with _watch(group, "allgather", algorithm, total, backend.dtype_name(x), None, -1, counts, check) as call:
-        call.algorithm = _algorithm(group, "allgather", algorithm, total, item_bytes)
+        device = _on_device(group, call, backend)
+        call.algorithm = _algorithm(group, "allgather", algorithm, total, item_bytes, device)
         shared = _shared(group, call.algorithm, backend)
         if shared is not None:
             shared.allgather(backend, work, work[lo : lo + shares[rank]], shares, call.barrier)
@@ -648,6 +696,7 @@ def broadcast(
     Raises:
         InvalidRootError: ``root`` is not a rank of the communicator.
     """
+    x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
     backend, _, item_bytes = _prepare(x, None, "broadcast", algorithm)
     group = _communicator(comm)
     root = check_root(root, group.size)
@@ -660,7 +709,8 @@ def broadcast(
     with _watch(
         group, "broadcast", algorithm, x.size, backend.dtype_name(x), None, root, None, check
     ) as call:
-        call.algorithm = _algorithm(group, "broadcast", algorithm, x.size, item_bytes)
+        device = _on_device(group, call, backend)
+        call.algorithm = _algorithm(group, "broadcast", algorithm, x.size, item_bytes, device)
         schedule = build_schedule("broadcast", call.algorithm, group.size, x.size, root=root)
         execute(schedule, call.transport, backend, work)
     return _deliver(backend, work, in_out, out, shape)
@@ -698,6 +748,7 @@ def reduce(
     Raises:
         InvalidRootError: ``root`` is not a rank of the communicator.
     """
+    x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
     backend, reduce_op, item_bytes = _prepare(x, op, "reduce", algorithm)
     group = _communicator(comm)
     root = check_root(root, group.size)
@@ -711,7 +762,8 @@ def reduce(
         backend.copy(work, x)
     dtype = backend.dtype_name(x)
     with _watch(group, "reduce", algorithm, x.size, dtype, reduce_op, root, None, check) as call:
-        call.algorithm = _algorithm(group, "reduce", algorithm, x.size, item_bytes)
+        device = _on_device(group, call, backend)
+        call.algorithm = _algorithm(group, "reduce", algorithm, x.size, item_bytes, device)
         schedule = build_schedule("reduce", call.algorithm, group.size, x.size, root=root)
         execute(schedule, call.transport, backend, work, reduce_op)
     if not at_root:
@@ -756,6 +808,7 @@ def gather(
     Raises:
         InvalidRootError: ``root`` is not a rank of the communicator.
     """
+    x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
     backend, _, item_bytes = _prepare(x, None, "gather", algorithm)
     group = _communicator(comm)
     size, rank = group.size, group.rank
@@ -771,7 +824,8 @@ def gather(
     lo = sum(shares[:rank])
     backend.copy(work[lo : lo + shares[rank]], x)
     with _watch(group, "gather", algorithm, total, backend.dtype_name(x), None, root, counts, check) as call:
-        call.algorithm = _algorithm(group, "gather", algorithm, total, item_bytes)
+        device = _on_device(group, call, backend)
+        call.algorithm = _algorithm(group, "gather", algorithm, total, item_bytes, device)
         schedule = build_schedule("gather", call.algorithm, size, total, shares, root=root)
         execute(schedule, call.transport, backend, work)
     return _deliver(backend, work, in_out, out, whole_shape) if at_root else None
@@ -818,6 +872,7 @@ def scatter(
         InvalidBufferError: the root has no ``x``, or another rank has
             neither ``x`` nor ``out``.
     """
+    x, out = adopt(x), adopt(out)
     group = _communicator(comm)
     size, rank = group.size, group.rank
     root = check_root(root, size)
@@ -843,7 +898,8 @@ def scatter(
         backend.copy(work, x)
     dtype = backend.dtype_name(like)
     with _watch(group, "scatter", algorithm, total, dtype, None, root, counts, check) as call:
-        call.algorithm = _algorithm(group, "scatter", algorithm, total, item_bytes)
+        device = _on_device(group, call, backend)
+        call.algorithm = _algorithm(group, "scatter", algorithm, total, item_bytes, device)
         schedule = build_schedule("scatter", call.algorithm, size, total, shares, root=root)
         execute(schedule, call.transport, backend, work)
     lo = sum(shares[:rank])
@@ -890,6 +946,7 @@ def alltoall(
     Returns:
         The shares from every rank, ``out`` when given.
     """
+    x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
     backend, _, item_bytes = _prepare(x, None, "alltoall", algorithm)
     group = _communicator(comm)
     size, rank = group.size, group.rank
@@ -906,7 +963,8 @@ def alltoall(
     mine = rank * share
     backend.copy(work[count + mine : count + mine + share], work[mine : mine + share])
     with _watch(group, "alltoall", algorithm, count, backend.dtype_name(x), None, check=check) as call:
-        call.algorithm = _algorithm(group, "alltoall", algorithm, count, item_bytes)
+        device = _on_device(group, call, backend)
+        call.algorithm = _algorithm(group, "alltoall", algorithm, count, item_bytes, device)
         schedule = build_schedule("alltoall", call.algorithm, size, count)
         execute(schedule, call.transport, backend, work)
     result = work[count:]

@@ -4,7 +4,6 @@ __all__ = ["DIFFERENTIABLE_OPS", "allgather", "allreduce", "broadcast", "reduce_
 
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.autograd.function import FunctionCtx
@@ -116,16 +115,16 @@ def _reduce_scatter_rows(grad: torch.Tensor, rows: int, comm: ti.Comm) -> torch.
     def job(communicator: api.Communicator) -> torch.Tensor:
         out = grad.new_empty((rows, *grad.shape[1:]))
         elements = [n * row_size for n in counts]
-        api.reduce_scatter(
-            ti._host_view(grad).reshape(-1), "sum", counts=elements, out=_flat(out), comm=communicator
-        )
+        with ti._device_of(grad):
+            api.reduce_scatter(_flat(grad), "sum", counts=elements, out=_flat(out), comm=communicator)
         return out
 
     return ti._submit(comm, job).result()
 
 
-def _flat(tensor: torch.Tensor) -> np.ndarray:
-    return ti._host_view(tensor).reshape(-1)
+def _flat(tensor: torch.Tensor) -> Any:
+    """A flat zero-copy view: numpy for a cpu tensor, CuPy for a cuda one (see ``ti._view``)."""
+    return ti._view(tensor).reshape(-1)
 
 
 def allgather(tensor: torch.Tensor, *, comm: ti.Comm = None) -> torch.Tensor:
@@ -198,7 +197,8 @@ def _reduce_to_root(grad: torch.Tensor, root: int, comm: ti.Comm) -> torch.Tenso
 
     def job(communicator: api.Communicator) -> torch.Tensor:
         total = torch.zeros_like(grad)
-        api.reduce(_flat(grad), "sum", root, out=_flat(total), comm=communicator)
+        with ti._device_of(grad):
+            api.reduce(_flat(grad), "sum", root, out=_flat(total), comm=communicator)
         return total
 
     return ti._submit(comm, job).result()

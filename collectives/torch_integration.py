@@ -101,10 +101,11 @@ _WIRE_DTYPES: dict[str | None, torch.dtype | None] = {
     "bf16": torch.bfloat16,
 }
 _NO_GPU_BACKEND = (
-    "cuda tensors need the GPU backend, which collectives does not have yet, or torch.distributed "
-    "initialised with NCCL (torch.distributed.init_process_group('nccl'))"
+    "cuda tensors need the GPU backend, which needs CuPy (pip install cupy-cuda12x or cupy-cuda13x), "
+    "or torch.distributed initialised with NCCL (torch.distributed.init_process_group('nccl'))"
 )
 _HOST = "collectives"
+_DEVICE = "collectives-cuda"
 _FALLBACK = "torch.distributed"
 
 # --------------------------------------------------------------------------- tensors and the path they take
@@ -137,11 +138,25 @@ def _nccl_initialised() -> bool:
     return dist.is_available() and dist.is_initialized() and "nccl" in str(dist.get_backend())
 
 
+def _cupy_available() -> bool:
+    """Whether CuPy imports (asked only for cuda tensors, so cpu-only programs never import it)."""
+    try:
+        import cupy  # noqa: F401
+    except Exception:  # a CuPy built for another CUDA fails with errors of its own
+        return False
+    return True
+
+
 def _route(tensor: torch.Tensor, comm: Comm) -> str:
-    """``_HOST`` for a cpu tensor, ``_FALLBACK`` for a cuda one with NCCL; raises for any other."""
+    """``_HOST`` for a cpu tensor; for a cuda one ``_DEVICE`` with CuPy, else ``_FALLBACK`` with NCCL.
+
+    Raises for any other.
+    """
     if tensor.device.type == "cpu":
         return _HOST
     if tensor.device.type == "cuda":
+        if _cupy_available():
+            return _DEVICE
         if not _nccl_initialised():
             raise InvalidBufferError(_NO_GPU_BACKEND)
         if comm is not None:
@@ -163,8 +178,10 @@ def explain_path(tensor: torch.Tensor, comm: Comm = None) -> str:
 
     Returns:
         One line: ``"collectives: ..."`` (a zero-copy numpy view of a cpu
-        tensor), ``"torch.distributed: ..."`` (a cuda tensor through the NCCL
-        process group), or ``"unsupported: <the error the collective raises>"``.
+        tensor, or a zero-copy CuPy view of a cuda one, named with the
+        communicator's device path once known), ``"torch.distributed: ..."`` (a
+        cuda tensor through the NCCL process group, where CuPy is missing), or
+        ``"unsupported: <the error the collective raises>"``.
     """
     try:
         name = _check(tensor)
@@ -174,6 +191,10 @@ def explain_path(tensor: torch.Tensor, comm: Comm = None) -> str:
     if route == _HOST:
         through = " (through int16)" if tensor.dtype == torch.bfloat16 else ""
         return f"collectives: zero-copy numpy view{through} of a cpu {name} tensor"
+    if route == _DEVICE:
+        known = comm.device_path if isinstance(comm, api.Communicator) else None
+        path = known or "cuda ipc on one node, else cuda-aware mpi or host staging"
+        return f"collectives: zero-copy CuPy view (DLPack) of a {name} tensor on {tensor.device}, over {path}"
     return f"torch.distributed: {name} tensor on {tensor.device} through the default NCCL process group"
 
 
@@ -186,9 +207,38 @@ def _host_view(tensor: torch.Tensor) -> np.ndarray:
     return data.numpy()
 
 
+def _view(tensor: torch.Tensor) -> Any:
+    """A zero-copy array over ``tensor``: numpy for a cpu tensor, CuPy (DLPack) for a cuda one."""
+    if tensor.device.type != "cuda":
+        return _host_view(tensor)
+    from .backends import adopt
+
+    return adopt(tensor.detach())
+
+
+@contextlib.contextmanager
+def _device_of(*tensors: torch.Tensor) -> Iterator[None]:
+    """Run CuPy work on the tensors' device, and finish it before torch's next kernels read them.
+
+    The collectives' kernels and copies run on CuPy's current stream, on the thread
+    the job runs on; synchronising it at the end orders them before whatever torch
+    queues next on its own stream.
+    """
+    device = tensors[0].device
+    if device.type != "cuda":
+        yield
+        return
+    import cupy
+
+    with cupy.cuda.Device(device.index if device.index is not None else torch.cuda.current_device()):
+        yield
+        cupy.cuda.get_current_stream().synchronize()
+
+
 def _reduce_in_place(tensor: torch.Tensor, op: str, communicator: api.Communicator) -> torch.Tensor:
-    view = _host_view(tensor)
-    api.allreduce(view, op, out=view, comm=communicator)
+    with _device_of(tensor):
+        view = _view(tensor)
+        api.allreduce(view, op, out=view, comm=communicator)
     return tensor
 
 
@@ -352,7 +402,8 @@ def allreduce_async_(tensor: torch.Tensor, op: str = "sum", *, comm: Comm = None
 
     Args:
         tensor: a contiguous cpu tensor, the same shape and dtype on every
-            rank (a cuda one goes through torch.distributed; see :func:`explain_path`).
+            rank; a cuda one goes through CuPy zero-copy, or torch.distributed's
+            NCCL where CuPy is missing (see :func:`explain_path`).
         op: ``sum``, ``prod``, ``min``, ``max``, ``avg`` (floating types) or
             ``band``, ``bor``, ``bxor`` (integers).
         comm: a :class:`~collectives.Communicator`, an mpi4py communicator,
@@ -395,10 +446,13 @@ def allgather(tensor: torch.Tensor, *, comm: Comm = None) -> torch.Tensor:
     def job(communicator: api.Communicator) -> torch.Tensor:
         layouts = api.allgather(np.array(layout, np.int64), comm=communicator).reshape(-1, len(layout))
         _check_layouts(layouts, tuple(rows.shape[1:]))
-        out = torch.empty((int(layouts[:, 0].sum()), *rows.shape[1:]), dtype=tensor.dtype)
+        out = torch.empty(
+            (int(layouts[:, 0].sum()), *rows.shape[1:]), dtype=tensor.dtype, device=tensor.device
+        )
         counts = [int(n) * layout[1] for n in layouts[:, 0]]
-        mine, whole = _host_view(rows).reshape(-1), _host_view(out).reshape(-1)
-        api.allgather(mine, counts=counts, out=whole, comm=communicator)
+        with _device_of(out):
+            mine, whole = _view(rows).reshape(-1), _view(out).reshape(-1)
+            api.allgather(mine, counts=counts, out=whole, comm=communicator)
         return out
 
     return _submit(comm, job).result()
@@ -442,7 +496,8 @@ def reduce_scatter(tensor: torch.Tensor, op: str = "sum", *, comm: Comm = None) 
 
     def job(communicator: api.Communicator) -> torch.Tensor:
         out = tensor.new_empty((tensor.shape[0] // communicator.size, *tensor.shape[1:]))
-        api.reduce_scatter(_host_view(tensor), op, out=_host_view(out), comm=communicator)
+        with _device_of(out):
+            api.reduce_scatter(_view(tensor), op, out=_view(out), comm=communicator)
         return out
 
     return _submit(comm, job).result()
@@ -453,7 +508,7 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int = 0, *, comm: Comm = N
 
     Args:
         tensor: a contiguous cpu tensor of the same shape and dtype on every
-            rank (a cuda one goes through torch.distributed); only the root's
+            rank (a cuda one as for :func:`allreduce_async_`); only the root's
             contents are read.
         root_rank: the rank whose tensor is sent.
         comm: the communicator, as for :func:`allreduce_async_`.
@@ -462,8 +517,9 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int = 0, *, comm: Comm = N
         return _work_handle(dist.broadcast(tensor, src=root_rank, async_op=True), tensor)
 
     def job(communicator: api.Communicator) -> torch.Tensor:
-        view = _host_view(tensor)
-        api.broadcast(view, root_rank, out=view, comm=communicator)
+        with _device_of(tensor):
+            view = _view(tensor)
+            api.broadcast(view, root_rank, out=view, comm=communicator)
         return tensor
 
     future = _submit(comm, job)

@@ -195,6 +195,13 @@ class Call:
     def algorithm(self, name: str) -> None:
         self._record.algorithm = name
 
+    def run_on(self, transport: Transport) -> None:
+        """Send the collective's messages over ``transport``, e.g. a device transport over the communicator's.
+
+        The signature check has already used the communicator's own transport.
+        """
+        self.transport = self.watch(transport)
+
     def watch(self, inner: Transport, ranks: tuple[int, ...] | None = None) -> Transport:
         """``inner`` with its waits bounded by this call's deadline; its rank ``i`` is ``ranks[i]`` here."""
         return _WatchedTransport(self, inner, ranks) if self._watched else inner

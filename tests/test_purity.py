@@ -78,3 +78,18 @@ def test_topology_imports_only_the_schedule_layer() -> None:
         for match in re.findall(r"^from \.\.(\w+)", path.read_text(), flags=re.MULTILINE)
     }
     assert imported <= {"schedule", "chunking", "errors"}
+
+
+def test_numpy_collectives_never_import_cupy() -> None:
+    # the CuPy backend is chosen only for arrays that look like device arrays
+    code = (
+        "import sys\n"
+        "import numpy as np\n"
+        "import collectives as C\n"
+        "from collectives.transport.loopback import LoopbackWorld\n"
+        "LoopbackWorld(2).run(lambda t: C.allreduce(np.ones(4), comm=C.Communicator(t)))\n"
+        "C.backends.backend_for(np.ones(2))\n"
+        "print('cupy' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip().splitlines()[-1] == "False"

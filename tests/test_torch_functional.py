@@ -8,6 +8,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the torch integration needs torch (pip install torch==2.13.0)")
 
 from collectives import Communicator, InvalidBufferError, UnsupportedDtypeError, UnsupportedOpError  # noqa: E402
+from collectives import torch_integration as ti  # noqa: E402
 from collectives.torch_integration import functional  # noqa: E402
 
 from . import autograd_cases  # noqa: E402
@@ -151,7 +152,15 @@ def nccl(tmp_path: Any) -> Any:
     ],
     ids=["allreduce-sum", "allreduce-max", "allgather", "reduce_scatter-avg", "broadcast"],
 )
-def test_gradcheck_on_cuda_through_nccl(nccl: None, call: Callable[[torch.Tensor], torch.Tensor]) -> None:
+@pytest.mark.parametrize("path", ["nccl", "cupy"])
+def test_gradcheck_on_cuda_through_nccl(
+    nccl: None, call: Callable[[torch.Tensor], torch.Tensor], path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # cuda tensors go through CuPy where it imports, else through NCCL
+    if path == "cupy":
+        pytest.importorskip("cupy", reason="CuPy is not installed")
+    else:
+        monkeypatch.setattr(ti, "_cupy_available", lambda: False)
     x = torch.randn(4, 3, dtype=torch.float64, device="cuda", requires_grad=True)
     assert call(x).device == x.device
     assert torch.autograd.gradcheck(call, (x,))

@@ -224,6 +224,9 @@ def test_cuda_tensors_without_nccl_name_what_they_need(monkeypatch: pytest.Monke
     monkeypatch.setattr(ti, "_nccl_initialised", lambda: False)
     tensor = torch.ones(2)
     fake = type("CudaTensor", (), {"device": FakeCuda()})()
+    monkeypatch.setattr(ti, "_cupy_available", lambda: True)
+    assert ti._route(fake, None) == "collectives-cuda"
+    monkeypatch.setattr(ti, "_cupy_available", lambda: False)
     with pytest.raises(
         InvalidBufferError, match=r"need the GPU backend.*or torch.distributed initialised with NCCL"
     ):
@@ -684,9 +687,15 @@ def nccl(tmp_path: Any) -> Any:
     torch.distributed.destroy_process_group()
 
 
+@pytest.fixture
+def no_cupy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on a host without CuPy: cuda tensors then take NCCL, or fail."""
+    monkeypatch.setattr(ti, "_cupy_available", lambda: False)
+
+
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.usefixtures("nccl")
+@pytest.mark.usefixtures("nccl", "no_cupy")
 def test_cuda_tensors_go_through_nccl() -> None:
     tensor = torch.arange(6.0, device="cuda").reshape(2, 3)
     assert ti.explain_path(tensor).startswith("torch.distributed: float32 tensor on cuda")
@@ -703,7 +712,7 @@ def test_cuda_tensors_go_through_nccl() -> None:
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.usefixtures("nccl")
+@pytest.mark.usefixtures("nccl", "no_cupy")
 def test_ddp_hooks_on_cuda_average_through_nccl() -> None:
     net = training.model().cuda()
     model = torch.nn.parallel.DistributedDataParallel(net)
@@ -715,6 +724,7 @@ def test_ddp_hooks_on_cuda_average_through_nccl() -> None:
 
 @pytest.mark.gpu
 @needs_cuda
+@pytest.mark.usefixtures("no_cupy")
 def test_cuda_tensors_without_nccl_name_the_missing_gpu_backend() -> None:
     tensor = torch.ones(3, device="cuda")
     with pytest.raises(InvalidBufferError, match="need the GPU backend"):

@@ -3,9 +3,12 @@
 __all__ = ["ArrayBackend"]
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..ops import ReduceOp
+
+if TYPE_CHECKING:
+    from ..transport.device import Device
 
 
 class ArrayBackend(ABC):
@@ -52,6 +55,14 @@ class ArrayBackend(ABC):
             NotImplementedError: the library's arrays cannot live in host memory it did not allocate.
         """
         raise NotImplementedError(f"{self.name} arrays cannot use shared host memory")
+
+    def device(self) -> "Device | None":
+        """The device operations for this library's arrays, ``None`` for host arrays (the default).
+
+        A backend with a device has its messages sent over the communicator's device
+        path (see :mod:`collectives.transport.device_path`).
+        """
+        return None
 
     @abstractmethod
     def divide(self, buffer: Any, divisor: int) -> None:

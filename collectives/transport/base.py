@@ -68,6 +68,17 @@ class Transport(ABC):
         """
         return None
 
+    def node_local(self) -> bool:
+        """Whether every rank of the group runs on this node; ``False`` unless the transport knows.
+
+        Collective the first time it is called.
+        """
+        return False
+
+    def cuda_aware(self) -> bool:
+        """Whether the transport moves CUDA device buffers itself; ``False`` unless it says so."""
+        return False
+
     def wait_for(self, requests: list[Request], timeout: float) -> list[int]:
         """Wait at most ``timeout`` seconds for ``requests``; the indices of those still pending.
 

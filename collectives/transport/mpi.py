@@ -1,13 +1,15 @@
 """Point-to-point over mpi4py: the only module that imports it."""
 
-__all__ = ["RANKS_PER_NODE_ENV", "SHARED_REGION_BYTES", "MPISharedMemory", "MPITransport"]
+__all__ = ["CUDA_AWARE_ENV", "RANKS_PER_NODE_ENV", "SHARED_REGION_BYTES", "MPISharedMemory", "MPITransport"]
 
 import atexit
+import ctypes
 import math
 import os
 import sys
 import time
 from collections.abc import Sequence
+from functools import cache
 from typing import Any, cast
 
 import numpy as np
@@ -27,6 +29,9 @@ small enough for a core's cache.
 
 RANKS_PER_NODE_ENV = "COLLECTIVES_RANKS_PER_NODE"
 """Splits each node into pretend nodes of this many consecutive ranks, for testing on one machine."""
+
+CUDA_AWARE_ENV = "COLLECTIVES_CUDA_AWARE"
+"""``1`` or ``0`` to say whether MPI takes CUDA device buffers, instead of asking the library."""
 
 _SLOT_BYTES = 64  # a rank's barrier slot in the control window: its own cache line
 
@@ -64,6 +69,7 @@ class MPITransport(Transport):
         self._shared: MPISharedMemory | None = None
         self._nodes: NodeSplit | None = None
         self._shared_known = False
+        self._node_local: bool | None = None
         self._stuck: list[MPI.Request] = []  # sends a timeout left behind
 
     @classmethod
@@ -158,6 +164,31 @@ class MPITransport(Transport):
             return
         node.Free()
 
+    def node_local(self) -> bool:
+        if self._node_local is None:
+            node = cast(MPI.Intracomm, self._comm.Split_type(MPI.COMM_TYPE_SHARED))
+            # pretend nodes (for testing) are separate nodes here too
+            per_node = _ranks_per_node() or node.Get_size()
+            local = node.Get_size() == self._size and per_node >= self._size
+            self._node_local = bool(self._comm.allreduce(local, op=MPI.LAND))
+            node.Free()
+        return self._node_local
+
+    def cuda_aware(self) -> bool:
+        """``$COLLECTIVES_CUDA_AWARE`` if set, else what the MPI library says (``MPIX_Query_cuda_support``).
+
+        Open MPI and MPICH both offer the query; an MPI without it is taken as not
+        CUDA-aware. The ranks must agree, so set the variable alike on all of them.
+        """
+        text = os.environ.get(CUDA_AWARE_ENV, "").strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        if text:
+            raise ConfigurationError(f"{CUDA_AWARE_ENV}={text!r} is neither 1 nor 0")
+        return _mpi_cuda_support()
+
     def wait_for(self, requests: list[Request], timeout: float) -> list[int]:
         # MPI_Waitall cannot be bounded, so poll MPI_Testall. MPI moves large messages
         # only inside its calls, so a sleep between polls would stall them; yielding the
@@ -203,6 +234,29 @@ class MPITransport(Transport):
             self._nodes = None
         if self._comm != MPI.COMM_NULL and not MPI.Is_finalized():
             self._comm.Free()
+
+
+@cache
+def _mpi_cuda_support() -> bool:
+    """``MPIX_Query_cuda_support()`` of the MPI library mpi4py loaded; ``False`` where it has none."""
+    for path in _loaded_mpi_libraries():
+        try:
+            query = ctypes.CDLL(path).MPIX_Query_cuda_support
+        except (OSError, AttributeError):
+            continue
+        query.restype = ctypes.c_int
+        return bool(query())
+    return False
+
+
+def _loaded_mpi_libraries() -> list[str]:
+    """Paths of the MPI libraries mapped into this process (mpi4py loads them privately)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libmpi" in line and "/" in line}
+    except OSError:
+        return []
+    return sorted(paths)
 
 
 class MPISharedMemory(SharedMemory):

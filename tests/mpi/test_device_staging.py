@@ -1,0 +1,73 @@
+"""Fake device arrays over real MPI: host staging; the CUDA-aware setting; finding the ranks on one node."""
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import collectives
+from collectives import backends
+from collectives.backends.numpy_backend import NumpyBackend
+from collectives.errors import ConfigurationError
+from collectives.transport.mpi import MPITransport
+from tests.fake_device import DeviceArray, FakeDeviceBackend
+from tests.mpi.helpers import Problems, exact_input, mismatch
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDeviceBackend]:
+    monkeypatch.setenv("COLLECTIVES_CUDA_IPC", "0")  # the fake's IPC handles do not cross processes
+    monkeypatch.setenv("COLLECTIVES_CUDA_AWARE", "0")
+    backend = FakeDeviceBackend()
+    saved = list(backends._BACKENDS)
+    backends._BACKENDS[:] = [backend, NumpyBackend()]
+    yield backend
+    backends._BACKENDS[:] = saved
+
+
+def test_fake_device_arrays_over_mpi_staging_match_numpy(fake: FakeDeviceBackend) -> None:
+    comm = collectives.Communicator(MPI.COMM_WORLD)
+    problems = Problems()
+    size, rank = comm.size, comm.rank
+    for collective, algorithms in {
+        "allreduce": ["ring", "direct", "halving_doubling", "auto"],
+        "reduce_scatter": ["ring", "direct"],
+        "allgather": ["ring", "direct"],
+    }.items():
+        for algorithm in algorithms:
+            for count in (1, 1001, 70_001):
+                label = f"{collective} {algorithm} count={count}"
+                with problems.guard(label):
+                    rows = count * size if collective == "reduce_scatter" else count
+                    x = exact_input("sum", "float32", rows, rank, size)
+                    run = getattr(collectives, collective)
+                    args = () if collective == "allgather" else ("sum",)
+                    expected = run(x, *args, algorithm=algorithm, comm=comm)
+                    got = run(x.copy().view(DeviceArray), *args, algorithm=algorithm, comm=comm)
+                    problems.expect(isinstance(got, DeviceArray), f"{label}: left the device")
+                    problem = mismatch(got.view(np.ndarray), expected)
+                    problems.expect(problem is None, f"{label}: {problem}")
+    problems.expect(comm.device_path == "host staging", f"took {comm.device_path}")
+    comm.free()
+    problems.check()
+
+
+def test_cuda_aware_setting_and_node_detection(monkeypatch: pytest.MonkeyPatch) -> None:
+    transport = MPITransport(MPI.COMM_WORLD)
+    problems = Problems()
+    monkeypatch.setenv("COLLECTIVES_CUDA_AWARE", "1")
+    problems.expect(transport.cuda_aware(), "COLLECTIVES_CUDA_AWARE=1 was not taken")
+    monkeypatch.setenv("COLLECTIVES_CUDA_AWARE", "0")
+    problems.expect(not transport.cuda_aware(), "COLLECTIVES_CUDA_AWARE=0 was not taken")
+    monkeypatch.setenv("COLLECTIVES_CUDA_AWARE", "perhaps")
+    with pytest.raises(ConfigurationError, match="COLLECTIVES_CUDA_AWARE"):
+        transport.cuda_aware()
+    monkeypatch.delenv("COLLECTIVES_CUDA_AWARE")
+    problems.expect(isinstance(transport.cuda_aware(), bool), "the library's answer is not a bool")
+    # mpiexec here starts every rank on this one node
+    problems.expect(transport.node_local(), "the ranks of one node were not found together")
+    transport.close()
+    problems.check()

@@ -1,0 +1,169 @@
+"""The user's API on device arrays of a numpy fake device: the device path, its choice, the results."""
+
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import collectives as C
+from collectives import backends
+from collectives.backends.numpy_backend import NumpyBackend
+from collectives.errors import ConfigurationError, UnsupportedDtypeError
+from collectives.transport.base import SharedMemory, Transport
+from collectives.transport.loopback import LoopbackWorld
+from tests.fake_device import DeviceArray, FakeDeviceBackend, HostOnly
+
+
+class _NoSharedMemory(HostOnly):
+    def shared_memory(self) -> SharedMemory | None:
+        raise AssertionError("device arrays asked for the host's shared memory")
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeDeviceBackend]:
+    backend = FakeDeviceBackend()
+    saved = list(backends._BACKENDS)
+    backends._BACKENDS[:] = [backend, NumpyBackend()]
+    yield backend
+    backends._BACKENDS[:] = saved
+
+
+def _world(size: int, fn: Any) -> list[Any]:
+    def body(transport: Transport) -> Any:
+        comm = C.Communicator(_NoSharedMemory(transport))
+        try:
+            return fn(comm)
+        finally:
+            comm.free()
+
+    return LoopbackWorld(size, timeout=20).run(body)
+
+
+def _x(rank: int, rows: int = 6) -> np.ndarray:
+    return (np.arange(rows * 5, dtype=np.float32).reshape(rows, 5) % 13 + rank).astype(np.float32)
+
+
+@pytest.mark.parametrize(("env", "path"), [(None, "cuda ipc"), ("0", "host staging")])
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_collectives_on_device_arrays_match_numpy(
+    fake: FakeDeviceBackend, monkeypatch: pytest.MonkeyPatch, env: str | None, path: str, size: int
+) -> None:
+    if env is not None:
+        monkeypatch.setenv("COLLECTIVES_CUDA_IPC", env)
+
+    def run(comm: C.Communicator) -> dict[str, Any]:
+        r = comm.rank
+        x = _x(r).view(DeviceArray)
+        results = {}
+        for algorithm in ("auto", "ring", "direct", "shared_memory"):
+            for op in ("sum", "max", "avg"):
+                results[f"allreduce-{algorithm}-{op}"] = C.allreduce(x, op, algorithm=algorithm, comm=comm)
+            results[f"reduce_scatter-{algorithm}"] = C.reduce_scatter(x, algorithm=algorithm, comm=comm)
+            results[f"allgather-{algorithm}"] = C.allgather(x, algorithm=algorithm, comm=comm)
+        inplace = x.copy()
+        C.allreduce(inplace, out=inplace, comm=comm)
+        results["in place"] = inplace
+        return {"results": results, "path": comm.device_path}
+
+    outcomes = _world(size, run)
+    xs = [_x(r) for r in range(size)]
+    total = sum(xs)
+    rows = 6 // size
+    for rank, outcome in enumerate(outcomes):
+        assert outcome["path"] == (path if size > 1 else "host staging")
+        for name, value in outcome["results"].items():
+            assert isinstance(value, DeviceArray), f"{name} left the device"
+            if name.startswith("allreduce"):
+                op = name.rsplit("-", 1)[1]
+                want = {"sum": total, "max": np.maximum.reduce(xs), "avg": total / size}[op]
+            elif name.startswith("reduce_scatter"):
+                want = total[rank * rows : (rank + 1) * rows]
+            elif name.startswith("allgather"):
+                want = np.concatenate(xs)
+            else:
+                want = total
+            np.testing.assert_allclose(value.view(np.ndarray), want, rtol=1e-6, err_msg=name)
+
+
+def test_the_device_path_is_made_once_and_its_pool_does_not_grow(
+    fake: FakeDeviceBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLLECTIVES_CUDA_IPC", "0")
+
+    def run(comm: C.Communicator) -> list[tuple[int, int]]:
+        seen = []
+        for _ in range(4):
+            C.allreduce(_x(comm.rank, rows=600).view(DeviceArray), comm=comm, algorithm="ring")
+            path = comm._device_paths["fake-device"]
+            seen.append((id(path), path.transport.pool.allocations))  # type: ignore[attr-defined]
+        return seen
+
+    for seen in _world(3, run):
+        assert len(set(seen)) == 1, seen
+
+
+def test_host_arrays_on_the_same_communicator_stay_on_the_host(fake: FakeDeviceBackend) -> None:
+    def run(comm: C.Communicator) -> tuple[str | None, Any]:
+        host = C.allreduce(_x(comm.rank), comm=comm, algorithm="ring")
+        return comm.device_path, host
+
+    for path, host in _world(2, run):
+        assert path is None and type(host) is np.ndarray
+        np.testing.assert_array_equal(host, _x(0) + _x(1))
+
+
+def test_forcing_cuda_ipc_across_nodes_is_an_error(
+    fake: FakeDeviceBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLLECTIVES_CUDA_IPC", "1")
+
+    class Apart(HostOnly):
+        def node_local(self) -> bool:
+            return False
+
+    def body(transport: Transport) -> None:
+        comm = C.Communicator(Apart(transport))
+        with pytest.raises(ConfigurationError, match="not all on one node"):
+            C.allreduce(_x(comm.rank).view(DeviceArray), comm=comm)
+
+    LoopbackWorld(2, timeout=10).run(body)
+
+
+def test_a_bad_cuda_ipc_setting_is_named(fake: FakeDeviceBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLLECTIVES_CUDA_IPC", "maybe")
+    with pytest.raises(ConfigurationError, match="COLLECTIVES_CUDA_IPC='maybe'"):
+        _world(1, lambda comm: C.allreduce(_x(0).view(DeviceArray), comm=comm))
+
+
+class _CudaArrayLike:
+    """Looks like a CUDA array to the library, without any GPU library."""
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        return {"shape": (3,), "typestr": "<f4", "data": (0, False), "version": 3}
+
+
+class _DlpackCuda:
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (2, 0)
+
+
+def test_device_arrays_are_recognised_without_importing_a_gpu_library() -> None:
+    assert backends.looks_like_device_array(_CudaArrayLike())
+    assert backends.looks_like_device_array(_DlpackCuda())
+    assert not backends.looks_like_device_array(np.zeros(3))
+    assert not backends.looks_like_device_array([1.0])
+
+
+@pytest.mark.skipif("cupy" in sys.modules, reason="CuPy is importable here")
+def test_a_device_array_without_cupy_gets_a_clear_error() -> None:
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("CuPy is installed")
+    with pytest.raises(UnsupportedDtypeError, match="device arrays need CuPy"):
+        backends.backend_for(_CudaArrayLike())
