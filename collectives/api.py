@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from .algorithms import ALGORITHMS, build_schedule
 from .backends import ArrayBackend, backend_for
 from .errors import CalibrationError, InvalidBufferError
-from .execute import Scratch, execute
+from .execute import DEFAULT_SEGMENT_BYTES, Plan, Scratch, execute, plan, run
 from .execute_shared import SharedExecutor
 from .ops import ReduceOp, get_op
 from .selector import (
@@ -39,7 +39,7 @@ from .selector import (
 )
 from .specs import check_root
 from .transport.base import Transport
-from .watchdog import Call, Watchdog
+from .watchdog import Call, Guard, Watchdog
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -87,6 +87,7 @@ class Communicator:
         self._scratch = Scratch()  # reused by every call, so repeated calls allocate nothing
         self._shared: SharedExecutor | None = None
         self._features: frozenset[str] | None = None  # what the transport offers, asked once
+        self._prepared: dict[tuple[Any, ...], _Prepared] = {}  # repeated calls' checked decisions
         if isinstance(comm, Transport):
             self._transport = comm
         else:
@@ -135,6 +136,7 @@ class Communicator:
     def free(self) -> None:
         """Release the library's duplicate communicator; collective, like creating it."""
         self._scratch.clear()
+        self._prepared.clear()
         self._transport.close()
 
     def __repr__(self) -> str:
@@ -265,6 +267,76 @@ def _workspace(backend: ArrayBackend, out: Any, count: int, like: Any) -> tuple[
     return backend.empty(count, like), False
 
 
+_PREPARED_KEPT = 256  # distinct repeated calls remembered per communicator
+
+
+class _Prepared:
+    """What a call decided once it had checked its arguments, reused by every later call of its key.
+
+    A key names everything the decisions depend on (see :func:`_allreduce_key`), so
+    a call that finds its key skips validation, the selector, the schedule and
+    plan caches and the packing of its signature; it still numbers, checks, bounds
+    and records the call like any other.
+    """
+
+    __slots__ = ("averages", "backend", "guard", "op", "plan", "scratch", "shape")
+
+    def __init__(
+        self,
+        backend: ArrayBackend,
+        op: ReduceOp,
+        guard: Guard,
+        rank_plan: Plan,
+        scratch: Any,
+        shape: tuple[int, ...],
+    ) -> None:
+        self.backend = backend
+        self.op = op
+        self.guard = guard
+        self.plan = rank_plan
+        self.scratch = scratch
+        self.shape = shape
+        self.averages = op.averages
+
+
+def _allreduce_key(x: Any, op: Any, out: Any, algorithm: str, check: bool | None) -> tuple[Any, ...] | None:
+    """The key of an allreduce's decisions; ``None`` for arguments no decision is kept for."""
+    if (out is not None and out is not x) or not isinstance(op, str | ReduceOp):
+        return None
+    try:
+        return (type(x), x.shape, x.dtype, op, algorithm, out is x, check)
+    except AttributeError:
+        return None
+
+
+def _remember(group: "Communicator", key: tuple[Any, ...], prepared: _Prepared) -> None:
+    if len(group._prepared) >= _PREPARED_KEPT:
+        group._prepared.clear()  # start afresh rather than evict one by one
+    group._prepared[key] = prepared
+
+
+def _allreduce_prepared(
+    group: "Communicator", prepared: _Prepared, x: Any, in_place: bool, check: bool | None
+) -> Any:
+    """allreduce by decisions an earlier call of the same key made and checked."""
+    backend = prepared.backend
+    if in_place:
+        work, source = x.reshape(-1), None
+    else:
+        work, source = backend.empty(x.size, x), x.reshape(-1)
+    watchdog = group._watchdog
+    call = watchdog.begin(prepared.guard, check)
+    try:
+        run(prepared.plan, call.transport, backend, work, prepared.op, prepared.scratch, source)
+    except BaseException as error:
+        watchdog.end(call, error)
+        raise
+    watchdog.end(call)
+    if prepared.averages:
+        backend.divide(work, group.size)
+    return x if in_place else work.reshape(prepared.shape)
+
+
 def allreduce(
     x: Any,
     op: "str | ReduceOp" = "sum",
@@ -292,7 +364,15 @@ def allreduce(
     Returns:
         The result, ``out`` when given.
     """
-    backend, reduce_op, item_bytes = _prepare(x, op, "allreduce", algorithm)
+    key = _allreduce_key(x, op, out, algorithm, check)
+    known = comm if isinstance(comm, Communicator) else _default if comm is None else None
+    if key is not None and known is not None:
+        prepared = known._prepared.get(key)
+        # contiguity and writability belong to the array, not its key
+        if prepared is not None and x.flags.c_contiguous and (out is None or x.flags.writeable):
+            return _allreduce_prepared(known, prepared, x, out is x, check)
+    backend, checked_op, item_bytes = _prepare(x, op, "allreduce", algorithm)
+    reduce_op = get_op(op) if checked_op is None else checked_op  # get_op names a missing op
     group = _communicator(comm)
     shape = tuple(x.shape)
     if out is not None:
@@ -305,15 +385,26 @@ def allreduce(
         if source is None or backend.shares_memory(source, work):
             backend.copy(work, x)
             source = None
-    with _watch(group, "allreduce", algorithm, x.size, backend.dtype_name(x), reduce_op, check=check) as call:
+    guard = group._watchdog.guard("allreduce", algorithm, x.size, backend.dtype_name(x), reduce_op.name)
+    call = group._watchdog.begin(guard, check)
+    try:
         call.algorithm = _algorithm(group, "allreduce", algorithm, x.size, item_bytes)
         shared = _shared(group, call.algorithm, backend)
-        if shared is not None and reduce_op is not None:
+        if shared is not None:
             shared.allreduce(backend, work, work if source is None else source, reduce_op)
         else:
             schedule = build_schedule("allreduce", call.algorithm, group.size, x.size)
-            execute(schedule, call.transport, backend, work, reduce_op, group._scratch, source=source)
-    if reduce_op is not None and reduce_op.averages:
+            segment = max(DEFAULT_SEGMENT_BYTES // item_bytes, 1)
+            rank_plan = plan(schedule, group.rank, segment, source is not None)
+            scratch = group._scratch.get(backend, rank_plan.scratch, work)
+            run(rank_plan, call.transport, backend, work, reduce_op, scratch, source)
+            if key is not None and backend.name == "numpy" and ((in_out and out is x) or source is not None):
+                _remember(group, key, _Prepared(backend, reduce_op, guard, rank_plan, scratch, shape))
+    except BaseException as error:
+        group._watchdog.end(call, error)
+        raise
+    group._watchdog.end(call)
+    if reduce_op.averages:
         backend.divide(work, group.size)
     return _deliver(backend, work, in_out, out, shape)
 

@@ -1,6 +1,6 @@
 """Runs one rank's part of a schedule over a transport, on an array backend."""
 
-__all__ = ["DEFAULT_SEGMENT_BYTES", "Plan", "Scratch", "execute", "plan", "scratch_elements"]
+__all__ = ["DEFAULT_SEGMENT_BYTES", "Plan", "Scratch", "execute", "plan", "run", "scratch_elements"]
 
 from dataclasses import dataclass
 from functools import lru_cache
@@ -251,11 +251,34 @@ def execute(
     rank_plan = plan(schedule, transport.rank, segment, source is not None)
     if op is None and any(s.reduces for s in rank_plan.steps):
         raise ValueError(f"{schedule.name} reduces, so it needs an op")
-    reduce_op: ReduceOp = op  # type: ignore[assignment]  # checked above where it is used
     if isinstance(scratch, Scratch):
         scratch = scratch.get(backend, rank_plan.scratch, buffer)
     elif scratch is None and rank_plan.scratch:
         scratch = backend.empty(rank_plan.scratch, buffer)
+    run(rank_plan, transport, backend, buffer, op, scratch, source)
+
+
+def run(
+    rank_plan: Plan,
+    transport: Transport,
+    backend: ArrayBackend,
+    buffer: Any,
+    op: ReduceOp | None,
+    scratch: Any,
+    source: Any = None,
+) -> None:
+    """Run a plan made by :func:`plan` as :func:`execute` does, for callers that keep the plan.
+
+    Args:
+        rank_plan: ``plan(schedule, transport.rank, segment, source is not None)``.
+        transport: this rank's transport.
+        backend: the backend of ``buffer``.
+        buffer: this rank's 1-D contiguous buffer of the schedule's count of elements.
+        op: the reduction, when the plan reduces.
+        scratch: a buffer of at least ``rank_plan.scratch`` elements (``None`` when that is 0).
+        source: this rank's input, when it is not already in ``buffer`` (see :func:`execute`).
+    """
+    reduce_op: ReduceOp = op  # type: ignore[assignment]  # execute checked it where the plan reduces
     src = buffer if source is None else source
     message = backend.message
     for step in rank_plan.steps:

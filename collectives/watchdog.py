@@ -29,18 +29,20 @@ __all__ = [
     "STALL_WARNING_ENV",
     "TIMEOUT_ENV",
     "Call",
+    "Guard",
     "Watchdog",
 ]
 
 import logging
 import math
 import os
+import struct
 import sys
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
 from .errors import CollectiveTimeout, ConfigurationError, TransportError
@@ -96,15 +98,39 @@ def _flag(value: bool | None, env: str, default: bool) -> bool:
     raise ConfigurationError(f"{env}={text!r} is neither 1 nor 0")
 
 
-@dataclass
+_SEQUENCE = struct.Struct("<q")  # a packed signature starts with its sequence number
+
+
+class Guard:
+    """What every call of one kind on a communicator agrees on, packed once and reused.
+
+    The ranks exchange :attr:`packed` with the call's sequence number written in
+    front, so a repeated call packs nothing anew.
+
+    Attributes:
+        signature: the call's signature, its sequence number 0.
+        packed: the packed signature, sent by one call at a time.
+    """
+
+    __slots__ = ("packed", "signature")
+
+    def __init__(self, signature: Signature) -> None:
+        self.signature = signature
+        self.packed = bytearray(signature.pack())
+
+
 class _Record:
     """One call in the flight recorder."""
 
-    signature: Signature
-    started: float  # time.time(), for comparing ranks' logs
-    algorithm: str
-    seconds: float | None = None
-    outcome: str = "running"
+    __slots__ = ("algorithm", "outcome", "seconds", "sequence", "signature", "started")
+
+    def __init__(self, signature: Signature, sequence: int, started: float, algorithm: str) -> None:
+        self.signature = signature  # the call's fields; its own sequence number is ``sequence``
+        self.sequence = sequence
+        self.started = started  # time.time(), for comparing ranks' logs
+        self.algorithm = algorithm
+        self.seconds: float | None = None
+        self.outcome = "running"
 
     def line(self, rank: int) -> str:
         s = self.signature
@@ -113,7 +139,7 @@ class _Record:
             time.strftime("%H:%M:%S", time.localtime(self.started)) + f".{int(self.started % 1 * 1e6):06d}"
         )
         return (
-            f"collectives rank {rank} #{s.sequence} {s.collective} count={s.count} "
+            f"collectives rank {rank} #{self.sequence} {s.collective} count={s.count} "
             f"dtype={s.dtype or '-'} op={s.op or '-'} root={'-' if s.root < 0 else s.root} "
             f"algorithm={self.algorithm} start={clock} time={took} {self.outcome}"
         )
@@ -131,12 +157,15 @@ class _Tracked:
 
 
 class _WatchedTransport(Transport):
-    """The transport the executor gets: each ``waitall`` is one step, bounded by the call's deadline."""
+    """The transport the executor gets: each ``waitall`` is one step, bounded by the call's deadline.
 
-    def __init__(self, call: "Call") -> None:
-        self._call = call
-        self._inner = call.watchdog.transport
-        self._steps = 0
+    One per watchdog, pointed at the call in progress.
+    """
+
+    def __init__(self, watchdog: "Watchdog") -> None:
+        self._inner = watchdog.transport
+        self.call: Call | None = None
+        self.steps = 0
 
     @property
     def rank(self) -> int:
@@ -153,9 +182,12 @@ class _WatchedTransport(Transport):
         return _Tracked(self._inner.irecv(buffer, src, tag), src, False)
 
     def waitall(self, requests: list[Request]) -> None:
-        step = self._steps
-        self._steps += 1
-        self._call.wait(requests, step)
+        step = self.steps
+        self.steps += 1
+        call = self.call
+        if call is None:
+            raise TransportError("a watched transport was used outside its collective")
+        call.wait([t.request for t in requests], step, requests)
 
 
 class Call:
@@ -166,15 +198,22 @@ class Call:
         transport: the transport to give the executor.
     """
 
+    __slots__ = ("_deadline", "_record", "_started", "_warn_at", "_warned", "transport", "watchdog")
+
     def __init__(self, watchdog: "Watchdog", record: _Record) -> None:
         self.watchdog = watchdog
         self._record = record
-        self._started = time.monotonic()
-        self._deadline = self._started + watchdog.timeout
-        self._warn_at = self._started + watchdog.stall_warning
+        self._started = started = time.monotonic()
+        self._deadline = started + watchdog.timeout
+        self._warn_at = started + watchdog.stall_warning
         self._warned = False
-        watched = math.isfinite(watchdog.timeout) or math.isfinite(watchdog.stall_warning)
-        self.transport: Transport = _WatchedTransport(self) if watched else watchdog.transport
+        watched = watchdog.watched
+        if watched is None:
+            self.transport: Transport = watchdog.transport
+        else:
+            watched.call = self
+            watched.steps = 0
+            self.transport = watched
 
     @property
     def algorithm(self) -> str:
@@ -184,53 +223,57 @@ class Call:
     def algorithm(self, name: str) -> None:
         self._record.algorithm = name
 
-    def wait(self, requests: list[_Tracked], step: int | str) -> None:
-        """Wait for ``requests`` until the deadline, warning once at the stall interval."""
+    def wait(self, requests: list[Request], step: int | str, peers: Sequence[Any]) -> None:
+        """Wait for ``requests`` until the deadline, warning once at the stall interval.
+
+        ``peers[i]`` tells whom ``requests[i]`` waits on (its ``peer``) and whether it
+        sends (its ``sends``); only a stall or a timeout reads it.
+        """
         transport = self.watchdog.transport
-        inner = [t.request for t in requests]
         if self.transport is transport:  # neither a deadline nor a warning
-            transport.waitall(inner)
+            transport.waitall(requests)
             return
         if not self._warned:
-            pending = transport.wait_for(inner, max(self._warn_at - time.monotonic(), 0.0))
+            pending = transport.wait_for(requests, max(self._warn_at - time.monotonic(), 0.0))
             if not pending:
                 return
             self._warned = True
             requests = [requests[i] for i in pending]
-            inner = [t.request for t in requests]
+            peers = [peers[i] for i in pending]
             _log.warning(
                 "rank %d: %s #%d has waited %.3g s %s for %s",
                 transport.rank,
                 self._record.signature.collective,
-                self._record.signature.sequence,
+                self._record.sequence,
                 time.monotonic() - self._started,
                 "to start" if step == "signature" else f"in step {step}",
-                _ranks(t.peer for t in requests),
+                _ranks(p.peer for p in peers),
             )
-        pending = transport.wait_for(inner, max(self._deadline - time.monotonic(), 0.0))
+        pending = transport.wait_for(requests, max(self._deadline - time.monotonic(), 0.0))
         if pending:
-            self._time_out([requests[i] for i in pending], step)
+            self._time_out([_Tracked(requests[i], peers[i].peer, peers[i].sends) for i in pending], step)
 
     def _time_out(self, stuck: list[_Tracked], step: int | str) -> None:
-        watchdog, s = self.watchdog, self._record.signature
+        watchdog, record = self.watchdog, self._record
+        collective, sequence = record.signature.collective, record.sequence
         peers = tuple(sorted({t.peer for t in stuck}))
         # MPI cannot cancel the sends: keep their buffers alive, and the communicator out of use
         watchdog.abandoned.extend(stuck)
         watchdog.transport.abandon(
             [t.request for t in stuck if not t.sends], [t.request for t in stuck if t.sends]
         )
-        self._record.outcome = "timed out"
+        record.outcome = "timed out"
         where = "before it started" if step == "signature" else f"in step {step}"
         message = (
-            f"rank {watchdog.transport.rank}: {s.collective} #{s.sequence} did not complete in "
+            f"rank {watchdog.transport.rank}: {collective} #{sequence} did not complete in "
             f"{watchdog.timeout:g} s; stuck {where} waiting for {_ranks(peers)}; "
             "this communicator is unusable now"
         )
         watchdog.broken = message
         raise CollectiveTimeout(
             f"{message}\n{watchdog.flight_record_text()}",
-            collective=s.collective,
-            sequence=s.sequence,
+            collective=collective,
+            sequence=sequence,
             step=step,
             peers=peers,
         )
@@ -278,6 +321,14 @@ class Watchdog:
         self.sequence = 0
         self.broken: str | None = None
         self.abandoned: list[_Tracked] = []
+        watched = math.isfinite(self.timeout) or math.isfinite(self.stall_warning)
+        self.watched = _WatchedTransport(self) if watched else None
+        # the signature exchange's buffers and peers, the same for every call
+        self._rank, self._size = transport.rank, transport.size
+        self._peers = [peer for peer in range(self._size) if peer != self._rank]
+        self._exchange = [_Tracked(None, peer, False) for peer in self._peers]
+        self._exchange += [_Tracked(None, peer, True) for peer in self._peers]
+        self._received = [bytearray(SIGNATURE_BYTES) for _ in range(self._size)]
 
     def flight_record(self) -> list[str]:
         """The recorded calls, oldest first, one line each."""
@@ -286,6 +337,19 @@ class Watchdog:
     def flight_record_text(self) -> str:
         lines = self.flight_record()
         return f"last {len(lines)} collectives on rank {self.transport.rank}:\n  " + "\n  ".join(lines)
+
+    def guard(
+        self,
+        collective: str,
+        algorithm: str,
+        count: int,
+        dtype: str = "",
+        op: str = "",
+        root: int = -1,
+        counts: tuple[int, ...] | None = None,
+    ) -> Guard:
+        """The packed signature of a call; keep it to begin repeated calls with (see :meth:`begin`)."""
+        return Guard(Signature(0, collective, algorithm, dtype, op, root, count, counts))
 
     @contextmanager
     def collective(
@@ -306,47 +370,67 @@ class Watchdog:
             CollectiveTimeout: the call did not complete in time.
             TransportError: an earlier call timed out, so this communicator is unusable.
         """
+        call = self.begin(self.guard(collective, algorithm, count, dtype, op, root, counts), check)
+        try:
+            yield call
+        except BaseException as error:
+            self.end(call, error)
+            raise
+        self.end(call)
+
+    def begin(self, guard: Guard, check: bool | None = None) -> Call:
+        """Number, record and (unless ``check`` is off) check a call; :meth:`end` must follow.
+
+        Raises:
+            MismatchError: on every rank, when their calls differ.
+            CollectiveTimeout: the ranks did not all start the call in time.
+            TransportError: an earlier call timed out, so this communicator is unusable.
+        """
         if self.broken is not None:
             raise TransportError(
                 f"an earlier collective timed out, so this communicator is unusable: {self.broken}"
             )
-        signature = Signature(self.sequence, collective, algorithm, dtype, op, root, count, counts)
-        self.sequence += 1
-        record = _Record(signature, time.time(), algorithm)
+        sequence = self.sequence
+        self.sequence = sequence + 1
+        signature = guard.signature
+        record = _Record(signature, sequence, time.time(), signature.algorithm)
         self.recorder.append(record)
         call = Call(self, record)
-        try:
-            if self.check if check is None else check:
-                self._agree(call, signature)
-            yield call
-        except BaseException as error:
-            record.outcome = f"failed: {type(error).__name__}"
-            raise
-        else:
-            record.outcome = "ok"
-        finally:
-            record.seconds = time.monotonic() - call._started
-            if self.debug:
-                self._write(record.line(self.transport.rank))
+        if (self.check if check is None else check) and self._size > 1:
+            try:
+                self._agree(call, guard, sequence)
+            except BaseException as error:
+                self.end(call, error)
+                raise
+        return call
 
-    def _agree(self, call: Call, signature: Signature) -> None:
+    def end(self, call: Call, error: BaseException | None = None) -> None:
+        """Record how ``call`` ended: ``error`` if it raised one."""
+        record = call._record
+        record.outcome = "ok" if error is None else f"failed: {type(error).__name__}"
+        record.seconds = time.monotonic() - call._started
+        if self.watched is not None:
+            self.watched.call = None
+        if self.debug:
+            self._write(record.line(self.transport.rank))
+
+    def _agree(self, call: Call, guard: Guard, sequence: int) -> None:
         """Exchange signatures with every other rank; raise on every rank if any differ."""
         transport = self.transport
-        mine = signature.pack()
-        size, rank = transport.size, transport.rank
-        if size == 1:
+        mine = guard.packed
+        _SEQUENCE.pack_into(mine, 0, sequence)
+        received = self._received
+        requests = [transport.irecv(received[peer], peer, SIGNATURE_TAG) for peer in self._peers]
+        requests += [transport.isend(mine, peer, SIGNATURE_TAG) for peer in self._peers]
+        call.wait(requests, "signature", self._exchange)
+        for peer in self._peers:
+            if received[peer] != mine:
+                break
+        else:
             return
-        received = [bytearray(SIGNATURE_BYTES) for _ in range(size)]
-        requests = []
-        for peer in range(size):
-            if peer != rank:
-                requests.append(_Tracked(transport.irecv(received[peer], peer, SIGNATURE_TAG), peer, False))
-        for peer in range(size):
-            if peer != rank:
-                requests.append(_Tracked(transport.isend(mine, peer, SIGNATURE_TAG), peer, True))
-        call.wait(requests, "signature")
-        received[rank][:] = mine
-        error = disagreement(signature, [bytes(r) for r in received], rank)
+        received[self._rank][:] = mine
+        signature = replace(guard.signature, sequence=sequence)
+        error = disagreement(signature, [bytes(r) for r in received], self._rank)
         if error is not None:
             raise error
 
