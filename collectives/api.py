@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from .algorithms import ALGORITHMS, build_schedule
 from .backends import ArrayBackend, backend_for
-from .errors import CalibrationError, InvalidBufferError
-from .execute import DEFAULT_SEGMENT_BYTES, Plan, Scratch, execute, plan, run
+from .errors import CalibrationError, CollectivesError, InvalidBufferError
+from .execute import DEFAULT_SEGMENT_BYTES, Plan, Scratch, execute, opening, pack_opening, plan, run
 from .execute_shared import SharedExecutor
 from .ops import ReduceOp, get_op
 from .selector import (
@@ -39,7 +39,7 @@ from .selector import (
 )
 from .specs import check_root
 from .transport.base import Transport
-from .watchdog import Call, Guard, Watchdog
+from .watchdog import FUSED_BYTES, Call, Guard, Watchdog
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -279,7 +279,18 @@ class _Prepared:
     and records the call like any other.
     """
 
-    __slots__ = ("averages", "backend", "guard", "op", "plan", "scratch", "shape")
+    __slots__ = (
+        "arrived",
+        "averages",
+        "backend",
+        "guard",
+        "op",
+        "outgoing",
+        "plan",
+        "scratch",
+        "sends",
+        "shape",
+    )
 
     def __init__(
         self,
@@ -289,6 +300,9 @@ class _Prepared:
         rank_plan: Plan,
         scratch: Any,
         shape: tuple[int, ...],
+        sends: tuple[Any, ...],
+        outgoing: dict[int, Any],
+        arrived: dict[int, Any] | None,
     ) -> None:
         self.backend = backend
         self.op = op
@@ -297,6 +311,49 @@ class _Prepared:
         self.scratch = scratch
         self.shape = shape
         self.averages = op.averages
+        self.sends = sends  # the opening sends, packed into outgoing before the signature goes
+        self.outgoing = outgoing
+        self.arrived = arrived  # the opening receives, by peer, once the signature has come
+
+
+def _plan(group: "Communicator", algorithm: str, count: int, item_bytes: int, separate: bool) -> Plan:
+    """This rank's plan of an allreduce by ``algorithm`` (a name, not ``"auto"``)."""
+    schedule = build_schedule("allreduce", algorithm, group.size, count)
+    return plan(schedule, group.rank, max(DEFAULT_SEGMENT_BYTES // item_bytes, 1), separate)
+
+
+def _plan_early(
+    group: "Communicator", algorithm: str, count: int, item_bytes: int, separate: bool
+) -> tuple[str, Plan] | None:
+    """The algorithm and plan, when they are known before the ranks agree on the call.
+
+    They are for a named algorithm, or for ``"auto"`` once the ranks have agreed on
+    the selector (the first ``"auto"`` call sends messages to agree, which must wait
+    until the call's signature is checked), and only for an algorithm that runs a
+    schedule over the transport. Whether they are known depends on the signature
+    alone, so the ranks of a matching call all know them or all do not.
+    """
+    if algorithm == AUTO:
+        if group._selector is None:
+            return None
+        algorithm = group._selector.choose("allreduce", group.size, count, item_bytes, group.features)
+    if getattr(ALGORITHMS[algorithm], "REQUIRES", None) is not None:
+        return None
+    try:
+        return algorithm, _plan(group, algorithm, count, item_bytes, separate)
+    except (CollectivesError, ValueError):
+        return None  # raised again once the call has been checked
+
+
+def _fuses(group: "Communicator", check: bool | None, nbytes: int, backend: ArrayBackend) -> bool:
+    """Whether a call's first messages travel with its signature, saving a round trip.
+
+    Only when there is a signature to travel with, and the data is small: a
+    receiver keeps room for that much from every peer. The same on every rank of a
+    matching call, as its ranks agree on the check and on the count and dtype.
+    """
+    checking = group._watchdog.check if check is None else check
+    return checking and group.size > 1 and nbytes <= FUSED_BYTES and backend.name == "numpy"
 
 
 def _allreduce_key(x: Any, op: Any, out: Any, algorithm: str, check: bool | None) -> tuple[Any, ...] | None:
@@ -325,9 +382,20 @@ def _allreduce_prepared(
     else:
         work, source = backend.empty(x.size, x), x.reshape(-1)
     watchdog = group._watchdog
+    if prepared.arrived is not None:
+        pack_opening(prepared.sends, backend, work, source, prepared.outgoing)
     call = watchdog.begin(prepared.guard, check)
     try:
-        run(prepared.plan, call.transport, backend, work, prepared.op, prepared.scratch, source)
+        run(
+            prepared.plan,
+            call.transport,
+            backend,
+            work,
+            prepared.op,
+            prepared.scratch,
+            source,
+            prepared.arrived,
+        )
     except BaseException as error:
         watchdog.end(call, error)
         raise
@@ -385,25 +453,48 @@ def allreduce(
         if source is None or backend.shares_memory(source, work):
             backend.copy(work, x)
             source = None
-    guard = group._watchdog.guard("allreduce", algorithm, x.size, backend.dtype_name(x), reduce_op.name)
-    call = group._watchdog.begin(guard, check)
+    watchdog = group._watchdog
+    early = _plan_early(group, algorithm, x.size, item_bytes, source is not None)
+    fused = early is not None and _fuses(group, check, x.size * item_bytes, backend)
+    sends, recvs = opening(early[1]) if early is not None and fused else ((), ())
+    payloads = {m.peer: (m.hi - m.lo) * item_bytes for m in sends}
+    guard = watchdog.guard(
+        "allreduce", algorithm, x.size, backend.dtype_name(x), reduce_op.name, payloads=payloads
+    )
+    outgoing = {peer: backend.from_bytes(view, work) for peer, view in guard.outgoing.items()}
+    arrived = None
+    if sends or recvs:
+        pack_opening(sends, backend, work, source, outgoing)
+        arrived = {
+            m.peer: backend.from_bytes(watchdog.arrived(m.peer, (m.hi - m.lo) * item_bytes), work)
+            for m in recvs
+        }
+    call = watchdog.begin(guard, check)
     try:
-        call.algorithm = _algorithm(group, "allreduce", algorithm, x.size, item_bytes)
-        shared = _shared(group, call.algorithm, backend)
+        if early is None:
+            call.algorithm = _algorithm(group, "allreduce", algorithm, x.size, item_bytes)
+            shared = _shared(group, call.algorithm, backend)
+        else:
+            call.algorithm, shared = early[0], None
         if shared is not None:
             shared.allreduce(backend, work, work if source is None else source, reduce_op)
         else:
-            schedule = build_schedule("allreduce", call.algorithm, group.size, x.size)
-            segment = max(DEFAULT_SEGMENT_BYTES // item_bytes, 1)
-            rank_plan = plan(schedule, group.rank, segment, source is not None)
+            rank_plan = (
+                early[1]
+                if early is not None
+                else _plan(group, call.algorithm, x.size, item_bytes, source is not None)
+            )
             scratch = group._scratch.get(backend, rank_plan.scratch, work)
-            run(rank_plan, call.transport, backend, work, reduce_op, scratch, source)
+            run(rank_plan, call.transport, backend, work, reduce_op, scratch, source, arrived)
             if key is not None and backend.name == "numpy" and ((in_out and out is x) or source is not None):
-                _remember(group, key, _Prepared(backend, reduce_op, guard, rank_plan, scratch, shape))
+                prepared = _Prepared(
+                    backend, reduce_op, guard, rank_plan, scratch, shape, sends, outgoing, arrived
+                )
+                _remember(group, key, prepared)
     except BaseException as error:
-        group._watchdog.end(call, error)
+        watchdog.end(call, error)
         raise
-    group._watchdog.end(call)
+    watchdog.end(call)
     if reduce_op.averages:
         backend.divide(work, group.size)
     return _deliver(backend, work, in_out, out, shape)

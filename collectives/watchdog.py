@@ -24,6 +24,7 @@ __all__ = [
     "DEBUG_FILE_ENV",
     "DEFAULT_STALL_WARNING_S",
     "DEFAULT_TIMEOUT_S",
+    "FUSED_BYTES",
     "RECORDER_ENV",
     "SIGNATURE_TAG",
     "STALL_WARNING_ENV",
@@ -67,6 +68,9 @@ DEFAULT_STALL_WARNING_S = 60.0
 
 _DEFAULT_RECORDED = 64
 
+FUSED_BYTES = 4096
+"""The most data bytes that may travel to one peer with a call's signature (see :class:`Guard`)."""
+
 _log = logging.getLogger("collectives")
 
 
@@ -105,18 +109,36 @@ class Guard:
     """What every call of one kind on a communicator agrees on, packed once and reused.
 
     The ranks exchange :attr:`packed` with the call's sequence number written in
-    front, so a repeated call packs nothing anew.
+    front, so a repeated call packs nothing anew. A small call's first messages may
+    travel with it: the signature message to a peer in :attr:`outgoing` carries the
+    data after the signature, and the peer finds it with :meth:`Watchdog.arrived`.
 
     Attributes:
         signature: the call's signature, its sequence number 0.
         packed: the packed signature, sent by one call at a time.
+        outgoing: per peer, the data that travels with the signature (after it).
     """
 
-    __slots__ = ("packed", "signature")
+    __slots__ = ("_messages", "outgoing", "packed", "signature")
 
-    def __init__(self, signature: Signature) -> None:
+    def __init__(self, signature: Signature, payloads: dict[int, int] | None = None) -> None:
         self.signature = signature
         self.packed = bytearray(signature.pack())
+        payloads = payloads or {}
+        if any(size > FUSED_BYTES for size in payloads.values()):
+            raise ValueError(f"at most {FUSED_BYTES} bytes travel with a signature; got {payloads}")
+        self._messages = {peer: bytearray(SIGNATURE_BYTES + size) for peer, size in payloads.items()}
+        self.outgoing = {peer: memoryview(m)[SIGNATURE_BYTES:] for peer, m in self._messages.items()}
+
+    def message(self, peer: int) -> bytearray:
+        """What goes to ``peer``: the signature, then any data for it."""
+        return self._messages.get(peer, self.packed)
+
+    def stamp(self, sequence: int) -> None:
+        """Write the call's sequence number into every message."""
+        _SEQUENCE.pack_into(self.packed, 0, sequence)
+        for message in self._messages.values():
+            message[:SIGNATURE_BYTES] = self.packed
 
 
 class _Record:
@@ -328,7 +350,12 @@ class Watchdog:
         self._peers = [peer for peer in range(self._size) if peer != self._rank]
         self._exchange = [_Tracked(None, peer, False) for peer in self._peers]
         self._exchange += [_Tracked(None, peer, True) for peer in self._peers]
-        self._received = [bytearray(SIGNATURE_BYTES) for _ in range(self._size)]
+        self._received = [bytearray(SIGNATURE_BYTES + FUSED_BYTES) for _ in range(self._size)]
+        self._heads = [memoryview(r)[:SIGNATURE_BYTES] for r in self._received]
+
+    def arrived(self, peer: int, size: int) -> memoryview:
+        """The ``size`` data bytes that came with the last signature from ``peer`` (see :class:`Guard`)."""
+        return memoryview(self._received[peer])[SIGNATURE_BYTES : SIGNATURE_BYTES + size]
 
     def flight_record(self) -> list[str]:
         """The recorded calls, oldest first, one line each."""
@@ -347,9 +374,14 @@ class Watchdog:
         op: str = "",
         root: int = -1,
         counts: tuple[int, ...] | None = None,
+        *,
+        payloads: dict[int, int] | None = None,
     ) -> Guard:
-        """The packed signature of a call; keep it to begin repeated calls with (see :meth:`begin`)."""
-        return Guard(Signature(0, collective, algorithm, dtype, op, root, count, counts))
+        """The packed signature of a call; keep it to begin repeated calls with (see :meth:`begin`).
+
+        ``payloads`` gives, per peer, the bytes of data that travel with the signature.
+        """
+        return Guard(Signature(0, collective, algorithm, dtype, op, root, count, counts), payloads)
 
     @contextmanager
     def collective(
@@ -417,20 +449,22 @@ class Watchdog:
     def _agree(self, call: Call, guard: Guard, sequence: int) -> None:
         """Exchange signatures with every other rank; raise on every rank if any differ."""
         transport = self.transport
+        guard.stamp(sequence)
         mine = guard.packed
-        _SEQUENCE.pack_into(mine, 0, sequence)
+        # room for any data a peer's message may carry, so none is ever truncated
         received = self._received
         requests = [transport.irecv(received[peer], peer, SIGNATURE_TAG) for peer in self._peers]
-        requests += [transport.isend(mine, peer, SIGNATURE_TAG) for peer in self._peers]
+        requests += [transport.isend(guard.message(peer), peer, SIGNATURE_TAG) for peer in self._peers]
         call.wait(requests, "signature", self._exchange)
+        heads = self._heads
         for peer in self._peers:
-            if received[peer] != mine:
+            if heads[peer] != mine:
                 break
         else:
             return
-        received[self._rank][:] = mine
+        heads[self._rank][:] = mine
         signature = replace(guard.signature, sequence=sequence)
-        error = disagreement(signature, [bytes(r) for r in received], self._rank)
+        error = disagreement(signature, [bytes(head) for head in heads], self._rank)
         if error is not None:
             raise error
 
