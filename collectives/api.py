@@ -486,7 +486,10 @@ def allreduce(
             )
             scratch = group._scratch.get(backend, rank_plan.scratch, work)
             run(rank_plan, call.transport, backend, work, reduce_op, scratch, source, arrived)
-            if key is not None and backend.name == "numpy" and ((in_out and out is x) or source is not None):
+            # a call planned only after agreeing on the selector sent no data with its signature,
+            # which later calls of its signature do: it is not one to repeat
+            repeatable = early is not None and backend.name == "numpy"
+            if key is not None and repeatable and ((in_out and out is x) or source is not None):
                 prepared = _Prepared(
                     backend, reduce_op, guard, rank_plan, scratch, shape, sends, outgoing, arrived
                 )
