@@ -358,12 +358,34 @@ def _fuses(group: "Communicator", check: bool | None, nbytes: int, backend: Arra
 
 def _allreduce_key(x: Any, op: Any, out: Any, algorithm: str, check: bool | None) -> tuple[Any, ...] | None:
     """The key of an allreduce's decisions; ``None`` for arguments no decision is kept for."""
-    if (out is not None and out is not x) or not isinstance(op, str | ReduceOp):
+    if not isinstance(op, str | ReduceOp):
         return None
+    result = "new" if out is None else "in place" if out is x else "out"
     try:
-        return (type(x), x.shape, x.dtype, op, algorithm, out is x, check)
+        return (type(x), x.shape, x.dtype, op, algorithm, result, check)
     except AttributeError:
         return None
+
+
+def _fits(prepared: _Prepared, x: Any, out: Any) -> bool:
+    """Whether the arrays of a call whose key matched pass the checks its first call made.
+
+    Contiguity, writability and overlap belong to the arrays, not to the key.
+    """
+    if not x.flags.c_contiguous:
+        return False
+    if out is None:
+        return True
+    if out is x:
+        return bool(x.flags.writeable)
+    return (
+        type(out) is type(x)
+        and out.shape == x.shape
+        and out.dtype == x.dtype
+        and out.flags.c_contiguous
+        and out.flags.writeable
+        and not prepared.backend.shares_memory(out, x)
+    )
 
 
 def _remember(group: "Communicator", key: tuple[Any, ...], prepared: _Prepared) -> None:
@@ -373,14 +395,15 @@ def _remember(group: "Communicator", key: tuple[Any, ...], prepared: _Prepared) 
 
 
 def _allreduce_prepared(
-    group: "Communicator", prepared: _Prepared, x: Any, in_place: bool, check: bool | None
+    group: "Communicator", prepared: _Prepared, x: Any, out: Any, check: bool | None
 ) -> Any:
     """allreduce by decisions an earlier call of the same key made and checked."""
     backend = prepared.backend
-    if in_place:
+    if out is x:
         work, source = x.reshape(-1), None
     else:
-        work, source = backend.empty(x.size, x), x.reshape(-1)
+        work = backend.empty(x.size, x) if out is None else out.reshape(-1)
+        source = x.reshape(-1)
     watchdog = group._watchdog
     if prepared.arrived is not None:
         pack_opening(prepared.sends, backend, work, source, prepared.outgoing)
@@ -402,7 +425,7 @@ def _allreduce_prepared(
     watchdog.end(call)
     if prepared.averages:
         backend.divide(work, group.size)
-    return x if in_place else work.reshape(prepared.shape)
+    return work.reshape(prepared.shape) if out is None else out
 
 
 def allreduce(
@@ -436,9 +459,8 @@ def allreduce(
     known = comm if isinstance(comm, Communicator) else _default if comm is None else None
     if key is not None and known is not None:
         prepared = known._prepared.get(key)
-        # contiguity and writability belong to the array, not its key
-        if prepared is not None and x.flags.c_contiguous and (out is None or x.flags.writeable):
-            return _allreduce_prepared(known, prepared, x, out is x, check)
+        if prepared is not None and _fits(prepared, x, out):
+            return _allreduce_prepared(known, prepared, x, out, check)
     backend, checked_op, item_bytes = _prepare(x, op, "allreduce", algorithm)
     reduce_op = get_op(op) if checked_op is None else checked_op  # get_op names a missing op
     group = _communicator(comm)

@@ -43,14 +43,16 @@ def _counting(
 
 
 @pytest.mark.parametrize("algorithm", ["butterfly", "ring", "direct", "auto"])
-@pytest.mark.parametrize("in_place", [True, False])
-def test_repeated_calls_give_exact_sums(ranks: Ranks, algorithm: str, in_place: bool) -> None:
+@pytest.mark.parametrize("result", ["in place", "new", "out"])
+def test_repeated_calls_give_exact_sums(ranks: Ranks, algorithm: str, result: str) -> None:
     def call(comm: Communicator) -> list[np.ndarray]:
         results = []
         for i in range(4):
             x = np.arange(10, dtype=np.int64) * (comm.rank + 1) + i
-            out = x if in_place else None
-            results.append(collectives.allreduce(x, out=out, algorithm=algorithm, comm=comm))
+            out = {"in place": x, "new": None, "out": np.empty_like(x)}[result]
+            got = collectives.allreduce(x, out=out, algorithm=algorithm, comm=comm)
+            assert out is None or got is out
+            results.append(got)
         return results
 
     for size in (2, 3, 4):
@@ -118,6 +120,17 @@ def test_a_repeated_call_still_checks_its_arrays(ranks: Ranks) -> None:
         collectives.allreduce(x, out=x, comm=comm)
         with pytest.raises(InvalidBufferError, match="read-only"):
             collectives.allreduce(frozen, out=frozen, comm=comm)
+        out = np.empty_like(x)
+        collectives.allreduce(x, out=out, comm=comm)
+        with pytest.raises(InvalidBufferError, match="read-only"):
+            collectives.allreduce(x, out=frozen, comm=comm)
+        with pytest.raises(InvalidBufferError, match="shape"):
+            collectives.allreduce(x, out=out.reshape(4, 3), comm=comm)
+        overlapping = np.arange(12, dtype=np.float64).reshape(3, 4)
+        collectives.allreduce(
+            overlapping, out=overlapping.reshape(3, 4), comm=comm
+        )  # a view of x: reads first
+        assert np.array_equal(overlapping, 2 * np.arange(12).reshape(3, 4))
         return got, strided
 
     for got, strided in ranks(2, call):
