@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 from .algorithms import ALGORITHMS, build_schedule
 from .backends import ArrayBackend, adopt, backend_for
 from .chunking import even_split
-from .errors import CalibrationError, InvalidBufferError
-from .execute import Scratch, execute
+from .errors import CalibrationError, CollectivesError, InvalidBufferError
+from .execute import DEFAULT_SEGMENT_BYTES, Plan, Scratch, execute, opening, pack_opening, plan, run
 from .execute_shared import SharedExecutor
 from .ops import ReduceOp, get_op
 from .selector import (
@@ -41,7 +41,7 @@ from .selector import (
 from .specs import check_root
 from .transport.base import NodeSplit, SharedMemory, Transport
 from .transport.device_path import DevicePath
-from .watchdog import Call, Watchdog
+from .watchdog import FUSED_BYTES, Call, Guard, Watchdog
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -92,6 +92,7 @@ class Communicator:
         self._node_shared: SharedExecutor | None = None  # over this rank's node then
         self._features: frozenset[str] | None = None  # what the transport offers, asked once
         self._device_paths: dict[str, DevicePath] = {}  # by backend: made on the first device call
+        self._prepared: dict[tuple[Any, ...], _Prepared] = {}  # repeated calls' checked decisions
         if isinstance(comm, Transport):
             self._transport = comm
         else:
@@ -213,6 +214,7 @@ class Communicator:
         for path in self._device_paths.values():
             path.close()
         self._device_paths.clear()
+        self._prepared.clear()
         self._transport.close()
 
     def __repr__(self) -> str:
@@ -395,6 +397,167 @@ def _workspace(backend: ArrayBackend, out: Any, count: int, like: Any) -> tuple[
     return backend.empty(count, like), False
 
 
+_PREPARED_KEPT = 256  # distinct repeated calls remembered per communicator
+
+
+class _Prepared:
+    """What a call decided once it had checked its arguments, reused by every later call of its key.
+
+    A key names everything the decisions depend on (see :func:`_allreduce_key`), so
+    a call that finds its key skips validation, the selector, the schedule and
+    plan caches and the packing of its signature; it still numbers, checks, bounds
+    and records the call like any other.
+    """
+
+    __slots__ = (
+        "arrived",
+        "averages",
+        "backend",
+        "guard",
+        "op",
+        "outgoing",
+        "plan",
+        "scratch",
+        "sends",
+        "shape",
+    )
+
+    def __init__(
+        self,
+        backend: ArrayBackend,
+        op: ReduceOp,
+        guard: Guard,
+        rank_plan: Plan,
+        scratch: Any,
+        shape: tuple[int, ...],
+        sends: tuple[Any, ...],
+        outgoing: dict[int, Any],
+        arrived: dict[int, Any] | None,
+    ) -> None:
+        self.backend = backend
+        self.op = op
+        self.guard = guard
+        self.plan = rank_plan
+        self.scratch = scratch
+        self.shape = shape
+        self.averages = op.averages
+        self.sends = sends  # the opening sends, packed into outgoing before the signature goes
+        self.outgoing = outgoing
+        self.arrived = arrived  # the opening receives, by peer, once the signature has come
+
+
+def _plan(group: "Communicator", algorithm: str, count: int, item_bytes: int, separate: bool) -> Plan:
+    """This rank's plan of an allreduce by ``algorithm`` (a name, not ``"auto"``)."""
+    schedule = build_schedule("allreduce", algorithm, group.size, count)
+    return plan(schedule, group.rank, max(DEFAULT_SEGMENT_BYTES // item_bytes, 1), separate)
+
+
+def _plan_early(
+    group: "Communicator", algorithm: str, count: int, item_bytes: int, separate: bool
+) -> tuple[str, Plan] | None:
+    """The algorithm and plan, when they are known before the ranks agree on the call.
+
+    They are for a named algorithm, or for ``"auto"`` once the ranks have agreed on
+    the selector (the first ``"auto"`` call sends messages to agree, which must wait
+    until the call's signature is checked), and only for an algorithm that runs a
+    schedule over the transport. Whether they are known depends on the signature
+    alone, so the ranks of a matching call all know them or all do not.
+    """
+    if algorithm == AUTO:
+        if group._selector is None:
+            return None
+        algorithm = group._selector.choose("allreduce", group.size, count, item_bytes, group.features)
+    if getattr(ALGORITHMS[algorithm], "REQUIRES", None) is not None:
+        return None
+    try:
+        return algorithm, _plan(group, algorithm, count, item_bytes, separate)
+    except (CollectivesError, ValueError):
+        return None  # raised again once the call has been checked
+
+
+def _fuses(group: "Communicator", check: bool | None, nbytes: int, backend: ArrayBackend) -> bool:
+    """Whether a call's first messages travel with its signature, saving a round trip.
+
+    Only when there is a signature to travel with, and the data is small: a
+    receiver keeps room for that much from every peer. The same on every rank of a
+    matching call, as its ranks agree on the check and on the count and dtype.
+    """
+    checking = group._watchdog.check if check is None else check
+    return checking and group.size > 1 and nbytes <= FUSED_BYTES and backend.name == "numpy"
+
+
+def _allreduce_key(x: Any, op: Any, out: Any, algorithm: str, check: bool | None) -> tuple[Any, ...] | None:
+    """The key of an allreduce's decisions; ``None`` for arguments no decision is kept for."""
+    if not isinstance(op, str | ReduceOp):
+        return None
+    result = "new" if out is None else "in place" if out is x else "out"
+    try:
+        return (type(x), x.shape, x.dtype, op, algorithm, result, check)
+    except AttributeError:
+        return None
+
+
+def _fits(prepared: _Prepared, x: Any, out: Any) -> bool:
+    """Whether the arrays of a call whose key matched pass the checks its first call made.
+
+    Contiguity, writability and overlap belong to the arrays, not to the key.
+    """
+    if not x.flags.c_contiguous:
+        return False
+    if out is None:
+        return True
+    if out is x:
+        return bool(x.flags.writeable)
+    return (
+        type(out) is type(x)
+        and out.shape == x.shape
+        and out.dtype == x.dtype
+        and out.flags.c_contiguous
+        and out.flags.writeable
+        and not prepared.backend.shares_memory(out, x)
+    )
+
+
+def _remember(group: "Communicator", key: tuple[Any, ...], prepared: _Prepared) -> None:
+    if len(group._prepared) >= _PREPARED_KEPT:
+        group._prepared.clear()  # start afresh rather than evict one by one
+    group._prepared[key] = prepared
+
+
+def _allreduce_prepared(
+    group: "Communicator", prepared: _Prepared, x: Any, out: Any, check: bool | None
+) -> Any:
+    """allreduce by decisions an earlier call of the same key made and checked."""
+    backend = prepared.backend
+    if out is x:
+        work, source = x.reshape(-1), None
+    else:
+        work = backend.empty(x.size, x) if out is None else out.reshape(-1)
+        source = x.reshape(-1)
+    watchdog = group._watchdog
+    if prepared.arrived is not None:
+        pack_opening(prepared.sends, backend, work, source, prepared.outgoing)
+    call = watchdog.begin(prepared.guard, check)
+    try:
+        run(
+            prepared.plan,
+            call.transport,
+            backend,
+            work,
+            prepared.op,
+            prepared.scratch,
+            source,
+            prepared.arrived,
+        )
+    except BaseException as error:
+        watchdog.end(call, error)
+        raise
+    watchdog.end(call)
+    if prepared.averages:
+        backend.divide(work, group.size)
+    return work.reshape(prepared.shape) if out is None else out
+
+
 def allreduce(
     x: Any,
     op: "str | ReduceOp" = "sum",
@@ -422,8 +585,15 @@ def allreduce(
     Returns:
         The result, ``out`` when given.
     """
+    key = _allreduce_key(x, op, out, algorithm, check)
+    known = comm if isinstance(comm, Communicator) else _default if comm is None else None
+    if key is not None and known is not None:
+        prepared = known._prepared.get(key)
+        if prepared is not None and _fits(prepared, x, out):
+            return _allreduce_prepared(known, prepared, x, out, check)
     x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
-    backend, reduce_op, item_bytes = _prepare(x, op, "allreduce", algorithm)
+    backend, checked_op, item_bytes = _prepare(x, op, "allreduce", algorithm)
+    reduce_op = get_op(op) if checked_op is None else checked_op  # get_op names a missing op
     group = _communicator(comm)
     shape = tuple(x.shape)
     if out is not None:
@@ -436,18 +606,56 @@ def allreduce(
         if source is None or backend.shares_memory(source, work):
             backend.copy(work, x)
             source = None
-    with _watch(group, "allreduce", algorithm, x.size, backend.dtype_name(x), reduce_op, check=check) as call:
-        device = _on_device(group, call, backend)
-        call.algorithm = _algorithm(group, "allreduce", algorithm, x.size, item_bytes, device)
-        shared = _shared(group, call.algorithm, backend)
-        if shared is not None and reduce_op is not None:
+    watchdog = group._watchdog
+    on_host = backend.device() is None
+    early = _plan_early(group, algorithm, x.size, item_bytes, source is not None) if on_host else None
+    fused = early is not None and _fuses(group, check, x.size * item_bytes, backend)
+    sends, recvs = opening(early[1]) if early is not None and fused else ((), ())
+    payloads = {m.peer: (m.hi - m.lo) * item_bytes for m in sends}
+    guard = watchdog.guard(
+        "allreduce", algorithm, x.size, backend.dtype_name(x), reduce_op.name, payloads=payloads
+    )
+    outgoing = {peer: backend.from_bytes(view, work) for peer, view in guard.outgoing.items()}
+    arrived = None
+    if sends or recvs:
+        pack_opening(sends, backend, work, source, outgoing)
+        arrived = {
+            m.peer: backend.from_bytes(watchdog.arrived(m.peer, (m.hi - m.lo) * item_bytes), work)
+            for m in recvs
+        }
+    call = watchdog.begin(guard, check)
+    try:
+        device = not on_host and _on_device(group, call, backend)
+        if early is None:
+            call.algorithm = _algorithm(group, "allreduce", algorithm, x.size, item_bytes, device)
+            shared = _shared(group, call.algorithm, backend)
+        else:
+            call.algorithm, shared = early[0], None
+        if shared is not None:
             shared.allreduce(backend, work, work if source is None else source, reduce_op, call.barrier)
-        elif reduce_op is not None and _across_nodes(group, call.algorithm, backend):
+        elif _across_nodes(group, call.algorithm, backend):
             _allreduce_nodes(group, call, backend, work, work if source is None else source, reduce_op)
         else:
-            schedule = build_schedule("allreduce", call.algorithm, group.size, x.size)
-            execute(schedule, call.transport, backend, work, reduce_op, group._scratch, source=source)
-    if reduce_op is not None and reduce_op.averages:
+            rank_plan = (
+                early[1]
+                if early is not None
+                else _plan(group, call.algorithm, x.size, item_bytes, source is not None)
+            )
+            scratch = group._scratch.get(backend, rank_plan.scratch, work)
+            run(rank_plan, call.transport, backend, work, reduce_op, scratch, source, arrived)
+            # a call planned only after agreeing on the selector sent no data with its signature,
+            # which later calls of its signature do: it is not one to repeat
+            repeatable = early is not None and backend.name == "numpy"
+            if key is not None and repeatable and ((in_out and out is x) or source is not None):
+                prepared = _Prepared(
+                    backend, reduce_op, guard, rank_plan, scratch, shape, sends, outgoing, arrived
+                )
+                _remember(group, key, prepared)
+    except BaseException as error:
+        watchdog.end(call, error)
+        raise
+    watchdog.end(call)
+    if reduce_op.averages:
         backend.divide(work, group.size)
     return _deliver(backend, work, in_out, out, shape)
 

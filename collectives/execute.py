@@ -1,8 +1,18 @@
 """Runs one rank's part of a schedule over a transport, on an array backend."""
 
-__all__ = ["DEFAULT_SEGMENT_BYTES", "Plan", "Scratch", "execute", "plan", "scratch_elements"]
+__all__ = [
+    "DEFAULT_SEGMENT_BYTES",
+    "Plan",
+    "Scratch",
+    "execute",
+    "opening",
+    "pack_opening",
+    "plan",
+    "run",
+    "scratch_elements",
+]
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -36,6 +46,8 @@ class _Message:
     hi: int
     fresh: bool
     landing: int
+    # the only message between its two ranks in its direction and step (both ends agree)
+    lone: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +58,7 @@ class _StepPlan:
     reduces: bool
     # a reduction overlaps a send of the same step, so it must wait for the sends
     reduce_after_sends: bool
+    first: bool = False  # the schedule's first step
 
 
 @dataclass(frozen=True)
@@ -153,6 +166,12 @@ def _segments(length: int, segment: int) -> list[tuple[int, int]]:
     return [(s, min(s + segment, length)) for s in range(0, length, segment)] or [(0, length)]
 
 
+def _lone(messages: list[_Message]) -> tuple[_Message, ...]:
+    """``messages``, each marked ``lone`` when it is the only one to or from its peer."""
+    peers = [m.peer for m in messages]
+    return tuple(replace(m, lone=True) if peers.count(m.peer) == 1 else m for m in messages)
+
+
 @lru_cache(maxsize=512)
 def plan(schedule: Schedule, rank: int, segment: int = 0, separate_source: bool = False) -> Plan:
     """The plan of ``rank``'s part of ``schedule`` (memoized; see :class:`Plan`).
@@ -208,7 +227,9 @@ def plan(schedule: Schedule, rank: int, segment: int = 0, separate_source: bool 
         overlap = any(
             r.landing >= 0 and not s.fresh and r.lo < s.hi and s.lo < r.hi for r in recvs for s in sends
         )
-        steps.append(_StepPlan(tuple(prefill), tuple(recvs), tuple(sends), reduces, overlap))
+        steps.append(
+            _StepPlan(tuple(prefill), _lone(recvs), _lone(sends), reduces, overlap, first=index == 0)
+        )
         for c in writes:
             written[c] = True
     untouched = tuple(
@@ -251,18 +272,70 @@ def execute(
     rank_plan = plan(schedule, transport.rank, segment, source is not None)
     if op is None and any(s.reduces for s in rank_plan.steps):
         raise ValueError(f"{schedule.name} reduces, so it needs an op")
-    reduce_op: ReduceOp = op  # type: ignore[assignment]  # checked above where it is used
     if isinstance(scratch, Scratch):
         scratch = scratch.get(backend, rank_plan.scratch, buffer)
     elif scratch is None and rank_plan.scratch:
         scratch = backend.empty(rank_plan.scratch, buffer)
+    run(rank_plan, transport, backend, buffer, op, scratch, source)
+
+
+def opening(rank_plan: Plan) -> tuple[tuple[_Message, ...], tuple[_Message, ...]]:
+    """The sends and receives of the schedule's first step that may travel with a call's signature.
+
+    Each is the only message between its two ranks in its direction in that step,
+    which both ends see alike, so a receiver knows which of its peers' signature
+    messages carry data. Empty when this rank has no part in the first step.
+    """
+    if not rank_plan.steps or not rank_plan.steps[0].first:
+        return (), ()
+    step = rank_plan.steps[0]
+    return tuple(m for m in step.sends if m.lone), tuple(m for m in step.recvs if m.lone)
+
+
+def pack_opening(
+    sends: tuple[_Message, ...], backend: ArrayBackend, buffer: Any, source: Any, outgoing: dict[int, Any]
+) -> None:
+    """Copy the opening ``sends`` (see :func:`opening`) into ``outgoing[peer]``, of ``buffer``'s dtype."""
+    src = buffer if source is None else source
+    for m in sends:
+        backend.copy(outgoing[m.peer], (src if m.fresh else buffer)[m.lo : m.hi])
+
+
+def run(
+    rank_plan: Plan,
+    transport: Transport,
+    backend: ArrayBackend,
+    buffer: Any,
+    op: ReduceOp | None,
+    scratch: Any,
+    source: Any = None,
+    arrived: dict[int, Any] | None = None,
+) -> None:
+    """Run a plan made by :func:`plan` as :func:`execute` does, for callers that keep the plan.
+
+    Args:
+        rank_plan: ``plan(schedule, transport.rank, segment, source is not None)``.
+        transport: this rank's transport.
+        backend: the backend of ``buffer``.
+        buffer: this rank's 1-D contiguous buffer of the schedule's count of elements.
+        op: the reduction, when the plan reduces.
+        scratch: a buffer of at least ``rank_plan.scratch`` elements (``None`` when that is 0).
+        source: this rank's input, when it is not already in ``buffer`` (see :func:`execute`).
+        arrived: when the opening messages (see :func:`opening`) travelled with the
+            signature: the received ones by peer, arrays of ``buffer``'s dtype; the
+            sends among them are not posted again.
+    """
+    reduce_op: ReduceOp = op  # type: ignore[assignment]  # execute checked it where the plan reduces
     src = buffer if source is None else source
     message = backend.message
+    fused = arrived is not None
     for step in rank_plan.steps:
         for lo, hi in step.prefill:
             backend.copy(buffer[lo:hi], src[lo:hi])
         recvs = [
-            transport.irecv(
+            None
+            if fused and m.lone
+            else transport.irecv(
                 message(
                     buffer[m.lo : m.hi] if m.landing < 0 else scratch[m.landing : m.landing + m.hi - m.lo]
                 ),
@@ -274,26 +347,32 @@ def execute(
         sends = [
             transport.isend(message((src if m.fresh else buffer)[m.lo : m.hi]), m.peer, TAG)
             for m in step.sends
+            if not (fused and m.lone)
         ]
-        if not step.reduces:
-            transport.waitall(recvs + sends)
-            continue
-        if step.reduce_after_sends:
-            transport.waitall(recvs + sends)
+        if fused or step.reduce_after_sends or not step.reduces:
+            posted = [r for r in recvs if r is not None] + sends if fused else recvs + sends
+            if posted:
+                transport.waitall(posted)
             sends = []
             recvs = [None] * len(recvs)
+            if not step.reduces and not fused:
+                continue
         # reductions in schedule order, each as soon as its segment has arrived
         for m, request in zip(step.recvs, recvs, strict=True):
             if request is not None:
                 transport.waitall([request])
+            came = arrived[m.peer] if fused and m.lone else None  # type: ignore[index]
             if m.landing >= 0:
-                landing = scratch[m.landing : m.landing + m.hi - m.lo]
+                landing = scratch[m.landing : m.landing + m.hi - m.lo] if came is None else came
                 if m.fresh:
                     backend.reduce_into(reduce_op, buffer[m.lo : m.hi], src[m.lo : m.hi], landing)
                 else:
                     backend.combine(reduce_op, buffer[m.lo : m.hi], landing)
+            elif came is not None:
+                backend.copy(buffer[m.lo : m.hi], came)
         if sends:
             transport.waitall(sends)
+        fused = False
     if source is not None:
         for lo, hi in rank_plan.untouched:
             backend.copy(buffer[lo:hi], source[lo:hi])

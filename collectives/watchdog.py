@@ -25,23 +25,26 @@ __all__ = [
     "DEBUG_FILE_ENV",
     "DEFAULT_STALL_WARNING_S",
     "DEFAULT_TIMEOUT_S",
+    "FUSED_BYTES",
     "RECORDER_ENV",
     "SIGNATURE_TAG",
     "STALL_WARNING_ENV",
     "TIMEOUT_ENV",
     "Call",
+    "Guard",
     "Watchdog",
 ]
 
 import logging
 import math
 import os
+import struct
 import sys
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
 from .errors import CollectiveTimeout, ConfigurationError, TransportError
@@ -65,6 +68,9 @@ DEFAULT_STALL_WARNING_S = 60.0
 """As Horovod's stall check; never later than half the timeout."""
 
 _DEFAULT_RECORDED = 64
+
+FUSED_BYTES = 4096
+"""The most data bytes that may travel to one peer with a call's signature (see :class:`Guard`)."""
 
 _log = logging.getLogger("collectives")
 
@@ -97,15 +103,57 @@ def _flag(value: bool | None, env: str, default: bool) -> bool:
     raise ConfigurationError(f"{env}={text!r} is neither 1 nor 0")
 
 
-@dataclass
+_SEQUENCE = struct.Struct("<q")  # a packed signature starts with its sequence number
+
+
+class Guard:
+    """What every call of one kind on a communicator agrees on, packed once and reused.
+
+    The ranks exchange :attr:`packed` with the call's sequence number written in
+    front, so a repeated call packs nothing anew. A small call's first messages may
+    travel with it: the signature message to a peer in :attr:`outgoing` carries the
+    data after the signature, and the peer finds it with :meth:`Watchdog.arrived`.
+
+    Attributes:
+        signature: the call's signature, its sequence number 0.
+        packed: the packed signature, sent by one call at a time.
+        outgoing: per peer, the data that travels with the signature (after it).
+    """
+
+    __slots__ = ("_messages", "outgoing", "packed", "signature")
+
+    def __init__(self, signature: Signature, payloads: dict[int, int] | None = None) -> None:
+        self.signature = signature
+        self.packed = bytearray(signature.pack())
+        payloads = payloads or {}
+        if any(size > FUSED_BYTES for size in payloads.values()):
+            raise ValueError(f"at most {FUSED_BYTES} bytes travel with a signature; got {payloads}")
+        self._messages = {peer: bytearray(SIGNATURE_BYTES + size) for peer, size in payloads.items()}
+        self.outgoing = {peer: memoryview(m)[SIGNATURE_BYTES:] for peer, m in self._messages.items()}
+
+    def message(self, peer: int) -> bytearray:
+        """What goes to ``peer``: the signature, then any data for it."""
+        return self._messages.get(peer, self.packed)
+
+    def stamp(self, sequence: int) -> None:
+        """Write the call's sequence number into every message."""
+        _SEQUENCE.pack_into(self.packed, 0, sequence)
+        for message in self._messages.values():
+            message[:SIGNATURE_BYTES] = self.packed
+
+
 class _Record:
     """One call in the flight recorder."""
 
-    signature: Signature
-    started: float  # time.time(), for comparing ranks' logs
-    algorithm: str
-    seconds: float | None = None
-    outcome: str = "running"
+    __slots__ = ("algorithm", "outcome", "seconds", "sequence", "signature", "started")
+
+    def __init__(self, signature: Signature, sequence: int, started: float, algorithm: str) -> None:
+        self.signature = signature  # the call's fields; its own sequence number is ``sequence``
+        self.sequence = sequence
+        self.started = started  # time.time(), for comparing ranks' logs
+        self.algorithm = algorithm
+        self.seconds: float | None = None
+        self.outcome = "running"
 
     def line(self, rank: int) -> str:
         s = self.signature
@@ -114,7 +162,7 @@ class _Record:
             time.strftime("%H:%M:%S", time.localtime(self.started)) + f".{int(self.started % 1 * 1e6):06d}"
         )
         return (
-            f"collectives rank {rank} #{s.sequence} {s.collective} count={s.count} "
+            f"collectives rank {rank} #{self.sequence} {s.collective} count={s.count} "
             f"dtype={s.dtype or '-'} op={s.op or '-'} root={'-' if s.root < 0 else s.root} "
             f"algorithm={self.algorithm} start={clock} time={took} {self.outcome}"
         )
@@ -134,15 +182,17 @@ class _Tracked:
 class _WatchedTransport(Transport):
     """The transport the executor gets: each ``waitall`` is one step, bounded by the call's deadline.
 
-    ``inner`` is the communicator's transport, or one over a subgroup of its ranks
-    (a rail between nodes), whose rank ``i`` is the communicator's ``ranks[i]``.
+    Pointed at the call in progress. ``inner`` is the communicator's transport (one
+    such per watchdog, reused by every call), or one over a subgroup of its ranks (a
+    rail between nodes) or a device path, whose rank ``i`` is the communicator's
+    ``ranks[i]``.
     """
 
-    def __init__(self, call: "Call", inner: Transport, ranks: tuple[int, ...] | None = None) -> None:
-        self._call = call
+    def __init__(self, inner: Transport, ranks: tuple[int, ...] | None = None) -> None:
         self._inner = inner
         self._ranks = ranks
-        self._steps = 0
+        self.call: Call | None = None
+        self.steps = 0
 
     @property
     def rank(self) -> int:
@@ -162,9 +212,12 @@ class _WatchedTransport(Transport):
         return _Tracked(self._inner.irecv(buffer, src, tag), self._peer(src), False)
 
     def waitall(self, requests: list[Request]) -> None:
-        step = self._steps
-        self._steps += 1
-        self._call.wait(requests, step, self._inner)
+        step = self.steps
+        self.steps += 1
+        call = self.call
+        if call is None:
+            raise TransportError("a watched transport was used outside its collective")
+        call.wait([t.request for t in requests], step, requests, self._inner)
 
 
 class Call:
@@ -175,17 +228,34 @@ class Call:
         transport: the transport to give the executor.
     """
 
+    __slots__ = (
+        "_barriers",
+        "_deadline",
+        "_record",
+        "_started",
+        "_warn_at",
+        "_warned",
+        "_watched",
+        "transport",
+        "watchdog",
+    )
+
     def __init__(self, watchdog: "Watchdog", record: _Record) -> None:
         self.watchdog = watchdog
         self._record = record
-        self._started = time.monotonic()
-        self._deadline = self._started + watchdog.timeout
-        self._warn_at = self._started + watchdog.stall_warning
+        self._started = started = time.monotonic()
+        self._deadline = started + watchdog.timeout
+        self._warn_at = started + watchdog.stall_warning
         self._warned = False
         self._barriers = 0
-        watched = math.isfinite(watchdog.timeout) or math.isfinite(watchdog.stall_warning)
-        self._watched = watched
-        self.transport: Transport = self.watch(watchdog.transport)
+        watched = watchdog.watched
+        self._watched = watched is not None
+        if watched is None:
+            self.transport: Transport = watchdog.transport
+        else:
+            watched.call = self
+            watched.steps = 0
+            self.transport = watched
 
     @property
     def algorithm(self) -> str:
@@ -204,37 +274,49 @@ class Call:
 
     def watch(self, inner: Transport, ranks: tuple[int, ...] | None = None) -> Transport:
         """``inner`` with its waits bounded by this call's deadline; its rank ``i`` is ``ranks[i]`` here."""
-        return _WatchedTransport(self, inner, ranks) if self._watched else inner
+        if not self._watched:
+            return inner
+        watched = _WatchedTransport(inner, ranks)
+        watched.call = self
+        return watched
 
-    def wait(self, requests: list[_Tracked], step: int | str, transport: Transport | None = None) -> None:
+    def wait(
+        self,
+        requests: list[Request],
+        step: int | str,
+        peers: Sequence[Any],
+        transport: Transport | None = None,
+    ) -> None:
         """Wait for ``requests`` (of ``transport``, the communicator's by default) until the deadline.
 
-        Warns once at the stall interval.
+        Warns once at the stall interval. ``peers[i]`` tells whom ``requests[i]`` waits
+        on (its ``peer``) and whether it sends (its ``sends``); only a stall or a
+        timeout reads it.
         """
         transport = self.watchdog.transport if transport is None else transport
-        inner = [t.request for t in requests]
         if not self._watched:  # neither a deadline nor a warning
-            transport.waitall(inner)
+            transport.waitall(requests)
             return
         if not self._warned:
-            pending = transport.wait_for(inner, max(self._warn_at - time.monotonic(), 0.0))
+            pending = transport.wait_for(requests, max(self._warn_at - time.monotonic(), 0.0))
             if not pending:
                 return
             self._warned = True
             requests = [requests[i] for i in pending]
-            inner = [t.request for t in requests]
+            peers = [peers[i] for i in pending]
             _log.warning(
                 "rank %d: %s #%d has waited %.3g s %s for %s",
                 transport.rank,
                 self._record.signature.collective,
-                self._record.signature.sequence,
+                self._record.sequence,
                 time.monotonic() - self._started,
                 "to start" if step == "signature" else f"in step {step}",
-                _ranks(t.peer for t in requests),
+                _ranks(p.peer for p in peers),
             )
-        pending = transport.wait_for(inner, max(self._deadline - time.monotonic(), 0.0))
+        pending = transport.wait_for(requests, max(self._deadline - time.monotonic(), 0.0))
         if pending:
-            self._time_out([requests[i] for i in pending], step, transport)
+            stuck = [_Tracked(requests[i], peers[i].peer, peers[i].sends) for i in pending]
+            self._time_out(stuck, step, transport)
 
     def barrier(
         self, shared: SharedMemory, note: Sequence[int] = (), ranks: tuple[int, ...] | None = None
@@ -255,7 +337,7 @@ class Call:
                 "rank %d: %s #%d has waited %.3g s in %s for %s",
                 self.watchdog.transport.rank,
                 self._record.signature.collective,
-                self._record.signature.sequence,
+                self._record.sequence,
                 time.monotonic() - self._started,
                 step,
                 _ranks(tuple(missing if ranks is None else [ranks[r] for r in missing])),
@@ -266,29 +348,29 @@ class Call:
             self._fail(tuple(missing if ranks is None else [ranks[r] for r in missing]), step)
 
     def _time_out(self, stuck: list[_Tracked], step: int | str, transport: Transport) -> None:
-        watchdog = self.watchdog
         peers = tuple(sorted({t.peer for t in stuck}))
         # MPI cannot cancel the sends: keep their buffers alive, and the communicator out of use
-        watchdog.abandoned.extend(stuck)
+        self.watchdog.abandoned.extend(stuck)
         transport.abandon([t.request for t in stuck if not t.sends], [t.request for t in stuck if t.sends])
         self._fail(peers, step)
 
     def _fail(self, peers: tuple[int, ...], step: int | str) -> None:
-        watchdog, s = self.watchdog, self._record.signature
-        self._record.outcome = "timed out"
+        watchdog, record = self.watchdog, self._record
+        collective, sequence = record.signature.collective, record.sequence
+        record.outcome = "timed out"
         where = "before it started" if step == "signature" else f"in {step}"
         if isinstance(step, int):
             where = f"in step {step}"
         message = (
-            f"rank {watchdog.transport.rank}: {s.collective} #{s.sequence} did not complete in "
+            f"rank {watchdog.transport.rank}: {collective} #{sequence} did not complete in "
             f"{watchdog.timeout:g} s; stuck {where} waiting for {_ranks(peers)}; "
             "this communicator is unusable now"
         )
         watchdog.broken = message
         raise CollectiveTimeout(
             f"{message}\n{watchdog.flight_record_text()}",
-            collective=s.collective,
-            sequence=s.sequence,
+            collective=collective,
+            sequence=sequence,
             step=step,
             peers=peers,
         )
@@ -336,6 +418,19 @@ class Watchdog:
         self.sequence = 0
         self.broken: str | None = None
         self.abandoned: list[_Tracked] = []
+        watched = math.isfinite(self.timeout) or math.isfinite(self.stall_warning)
+        self.watched = _WatchedTransport(transport) if watched else None
+        # the signature exchange's buffers and peers, the same for every call
+        self._rank, self._size = transport.rank, transport.size
+        self._peers = [peer for peer in range(self._size) if peer != self._rank]
+        self._exchange = [_Tracked(None, peer, False) for peer in self._peers]
+        self._exchange += [_Tracked(None, peer, True) for peer in self._peers]
+        self._received = [bytearray(SIGNATURE_BYTES + FUSED_BYTES) for _ in range(self._size)]
+        self._heads = [memoryview(r)[:SIGNATURE_BYTES] for r in self._received]
+
+    def arrived(self, peer: int, size: int) -> memoryview:
+        """The ``size`` data bytes that came with the last signature from ``peer`` (see :class:`Guard`)."""
+        return memoryview(self._received[peer])[SIGNATURE_BYTES : SIGNATURE_BYTES + size]
 
     def flight_record(self) -> list[str]:
         """The recorded calls, oldest first, one line each."""
@@ -344,6 +439,24 @@ class Watchdog:
     def flight_record_text(self) -> str:
         lines = self.flight_record()
         return f"last {len(lines)} collectives on rank {self.transport.rank}:\n  " + "\n  ".join(lines)
+
+    def guard(
+        self,
+        collective: str,
+        algorithm: str,
+        count: int,
+        dtype: str = "",
+        op: str = "",
+        root: int = -1,
+        counts: tuple[int, ...] | None = None,
+        *,
+        payloads: dict[int, int] | None = None,
+    ) -> Guard:
+        """The packed signature of a call; keep it to begin repeated calls with (see :meth:`begin`).
+
+        ``payloads`` gives, per peer, the bytes of data that travel with the signature.
+        """
+        return Guard(Signature(0, collective, algorithm, dtype, op, root, count, counts), payloads)
 
     @contextmanager
     def collective(
@@ -364,47 +477,69 @@ class Watchdog:
             CollectiveTimeout: the call did not complete in time.
             TransportError: an earlier call timed out, so this communicator is unusable.
         """
+        call = self.begin(self.guard(collective, algorithm, count, dtype, op, root, counts), check)
+        try:
+            yield call
+        except BaseException as error:
+            self.end(call, error)
+            raise
+        self.end(call)
+
+    def begin(self, guard: Guard, check: bool | None = None) -> Call:
+        """Number, record and (unless ``check`` is off) check a call; :meth:`end` must follow.
+
+        Raises:
+            MismatchError: on every rank, when their calls differ.
+            CollectiveTimeout: the ranks did not all start the call in time.
+            TransportError: an earlier call timed out, so this communicator is unusable.
+        """
         if self.broken is not None:
             raise TransportError(
                 f"an earlier collective timed out, so this communicator is unusable: {self.broken}"
             )
-        signature = Signature(self.sequence, collective, algorithm, dtype, op, root, count, counts)
-        self.sequence += 1
-        record = _Record(signature, time.time(), algorithm)
+        sequence = self.sequence
+        self.sequence = sequence + 1
+        signature = guard.signature
+        record = _Record(signature, sequence, time.time(), signature.algorithm)
         self.recorder.append(record)
         call = Call(self, record)
-        try:
-            if self.check if check is None else check:
-                self._agree(call, signature)
-            yield call
-        except BaseException as error:
-            record.outcome = f"failed: {type(error).__name__}"
-            raise
-        else:
-            record.outcome = "ok"
-        finally:
-            record.seconds = time.monotonic() - call._started
-            if self.debug:
-                self._write(record.line(self.transport.rank))
+        if (self.check if check is None else check) and self._size > 1:
+            try:
+                self._agree(call, guard, sequence)
+            except BaseException as error:
+                self.end(call, error)
+                raise
+        return call
 
-    def _agree(self, call: Call, signature: Signature) -> None:
+    def end(self, call: Call, error: BaseException | None = None) -> None:
+        """Record how ``call`` ended: ``error`` if it raised one."""
+        record = call._record
+        record.outcome = "ok" if error is None else f"failed: {type(error).__name__}"
+        record.seconds = time.monotonic() - call._started
+        if self.watched is not None:
+            self.watched.call = None
+        if self.debug:
+            self._write(record.line(self.transport.rank))
+
+    def _agree(self, call: Call, guard: Guard, sequence: int) -> None:
         """Exchange signatures with every other rank; raise on every rank if any differ."""
         transport = self.transport
-        mine = signature.pack()
-        size, rank = transport.size, transport.rank
-        if size == 1:
+        guard.stamp(sequence)
+        mine = guard.packed
+        # room for any data a peer's message may carry, so none is ever truncated
+        received = self._received
+        requests = [transport.irecv(received[peer], peer, SIGNATURE_TAG) for peer in self._peers]
+        requests += [transport.isend(guard.message(peer), peer, SIGNATURE_TAG) for peer in self._peers]
+        call.wait(requests, "signature", self._exchange)
+        heads = self._heads
+        for peer in self._peers:
+            if heads[peer] != mine:
+                break
+        else:
             return
-        received = [bytearray(SIGNATURE_BYTES) for _ in range(size)]
-        requests = []
-        for peer in range(size):
-            if peer != rank:
-                requests.append(_Tracked(transport.irecv(received[peer], peer, SIGNATURE_TAG), peer, False))
-        for peer in range(size):
-            if peer != rank:
-                requests.append(_Tracked(transport.isend(mine, peer, SIGNATURE_TAG), peer, True))
-        call.wait(requests, "signature")
-        received[rank][:] = mine
-        error = disagreement(signature, [bytes(r) for r in received], rank)
+        heads[self._rank][:] = mine
+        signature = replace(guard.signature, sequence=sequence)
+        error = disagreement(signature, [bytes(head) for head in heads], self._rank)
         if error is not None:
             raise error
 

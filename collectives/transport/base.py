@@ -47,7 +47,7 @@ class Transport(ABC):
 
     @abstractmethod
     def irecv(self, buffer: Any, src: int, tag: int) -> Request:
-        """Start receiving from rank ``src`` into ``buffer``, which has the message's exact size."""
+        """Start receiving from rank ``src`` into the start of ``buffer``, which has room for the message."""
 
     @abstractmethod
     def waitall(self, requests: list[Request]) -> None:
