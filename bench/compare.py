@@ -1,8 +1,12 @@
 """``python -m bench compare``: our allreduce against MPI's and gloo's, interleaved, in one launch.
 
-Every round runs each contender once, in order (ours, then the peers), each
-call started together after a barrier, so slow spells of a shared machine fall
-on all contenders alike; a contender's time in a round is its slowest rank's.
+Every round runs each contender once, each started together after a barrier,
+so slow spells of a shared machine fall on all contenders alike; the order
+turns by one each round, so none always follows the same other (gloo's threads,
+for one, keep a core busy for a while after its call). A contender's time in a
+round is its slowest rank's, per call of a batch: small messages are timed
+``BATCH_BYTES / size`` calls at a time (up to ``MAX_BATCH``), so that the
+barrier's uneven exit across ranks does not swamp a call of a few microseconds.
 Per size the table gives the median times and, for each of ours against each
 peer, the ratio of medians with the quartiles and range of the per-round ratios.
 All calls are in place on float32 buffers of zeros (so repeated sums stay
@@ -34,6 +38,9 @@ from .config import parse_size, plan_sizes, size_sweep
 from .patterns import ExactData, count_wrong, numpy_dtype
 
 PEERS = ("mpi", "gloo")
+BATCH_BYTES = 1 << 20
+"""A batch of small-message calls moves about this many bytes (see :func:`calls_per_sample`)."""
+MAX_BATCH = 200
 _TORCH_DTYPES = ("float32", "float64", "float16", "int32", "int64", "uint8", "int8")
 
 
@@ -134,6 +141,7 @@ def main(argv: list[str]) -> int:
     emit(f"# collectives allreduce compare, {world.size} ranks, {args.datatype} sum, in place")
     emit(f"# MPI library : {library_version()}")
     emit(f"# rounds      : {args.iters} interleaved after {args.warmup} warmup calls each")
+    emit(f"# batches     : up to {MAX_BATCH} calls timed as one sample, 1 from {BATCH_BYTES} B up")
     if args.alloc:
         emit("# buffers     : ours from Communicator.alloc")
     for note in notes:
@@ -171,6 +179,11 @@ def main(argv: list[str]) -> int:
     return 1 if wrong else 0
 
 
+def calls_per_sample(size: int) -> int:
+    """Calls timed together as one sample at ``size`` bytes: 1 from ``BATCH_BYTES`` up."""
+    return max(1, min(MAX_BATCH, BATCH_BYTES // max(size, 1)))
+
+
 def _measure(
     args: argparse.Namespace,
     world: MPI.Intracomm,
@@ -203,12 +216,16 @@ def _measure(
         for _ in range(args.warmup):
             calls[name]()
     times = np.empty((len(contenders), args.iters))
+    batch = calls_per_sample(size)
     for i in range(args.iters):
-        for j, name in enumerate(contenders):
+        for k in range(len(contenders)):
+            j = (i + k) % len(contenders)
+            call = calls[contenders[j]]
             world.Barrier()
             start = MPI.Wtime()
-            calls[name]()
-            times[j, i] = MPI.Wtime() - start
+            for _ in range(batch):
+                call()
+            times[j, i] = (MPI.Wtime() - start) / batch
     world.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
     medians = {name: float(np.median(times[j])) for j, name in enumerate(contenders)}
     index = {name: j for j, name in enumerate(contenders)}

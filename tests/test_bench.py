@@ -465,3 +465,12 @@ def test_bench_compare_end_to_end(tmp_path: Path) -> None:
         assert {(r["ours"], r["peer"]) for r in entry["ratios"]} == {("auto", "mpi"), ("ring", "mpi")}
         assert all(r["low"] <= r["q25"] <= r["q75"] <= r["high"] for r in entry["ratios"])
     assert picture.stat().st_size > 0
+
+
+def test_compare_times_small_messages_in_batches_and_large_ones_singly() -> None:
+    from bench.compare import BATCH_BYTES, MAX_BATCH, calls_per_sample
+
+    assert calls_per_sample(8) == MAX_BATCH
+    assert calls_per_sample(64 * 1024) == BATCH_BYTES // (64 * 1024)
+    assert calls_per_sample(BATCH_BYTES) == 1
+    assert calls_per_sample(64 * BATCH_BYTES) == 1
