@@ -1,9 +1,9 @@
 """``python -m bench compare``: our allreduce against MPI's and gloo's, interleaved, in one launch.
 
 Every round runs each contender once, each started together after a barrier,
-so slow spells of a shared machine fall on all contenders alike; the order
-turns by one each round, so none always follows the same other (gloo's threads,
-for one, keep a core busy for a while after its call). A contender's time in a
+so slow spells of a shared machine fall on all contenders alike; the order is
+shuffled each round (alike on every rank), so none always follows the same
+other (gloo's threads, for one, keep a core busy for a while after its call). A contender's time in a
 round is its slowest rank's, per call of a batch: small messages are timed
 ``BATCH_BYTES / size`` calls at a time (up to ``MAX_BATCH``), so that the
 barrier's uneven exit across ranks does not swamp a call of a few microseconds.
@@ -217,9 +217,9 @@ def _measure(
             calls[name]()
     times = np.empty((len(contenders), args.iters))
     batch = calls_per_sample(size)
+    orders = np.random.default_rng(size)  # the same shuffles on every rank
     for i in range(args.iters):
-        for k in range(len(contenders)):
-            j = (i + k) % len(contenders)
+        for j in orders.permutation(len(contenders)):
             call = calls[contenders[j]]
             world.Barrier()
             start = MPI.Wtime()
