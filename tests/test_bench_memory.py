@@ -1,4 +1,4 @@
-"""The RSS benchmark: flat resident memory over repeated allreduces, and its own check."""
+"""The benchmarks of resident memory and of segment sizes."""
 
 import re
 
@@ -27,3 +27,13 @@ def test_memory_bench_fails_when_growth_exceeds_the_bound() -> None:
     result = run_mpi(1, args, timeout=60)
     assert result.returncode == 1, result.stdout
     assert "more than -1 KiB" in result.stdout
+
+
+@needs_mpiexec
+def test_segment_bench_times_every_segment_size_against_the_default() -> None:
+    args = ["-m", "bench.segments", "--segments", "64K,4M,whole", "--sizes", "64K", "-n", "2"]
+    result = run_mpi(2, args, timeout=120)
+    assert result.returncode == 0, result.stdout
+    row = next(line for line in result.stdout.splitlines() if line.strip().startswith("65536 B"))
+    # the default (4 MiB) is among the segments, so it is its own unit
+    assert "4096K" in row and "(1.00)" in row and "whole" in row, result.stdout
