@@ -47,9 +47,10 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
+from ._env import env_flag
 from .errors import CollectiveTimeout, ConfigurationError, TransportError
 from .signature import SIGNATURE_BYTES, Signature, disagreement
-from .transport.base import Request, SharedMemory, Transport
+from .transport.base import Request, SharedMemory, Transport, WrappedTransport
 
 SIGNATURE_TAG = 9
 """Tag of the signature messages, apart from the executor's (7) and the selector's (8)."""
@@ -93,14 +94,8 @@ def _seconds(value: float | None, env: str, default: float) -> float:
 def _flag(value: bool | None, env: str, default: bool) -> bool:
     if value is not None:
         return value
-    text = os.environ.get(env, "").strip().lower()
-    if not text:
-        return default
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ConfigurationError(f"{env}={text!r} is neither 1 nor 0")
+    setting = env_flag(env)
+    return default if setting is None else setting
 
 
 _SEQUENCE = struct.Struct("<q")  # a packed signature starts with its sequence number
@@ -179,7 +174,7 @@ class _Tracked:
         self.sends = sends
 
 
-class _WatchedTransport(Transport):
+class _WatchedTransport(WrappedTransport):
     """The transport the executor gets: each ``waitall`` is one step, bounded by the call's deadline.
 
     Pointed at the call in progress. ``inner`` is the communicator's transport (one
@@ -189,18 +184,10 @@ class _WatchedTransport(Transport):
     """
 
     def __init__(self, inner: Transport, ranks: tuple[int, ...] | None = None) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._ranks = ranks
         self.call: Call | None = None
         self.steps = 0
-
-    @property
-    def rank(self) -> int:
-        return self._inner.rank
-
-    @property
-    def size(self) -> int:
-        return self._inner.size
 
     def _peer(self, peer: int) -> int:
         return peer if self._ranks is None else self._ranks[peer]

@@ -1,6 +1,6 @@
 """The point-to-point interface every transport implements."""
 
-__all__ = ["NodeSplit", "Request", "SharedMemory", "Transport"]
+__all__ = ["NodeSplit", "Request", "SharedMemory", "Transport", "WrappedTransport"]
 
 import math
 from abc import ABC, abstractmethod
@@ -97,6 +97,28 @@ class Transport(ABC):
 
     def close(self) -> None:  # noqa: B027 - most transports have nothing to release
         """Release what the transport holds; it is not used afterwards."""
+
+
+class WrappedTransport(Transport):
+    """A transport that runs over another, ``inner``: the same ranks, size and thread level.
+
+    The watchdog's bounded transport and the device paths (staging, CUDA IPC) are such.
+    """
+
+    def __init__(self, inner: Transport) -> None:
+        self._inner = inner
+
+    @property
+    def rank(self) -> int:
+        return self._inner.rank
+
+    @property
+    def size(self) -> int:
+        return self._inner.size
+
+    @property
+    def thread_level(self) -> str:
+        return self._inner.thread_level
 
 
 class SharedMemory(ABC):

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CollectiveTimeout, TransportError
-from .base import Request, Transport
+from .base import Request, Transport, WrappedTransport
 from .device import IPC_HANDLE_BYTES, Device
 
 DEFAULT_SLOT_BYTES = 1 << 22
@@ -71,7 +71,7 @@ class _Peer:
         self.ready_request: Request = None  # a receive of the next piece's length, while one is awaited
 
 
-class CudaIpcTransport(Transport):
+class CudaIpcTransport(WrappedTransport):
     """A transport for device buffers between ranks of one node, over CUDA IPC.
 
     Every rank allocates one device mailbox when the transport is made, with
@@ -94,7 +94,7 @@ class CudaIpcTransport(Transport):
     def __init__(
         self, inner: Transport, device: Device, mailbox: Any, peers: list[Any], slot_bytes: int, slots: int
     ) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._device = device
         self._mailbox = mailbox
         self._slot_bytes = slot_bytes
@@ -150,18 +150,6 @@ class CudaIpcTransport(Transport):
             if peer != rank and mapped is not None:
                 device.close_ipc(mapped)
         return None
-
-    @property
-    def rank(self) -> int:
-        return self._inner.rank
-
-    @property
-    def size(self) -> int:
-        return self._inner.size
-
-    @property
-    def thread_level(self) -> str:
-        return self._inner.thread_level
 
     def node_local(self) -> bool:
         return True

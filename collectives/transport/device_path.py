@@ -10,12 +10,12 @@ __all__ = [
     "connect",
 ]
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
+from .._env import env_flag
 from ..errors import ConfigurationError
-from .base import Request, SharedMemory, Transport
+from .base import Request, SharedMemory, Transport, WrappedTransport
 from .device import Device
 
 CUDA_IPC = "cuda ipc"
@@ -27,7 +27,7 @@ CUDA_IPC_ENV = "COLLECTIVES_CUDA_IPC"
 every rank is on one node. Set it alike on every rank."""
 
 
-class SynchronizedTransport(Transport):
+class SynchronizedTransport(WrappedTransport):
     """Device buffers handed to a CUDA-aware transport, once the stream's work on them is done.
 
     MPI reads and writes device memory outside the stream, so before a device
@@ -37,20 +37,8 @@ class SynchronizedTransport(Transport):
     """
 
     def __init__(self, inner: Transport, device: Device) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._device = device
-
-    @property
-    def rank(self) -> int:
-        return self._inner.rank
-
-    @property
-    def size(self) -> int:
-        return self._inner.size
-
-    @property
-    def thread_level(self) -> str:
-        return self._inner.thread_level
 
     def shared_memory(self) -> SharedMemory | None:
         return None
@@ -93,17 +81,6 @@ class DevicePath:
             self.transport.close()
 
 
-def _ipc_setting() -> bool | None:
-    text = os.environ.get(CUDA_IPC_ENV, "").strip().lower()
-    if not text:
-        return None
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ConfigurationError(f"{CUDA_IPC_ENV}={text!r} is neither 1 nor 0")
-
-
 def connect(inner: Transport, device: Device) -> DevicePath:
     """Choose and make the device path of a communicator; collective over its ranks.
 
@@ -118,7 +95,7 @@ def connect(inner: Transport, device: Device) -> DevicePath:
     from .cuda_ipc import CudaIpcTransport
     from .staging import StagingTransport
 
-    wanted = _ipc_setting()
+    wanted = env_flag(CUDA_IPC_ENV)
     if inner.size > 1 and wanted is not False:
         together = inner.node_local()
         if wanted and not together:

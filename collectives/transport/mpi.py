@@ -15,6 +15,7 @@ from typing import Any, cast
 import numpy as np
 from mpi4py import MPI
 
+from .._env import env_flag
 from ..errors import ConfigurationError
 from .base import NodeSplit, Request, SharedMemory, Transport
 
@@ -180,14 +181,8 @@ class MPITransport(Transport):
         Open MPI and MPICH both offer the query; an MPI without it is taken as not
         CUDA-aware. The ranks must agree, so set the variable alike on all of them.
         """
-        text = os.environ.get(CUDA_AWARE_ENV, "").strip().lower()
-        if text in ("1", "true", "yes", "on"):
-            return True
-        if text in ("0", "false", "no", "off"):
-            return False
-        if text:
-            raise ConfigurationError(f"{CUDA_AWARE_ENV}={text!r} is neither 1 nor 0")
-        return _mpi_cuda_support()
+        setting = env_flag(CUDA_AWARE_ENV)
+        return _mpi_cuda_support() if setting is None else setting
 
     def wait_for(self, requests: list[Request], timeout: float) -> list[int]:
         # MPI_Waitall cannot be bounded, so poll MPI_Testall. MPI moves large messages

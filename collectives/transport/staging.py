@@ -4,7 +4,7 @@ __all__ = ["PinnedPool", "StagingTransport"]
 
 from typing import Any
 
-from .base import Request, SharedMemory, Transport
+from .base import Request, SharedMemory, Transport, WrappedTransport
 from .device import Device
 
 _SMALLEST = 1 << 12
@@ -69,7 +69,7 @@ class _Staged:
         self.done = False
 
 
-class StagingTransport(Transport):
+class StagingTransport(WrappedTransport):
     """A transport for device buffers over one that moves only host memory.
 
     A device message is copied into a pinned host buffer before its send is posted,
@@ -86,21 +86,9 @@ class StagingTransport(Transport):
     """
 
     def __init__(self, inner: Transport, device: Device, pool: PinnedPool | None = None) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._device = device
         self.pool = PinnedPool(device) if pool is None else pool
-
-    @property
-    def rank(self) -> int:
-        return self._inner.rank
-
-    @property
-    def size(self) -> int:
-        return self._inner.size
-
-    @property
-    def thread_level(self) -> str:
-        return self._inner.thread_level
 
     def shared_memory(self) -> SharedMemory | None:
         return None  # the shared-memory executor reads host memory only
