@@ -24,7 +24,7 @@ from collectives.ops import DTYPES, OPS, get_op
 from collectives.selector import AUTO, CALIBRATION_ENV, calibration_path, check_algorithm
 from collectives.specs import get_spec
 
-from .config import MPI_ALGORITHM, Settings, default_algorithm, parse_size, size_sweep
+from .config import MPI_ALGORITHM, Settings, default_algorithm, size_argument, size_sweep
 from .report import to_json, total_wrong
 
 if TYPE_CHECKING:
@@ -33,19 +33,12 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
 def _options() -> argparse.ArgumentParser:
     """The options every collective's sub-command takes."""
     options = argparse.ArgumentParser(add_help=False)
     add = options.add_argument
-    add("-b", "--minbytes", type=_size, default="8", help="smallest size, e.g. 8, 1K (default 8)")
-    add("-e", "--maxbytes", type=_size, default="64M", help="largest size (default 64M)")
+    add("-b", "--minbytes", type=size_argument, default="8", help="smallest size, e.g. 8, 1K (default 8)")
+    add("-e", "--maxbytes", type=size_argument, default="64M", help="largest size (default 64M)")
     add("-f", "--stepfactor", type=int, default=2, help="size multiplier per step (default 2)")
     add(
         "-d",

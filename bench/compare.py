@@ -34,7 +34,7 @@ from collectives.specs import get_spec
 
 from .collective import library_version, mpi_datatype
 from .compare_report import SizeResult, format_table, plot, ratio, to_json
-from .config import parse_size, plan_sizes, size_sweep
+from .config import plan_sizes, size_argument, size_sweep
 from .patterns import ExactData, count_wrong, numpy_dtype
 
 PEERS = ("mpi", "gloo")
@@ -44,13 +44,6 @@ MAX_BATCH = 200
 _TORCH_DTYPES = ("float32", "float64", "float16", "int32", "int64", "uint8", "int8")
 
 
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
 def _parser() -> argparse.ArgumentParser:
     ours = [AUTO, *(name for name, module in ALGORITHMS.items() if hasattr(module, "allreduce"))]
     parser = argparse.ArgumentParser(
@@ -58,8 +51,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Time our allreduce against the MPI library's (and gloo's) in one launch, interleaved.",
     )
     add = parser.add_argument
-    add("-b", "--minbytes", type=_size, default="8", help="smallest size (default 8)")
-    add("-e", "--maxbytes", type=_size, default="64M", help="largest size (default 64M)")
+    add("-b", "--minbytes", type=size_argument, default="8", help="smallest size (default 8)")
+    add("-e", "--maxbytes", type=size_argument, default="64M", help="largest size (default 64M)")
     add("-f", "--stepfactor", type=int, default=4, help="size multiplier per step (default 4)")
     add("-d", "--datatype", choices=DTYPES, default="float32", metavar="DTYPE", help="default float32")
     add("-a", "--algorithm", default=",".join(ours), help=f"ours, comma-separated (default {','.join(ours)})")

@@ -7,9 +7,11 @@ __all__ = [
     "element_count",
     "parse_size",
     "plan_sizes",
+    "size_argument",
     "size_sweep",
 ]
 
+import argparse
 import inspect
 from dataclasses import dataclass
 
@@ -70,6 +72,14 @@ def parse_size(text: str) -> int:
     if not (digits.isascii() and digits.isdigit()):
         raise ValueError(f"invalid size {text!r}; expected bytes such as 8, 1K, 64M or 2G")
     return int(digits) * scale
+
+
+def size_argument(text: str) -> int:
+    """:func:`parse_size` as an argparse ``type=``: a bad size is a usage error."""
+    try:
+        return parse_size(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def size_sweep(minbytes: int, maxbytes: int, factor: int) -> tuple[int, ...]:

@@ -28,7 +28,7 @@ import numpy as np
 
 from collectives.ops import DTYPES, OPS, get_op
 
-from .config import parse_size, size_sweep
+from .config import size_argument, size_sweep
 
 INPUTS = 8
 """Inputs of the ``reduce_many`` row, and one more than the number of combines it is set against."""
@@ -151,21 +151,14 @@ def to_json(measurements: Sequence[Measurement], metadata: dict[str, Any]) -> di
     }
 
 
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench kernels",
         description="GB/s of the CUDA reduction kernels against a device copy, CuPy and torch, on one GPU.",
     )
     add = parser.add_argument
-    add("-b", "--minbytes", type=_size, default="1M", help="smallest buffer (default 1M)")
-    add("-e", "--maxbytes", type=_size, default="1G", help="largest buffer (default 1G)")
+    add("-b", "--minbytes", type=size_argument, default="1M", help="smallest buffer (default 1M)")
+    add("-e", "--maxbytes", type=size_argument, default="1G", help="largest buffer (default 1G)")
     add("-f", "--stepfactor", type=int, default=4, help="size multiplier per step (default 4)")
     add("-d", "--datatype", choices=DTYPES, default="float32", metavar="DTYPE", help="default float32")
     add("-o", "--op", choices=[name for name in OPS if name != "avg"], default="sum", help="default sum")

@@ -315,6 +315,20 @@ def _on_device(group: Communicator, call: Call, backend: ArrayBackend) -> bool:
     return True
 
 
+def _route(
+    group: Communicator,
+    call: Call,
+    backend: ArrayBackend,
+    collective: str,
+    algorithm: str,
+    count: int,
+    item_bytes: int,
+) -> None:
+    """Send the call's messages over the device path for device arrays, and choose its algorithm."""
+    device = _on_device(group, call, backend)
+    call.algorithm = _algorithm(group, collective, algorithm, count, item_bytes, device)
+
+
 def _shared(group: Communicator, algorithm: str, backend: ArrayBackend) -> SharedExecutor | None:
     """The shared-memory executor, when ``algorithm`` declares it needs shared memory and it can run it."""
     needs = getattr(ALGORITHMS[algorithm], "REQUIRES", None)
@@ -702,8 +716,7 @@ def reduce_scatter(
         _check_out(backend, out, x, share_shape)
     dtype = backend.dtype_name(x)
     with _watch(group, "reduce_scatter", algorithm, x.size, dtype, reduce_op, -1, counts, check) as call:
-        device = _on_device(group, call, backend)
-        call.algorithm = _algorithm(group, "reduce_scatter", algorithm, x.size, item_bytes, device)
+        _route(group, call, backend, "reduce_scatter", algorithm, x.size, item_bytes)
         shared = _shared(group, call.algorithm, backend)
         flat = backend.flat_view(x)
         if shared is not None and reduce_op is not None and flat is not None:
@@ -778,8 +791,7 @@ def allgather(
     lo = sum(shares[:rank])
     backend.copy(work[lo : lo + shares[rank]], x)
     with _watch(group, "allgather", algorithm, total, backend.dtype_name(x), None, -1, counts, check) as call:
-        device = _on_device(group, call, backend)
-        call.algorithm = _algorithm(group, "allgather", algorithm, total, item_bytes, device)
+        _route(group, call, backend, "allgather", algorithm, total, item_bytes)
         shared = _shared(group, call.algorithm, backend)
         if shared is not None:
             shared.allgather(backend, work, work[lo : lo + shares[rank]], shares, call.barrier)
@@ -917,8 +929,7 @@ def broadcast(
     with _watch(
         group, "broadcast", algorithm, x.size, backend.dtype_name(x), None, root, None, check
     ) as call:
-        device = _on_device(group, call, backend)
-        call.algorithm = _algorithm(group, "broadcast", algorithm, x.size, item_bytes, device)
+        _route(group, call, backend, "broadcast", algorithm, x.size, item_bytes)
         schedule = build_schedule("broadcast", call.algorithm, group.size, x.size, root=root)
         execute(schedule, call.transport, backend, work)
     return _deliver(backend, work, in_out, out, shape)
@@ -970,8 +981,7 @@ def reduce(
         backend.copy(work, x)
     dtype = backend.dtype_name(x)
     with _watch(group, "reduce", algorithm, x.size, dtype, reduce_op, root, None, check) as call:
-        device = _on_device(group, call, backend)
-        call.algorithm = _algorithm(group, "reduce", algorithm, x.size, item_bytes, device)
+        _route(group, call, backend, "reduce", algorithm, x.size, item_bytes)
         schedule = build_schedule("reduce", call.algorithm, group.size, x.size, root=root)
         execute(schedule, call.transport, backend, work, reduce_op)
     if not at_root:
@@ -1032,8 +1042,7 @@ def gather(
     lo = sum(shares[:rank])
     backend.copy(work[lo : lo + shares[rank]], x)
     with _watch(group, "gather", algorithm, total, backend.dtype_name(x), None, root, counts, check) as call:
-        device = _on_device(group, call, backend)
-        call.algorithm = _algorithm(group, "gather", algorithm, total, item_bytes, device)
+        _route(group, call, backend, "gather", algorithm, total, item_bytes)
         schedule = build_schedule("gather", call.algorithm, size, total, shares, root=root)
         execute(schedule, call.transport, backend, work)
     return _deliver(backend, work, in_out, out, whole_shape) if at_root else None
@@ -1106,8 +1115,7 @@ def scatter(
         backend.copy(work, x)
     dtype = backend.dtype_name(like)
     with _watch(group, "scatter", algorithm, total, dtype, None, root, counts, check) as call:
-        device = _on_device(group, call, backend)
-        call.algorithm = _algorithm(group, "scatter", algorithm, total, item_bytes, device)
+        _route(group, call, backend, "scatter", algorithm, total, item_bytes)
         schedule = build_schedule("scatter", call.algorithm, size, total, shares, root=root)
         execute(schedule, call.transport, backend, work)
     lo = sum(shares[:rank])
@@ -1171,8 +1179,7 @@ def alltoall(
     mine = rank * share
     backend.copy(work[count + mine : count + mine + share], work[mine : mine + share])
     with _watch(group, "alltoall", algorithm, count, backend.dtype_name(x), None, check=check) as call:
-        device = _on_device(group, call, backend)
-        call.algorithm = _algorithm(group, "alltoall", algorithm, count, item_bytes, device)
+        _route(group, call, backend, "alltoall", algorithm, count, item_bytes)
         schedule = build_schedule("alltoall", call.algorithm, size, count)
         execute(schedule, call.transport, backend, work)
     result = work[count:]
