@@ -57,15 +57,15 @@ from torch._C._distributed_c10d import (  # GradBucket at run time: DDP checks h
 )
 from torch.distributed.rendezvous import register_rendezvous_handler
 
-from . import api
-from .errors import (
+from .. import api
+from ..errors import (
     CollectivesError,
     ConfigurationError,
     InvalidBufferError,
     UnsupportedDtypeError,
     UnsupportedOpError,
 )
-from .ops import get_op
+from ..ops import get_op
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -211,7 +211,7 @@ def _view(tensor: torch.Tensor) -> Any:
     """A zero-copy array over ``tensor``: numpy for a cpu tensor, CuPy (DLPack) for a cuda one."""
     if tensor.device.type != "cuda":
         return _host_view(tensor)
-    from .backends import adopt
+    from ..backends import adopt
 
     return adopt(tensor.detach())
 
@@ -1144,7 +1144,7 @@ def _create_process_group(options: _DistributedBackendOptions, backend_options: 
 
 def _subgroup_communicator(ranks: list[int]) -> api.Communicator:
     """A communicator over ``ranks`` of ``MPI.COMM_WORLD``; this process is one of them."""
-    from .transport.mpi import MPITransport
+    from ..transport.mpi import MPITransport
 
     # torch's global rank is the rank in the default group, which mpi:// numbers as MPI does
     return api.Communicator(MPITransport.of_world_ranks(ranks, dist.get_rank()))
@@ -1194,5 +1194,5 @@ _register()
 
 # --------------------------------------------------------------------------- differentiable collectives
 
-# last: torch_functional builds on the functions above
-from . import torch_functional as functional  # noqa: E402
+# last: functional builds on the functions above
+from . import functional  # noqa: E402

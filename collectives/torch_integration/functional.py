@@ -8,10 +8,10 @@ import torch
 import torch.distributed as dist
 from torch.autograd.function import FunctionCtx
 
-from . import api
-from . import torch_integration as ti
-from .errors import InvalidBufferError, UnsupportedOpError
-from .ops import get_op
+from .. import api
+from .. import torch_integration as ti
+from ..errors import InvalidBufferError, UnsupportedOpError
+from ..ops import get_op
 
 DIFFERENTIABLE_OPS: dict[str, tuple[str, ...]] = {
     "allreduce": ("sum", "avg", "max", "min"),
