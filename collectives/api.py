@@ -434,6 +434,7 @@ class _Prepared:
         "scratch",
         "sends",
         "shape",
+        "shared",
     )
 
     def __init__(
@@ -441,17 +442,19 @@ class _Prepared:
         backend: ArrayBackend,
         op: ReduceOp,
         guard: Guard,
-        rank_plan: Plan,
+        rank_plan: Plan | None,
         scratch: Any,
         shape: tuple[int, ...],
         sends: tuple[Any, ...],
         outgoing: dict[int, Any],
         arrived: dict[int, Any] | None,
+        shared: SharedExecutor | None = None,
     ) -> None:
         self.backend = backend
         self.op = op
         self.guard = guard
-        self.plan = rank_plan
+        self.plan = rank_plan  # None: the shared-memory executor runs the call
+        self.shared = shared
         self.scratch = scratch
         self.shape = shape
         self.averages = op.averages
@@ -467,22 +470,27 @@ def _plan(group: "Communicator", algorithm: str, count: int, item_bytes: int, se
 
 
 def _plan_early(
-    group: "Communicator", algorithm: str, count: int, item_bytes: int, separate: bool
-) -> tuple[str, Plan] | None:
+    group: "Communicator", algorithm: str, count: int, item_bytes: int, separate: bool, backend: ArrayBackend
+) -> tuple[str, Plan | None] | None:
     """The algorithm and plan, when they are known before the ranks agree on the call.
 
     They are for a named algorithm, or for ``"auto"`` once the ranks have agreed on
     the selector (the first ``"auto"`` call sends messages to agree, which must wait
     until the call's signature is checked), and only for an algorithm that runs a
-    schedule over the transport. Whether they are known depends on the signature
-    alone, so the ranks of a matching call all know them or all do not.
+    schedule over the transport (the plan), or that runs on the shared-memory
+    executor once the ranks have set it up (no plan). Whether they are known
+    depends on the signature alone, so the ranks of a matching call all know them
+    or all do not.
     """
     if algorithm == AUTO:
         if group._selector is None:
             return None
         algorithm = group._selector.choose("allreduce", group.size, count, item_bytes, group.features)
-    if getattr(ALGORITHMS[algorithm], "REQUIRES", None) is not None:
-        return None
+    needs = getattr(ALGORITHMS[algorithm], "REQUIRES", None)
+    if needs is not None:
+        # features are set up collectively by the first call that needs them, never before agreeing
+        known = group._features is not None and needs in group._features and group._shared is not None
+        return (algorithm, None) if known and needs == "shared_memory" and backend.name == "numpy" else None
     try:
         return algorithm, _plan(group, algorithm, count, item_bytes, separate)
     except (CollectivesError, ValueError):
@@ -553,16 +561,21 @@ def _allreduce_prepared(
         pack_opening(prepared.sends, backend, work, source, prepared.outgoing)
     call = watchdog.begin(prepared.guard, check)
     try:
-        run(
-            prepared.plan,
-            call.transport,
-            backend,
-            work,
-            prepared.op,
-            prepared.scratch,
-            source,
-            prepared.arrived,
-        )
+        if prepared.plan is None:
+            shared = prepared.shared
+            assert shared is not None  # a prepared call has a plan or the shared executor
+            shared.allreduce(backend, work, work if source is None else source, prepared.op, call.barrier)
+        else:
+            run(
+                prepared.plan,
+                call.transport,
+                backend,
+                work,
+                prepared.op,
+                prepared.scratch,
+                source,
+                prepared.arrived,
+            )
     except BaseException as error:
         watchdog.end(call, error)
         raise
@@ -622,9 +635,12 @@ def allreduce(
             source = None
     watchdog = group._watchdog
     on_host = backend.device() is None
-    early = _plan_early(group, algorithm, x.size, item_bytes, source is not None) if on_host else None
-    fused = early is not None and _fuses(group, check, x.size * item_bytes, backend)
-    sends, recvs = opening(early[1]) if early is not None and fused else ((), ())
+    early = None
+    if on_host:
+        early = _plan_early(group, algorithm, x.size, item_bytes, source is not None, backend)
+    early_plan = None if early is None else early[1]
+    fused = early_plan is not None and _fuses(group, check, x.size * item_bytes, backend)
+    sends, recvs = opening(early_plan) if early_plan is not None and fused else ((), ())
     payloads = {m.peer: (m.hi - m.lo) * item_bytes for m in sends}
     guard = watchdog.guard(
         "allreduce", algorithm, x.size, backend.dtype_name(x), reduce_op.name, payloads=payloads
@@ -644,23 +660,28 @@ def allreduce(
             call.algorithm = _algorithm(group, "allreduce", algorithm, x.size, item_bytes, device)
             shared = _shared(group, call.algorithm, backend)
         else:
-            call.algorithm, shared = early[0], None
+            call.algorithm, shared = early[0], group._shared if early_plan is None else None
+        # calls decided before agreeing are the ones to repeat; a repeat must not copy x first
+        repeatable = early is not None and backend.name == "numpy"
+        repeatable = repeatable and ((in_out and out is x) or source is not None)
         if shared is not None:
             shared.allreduce(backend, work, work if source is None else source, reduce_op, call.barrier)
+            if key is not None and repeatable:
+                prepared = _Prepared(backend, reduce_op, guard, None, None, shape, (), {}, None, shared)
+                _remember(group, key, prepared)
         elif _across_nodes(group, call.algorithm, backend):
             _allreduce_nodes(group, call, backend, work, work if source is None else source, reduce_op)
         else:
             rank_plan = (
-                early[1]
-                if early is not None
+                early_plan
+                if early_plan is not None
                 else _plan(group, call.algorithm, x.size, item_bytes, source is not None)
             )
             scratch = group._scratch.get(backend, rank_plan.scratch, work)
             run(rank_plan, call.transport, backend, work, reduce_op, scratch, source, arrived)
             # a call planned only after agreeing on the selector sent no data with its signature,
             # which later calls of its signature do: it is not one to repeat
-            repeatable = early is not None and backend.name == "numpy"
-            if key is not None and repeatable and ((in_out and out is x) or source is not None):
+            if key is not None and repeatable:
                 prepared = _Prepared(
                     backend, reduce_op, guard, rank_plan, scratch, shape, sends, outgoing, arrived
                 )

@@ -12,10 +12,16 @@ out of each owner's region. The algorithm's schedule
 (:mod:`collectives.algorithms.shared_memory`) describes the same data movement,
 so the simulator checks it and other transports run it when memory is not shared.
 
-The buffer goes through in segments of half a region (see
-:data:`collectives.transport.mpi.SHARED_REGION_BYTES`), double-buffered: segment
-``k`` uses half ``k mod 2`` of each region, and the barriers between phases also
-order a half's reuse two segments later.
+The buffer goes through in segments of :data:`SEGMENT_BYTES` of every share,
+small enough that a segment's copies and reduction stay in cache: each rank
+copies into its region only the other owners' parts of the segment (its own
+part it reads where it is), each owner reduces its part into a result slot of its
+region, and every rank copies the results out. Measured at 2 ranks on a 2-core
+machine (``bench/README.md``), whole halves of the region per segment went
+through main memory three times and ran 1.3-1.5x slower than MPI at 16 MiB;
+256 KiB segments ran at 0.6x. The regions are double-buffered: segment ``k`` uses
+half ``k mod 2`` of each region, and the two barriers of a segment also order a
+half's reuse two segments later, so a call needs no barrier at its end.
 
 Buffers from :meth:`SharedExecutor.alloc` (``Communicator.alloc``) already lie in
 shared memory, so with them the copy into the window is skipped: each owner
@@ -25,14 +31,14 @@ from the owners' buffers (per rank, S read and S / P written to reduce, and
 to copy in through the window).
 """
 
-__all__ = ["SMALL_BYTES", "Barrier", "SharedExecutor"]
+__all__ = ["SEGMENT_BYTES", "SMALL_BYTES", "Barrier", "SharedExecutor"]
 
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from .backends.base import ArrayBackend
 from .chunking import bounds
-from .errors import MismatchError
+from .errors import ConfigurationError, MismatchError
 from .ops import ReduceOp
 from .transport.base import SharedMemory
 
@@ -49,6 +55,9 @@ def unbounded(shared: SharedMemory, note: Sequence[int] = ()) -> None:
 SMALL_BYTES = 1 << 14
 """Allreduces up to this size take one barrier: every rank reduces the whole buffer itself."""
 
+SEGMENT_BYTES = 1 << 18
+"""Bytes of each rank's share that one segment takes through the window (measured, see the module)."""
+
 _WINDOW, _ZERO_COPY = 0, 1  # how a rank runs a call, in the note of its first barrier
 _PIECE_BYTES = 1 << 17  # a zero-copy reduction goes through its share in pieces that stay in cache
 
@@ -59,20 +68,23 @@ class SharedExecutor:
     Every rank must make the same calls in the same order, as with any collective.
     """
 
-    def __init__(self, shared: SharedMemory, rank: int, size: int) -> None:
+    def __init__(
+        self, shared: SharedMemory, rank: int, size: int, segment_bytes: int = SEGMENT_BYTES
+    ) -> None:
         self._shared = shared
         self._rank = rank
         self._size = size
         self._half = shared.region_bytes // 2
+        self._segment_bytes = segment_bytes
         self._turn = 0  # which half of the regions the next segment uses; the same on every rank
-        self._views: dict[tuple[str, str], list[list[Any]]] = {}
+        self._views: dict[tuple[str, Any], list[list[Any]]] = {}
         self._allocations: list[list[memoryview]] = []  # from alloc: every rank's part of each
         self._bases: list[int | None] = []  # the address of this rank's part of each
-        self._scratches: dict[tuple[str, str], Any] = {}
+        self._scratches: dict[tuple[str, Any], Any] = {}
 
     def _halves(self, backend: ArrayBackend, like: Any) -> list[list[Any]]:
         """Per half, every rank's region as an array of ``like``'s dtype (made once per dtype)."""
-        key = (backend.name, str(like.dtype))
+        key = (backend.name, like.dtype)
         views = self._views.get(key)
         if views is None:
             views = [
@@ -150,6 +162,22 @@ class SharedExecutor:
             self._reduce(backend, op, piece, [part[lo:hi] for part in parts])
             backend.copy(out[lo:hi], piece)
 
+    def _slot(self, views: list[list[Any]], slots: int) -> int:
+        """Elements of one slot of a segment, with ``slots`` slots in each half of a region.
+
+        Raises:
+            ConfigurationError: if the regions cannot hold one element per slot.
+        """
+        elements: int = views[0][0].shape[0]
+        item: int = views[0][0].itemsize
+        slot = min(max(self._segment_bytes // item, 1), elements // slots)
+        if slot < 1:
+            raise ConfigurationError(
+                f"shared-memory regions of {self._shared.region_bytes} bytes are too small for "
+                f"{slots} slots of {item}-byte elements per half"
+            )
+        return slot
+
     def _next(self, views: list[list[Any]]) -> list[Any]:
         half = views[self._turn]
         self._turn ^= 1
@@ -199,27 +227,28 @@ class SharedExecutor:
                     backend.copy(out[lo:hi], outputs[r][lo:hi])
             barrier(self._shared, ())  # no one reads this rank's buffers now: they are the caller's again
             return
-        piece = views[0][0].shape[0] // size  # elements of each rank's share per segment
-        for start in range(0, share[1] - share[0], piece):
+        slot = self._slot(views, size + 1)
+        result = size * slot  # where an owner leaves its reduced part; slot r holds r's part of this input
+        for start in range(0, share[1] - share[0], slot):
             half = self._next(views)
-            cuts = [(share[r] + start, min(share[r] + start + piece, share[r + 1])) for r in range(size)]
+            cuts = [(share[r] + start, min(share[r] + start + slot, share[r + 1])) for r in range(size)]
             mine = half[rank]
             for r, (lo, hi) in enumerate(cuts):
-                if lo < hi:
-                    backend.copy(mine[r * piece : r * piece + hi - lo], x[lo:hi])
+                if r != rank and lo < hi:
+                    backend.copy(mine[r * slot : r * slot + hi - lo], x[lo:hi])
             if start == 0:
                 self._agree(barrier, (_WINDOW,))
             else:
                 barrier(self._shared, ())
             lo, hi = cuts[rank]
-            at = rank * piece
             if lo < hi:
-                self._reduce(backend, op, out[lo:hi], [region[at : at + hi - lo] for region in half])
-                backend.copy(mine[at : at + hi - lo], out[lo:hi])
+                at = rank * slot
+                parts = [x[lo:hi] if r == rank else half[r][at : at + hi - lo] for r in range(size)]
+                self._reduce(backend, op, mine[result : result + hi - lo], parts)
             barrier(self._shared, ())
             for r, (lo, hi) in enumerate(cuts):
-                if r != rank and lo < hi:
-                    backend.copy(out[lo:hi], half[r][r * piece : r * piece + hi - lo])
+                if lo < hi:
+                    backend.copy(out[lo:hi], half[r][result : result + hi - lo])
 
     def reduce_scatter(
         self,
@@ -249,29 +278,36 @@ class SharedExecutor:
             self._reduce_pieces(backend, op, out, [a[lo:hi] for a in inputs], self._scratch(backend, x))
             barrier(self._shared, ())  # no one reads this rank's x any more
             return
-        piece = views[0][0].shape[0] // size
-        for start in range(0, max(shares), piece):
+        slot = self._slot(views, size + 1)
+        # in place, out is this rank's part of x, which the reduction reads after rank 0 and 1's parts
+        aliased = backend.shares_memory(out, x)
+        for start in range(0, max(shares), slot):
             half = self._next(views)
             cuts = [
-                (edge[r] + min(start, shares[r]), edge[r] + min(start + piece, shares[r]))
-                for r in range(size)
+                (edge[r] + min(start, shares[r]), edge[r] + min(start + slot, shares[r])) for r in range(size)
             ]
+            mine = half[rank]
             for r, (lo, hi) in enumerate(cuts):
-                if lo < hi:
-                    backend.copy(half[rank][r * piece : r * piece + hi - lo], x[lo:hi])
+                if r != rank and lo < hi:
+                    backend.copy(mine[r * slot : r * slot + hi - lo], x[lo:hi])
             if start == 0:
                 self._agree(barrier, (_WINDOW,))
             else:
                 barrier(self._shared, ())
             lo, hi = cuts[rank]
-            at = rank * piece
             if lo < hi:
+                at = rank * slot
+                parts = [x[lo:hi] if r == rank else half[r][at : at + hi - lo] for r in range(size)]
                 target = out[lo - edge[rank] : hi - edge[rank]]
-                self._reduce(backend, op, target, [region[at : at + hi - lo] for region in half])
+                if aliased:
+                    self._reduce(backend, op, mine[size * slot : size * slot + hi - lo], parts)
+                    backend.copy(target, mine[size * slot : size * slot + hi - lo])
+                else:
+                    self._reduce(backend, op, target, parts)
 
     def _scratch(self, backend: ArrayBackend, like: Any) -> Any:
         """A cache-sized buffer of ``like``'s dtype for :meth:`_reduce_pieces` (made once per dtype)."""
-        key = (backend.name, str(like.dtype))
+        key = (backend.name, like.dtype)
         scratch = self._scratches.get(key)
         if scratch is None:
             scratch = backend.empty(max(_PIECE_BYTES // like.itemsize, 1), like)
@@ -285,15 +321,15 @@ class SharedExecutor:
         views = self._halves(backend, x)
         size, rank = self._size, self._rank
         edge = bounds(tuple(shares))
-        piece = views[0][0].shape[0]
-        for start in range(0, max(shares, default=0), piece):
+        slot = self._slot(views, 1)
+        for start in range(0, max(shares, default=0), slot):
             half = self._next(views)
-            n = max(min(start + piece, shares[rank]) - start, 0)
+            n = max(min(start + slot, shares[rank]) - start, 0)
             if n:
                 backend.copy(half[rank][:n], x[start : start + n])
             barrier(self._shared, ())
             for r in range(size):
-                m = max(min(start + piece, shares[r]) - start, 0)
+                m = max(min(start + slot, shares[r]) - start, 0)
                 if m and r != rank:
                     backend.copy(out[edge[r] + start : edge[r] + start + m], half[r][:m])
             if n:

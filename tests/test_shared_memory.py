@@ -1,17 +1,24 @@
 """Shared memory without MPI: the watchdog bounds its barriers; alloc without it is a plain array."""
 
+import functools
 import math
 import time
 from collections.abc import Sequence
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import collectives
-from collectives.errors import CollectiveTimeout, InvalidBufferError, TransportError
+from collectives.backends.numpy_backend import NumpyBackend
+from collectives.errors import CollectiveTimeout, ConfigurationError, InvalidBufferError, TransportError
+from collectives.execute_shared import SharedExecutor
+from collectives.ops import get_op
 from collectives.transport.base import SharedMemory
 from collectives.transport.loopback import LoopbackWorld
 from collectives.watchdog import Watchdog
+from tests.shared_threads import ThreadSharedMemory, ThreadWorld
 
 
 class _OnePeerNeverComes(SharedMemory):
@@ -83,3 +90,59 @@ def test_alloc_without_shared_memory_is_a_plain_array_that_reduces() -> None:
 
     for result in world.run(body):
         assert (result == 3).all()
+
+
+# the executor on threads: any rank count, regions small enough for many segments of a few elements
+@settings(max_examples=60, deadline=None)
+@given(
+    size=st.integers(1, 6),
+    count=st.integers(0, 700),
+    segment=st.sampled_from([8, 24, 64, 1 << 18]),
+    dtype=st.sampled_from(["float32", "int64", "float16"]),
+    op=st.sampled_from(["sum", "max", "prod"]),
+    place=st.sampled_from(["in_place", "out"]),
+)
+def test_the_executor_on_threads_matches_a_reference(
+    size: int, count: int, segment: int, dtype: str, op: str, place: str
+) -> None:
+    world = ThreadWorld(size, region_bytes=2048)
+    rng = np.random.default_rng(count)
+    inputs = [rng.integers(-3, 4, count).astype(dtype) for _ in range(size)]
+    if op == "prod":
+        inputs = [np.where(x == 0, 1, x).astype(dtype) for x in inputs]
+    reduce_op = get_op(op)
+    expected = functools.reduce({"sum": np.add, "max": np.maximum, "prod": np.multiply}[op], inputs)
+    shares = [count // size + (r < count % size) for r in range(size)]
+    edges = np.cumsum([0, *shares])
+    backend = NumpyBackend()
+
+    def work(rank: int, memory: ThreadSharedMemory) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        executor = SharedExecutor(memory, rank, size, segment_bytes=segment)
+        x = inputs[rank].copy()
+        out = x if place == "in_place" else np.empty_like(x)
+        executor.allreduce(backend, out, x, reduce_op)
+        allreduced = out.copy()
+        x = inputs[rank].copy()  # again, to run on a different half of the regions
+        out = x[edges[rank] : edges[rank + 1]] if place == "in_place" else np.empty(shares[rank], dtype)
+        executor.reduce_scatter(backend, out, x, shares, reduce_op)
+        scattered = out.copy()
+        gathered = np.empty(count, dtype)
+        own = inputs[rank][edges[rank] : edges[rank + 1]]
+        executor.allgather(backend, gathered, own, shares)
+        executor.allreduce(backend, x := inputs[rank].copy(), x, reduce_op)
+        return allreduced, scattered, gathered, x
+
+    for rank, (allreduced, scattered, gathered, again) in enumerate(world.run(work)):
+        np.testing.assert_array_equal(allreduced, expected)
+        np.testing.assert_array_equal(scattered, expected[edges[rank] : edges[rank + 1]])
+        owned = [x[edges[r] : edges[r + 1]] for r, x in enumerate(inputs)]
+        np.testing.assert_array_equal(gathered, np.concatenate(owned))
+        np.testing.assert_array_equal(again, expected)
+
+
+def test_regions_too_small_for_the_slots_are_a_clear_error() -> None:
+    world = ThreadWorld(4, region_bytes=32)
+    memory = world.memory(0)
+    x = np.ones(100, np.float64)
+    with pytest.raises(ConfigurationError, match="too small for 5 slots of 8-byte elements"):
+        SharedExecutor(memory, 0, 4).allreduce(NumpyBackend(), x, x, get_op("sum"))

@@ -159,7 +159,11 @@ class SharedMemory(ABC):
 
     @abstractmethod
     def note(self, rank: int) -> tuple[int, ...]:
-        """The note ``rank`` left at the last barrier passed (:data:`NOTE_INTS` integers, zeros unset)."""
+        """The note ``rank`` left at the last barrier passed (:data:`NOTE_INTS` integers, zeros unset).
+
+        Read it before arriving at the next barrier: a rank may already be leaving
+        the note of that one. A barrier passed without a note leaves it unspecified.
+        """
 
     def allocate(self, nbytes: int) -> list[memoryview]:
         """A new shared allocation of ``nbytes`` per rank: every rank's part, as bytes; collective.

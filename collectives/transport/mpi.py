@@ -34,7 +34,7 @@ RANKS_PER_NODE_ENV = "COLLECTIVES_RANKS_PER_NODE"
 CUDA_AWARE_ENV = "COLLECTIVES_CUDA_AWARE"
 """``1`` or ``0`` to say whether MPI takes CUDA device buffers, instead of asking the library."""
 
-_SLOT_BYTES = 64  # a rank's barrier slot in the control window: its own cache line
+_SLOT_BYTES = 128  # a rank's barrier slot in the control window: its own cache lines
 
 _THREAD_LEVELS = {
     MPI.THREAD_SINGLE: "single",
@@ -302,7 +302,9 @@ class MPISharedMemory(SharedMemory):
         self._number += 1
         self._win.Sync()
         if note:
-            self._mine[1 : 1 + len(note)] = note
+            # by the barrier's parity: a peer may still read the note of the barrier before this one
+            at = 1 + (self._number & 1) * self.NOTE_INTS
+            self._mine[at : at + self.NOTE_INTS] = (*note, *(0,) * (self.NOTE_INTS - len(note)))
         self._control.Sync()
         self._mine[0] = self._number
 
@@ -320,7 +322,8 @@ class MPISharedMemory(SharedMemory):
         return []
 
     def note(self, rank: int) -> tuple[int, ...]:
-        return tuple(int(v) for v in self._slots[rank, 1 : 1 + self.NOTE_INTS])
+        at = 1 + (self._passed & 1) * self.NOTE_INTS
+        return tuple(self._slots[rank, at : at + self.NOTE_INTS].tolist())
 
     def allocate(self, nbytes: int) -> list[memoryview]:
         win = MPI.Win.Allocate_shared(nbytes, 1, comm=self._node)
