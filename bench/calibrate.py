@@ -1,6 +1,6 @@
-"""Measuring the cost model's alpha, beta and gamma on this machine, under mpiexec."""
+"""Measuring the cost model's alpha, beta, gamma, barrier and copy on this machine, under mpiexec."""
 
-__all__ = ["Measurement", "calibrate", "fit_exchange", "measure_barrier", "measure_gamma"]
+__all__ = ["Measurement", "calibrate", "fit_exchange", "measure_barrier", "measure_copy", "measure_gamma"]
 
 import platform
 import time
@@ -12,6 +12,7 @@ from mpi4py import MPI
 
 from collectives.backends.numpy_backend import NumpyBackend
 from collectives.execute import execute
+from collectives.execute_shared import SEGMENT_BYTES
 from collectives.ops import get_op
 from collectives.schedule import Schedule, Step, Transfer
 from collectives.selector import DEFAULT_MODEL, CostModel, calibration_path, save_model
@@ -114,6 +115,39 @@ def measure_barrier(world: MPI.Intracomm, transport: MPITransport, iters: int, w
     return _fastest(world, barriers, iters, warmup) / run / (world.size - 1)
 
 
+def measure_copy(
+    world: MPI.Intracomm, transport: MPITransport, nbytes: int, iters: int, warmup: int, barrier: float
+) -> float | None:
+    """Seconds per byte a rank copies through shared memory; ``None`` if its ranks share no memory.
+
+    As the shared-memory executor copies: every rank at once, in segments of
+    :data:`~collectives.execute_shared.SEGMENT_BYTES`, ``nbytes`` of its own into
+    its region, then (after a barrier) as many out of the next rank's region. Timed
+    as :func:`_fastest`, less its barriers at ``barrier`` seconds per peer, divided
+    by the ``2 * nbytes`` copied.
+    """
+    shared = transport.shared_memory()
+    if shared is None or world.size < 2:
+        return None
+    piece = min(SEGMENT_BYTES, shared.region_bytes) // _ITEMSIZE
+    source = np.ones(nbytes // _ITEMSIZE, np.float32)
+    target = np.empty_like(source)
+    mine = np.frombuffer(shared.region(world.rank), np.float32)[:piece]
+    theirs = np.frombuffer(shared.region((world.rank + 1) % world.size), np.float32)[:piece]
+
+    def copies() -> None:
+        for lo in range(0, source.size, piece):
+            hi = min(lo + piece, source.size)
+            np.copyto(mine[: hi - lo], source[lo:hi])
+            shared.barrier()
+            np.copyto(target[lo:hi], theirs[: hi - lo])
+            shared.barrier()
+
+    barriers = 2 * -(-source.size // piece)
+    seconds = _fastest(world, copies, iters, warmup)
+    return max(seconds - barriers * barrier * (world.size - 1), 0.0) / (2 * source.nbytes)
+
+
 def calibrate(
     world: MPI.Intracomm,
     emit: Callable[[str], None],
@@ -127,7 +161,8 @@ def calibrate(
     alpha and beta come from timed exchanges through the library's own executor and
     MPI transport, ``steps`` ring steps of one message of each size, fitted by
     :func:`fit_exchange`; gamma from the numpy backend's sum of large buffers; the
-    barrier from :func:`measure_barrier` where the ranks share a node (else the default).
+    barrier and copy from :func:`measure_barrier` and :func:`measure_copy` where the
+    ranks share a node (else the defaults).
 
     Args:
         world: at least two ranks.
@@ -158,6 +193,8 @@ def calibrate(
                 measurements.append(Measurement(steps, count * _ITEMSIZE, seconds))
                 emit(f"  {steps:>5} {count * _ITEMSIZE:>10} {seconds * 1e6:>12.2f}")
         barrier = measure_barrier(world, transport, iters, warmup)
+        nbytes = _QUICK_SIZES[-1] if quick else _FULL_SIZES[-1]  # as the exchanges beta comes from
+        copy = measure_copy(world, transport, nbytes, iters, warmup, barrier or 0.0)
     finally:
         transport.close()
     alpha, beta, overhead = fit_exchange(measurements)
@@ -165,7 +202,10 @@ def calibrate(
     if barrier is None:
         emit("# barrier: the ranks share no memory; the default is kept")
         barrier = DEFAULT_MODEL.barrier
-    model = CostModel(alpha, beta, gamma, barrier, source="measured")
+    if copy is None:
+        emit("# copy: the ranks share no memory; the default is kept")
+        copy = DEFAULT_MODEL.copy
+    model = CostModel(alpha, beta, gamma, barrier, copy, source="measured")
     emit(f"# fixed cost per call: {overhead * 1e6:.2f} us (the same for every algorithm; not in the model)")
     emit(f"# {model.describe()}")
     if world.rank == 0:

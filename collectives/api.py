@@ -258,6 +258,7 @@ def _prepare(
 
 
 _AGREE_TAG = 8  # apart from the executor's messages
+_MODEL_FORMAT = struct.Struct("5d")  # the cost model rank 0 sends: alpha, beta, gamma, barrier, copy
 
 
 def _agreed_selector(group: Communicator) -> Selector:
@@ -269,7 +270,7 @@ def _agreed_selector(group: Communicator) -> Selector:
     if group._selector is not None:
         return group._selector
     transport = group.transport
-    message = bytearray(struct.calcsize("4d"))
+    message = bytearray(_MODEL_FORMAT.size)
     if transport.size == 1:
         selector = default_selector()
     elif transport.rank == 0:
@@ -277,18 +278,18 @@ def _agreed_selector(group: Communicator) -> Selector:
             selector = default_selector()
         except CalibrationError:
             # tell the others, or they would wait for constants that never come
-            struct.pack_into("4d", message, 0, math.nan, math.nan, math.nan, math.nan)
+            _MODEL_FORMAT.pack_into(message, 0, *(math.nan,) * 5)
             transport.waitall([transport.isend(message, peer, _AGREE_TAG) for peer in range(1, group.size)])
             raise
         model = selector.model
-        struct.pack_into("4d", message, 0, model.alpha, model.beta, model.gamma, model.barrier)
+        _MODEL_FORMAT.pack_into(message, 0, model.alpha, model.beta, model.gamma, model.barrier, model.copy)
         transport.waitall([transport.isend(message, peer, _AGREE_TAG) for peer in range(1, group.size)])
     else:
         transport.waitall([transport.irecv(message, 0, _AGREE_TAG)])
-        alpha, beta, gamma, barrier = struct.unpack("4d", message)
+        alpha, beta, gamma, barrier, copy = _MODEL_FORMAT.unpack(message)
         if math.isnan(alpha):
             raise CalibrationError("rank 0 could not load its calibration; see its error")
-        selector = selector_for(CostModel(alpha, beta, gamma, barrier, source="calibration of rank 0"))
+        selector = selector_for(CostModel(alpha, beta, gamma, barrier, copy, source="calibration of rank 0"))
     group._selector = selector
     return selector
 

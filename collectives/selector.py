@@ -44,6 +44,7 @@ CALIBRATION_ENV = "COLLECTIVES_CALIBRATION"
 """The environment variable naming the calibration file, overriding the user cache directory."""
 
 _DEFAULT_BARRIER = 15e-6  # see DEFAULT_MODEL
+_DEFAULT_COPY = 0.05e-9
 
 _CHOICES_KEPT = 4096  # distinct (collective, world size, count, itemsize) choices remembered per selector
 
@@ -70,6 +71,8 @@ class Traffic:
         reduced: per step, the most elements a rank reduces.
         barriers: barriers every rank passes (the shared-memory execution's
             synchronisation, in place of messages); none for a schedule of messages.
+        copied: elements a rank copies through shared memory (into its region and
+            out of the others'), in place of sending them; none for a schedule of messages.
     """
 
     steps: int
@@ -77,6 +80,7 @@ class Traffic:
     elements: int
     reduced: int
     barriers: int = 0
+    copied: int = 0
 
 
 def traffic(schedule: Schedule) -> Traffic:
@@ -163,13 +167,16 @@ class CostModel:
     complete, so the terms add. A schedule's time is the sum over its steps. An
     execution through shared memory synchronises by barriers instead of messages,
     each costing ``barrier * (P - 1)``: a rank waits for the arrival of each of the
-    P - 1 others, and on a busy node for each of them to be scheduled.
+    P - 1 others, and on a busy node for each of them to be scheduled; and it copies
+    bytes once, at ``copy`` per byte, where a message over MPI's shared memory
+    copies them twice (into a shared cell and out) and pays MPI's software besides.
 
     Attributes:
         alpha: seconds per message (latency and per-message software overhead).
         beta: seconds per byte a rank sends or receives (the inverse bandwidth).
         gamma: seconds per byte a rank reduces.
         barrier: seconds per shared-memory barrier and per peer it waits for.
+        copy: seconds per byte a rank copies through shared memory.
         source: where the constants came from, for explanations.
     """
 
@@ -177,6 +184,7 @@ class CostModel:
     beta: float
     gamma: float
     barrier: float = _DEFAULT_BARRIER
+    copy: float = _DEFAULT_COPY
     source: str = field(default="given", compare=False)
 
     def barrier_time(self, world_size: int) -> float:
@@ -189,6 +197,7 @@ class CostModel:
             self.alpha * counted.messages
             + self.barrier_time(world_size) * counted.barriers
             + self.beta * counted.elements * itemsize
+            + self.copy * counted.copied * itemsize
             + self.gamma * counted.reduced * itemsize
         )
 
@@ -201,11 +210,14 @@ class CostModel:
         bandwidth = f"{1e-9 / self.beta:.2f} GB/s" if self.beta > 0 else "unbounded"
         return (
             f"alpha {self.alpha * 1e6:.2f} us/message, beta {self.beta * 1e9:.4f} ns/byte ({bandwidth}), "
-            f"gamma {self.gamma * 1e9:.4f} ns/byte, barrier {self.barrier * 1e6:.2f} us/peer; {self.source}"
+            f"gamma {self.gamma * 1e9:.4f} ns/byte, barrier {self.barrier * 1e6:.2f} us/peer, "
+            f"copy {self.copy * 1e9:.4f} ns/byte; {self.source}"
         )
 
 
-DEFAULT_MODEL = CostModel(alpha=6e-6, beta=0.1e-9, gamma=0.07e-9, barrier=_DEFAULT_BARRIER, source="defaults")
+DEFAULT_MODEL = CostModel(
+    alpha=6e-6, beta=0.1e-9, gamma=0.07e-9, barrier=_DEFAULT_BARRIER, copy=_DEFAULT_COPY, source="defaults"
+)
 """The constants used when there is no calibration file: 6 us, 0.1 ns/byte (10 GB/s), 0.07 ns/byte, 15 us.
 
 Measured with ``python -m bench calibrate -n 100`` under ``mpiexec -n 2`` on a
@@ -254,17 +266,18 @@ def load_model(path: Path | str | None = None) -> CostModel:
     if not isinstance(data, dict):
         raise CalibrationError(f"malformed calibration {path}: expected a JSON object")
     values: list[float] = []
-    for key in ("alpha", "beta", "gamma", "barrier"):
+    for key in ("alpha", "beta", "gamma", "barrier", "copy"):
         value = data.get(key)
-        if key == "barrier" and value is None:
-            value = _DEFAULT_BARRIER  # a calibration from before barriers were measured
+        if key in ("barrier", "copy") and value is None:
+            # a calibration from before barriers or copies were measured
+            value = _DEFAULT_BARRIER if key == "barrier" else _DEFAULT_COPY
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
             raise CalibrationError(
                 f"malformed calibration {path}: {key} must be a non-negative number of seconds, got {value!r}"
             )
         values.append(float(value))
-    alpha, beta, gamma, barrier = values
-    return CostModel(alpha, beta, gamma, barrier, source=f"calibrated, from {path}")
+    alpha, beta, gamma, barrier, copy = values
+    return CostModel(alpha, beta, gamma, barrier, copy, source=f"calibrated, from {path}")
 
 
 def save_model(model: CostModel, path: Path | str | None = None, **metadata: Any) -> Path:
@@ -273,7 +286,10 @@ def save_model(model: CostModel, path: Path | str | None = None, **metadata: Any
     The file is replaced atomically, so ranks reading it meanwhile see the old or the new one.
     """
     path = calibration_path() if path is None else Path(path)
-    record = {"alpha": model.alpha, "beta": model.beta, "gamma": model.gamma, "barrier": model.barrier}
+    record = {
+        "alpha": model.alpha, "beta": model.beta, "gamma": model.gamma, "barrier": model.barrier,
+        "copy": model.copy,
+    }  # fmt: skip
     record.update(metadata)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -399,17 +415,22 @@ class Explanation:
             "",
         ]
         titles = ("", "algorithm", "schedule", "steps", "messages", "barriers", "bytes moved",
-                  "bytes reduced", "latency(us)", "transfer(us)", "reduce(us)", "total(us)")  # fmt: skip
+                  "bytes copied", "bytes reduced", "latency(us)", "transfer(us)", "reduce(us)",
+                  "total(us)")  # fmt: skip
         rows: list[tuple[str, ...]] = [
             ("*" if c.algorithm == self.choice else "", c.algorithm, c.schedule,
              str(c.traffic.steps), str(c.traffic.messages), str(c.traffic.barriers),
-             str(c.traffic.elements * c.itemsize), str(c.traffic.reduced * c.itemsize),
+             str(c.traffic.elements * c.itemsize), str(c.traffic.copied * c.itemsize),
+             str(c.traffic.reduced * c.itemsize),
              f"{c.latency * 1e6:.2f}", f"{c.transfer * 1e6:.2f}", f"{c.reduction * 1e6:.2f}",
              f"{c.time * 1e6:.2f}")
             for c in self.candidates
         ]  # fmt: skip
         lines += _table(titles, rows, left=3) if rows else ["no candidates"]
-        lines.append("(messages and bytes: per step, the most any one rank sends, receives or reduces)")
+        lines.append(
+            "(messages and bytes: per step, the most any one rank sends, receives, copies through "
+            "shared memory or reduces)"
+        )
         if self.rejected:
             lines.append("rejected:")
             width = max(len(r.algorithm) for r in self.rejected)
@@ -572,7 +593,7 @@ class Selector:
             m = self.model
             if on_links is None:
                 latency = per_message * counted.messages + m.barrier_time(barrier_ranks) * counted.barriers
-                transfer = m.beta * counted.elements * itemsize
+                transfer = m.beta * counted.elements * itemsize + m.copy * counted.copied * itemsize
             else:
                 latency, transfer = on_links.latency_s, on_links.bandwidth_s
             reduction = m.gamma * counted.reduced * itemsize

@@ -264,7 +264,7 @@ def test_explanation_table() -> None:
     titles = lines[3].split()
     assert titles[:4] == ["algorithm", "schedule", "steps", "messages"]
     # 2 steps of 1 message and 32 bytes moved and reduced: 2*2 + 3*64 + 5*64 seconds
-    assert lines[4].split() == ["*", "ring", "reduce_scatter-ring(n=3)", "2", "2", "0", "64", "64",
+    assert lines[4].split() == ["*", "ring", "reduce_scatter-ring(n=3)", "2", "2", "0", "64", "0", "64",
                                 "4000000.00", "192000000.00", "320000000.00", "516000000.00"]  # fmt: skip
     assert lines[-1] == "choice: ring (predicted 516000000.00 us)"
     assert "rejected" not in text
@@ -500,18 +500,40 @@ def test_barriers_cost_per_peer_and_appear_in_the_explanation() -> None:
     # the barrier count follows the segments: a large allreduce passes one per segment and phase
     from collectives.algorithms import shared_memory
 
-    steps, messages, _, _, barriers = shared_memory.traffic("allreduce", 4, 64 * 1024**2)
+    steps, messages, _, _, barriers, _ = shared_memory.traffic("allreduce", 4, 64 * 1024**2)
     assert messages == 0 and barriers == steps > 2
+
+
+def test_shared_memory_copies_are_weighed_at_the_copy_cost() -> None:
+    _with_shared_memory_and_butterfly()
+    from collectives.algorithms import shared_memory
+    from collectives.execute_shared import SEGMENT_BYTES
+
+    assert shared_memory.SEGMENT_ELEMENTS * 4 == SEGMENT_BYTES  # the model counts the executor's segments
+    count, p = 1 << 22, 4
+    share = count // p
+    steps, messages, elements, reduced, barriers, copied = shared_memory.traffic("allreduce", p, count)
+    # in: the other owners' parts of the input; out: the whole result; two barriers per segment
+    assert (messages, elements, copied, reduced) == (0, 0, (p - 1) * share + count, (p - 1) * share)
+    assert barriers == steps == 2 * -(-share // shared_memory.SEGMENT_ELEMENTS)
+    only_copies = CostModel(alpha=0.0, beta=0.0, gamma=0.0, barrier=0.0, copy=1.0)
+    explained = Selector(only_copies).explain(
+        "allreduce", count, world_size=p, features=frozenset({"shared_memory"})
+    )
+    shm = next(c for c in explained.candidates if c.algorithm == "shared_memory")
+    assert shm.time == copied * 4 and shm.traffic.copied == copied
+    assert "bytes copied" in str(explained) and "copy 1000000000.0000 ns/byte" in str(explained)
+    assert explained.choice != "shared_memory"  # every other algorithm is free in this model
 
 
 def test_calibration_file_carries_the_barrier(tmp_path: Path) -> None:
     path = tmp_path / "c.json"
-    save_model(CostModel(1e-6, 2e-10, 3e-10, 4e-6), path)
+    save_model(CostModel(1e-6, 2e-10, 3e-10, 4e-6, 5e-11), path)
     assert json.loads(path.read_text())["barrier"] == 4e-6
-    assert load_model(path).barrier == 4e-6
+    assert load_model(path).barrier == 4e-6 and load_model(path).copy == 5e-11
     # a file from before barriers were measured still loads, with the default barrier
     path.write_text(json.dumps({"alpha": 1e-6, "beta": 2e-10, "gamma": 3e-10}))
-    assert load_model(path).barrier == DEFAULT_MODEL.barrier
+    assert load_model(path).barrier == DEFAULT_MODEL.barrier and load_model(path).copy == DEFAULT_MODEL.copy
     path.write_text(json.dumps({"alpha": 1e-6, "beta": 2e-10, "gamma": 3e-10, "barrier": -1}))
     with pytest.raises(CalibrationError, match="barrier must be a non-negative number"):
         load_model(path)

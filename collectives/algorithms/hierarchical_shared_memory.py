@@ -62,8 +62,8 @@ def cost(collective: str, shares: Sequence[int]) -> Cost:
 
 def traffic(
     collective: str, world_size: int, count: int, features: frozenset[str] = frozenset()
-) -> tuple[int, int, int, int, int]:
-    """``(steps, messages, elements, reduced, barriers)`` as the cost model weighs them.
+) -> tuple[int, int, int, int, int, int]:
+    """``(steps, messages, elements, reduced, barriers, copied)`` as the cost model weighs them.
 
     The node phases are the ``shared_memory`` algorithm's over G ranks; the rail
     phase a ring over M ranks of a part of S / G. The model charges every barrier
@@ -73,7 +73,7 @@ def traffic(
     g = ranks_per_node(features) or hierarchical.default_local_size(world_size)
     m = world_size // g
     if world_size == 1 or count == 0:
-        return (0, 0, 0, 0, 0)
+        return (0, 0, 0, 0, 0, 0)
     inside = [shared_memory.traffic(c, g, count) for c in ("reduce_scatter", "allgather")]
     part = -(-count // g)
     share = -(-part // m)
@@ -82,4 +82,5 @@ def traffic(
     elements = sum(t[2] for t in inside) + 2 * (m - 1) * share
     reduced = sum(t[3] for t in inside) + (m - 1) * share
     barriers = sum(t[4] for t in inside)
-    return (steps, ring_steps, elements, reduced, barriers)
+    copied = sum(t[5] for t in inside)
+    return (steps, ring_steps, elements, reduced, barriers, copied)

@@ -26,7 +26,7 @@ allreduce       2      S - S_r + (P - 1) S_r
 ==============  =====  =========================
 """
 
-__all__ = ["REQUIRES", "allgather", "allreduce", "cost", "reduce_scatter", "traffic"]
+__all__ = ["REQUIRES", "SEGMENT_ELEMENTS", "allgather", "allreduce", "cost", "reduce_scatter", "traffic"]
 
 from collections.abc import Sequence
 
@@ -37,7 +37,8 @@ from .base import Cost
 REQUIRES = "shared_memory"
 """The transport feature this algorithm needs to be chosen by the selector."""
 
-_SEGMENT_ELEMENTS = 1 << 21  # float32 elements of the buffer per segment of the executor (8 MiB halves)
+SEGMENT_ELEMENTS = 1 << 16
+"""float32 elements of each share per segment of the executor (its ``SEGMENT_BYTES``)."""
 
 
 def _scatter(size: int) -> Step:
@@ -100,30 +101,28 @@ def cost(collective: str, shares: Sequence[int]) -> Cost:
 
 def traffic(
     collective: str, world_size: int, count: int, features: frozenset[str] = frozenset()
-) -> tuple[int, int, int, int, int]:
-    """``(steps, messages, elements, reduced, barriers)`` of the shared-memory execution, for the cost model.
+) -> tuple[int, int, int, int, int, int]:
+    """``(steps, messages, elements, reduced, barriers, copied)`` of the shared-memory execution.
 
-    It sends no messages; it synchronises by barriers: one per segment of up to
-    ``2**21`` elements per phase, and for an allreduce of up to 4096 elements
-    one in all (each rank then reduces the whole buffer). Elements are what a rank
-    copies: each input element in once and each result element out once. MPI's
-    point-to-point over shared memory copies every byte it sends twice (into a
-    shared cell and out), so a copied element would weigh half a sent one; but
-    weighed so, the allreduce was chosen over ring from 4 MiB at 4 ranks, where
-    ``python -m bench compare`` measured it 6-25% slower than ring at 2-64 MiB on
-    2 and 4 ranks, so the allreduce's copies weigh as sent elements (measured;
-    reduce_scatter and allgather keep the half weight, not measured yet). Reduced
-    elements are the rank's share read from P - 1 other regions. ``features`` are
-    the transport's (unused here).
+    What the cost model weighs (see :class:`collectives.selector.Traffic`). It sends
+    no messages; it copies through shared memory and synchronises by barriers. Per
+    segment of :data:`SEGMENT_ELEMENTS` of every share (float32 elements taken),
+    an allreduce passes two barriers, the other collectives one; an allreduce of up
+    to 4096 elements passes one in all (each rank copies its input in and reduces
+    the whole buffer). Copied: an allreduce copies in the other owners' parts of
+    its input and copies out the whole result; reduce-scatter the other owners'
+    parts; all-gather its own share in and the whole buffer out. Reduced: an owner's
+    share read from P - 1 other ranks. ``features`` are the transport's (unused).
     """
     if world_size == 1 or count == 0:
-        return (0, 0, 0, 0, 0)
+        return (0, 0, 0, 0, 0, 0)
     share = -(-count // world_size)
-    segments = -(-share // max(_SEGMENT_ELEMENTS // world_size, 1))
+    segments = -(-share // SEGMENT_ELEMENTS)
+    others = (world_size - 1) * share
     if collective == "allreduce":
         if count <= 4096:
-            return (1, 0, count, (world_size - 1) * count, 1)
-        return (2 * segments, 0, 2 * count, (world_size - 1) * share, 2 * segments)
+            return (1, 0, 0, (world_size - 1) * count, 1, count)
+        return (2 * segments, 0, 0, others, 2 * segments, others + count)
     if collective == "reduce_scatter":
-        return (segments, 0, count // 2, (world_size - 1) * share, segments)
-    return (segments, 0, count // 2, 0, segments)
+        return (segments, 0, 0, others, segments, others)
+    return (segments, 0, 0, 0, segments, share + count)
