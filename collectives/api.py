@@ -385,11 +385,25 @@ def _watch(
     root: int = -1,
     counts: Sequence[int] | None = None,
     check: bool | None = None,
+    backend: str = "",
 ) -> AbstractContextManager[Call]:
     """The guard of one call: signature agreement, deadlines, flight recorder (see collectives.watchdog)."""
     shares = None if counts is None else tuple(int(c) for c in counts)
     name = "" if op is None else op.name
-    return group._watchdog.collective(collective, algorithm, count, dtype, name, root, shares, check)
+    return group._watchdog.collective(collective, algorithm, count, dtype, name, root, shares, check, backend)
+
+
+def _refuse(
+    group: Communicator, collective: str, algorithm: object, check: bool | None, error: Exception
+) -> None:
+    """Tell the other ranks that this rank's checks of a call failed, so that they raise too.
+
+    Every error raised while a call is prepared, before its signature goes, is
+    told: the library's own (a bad buffer, dtype, op, root, algorithm ...) and any
+    other (a foreign array's protocol failing, memory for the workspace), since
+    the other ranks would otherwise wait for the timeout. Not with checking off.
+    """
+    group._watchdog.poison(collective, algorithm, error, check)
 
 
 def _check_out(backend: ArrayBackend, out: Any, x: Any, shape: tuple[int, ...]) -> None:
@@ -484,7 +498,8 @@ def _plan_early(
     or all do not.
     """
     if algorithm == AUTO:
-        if group._selector is None:
+        # asking for the features may be collective, which must wait until the call is checked too
+        if group._selector is None or group._features is None:
             return None
         algorithm = group._selector.choose("allreduce", group.size, count, item_bytes, group.features)
     needs = getattr(ALGORITHMS[algorithm], "REQUIRES", None)
@@ -619,41 +634,46 @@ def allreduce(
         prepared = known._prepared.get(key)
         if prepared is not None and _fits(prepared, x, out):
             return _allreduce_prepared(known, prepared, x, out, check)
-    x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
-    backend, checked_op, item_bytes = _prepare(x, op, "allreduce", algorithm)
-    reduce_op = get_op(op) if checked_op is None else checked_op  # get_op names a missing op
-    group = _communicator(comm)
-    shape = tuple(x.shape)
-    if out is not None:
-        _check_out(backend, out, x, shape)
-    work, in_out = _workspace(backend, out, x.size, x)
-    source = None
-    if not (in_out and out is x):
-        # the schedule reads x where it first needs each chunk, sparing a copy into work
-        source = backend.flat_view(x)
-        if source is None or backend.shares_memory(source, work):
-            backend.copy(work, x)
-            source = None
+    group = known or _communicator(comm)
     watchdog = group._watchdog
-    on_host = backend.device() is None
-    early = None
-    if on_host:
-        early = _plan_early(group, algorithm, x.size, item_bytes, source is not None, backend)
-    early_plan = None if early is None else early[1]
-    fused = early_plan is not None and _fuses(group, check, x.size * item_bytes, backend)
-    sends, recvs = opening(early_plan) if early_plan is not None and fused else ((), ())
-    payloads = {m.peer: (m.hi - m.lo) * item_bytes for m in sends}
-    guard = watchdog.guard(
-        "allreduce", algorithm, x.size, backend.dtype_name(x), reduce_op.name, payloads=payloads
-    )
-    outgoing = {peer: backend.from_bytes(view, work) for peer, view in guard.outgoing.items()}
-    arrived = None
-    if sends or recvs:
-        pack_opening(sends, backend, work, source, outgoing)
-        arrived = {
-            m.peer: backend.from_bytes(watchdog.arrived(m.peer, (m.hi - m.lo) * item_bytes), work)
-            for m in recvs
-        }
+    try:
+        x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
+        backend, checked_op, item_bytes = _prepare(x, op, "allreduce", algorithm)
+        reduce_op = get_op(op) if checked_op is None else checked_op  # get_op names a missing op
+        shape = tuple(x.shape)
+        if out is not None:
+            _check_out(backend, out, x, shape)
+        work, in_out = _workspace(backend, out, x.size, x)
+        source = None
+        if not (in_out and out is x):
+            # the schedule reads x where it first needs each chunk, sparing a copy into work
+            source = backend.flat_view(x)
+            if source is None or backend.shares_memory(source, work):
+                backend.copy(work, x)
+                source = None
+        on_host = backend.device() is None
+        early = None
+        if on_host:
+            early = _plan_early(group, algorithm, x.size, item_bytes, source is not None, backend)
+        early_plan = None if early is None else early[1]
+        fused = early_plan is not None and _fuses(group, check, x.size * item_bytes, backend)
+        sends, recvs = opening(early_plan) if early_plan is not None and fused else ((), ())
+        payloads = {m.peer: (m.hi - m.lo) * item_bytes for m in sends}
+        dtype = backend.dtype_name(x)
+        guard = watchdog.guard(
+            "allreduce", algorithm, x.size, dtype, reduce_op.name, backend=backend.name, payloads=payloads
+        )
+        outgoing = {peer: backend.from_bytes(view, work) for peer, view in guard.outgoing.items()}
+        arrived = None
+        if sends or recvs:
+            pack_opening(sends, backend, work, source, outgoing)
+            arrived = {
+                m.peer: backend.from_bytes(watchdog.arrived(m.peer, (m.hi - m.lo) * item_bytes), work)
+                for m in recvs
+            }
+    except Exception as error:
+        _refuse(group, "allreduce", algorithm, check, error)
+        raise
     call = watchdog.begin(guard, check)
     try:
         device = not on_host and _on_device(group, call, backend)
@@ -729,15 +749,21 @@ def reduce_scatter(
     Returns:
         This rank's share of the result, ``out`` when given.
     """
-    x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
-    backend, reduce_op, item_bytes = _prepare(x, op, "reduce_scatter", algorithm)
     group = _communicator(comm)
-    size, rank = group.size, group.rank
-    shares, share_shape, _ = _shares("reduce_scatter", x, counts, size, rank, x.size)
-    if out is not None:
-        _check_out(backend, out, x, share_shape)
-    dtype = backend.dtype_name(x)
-    with _watch(group, "reduce_scatter", algorithm, x.size, dtype, reduce_op, -1, counts, check) as call:
+    try:
+        x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
+        backend, reduce_op, item_bytes = _prepare(x, op, "reduce_scatter", algorithm)
+        size, rank = group.size, group.rank
+        shares, share_shape, _ = _shares("reduce_scatter", x, counts, size, rank, x.size)
+        if out is not None:
+            _check_out(backend, out, x, share_shape)
+        dtype = backend.dtype_name(x)
+    except Exception as error:
+        _refuse(group, "reduce_scatter", algorithm, check, error)
+        raise
+    with _watch(
+        group, "reduce_scatter", algorithm, x.size, dtype, reduce_op, -1, counts, check, backend.name
+    ) as call:
         _route(group, call, backend, "reduce_scatter", algorithm, x.size, item_bytes)
         shared = _shared(group, call.algorithm, backend)
         flat = backend.flat_view(x)
@@ -799,20 +825,25 @@ def allgather(
     Returns:
         The concatenation, ``out`` when given.
     """
-    x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
-    backend, _, item_bytes = _prepare(x, None, "allgather", algorithm)
     group = _communicator(comm)
-    size, rank = group.size, group.rank
-    total = x.size * size if counts is None else sum(counts)
-    shares, _, whole_shape = _shares("allgather", x, counts, size, rank, total)
-    if counts is not None and x.size != shares[rank]:
-        raise InvalidBufferError(f"x has {x.size} elements but counts[{rank}] is {shares[rank]}")
-    if out is not None:
-        _check_out(backend, out, x, whole_shape)
-    work, in_out = _workspace(backend, out, total, x)
-    lo = sum(shares[:rank])
-    backend.copy(work[lo : lo + shares[rank]], x)
-    with _watch(group, "allgather", algorithm, total, backend.dtype_name(x), None, -1, counts, check) as call:
+    try:
+        x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
+        backend, _, item_bytes = _prepare(x, None, "allgather", algorithm)
+        size, rank = group.size, group.rank
+        total = x.size * size if counts is None else sum(counts)
+        shares, _, whole_shape = _shares("allgather", x, counts, size, rank, total)
+        if counts is not None and x.size != shares[rank]:
+            raise InvalidBufferError(f"x has {x.size} elements but counts[{rank}] is {shares[rank]}")
+        if out is not None:
+            _check_out(backend, out, x, whole_shape)
+        work, in_out = _workspace(backend, out, total, x)
+        lo = sum(shares[:rank])
+        backend.copy(work[lo : lo + shares[rank]], x)
+    except Exception as error:
+        _refuse(group, "allgather", algorithm, check, error)
+        raise
+    dtype = backend.dtype_name(x)
+    with _watch(group, "allgather", algorithm, total, dtype, None, -1, counts, check, backend.name) as call:
         _route(group, call, backend, "allgather", algorithm, total, item_bytes)
         shared = _shared(group, call.algorithm, backend)
         if shared is not None:
@@ -938,19 +969,22 @@ def broadcast(
     Raises:
         InvalidRootError: ``root`` is not a rank of the communicator.
     """
-    x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
-    backend, _, item_bytes = _prepare(x, None, "broadcast", algorithm)
     group = _communicator(comm)
-    root = check_root(root, group.size)
-    shape = tuple(x.shape)
-    if out is not None:
-        _check_out(backend, out, x, shape)
-    work, in_out = _workspace(backend, out, x.size, x)
-    if group.rank == root and not (in_out and out is x):
-        backend.copy(work, x)
-    with _watch(
-        group, "broadcast", algorithm, x.size, backend.dtype_name(x), None, root, None, check
-    ) as call:
+    try:
+        x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
+        backend, _, item_bytes = _prepare(x, None, "broadcast", algorithm)
+        root = check_root(root, group.size)
+        shape = tuple(x.shape)
+        if out is not None:
+            _check_out(backend, out, x, shape)
+        work, in_out = _workspace(backend, out, x.size, x)
+        if group.rank == root and not (in_out and out is x):
+            backend.copy(work, x)
+    except Exception as error:
+        _refuse(group, "broadcast", algorithm, check, error)
+        raise
+    dtype = backend.dtype_name(x)
+    with _watch(group, "broadcast", algorithm, x.size, dtype, None, root, None, check, backend.name) as call:
         _route(group, call, backend, "broadcast", algorithm, x.size, item_bytes)
         schedule = build_schedule("broadcast", call.algorithm, group.size, x.size, root=root)
         execute(schedule, call.transport, backend, work)
@@ -989,20 +1023,26 @@ def reduce(
     Raises:
         InvalidRootError: ``root`` is not a rank of the communicator.
     """
-    x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
-    backend, reduce_op, item_bytes = _prepare(x, op, "reduce", algorithm)
     group = _communicator(comm)
-    root = check_root(root, group.size)
-    shape = tuple(x.shape)
-    if out is not None:
-        _check_out(backend, out, x, shape)
-    at_root = group.rank == root
-    # elsewhere an algorithm may combine partial results in the buffer, so it is a copy of x too
-    work, in_out = _workspace(backend, out if at_root else None, x.size, x)
-    if not (in_out and out is x):
-        backend.copy(work, x)
-    dtype = backend.dtype_name(x)
-    with _watch(group, "reduce", algorithm, x.size, dtype, reduce_op, root, None, check) as call:
+    try:
+        x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
+        backend, reduce_op, item_bytes = _prepare(x, op, "reduce", algorithm)
+        root = check_root(root, group.size)
+        shape = tuple(x.shape)
+        if out is not None:
+            _check_out(backend, out, x, shape)
+        at_root = group.rank == root
+        # elsewhere an algorithm may combine partial results in the buffer, so it is a copy of x too
+        work, in_out = _workspace(backend, out if at_root else None, x.size, x)
+        if not (in_out and out is x):
+            backend.copy(work, x)
+        dtype = backend.dtype_name(x)
+    except Exception as error:
+        _refuse(group, "reduce", algorithm, check, error)
+        raise
+    with _watch(
+        group, "reduce", algorithm, x.size, dtype, reduce_op, root, None, check, backend.name
+    ) as call:
         _route(group, call, backend, "reduce", algorithm, x.size, item_bytes)
         schedule = build_schedule("reduce", call.algorithm, group.size, x.size, root=root)
         execute(schedule, call.transport, backend, work, reduce_op)
@@ -1048,22 +1088,27 @@ def gather(
     Raises:
         InvalidRootError: ``root`` is not a rank of the communicator.
     """
-    x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
-    backend, _, item_bytes = _prepare(x, None, "gather", algorithm)
     group = _communicator(comm)
-    size, rank = group.size, group.rank
-    root = check_root(root, size)
-    total = x.size * size if counts is None else sum(counts)
-    shares, _, whole_shape = _shares("gather", x, counts, size, rank, total)
-    if counts is not None and x.size != shares[rank]:
-        raise InvalidBufferError(f"x has {x.size} elements but counts[{rank}] is {shares[rank]}")
-    if out is not None:
-        _check_out(backend, out, x, whole_shape)
-    at_root = rank == root
-    work, in_out = _workspace(backend, out if at_root else None, total, x)
-    lo = sum(shares[:rank])
-    backend.copy(work[lo : lo + shares[rank]], x)
-    with _watch(group, "gather", algorithm, total, backend.dtype_name(x), None, root, counts, check) as call:
+    try:
+        x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
+        backend, _, item_bytes = _prepare(x, None, "gather", algorithm)
+        size, rank = group.size, group.rank
+        root = check_root(root, size)
+        total = x.size * size if counts is None else sum(counts)
+        shares, _, whole_shape = _shares("gather", x, counts, size, rank, total)
+        if counts is not None and x.size != shares[rank]:
+            raise InvalidBufferError(f"x has {x.size} elements but counts[{rank}] is {shares[rank]}")
+        if out is not None:
+            _check_out(backend, out, x, whole_shape)
+        at_root = rank == root
+        work, in_out = _workspace(backend, out if at_root else None, total, x)
+        lo = sum(shares[:rank])
+        backend.copy(work[lo : lo + shares[rank]], x)
+    except Exception as error:
+        _refuse(group, "gather", algorithm, check, error)
+        raise
+    dtype = backend.dtype_name(x)
+    with _watch(group, "gather", algorithm, total, dtype, None, root, counts, check, backend.name) as call:
         _route(group, call, backend, "gather", algorithm, total, item_bytes)
         schedule = build_schedule("gather", call.algorithm, size, total, shares, root=root)
         execute(schedule, call.transport, backend, work)
@@ -1111,32 +1156,36 @@ def scatter(
         InvalidBufferError: the root has no ``x``, or another rank has
             neither ``x`` nor ``out``.
     """
-    x, out = adopt(x), adopt(out)
     group = _communicator(comm)
-    size, rank = group.size, group.rank
-    root = check_root(root, size)
-    if x is None:
+    try:
+        x, out = adopt(x), adopt(out)
+        size, rank = group.size, group.rank
+        root = check_root(root, size)
+        if x is None:
+            if rank == root:
+                raise InvalidBufferError(f"scatter needs x at the root, rank {root}")
+            if out is None:
+                raise InvalidBufferError(
+                    f"scatter needs out= (or x) on rank {rank}, which is not the root {root}, "
+                    "to know the shape and dtype of its share"
+                )
+            like = out
+            shares, share_shape = _scatter_shares(out, counts, size, rank)
+        else:
+            like = x
+            shares, share_shape, _ = _shares("scatter", x, counts, size, rank, x.size)
+        backend, _, item_bytes = _prepare(like, None, "scatter", algorithm)
+        if out is not None:
+            _check_out(backend, out, like, share_shape)
+        total = sum(shares)
+        work = backend.empty(total, like)
         if rank == root:
-            raise InvalidBufferError(f"scatter needs x at the root, rank {root}")
-        if out is None:
-            raise InvalidBufferError(
-                f"scatter needs out= (or x) on rank {rank}, which is not the root {root}, "
-                "to know the shape and dtype of its share"
-            )
-        like = out
-        shares, share_shape = _scatter_shares(out, counts, size, rank)
-    else:
-        like = x
-        shares, share_shape, _ = _shares("scatter", x, counts, size, rank, x.size)
-    backend, _, item_bytes = _prepare(like, None, "scatter", algorithm)
-    if out is not None:
-        _check_out(backend, out, like, share_shape)
-    total = sum(shares)
-    work = backend.empty(total, like)
-    if rank == root:
-        backend.copy(work, x)
-    dtype = backend.dtype_name(like)
-    with _watch(group, "scatter", algorithm, total, dtype, None, root, counts, check) as call:
+            backend.copy(work, x)
+        dtype = backend.dtype_name(like)
+    except Exception as error:
+        _refuse(group, "scatter", algorithm, check, error)
+        raise
+    with _watch(group, "scatter", algorithm, total, dtype, None, root, counts, check, backend.name) as call:
         _route(group, call, backend, "scatter", algorithm, total, item_bytes)
         schedule = build_schedule("scatter", call.algorithm, size, total, shares, root=root)
         execute(schedule, call.transport, backend, work)
@@ -1184,23 +1233,28 @@ def alltoall(
     Returns:
         The shares from every rank, ``out`` when given.
     """
-    x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
-    backend, _, item_bytes = _prepare(x, None, "alltoall", algorithm)
     group = _communicator(comm)
-    size, rank = group.size, group.rank
-    shape = tuple(x.shape)
-    _check_rows("alltoall", x, size)
-    if out is not None:
-        _check_out(backend, out, x, shape)
-    count = x.size
-    share = count // size
-    # the schedule's buffer: the input, then the output (see collectives.specs)
-    work = backend.empty(2 * count, x)
-    backend.copy(work[:count], x)
-    # no rank sends to itself, so its share for itself starts in its slot of the output
-    mine = rank * share
-    backend.copy(work[count + mine : count + mine + share], work[mine : mine + share])
-    with _watch(group, "alltoall", algorithm, count, backend.dtype_name(x), None, check=check) as call:
+    try:
+        x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
+        backend, _, item_bytes = _prepare(x, None, "alltoall", algorithm)
+        size, rank = group.size, group.rank
+        shape = tuple(x.shape)
+        _check_rows("alltoall", x, size)
+        if out is not None:
+            _check_out(backend, out, x, shape)
+        count = x.size
+        share = count // size
+        # the schedule's buffer: the input, then the output (see collectives.specs)
+        work = backend.empty(2 * count, x)
+        backend.copy(work[:count], x)
+        # no rank sends to itself, so its share for itself starts in its slot of the output
+        mine = rank * share
+        backend.copy(work[count + mine : count + mine + share], work[mine : mine + share])
+    except Exception as error:
+        _refuse(group, "alltoall", algorithm, check, error)
+        raise
+    dtype = backend.dtype_name(x)
+    with _watch(group, "alltoall", algorithm, count, dtype, None, check=check, backend=backend.name) as call:
         _route(group, call, backend, "alltoall", algorithm, count, item_bytes)
         schedule = build_schedule("alltoall", call.algorithm, size, count)
         execute(schedule, call.transport, backend, work)
@@ -1225,8 +1279,12 @@ def barrier(
     """
     import numpy as np  # the tokens are host bytes, whatever library the user's arrays are from
 
-    check_algorithm("barrier", algorithm)
     group = _communicator(comm)
+    try:
+        check_algorithm("barrier", algorithm)
+    except Exception as error:
+        _refuse(group, "barrier", algorithm, check, error)
+        raise
     with _watch(group, "barrier", algorithm, 0, check=check) as call:
         call.algorithm = _algorithm(group, "barrier", algorithm, 0, 1)
         schedule = build_schedule("barrier", call.algorithm, group.size, 0)

@@ -8,6 +8,7 @@ __all__ = [
     "InvalidBufferError",
     "InvalidRootError",
     "MismatchError",
+    "PeerInputError",
     "ScheduleError",
     "TopologyError",
     "TransportError",
@@ -116,6 +117,26 @@ class MismatchError(CollectivesError, ValueError):
     def __init__(self, message: str, fields: dict[str, dict[str, tuple[int, ...]]]) -> None:
         super().__init__(message)
         self.fields = fields
+
+
+class PeerInputError(MismatchError):
+    """Another rank's own checks of the same call failed, so the call runs on no rank.
+
+    That rank raised its own error (an :class:`InvalidBufferError`, say) and told
+    the others in the signature exchange instead of leaving them to wait for the
+    timeout (see :mod:`collectives.watchdog`). The communicator stays in step, so
+    the next call can run.
+
+    Attributes:
+        problems: each rank whose checks failed, mapped to its error's type and
+            message (cut to 64 bytes).
+    """
+
+    def __init__(
+        self, message: str, fields: dict[str, dict[str, tuple[int, ...]]], problems: dict[int, str]
+    ) -> None:
+        super().__init__(message, fields)
+        self.problems = problems
 
 
 class ConfigurationError(CollectivesError, ValueError):

@@ -1,19 +1,22 @@
 """What the ranks agree on before a collective runs, and the error that names where they differ."""
 
-__all__ = ["SIGNATURE_BYTES", "Signature", "disagreement"]
+__all__ = ["PROBLEM_BYTES", "SIGNATURE_BYTES", "Signature", "disagreement", "problem_of"]
 
 import hashlib
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .errors import MismatchError
+from .errors import MismatchError, PeerInputError
 
-_FORMAT = struct.Struct("<q24s24s12s8sqq8s")
+PROBLEM_BYTES = 64
+"""The most bytes of a poisoned signature's problem (its error's type and message) that travel."""
+
+_FORMAT = struct.Struct(f"<q24s24s12s12s8sqq8s{PROBLEM_BYTES}s")
 SIGNATURE_BYTES = _FORMAT.size
 """Bytes of a packed signature: every collective exchanges this, whatever its size."""
 
-_FIELDS = ("collective", "count", "dtype", "op", "root", "algorithm", "counts", "sequence")
+_FIELDS = ("collective", "count", "dtype", "backend", "op", "root", "algorithm", "counts", "sequence")
 """The order a mismatch names its fields in: what the user most likely got wrong first."""
 
 _NO_COUNTS = bytes(8)
@@ -32,6 +35,12 @@ class Signature:
         root: the root of a rooted collective, else -1.
         count: elements in the schedule's buffer, which every rank must agree on.
         counts: each rank's share, when the call passed ``counts=``.
+        backend: the array backend's name (``numpy``, ``cupy``), so host and
+            device arrays do not meet in one call; empty for the barrier.
+        problem: empty, unless this rank's own checks of the call failed: then
+            the error's type and message (see :func:`problem_of`), and the
+            signature is *poisoned*: the other ranks raise
+            :class:`~collectives.errors.PeerInputError` instead of running the call.
     """
 
     sequence: int
@@ -42,19 +51,32 @@ class Signature:
     root: int = -1
     count: int = 0
     counts: tuple[int, ...] | None = None
+    backend: str = ""
+    problem: str = ""
 
     def pack(self) -> bytes:
-        """The fixed-size bytes the ranks exchange."""
+        """The fixed-size bytes the ranks exchange; longer text is cut to its field."""
         return _FORMAT.pack(
             self.sequence,
             self.collective.encode(),
             self.algorithm.encode(),
             self.dtype.encode(),
+            self.backend.encode(),
             self.op.encode(),
             self.root,
             self.count,
             _digest(self.counts),
+            self.problem.encode(),
         )
+
+
+def problem_of(error: BaseException) -> str:
+    """What a poisoned signature tells the other ranks of ``error``: its type and message, cut to fit."""
+    text = f"{type(error).__name__}: {error}".replace("\n", " ").encode()
+    if len(text) > PROBLEM_BYTES:
+        # cut on a character, not inside one, so every rank decodes it whole
+        text = text[: PROBLEM_BYTES - 3] + b"..."
+    return text.decode(errors="ignore")
 
 
 def _digest(counts: Sequence[int] | None) -> bytes:
@@ -63,16 +85,23 @@ def _digest(counts: Sequence[int] | None) -> bytes:
     return hashlib.blake2b(repr(tuple(counts)).encode(), digest_size=8).digest()
 
 
+def _text(field: bytes) -> str:
+    return field.rstrip(b"\0").decode(errors="replace")
+
+
 def _fields(packed: bytes) -> dict[str, str]:
-    """A packed signature's fields, as a mismatch shows them."""
-    sequence, collective, algorithm, dtype, op, root, count, counts = _FORMAT.unpack(packed)
+    """A packed signature's fields, as a mismatch shows them; a poisoned one's only those it fills."""
+    sequence, collective, algorithm, dtype, backend, op, root, count, counts, problem = _FORMAT.unpack(packed)
+    if problem[0]:
+        return {"collective": _text(collective), "sequence": str(sequence), "problem": _text(problem)}
     return {
-        "collective": collective.rstrip(b"\0").decode(errors="replace"),
+        "collective": _text(collective),
         "count": str(count),
-        "dtype": dtype.rstrip(b"\0").decode(errors="replace") or "none",
-        "op": op.rstrip(b"\0").decode(errors="replace") or "none",
+        "dtype": _text(dtype) or "none",
+        "backend": _text(backend) or "none",
+        "op": _text(op) or "none",
         "root": "none" if root < 0 else str(root),
-        "algorithm": algorithm.rstrip(b"\0").decode(errors="replace"),
+        "algorithm": _text(algorithm),
         "counts": "none" if counts == _NO_COUNTS else f"digest {counts.hex()}",
         "sequence": str(sequence),
     }
@@ -85,25 +114,40 @@ def _ranks(ranks: Sequence[int]) -> str:
 def disagreement(mine: Signature, packed: Sequence[bytes], rank: int) -> MismatchError | None:
     """The error every rank raises when the signatures in ``packed`` (one per rank) differ; else ``None``.
 
-    Every rank names the same fields, values and ranks, so the ranks' logs can be compared.
+    Every rank names the same fields, values and ranks, so the ranks' logs can be
+    compared. Where some signatures are poisoned it is a
+    :class:`~collectives.errors.PeerInputError` naming those ranks and their
+    problems; the other fields are compared where the signatures have them.
     """
     first = packed[0]
     if all(p == first for p in packed):
         return None
     seen = [_fields(p) for p in packed]
+    problems = {r: signature["problem"] for r, signature in enumerate(seen) if "problem" in signature}
     fields: dict[str, dict[str, tuple[int, ...]]] = {}
-    for name in _FIELDS:
+    for name in (*_FIELDS, "problem") if problems else _FIELDS:
         values: dict[str, list[int]] = {}
         for r, signature in enumerate(seen):
-            values.setdefault(signature[name], []).append(r)
+            if name in signature or name == "problem":
+                values.setdefault(signature.get(name, "none"), []).append(r)
         if len(values) > 1:
             fields[name] = {value: tuple(ranks) for value, ranks in values.items()}
     clauses = [
         f"{name}: " + "; ".join(f"{value} on {_ranks(ranks)}" for value, ranks in values.items())
         for name, values in fields.items()
+        if name != "problem"
     ]
     if "counts" in fields and mine.counts is not None:
         clauses.append(f"rank {rank} passed counts={mine.counts}")
+    if problems:
+        failed = "; ".join(f"on rank {r} ({problem})" for r, problem in problems.items())
+        whose = "that rank's error" if len(problems) == 1 else "those ranks' errors"
+        return PeerInputError(
+            f"{mine.collective} #{mine.sequence}: the call failed its checks {failed}, so it runs on "
+            f"no rank; see {whose}" + "".join(f" | {clause}" for clause in clauses),
+            fields,
+            problems,
+        )
     return MismatchError(
         f"{mine.collective} #{mine.sequence}: the ranks called different collectives or passed "
         f"different arguments; {' | '.join(clauses)}",

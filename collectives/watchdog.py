@@ -6,6 +6,12 @@ A :class:`Watchdog` belongs to one communicator. Around every collective it
 - unless checking is off, exchanges a :class:`~collectives.signature.Signature`
   with every other rank (one fixed-size message each way, on its own tag) and
   raises :class:`~collectives.errors.MismatchError` on every rank if they differ;
+- when a rank's own checks of a call fail (a bad buffer, op, root ...), still
+  takes that rank through the exchange with a *poisoned* signature naming its
+  error (:meth:`Watchdog.poison`), so the other ranks raise
+  :class:`~collectives.errors.PeerInputError` at once instead of waiting for
+  the timeout, and the sequence numbers stay in step; with checking off there
+  is no exchange, and the other ranks wait until the timeout;
 - bounds every wait by the communicator's timeout (messages, and the barriers
   of the shared-memory executor): a collective that has not completed by then
   raises :class:`~collectives.errors.CollectiveTimeout` naming
@@ -48,8 +54,8 @@ from dataclasses import replace
 from typing import Any
 
 from ._env import env_flag
-from .errors import CollectiveTimeout, ConfigurationError, TransportError
-from .signature import SIGNATURE_BYTES, Signature, disagreement
+from .errors import CollectivesError, CollectiveTimeout, ConfigurationError, PeerInputError, TransportError
+from .signature import SIGNATURE_BYTES, Signature, disagreement, problem_of
 from .transport.base import Request, SharedMemory, Transport, WrappedTransport
 
 SIGNATURE_TAG = 9
@@ -437,13 +443,14 @@ class Watchdog:
         root: int = -1,
         counts: tuple[int, ...] | None = None,
         *,
+        backend: str = "",
         payloads: dict[int, int] | None = None,
     ) -> Guard:
         """The packed signature of a call; keep it to begin repeated calls with (see :meth:`begin`).
 
         ``payloads`` gives, per peer, the bytes of data that travel with the signature.
         """
-        return Guard(Signature(0, collective, algorithm, dtype, op, root, count, counts), payloads)
+        return Guard(Signature(0, collective, algorithm, dtype, op, root, count, counts, backend), payloads)
 
     @contextmanager
     def collective(
@@ -456,6 +463,7 @@ class Watchdog:
         root: int = -1,
         counts: tuple[int, ...] | None = None,
         check: bool | None = None,
+        backend: str = "",
     ) -> Iterator[Call]:
         """Number, check, bound and record one collective run in the ``with`` block.
 
@@ -464,7 +472,8 @@ class Watchdog:
             CollectiveTimeout: the call did not complete in time.
             TransportError: an earlier call timed out, so this communicator is unusable.
         """
-        call = self.begin(self.guard(collective, algorithm, count, dtype, op, root, counts), check)
+        guard = self.guard(collective, algorithm, count, dtype, op, root, counts, backend=backend)
+        call = self.begin(guard, check)
         try:
             yield call
         except BaseException as error:
@@ -497,6 +506,39 @@ class Watchdog:
                 self.end(call, error)
                 raise
         return call
+
+    def poison(
+        self, collective: str, algorithm: object, error: BaseException, check: bool | None = None
+    ) -> None:
+        """Take a call whose checks failed on this rank through the signature exchange, so no rank waits.
+
+        The call is numbered and recorded like any other; unless checking is off
+        its signature, poisoned with ``error``'s type and message, goes to every
+        other rank, whose matching call raises
+        :class:`~collectives.errors.PeerInputError`. The caller then raises
+        ``error``. A failure of the exchange itself (a timeout, which leaves
+        the communicator unusable) or another rank's failed checks are added to
+        ``error`` as a note. Nothing is sent once the communicator is unusable.
+        """
+        if self.broken is not None:
+            return
+        sequence = self.sequence
+        self.sequence = sequence + 1
+        signature = Signature(0, collective, str(algorithm), problem=problem_of(error))
+        record = _Record(signature, sequence, time.time(), signature.algorithm)
+        self.recorder.append(record)
+        call = Call(self, record)
+        try:
+            if (self.check if check is None else check) and self._size > 1:
+                self._agree(call, Guard(signature), sequence)
+        except PeerInputError as others:
+            # every rank's checks failed or the ranks were out of step too: say so beside this rank's own
+            if set(others.problems) != {self._rank} or set(others.fields) != {"problem"}:
+                error.add_note(f"rank {self._rank} told the other ranks; they say: {others}")
+        except CollectivesError as failure:
+            error.add_note(f"rank {self._rank} could not tell the other ranks: {failure}")
+        finally:
+            self.end(call, error)
 
     def end(self, call: Call, error: BaseException | None = None) -> None:
         """Record how ``call`` ended: ``error`` if it raised one."""

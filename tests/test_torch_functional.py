@@ -1,5 +1,6 @@
 """The differentiable collectives on loopback ranks: gradients equal one process's on all the data."""
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -166,16 +167,47 @@ def test_gradcheck_on_cuda_through_nccl(
     assert torch.autograd.gradcheck(call, (x,))
 
 
-def test_a_bad_tensor_on_one_rank_ends_the_others_at_a_timeout_rather_than_hanging(ranks: Ranks) -> None:
-    from collectives import CollectiveTimeout
+@pytest.mark.parametrize(
+    ("collective", "bad"),
+    [
+        ("allreduce", lambda c: functional.allreduce(torch.ones(3, 4).t().requires_grad_(), comm=c)),
+        ("allreduce", lambda c: functional.allreduce(torch.ones(4, 3, requires_grad=True), "prod", comm=c)),
+        ("reduce_scatter", lambda c: functional.reduce_scatter(torch.ones(4, 3), "max", comm=c)),
+        ("allgather", lambda c: functional.allgather(torch.ones(4, 3, dtype=torch.complex64), comm=c)),
+        ("broadcast", lambda c: functional.broadcast(torch.ones(3, 4).t(), comm=c)),
+    ],
+)  # fmt: skip
+def test_a_bad_tensor_on_one_rank_fails_the_others_at_once(ranks: Ranks, collective: str, bad: Any) -> None:
+    from collectives import CollectiveTimeout, MismatchError, PeerInputError
 
-    def run(comm: Communicator) -> str:
-        bounded = Communicator(comm.transport, timeout=1.0, stall_warning=0)
-        x = torch.ones(4, 3) if comm.rank else torch.ones(3, 4).t()  # not contiguous on rank 0 only
+    good = {
+        "allreduce": lambda c: functional.allreduce(torch.ones(4, 3, requires_grad=True), comm=c),
+        "reduce_scatter": lambda c: functional.reduce_scatter(torch.ones(4, 3, requires_grad=True), comm=c),
+        "allgather": lambda c: functional.allgather(torch.ones(4, 3), comm=c),
+        "broadcast": lambda c: functional.broadcast(torch.ones(4, 3), comm=c),
+    }[collective]
+
+    def run(comm: Communicator) -> tuple[str, float, Any]:
+        # a timeout long enough that waiting for it would show
+        bounded = Communicator(comm.transport, timeout=20.0, stall_warning=0)
+        started = time.monotonic()
         try:
-            functional.allreduce(x.requires_grad_(), comm=bounded)
-        except (InvalidBufferError, CollectiveTimeout) as error:
-            return type(error).__name__
-        return "no error"
+            (bad if comm.rank == 1 else good)(bounded)
+            kind = "no error"
+        except (
+            InvalidBufferError,
+            UnsupportedOpError,
+            UnsupportedDtypeError,
+            MismatchError,
+            CollectiveTimeout,
+        ) as error:
+            kind = type(error).__name__
+            if isinstance(error, PeerInputError):
+                assert list(error.problems) == [1] and f"{collective} #0" in str(error), error
+        took = time.monotonic() - started
+        # the ranks are still in step
+        return kind, took, ti.allreduce(torch.ones(2), comm=bounded).tolist()
 
-    assert ranks(2, run, timeout=5.0) == ["InvalidBufferError", "CollectiveTimeout"]
+    results = ranks(2, run, timeout=40.0)
+    assert results[0][0] == "PeerInputError" and results[1][0] != "PeerInputError", results
+    assert all(took < 10 and after == [2.0, 2.0] for _, took, after in results), results

@@ -66,6 +66,7 @@ from ..errors import (
     UnsupportedOpError,
 )
 from ..ops import get_op
+from ..selector import AUTO
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -165,12 +166,39 @@ def _route(tensor: torch.Tensor, comm: Comm) -> str:
     raise InvalidBufferError(f"tensor is on device {tensor.device}; collectives takes cpu tensors")
 
 
-def _checked(tensor: torch.Tensor, op: str | None, comm: Comm) -> str:
-    """Validate ``tensor`` and ``op`` on the caller's thread, before any rank communicates; the route."""
-    name = _check(tensor)
-    if op is not None:
-        get_op(op).check_dtype(name)
-    return _route(tensor, comm)
+def _checked(tensor: torch.Tensor, op: str | None, comm: Comm, collective: str) -> str:
+    """Validate ``tensor`` and ``op`` on the caller's thread, before any rank communicates; the route.
+
+    Where the checks fail the other ranks are told first (see :func:`_refuse`), and
+    their ``collective`` raises :class:`~collectives.PeerInputError`.
+    """
+    try:
+        name = _check(tensor)
+        if op is not None:
+            get_op(op).check_dtype(name)
+        return _route(tensor, comm)
+    except Exception as error:
+        _refuse(comm, collective, tensor, error)
+        raise
+
+
+def _refuse(comm: Comm, collective: str, tensor: object, error: Exception) -> None:
+    """Tell the other ranks that this rank's checks of ``collective`` failed, so theirs raises too.
+
+    It goes on the communicator's thread, in order with the collectives started
+    before it, as a poisoned signature (see :meth:`collectives.watchdog.Watchdog.poison`).
+    Nothing is told where there is no communicator of this library to tell (a
+    ``comm`` of another backend), nor for a cuda tensor without CuPy, whose
+    collectives go through torch.distributed's NCCL group: the other ranks then
+    wait until their timeout.
+    """
+    if isinstance(tensor, torch.Tensor) and tensor.device.type == "cuda" and not _cupy_available():
+        return
+    try:
+        communicator = _communicator_of(comm)
+    except CollectivesError:
+        return
+    _worker(communicator).submit(lambda: api._refuse(communicator, collective, AUTO, None, error)).result()
 
 
 def explain_path(tensor: torch.Tensor, comm: Comm = None) -> str:
@@ -410,7 +438,7 @@ def allreduce_async_(tensor: torch.Tensor, op: str = "sum", *, comm: Comm = None
             or a torch.distributed group of the ``collectives`` backend; the
             communicator over ``MPI.COMM_WORLD`` by default.
     """
-    if _checked(tensor, op, comm) == _FALLBACK:
+    if _checked(tensor, op, comm, "allreduce") == _FALLBACK:
         return _work_handle(dist.all_reduce(tensor, op=_TORCH_OPS[get_op(op).name], async_op=True), tensor)
     future = _submit(comm, lambda communicator: _reduce_in_place(tensor, op, communicator))
     return Handle(future.result, future.done)
@@ -426,7 +454,7 @@ def allreduce(tensor: torch.Tensor, op: str = "sum", *, comm: Comm = None) -> to
 
     Args as for :func:`allreduce_async_`.
     """
-    _checked(tensor, op, comm)
+    _checked(tensor, op, comm, "allreduce")
     return allreduce_(tensor.detach().clone(), op, comm=comm)
 
 
@@ -437,7 +465,7 @@ def allgather(tensor: torch.Tensor, *, comm: Comm = None) -> torch.Tensor:
     counts are exchanged first); the other dimensions and the dtype must be the
     same on every rank. A 0-d tensor counts as one row.
     """
-    route = _checked(tensor, None, comm)
+    route = _checked(tensor, None, comm, "allgather")
     rows = tensor.reshape(1) if tensor.dim() == 0 else tensor
     layout = [rows.shape[0], math.prod(rows.shape[1:]), rows.dim(), list(_DTYPES).index(tensor.dtype)]
     if route == _FALLBACK:
@@ -485,9 +513,11 @@ def reduce_scatter(tensor: torch.Tensor, op: str = "sum", *, comm: Comm = None) 
     ``tensor`` has ``P * k`` rows (P the world size); rank ``r`` gets rows
     ``r * k`` to ``(r + 1) * k`` of the reduction.
     """
-    route = _checked(tensor, op, comm)
+    route = _checked(tensor, op, comm, "reduce_scatter")
     if tensor.dim() == 0:
-        raise InvalidBufferError("reduce_scatter needs a tensor with rows, got a 0-d tensor")
+        error = InvalidBufferError("reduce_scatter needs a tensor with rows, got a 0-d tensor")
+        _refuse(comm, "reduce_scatter", tensor, error)
+        raise error
     if route == _FALLBACK:
         size = dist.get_world_size()
         out = tensor.new_empty((tensor.shape[0] // size, *tensor.shape[1:]))
@@ -513,7 +543,7 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int = 0, *, comm: Comm = N
         root_rank: the rank whose tensor is sent.
         comm: the communicator, as for :func:`allreduce_async_`.
     """
-    if _checked(tensor, None, comm) == _FALLBACK:
+    if _checked(tensor, None, comm, "broadcast") == _FALLBACK:
         return _work_handle(dist.broadcast(tensor, src=root_rank, async_op=True), tensor)
 
     def job(communicator: api.Communicator) -> torch.Tensor:
@@ -551,10 +581,18 @@ def broadcast_parameters(
         named = [item if isinstance(item, tuple) else (f"tensor {i}", item) for i, item in enumerate(params)]
     for name, tensor in named:
         if not isinstance(tensor, torch.Tensor):
-            raise InvalidBufferError(f"broadcast_parameters takes tensors; {name} is {type(tensor).__name__}")
-        _checked(tensor, None, comm)
+            error = InvalidBufferError(
+                f"broadcast_parameters takes tensors; {name} is {type(tensor).__name__}"
+            )
+            _refuse(comm, "broadcast", tensor, error)
+            raise error
+        _checked(tensor, None, comm, "broadcast")
     with torch.no_grad():
-        handles = [broadcast_async_(tensor, root_rank, comm=comm) for _, tensor in named]
+        # the first alone, so that where another rank's checks failed (and it told this one in the
+        # first broadcast's place) no more broadcasts are left waiting for it
+        if named:
+            broadcast_async_(named[0][1], root_rank, comm=comm).wait()
+        handles = [broadcast_async_(tensor, root_rank, comm=comm) for _, tensor in named[1:]]
     for handle in handles:
         handle.wait()
 
@@ -891,7 +929,7 @@ def _parameters_to_reduce(
 
 def _hook_future(state: Comm, bucket: GradBucket, wire: torch.dtype | None) -> "TensorFuture":
     buffer = bucket.buffer()
-    if _checked(buffer, "avg", state) == _FALLBACK:
+    if _checked(buffer, "avg", state, "allreduce") == _FALLBACK:
         return _fallback_hook_future(buffer, wire)
 
     def job(communicator: api.Communicator) -> torch.Tensor:

@@ -23,15 +23,19 @@ DIFFERENTIABLE_OPS: dict[str, tuple[str, ...]] = {
 # rank's loss, so an input's gradient gathers what every rank's output sent back to it.
 
 
-def _differentiable(collective: str, op: str) -> str:
-    """The op's canonical name; raises, alike on every rank as the op is, unless it is differentiable."""
-    name = get_op(op).name
-    if name not in DIFFERENTIABLE_OPS[collective]:
-        valid = ", ".join(DIFFERENTIABLE_OPS[collective])
-        raise UnsupportedOpError(
-            f"functional.{collective} has no gradient for op {name!r}; it differentiates {valid} "
-            f"(torch_integration.{collective} reduces with {name!r} without a gradient)"
-        )
+def _differentiable(collective: str, op: str, comm: ti.Comm, tensor: torch.Tensor) -> str:
+    """The op's canonical name; raises unless it is differentiable, telling the other ranks first."""
+    try:
+        name = get_op(op).name
+        if name not in DIFFERENTIABLE_OPS[collective]:
+            valid = ", ".join(DIFFERENTIABLE_OPS[collective])
+            raise UnsupportedOpError(
+                f"functional.{collective} has no gradient for op {name!r}; it differentiates {valid} "
+                f"(torch_integration.{collective} reduces with {name!r} without a gradient)"
+            )
+    except Exception as error:
+        ti._refuse(comm, collective, tensor, error)
+        raise
     return name
 
 
@@ -79,10 +83,11 @@ def allreduce(tensor: torch.Tensor, op: str = "sum", *, comm: ti.Comm = None) ->
         comm: the communicator, as for :func:`~collectives.torch_integration.allreduce_async_`.
 
     Raises:
-        UnsupportedOpError: for ``prod`` and the bitwise ops, on every rank
-            before any message.
+        UnsupportedOpError: for ``prod`` and the bitwise ops, before any data
+            moves; a rank whose op is fine raises
+            :class:`~collectives.PeerInputError` where another's is not.
     """
-    name = _differentiable("allreduce", op)
+    name = _differentiable("allreduce", op, comm, tensor)
     return _apply(_Allreduce, tensor, name, comm)
 
 
@@ -105,7 +110,7 @@ def _reduce_scatter_rows(grad: torch.Tensor, rows: int, comm: ti.Comm) -> torch.
     counts = ti.allgather(torch.tensor([rows], dtype=torch.int64, device=grad.device), comm=comm).tolist()
     if len(set(counts)) == 1:
         return ti.reduce_scatter(grad, "sum", comm=comm)
-    if ti._checked(grad, "sum", comm) == ti._FALLBACK:
+    if ti._checked(grad, "sum", comm, "reduce_scatter") == ti._FALLBACK:
         raise InvalidBufferError(
             f"the gradient of an allgather of rows that differ between ranks ({counts}) is reduced on the "
             "cpu only; torch.distributed reduce-scatters equal rows"
@@ -170,9 +175,10 @@ def reduce_scatter(tensor: torch.Tensor, op: str = "sum", *, comm: ti.Comm = Non
         comm: the communicator, as for :func:`~collectives.torch_integration.allreduce_async_`.
 
     Raises:
-        UnsupportedOpError: for any other op, on every rank before any message.
+        UnsupportedOpError: for any other op, before any data moves; a rank whose op
+            is fine raises :class:`~collectives.PeerInputError` where another's is not.
     """
-    name = _differentiable("reduce_scatter", op)
+    name = _differentiable("reduce_scatter", op, comm, tensor)
     return _apply(_ReduceScatter, tensor, name, comm)
 
 
@@ -190,7 +196,7 @@ class _Broadcast(torch.autograd.Function):
 
 def _reduce_to_root(grad: torch.Tensor, root: int, comm: ti.Comm) -> torch.Tensor:
     """The sum of ``grad`` over the ranks at ``root``; zeros elsewhere."""
-    if ti._checked(grad, "sum", comm) == ti._FALLBACK:
+    if ti._checked(grad, "sum", comm, "reduce") == ti._FALLBACK:
         total = grad.clone()
         dist.reduce(total, dst=root)
         return total if dist.get_rank() == root else torch.zeros_like(grad)

@@ -61,3 +61,32 @@ def test_a_non_differentiable_op_fails_on_every_rank_and_the_next_collective_wor
         y.sum().backward()
         problems.expect(torch.equal(x.grad, torch.full((3,), float(world.size))), f"grad {x.grad}")
     problems.check()
+
+
+def test_a_bad_tensor_on_one_rank_fails_every_rank_at_once(world: MPI.Intracomm) -> None:
+    import time
+
+    import collectives
+    from collectives import InvalidBufferError, PeerInputError
+
+    if world.size == 1:
+        pytest.skip("needs a good rank beside the bad one")
+    problems = Problems(world)
+    last = world.size - 1
+    comm = collectives.Communicator(world, timeout=20.0, check=True)
+    # not contiguous on the last rank only
+    x = torch.ones(3, 4).t() if world.rank == last else torch.ones(4, 3)
+    started = time.monotonic()
+    try:
+        functional.allreduce(x.requires_grad_(), comm=comm)
+        problems.expect(False, "allreduce of a bad tensor on one rank did not raise")
+    except PeerInputError as error:
+        problems.expect(world.rank != last and list(error.problems) == [last], str(error))
+    except InvalidBufferError as error:
+        problems.expect(world.rank == last and "not contiguous" in str(error), str(error))
+    took = time.monotonic() - started
+    problems.expect(took < 10, f"took {took:.1f} s to raise")
+    with problems.guard("allreduce after the bad one"):
+        after = functional.allreduce(torch.ones(2), comm=comm)
+        problems.expect(after.tolist() == [world.size] * 2, f"got {after.tolist()}")
+    problems.check()
