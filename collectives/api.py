@@ -131,6 +131,10 @@ class Communicator:
             nodes = None if shared is not None else self._transport.node_split()
             if shared is not None:
                 self._shared = SharedExecutor(shared, self.rank, self.size)
+                # from the next call on, the ranks agree on signatures through a barrier, not messages,
+                # so no data travels with them: forget the calls prepared to send it so
+                self._watchdog.agree_through(shared, self._shared.reset)
+                self._prepared.clear()
                 self._features = frozenset({"shared_memory"})
             elif nodes is not None:
                 self._nodes = nodes
@@ -520,8 +524,10 @@ def _fuses(group: "Communicator", check: bool | None, nbytes: int, backend: Arra
     receiver keeps room for that much from every peer. The same on every rank of a
     matching call, as its ranks agree on the check and on the count and dtype.
     """
-    checking = group._watchdog.check if check is None else check
-    return checking and group.size > 1 and nbytes <= FUSED_BYTES and backend.name == "numpy"
+    watchdog = group._watchdog
+    checking = watchdog.check if check is None else check
+    by_messages = watchdog.shared is None  # else the signature goes through shared memory, without data
+    return checking and by_messages and group.size > 1 and nbytes <= FUSED_BYTES and backend.name == "numpy"
 
 
 def _allreduce_key(x: Any, op: Any, out: Any, algorithm: str, check: bool | None) -> tuple[Any, ...] | None:
@@ -575,7 +581,7 @@ def _allreduce_prepared(
     watchdog = group._watchdog
     if prepared.arrived is not None:
         pack_opening(prepared.sends, backend, work, source, prepared.outgoing)
-    call = watchdog.begin(prepared.guard, check)
+    call = watchdog.begin(prepared.guard, check, first_barrier=prepared.plan is None)
     try:
         if prepared.plan is None:
             shared = prepared.shared
@@ -674,7 +680,7 @@ def allreduce(
     except Exception as error:
         _refuse(group, "allreduce", algorithm, check, error)
         raise
-    call = watchdog.begin(guard, check)
+    call = watchdog.begin(guard, check, first_barrier=early is not None and early_plan is None)
     try:
         device = not on_host and _on_device(group, call, backend)
         if early is None:

@@ -82,6 +82,15 @@ class SharedExecutor:
         self._bases: list[int | None] = []  # the address of this rank's part of each
         self._scratches: dict[tuple[str, Any], Any] = {}
 
+    def reset(self) -> None:
+        """Start again from the first half of the regions; every rank at once, between calls.
+
+        For a call whose ranks disagreed on its signature: some may have run
+        segments and others none, so their turns differ. The barrier that found the
+        disagreement came after every read of an earlier call, so any half is free.
+        """
+        self._turn = 0
+
     def _halves(self, backend: ArrayBackend, like: Any) -> list[list[Any]]:
         """Per half, every rank's region as an array of ``like``'s dtype (made once per dtype)."""
         key = (backend.name, like.dtype)

@@ -4,8 +4,10 @@ A :class:`Watchdog` belongs to one communicator. Around every collective it
 
 - numbers the call (its sequence number on the communicator);
 - unless checking is off, exchanges a :class:`~collectives.signature.Signature`
-  with every other rank (one fixed-size message each way, on its own tag) and
-  raises :class:`~collectives.errors.MismatchError` on every rank if they differ;
+  with every other rank (one fixed-size message each way, on its own tag; or,
+  once the communicator's ranks share memory, posted for a barrier of it, which
+  the shared-memory executor's first barrier can be: see :meth:`Watchdog.agree_through`)
+  and raises :class:`~collectives.errors.MismatchError` on every rank if they differ;
 - when a rank's own checks of a call fail (a bad buffer, op, root ...), still
   takes that rank through the exchange with a *poisoned* signature naming its
   error (:meth:`Watchdog.poison`), so the other ranks raise
@@ -48,7 +50,7 @@ import struct
 import sys
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
@@ -80,6 +82,10 @@ FUSED_BYTES = 4096
 """The most data bytes that may travel to one peer with a call's signature (see :class:`Guard`)."""
 
 _log = logging.getLogger("collectives")
+
+
+def _nothing() -> None:
+    """What a watchdog does on a mismatch unless told otherwise."""
 
 
 def _seconds(value: float | None, env: str, default: float) -> float:
@@ -224,6 +230,7 @@ class Call:
     __slots__ = (
         "_barriers",
         "_deadline",
+        "_pending",
         "_record",
         "_started",
         "_warn_at",
@@ -241,6 +248,7 @@ class Call:
         self._warn_at = started + watchdog.stall_warning
         self._warned = False
         self._barriers = 0
+        self._pending: Guard | None = None  # a signature to post with the first barrier and check after it
         watched = watchdog.watched
         self._watched = watched is not None
         if watched is None:
@@ -320,10 +328,16 @@ class Call:
         """
         step = f"barrier {self._barriers}"
         self._barriers += 1
+        pending = self._pending
+        if pending is not None:
+            shared.post(pending.packed)
         shared.arrive(note)
         if not self._warned:
             missing = shared.wait(max(self._warn_at - time.monotonic(), 0.0))
             if not missing:
+                if pending is not None:
+                    self._pending = None
+                    self.watchdog._compare_posted(shared, pending, self._record.sequence)
                 return
             self._warned = True
             _log.warning(
@@ -339,6 +353,9 @@ class Call:
         if missing:
             shared.abandon()
             self._fail(tuple(missing if ranks is None else [ranks[r] for r in missing]), step)
+        if pending is not None:
+            self._pending = None
+            self.watchdog._compare_posted(shared, pending, self._record.sequence)
 
     def _time_out(self, stuck: list[_Tracked], step: int | str, transport: Transport) -> None:
         peers = tuple(sorted({t.peer for t in stuck}))
@@ -420,6 +437,21 @@ class Watchdog:
         self._exchange += [_Tracked(None, peer, True) for peer in self._peers]
         self._received = [bytearray(SIGNATURE_BYTES + FUSED_BYTES) for _ in range(self._size)]
         self._heads = [memoryview(r)[:SIGNATURE_BYTES] for r in self._received]
+        self.shared: SharedMemory | None = None
+        self._on_mismatch: Callable[[], None] = _nothing
+
+    def agree_through(self, shared: SharedMemory, on_mismatch: Callable[[], None] = _nothing) -> None:
+        """Agree on signatures through ``shared`` (over every rank, in order) from the next call on.
+
+        Each call posts its signature for a barrier of ``shared`` and reads the
+        others' after it, in place of messages: cheaper, and the shared-memory
+        executor's first barrier can carry it (see :meth:`begin`). Collective: every
+        rank must switch before the same call. ``on_mismatch`` runs on every rank
+        whose call found the signatures different, before the error is raised.
+        """
+        if shared.MESSAGE_BYTES >= SIGNATURE_BYTES and self._size > 1:
+            self.shared = shared
+            self._on_mismatch = on_mismatch
 
     def arrived(self, peer: int, size: int) -> memoryview:
         """The ``size`` data bytes that came with the last signature from ``peer`` (see :class:`Guard`)."""
@@ -481,8 +513,13 @@ class Watchdog:
             raise
         self.end(call)
 
-    def begin(self, guard: Guard, check: bool | None = None) -> Call:
+    def begin(self, guard: Guard, check: bool | None = None, *, first_barrier: bool = False) -> Call:
         """Number, record and (unless ``check`` is off) check a call; :meth:`end` must follow.
+
+        With ``first_barrier``, where signatures go through shared memory (see
+        :meth:`agree_through`), the call's first :meth:`Call.barrier` on that memory
+        carries and checks the signature: the caller promises that the call does
+        nothing another rank can see before it. Otherwise the check is done here.
 
         Raises:
             MismatchError: on every rank, when their calls differ.
@@ -501,7 +538,11 @@ class Watchdog:
         call = Call(self, record)
         if (self.check if check is None else check) and self._size > 1:
             try:
-                self._agree(call, guard, sequence)
+                if self.shared is not None and first_barrier:
+                    guard.stamp(sequence)
+                    call._pending = guard
+                else:
+                    self._agree(call, guard, sequence)
             except BaseException as error:
                 self.end(call, error)
                 raise
@@ -542,6 +583,13 @@ class Watchdog:
 
     def end(self, call: Call, error: BaseException | None = None) -> None:
         """Record how ``call`` ended: ``error`` if it raised one."""
+        if call._pending is not None and error is None:
+            # a call that promised a barrier and passed none still checks its signature
+            try:
+                call.barrier(self.shared)  # type: ignore[arg-type]  # pending only where shared is set
+            except BaseException as failure:
+                self.end(call, failure)
+                raise
         record = call._record
         record.outcome = "ok" if error is None else f"failed: {type(error).__name__}"
         record.seconds = time.monotonic() - call._started
@@ -552,8 +600,12 @@ class Watchdog:
 
     def _agree(self, call: Call, guard: Guard, sequence: int) -> None:
         """Exchange signatures with every other rank; raise on every rank if any differ."""
-        transport = self.transport
         guard.stamp(sequence)
+        if self.shared is not None:
+            call._pending = guard
+            call.barrier(self.shared)
+            return
+        transport = self.transport
         mine = guard.packed
         # room for any data a peer's message may carry, so none is ever truncated
         received = self._received
@@ -570,6 +622,20 @@ class Watchdog:
         signature = replace(guard.signature, sequence=sequence)
         error = disagreement(signature, [bytes(head) for head in heads], self._rank)
         if error is not None:
+            raise error
+
+    def _compare_posted(self, shared: SharedMemory, guard: Guard, sequence: int) -> None:
+        """After a barrier that carried signatures: raise on every rank if any differ."""
+        mine = guard.packed
+        for peer in self._peers:
+            if shared.message(peer)[:SIGNATURE_BYTES] != mine:
+                break
+        else:
+            return
+        heads = [bytes(shared.message(r)[:SIGNATURE_BYTES]) for r in range(self._size)]
+        error = disagreement(replace(guard.signature, sequence=sequence), heads, self._rank)
+        if error is not None:
+            self._on_mismatch()
             raise error
 
     def _write(self, line: str) -> None:

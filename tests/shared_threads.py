@@ -17,6 +17,7 @@ class ThreadWorld:
         self.regions = [bytearray(region_bytes) for _ in range(size)]
         self.arrived = [0] * size
         self.notes = [[(0,) * SharedMemory.NOTE_INTS] * 2 for _ in range(size)]  # by the barrier's parity
+        self.messages = [[bytearray(ThreadSharedMemory.MESSAGE_BYTES) for _ in (0, 1)] for _ in range(size)]
         self.condition = threading.Condition()
 
     def memory(self, rank: int) -> "ThreadSharedMemory":
@@ -51,6 +52,8 @@ class ThreadWorld:
 class ThreadSharedMemory(SharedMemory):
     """One rank's view of a :class:`ThreadWorld`."""
 
+    MESSAGE_BYTES = 256
+
     def __init__(self, world: ThreadWorld, rank: int) -> None:
         self._world = world
         self._rank = rank
@@ -83,6 +86,12 @@ class ThreadSharedMemory(SharedMemory):
         with world.condition:
             world.condition.wait_for(lambda: not missing(), None if math.isinf(timeout) else timeout)
             return missing()
+
+    def post(self, message: bytes | bytearray | memoryview) -> None:
+        self._world.messages[self._rank][(self._number + 1) & 1][: len(message)] = message
+
+    def message(self, rank: int) -> memoryview:
+        return memoryview(self._world.messages[rank][self._number & 1])
 
     def note(self, rank: int) -> tuple[int, ...]:
         return self._world.notes[rank][self._number & 1]

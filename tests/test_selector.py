@@ -479,29 +479,35 @@ def _with_shared_memory_and_butterfly() -> None:
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4, 8])
-def test_default_model_keeps_small_messages_off_shared_memory(world_size: int) -> None:
+def test_default_model_sends_small_allreduces_through_shared_memory(world_size: int) -> None:
+    # its one barrier carries the call's signature, which every call on shared memory passes anyway
     _with_shared_memory_and_butterfly()
     shm = frozenset({"shared_memory"})
-    for nbytes in (4, 8, 64, 1024):
+    for nbytes in (4, 8, 64, 1024, 16 * 1024):
         choice = selector.default_selector().choose("allreduce", world_size, nbytes // 4, 4, shm)
-        assert choice != "shared_memory", (world_size, nbytes)
+        assert choice == "shared_memory", (world_size, nbytes)
+        assert selector.default_selector().choose("allreduce", world_size, nbytes // 4, 4) != "shared_memory"
 
 
 def test_barriers_cost_per_peer_and_appear_in_the_explanation() -> None:
     _with_shared_memory_and_butterfly()
     model = CostModel(alpha=0.0, beta=0.0, gamma=0.0, barrier=1.0)
     assert model.barrier_time(1) == 0 and model.barrier_time(4) == 3.0
-    explained = Selector(model).explain("allreduce", 16, world_size=4, features=frozenset({"shared_memory"}))
+    shm_only = frozenset({"shared_memory"})
+    explained = Selector(model).explain("reduce_scatter", 16, world_size=4, features=shm_only)
     shm = next(c for c in explained.candidates if c.algorithm == "shared_memory")
     assert shm.traffic.barriers == 1 and shm.traffic.messages == 0
     assert shm.latency == 3.0  # one barrier, waiting for three peers
     assert explained.choice != "shared_memory"  # messages are free in this model, barriers are not
+    # an allreduce's first barrier carries the signature, which every call on shared memory passes
+    small = Selector(model).explain("allreduce", 16, world_size=4, features=shm_only)
+    assert next(c for c in small.candidates if c.algorithm == "shared_memory").traffic.barriers == 0
     assert "barriers" in str(explained) and "barrier 1000000.00 us/peer" in str(explained)
     # the barrier count follows the segments: a large allreduce passes one per segment and phase
     from collectives.algorithms import shared_memory
 
     steps, messages, _, _, barriers, _ = shared_memory.traffic("allreduce", 4, 64 * 1024**2)
-    assert messages == 0 and barriers == steps > 2
+    assert messages == 0 and barriers == steps - 1 > 2
 
 
 def test_shared_memory_copies_are_weighed_at_the_copy_cost() -> None:
@@ -515,7 +521,7 @@ def test_shared_memory_copies_are_weighed_at_the_copy_cost() -> None:
     steps, messages, elements, reduced, barriers, copied = shared_memory.traffic("allreduce", p, count)
     # in: the other owners' parts of the input; out: the whole result; two barriers per segment
     assert (messages, elements, copied, reduced) == (0, 0, (p - 1) * share + count, (p - 1) * share)
-    assert barriers == steps == 2 * -(-share // shared_memory.SEGMENT_ELEMENTS)
+    assert barriers + 1 == steps == 2 * -(-share // shared_memory.SEGMENT_ELEMENTS)
     only_copies = CostModel(alpha=0.0, beta=0.0, gamma=0.0, barrier=0.0, copy=1.0)
     explained = Selector(only_copies).explain(
         "allreduce", count, world_size=p, features=frozenset({"shared_memory"})

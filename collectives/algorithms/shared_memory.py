@@ -109,7 +109,10 @@ def traffic(
     segment of :data:`SEGMENT_ELEMENTS` of every share (float32 elements taken),
     an allreduce passes two barriers, the other collectives one; an allreduce of up
     to 4096 elements passes one in all (each rank copies its input in and reduces
-    the whole buffer). Copied: an allreduce copies in the other owners' parts of
+    the whole buffer). An allreduce's first barrier is not counted: it carries the
+    call's signature, and every call on memory the ranks share passes one barrier
+    to agree on it, whatever the algorithm (see ``Watchdog.agree_through``).
+    Copied: an allreduce copies in the other owners' parts of
     its input and copies out the whole result; reduce-scatter the other owners'
     parts; all-gather its own share in and the whole buffer out. Reduced: an owner's
     share read from P - 1 other ranks. ``features`` are the transport's (unused).
@@ -121,8 +124,8 @@ def traffic(
     others = (world_size - 1) * share
     if collective == "allreduce":
         if count <= 4096:
-            return (1, 0, 0, (world_size - 1) * count, 1, count)
-        return (2 * segments, 0, 0, others, 2 * segments, others + count)
+            return (1, 0, 0, (world_size - 1) * count, 0, count)
+        return (2 * segments, 0, 0, others, 2 * segments - 1, others + count)
     if collective == "reduce_scatter":
         return (segments, 0, 0, others, segments, others)
     return (segments, 0, 0, 0, segments, share + count)

@@ -137,6 +137,9 @@ class SharedMemory(ABC):
     NOTE_INTS = 6
     """Integers a note may hold."""
 
+    MESSAGE_BYTES = 0
+    """Bytes of the message a rank may post for the next barrier (:meth:`post`); 0 where it cannot."""
+
     @property
     @abstractmethod
     def region_bytes(self) -> int:
@@ -164,6 +167,20 @@ class SharedMemory(ABC):
         Read it before arriving at the next barrier: a rank may already be leaving
         the note of that one. A barrier passed without a note leaves it unspecified.
         """
+
+    def post(self, message: bytes | bytearray | memoryview) -> None:
+        """Leave ``message`` (at most :data:`MESSAGE_BYTES`) for every rank to read after the next barrier.
+
+        Post before arriving; a call agrees on its signature this way.
+        """
+        raise NotImplementedError(f"{type(self).__name__} carries no messages")
+
+    def message(self, rank: int) -> memoryview:
+        """What ``rank`` posted for the last barrier passed (:data:`MESSAGE_BYTES` bytes).
+
+        Read it before arriving at the next barrier, as a note.
+        """
+        raise NotImplementedError(f"{type(self).__name__} carries no messages")
 
     def allocate(self, nbytes: int) -> list[memoryview]:
         """A new shared allocation of ``nbytes`` per rank: every rank's part, as bytes; collective.

@@ -34,7 +34,9 @@ RANKS_PER_NODE_ENV = "COLLECTIVES_RANKS_PER_NODE"
 CUDA_AWARE_ENV = "COLLECTIVES_CUDA_AWARE"
 """``1`` or ``0`` to say whether MPI takes CUDA device buffers, instead of asking the library."""
 
-_SLOT_BYTES = 128  # a rank's barrier slot in the control window: its own cache lines
+_HEADER_BYTES = 128  # of a rank's slot in the control window: its barrier number, then its notes by parity
+_MESSAGE_BYTES = 256
+_SLOT_BYTES = _HEADER_BYTES + 2 * _MESSAGE_BYTES  # then its messages by parity; its own cache lines
 
 _THREAD_LEVELS = {
     MPI.THREAD_SINGLE: "single",
@@ -259,12 +261,16 @@ class MPISharedMemory(SharedMemory):
 
     Ranks keep a passive epoch open on the windows for their whole life. The
     barrier is not ``MPI_Barrier`` (which cannot be bounded, and measured 150 to
-    400 us on a busy node against 2 to 15 us for this): each rank has a 64-byte
-    slot in a small control window, and arriving is ``Win.Sync`` (so the rank's
-    stores are visible), writing its note, ``Win.Sync``, then writing the barrier's
-    number into its slot; waiting polls the others' numbers, yielding the core,
-    and ends with a ``Win.Sync`` so loads see what the others stored.
+    400 us on a busy node against 2 to 15 us for this): each rank has a slot in
+    a small control window, and arriving is ``Win.Sync`` (so the rank's stores are
+    visible), writing its note, ``Win.Sync``, then writing the barrier's number
+    into its slot; waiting polls the others' numbers, yielding the core, and ends
+    with a ``Win.Sync`` so loads see what the others stored. Notes and posted
+    messages alternate between two places by the barrier's parity, so a rank that
+    is a barrier ahead does not overwrite what a slower one is still reading.
     """
+
+    MESSAGE_BYTES = _MESSAGE_BYTES
 
     def __init__(self, node: MPI.Intracomm, region_bytes: int) -> None:
         self._node = node
@@ -274,9 +280,14 @@ class MPISharedMemory(SharedMemory):
         self._regions = [memoryview(self._win.Shared_query(r)[0]).cast("B") for r in range(size)]  # type: ignore[arg-type]
         # rank 0 holds every slot, one cache line each, so arrivals do not contend for a line
         self._control = MPI.Win.Allocate_shared(_SLOT_BYTES * size if rank == 0 else 0, 1, comm=node)
-        control = memoryview(self._control.Shared_query(0)[0])  # type: ignore[arg-type]
+        control = memoryview(self._control.Shared_query(0)[0]).cast("B")  # type: ignore[arg-type]
         slots = np.ndarray((size, _SLOT_BYTES // 8), np.int64, buffer=control)
         self._slots = slots
+        self._messages = [
+            [control[r * _SLOT_BYTES + _HEADER_BYTES + p * _MESSAGE_BYTES :][:_MESSAGE_BYTES] for p in (0, 1)]
+            for r in range(size)
+        ]
+        self._rank = rank
         self._arrived = slots[:, 0]  # the number of the last barrier each rank arrived at
         self._mine = slots[rank]
         self._number = 0
@@ -320,6 +331,12 @@ class MPISharedMemory(SharedMemory):
         self._win.Sync()
         self._passed = number
         return []
+
+    def post(self, message: bytes | bytearray | memoryview) -> None:
+        self._messages[self._rank][(self._number + 1) & 1][: len(message)] = message
+
+    def message(self, rank: int) -> memoryview:
+        return self._messages[rank][self._passed & 1]
 
     def note(self, rank: int) -> tuple[int, ...]:
         at = 1 + (self._passed & 1) * self.NOTE_INTS

@@ -1,0 +1,119 @@
+"""Under mpiexec: once a communicator's ranks share memory, they agree on each call through a barrier."""
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import collectives
+from collectives import InvalidBufferError, MismatchError, PeerInputError
+from tests.mpi.helpers import Problems, exact_input, mpi_reference
+
+pytestmark = pytest.mark.mpi
+
+TIMEOUT_S = 20.0
+"""The communicator's timeout: a rank left waiting raises CollectiveTimeout after this."""
+
+# small (one barrier), one segment, and several segments of the executor
+COUNTS = [2, 1000, 300_007]
+
+
+def _sharing(world: MPI.Intracomm) -> collectives.Communicator:
+    comm = collectives.Communicator(world, timeout=TIMEOUT_S, check=True)
+    assert comm.features is not None  # collective: sets up the shared memory, and agreement through it
+    return comm
+
+
+def _all_right(problems: Problems, comm: collectives.Communicator, world: MPI.Intracomm, label: str) -> None:
+    """Allreduces by every route after ``label``: the ranks are in step, and the halves of the regions too."""
+    for count in COUNTS:
+        x = exact_input("sum", "float32", count, world.rank, world.size)
+        expected = mpi_reference("allreduce", x, "sum", world)
+        for algorithm in ("shared_memory", "auto", "ring", "shared_memory"):
+            with problems.guard(f"{algorithm} of {count} after {label}"):
+                y = x.copy()
+                collectives.allreduce(y, out=y, algorithm=algorithm, comm=comm)
+                problems.expect_equal(f"{algorithm} of {count} after {label}", y, expected)
+
+
+def test_signatures_go_through_shared_memory_and_results_stay_right(world: MPI.Intracomm) -> None:
+    if world.size == 1:
+        pytest.skip("one rank agrees with itself without a barrier")
+    problems = Problems(world)
+    comm = _sharing(world)
+    watchdog = comm._watchdog
+    problems.expect(
+        watchdog.shared is not None and comm._shared is not None and watchdog.shared is comm._shared._shared,
+        "the watchdog does not agree through the communicator's shared memory",
+    )
+    _all_right(problems, comm, world, "the switch")
+    # no signature went by message: the buffers the exchange receives into were never written
+    problems.expect(not any(any(r) for r in watchdog._received), "a signature came by message")
+    comm.free()
+    problems.check()
+
+
+Call = Callable[[collectives.Communicator, np.ndarray], Any]
+
+# (what differs, call on the other ranks, call on the last rank)
+MISMATCHES: list[tuple[str, Call, Call]] = [
+    ("count", lambda c, x: collectives.allreduce(x, algorithm="shared_memory", comm=c),
+     lambda c, x: collectives.allreduce(x[:-1], algorithm="shared_memory", comm=c)),
+    ("algorithm", lambda c, x: collectives.allreduce(x, algorithm="shared_memory", comm=c),
+     lambda c, x: collectives.allreduce(x, algorithm="ring", comm=c)),
+    ("collective", lambda c, x: collectives.allreduce(x, out=x, algorithm="shared_memory", comm=c),
+     lambda c, x: collectives.broadcast(x, root=0, comm=c)),
+    ("op", lambda c, x: collectives.allreduce(x, out=x, algorithm="shared_memory", comm=c),
+     lambda c, x: collectives.allreduce(x, "max", out=x, algorithm="shared_memory", comm=c)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("field", "others", "last"), MISMATCHES, ids=[m[0] for m in MISMATCHES])
+@pytest.mark.parametrize("count", [4, 300_007])
+def test_a_mismatch_through_shared_memory_fails_every_rank_and_the_next_calls_are_right(
+    world: MPI.Intracomm, field: str, others: Call, last: Call, count: int
+) -> None:
+    if world.size == 1:
+        pytest.skip("needs two ranks to disagree")
+    problems = Problems(world)
+    comm = _sharing(world)
+    x = np.ones(count, np.float32)
+    for _ in range(2):  # the second call of a kind takes the prepared path
+        others(comm, x.copy())
+    started = time.monotonic()
+    try:
+        (last if world.rank == world.size - 1 else others)(comm, x.copy())
+        problems.expect(False, f"a call differing in {field} did not raise")
+    except MismatchError as error:
+        problems.expect(field in error.fields, f"fields {error.fields}")
+    took = time.monotonic() - started
+    problems.expect(took < TIMEOUT_S / 2, f"took {took:.1f} s to raise")
+    _all_right(problems, comm, world, f"a mismatch in {field}")
+    comm.free()
+    problems.check()
+
+
+def test_a_bad_call_on_one_rank_through_shared_memory_fails_every_rank(world: MPI.Intracomm) -> None:
+    if world.size == 1:
+        pytest.skip("needs a good rank beside the bad one")
+    problems = Problems(world)
+    comm = _sharing(world)
+    x = np.ones(300_007, np.float32)
+    for _ in range(2):
+        collectives.allreduce(x.copy(), algorithm="shared_memory", comm=comm)
+    try:
+        if world.rank == world.size - 1:
+            collectives.allreduce(x, out=np.empty(3, np.float32), algorithm="shared_memory", comm=comm)
+        else:
+            collectives.allreduce(x.copy(), algorithm="shared_memory", comm=comm)
+        problems.expect(False, "no error")
+    except PeerInputError as error:
+        problems.expect(world.rank != world.size - 1 and list(error.problems) == [world.size - 1], str(error))
+    except InvalidBufferError:
+        problems.expect(world.rank == world.size - 1, "a good rank raised the bad rank's error")
+    _all_right(problems, comm, world, "a bad call")
+    comm.free()
+    problems.check()
