@@ -351,6 +351,8 @@ def run(settings: Settings, world: MPI.Intracomm, emit: Callable[[str], None]) -
     dtype = numpy_dtype(settings.dtype)
     data = ExactData.of(settings.collective, settings.op, settings.dtype, world.size, settings.root or 0)
     comm = collectives.Communicator(world)
+    if selecting:
+        comm.features  # noqa: B018 - collective: set up shared memory now, so explanations see it
     ctx = _Context(settings, world, comm, dtype)
     rows = []
     try:

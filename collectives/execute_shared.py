@@ -215,7 +215,7 @@ class SharedExecutor:
         if count * x.itemsize <= min(SMALL_BYTES, self._half):
             half = self._next(views)
             backend.copy(half[rank][:count], x)
-            self._agree(barrier, (_WINDOW,))
+            barrier(self._shared, ())  # no note: every rank of a call this small goes through the window
             self._reduce(backend, op, out, [region[:count] for region in half])
             return
         share = bounds(tuple(count // size + (r < count % size) for r in range(size)))

@@ -43,8 +43,8 @@ AUTO = "auto"
 CALIBRATION_ENV = "COLLECTIVES_CALIBRATION"
 """The environment variable naming the calibration file, overriding the user cache directory."""
 
-_DEFAULT_BARRIER = 15e-6  # see DEFAULT_MODEL
-_DEFAULT_COPY = 0.05e-9
+_DEFAULT_BARRIER = 5e-6  # see DEFAULT_MODEL
+_DEFAULT_COPY = 0.03e-9
 
 _CHOICES_KEPT = 4096  # distinct (collective, world size, count, itemsize) choices remembered per selector
 
