@@ -124,7 +124,9 @@ class Communicator:
         (and ``"ranks_per_node=G"``) when they span several nodes of G ranks each
         (``$COLLECTIVES_RANKS_PER_NODE`` splits one machine into pretend nodes).
 
-        Collective the first time it is asked (the ranks agree on a shared window).
+        Collective the first time it is asked (the ranks agree on a shared window);
+        from then on, where all ranks share a node, they agree on each call's
+        signature through a barrier of that memory instead of messages.
         """
         if self._features is None:
             shared = self._transport.shared_memory()

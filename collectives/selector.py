@@ -218,17 +218,22 @@ class CostModel:
 DEFAULT_MODEL = CostModel(
     alpha=6e-6, beta=0.1e-9, gamma=0.07e-9, barrier=_DEFAULT_BARRIER, copy=_DEFAULT_COPY, source="defaults"
 )
-"""The constants used when there is no calibration file: 6 us, 0.1 ns/byte (10 GB/s), 0.07 ns/byte, 15 us.
+"""The constants without a calibration file: 6 us, 0.1 ns/byte (10 GB/s), 0.07 ns/byte, 5 us, 0.03 ns/byte.
 
 Measured with ``python -m bench calibrate -n 100`` under ``mpiexec -n 2`` on a
 2-core Linux VM (MPICH 5.0 over shared memory, numpy 2.4 float32 sums, each case
 timed by its least disturbed iteration), six runs while other jobs loaded the
 cores: alpha ranged 3.6 to 13 us, beta 0.065 to 0.16 ns/byte, gamma 0.061 to 0.089
 ns/byte; these are their medians, rounded. alpha is mostly the Python cost of
-posting and waiting on a step's messages. The barrier, measured the same way at 2
-and 4 ranks, cost 2 to 14 us per peer (median over calls 13 to 15 us at 2 ranks);
-15 us keeps small messages on the point-to-point algorithms, which measured faster
-there end to end. Run the calibration on your own machine for better choices.
+posting and waiting on a step's messages. The barrier measured 1.6 us per peer at
+2 ranks on the quiet machine and 2 to 14 us at 2 and 4 ranks on a loaded one; 5 us
+is between. The copy through shared memory measured 0.074 ns/byte by ``bench
+calibrate`` (4 MiB in the executor's segments, barriers taken off), but with that
+figure the model prefers ring at every size, where ``python -m bench compare``
+measured the shared-memory allreduce 20-40% faster than ring from 4 MiB at 2 ranks
+and as fast at 4 ranks: the exchanges beta comes from are timed warm in cache,
+the collectives are not. 0.03 ns/byte makes the model's choices those measured.
+Run the calibration on your own machine for choices made for it.
 """
 
 
