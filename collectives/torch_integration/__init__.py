@@ -1021,6 +1021,7 @@ def _host_tensors(tensors: Iterable[torch.Tensor], op: str | None = None) -> lis
 
 
 def _pairs(first: Sequence[object], second: Sequence[object], names: str, others: str) -> None:
+    """Raise unless c10d's per-tensor lists ``first`` and ``second`` (``names``, ``others``) pair up."""
     if len(first) != len(second):
         raise InvalidBufferError(f"{len(first)} {names} for {len(second)} {others}; c10d pairs them up")
 
@@ -1032,6 +1033,7 @@ def _like(tensors: Sequence[torch.Tensor], size: int, like: torch.Tensor, messag
 
 
 def _sized(tensor: torch.Tensor, count: int, dtype: torch.dtype, name: str) -> None:
+    """Raise unless ``tensor`` (the call's ``name``) holds ``count`` elements of ``dtype``."""
     if (tensor.numel(), tensor.dtype) != (count, dtype):
         raise InvalidBufferError(
             f"the {name} has {tensor.numel()} elements of {tensor.dtype}, expected {count} of {dtype}"
@@ -1068,9 +1070,11 @@ class _Work(dist.Work):
         return True
 
     def is_completed(self) -> bool:
+        """Whether the collective has finished, successfully or not."""
         return self._future.done()
 
     def result(self) -> Any:
+        """The collective's outputs, once it has finished; its error if it failed."""
         self.wait()
         return self._result
 
@@ -1099,7 +1103,8 @@ class _Work(dist.Work):
 
 
 def _value_of(future: "torch.futures.Future[T]") -> T:
-    return future.value()  # raises the error a future was given with set_exception
+    """``future``'s value; raises the error it was given with ``set_exception``."""
+    return future.value()
 
 
 class _ProcessGroup(dist.ProcessGroup):
