@@ -1,6 +1,7 @@
 """The torch integration on loopback ranks: zero-copy views, functions, buckets, optimizer, DDP hooks."""
 
 import threading
+import time
 import types
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +15,9 @@ import collectives as C  # noqa: E402
 from collectives import (  # noqa: E402
     Communicator,
     InvalidBufferError,
+    InvalidRootError,
+    MismatchError,
+    PeerInputError,
     UnsupportedDtypeError,
     UnsupportedOpError,
 )
@@ -667,6 +671,139 @@ def test_the_process_group_runs_c10d_collectives(ranks: Ranks) -> None:
         assert torch.equal(out["all_gather_single"], torch.arange(float(p)).repeat_interleave(2))
         assert torch.equal(out["reduce_scatter"], torch.full((2,), float(3 * r + 3)))
         assert torch.equal(out["reduce_scatter_single"], torch.arange(2.0 * r, 2.0 * r + 2) * p)
+
+
+def _options(kind: str, op: Any = None, root: int = 0) -> Any:
+    """c10d's options of a collective; ``op`` a torch ReduceOp, ``root`` a group rank."""
+    from torch._C import _distributed_c10d as c10d
+
+    options = {
+        "allreduce": c10d.AllreduceOptions,
+        "coalesced": c10d.AllreduceCoalescedOptions,
+        "reduce_scatter": c10d.ReduceScatterOptions,
+        "broadcast": c10d.BroadcastOptions,
+        "allgather": c10d.AllgatherOptions,
+    }[kind]()
+    if op is not None:
+        options.reduceOp = op
+    if kind == "broadcast":
+        options.rootRank = root
+    return options
+
+
+Group = Any
+SUM, AVG, BAND = (
+    torch.distributed.ReduceOp.SUM,
+    torch.distributed.ReduceOp.AVG,
+    torch.distributed.ReduceOp.BAND,
+)
+
+# (collective, the call on a good rank, on the bad rank, the bad rank's error); each returns a Work
+C10D_CASES: list[tuple[str, Callable[[Group], Any], Callable[[Group], Any], type]] = [
+    ("allreduce", lambda g: g.allreduce([torch.ones(4)], _options("allreduce", SUM)),
+     lambda g: g.allreduce([torch.ones(4, dtype=torch.bool)], _options("allreduce", SUM)),
+     UnsupportedDtypeError),
+    ("allreduce", lambda g: g.allreduce([torch.ones(4), torch.ones(2)], _options("allreduce", SUM)),
+     lambda g: g.allreduce([torch.ones(4), torch.ones(4, 2).t()], _options("allreduce", SUM)),
+     InvalidBufferError),
+    ("allreduce", lambda g: g.allreduce([torch.ones(4)], _options("allreduce", SUM)),
+     lambda g: g.allreduce([torch.ones(4)], _options("allreduce", BAND)), UnsupportedOpError),
+    ("allreduce", lambda g: g.allreduce([torch.ones(4)], _options("allreduce", SUM)),
+     lambda g: g.allreduce([torch.ones(4)], types.SimpleNamespace(
+         reduceOp=torch.distributed._make_nccl_premul_sum(2.0))), UnsupportedOpError),
+    ("allreduce",
+     lambda g: g.allreduce_coalesced([torch.ones(4, dtype=torch.int32)], _options("coalesced", SUM)),
+     lambda g: g.allreduce_coalesced([torch.ones(4, dtype=torch.int32)], _options("coalesced", AVG)),
+     UnsupportedOpError),
+    ("broadcast", lambda g: g.broadcast([torch.ones(4)], _options("broadcast", root=0)),
+     lambda g: g.broadcast([torch.ones(4)], _options("broadcast", root=g.size())), InvalidRootError),
+    ("broadcast", lambda g: g.broadcast([torch.ones(4)], _options("broadcast")),
+     lambda g: g.broadcast([torch.ones(4, device="meta")], _options("broadcast")), InvalidBufferError),
+    ("allgather", lambda g: g.allgather([[torch.empty(2) for _ in range(g.size())]], [torch.ones(2)],
+                                        _options("allgather")),
+     lambda g: g.allgather([[torch.empty(2) for _ in range(g.size() + 1)]], [torch.ones(2)],
+                           _options("allgather")), InvalidBufferError),
+    ("allgather", lambda g: g.allgather([[torch.empty(2) for _ in range(g.size())]], [torch.ones(2)],
+                                        _options("allgather")),
+     lambda g: g.allgather([], [torch.ones(2)], _options("allgather")), InvalidBufferError),
+    ("allgather",
+     lambda g: g.all_gather_single(torch.empty(2 * g.size()), torch.ones(2), _options("allgather")),
+     lambda g: g.all_gather_single(torch.empty(2 * g.size() + 1), torch.ones(2), _options("allgather")),
+     InvalidBufferError),
+    ("reduce_scatter", lambda g: g.reduce_scatter([torch.empty(2)], [[torch.ones(2)] * g.size()],
+                                                  _options("reduce_scatter", SUM)),
+     lambda g: g.reduce_scatter([torch.empty(2)], [[torch.ones(2)] * (g.size() - 1)],
+                                _options("reduce_scatter", SUM)), InvalidBufferError),
+    ("reduce_scatter", lambda g: g.reduce_scatter_single(torch.empty(2), torch.ones(2 * g.size()),
+                                                         _options("reduce_scatter", SUM)),
+     lambda g: g.reduce_scatter_single(torch.empty(2), torch.ones(2 * g.size(), dtype=torch.float64),
+                                       _options("reduce_scatter", SUM)), InvalidBufferError),
+]  # fmt: skip
+
+
+C10D_IDS = [
+    "allreduce-bool", "allreduce-non-contiguous", "allreduce-band-float", "allreduce-premul-sum",
+    "allreduce_coalesced-avg-int", "broadcast-root", "broadcast-meta", "allgather-outputs",
+    "allgather-output-lists", "all_gather_single-size", "reduce_scatter-inputs",
+    "reduce_scatter_single-dtype",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("collective", "good", "bad", "kind"), C10D_CASES, ids=C10D_IDS)
+def test_a_bad_c10d_call_on_one_rank_fails_every_rank_at_once(
+    ranks: Ranks, collective: str, good: Callable[[Group], Any], bad: Callable[[Group], Any], kind: type
+) -> None:
+    p, last = 3, 2
+
+    def run(comm: Communicator) -> tuple[str, str, float, list[float]]:
+        bounded = Communicator(comm.transport, timeout=20.0, stall_warning=0)  # waiting for it would show
+        group = ti._ProcessGroup(bounded)
+        # a collective still queued when the bad rank's checks fail: the poison goes after it
+        before = torch.full((1000,), float(comm.rank))
+        queued = group.allreduce([before], _options("allreduce", SUM))
+        started = time.monotonic()
+        try:
+            (bad if comm.rank == last else good)(group).wait()
+            kind_, message = "no error", ""
+        except CollectivesError as error:
+            kind_, message = type(error).__name__, str(error)
+            if isinstance(error, PeerInputError):
+                assert list(error.problems) == [last], error.problems
+        took = time.monotonic() - started
+        queued.wait()
+        assert torch.equal(before, torch.full((1000,), float(sum(range(p))))), "the queued allreduce"
+        after = torch.ones(2)
+        group.allreduce([after], _options("allreduce", SUM)).wait()  # the ranks are still in step
+        return kind_, message, took, after.tolist()
+
+    results = ranks(p, run, timeout=40.0)
+    assert results[last][0] == kind.__name__, results[last]
+    for rank, (kind_, message, took, after) in enumerate(results):
+        if rank != last:
+            assert kind_ == "PeerInputError", (rank, kind_, message)
+            assert f"{collective} #1: the call failed its checks on rank {last} ({kind.__name__}: " in message
+        assert took < 10 and after == [float(p)] * 2, (rank, took, after)
+
+
+def test_c10d_work_fails_in_wait_and_in_its_future(ranks: Ranks) -> None:
+    """A failed collective's Work raises from wait(), and its future fails (c10d's would succeed)."""
+
+    def run(comm: Communicator) -> tuple[str, str, bool]:
+        group = ti._ProcessGroup(Communicator(comm.transport, timeout=20.0, stall_warning=0))
+        # another count on rank 1: a mismatch every rank finds in the job, on the communicator's thread
+        work = group.allreduce([torch.ones(3 + comm.rank)], _options("allreduce", SUM))
+        with pytest.raises(MismatchError, match=r"allreduce #0: .*count: 3 on rank 0; 4 on rank 1") as raised:
+            work.wait()
+        assert work.is_completed()
+        with pytest.raises(RuntimeError, match="MismatchError: allreduce #0") as failed:
+            work.get_future().wait()
+        done = torch.ones(2)
+        follow = group.allreduce([done], _options("allreduce", SUM))
+        assert follow.get_future().wait() == [done] and follow.result() == [done]
+        return str(raised.value), str(failed.value), bool(torch.equal(done, torch.full((2,), 2.0)))
+
+    for _, _, reduced in ranks(2, run, timeout=40.0):
+        assert reduced
 
 
 # --------------------------------------------------------------------------- cuda (on a GPU host)

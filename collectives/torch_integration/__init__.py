@@ -62,6 +62,7 @@ from ..errors import (
     CollectivesError,
     ConfigurationError,
     InvalidBufferError,
+    InvalidRootError,
     UnsupportedDtypeError,
     UnsupportedOpError,
 )
@@ -77,10 +78,6 @@ else:
 
 T = TypeVar("T")
 TensorFuture = torch.futures.Future[torch.Tensor]
-# a Work that completes with a future: how c10d asks Python process groups to answer (missing from its stubs)
-_create_work_from_future: Callable[[torch.futures.Future[Any]], dist.Work] = (
-    torch._C._distributed_c10d._create_work_from_future  # type: ignore[attr-defined]
-)
 
 _DTYPES: dict[torch.dtype, str] = {
     torch.float16: "float16",
@@ -1023,11 +1020,101 @@ def _host_tensors(tensors: Iterable[torch.Tensor], op: str | None = None) -> lis
     return checked
 
 
+def _pairs(first: Sequence[object], second: Sequence[object], names: str, others: str) -> None:
+    """Raise unless c10d's per-tensor lists ``first`` and ``second`` (``names``, ``others``) pair up."""
+    if len(first) != len(second):
+        raise InvalidBufferError(f"{len(first)} {names} for {len(second)} {others}; c10d pairs them up")
+
+
+def _like(tensors: Sequence[torch.Tensor], size: int, like: torch.Tensor, message: str) -> None:
+    """Raise ``message`` (formatted with size, shape, dtype) unless ``tensors`` are ``size`` like ``like``."""
+    if len(tensors) != size or any((t.shape, t.dtype) != (like.shape, like.dtype) for t in tensors):
+        raise InvalidBufferError(message.format(size, tuple(like.shape), like.dtype))
+
+
+def _sized(tensor: torch.Tensor, count: int, dtype: torch.dtype, name: str) -> None:
+    """Raise unless ``tensor`` (the call's ``name``) holds ``count`` elements of ``dtype``."""
+    if (tensor.numel(), tensor.dtype) != (count, dtype):
+        raise InvalidBufferError(
+            f"the {name} has {tensor.numel()} elements of {tensor.dtype}, expected {count} of {dtype}"
+        )
+
+
+class _Work(dist.Work):
+    """A c10d collective in flight on the communicator's thread; :meth:`wait` raises its error.
+
+    c10d's own work made from a future (``_create_work_from_future``) cannot
+    carry an error: its ``wait()`` returns ``True`` and its future's value is
+    the exception, so a collective that failed (another rank's bad input, a
+    mismatch, a timeout) looked like one that ran. This one raises the
+    collective's own error from :meth:`wait`, in Python as from C++ (DDP).
+    """
+
+    def __init__(self, future: "Future[None]", result: Any) -> None:
+        super().__init__()
+        self._future = future
+        self._result = result
+        self._torch_future: torch.futures.Future[Any] | None = None
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        """Block until the collective finishes; raise its error if it failed.
+
+        Args:
+            timeout: the most time to wait (then ``TimeoutError``); zero, c10d's
+                default, waits as long as it takes.
+        """
+        seconds = timeout.total_seconds() or None
+        error = self._future.exception(seconds)
+        if error is not None:
+            raise error
+        return True
+
+    def is_completed(self) -> bool:
+        """Whether the collective has finished, successfully or not."""
+        return self._future.done()
+
+    def result(self) -> Any:
+        """The collective's outputs, once it has finished; its error if it failed."""
+        self.wait()
+        return self._result
+
+    def get_future(self) -> "torch.futures.Future[Any]":
+        """A torch future of the collective's outputs, failed (a ``RuntimeError`` naming the error) if it did.
+
+        Made on first ask, as only DDP and users of ``get_future`` want one.
+        The error goes through a ``then`` so that c10d's C++ side sees the
+        future fail, rather than succeed with the exception as its value, as
+        ``Future.set_exception`` alone would make it.
+        """
+        if self._torch_future is None:
+            outcome: torch.futures.Future[Any] = torch.futures.Future()
+            result = self._result
+
+            def finish(done: "Future[None]") -> None:
+                error = done.exception()
+                if error is None:
+                    outcome.set_result(result)
+                else:
+                    outcome.set_exception(error)
+
+            self._torch_future = outcome.then(_value_of)
+            self._future.add_done_callback(finish)
+        return self._torch_future
+
+
+def _value_of(future: "torch.futures.Future[T]") -> T:
+    """``future``'s value; raises the error it was given with ``set_exception``."""
+    return future.value()
+
+
 class _ProcessGroup(dist.ProcessGroup):
     """torch.distributed's face of a :class:`~collectives.Communicator`: the ``collectives`` backend.
 
     Each collective runs on the communicator's thread, in the order it was
-    called, and returns a ``Work`` whose future completes when it has.
+    called, and returns a :class:`_Work` that raises the collective's error,
+    if any, from ``wait()``. Its arguments are checked on the caller's thread
+    first; where the checks fail the other ranks are told (see :func:`_refuse`)
+    and their collective raises :class:`~collectives.PeerInputError`.
     """
 
     def __init__(self, communicator: api.Communicator) -> None:
@@ -1041,41 +1128,47 @@ class _ProcessGroup(dist.ProcessGroup):
 
     def _run(self, job: Callable[[api.Communicator], None], result: Any) -> dist.Work:
         """Submit ``job``; the work completes with ``result`` (what c10d expects of the collective)."""
-        future: torch.futures.Future[Any] = torch.futures.Future()
-
-        def finish(done: "Future[None]") -> None:
-            error = done.exception()
-            if error is None:
-                future.set_result(result)
-            else:
-                future.set_exception(error)
-
         communicator = self._communicator
-        self._worker.submit(lambda: job(communicator)).add_done_callback(finish)
-        work: dist.Work = _create_work_from_future(future)
-        return work
+        return _Work(self._worker.submit(lambda: job(communicator)), result)
+
+    def _refuse(self, collective: str, error: Exception) -> None:
+        """Tell the other ranks that this rank's checks of ``collective`` failed, after the jobs before."""
+        _refuse(self, collective, None, error)
 
     # c10d calls each collective in its first form, (tensors, options); the others are Python sugar
     def allreduce(  # type: ignore[override]
         self, tensors: list[torch.Tensor], opts: AllreduceOptions | None = None
     ) -> dist.Work:
-        op = _c10d_op(opts)
-        tensors = _host_tensors(tensors, op)
-
+        try:
+            op = _c10d_op(opts)
+            tensors = _host_tensors(tensors, op)
+        except Exception as error:
+            self._refuse("allreduce", error)
+            raise
         return self._run(lambda communicator: _reduce_all(tensors, op, communicator), tensors)
 
     def allreduce_coalesced(
         self, tensors: list[torch.Tensor], opts: AllreduceCoalescedOptions | None = None
     ) -> dist.Work:
-        op = _c10d_op(opts)
-        tensors = _host_tensors(tensors, op)
+        try:
+            op = _c10d_op(opts)
+            tensors = _host_tensors(tensors, op)
+        except Exception as error:
+            self._refuse("allreduce", error)
+            raise
         return self._run(lambda communicator: _reduce_all(tensors, op, communicator), tensors)
 
     def broadcast(  # type: ignore[override]
         self, tensors: list[torch.Tensor], opts: BroadcastOptions | None = None
     ) -> dist.Work:
-        root = 0 if opts is None else opts.rootRank
-        tensors = _host_tensors(tensors)
+        try:
+            root = 0 if opts is None else opts.rootRank
+            tensors = _host_tensors(tensors)
+            if not 0 <= root < self.size():
+                raise InvalidRootError(f"root {root} is not a rank of a group of {self.size()}")
+        except Exception as error:
+            self._refuse("broadcast", error)
+            raise
 
         def job(communicator: api.Communicator) -> None:
             for tensor in tensors:
@@ -1090,15 +1183,15 @@ class _ProcessGroup(dist.ProcessGroup):
         tensors: list[torch.Tensor],
         opts: AllgatherOptions | None = None,
     ) -> dist.Work:
-        tensors = _host_tensors(tensors)
-        for outputs, tensor in zip(output_lists, tensors, strict=True):
-            _host_tensors(outputs)
-            if len(outputs) != self.size() or any(
-                (o.shape, o.dtype) != (tensor.shape, tensor.dtype) for o in outputs
-            ):
-                raise InvalidBufferError(
-                    f"allgather needs {self.size()} outputs of shape {tuple(tensor.shape)}, {tensor.dtype}"
-                )
+        try:
+            tensors = _host_tensors(tensors)
+            _pairs(output_lists, tensors, "output lists", "inputs")
+            for outputs, tensor in zip(output_lists, tensors, strict=True):
+                _host_tensors(outputs)
+                _like(outputs, self.size(), tensor, "allgather needs {} outputs of shape {}, {}")
+        except Exception as error:
+            self._refuse("allgather", error)
+            raise
 
         def job(communicator: api.Communicator) -> None:
             for outputs, tensor in zip(output_lists, tensors, strict=True):
@@ -1111,7 +1204,12 @@ class _ProcessGroup(dist.ProcessGroup):
     def all_gather_single(
         self, output: torch.Tensor, tensor: torch.Tensor, opts: AllgatherOptions | None = None
     ) -> dist.Work:
-        output, tensor = _host_tensors([output, tensor])
+        try:
+            output, tensor = _host_tensors([output, tensor])
+            _sized(output, tensor.numel() * self.size(), tensor.dtype, "output")
+        except Exception as error:
+            self._refuse("allgather", error)
+            raise
 
         def job(communicator: api.Communicator) -> None:
             api.allgather(_flat(tensor), out=_flat(output), comm=communicator)
@@ -1124,10 +1222,16 @@ class _ProcessGroup(dist.ProcessGroup):
         input_lists: list[list[torch.Tensor]],
         opts: ReduceScatterOptions | None = None,
     ) -> dist.Work:
-        op = _c10d_op(opts)
-        outputs = _host_tensors(outputs, op)
-        for inputs in input_lists:
-            _host_tensors(inputs, op)
+        try:
+            op = _c10d_op(opts)
+            outputs = _host_tensors(outputs, op)
+            _pairs(outputs, input_lists, "outputs", "input lists")
+            for output, inputs in zip(outputs, input_lists, strict=True):
+                _host_tensors(inputs, op)
+                _like(inputs, self.size(), output, "reduce_scatter needs {} inputs of shape {}, {}")
+        except Exception as error:
+            self._refuse("reduce_scatter", error)
+            raise
 
         def job(communicator: api.Communicator) -> None:
             for output, inputs in zip(outputs, input_lists, strict=True):
@@ -1139,8 +1243,13 @@ class _ProcessGroup(dist.ProcessGroup):
     def reduce_scatter_single(
         self, output: torch.Tensor, tensor: torch.Tensor, opts: ReduceScatterOptions | None = None
     ) -> dist.Work:
-        op = _c10d_op(opts)
-        output, tensor = _host_tensors([output, tensor], op)
+        try:
+            op = _c10d_op(opts)
+            output, tensor = _host_tensors([output, tensor], op)
+            _sized(tensor, output.numel() * self.size(), output.dtype, "input")
+        except Exception as error:
+            self._refuse("reduce_scatter", error)
+            raise
 
         def job(communicator: api.Communicator) -> None:
             api.reduce_scatter(_flat(tensor), op, out=_flat(output), comm=communicator)
