@@ -270,7 +270,7 @@ class StagingTransport(WrappedTransport):
             message.done = True
 
     def _feed(self, channel: _Channel) -> bool:
-        """Post the channel's next pieces, in order, while it has pinned buffers to spare; whether any went."""
+        """Post the channel's next pieces in order while it has pinned buffers to spare; whether any went."""
         fed = False
         queue = channel.queue
         while queue:
