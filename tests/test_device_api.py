@@ -226,3 +226,84 @@ def test_a_device_array_without_cupy_gets_a_clear_error() -> None:
         pytest.skip("CuPy is installed")
     with pytest.raises(UnsupportedDtypeError, match="device arrays need CuPy"):
         backends.backend_for(_CudaArrayLike())
+
+
+STAGED = "host staging through pinned host buffers in 4 MiB pieces, 2 in flight per peer and direction"
+FIRST = "chosen on the first call on device arrays"
+
+
+def test_explain_names_the_device_path_once_chosen(
+    fake: FakeDeviceBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLLECTIVES_CUDA_IPC", "0")
+
+    def run(comm: C.Communicator) -> tuple[str | None, str | None, str]:
+        before = C.explain("allreduce", 100, comm=comm).device  # host arrays, no device path yet
+        foreseen = C.explain("allreduce", 100, comm=comm, device=True).device
+        C.allreduce(_x(comm.rank).view(DeviceArray), comm=comm)
+        return before, foreseen, str(C.explain("allreduce", 100, comm=comm))
+
+    for before, foreseen, after in _world(2, run):
+        assert before is None
+        assert foreseen == (f"{STAGED} (COLLECTIVES_CUDA_IPC=0; MPI library not CUDA-aware; {FIRST})")
+        assert f"device buffers: {STAGED} (COLLECTIVES_CUDA_IPC=0; MPI library not CUDA-aware)\n" in after
+
+
+def test_explain_names_cuda_ipc_and_the_choices_before_the_first_device_call(
+    fake: FakeDeviceBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("COLLECTIVES_CUDA_IPC", raising=False)
+    monkeypatch.setattr(staging, "PIECE_BYTES", 1 << 16)
+
+    def run(comm: C.Communicator) -> tuple[str | None, str | None]:
+        foreseen = C.explain("allgather", 100, comm=comm, device=True).device
+        C.allgather(_x(comm.rank).view(DeviceArray), comm=comm)
+        return foreseen, C.explain("allgather", 100, comm=comm).device
+
+    for foreseen, chosen in _world(3, run):
+        assert foreseen == (
+            "chosen on the first call on device arrays: cuda ipc where every rank is on one node, else "
+            "cuda-aware mpi where the MPI library is, else host staging through pinned host buffers in "
+            "64 KiB pieces, 2 in flight per peer and direction"
+        )
+        assert chosen == (
+            "cuda ipc: device-to-device copies into each peer's mailbox in 4 MiB pieces, 2 slots per sender "
+            "(every rank on one node)"
+        )
+
+
+def test_explain_for_device_arrays_of_one_rank_or_a_cuda_aware_mpi(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLLECTIVES_CUDA_IPC", "0")
+
+    class Aware(HostOnly):
+        def cuda_aware(self) -> bool:
+            return True
+
+    def aware(transport: Transport) -> str | None:
+        comm = C.Communicator(Aware(transport))
+        return C.explain("allreduce", 8, comm=comm, device=True).device
+
+    assert (
+        LoopbackWorld(2).run(aware)
+        == [f"cuda-aware mpi (COLLECTIVES_CUDA_IPC=0; MPI library CUDA-aware; {FIRST})"] * 2
+    )
+    one = LoopbackWorld(1).run(
+        lambda t: C.explain("allreduce", 8, comm=C.Communicator(t), device=True).device
+    )
+    assert one == [f"{STAGED} (one rank: nothing to send; MPI library not CUDA-aware; {FIRST})"]
+    # no communicator: only what is known everywhere
+    generic = C.explain("allreduce", 8, world_size=4, device=True).device
+    assert generic is not None and generic.startswith(FIRST + ": cuda ipc where")
+    assert "device buffers" not in str(C.explain("allreduce", 8, world_size=4))
+
+
+def test_explain_for_device_arrays_leaves_out_the_hosts_shared_memory() -> None:
+    def run(transport: Transport) -> tuple[set[str], set[str]]:
+        comm = C.Communicator(transport)
+        comm._features = frozenset({"shared_memory"})  # as a host call on one node would have found
+        host = C.explain("allreduce", 1000, comm=comm)
+        device = C.explain("allreduce", 1000, comm=comm, device=True)
+        return {c.algorithm for c in host.candidates}, {c.algorithm for c in device.candidates}
+
+    for host, device in LoopbackWorld(2).run(run):
+        assert "shared_memory" in host and "shared_memory" not in device

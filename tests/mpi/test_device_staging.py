@@ -62,6 +62,13 @@ def test_fake_device_arrays_over_mpi_staging_match_numpy(
         pool, bound = transport.pool, 2 * staging.PIECES_IN_FLIGHT * max(size - 1, 1)
         problems.expect(pool.most_lent <= bound, f"{pool.most_lent} pinned buffers lent at once, not {bound}")
         problems.expect(pool.lent == 0, f"{pool.lent} pinned buffers still lent after the calls")
+    route = collectives.explain("allreduce", 10, comm=comm).device or ""
+    why = "one rank: nothing to send" if size == 1 else "COLLECTIVES_CUDA_IPC=0"
+    problems.expect(
+        route.startswith("host staging through pinned host buffers in ")
+        and route.endswith(f"({why}; MPI library not CUDA-aware)"),
+        f"explain says {route!r}",
+    )
     comm.free()
     problems.check()
 
