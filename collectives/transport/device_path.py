@@ -71,6 +71,7 @@ class DevicePath:
     Attributes:
         name: ``"cuda ipc"``, ``"cuda-aware mpi"`` or ``"host staging"``.
         transport: the transport, over the communicator's host transport.
+        reason: why :func:`connect` chose it, e.g. ``"ranks on several nodes; MPI library not CUDA-aware"``.
     """
 
     name: str
