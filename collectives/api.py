@@ -871,12 +871,16 @@ def explain(
     comm: "Communicator | MPI.Comm | None" = None,
     op: "str | ReduceOp" = "sum",
     topology: "Topology | None" = None,
+    device: bool = False,
 ) -> Explanation:
     """What ``algorithm="auto"`` runs for ``collective`` of ``count`` elements, and why.
 
     Nothing is sent: the explanation is this rank's, with the cost model the
     communicator agreed on if it already has (rank 0's), else this process's
     calibration. ``print()`` it for a table of every algorithm's predicted time.
+    For device arrays, and wherever the communicator already has a device path,
+    it also says how device buffers travel (CUDA IPC, CUDA-aware MPI or host
+    staging, and why).
 
     Args:
         collective: ``allreduce``, ``reduce_scatter`` or ``allgather``.
@@ -889,11 +893,15 @@ def explain(
         topology: predict on this machine's links instead (one GPU per rank), as
             :meth:`collectives.selector.Selector.explain` says; the choice is then advice
             for that machine, and what this communicator's ``"auto"`` runs is unchanged.
+        device: explain a call on device arrays: they never use the host's shared
+            memory, and the explanation names their path (the communicator's once its
+            first device call chose it, else as far as is known without asking the ranks).
 
     Returns:
         Each candidate's prediction, the rejected algorithms with their reasons, and the choice.
     """
     selector = None
+    group = None
     if world_size is None or comm is not None:
         group = _communicator(comm)
         world_size = group.size if world_size is None else world_size
@@ -901,9 +909,19 @@ def explain(
         features = group._features or frozenset()  # as agreed by earlier calls; asking would be collective
     else:
         features = frozenset()
-    return (selector or default_selector()).explain(
+    features = frozenset() if device else features  # device arrays never use the host's shared memory
+    explanation = (selector or default_selector()).explain(
         collective, count, dtype, world_size=world_size, op=op, features=features, topology=topology
     )
+    path = None if group is None else next(iter(group._device_paths.values()), None)
+    if path is None and not device:
+        return explanation
+    from dataclasses import replace
+
+    from .transport.device_path import foresee
+
+    route = path.describe() if path is not None else foresee(None if group is None else group.transport)
+    return replace(explanation, device=route)
 
 
 def _shares(

@@ -392,6 +392,8 @@ class Explanation:
         choice: the fastest candidate; ``None`` when every algorithm was rejected.
         topology: the machine the transfers were predicted on, with link
             contention, instead of the model's alpha and beta; ``None`` for none.
+        device: how device buffers travel, in one line (see :func:`collectives.explain`);
+            ``None`` where not asked.
     """
 
     collective: str
@@ -404,6 +406,7 @@ class Explanation:
     rejected: tuple[Rejected, ...]
     choice: str | None
     topology: Topology | None = None
+    device: str | None = None
 
     def __str__(self) -> str:
         size = self.count * itemsize(self.dtype)
@@ -417,6 +420,7 @@ class Explanation:
                 if self.topology is None
                 else [f"transfers: on the links of {self.topology.name}, with contention, not alpha and beta"]
             ),
+            *([] if self.device is None else [f"device buffers: {self.device}"]),
             "",
         ]
         titles = ("", "algorithm", "schedule", "steps", "messages", "barriers", "bytes moved",

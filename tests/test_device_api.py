@@ -1,6 +1,7 @@
 """The user's API on device arrays of a numpy fake device: the device path, its choice, the results."""
 
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,7 +11,8 @@ import pytest
 import collectives as C
 from collectives import backends
 from collectives.backends.numpy_backend import NumpyBackend
-from collectives.errors import ConfigurationError, UnsupportedDtypeError
+from collectives.errors import CollectiveTimeout, ConfigurationError, UnsupportedDtypeError
+from collectives.transport import staging
 from collectives.transport.base import SharedMemory, Transport
 from collectives.transport.loopback import LoopbackWorld
 from tests.fake_device import DeviceArray, FakeDeviceBackend, HostOnly
@@ -104,6 +106,63 @@ def test_the_device_path_is_made_once_and_its_pool_does_not_grow(
         assert len(set(seen)) == 1, seen
 
 
+@pytest.mark.parametrize("size", [2, 3])
+def test_host_staging_in_small_pieces_gives_the_host_results(
+    fake: FakeDeviceBackend, monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    monkeypatch.setenv("COLLECTIVES_CUDA_IPC", "0")
+    monkeypatch.setattr(staging, "PIECE_BYTES", 1000)  # messages of 2-12 KB: several pieces each
+
+    def run(comm: C.Communicator) -> dict[str, Any]:
+        x = _x(comm.rank, rows=600).view(DeviceArray)
+        got: dict[str, Any] = {}
+        for algorithm in ("ring", "direct", "auto"):
+            got[f"allreduce-{algorithm}"] = C.allreduce(x, algorithm=algorithm, comm=comm)
+            got[f"reduce_scatter-{algorithm}"] = C.reduce_scatter(x, algorithm=algorithm, comm=comm)
+            got[f"allgather-{algorithm}"] = C.allgather(x, algorithm=algorithm, comm=comm)
+        transport = comm._device_paths["fake-device"].transport
+        assert isinstance(transport, staging.StagingTransport)
+        got["pieces"] = (transport.piece_bytes, transport.pool.most_lent)
+        return got
+
+    xs = [_x(r, rows=600) for r in range(size)]
+    total, rows = sum(xs), 600 // size  # small integers: exact in any order
+    for rank, outcome in enumerate(_world(size, run)):
+        piece_bytes, most_lent = outcome.pop("pieces")
+        assert piece_bytes == 1000
+        assert most_lent <= 2 * 2 * (size - 1), most_lent  # two a peer and direction, at most
+        for name, value in outcome.items():
+            assert isinstance(value, DeviceArray), f"{name} left the device"
+            want = {
+                "allreduce": total,
+                "reduce_scatter": total[rank * rows : (rank + 1) * rows],
+                "allgather": np.concatenate(xs),
+            }[name.split("-")[0]]
+            np.testing.assert_array_equal(value.view(np.ndarray), want, err_msg=name)
+
+
+def test_a_timeout_while_staging_names_the_peer_and_keeps_the_pinned_buffers(
+    fake: FakeDeviceBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLLECTIVES_CUDA_IPC", "0")
+    monkeypatch.setattr(staging, "PIECE_BYTES", 256)
+
+    def body(transport: Transport) -> Any:
+        if transport.rank == 1:
+            return None  # never joins
+        comm = C.Communicator(HostOnly(transport), timeout=0.3)
+        started = time.monotonic()
+        with pytest.raises(CollectiveTimeout) as caught:
+            C.allreduce(_x(0, rows=600).view(DeviceArray), algorithm="ring", comm=comm, check=False)
+        pool = comm._device_paths["fake-device"].transport.pool  # type: ignore[attr-defined]
+        return caught.value, time.monotonic() - started, pool.lent, pool.free_buffers, pool.allocations
+
+    error, waited, lent, free, allocations = LoopbackWorld(2, timeout=20).run(body)[0]
+    assert (error.step, error.peers) == (0, (1,)) and waited < 5
+    # the two receives in flight from rank 1 keep their buffers: the pool never lends them again
+    assert lent == 0 and allocations - free == 2, (allocations, free)
+
+
 def test_host_arrays_on_the_same_communicator_stay_on_the_host(fake: FakeDeviceBackend) -> None:
     def run(comm: C.Communicator) -> tuple[str | None, Any]:
         host = C.allreduce(_x(comm.rank), comm=comm, algorithm="ring")
@@ -167,3 +226,84 @@ def test_a_device_array_without_cupy_gets_a_clear_error() -> None:
         pytest.skip("CuPy is installed")
     with pytest.raises(UnsupportedDtypeError, match="device arrays need CuPy"):
         backends.backend_for(_CudaArrayLike())
+
+
+STAGED = "host staging through pinned host buffers in 4 MiB pieces, 2 in flight per peer and direction"
+FIRST = "chosen on the first call on device arrays"
+
+
+def test_explain_names_the_device_path_once_chosen(
+    fake: FakeDeviceBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLLECTIVES_CUDA_IPC", "0")
+
+    def run(comm: C.Communicator) -> tuple[str | None, str | None, str]:
+        before = C.explain("allreduce", 100, comm=comm).device  # host arrays, no device path yet
+        foreseen = C.explain("allreduce", 100, comm=comm, device=True).device
+        C.allreduce(_x(comm.rank).view(DeviceArray), comm=comm)
+        return before, foreseen, str(C.explain("allreduce", 100, comm=comm))
+
+    for before, foreseen, after in _world(2, run):
+        assert before is None
+        assert foreseen == (f"{STAGED} (COLLECTIVES_CUDA_IPC=0; MPI library not CUDA-aware; {FIRST})")
+        assert f"device buffers: {STAGED} (COLLECTIVES_CUDA_IPC=0; MPI library not CUDA-aware)\n" in after
+
+
+def test_explain_names_cuda_ipc_and_the_choices_before_the_first_device_call(
+    fake: FakeDeviceBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("COLLECTIVES_CUDA_IPC", raising=False)
+    monkeypatch.setattr(staging, "PIECE_BYTES", 1 << 16)
+
+    def run(comm: C.Communicator) -> tuple[str | None, str | None]:
+        foreseen = C.explain("allgather", 100, comm=comm, device=True).device
+        C.allgather(_x(comm.rank).view(DeviceArray), comm=comm)
+        return foreseen, C.explain("allgather", 100, comm=comm).device
+
+    for foreseen, chosen in _world(3, run):
+        assert foreseen == (
+            "chosen on the first call on device arrays: cuda ipc where every rank is on one node, else "
+            "cuda-aware mpi where the MPI library is, else host staging through pinned host buffers in "
+            "64 KiB pieces, 2 in flight per peer and direction"
+        )
+        assert chosen == (
+            "cuda ipc: device-to-device copies into each peer's mailbox in 4 MiB pieces, 2 slots per sender "
+            "(every rank on one node)"
+        )
+
+
+def test_explain_for_device_arrays_of_one_rank_or_a_cuda_aware_mpi(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLLECTIVES_CUDA_IPC", "0")
+
+    class Aware(HostOnly):
+        def cuda_aware(self) -> bool:
+            return True
+
+    def aware(transport: Transport) -> str | None:
+        comm = C.Communicator(Aware(transport))
+        return C.explain("allreduce", 8, comm=comm, device=True).device
+
+    assert (
+        LoopbackWorld(2).run(aware)
+        == [f"cuda-aware mpi (COLLECTIVES_CUDA_IPC=0; MPI library CUDA-aware; {FIRST})"] * 2
+    )
+    one = LoopbackWorld(1).run(
+        lambda t: C.explain("allreduce", 8, comm=C.Communicator(t), device=True).device
+    )
+    assert one == [f"{STAGED} (one rank: nothing to send; MPI library not CUDA-aware; {FIRST})"]
+    # no communicator: only what is known everywhere
+    generic = C.explain("allreduce", 8, world_size=4, device=True).device
+    assert generic is not None and generic.startswith(FIRST + ": cuda ipc where")
+    assert "device buffers" not in str(C.explain("allreduce", 8, world_size=4))
+
+
+def test_explain_for_device_arrays_leaves_out_the_hosts_shared_memory() -> None:
+    def run(transport: Transport) -> tuple[set[str], set[str]]:
+        comm = C.Communicator(transport)
+        comm._features = frozenset({"shared_memory"})  # as a host call on one node would have found
+        host = C.explain("allreduce", 1000, comm=comm)
+        device = C.explain("allreduce", 1000, comm=comm, device=True)
+        return {c.algorithm for c in host.candidates}, {c.algorithm for c in device.candidates}
+
+    for host, device in LoopbackWorld(2).run(run):
+        assert "shared_memory" in host and "shared_memory" not in device

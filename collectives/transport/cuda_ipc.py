@@ -159,6 +159,11 @@ class CudaIpcTransport(WrappedTransport):
         """Bytes of one slot: the largest piece of a message."""
         return self._slot_bytes
 
+    @property
+    def slots(self) -> int:
+        """Slots per sender in each mailbox: the pieces from one rank to another in flight at once."""
+        return self._slots
+
     def isend(self, buffer: Any, dst: int, tag: int) -> Request:
         if not self._device.is_device(buffer):
             return _Host(self._inner.isend(buffer, dst, tag))

@@ -10,6 +10,7 @@ import collectives
 from collectives import backends
 from collectives.backends.numpy_backend import NumpyBackend
 from collectives.errors import ConfigurationError
+from collectives.transport import staging
 from collectives.transport.mpi import MPITransport
 from tests.fake_device import DeviceArray, FakeDeviceBackend
 from tests.mpi.helpers import Problems, exact_input, mismatch
@@ -28,7 +29,12 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDeviceBackend]:
     backends._BACKENDS[:] = saved
 
 
-def test_fake_device_arrays_over_mpi_staging_match_numpy(fake: FakeDeviceBackend) -> None:
+@pytest.mark.parametrize("piece_bytes", [None, 1000])  # the default, and every message in several pieces
+def test_fake_device_arrays_over_mpi_staging_match_numpy(
+    fake: FakeDeviceBackend, monkeypatch: pytest.MonkeyPatch, piece_bytes: int | None
+) -> None:
+    if piece_bytes is not None:
+        monkeypatch.setattr(staging, "PIECE_BYTES", piece_bytes)
     comm = collectives.Communicator(MPI.COMM_WORLD)
     problems = Problems()
     size, rank = comm.size, comm.rank
@@ -51,6 +57,18 @@ def test_fake_device_arrays_over_mpi_staging_match_numpy(fake: FakeDeviceBackend
                     problem = mismatch(got.view(np.ndarray), expected)
                     problems.expect(problem is None, f"{label}: {problem}")
     problems.expect(comm.device_path == "host staging", f"took {comm.device_path}")
+    transport = comm._device_paths["fake-device"].transport
+    if isinstance(transport, staging.StagingTransport):
+        pool, bound = transport.pool, 2 * staging.PIECES_IN_FLIGHT * max(size - 1, 1)
+        problems.expect(pool.most_lent <= bound, f"{pool.most_lent} pinned buffers lent at once, not {bound}")
+        problems.expect(pool.lent == 0, f"{pool.lent} pinned buffers still lent after the calls")
+    route = collectives.explain("allreduce", 10, comm=comm).device or ""
+    why = "one rank: nothing to send" if size == 1 else "COLLECTIVES_CUDA_IPC=0"
+    problems.expect(
+        route.startswith("host staging through pinned host buffers in ")
+        and route.endswith(f"({why}; MPI library not CUDA-aware)"),
+        f"explain says {route!r}",
+    )
     comm.free()
     problems.check()
 

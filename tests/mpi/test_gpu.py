@@ -115,6 +115,46 @@ def test_the_expected_device_path_was_taken(comm: collectives.Communicator) -> N
     problems.check()
 
 
+@pytest.mark.parametrize("piece_bytes", [1 << 16, None])  # many pieces a message, and the default 4 MiB
+def test_host_staging_in_pieces_matches_numpy(
+    comm: collectives.Communicator, monkeypatch: pytest.MonkeyPatch, piece_bytes: int | None
+) -> None:
+    if os.environ.get("COLLECTIVES_EXPECT_DEVICE_PATH") != "host staging" and comm.size > 1:
+        pytest.skip("runs over host staging (COLLECTIVES_CUDA_IPC=0 COLLECTIVES_CUDA_AWARE=0)")
+    from collectives.transport import staging
+
+    if piece_bytes is not None:
+        monkeypatch.setattr(staging, "PIECE_BYTES", piece_bytes)
+    pieces = staging.PIECE_BYTES
+    fresh = collectives.Communicator(MPI.COMM_WORLD)  # its device path is made with this piece size
+    problems = Problems()
+    size, rank = fresh.size, fresh.rank
+    for collective, algorithms in ALGORITHMS.items():
+        for count in (3001, 300_001, 3_000_001):  # 12 KB to 12 MB of float32: 1 to 3 default pieces
+            for algorithm in algorithms:
+                label = f"pieces of {pieces} B: {collective} {algorithm} count={count}"
+                with problems.guard(label):
+                    rows = count * size if collective == "reduce_scatter" else count
+                    x = exact_input("sum", "float32", rows, rank, size)
+                    run = getattr(collectives, collective)
+                    args = () if collective == "allgather" else ("sum",)
+                    expected = run(x, *args, algorithm=algorithm, comm=fresh)
+                    got = run(cupy.asarray(x), *args, algorithm=algorithm, comm=fresh)
+                    problem = mismatch(cupy.asnumpy(got), expected)
+                    problems.expect(problem is None, f"{label}: {problem}")
+    path = next(iter(fresh._device_paths.values()))
+    problems.expect(path.name == "host staging", f"took {path.name}")
+    if isinstance(path.transport, staging.StagingTransport):
+        pool, bound = path.transport.pool, 2 * staging.PIECES_IN_FLIGHT * max(size - 1, 1)
+        problems.expect(path.transport.piece_bytes == pieces, f"pieces of {path.transport.piece_bytes} B")
+        problems.expect(pool.most_lent <= bound, f"{pool.most_lent} pinned buffers lent at once, not {bound}")
+        problems.expect(pool.lent == 0, f"{pool.lent} pinned buffers still lent")
+    route = collectives.explain("allreduce", 10, comm=fresh).device or ""
+    problems.expect(route.startswith("host staging through pinned host buffers"), f"explain says {route!r}")
+    fresh.free()
+    problems.check()
+
+
 def test_torch_cuda_tensors_go_through_cupy_in_place(comm: collectives.Communicator) -> None:
     torch = pytest.importorskip("torch")
     from collectives import torch_integration as ti
