@@ -548,12 +548,13 @@ def _fits(prepared: _Prepared, x: Any, out: Any) -> bool:
 
     Contiguity, writability and overlap belong to the arrays, not to the key.
     """
-    if not x.flags.c_contiguous:
+    flags = x.flags
+    if not flags.c_contiguous:
         return False
     if out is None:
         return True
     if out is x:
-        return bool(x.flags.writeable)
+        return bool(flags.writeable)
     return (
         type(out) is type(x)
         and out.shape == x.shape
@@ -576,7 +577,7 @@ def _allreduce_prepared(
     """allreduce by decisions an earlier call of the same key made and checked."""
     backend = prepared.backend
     if out is x:
-        work, source = x.reshape(-1), None
+        work, source = (x if x.ndim == 1 else x.reshape(-1)), None
     else:
         work = backend.empty(x.size, x) if out is None else out.reshape(-1)
         source = x.reshape(-1)

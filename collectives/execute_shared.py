@@ -59,6 +59,7 @@ SEGMENT_BYTES = 1 << 18
 """Bytes of each rank's share that one segment takes through the window (measured, see the module)."""
 
 _WINDOW, _ZERO_COPY = 0, 1  # how a rank runs a call, in the note of its first barrier
+_SMALLS_KEPT = 64  # sizes of small allreduces whose views of the window are kept
 _PIECE_BYTES = 1 << 17  # a zero-copy reduction goes through its share in pieces that stay in cache
 
 
@@ -81,6 +82,9 @@ class SharedExecutor:
         self._allocations: list[list[memoryview]] = []  # from alloc: every rank's part of each
         self._bases: list[int | None] = []  # the address of this rank's part of each
         self._scratches: dict[tuple[str, Any], Any] = {}
+        self._small_bytes = min(SMALL_BYTES, self._half)
+        # per (backend, dtype, count, half): this rank's part of the half and every rank's, as arrays
+        self._smalls: dict[tuple[str, Any, int, int], tuple[Any, list[Any]]] = {}
 
     def reset(self) -> None:
         """Start again from the first half of the regions; every rank at once, between calls.
@@ -210,14 +214,24 @@ class SharedExecutor:
         owners read the inputs where they are and the result goes straight to the
         others' ``out``: three barriers, and no copy through the window.
         """
-        views = self._halves(backend, x)
-        count, size, rank = x.shape[0], self._size, self._rank
-        if count * x.itemsize <= min(SMALL_BYTES, self._half):
-            half = self._next(views)
-            backend.copy(half[rank][:count], x)
+        count = x.shape[0]
+        if count * x.itemsize <= self._small_bytes:
+            turn = self._turn
+            self._turn = turn ^ 1
+            key = (backend.name, x.dtype, count, turn)
+            small = self._smalls.get(key)
+            if small is None:
+                regions = [region[:count] for region in self._halves(backend, x)[turn]]
+                small = self._smalls[key] = (regions[self._rank], regions)
+                if len(self._smalls) > _SMALLS_KEPT:
+                    self._smalls.clear()  # start afresh rather than evict one by one
+                    self._smalls[key] = small
+            backend.copy(small[0], x)
             barrier(self._shared, ())  # no note: every rank of a call this small goes through the window
-            self._reduce(backend, op, out, [region[:count] for region in half])
+            self._reduce(backend, op, out, small[1])
             return
+        views = self._halves(backend, x)
+        size, rank = self._size, self._rank
         share = bounds(tuple(count // size + (r < count % size) for r in range(size)))
         source, target = self._locate(x), self._locate(out)
         if source is not None and target is not None:

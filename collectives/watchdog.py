@@ -145,8 +145,9 @@ class Guard:
     def stamp(self, sequence: int) -> None:
         """Write the call's sequence number into every message."""
         _SEQUENCE.pack_into(self.packed, 0, sequence)
-        for message in self._messages.values():
-            message[:SIGNATURE_BYTES] = self.packed
+        if self._messages:
+            for message in self._messages.values():
+                message[:SIGNATURE_BYTES] = self.packed
 
 
 class _Record:
@@ -326,8 +327,8 @@ class Call:
 
         ``shared``'s rank ``i`` is this communicator's ``ranks[i]`` (all of them, in order, by default).
         """
-        step = f"barrier {self._barriers}"
-        self._barriers += 1
+        passed = self._barriers
+        self._barriers = passed + 1
         pending = self._pending
         if pending is not None:
             shared.post(pending.packed)
@@ -346,13 +347,13 @@ class Call:
                 self._record.signature.collective,
                 self._record.sequence,
                 time.monotonic() - self._started,
-                step,
+                f"barrier {passed}",
                 _ranks(tuple(missing if ranks is None else [ranks[r] for r in missing])),
             )
         missing = shared.wait(max(self._deadline - time.monotonic(), 0.0))
         if missing:
             shared.abandon()
-            self._fail(tuple(missing if ranks is None else [ranks[r] for r in missing]), step)
+            self._fail(tuple(missing if ranks is None else [ranks[r] for r in missing]), f"barrier {passed}")
         if pending is not None:
             self._pending = None
             self.watchdog._compare_posted(shared, pending, self._record.sequence)

@@ -93,3 +93,13 @@ def test_count_zero_runs_every_collective(ranks: Ranks) -> None:
 
     for results in ranks(3, run):
         assert all(r.size == 0 and r.dtype == np.float64 for r in results)
+
+
+def test_the_callers_floating_point_error_mode_does_not_reach_the_reductions(ranks: Ranks) -> None:
+    # overflow is a result of the collective, not the caller's error, even where the caller raises on it
+    def run(comm: C.Communicator) -> np.ndarray:
+        with np.errstate(all="raise"):
+            return C.allreduce(np.full(5, 3e38, np.float32), comm=comm)
+
+    for result in ranks(2, run):
+        assert np.isinf(result).all()

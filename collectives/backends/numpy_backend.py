@@ -2,6 +2,8 @@
 
 __all__ = ["NumpyBackend"]
 
+import contextvars
+import threading
 from typing import Any
 
 import ml_dtypes  # noqa: F401 - registers bfloat16 with numpy
@@ -20,6 +22,23 @@ _UFUNCS = {
     "bor": np.bitwise_or,
     "bxor": np.bitwise_xor,
 }
+
+
+_QUIET = threading.local()
+
+
+def _quiet() -> contextvars.Context:
+    """This thread's context in which numpy ignores floating-point errors, made once per thread.
+
+    Overflow to Inf and NaN are results here, not errors. ``np.errstate`` says so
+    too, but entering it costs about 1 us a call, a fifth of a small allreduce;
+    running the ufunc in a context made under it costs 0.04 us.
+    """
+    context: contextvars.Context | None = getattr(_QUIET, "context", None)
+    if context is None:
+        with np.errstate(all="ignore"):
+            context = _QUIET.context = contextvars.copy_context()
+    return context
 
 
 _CHECKED_NAMES: dict[np.dtype[Any], str] = {}
@@ -65,21 +84,17 @@ class NumpyBackend(ArrayBackend):
             np.copyto(dst, src.reshape(dst.shape))
 
     def combine(self, op: ReduceOp, dst: np.ndarray, src: np.ndarray) -> None:
-        # overflow to Inf and NaN are results here, not errors
-        with np.errstate(all="ignore"):
-            _UFUNCS[op.combine](dst, src, out=dst)
+        _quiet().run(_UFUNCS[op.combine], dst, src, out=dst)
 
     def reduce_into(self, op: ReduceOp, dst: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
-        with np.errstate(all="ignore"):
-            _UFUNCS[op.combine](a, b, out=dst)
+        _quiet().run(_UFUNCS[op.combine], a, b, out=dst)
 
     def from_bytes(self, memory: memoryview, like: np.ndarray) -> np.ndarray:
         usable = len(memory) // like.dtype.itemsize * like.dtype.itemsize
         return np.frombuffer(memory[:usable], dtype=like.dtype)
 
     def divide(self, buffer: np.ndarray, divisor: int) -> None:
-        with np.errstate(all="ignore"):
-            np.true_divide(buffer, divisor, out=buffer)
+        _quiet().run(np.true_divide, buffer, divisor, out=buffer)
 
     def message(self, buffer: np.ndarray) -> np.ndarray:
         return buffer.view(np.uint8)

@@ -288,6 +288,10 @@ class MPISharedMemory(SharedMemory):
             for r in range(size)
         ]
         self._rank = rank
+        # the barrier numbers read as Python ints: polling them costs less than through numpy
+        self._numbers = control.cast("q")
+        self._stride = _SLOT_BYTES // 8
+        self._others = [r for r in range(size) if r != rank]
         self._arrived = slots[:, 0]  # the number of the last barrier each rank arrived at
         self._mine = slots[rank]
         self._number = 0
@@ -317,15 +321,19 @@ class MPISharedMemory(SharedMemory):
             at = 1 + (self._number & 1) * self.NOTE_INTS
             self._mine[at : at + self.NOTE_INTS] = (*note, *(0,) * (self.NOTE_INTS - len(note)))
         self._control.Sync()
-        self._mine[0] = self._number
+        self._numbers[self._rank * self._stride] = self._number
+
+    def _missing(self, number: int) -> list[int]:
+        numbers, stride = self._numbers, self._stride
+        return [r for r in self._others if numbers[r * stride] < number]
 
     def wait(self, timeout: float = math.inf) -> list[int]:
-        number, arrived = self._number, self._arrived
-        if arrived.min() < number:
+        number = self._number
+        if self._missing(number):
             deadline = time.monotonic() + timeout
-            while arrived.min() < number:
+            while missing := self._missing(number):
                 if time.monotonic() >= deadline:
-                    return [int(r) for r in np.flatnonzero(arrived < number)]
+                    return missing
                 os.sched_yield()
         self._control.Sync()
         self._win.Sync()
