@@ -26,7 +26,7 @@ from .backends import ArrayBackend, adopt, backend_for
 from .chunking import even_split
 from .errors import CalibrationError, CollectivesError, InvalidBufferError
 from .execute import DEFAULT_SEGMENT_BYTES, Plan, Scratch, execute, opening, pack_opening, plan, run
-from .execute_shared import SharedExecutor
+from .execute_shared import OVERSUBSCRIBED_SEGMENT_BYTES, SEGMENT_BYTES, SharedExecutor, oversubscribed
 from .ops import ReduceOp, get_op
 from .selector import (
     AUTO,
@@ -122,7 +122,8 @@ class Communicator:
 
         ``"shared_memory"`` when all ranks share a node; ``"shared_memory_nodes"``
         (and ``"ranks_per_node=G"``) when they span several nodes of G ranks each
-        (``$COLLECTIVES_RANKS_PER_NODE`` splits one machine into pretend nodes).
+        (``$COLLECTIVES_RANKS_PER_NODE`` splits one machine into pretend nodes);
+        ``"oversubscribed"`` besides when a node's ranks outnumber its cores.
 
         Collective the first time it is asked (the ranks agree on a shared window);
         from then on, where all ranks share a node, they agree on each call's
@@ -131,19 +132,24 @@ class Communicator:
         if self._features is None:
             shared = self._transport.shared_memory()
             nodes = None if shared is not None else self._transport.node_split()
+            node_ranks = self.size if shared is not None else len(nodes.node_ranks) if nodes else 1
+            crowded = oversubscribed(node_ranks)  # then barriers are dear: fewer, longer segments
+            segment = OVERSUBSCRIBED_SEGMENT_BYTES if crowded else SEGMENT_BYTES
+            extra = ("oversubscribed",) if crowded else ()
             if shared is not None:
-                self._shared = SharedExecutor(shared, self.rank, self.size)
+                self._shared = SharedExecutor(shared, self.rank, self.size, segment)
                 # from the next call on, the ranks agree on signatures through a barrier, not messages,
                 # so no data travels with them: forget the calls prepared to send it so
                 self._watchdog.agree_through(shared, self._shared.reset)
                 self._prepared.clear()
-                self._features = frozenset({"shared_memory"})
+                self._features = frozenset({"shared_memory", *extra})
             elif nodes is not None:
                 self._nodes = nodes
                 self._node_shared = SharedExecutor(
-                    nodes.shared, nodes.node_ranks.index(self.rank), len(nodes.node_ranks)
+                    nodes.shared, nodes.node_ranks.index(self.rank), len(nodes.node_ranks), segment
                 )
-                self._features = frozenset({"shared_memory_nodes", f"ranks_per_node={len(nodes.node_ranks)}"})
+                node = f"ranks_per_node={len(nodes.node_ranks)}"
+                self._features = frozenset({"shared_memory_nodes", node, *extra})
             else:
                 self._features = frozenset()
         return self._features

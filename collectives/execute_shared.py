@@ -31,8 +31,16 @@ from the owners' buffers (per rank, S read and S / P written to reduce, and
 to copy in through the window).
 """
 
-__all__ = ["SEGMENT_BYTES", "SMALL_BYTES", "Barrier", "SharedExecutor"]
+__all__ = [
+    "OVERSUBSCRIBED_SEGMENT_BYTES",
+    "SEGMENT_BYTES",
+    "SMALL_BYTES",
+    "Barrier",
+    "SharedExecutor",
+    "oversubscribed",
+]
 
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -57,6 +65,19 @@ SMALL_BYTES = 1 << 14
 
 SEGMENT_BYTES = 1 << 18
 """Bytes of each rank's share that one segment takes through the window (measured, see the module)."""
+
+OVERSUBSCRIBED_SEGMENT_BYTES = 1 << 20
+"""The same where a node's ranks outnumber its cores, so that a barrier may wait for a rank to be scheduled.
+
+Measured at 4 ranks on 2 cores, 32 MiB: segments of 256 KiB ran 1.5x ring's time,
+1 MiB 0.8x, 4 MiB 0.85x (``bench/README.md``).
+"""
+
+
+def oversubscribed(node_ranks: int) -> bool:
+    """Whether ``node_ranks`` ranks on one machine outnumber its cores; the same on every rank of it."""
+    return node_ranks > (os.cpu_count() or 1)
+
 
 _WINDOW, _ZERO_COPY = 0, 1  # how a rank runs a call, in the note of its first barrier
 _SMALLS_KEPT = 64  # sizes of small allreduces whose views of the window are kept

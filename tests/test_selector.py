@@ -543,3 +543,20 @@ def test_calibration_file_carries_the_barrier(tmp_path: Path) -> None:
     path.write_text(json.dumps({"alpha": 1e-6, "beta": 2e-10, "gamma": 3e-10, "barrier": -1}))
     with pytest.raises(CalibrationError, match="barrier must be a non-negative number"):
         load_model(path)
+
+
+def test_an_oversubscribed_node_goes_through_longer_segments() -> None:
+    import os
+
+    from collectives.algorithms import shared_memory
+    from collectives.execute_shared import OVERSUBSCRIBED_SEGMENT_BYTES, oversubscribed
+
+    assert shared_memory.OVERSUBSCRIBED_SEGMENT_ELEMENTS * 4 == OVERSUBSCRIBED_SEGMENT_BYTES
+    cores = os.cpu_count() or 1
+    assert not oversubscribed(cores) and oversubscribed(cores + 1)
+    count = 1 << 24
+    plain = shared_memory.traffic("allreduce", 4, count, frozenset({"shared_memory"}))
+    crowded = shared_memory.traffic("allreduce", 4, count, frozenset({"shared_memory", "oversubscribed"}))
+    # two barriers per segment less the first; the copies do not change
+    assert (plain[4] + 1, crowded[4] + 1) == (2 * (count // 4) // (1 << 16), 2 * (count // 4) // (1 << 18))
+    assert plain[5] == crowded[5]

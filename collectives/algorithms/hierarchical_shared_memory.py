@@ -74,7 +74,7 @@ def traffic(
     m = world_size // g
     if world_size == 1 or count == 0:
         return (0, 0, 0, 0, 0, 0)
-    inside = [shared_memory.traffic(c, g, count) for c in ("reduce_scatter", "allgather")]
+    inside = [shared_memory.traffic(c, g, count, features) for c in ("reduce_scatter", "allgather")]
     part = -(-count // g)
     share = -(-part // m)
     ring_steps = 2 * (m - 1) if part else 0

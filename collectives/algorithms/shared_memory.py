@@ -26,7 +26,17 @@ allreduce       2      S - S_r + (P - 1) S_r
 ==============  =====  =========================
 """
 
-__all__ = ["REQUIRES", "SEGMENT_ELEMENTS", "allgather", "allreduce", "cost", "reduce_scatter", "traffic"]
+__all__ = [
+    "OVERSUBSCRIBED",
+    "OVERSUBSCRIBED_SEGMENT_ELEMENTS",
+    "REQUIRES",
+    "SEGMENT_ELEMENTS",
+    "allgather",
+    "allreduce",
+    "cost",
+    "reduce_scatter",
+    "traffic",
+]
 
 from collections.abc import Sequence
 
@@ -39,6 +49,12 @@ REQUIRES = "shared_memory"
 
 SEGMENT_ELEMENTS = 1 << 16
 """float32 elements of each share per segment of the executor (its ``SEGMENT_BYTES``)."""
+
+OVERSUBSCRIBED_SEGMENT_ELEMENTS = 1 << 18
+"""The same where the transport's features say ``oversubscribed`` (``OVERSUBSCRIBED_SEGMENT_BYTES``)."""
+
+OVERSUBSCRIBED = "oversubscribed"
+"""The feature of a node whose ranks outnumber its cores."""
 
 
 def _scatter(size: int) -> Step:
@@ -106,7 +122,8 @@ def traffic(
 
     What the cost model weighs (see :class:`collectives.selector.Traffic`). It sends
     no messages; it copies through shared memory and synchronises by barriers. Per
-    segment of :data:`SEGMENT_ELEMENTS` of every share (float32 elements taken),
+    segment of :data:`SEGMENT_ELEMENTS` of every share (float32 elements taken;
+    :data:`OVERSUBSCRIBED_SEGMENT_ELEMENTS` with the ``oversubscribed`` feature),
     an allreduce passes two barriers, the other collectives one; an allreduce of up
     to 4096 elements passes one in all (each rank copies its input in and reduces
     the whole buffer). An allreduce's first barrier is not counted: it carries the
@@ -115,12 +132,13 @@ def traffic(
     Copied: an allreduce copies in the other owners' parts of
     its input and copies out the whole result; reduce-scatter the other owners'
     parts; all-gather its own share in and the whole buffer out. Reduced: an owner's
-    share read from P - 1 other ranks. ``features`` are the transport's (unused).
+    share read from P - 1 other ranks. ``features`` are the transport's.
     """
     if world_size == 1 or count == 0:
         return (0, 0, 0, 0, 0, 0)
     share = -(-count // world_size)
-    segments = -(-share // SEGMENT_ELEMENTS)
+    per_segment = OVERSUBSCRIBED_SEGMENT_ELEMENTS if OVERSUBSCRIBED in features else SEGMENT_ELEMENTS
+    segments = -(-share // per_segment)
     others = (world_size - 1) * share
     if collective == "allreduce":
         if count <= 4096:
