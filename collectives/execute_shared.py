@@ -272,23 +272,11 @@ class SharedExecutor:
             barrier(self._shared, ())  # no one reads this rank's buffers now: they are the caller's again
             return
         slot = self._slot(views, size + 1)
-        result = size * slot  # where an owner leaves its reduced part; slot r holds r's part of this input
+        result = size * slot  # where each owner leaves its reduced part (see _reduce_segment)
         for start in range(0, share[1] - share[0], slot):
             half = self._next(views)
             cuts = [(share[r] + start, min(share[r] + start + slot, share[r + 1])) for r in range(size)]
-            mine = half[rank]
-            for r, (lo, hi) in enumerate(cuts):
-                if r != rank and lo < hi:
-                    backend.copy(mine[r * slot : r * slot + hi - lo], x[lo:hi])
-            if start == 0:
-                self._agree(barrier, (_WINDOW,))
-            else:
-                barrier(self._shared, ())
-            lo, hi = cuts[rank]
-            if lo < hi:
-                at = rank * slot
-                parts = [x[lo:hi] if r == rank else half[r][at : at + hi - lo] for r in range(size)]
-                self._reduce(backend, op, mine[result : result + hi - lo], parts)
+            self._reduce_segment(backend, op, x, half, cuts, slot, start == 0, barrier)
             barrier(self._shared, ())
             for r, (lo, hi) in enumerate(cuts):
                 if lo < hi:
@@ -330,24 +318,51 @@ class SharedExecutor:
             cuts = [
                 (edge[r] + min(start, shares[r]), edge[r] + min(start + slot, shares[r])) for r in range(size)
             ]
-            mine = half[rank]
-            for r, (lo, hi) in enumerate(cuts):
-                if r != rank and lo < hi:
-                    backend.copy(mine[r * slot : r * slot + hi - lo], x[lo:hi])
-            if start == 0:
-                self._agree(barrier, (_WINDOW,))
-            else:
-                barrier(self._shared, ())
             lo, hi = cuts[rank]
-            if lo < hi:
-                at = rank * slot
-                parts = [x[lo:hi] if r == rank else half[r][at : at + hi - lo] for r in range(size)]
-                target = out[lo - edge[rank] : hi - edge[rank]]
-                if aliased:
-                    self._reduce(backend, op, mine[size * slot : size * slot + hi - lo], parts)
-                    backend.copy(target, mine[size * slot : size * slot + hi - lo])
-                else:
-                    self._reduce(backend, op, target, parts)
+            target = out[lo - edge[rank] : hi - edge[rank]]
+            reduced = self._reduce_segment(
+                backend, op, x, half, cuts, slot, start == 0, barrier, None if aliased else target
+            )
+            if aliased and lo < hi:
+                backend.copy(target, reduced)
+
+    def _reduce_segment(
+        self,
+        backend: ArrayBackend,
+        op: ReduceOp,
+        x: Any,
+        half: list[Any],
+        cuts: Sequence[tuple[int, int]],
+        slot: int,
+        first: bool,
+        barrier: Barrier,
+        target: Any = None,
+    ) -> Any:
+        """One segment of a reduce-scatter through ``half`` of the regions; this rank's reduced part.
+
+        Copies into slot ``r`` of this rank's region its part ``cuts[r]`` of ``x`` for
+        every other owner ``r``, passes the barrier (the call's ``first`` agrees on
+        the mode), and reduces its own part, read from ``x`` where it lies and from
+        the others' slots, into ``target``, or into its region's result slot (slot
+        P, where the others can read it) when ``target`` is None.
+        """
+        size, rank = self._size, self._rank
+        mine = half[rank]
+        for r, (lo, hi) in enumerate(cuts):
+            if r != rank and lo < hi:
+                backend.copy(mine[r * slot : r * slot + hi - lo], x[lo:hi])
+        if first:
+            self._agree(barrier, (_WINDOW,))
+        else:
+            barrier(self._shared, ())
+        lo, hi = cuts[rank]
+        if target is None:
+            target = mine[size * slot : size * slot + hi - lo]
+        if lo < hi:
+            at = rank * slot
+            parts = [x[lo:hi] if r == rank else half[r][at : at + hi - lo] for r in range(size)]
+            self._reduce(backend, op, target, parts)
+        return target
 
     def _scratch(self, backend: ArrayBackend, like: Any) -> Any:
         """A cache-sized buffer of ``like``'s dtype for :meth:`_reduce_pieces` (made once per dtype)."""

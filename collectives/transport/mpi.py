@@ -292,7 +292,6 @@ class MPISharedMemory(SharedMemory):
         self._numbers = control.cast("q")
         self._stride = _SLOT_BYTES // 8
         self._others = [r for r in range(size) if r != rank]
-        self._arrived = slots[:, 0]  # the number of the last barrier each rank arrived at
         self._mine = slots[rank]
         self._number = 0
         self._passed = 0
@@ -364,7 +363,7 @@ class MPISharedMemory(SharedMemory):
             atexit.register(self._abort_if_missing)  # runs before mpi4py's own MPI_Finalize
 
     def _abort_if_missing(self) -> None:
-        if MPI.Is_finalized() or self._arrived.min() >= self._number:
+        if MPI.Is_finalized() or not self._missing(self._number):
             return
         print(
             "collectives: a shared-memory barrier timed out waiting for ranks that never came; "
