@@ -560,3 +560,16 @@ def test_an_oversubscribed_node_goes_through_longer_segments() -> None:
     # two barriers per segment less the first; the copies do not change
     assert (plain[4] + 1, crowded[4] + 1) == (2 * (count // 4) // (1 << 16), 2 * (count // 4) // (1 << 18))
     assert plain[5] == crowded[5]
+
+
+def test_a_small_shared_memory_allreduce_is_counted_as_one_barrier_and_whole_reductions() -> None:
+    from collectives.algorithms import shared_memory
+    from collectives.execute_shared import SMALL_TOTAL_BYTES
+
+    assert shared_memory.SMALL_ELEMENTS * 4 == SMALL_TOTAL_BYTES  # the model follows the executor
+    for p in (2, 3, 4, 8):
+        small = shared_memory.SMALL_ELEMENTS // p
+        # all inputs together within the limit: each rank copies its input in and reduces all of it
+        assert shared_memory.traffic("allreduce", p, small) == (1, 0, 0, (p - 1) * small, 0, small)
+        steps, _, _, reduced, barriers, _ = shared_memory.traffic("allreduce", p, small + 1)
+        assert (steps, barriers) == (2, 1) and reduced < (p - 1) * small  # only its share, beyond it

@@ -146,3 +146,29 @@ def test_regions_too_small_for_the_slots_are_a_clear_error() -> None:
     x = np.ones(100, np.float64)
     with pytest.raises(ConfigurationError, match="too small for 5 slots of 8-byte elements"):
         SharedExecutor(memory, 0, 4).allreduce(NumpyBackend(), x, x, get_op("sum"))
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_an_allreduce_whose_inputs_together_are_small_passes_one_barrier(size: int) -> None:
+    from collectives.execute_shared import SMALL_TOTAL_BYTES
+
+    world = ThreadWorld(size, region_bytes=2 * SMALL_TOTAL_BYTES)
+    small = SMALL_TOTAL_BYTES // size // 4  # float32 elements per rank at the limit
+    barriers: dict[int, list[int]] = {}
+
+    def work(rank: int, memory: ThreadSharedMemory) -> list[np.ndarray]:
+        executor = SharedExecutor(memory, rank, size)
+        results = []
+        for count in (small, small + 1):
+            x = np.arange(count, dtype=np.float32) + rank
+            before = memory._number
+            executor.allreduce(NumpyBackend(), x, x, get_op("sum"))
+            barriers.setdefault(count, []).append(memory._number - before)
+            results.append(x)
+        return results
+
+    for results in world.run(work):
+        for x in results:
+            expected = size * np.arange(x.shape[0], dtype=np.float32) + sum(range(size))
+            np.testing.assert_array_equal(x, expected)
+    assert barriers[small] == [1] * size and barriers[small + 1] == [2] * size

@@ -31,6 +31,7 @@ __all__ = [
     "OVERSUBSCRIBED_SEGMENT_ELEMENTS",
     "REQUIRES",
     "SEGMENT_ELEMENTS",
+    "SMALL_ELEMENTS",
     "allgather",
     "allreduce",
     "cost",
@@ -52,6 +53,12 @@ SEGMENT_ELEMENTS = 1 << 16
 
 OVERSUBSCRIBED_SEGMENT_ELEMENTS = 1 << 18
 """The same where the transport's features say ``oversubscribed`` (``OVERSUBSCRIBED_SEGMENT_BYTES``)."""
+
+SMALL_ELEMENTS = 1 << 17
+"""float32 elements of all ranks' inputs together up to which an allreduce passes one barrier.
+
+The executor's ``SMALL_TOTAL_BYTES``: each rank copies its input in and reduces the whole buffer.
+"""
 
 OVERSUBSCRIBED = "oversubscribed"
 """The feature of a node whose ranks outnumber its cores."""
@@ -124,11 +131,12 @@ def traffic(
     no messages; it copies through shared memory and synchronises by barriers. Per
     segment of :data:`SEGMENT_ELEMENTS` of every share (float32 elements taken;
     :data:`OVERSUBSCRIBED_SEGMENT_ELEMENTS` with the ``oversubscribed`` feature),
-    an allreduce passes two barriers, the other collectives one; an allreduce of up
-    to 4096 elements passes one in all (each rank copies its input in and reduces
-    the whole buffer). An allreduce's first barrier is not counted: it carries the
-    call's signature, and every call on memory the ranks share passes one barrier
-    to agree on it, whatever the algorithm (see ``Watchdog.agree_through``).
+    an allreduce passes two barriers, the other collectives one; an allreduce whose
+    inputs together are at most :data:`SMALL_ELEMENTS` passes one in all (each rank
+    copies its input in and reduces the whole buffer). An allreduce's first barrier
+    is not counted: it carries the call's signature, and every call on memory the
+    ranks share passes one barrier to agree on it, whatever the algorithm (see
+    ``Watchdog.agree_through``).
     Copied: an allreduce copies in the other owners' parts of
     its input and copies out the whole result; reduce-scatter the other owners'
     parts; all-gather its own share in and the whole buffer out. Reduced: an owner's
@@ -141,7 +149,7 @@ def traffic(
     segments = -(-share // per_segment)
     others = (world_size - 1) * share
     if collective == "allreduce":
-        if count <= 4096:
+        if count * world_size <= SMALL_ELEMENTS:
             return (1, 0, 0, (world_size - 1) * count, 0, count)
         return (2 * segments, 0, 0, others, 2 * segments - 1, others + count)
     if collective == "reduce_scatter":

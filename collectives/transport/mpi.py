@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from functools import cache
 from typing import Any, cast
 
-import numpy as np
 from mpi4py import MPI
 
 from .._env import env_flag
@@ -281,22 +280,19 @@ class MPISharedMemory(SharedMemory):
         # rank 0 holds every slot, one cache line each, so arrivals do not contend for a line
         self._control = MPI.Win.Allocate_shared(_SLOT_BYTES * size if rank == 0 else 0, 1, comm=node)
         control = memoryview(self._control.Shared_query(0)[0]).cast("B")  # type: ignore[arg-type]
-        slots = np.ndarray((size, _SLOT_BYTES // 8), np.int64, buffer=control)
-        self._slots = slots
         self._messages = [
             [control[r * _SLOT_BYTES + _HEADER_BYTES + p * _MESSAGE_BYTES :][:_MESSAGE_BYTES] for p in (0, 1)]
             for r in range(size)
         ]
         self._rank = rank
-        # the barrier numbers read as Python ints: polling them costs less than through numpy
+        # barrier numbers and notes as Python ints: reading and writing them costs less than through numpy
         self._numbers = control.cast("q")
         self._stride = _SLOT_BYTES // 8
         self._others = [r for r in range(size) if r != rank]
-        self._mine = slots[rank]
         self._number = 0
         self._passed = 0
         if rank == 0:
-            slots[:] = 0
+            control[:] = bytes(len(control))
         self._win.Lock_all(MPI.MODE_NOCHECK)
         self._control.Lock_all(MPI.MODE_NOCHECK)
         node.Barrier()  # the slots are zero before anyone arrives
@@ -317,8 +313,12 @@ class MPISharedMemory(SharedMemory):
         self._win.Sync()
         if note:
             # by the barrier's parity: a peer may still read the note of the barrier before this one
-            at = 1 + (self._number & 1) * self.NOTE_INTS
-            self._mine[at : at + self.NOTE_INTS] = (*note, *(0,) * (self.NOTE_INTS - len(note)))
+            at = self._rank * self._stride + 1 + (self._number & 1) * self.NOTE_INTS
+            numbers = self._numbers
+            for i, value in enumerate(note):
+                numbers[at + i] = value
+            for i in range(len(note), self.NOTE_INTS):
+                numbers[at + i] = 0
         self._control.Sync()
         self._numbers[self._rank * self._stride] = self._number
 
@@ -346,8 +346,8 @@ class MPISharedMemory(SharedMemory):
         return self._messages[rank][self._passed & 1]
 
     def note(self, rank: int) -> tuple[int, ...]:
-        at = 1 + (self._passed & 1) * self.NOTE_INTS
-        return tuple(self._slots[rank, at : at + self.NOTE_INTS].tolist())
+        at = rank * self._stride + 1 + (self._passed & 1) * self.NOTE_INTS
+        return tuple(self._numbers[at : at + self.NOTE_INTS])
 
     def allocate(self, nbytes: int) -> list[memoryview]:
         win = MPI.Win.Allocate_shared(nbytes, 1, comm=self._node)
