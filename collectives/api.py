@@ -17,7 +17,7 @@ __all__ = [
 import math
 import struct
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +26,13 @@ from .backends import ArrayBackend, adopt, backend_for
 from .chunking import even_split
 from .errors import CalibrationError, CollectivesError, InvalidBufferError
 from .execute import DEFAULT_SEGMENT_BYTES, Plan, Scratch, execute, opening, pack_opening, plan, run
-from .execute_shared import OVERSUBSCRIBED_SEGMENT_BYTES, SEGMENT_BYTES, SharedExecutor, oversubscribed
+from .execute_shared import (
+    OVERSUBSCRIBED_SEGMENT_BYTES,
+    SEGMENT_BYTES,
+    Barrier,
+    SharedExecutor,
+    oversubscribed,
+)
 from .ops import ReduceOp, get_op
 from .selector import (
     AUTO,
@@ -400,9 +406,25 @@ def _watch(
     backend: str = "",
 ) -> AbstractContextManager[Call]:
     """The guard of one call: signature agreement, deadlines, flight recorder (see collectives.watchdog)."""
+    guard = _guard(group, collective, algorithm, count, dtype, op, root, counts, backend)
+    return group._watchdog.watch(guard, check)
+
+
+def _guard(
+    group: Communicator,
+    collective: str,
+    algorithm: str,
+    count: int,
+    dtype: str = "",
+    op: ReduceOp | None = None,
+    root: int = -1,
+    counts: Sequence[int] | None = None,
+    backend: str = "",
+) -> Guard:
+    """The packed signature of one call, as :func:`_watch` checks it."""
     shares = None if counts is None else tuple(int(c) for c in counts)
     name = "" if op is None else op.name
-    return group._watchdog.collective(collective, algorithm, count, dtype, name, root, shares, check, backend)
+    return group._watchdog.guard(collective, algorithm, count, dtype, name, root, shares, backend=backend)
 
 
 def _refuse(
@@ -462,12 +484,13 @@ class _Prepared:
         "sends",
         "shape",
         "shared",
+        "shares",
     )
 
     def __init__(
         self,
         backend: ArrayBackend,
-        op: ReduceOp,
+        op: ReduceOp | None,
         guard: Guard,
         rank_plan: Plan | None,
         scratch: Any,
@@ -476,6 +499,7 @@ class _Prepared:
         outgoing: dict[int, Any],
         arrived: dict[int, Any] | None,
         shared: SharedExecutor | None = None,
+        shares: tuple[int, ...] = (),
     ) -> None:
         self.backend = backend
         self.op = op
@@ -484,10 +508,11 @@ class _Prepared:
         self.shared = shared
         self.scratch = scratch
         self.shape = shape
-        self.averages = op.averages
+        self.averages = op is not None and op.averages
         self.sends = sends  # the opening sends, packed into outgoing before the signature goes
         self.outgoing = outgoing
         self.arrived = arrived  # the opening receives, by peer, once the signature has come
+        self.shares = shares  # of a reduce-scatter or all-gather: every rank's elements
 
 
 def _plan(group: "Communicator", algorithm: str, count: int, item_bytes: int, separate: bool) -> Plan:
@@ -581,7 +606,8 @@ def _allreduce_prepared(
     group: "Communicator", prepared: _Prepared, x: Any, out: Any, check: bool | None
 ) -> Any:
     """allreduce by decisions an earlier call of the same key made and checked."""
-    backend = prepared.backend
+    backend, op = prepared.backend, prepared.op
+    assert op is not None  # the records of calls that reduce have their op
     if out is x:
         work, source = (x if x.ndim == 1 else x.reshape(-1)), None
     else:
@@ -595,14 +621,14 @@ def _allreduce_prepared(
         if prepared.plan is None:
             shared = prepared.shared
             assert shared is not None  # a prepared call has a plan or the shared executor
-            shared.allreduce(backend, work, work if source is None else source, prepared.op, call.barrier)
+            shared.allreduce(backend, work, work if source is None else source, op, call.barrier)
         else:
             run(
                 prepared.plan,
                 call.transport,
                 backend,
                 work,
-                prepared.op,
+                op,
                 prepared.scratch,
                 source,
                 prepared.arrived,
@@ -731,6 +757,86 @@ def allreduce(
     return _deliver(backend, work, in_out, out, shape)
 
 
+def _shares_key(
+    collective: str, x: Any, op: Any, counts: Any, out: Any, algorithm: str, check: bool | None
+) -> tuple[Any, ...] | None:
+    """The key of a reduce-scatter's or all-gather's decisions; ``None`` for arguments none is kept for."""
+    if op is not None and not isinstance(op, str | ReduceOp):
+        return None
+    try:
+        shares = None if counts is None else tuple(counts)
+        return (collective, type(x), x.shape, x.dtype, op, shares, algorithm, out is None, check)
+    except (AttributeError, TypeError):
+        return None  # not an array, or counts not a sequence: the full path names the problem
+
+
+def _fits_shares(prepared: _Prepared, x: Any, out: Any) -> bool:
+    """Whether the arrays of a reduce-scatter or all-gather whose key matched pass its first call's checks."""
+    if not x.flags.c_contiguous:
+        return False
+    if out is None:
+        return True
+    return (
+        type(out) is type(x)
+        and out.shape == prepared.shape
+        and out.dtype == x.dtype
+        and out.flags.c_contiguous
+        and out.flags.writeable
+        and not prepared.backend.shares_memory(out, x)
+    )
+
+
+def _on_shared_memory(
+    group: "Communicator", prepared: _Prepared, check: bool | None, run: Callable[[Barrier], None]
+) -> None:
+    """Run a prepared call on the shared-memory executor: ``run(barrier)``, its first barrier checking it."""
+    watchdog = group._watchdog
+    call = watchdog.begin(prepared.guard, check, first_barrier=True)
+    try:
+        run(call.barrier)
+    except BaseException as error:
+        watchdog.end(call, error)
+        raise
+    watchdog.end(call)
+
+
+def _reduce_scatter_prepared(
+    group: "Communicator", prepared: _Prepared, x: Any, out: Any, check: bool | None
+) -> Any:
+    """reduce_scatter by decisions an earlier call of the same key made and checked."""
+    backend, shared, op = prepared.backend, prepared.shared, prepared.op
+    assert shared is not None and op is not None  # only reductions run on shared memory are prepared
+    if out is None:
+        out = backend.empty(prepared.shares[group.rank], x).reshape(prepared.shape)
+    target = out.reshape(-1)
+    _on_shared_memory(
+        group,
+        prepared,
+        check,
+        lambda barrier: shared.reduce_scatter(backend, target, x.reshape(-1), prepared.shares, op, barrier),
+    )
+    if prepared.averages:
+        backend.divide(target, group.size)
+    return out
+
+
+def _allgather_prepared(
+    group: "Communicator", prepared: _Prepared, x: Any, out: Any, check: bool | None
+) -> Any:
+    """allgather by decisions an earlier call of the same key made and checked."""
+    backend, shared, shares = prepared.backend, prepared.shared, prepared.shares
+    assert shared is not None  # only calls run on the shared-memory executor are prepared
+    work = backend.empty(sum(shares), x) if out is None else out.reshape(-1)
+    # the executor copies this rank's part into work as it copies the others'
+    _on_shared_memory(
+        group,
+        prepared,
+        check,
+        lambda barrier: shared.allgather(backend, work, x.reshape(-1), shares, barrier),
+    )
+    return work.reshape(prepared.shape) if out is None else out
+
+
 def reduce_scatter(
     x: Any,
     op: "str | ReduceOp" = "sum",
@@ -764,7 +870,13 @@ def reduce_scatter(
     Returns:
         This rank's share of the result, ``out`` when given.
     """
-    group = _communicator(comm)
+    key = _shares_key("reduce_scatter", x, op, counts, out, algorithm, check)
+    known = comm if isinstance(comm, Communicator) else _default if comm is None else None
+    if key is not None and known is not None:
+        prepared = known._prepared.get(key)
+        if prepared is not None and _fits_shares(prepared, x, out):
+            return _reduce_scatter_prepared(known, prepared, x, out, check)
+    group = known or _communicator(comm)
     try:
         x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
         backend, reduce_op, item_bytes = _prepare(x, op, "reduce_scatter", algorithm)
@@ -776,9 +888,8 @@ def reduce_scatter(
     except Exception as error:
         _refuse(group, "reduce_scatter", algorithm, check, error)
         raise
-    with _watch(
-        group, "reduce_scatter", algorithm, x.size, dtype, reduce_op, -1, counts, check, backend.name
-    ) as call:
+    guard = _guard(group, "reduce_scatter", algorithm, x.size, dtype, reduce_op, -1, counts, backend.name)
+    with group._watchdog.watch(guard, check) as call:
         _route(group, call, backend, "reduce_scatter", algorithm, x.size, item_bytes)
         shared = _shared(group, call.algorithm, backend)
         flat = backend.flat_view(x)
@@ -790,6 +901,9 @@ def reduce_scatter(
                 backend.empty(shares[rank], x) if mine is None or backend.shares_memory(mine, flat) else mine
             )
             shared.reduce_scatter(backend, target, flat, shares, reduce_op, call.barrier)
+            if key is not None and target is mine and backend.name == "numpy":
+                _remember(group, key, _Prepared(backend, reduce_op, guard, None, None, share_shape,
+                                                (), {}, None, shared, shares))  # fmt: skip
             if reduce_op.averages:
                 backend.divide(target, size)
             if target is not mine:
@@ -840,7 +954,13 @@ def allgather(
     Returns:
         The concatenation, ``out`` when given.
     """
-    group = _communicator(comm)
+    key = _shares_key("allgather", x, None, counts, out, algorithm, check)
+    known = comm if isinstance(comm, Communicator) else _default if comm is None else None
+    if key is not None and known is not None:
+        prepared = known._prepared.get(key)
+        if prepared is not None and _fits_shares(prepared, x, out):
+            return _allgather_prepared(known, prepared, x, out, check)
+    group = known or _communicator(comm)
     try:
         x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
         backend, _, item_bytes = _prepare(x, None, "allgather", algorithm)
@@ -858,11 +978,15 @@ def allgather(
         _refuse(group, "allgather", algorithm, check, error)
         raise
     dtype = backend.dtype_name(x)
-    with _watch(group, "allgather", algorithm, total, dtype, None, -1, counts, check, backend.name) as call:
+    guard = _guard(group, "allgather", algorithm, total, dtype, None, -1, counts, backend.name)
+    with group._watchdog.watch(guard, check) as call:
         _route(group, call, backend, "allgather", algorithm, total, item_bytes)
         shared = _shared(group, call.algorithm, backend)
         if shared is not None:
             shared.allgather(backend, work, work[lo : lo + shares[rank]], shares, call.barrier)
+            if key is not None and backend.name == "numpy":
+                _remember(group, key, _Prepared(backend, None, guard, None, None, whole_shape,
+                                                (), {}, None, shared, shares))  # fmt: skip
         else:
             schedule = build_schedule("allgather", call.algorithm, size, total, shares)
             execute(schedule, call.transport, backend, work)

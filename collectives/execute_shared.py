@@ -247,19 +247,8 @@ class SharedExecutor:
         """
         count = x.shape[0]
         if count * x.itemsize <= self._small_bytes:  # all inputs together at most SMALL_TOTAL_BYTES
-            turn = self._turn
-            self._turn = turn ^ 1
-            key = (backend.name, x.dtype, count, turn)
-            small = self._smalls.get(key)
-            if small is None:
-                regions = [region[:count] for region in self._halves(backend, x)[turn]]
-                small = self._smalls[key] = (regions[self._rank], regions)
-                if len(self._smalls) > _SMALLS_KEPT:
-                    self._smalls.clear()  # start afresh rather than evict one by one
-                    self._smalls[key] = small
-            backend.copy(small[0], x)
-            barrier(self._shared, ())  # no note: every rank of a call this small goes through the window
-            self._reduce(backend, op, out, small[1])
+            regions = self._through_window(backend, x, barrier)
+            self._reduce(backend, op, out, regions)
             return
         views = self._halves(backend, x)
         size, rank = self._size, self._rank
@@ -292,6 +281,27 @@ class SharedExecutor:
                 if lo < hi:
                     backend.copy(out[lo:hi], half[r][result : result + hi - lo])
 
+    def _through_window(self, backend: ArrayBackend, x: Any, barrier: Barrier) -> list[Any]:
+        """Copy all of ``x`` into the next half of this rank's region and pass a barrier; every rank's copy.
+
+        For calls whose inputs together are small: one barrier, and each rank reads
+        what it needs of the others' where it lies. The views are kept per size.
+        """
+        count = x.shape[0]
+        turn = self._turn
+        self._turn = turn ^ 1
+        key = (backend.name, x.dtype, count, turn)
+        small = self._smalls.get(key)
+        if small is None:
+            regions = [region[:count] for region in self._halves(backend, x)[turn]]
+            small = self._smalls[key] = (regions[self._rank], regions)
+            if len(self._smalls) > _SMALLS_KEPT:
+                self._smalls.clear()  # start afresh rather than evict one by one
+                self._smalls[key] = small
+        backend.copy(small[0], x)
+        barrier(self._shared, ())  # no note: every rank of a call this small goes through the window
+        return small[1]
+
     def reduce_scatter(
         self,
         backend: ArrayBackend,
@@ -305,12 +315,19 @@ class SharedExecutor:
 
         Where ``x`` lies in an allocation of :meth:`alloc` on every rank, each rank
         reduces its share reading the others' ``x`` where it is: two barriers, no copy.
+        Where all ranks' ``x`` together are small, each copies its ``x`` in whole, as
+        :meth:`allreduce` does: one barrier.
         """
-        views = self._halves(backend, x)
         size, rank = self._size, self._rank
         edge = bounds(tuple(shares))
         if not any(shares):
             return
+        if x.shape[0] * x.itemsize <= self._small_bytes:  # as allreduce: one barrier, x copied whole
+            regions = self._through_window(backend, x, barrier)
+            lo, hi = edge[rank], edge[rank + 1]
+            self._reduce(backend, op, out, [region[lo:hi] for region in regions])
+            return
+        views = self._halves(backend, x)
         source = self._locate(x)
         if source is not None:
             self._next(views)  # as the window path does, so the ranks' turns agree even on a mismatch

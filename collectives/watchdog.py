@@ -51,7 +51,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -485,7 +485,6 @@ class Watchdog:
         """
         return Guard(Signature(0, collective, algorithm, dtype, op, root, count, counts, backend), payloads)
 
-    @contextmanager
     def collective(
         self,
         collective: str,
@@ -497,15 +496,21 @@ class Watchdog:
         counts: tuple[int, ...] | None = None,
         check: bool | None = None,
         backend: str = "",
-    ) -> Iterator[Call]:
-        """Number, check, bound and record one collective run in the ``with`` block.
+    ) -> AbstractContextManager[Call]:
+        """Number, check, bound and record one collective run in the ``with`` block (see :meth:`watch`)."""
+        return self.watch(
+            self.guard(collective, algorithm, count, dtype, op, root, counts, backend=backend), check
+        )
+
+    @contextmanager
+    def watch(self, guard: Guard, check: bool | None = None) -> Iterator[Call]:
+        """Number, check, bound and record the call of ``guard`` run in the ``with`` block.
 
         Raises:
             MismatchError: on every rank, when their calls differ.
             CollectiveTimeout: the call did not complete in time.
             TransportError: an earlier call timed out, so this communicator is unusable.
         """
-        guard = self.guard(collective, algorithm, count, dtype, op, root, counts, backend=backend)
         call = self.begin(guard, check)
         try:
             yield call

@@ -117,3 +117,66 @@ def test_a_bad_call_on_one_rank_through_shared_memory_fails_every_rank(world: MP
     _all_right(problems, comm, world, "a bad call")
     comm.free()
     problems.check()
+
+
+@pytest.mark.parametrize("per_rank", [1, 1000, 100_003])  # small (one barrier), one segment, several
+def test_repeated_reduce_scatters_and_allgathers_take_the_prepared_path_and_stay_right(
+    world: MPI.Intracomm, per_rank: int
+) -> None:
+    problems = Problems(world)
+    comm = _sharing(world)
+    p, r = world.size, world.rank
+    out = np.empty(per_rank, np.float32)
+    gathered = np.empty(per_rank * p, np.float32)
+    for i in range(3):  # the first call of each kind decides; the next ones reuse its decisions
+        rng = np.random.default_rng([r, i, per_rank])
+        x = rng.integers(-100, 100, per_rank * p).astype(np.float32)
+        mine = x[:per_rank].copy()
+        with problems.guard(f"call {i} of {per_rank} per rank"):
+            for op in ("sum", "avg"):
+                expected = mpi_reference("reduce_scatter", x, op, world)
+                problems.expect_equal(f"rs {op} {i}", collectives.reduce_scatter(x, op, comm=comm), expected)
+                collectives.reduce_scatter(x, op, out=out, comm=comm)
+                problems.expect_equal(f"rs {op} out= {i}", out, expected)
+            expected = np.concatenate(world.allgather(mine))
+            problems.expect_equal(f"ag {i}", collectives.allgather(mine, comm=comm), expected)
+            collectives.allgather(mine, out=gathered, comm=comm)
+            problems.expect_equal(f"ag out= {i}", gathered, expected)
+    kinds = {key[0] for key in comm._prepared if isinstance(key[0], str)}
+    problems.expect(p == 1 or kinds == {"reduce_scatter", "allgather"}, f"prepared {kinds}")
+    comm.free()
+    problems.check()
+
+
+# (what differs, call on the other ranks, call on the last rank), on x of 2 * P elements
+SHARE_MISMATCHES: list[tuple[str, Call, Call]] = [
+    ("count", lambda c, x: collectives.reduce_scatter(x, comm=c),
+     lambda c, x: collectives.reduce_scatter(x[: -c.size], comm=c)),
+    ("op", lambda c, x: collectives.reduce_scatter(x, comm=c),
+     lambda c, x: collectives.reduce_scatter(x, "max", comm=c)),
+    ("collective", lambda c, x: collectives.reduce_scatter(x, comm=c),
+     lambda c, x: collectives.allgather(x, comm=c)),
+    ("count", lambda c, x: collectives.allgather(x, comm=c),
+     lambda c, x: collectives.allgather(x[:-1], comm=c)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("field", "others", "last"), SHARE_MISMATCHES)
+def test_a_mismatch_after_prepared_reduce_scatters_or_allgathers_fails_every_rank(
+    world: MPI.Intracomm, field: str, others: Call, last: Call
+) -> None:
+    if world.size == 1:
+        pytest.skip("needs two ranks to disagree")
+    problems = Problems(world)
+    comm = _sharing(world)
+    x = np.ones(2 * world.size, np.float32)
+    for _ in range(2):  # the second call of a kind takes the prepared path
+        others(comm, x.copy())
+    try:
+        (last if world.rank == world.size - 1 else others)(comm, x.copy())
+        problems.expect(False, f"a call differing in {field} did not raise")
+    except MismatchError as error:
+        problems.expect(field in error.fields, f"fields {error.fields}")
+    _all_right(problems, comm, world, f"a mismatch in {field}")
+    comm.free()
+    problems.check()
