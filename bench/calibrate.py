@@ -6,7 +6,7 @@ __all__ = [
     "calibrate",
     "fit_exchange",
     "fit_per_byte",
-    "measure_allreduce",
+    "measure_allreduces",
     "measure_barrier",
     "measure_gamma",
 ]
@@ -14,7 +14,7 @@ __all__ = [
 import itertools
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 
 import numpy as np
@@ -42,7 +42,7 @@ _GAMMA_BYTES = 32 * 1024**2  # well past the caches, as the large reductions the
 _QUICK_GAMMA_BYTES = 4 * 1024**2
 # allreduces timed end to end to fit the per-byte constants: sizes where bytes, not latency, dominate
 _FULL_ALLREDUCE_BYTES = (1024**2, 4 * 1024**2, 16 * 1024**2)
-_QUICK_ALLREDUCE_BYTES = (4 * 1024**2,)
+_QUICK_ALLREDUCE_BYTES = (1024**2, 8 * 1024**2)
 _COLD_BYTES = 64 * 1024**2  # past the last-level cache (32 MiB on the machine the defaults come from)
 _FITTED = (("ring", "beta"), ("shared_memory", "copy"))  # (algorithm timed, the constant it fits)
 
@@ -108,65 +108,81 @@ def measure_barrier(world: MPI.Intracomm, transport: MPITransport, iters: int, w
     return _fastest(world, barriers, iters, warmup) / run / (world.size - 1)
 
 
-def measure_allreduce(
-    comm: collectives.Communicator, world: MPI.Intracomm, algorithm: str, nbytes: int, iters: int, warmup: int
-) -> float:
-    """Seconds of one float32 allreduce of ``nbytes`` by ``algorithm`` through the library, :func:`_fastest`.
+def measure_allreduces(
+    comm: collectives.Communicator,
+    world: MPI.Intracomm,
+    algorithms: Sequence[str],
+    nbytes: int,
+    iters: int,
+    warmup: int,
+) -> dict[str, float]:
+    """Median seconds of a float32 allreduce of ``nbytes`` by each of ``algorithms``, as compare times it.
 
-    In place on zeros (so repeated sums stay finite), each call on the next of
-    buffers that together exceed :data:`_COLD_BYTES`, so that every call finds its
-    buffer out of the caches, as an application's does and as ``bench compare``'s
-    interleaved contenders do. On one warm buffer a 4 MiB ring allreduce at 2 ranks
-    ran 2.2 times faster than on cold ones, the shared-memory one 1.2 times, which
-    turned the choice between them.
+    In rounds: every algorithm once per round, each call started together after a
+    barrier (the order alternating round by round), its time the slowest rank's,
+    so slow spells of a shared machine fall on all alike; then the median over
+    rounds, as what a caller meets: a ring allreduce's least time was as little
+    as 0.6 of its median, a shared-memory one's 0.9, and the least chose ring
+    where the medians are 1.3-1.5x apart the other way. In place on zeros (so
+    repeated sums stay finite), each call on the next of buffers that together
+    exceed :data:`_COLD_BYTES`, so that it finds its buffer out of the caches, as
+    an application's call does and as ``bench compare``'s interleaved contenders
+    do: on one warm buffer a 4 MiB ring allreduce at 2 ranks ran 2.2 times faster
+    than on cold ones, the shared-memory one 1.2 times.
     """
     count = nbytes // _ITEMSIZE
     # filled, not just allocated: the first touch of a fresh page faults, which no caller pays twice
     buffers = [np.full(count, 0.0, np.float32) for _ in range(-(-_COLD_BYTES // max(nbytes, 1)) + 1)]
     turn = itertools.cycle(buffers)
-
-    def call() -> None:
-        x = next(turn)
-        collectives.allreduce(x, "sum", out=x, algorithm=algorithm, comm=comm)
-
-    return _fastest(world, call, iters, warmup)
+    times = np.empty((len(algorithms), iters))
+    for i in range(-warmup, iters):
+        order = range(len(algorithms)) if i % 2 == 0 else reversed(range(len(algorithms)))
+        for j in order:
+            x = next(turn)
+            world.Barrier()
+            start = time.perf_counter()
+            collectives.allreduce(x, "sum", out=x, algorithm=algorithms[j], comm=comm)
+            if i >= 0:
+                times[j, i] = time.perf_counter() - start
+    world.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
+    return {name: float(np.median(times[j])) for j, name in enumerate(algorithms)}
 
 
 def _fit_collectives(
     world: MPI.Intracomm,
     emit: Callable[[str], None],
     model: CostModel,
-    overhead: float,
     sizes: tuple[int, ...],
     iters: int,
     warmup: int,
 ) -> tuple[CostModel, list[Timed]]:
     """``model`` with beta fitted to ring allreduces and copy to shared-memory ones (where memory is shared).
 
-    Each per-byte constant is fitted (:func:`~bench.fitting.fit_per_byte`) to
-    end-to-end timings of the algorithms it prices, at sizes past the caches,
-    given the other constants: the warm, repeated exchanges alpha comes from
-    move bytes faster than a collective does (cold buffers, the executor's own
-    copies), and a copy through shared memory timed apart from the executor ran
-    3 times slower than in it, so constants measured apart chose ring where
-    the shared-memory allreduce was measured 1.3-1.6x faster.
+    Each per-byte constant is the slope of the algorithm it prices, timed end to
+    end by :func:`measure_allreduces` at a few sizes of megabytes and fitted by
+    :func:`~bench.fitting.fit_per_byte`, so that the model's choice between them
+    at large sizes follows their measured times. Measured apart, the two
+    disagreed: the warm, repeated exchanges alpha comes from move bytes faster
+    than a collective does (cold buffers, the executor's own copies), and a copy
+    through shared memory timed apart from the executor ran 3 times slower than
+    in it, so the model chose ring where the shared-memory allreduce was measured
+    1.3-1.6x faster.
     """
     comm = collectives.Communicator(world)
     try:
         features = comm.features
         selector = Selector(model)
         timed: list[Timed] = []
-        emit(f"# {'algorithm':>13} {'bytes':>10} {'time(us)':>12}")
-        for algorithm, _ in _FITTED:
-            for nbytes in sizes:
-                count = nbytes // _ITEMSIZE
-                explanation = selector.explain(
-                    "allreduce", count, "float32", world_size=world.size, features=features
-                )
-                counted = {c.algorithm: c.traffic for c in explanation.candidates}
-                if algorithm not in counted:
-                    break  # not a candidate here (shared_memory without shared memory)
-                seconds = measure_allreduce(comm, world, algorithm, nbytes, iters, warmup)
+        emit(f"# {'algorithm':>13} {'bytes':>10} {'median(us)':>12}")
+        for nbytes in sizes:
+            count = nbytes // _ITEMSIZE
+            explanation = selector.explain(
+                "allreduce", count, "float32", world_size=world.size, features=features
+            )
+            counted = {c.algorithm: c.traffic for c in explanation.candidates}
+            # shared_memory is no candidate where the ranks share no memory
+            names = [algorithm for algorithm, _ in _FITTED if algorithm in counted]
+            for algorithm, seconds in measure_allreduces(comm, world, names, nbytes, iters, warmup).items():
                 timed.append(Timed(algorithm, count, seconds, counted[algorithm]))
                 emit(f"  {algorithm:>13} {nbytes:>10} {seconds * 1e6:>12.2f}")
     finally:
@@ -177,7 +193,11 @@ def _fit_collectives(
         if not mine:
             emit(f"# {term}: {algorithm} cannot run here; the default is kept")
             continue
-        fitted[term] = fit_per_byte(mine, model, term, _ITEMSIZE, world.size, overhead)
+        fitted[term], intercept = fit_per_byte(mine, model, term, _ITEMSIZE, world.size)
+        emit(
+            f"# {term} {fitted[term] * 1e9:.4f} ns/byte from {algorithm}; "
+            f"its calls' cost beyond the model's other terms: {intercept * 1e6:.2f} us"
+        )
     return replace(model, **fitted), timed
 
 
@@ -239,7 +259,7 @@ def calibrate(
         barrier = DEFAULT_MODEL.barrier
     exchanged = CostModel(alpha, exchange_beta, gamma, barrier, DEFAULT_MODEL.copy, source="measured")
     sizes = _QUICK_ALLREDUCE_BYTES if quick else _FULL_ALLREDUCE_BYTES
-    model, timed = _fit_collectives(world, emit, exchanged, overhead, sizes, iters, warmup)
+    model, timed = _fit_collectives(world, emit, exchanged, sizes, iters, warmup)
     emit(f"# fixed cost per call: {overhead * 1e6:.2f} us (the same for every algorithm; not in the model)")
     emit(f"# beta of the warm exchanges alone: {exchange_beta * 1e9:.4f} ns/byte (not used)")
     emit(f"# {model.describe()}")

@@ -55,32 +55,38 @@ def fit_exchange(measurements: Sequence[Measurement]) -> tuple[float, float, flo
 
 
 def fit_per_byte(
-    timed: Sequence[Timed], model: CostModel, term: str, itemsize: int, world_size: int, overhead: float = 0.0
-) -> float:
-    """The value of ``term`` (``"beta"`` or ``"copy"``) with which ``model`` best predicts ``timed``.
+    timed: Sequence[Timed], model: CostModel, term: str, itemsize: int, world_size: int
+) -> tuple[float, float]:
+    """``(value, intercept)``: ``term`` (``"beta"`` or ``"copy"``) as the per-byte slope of ``timed``.
 
-    Every other constant of ``model`` is kept: each call's time, less
-    ``overhead`` (the fixed cost of a call, which the model leaves out) and less
-    what the other terms predict for its traffic, is put down to the term's bytes
-    (:data:`PER_BYTE_TERMS`). Least squares on relative errors, as
-    :func:`fit_exchange`; a negative estimate (noise, or the other terms
-    overestimated) becomes zero. So the model's prediction for the algorithms
-    timed matches their measured times, whatever regime (cache, segments,
-    executor's own copies) they run in.
+    Every other constant of ``model`` is kept: of each call's time, what the other
+    terms predict for its traffic is taken off, and the rest is fitted as
+    ``intercept + value * bytes``, the bytes the term weighs
+    (:data:`PER_BYTE_TERMS`), by least squares on relative errors as
+    :func:`fit_exchange`. The intercept takes up the fixed cost of a call and
+    whatever the per-message and barrier terms get wrong for these calls (on an
+    oversubscribed node the exchanges' alpha was 5 times a ring allreduce's cost
+    per message), so the value is the marginal cost of a byte in the algorithms
+    timed, in the regime (cache, segments, the executor's own copies) they run
+    in. A negative value (noise) becomes zero.
 
     Raises:
-        CalibrationError: ``term`` is not one of :data:`PER_BYTE_TERMS`, or no call counts
-            any bytes for it (nothing to fit).
+        CalibrationError: ``term`` is not one of :data:`PER_BYTE_TERMS`, or the calls
+            count fewer than two different numbers of its bytes (no slope to fit).
     """
     field = PER_BYTE_TERMS.get(term)
     if field is None:
         raise CalibrationError(f"cannot fit {term!r}; the per-byte terms are {', '.join(PER_BYTE_TERMS)}")
-    rest = replace(model, **{term: 0.0})
     nbytes = np.array([getattr(t.traffic, field) * itemsize for t in timed], dtype=float)
-    if not nbytes.any():
-        raise CalibrationError(f"no timed call counts any {field} for {term}; nothing to fit")
+    if len(set(nbytes.tolist())) < 2:
+        raise CalibrationError(
+            f"fitting {term} needs calls of at least two sizes in {field}; got {sorted(set(nbytes.tolist()))}"
+        )
+    rest = replace(model, **{term: 0.0})
     seconds = np.array([t.seconds for t in timed])
-    left = seconds - overhead - np.array([rest.time(t.traffic, itemsize, world_size) for t in timed])
-    weights = 1.0 / seconds**2
-    value = float(np.sum(weights * left * nbytes) / np.sum(weights * nbytes**2))
-    return max(value, 0.0)
+    left = seconds - np.array([rest.time(t.traffic, itemsize, world_size) for t in timed])
+    rows = np.stack([np.ones_like(nbytes), nbytes], axis=1)
+    weights = 1.0 / seconds
+    solution, *_ = np.linalg.lstsq(rows * weights[:, None], left * weights, rcond=None)
+    intercept, value = (float(v) for v in solution)
+    return max(value, 0.0), intercept
