@@ -1,24 +1,35 @@
 """Measuring the cost model's alpha, beta, gamma, barrier and copy on this machine, under mpiexec."""
 
-__all__ = ["Measurement", "calibrate", "fit_exchange", "measure_barrier", "measure_copy", "measure_gamma"]
+__all__ = [
+    "Measurement",
+    "Timed",
+    "calibrate",
+    "fit_exchange",
+    "fit_per_byte",
+    "measure_allreduces",
+    "measure_barrier",
+    "measure_gamma",
+]
 
+import itertools
 import platform
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, replace
 
 import numpy as np
 from mpi4py import MPI
 
+import collectives
 from collectives.backends.numpy_backend import NumpyBackend
 from collectives.execute import execute
-from collectives.execute_shared import SEGMENT_BYTES
 from collectives.ops import get_op
 from collectives.schedule import Schedule, Step, Transfer
-from collectives.selector import DEFAULT_MODEL, CostModel, calibration_path, save_model
+from collectives.selector import DEFAULT_MODEL, CostModel, Selector, calibration_path, save_model
 from collectives.transport.mpi import MPITransport
 
 from .collective import library_version
+from .fitting import Measurement, Timed, fit_exchange, fit_per_byte
 
 _ITEMSIZE = 4  # float32, the default dtype
 # (bytes per message, steps per schedule) of the exchanges timed; the step counts tell
@@ -29,15 +40,11 @@ _STEPS = (1, 4)
 _QUICK_STEPS = (1, 2)
 _GAMMA_BYTES = 32 * 1024**2  # well past the caches, as the large reductions the selector weighs are
 _QUICK_GAMMA_BYTES = 4 * 1024**2
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """One timed exchange: ``steps`` steps, in each of which every rank sends ``nbytes`` to its neighbour."""
-
-    steps: int
-    nbytes: int
-    seconds: float
+# allreduces timed end to end to fit the per-byte constants: sizes where bytes, not latency, dominate
+_FULL_ALLREDUCE_BYTES = (1024**2, 4 * 1024**2, 16 * 1024**2)
+_QUICK_ALLREDUCE_BYTES = (1024**2, 8 * 1024**2)
+_COLD_BYTES = 64 * 1024**2  # past the last-level cache (32 MiB on the machine the defaults come from)
+_FITTED = (("ring", "beta"), ("shared_memory", "copy"))  # (algorithm timed, the constant it fits)
 
 
 def _shift(world_size: int, steps: int, count: int) -> Schedule:
@@ -73,20 +80,6 @@ def _fastest(world: MPI.Intracomm, call: Callable[[], object], iters: int, warmu
     return float(times.min())
 
 
-def fit_exchange(measurements: list[Measurement]) -> tuple[float, float, float]:
-    """``(alpha, beta, overhead)`` from ``seconds = overhead + steps * (alpha + beta * nbytes)``.
-
-    Least squares on relative errors, so that microsecond and millisecond
-    timings weigh alike; negative estimates (noise) become zero.
-    """
-    rows = np.array([[1.0, m.steps, m.steps * m.nbytes] for m in measurements])
-    seconds = np.array([m.seconds for m in measurements])
-    weights = 1.0 / seconds
-    solution, *_ = np.linalg.lstsq(rows * weights[:, None], seconds * weights, rcond=None)
-    overhead, alpha, beta = (max(float(v), 0.0) for v in solution)
-    return alpha, beta, overhead
-
-
 def measure_gamma(world: MPI.Intracomm, nbytes: int, iters: int, warmup: int) -> float:
     """Seconds per byte of the numpy backend summing float32 buffers of ``nbytes``, every rank at once."""
     backend = NumpyBackend()
@@ -115,37 +108,97 @@ def measure_barrier(world: MPI.Intracomm, transport: MPITransport, iters: int, w
     return _fastest(world, barriers, iters, warmup) / run / (world.size - 1)
 
 
-def measure_copy(
-    world: MPI.Intracomm, transport: MPITransport, nbytes: int, iters: int, warmup: int, barrier: float
-) -> float | None:
-    """Seconds per byte a rank copies through shared memory; ``None`` if its ranks share no memory.
+def measure_allreduces(
+    comm: collectives.Communicator,
+    world: MPI.Intracomm,
+    algorithms: Sequence[str],
+    nbytes: int,
+    iters: int,
+    warmup: int,
+) -> dict[str, float]:
+    """Median seconds of a float32 allreduce of ``nbytes`` by each of ``algorithms``, as compare times it.
 
-    As the shared-memory executor copies: every rank at once, in segments of
-    :data:`~collectives.execute_shared.SEGMENT_BYTES`, ``nbytes`` of its own into
-    its region, then (after a barrier) as many out of the next rank's region. Timed
-    as :func:`_fastest`, less its barriers at ``barrier`` seconds per peer, divided
-    by the ``2 * nbytes`` copied.
+    In rounds: every algorithm once per round, each call started together after a
+    barrier (the order alternating round by round), its time the slowest rank's,
+    so slow spells of a shared machine fall on all alike; then the median over
+    rounds, as what a caller meets: a ring allreduce's least time was as little
+    as 0.6 of its median, a shared-memory one's 0.9, and the least chose ring
+    where the medians are 1.3-1.5x apart the other way. In place on zeros (so
+    repeated sums stay finite), each call on the next of buffers that together
+    exceed :data:`_COLD_BYTES`, so that it finds its buffer out of the caches, as
+    an application's call does and as ``bench compare``'s interleaved contenders
+    do: on one warm buffer a 4 MiB ring allreduce at 2 ranks ran 2.2 times faster
+    than on cold ones, the shared-memory one 1.2 times.
     """
-    shared = transport.shared_memory()
-    if shared is None or world.size < 2:
-        return None
-    piece = min(SEGMENT_BYTES, shared.region_bytes) // _ITEMSIZE
-    source = np.ones(nbytes // _ITEMSIZE, np.float32)
-    target = np.empty_like(source)
-    mine = np.frombuffer(shared.region(world.rank), np.float32)[:piece]
-    theirs = np.frombuffer(shared.region((world.rank + 1) % world.size), np.float32)[:piece]
+    count = nbytes // _ITEMSIZE
+    # filled, not just allocated: the first touch of a fresh page faults, which no caller pays twice
+    buffers = [np.full(count, 0.0, np.float32) for _ in range(-(-_COLD_BYTES // max(nbytes, 1)) + 1)]
+    turn = itertools.cycle(buffers)
+    times = np.empty((len(algorithms), iters))
+    for i in range(-warmup, iters):
+        order = range(len(algorithms)) if i % 2 == 0 else reversed(range(len(algorithms)))
+        for j in order:
+            x = next(turn)
+            world.Barrier()
+            start = time.perf_counter()
+            collectives.allreduce(x, "sum", out=x, algorithm=algorithms[j], comm=comm)
+            if i >= 0:
+                times[j, i] = time.perf_counter() - start
+    world.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
+    return {name: float(np.median(times[j])) for j, name in enumerate(algorithms)}
 
-    def copies() -> None:
-        for lo in range(0, source.size, piece):
-            hi = min(lo + piece, source.size)
-            np.copyto(mine[: hi - lo], source[lo:hi])
-            shared.barrier()
-            np.copyto(target[lo:hi], theirs[: hi - lo])
-            shared.barrier()
 
-    barriers = 2 * -(-source.size // piece)
-    seconds = _fastest(world, copies, iters, warmup)
-    return max(seconds - barriers * barrier * (world.size - 1), 0.0) / (2 * source.nbytes)
+def _fit_collectives(
+    world: MPI.Intracomm,
+    emit: Callable[[str], None],
+    model: CostModel,
+    sizes: tuple[int, ...],
+    iters: int,
+    warmup: int,
+) -> tuple[CostModel, list[Timed]]:
+    """``model`` with beta fitted to ring allreduces and copy to shared-memory ones (where memory is shared).
+
+    Each per-byte constant is the slope of the algorithm it prices, timed end to
+    end by :func:`measure_allreduces` at a few sizes of megabytes and fitted by
+    :func:`~bench.fitting.fit_per_byte`, so that the model's choice between them
+    at large sizes follows their measured times. Measured apart, the two
+    disagreed: the warm, repeated exchanges alpha comes from move bytes faster
+    than a collective does (cold buffers, the executor's own copies), and a copy
+    through shared memory timed apart from the executor ran 3 times slower than
+    in it, so the model chose ring where the shared-memory allreduce was measured
+    1.3-1.6x faster.
+    """
+    comm = collectives.Communicator(world)
+    try:
+        features = comm.features
+        selector = Selector(model)
+        timed: list[Timed] = []
+        emit(f"# {'algorithm':>13} {'bytes':>10} {'median(us)':>12}")
+        for nbytes in sizes:
+            count = nbytes // _ITEMSIZE
+            explanation = selector.explain(
+                "allreduce", count, "float32", world_size=world.size, features=features
+            )
+            counted = {c.algorithm: c.traffic for c in explanation.candidates}
+            # shared_memory is no candidate where the ranks share no memory
+            names = [algorithm for algorithm, _ in _FITTED if algorithm in counted]
+            for algorithm, seconds in measure_allreduces(comm, world, names, nbytes, iters, warmup).items():
+                timed.append(Timed(algorithm, count, seconds, counted[algorithm]))
+                emit(f"  {algorithm:>13} {nbytes:>10} {seconds * 1e6:>12.2f}")
+    finally:
+        comm.free()
+    fitted = {}
+    for algorithm, term in _FITTED:
+        mine = [t for t in timed if t.algorithm == algorithm]
+        if not mine:
+            emit(f"# {term}: {algorithm} cannot run here; the default is kept")
+            continue
+        fitted[term], intercept = fit_per_byte(mine, model, term, _ITEMSIZE, world.size)
+        emit(
+            f"# {term} {fitted[term] * 1e9:.4f} ns/byte from {algorithm}; "
+            f"its calls' cost beyond the model's other terms: {intercept * 1e6:.2f} us"
+        )
+    return replace(model, **fitted), timed
 
 
 def calibrate(
@@ -158,11 +211,15 @@ def calibrate(
 ) -> CostModel:
     """Measure the constants over ``world`` (collective); rank 0 saves them where the selector reads them.
 
-    alpha and beta come from timed exchanges through the library's own executor and
-    MPI transport, ``steps`` ring steps of one message of each size, fitted by
-    :func:`fit_exchange`; gamma from the numpy backend's sum of large buffers; the
-    barrier and copy from :func:`measure_barrier` and :func:`measure_copy` where the
-    ranks share a node (else the defaults).
+    alpha comes from timed exchanges through the library's own executor and MPI
+    transport, ``steps`` ring steps of one message of each size, fitted by
+    :func:`fit_exchange` (which also gives the fixed cost of a call); gamma from
+    the numpy backend's sum of large buffers; the barrier from
+    :func:`measure_barrier` where the ranks share a node (else the default).
+    beta and copy are then fitted to end-to-end allreduces of a few megabytes by
+    ring and, where the ranks share a node, shared_memory (else the default copy),
+    so that the model predicts those algorithms' measured times (see
+    :func:`_fit_collectives`); the exchanges' own beta is reported beside it.
 
     Args:
         world: at least two ranks.
@@ -193,20 +250,18 @@ def calibrate(
                 measurements.append(Measurement(steps, count * _ITEMSIZE, seconds))
                 emit(f"  {steps:>5} {count * _ITEMSIZE:>10} {seconds * 1e6:>12.2f}")
         barrier = measure_barrier(world, transport, iters, warmup)
-        nbytes = _QUICK_SIZES[-1] if quick else _FULL_SIZES[-1]  # as the exchanges beta comes from
-        copy = measure_copy(world, transport, nbytes, iters, warmup, barrier or 0.0)
     finally:
         transport.close()
-    alpha, beta, overhead = fit_exchange(measurements)
+    alpha, exchange_beta, overhead = fit_exchange(measurements)
     gamma = measure_gamma(world, _QUICK_GAMMA_BYTES if quick else _GAMMA_BYTES, iters, warmup)
     if barrier is None:
         emit("# barrier: the ranks share no memory; the default is kept")
         barrier = DEFAULT_MODEL.barrier
-    if copy is None:
-        emit("# copy: the ranks share no memory; the default is kept")
-        copy = DEFAULT_MODEL.copy
-    model = CostModel(alpha, beta, gamma, barrier, copy, source="measured")
+    exchanged = CostModel(alpha, exchange_beta, gamma, barrier, DEFAULT_MODEL.copy, source="measured")
+    sizes = _QUICK_ALLREDUCE_BYTES if quick else _FULL_ALLREDUCE_BYTES
+    model, timed = _fit_collectives(world, emit, exchanged, sizes, iters, warmup)
     emit(f"# fixed cost per call: {overhead * 1e6:.2f} us (the same for every algorithm; not in the model)")
+    emit(f"# beta of the warm exchanges alone: {exchange_beta * 1e9:.4f} ns/byte (not used)")
     emit(f"# {model.describe()}")
     if world.rank == 0:
         path = save_model(
@@ -215,10 +270,14 @@ def calibrate(
             world_size=world.size,
             quick=quick,
             overhead=overhead,
+            exchange_beta=exchange_beta,
             mpi_library=library_version(),
             host=platform.node(),
             measured=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             exchanges=[asdict(m) for m in measurements],
+            allreduces=[
+                {"algorithm": t.algorithm, "bytes": t.count * _ITEMSIZE, "seconds": t.seconds} for t in timed
+            ],
         )
         emit(f"# saved to {path}")
     return model

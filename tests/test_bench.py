@@ -403,6 +403,13 @@ def test_calibrate_under_mpiexec_saves_where_the_env_var_says(
     # both ranks share this machine's memory, so the barrier was measured, not defaulted
     assert "barrier: the ranks share no memory" not in result.stdout
     assert 0 < saved["barrier"] == model.barrier < 1
+    # beta and copy are fitted to ring and shared-memory allreduces of two sizes each
+    timed = sorted((row["algorithm"], row["bytes"]) for row in saved["allreduces"])
+    assert timed == [("ring", 2**20), ("ring", 2**23), ("shared_memory", 2**20), ("shared_memory", 2**23)]
+    assert all(row["seconds"] > 0 for row in saved["allreduces"])
+    assert "# beta " in result.stdout and " from ring" in result.stdout
+    assert "# copy " in result.stdout and " from shared_memory" in result.stdout
+    assert saved["copy"] == model.copy and saved["exchange_beta"] >= 0
     assert model.source == f"calibrated, from {path}"
 
 
