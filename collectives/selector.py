@@ -233,7 +233,10 @@ figure the model prefers ring at every size, where ``python -m bench compare``
 measured the shared-memory allreduce 20-40% faster than ring from 4 MiB at 2 ranks
 and as fast at 4 ranks: the exchanges beta comes from are timed warm in cache,
 the collectives are not. 0.03 ns/byte makes the model's choices those measured.
-Run the calibration on your own machine for choices made for it.
+``bench calibrate`` now fits beta and copy to ring and shared-memory allreduces
+timed end to end on cold buffers (medians), so a calibration makes the same
+choices (2 ranks: beta 0.27, copy 0.10 ns/byte). Run it on your own machine for
+choices made for it.
 """
 
 
