@@ -586,9 +586,14 @@ def _fits(prepared: _Prepared, x: Any, out: Any) -> bool:
         return True
     if out is x:
         return bool(flags.writeable)
+    return _separate_out(prepared, x, out)
+
+
+def _separate_out(prepared: _Prepared, x: Any, out: Any) -> bool:
+    """Whether ``out`` is writable, C-contiguous, of x's type, dtype and prepared shape, and apart from x."""
     return (
         type(out) is type(x)
-        and out.shape == x.shape
+        and out.shape == prepared.shape
         and out.dtype == x.dtype
         and out.flags.c_contiguous
         and out.flags.writeable
@@ -772,18 +777,7 @@ def _shares_key(
 
 def _fits_shares(prepared: _Prepared, x: Any, out: Any) -> bool:
     """Whether the arrays of a reduce-scatter or all-gather whose key matched pass its first call's checks."""
-    if not x.flags.c_contiguous:
-        return False
-    if out is None:
-        return True
-    return (
-        type(out) is type(x)
-        and out.shape == prepared.shape
-        and out.dtype == x.dtype
-        and out.flags.c_contiguous
-        and out.flags.writeable
-        and not prepared.backend.shares_memory(out, x)
-    )
+    return bool(x.flags.c_contiguous) and (out is None or _separate_out(prepared, x, out))
 
 
 def _on_shared_memory(

@@ -46,7 +46,7 @@ from functools import lru_cache
 from typing import Any
 
 from .backends.base import ArrayBackend
-from .chunking import bounds
+from .chunking import bounds, even_split
 from .errors import ConfigurationError, MismatchError
 from .ops import ReduceOp
 from .transport.base import SharedMemory
@@ -425,7 +425,7 @@ class SharedExecutor:
 @lru_cache(maxsize=256)
 def _even_shares(count: int, size: int) -> tuple[int, ...]:
     """Where each of ``size`` owners' shares of ``count`` elements starts, then ``count``; even shares."""
-    return bounds(tuple(count // size + (r < count % size) for r in range(size)))
+    return bounds(even_split(count, size))
 
 
 def _address(array: Any) -> int | None:

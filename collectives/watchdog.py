@@ -51,7 +51,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -484,23 +484,6 @@ class Watchdog:
         ``payloads`` gives, per peer, the bytes of data that travel with the signature.
         """
         return Guard(Signature(0, collective, algorithm, dtype, op, root, count, counts, backend), payloads)
-
-    def collective(
-        self,
-        collective: str,
-        algorithm: str,
-        count: int,
-        dtype: str = "",
-        op: str = "",
-        root: int = -1,
-        counts: tuple[int, ...] | None = None,
-        check: bool | None = None,
-        backend: str = "",
-    ) -> AbstractContextManager[Call]:
-        """Number, check, bound and record one collective run in the ``with`` block (see :meth:`watch`)."""
-        return self.watch(
-            self.guard(collective, algorithm, count, dtype, op, root, counts, backend=backend), check
-        )
 
     @contextmanager
     def watch(self, guard: Guard, check: bool | None = None) -> Iterator[Call]:
