@@ -9,6 +9,10 @@
 // numpy keeps them, and an explicit rounding mode also keeps the compiler from fusing into FMAs.
 // Results are then those of numpy (ml_dtypes for bfloat16): one IEEE operation per pair, computed
 // in float32 for the 16-bit floats and rounded to nearest even.
+//
+// Each piece of PTX has a C++ twin for a host build (GCC or Clang, where __CUDA_ARCH__ is not
+// defined) that computes the same IEEE operation: the tests compile these sources for the CPU and
+// run every kernel thread by thread against numpy (tests/host_cuda.py), on machines with no GPU.
 #pragma once
 
 namespace collectives {
@@ -34,14 +38,22 @@ struct Float16 {
   typedef u16 Storage;
   typedef float Acc;
   static __device__ __forceinline__ float load(u16 bits) {
+#if defined(__CUDA_ARCH__)
     float value;
     asm("cvt.f32.f16 %0, %1;" : "=f"(value) : "h"(bits));
     return value;
+#else
+    return (float)__builtin_bit_cast(_Float16, bits);
+#endif
   }
   static __device__ __forceinline__ u16 store(float value) {
+#if defined(__CUDA_ARCH__)
     u16 bits;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(value));
     return bits;
+#else
+    return __builtin_bit_cast(u16, (_Float16)value);
+#endif
   }
 };
 
@@ -82,34 +94,58 @@ typedef Native<u64> UInt64;
 // arithmetic: IEEE for floats, wrapping for integers
 
 __device__ __forceinline__ float add(float a, float b) {
+#if defined(__CUDA_ARCH__)
   float r;
   asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
   return r;
+#else
+  return a + b;
+#endif
 }
 __device__ __forceinline__ double add(double a, double b) {
+#if defined(__CUDA_ARCH__)
   double r;
   asm("add.rn.f64 %0, %1, %2;" : "=d"(r) : "d"(a), "d"(b));
   return r;
+#else
+  return a + b;
+#endif
 }
 __device__ __forceinline__ float mul(float a, float b) {
+#if defined(__CUDA_ARCH__)
   float r;
   asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
   return r;
+#else
+  return a * b;
+#endif
 }
 __device__ __forceinline__ double mul(double a, double b) {
+#if defined(__CUDA_ARCH__)
   double r;
   asm("mul.rn.f64 %0, %1, %2;" : "=d"(r) : "d"(a), "d"(b));
   return r;
+#else
+  return a * b;
+#endif
 }
 __device__ __forceinline__ float divide(float a, float b) {
+#if defined(__CUDA_ARCH__)
   float r;
   asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
   return r;
+#else
+  return a / b;
+#endif
 }
 __device__ __forceinline__ double divide(double a, double b) {
+#if defined(__CUDA_ARCH__)
   double r;
   asm("div.rn.f64 %0, %1, %2;" : "=d"(r) : "d"(a), "d"(b));
   return r;
+#else
+  return a / b;
+#endif
 }
 
 // Integers wrap as numpy's do. Signed overflow is undefined in C++, and small types promote to
