@@ -78,9 +78,13 @@ def _nvrtc() -> Any:
 
 
 def compile_ptx(
-    source: str, name: str, options: tuple[str, ...], headers: dict[str, str] | None = None
+    source: str, name: str, options: tuple[str, ...], headers: dict[str, str] | None = None, ptx: bool = True
 ) -> tuple[str, str]:
-    """``(ptx, log)`` of ``source``; fails the test with NVRTC's log if it does not compile."""
+    """``(ptx, log)`` of ``source``; fails the test with NVRTC's log if it does not compile.
+
+    With ``ptx=False`` (for a real architecture, ``sm_90``, which NVRTC compiles on to machine
+    code) the PTX is not asked for and comes back empty.
+    """
     nvrtc = _nvrtc()
     headers = headers or {}
     error, program = nvrtc.nvrtcCreateProgram(
@@ -100,12 +104,14 @@ def compile_ptx(
         log_text = log.rstrip(b"\0 ").decode(errors="replace")
         if compiled != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             pytest.fail(f"{name} does not compile with {options}: {compiled}\n{log_text}")
+        if not ptx:
+            return "", log_text
         error, size = nvrtc.nvrtcGetPTXSize(program)
         assert error == nvrtc.nvrtcResult.NVRTC_SUCCESS, error
-        ptx = b" " * size
-        (error,) = nvrtc.nvrtcGetPTX(program, ptx)
+        text = b" " * size
+        (error,) = nvrtc.nvrtcGetPTX(program, text)
         assert error == nvrtc.nvrtcResult.NVRTC_SUCCESS, error
-        return ptx.rstrip(b"\0").decode(), log_text
+        return text.rstrip(b"\0").decode(), log_text
     finally:
         nvrtc.nvrtcDestroyProgram(program)
 
@@ -149,6 +155,26 @@ def test_every_kernel_has_a_vector_path(ptx: str) -> None:
     for name, body in _entries(ptx).items():
         # 16 bytes at once, whatever the compiler splits them into registers as
         assert re.search(r"ld\.global(\.nc)?\.v[24]\.(u|b|f|s)(32|64)", body), name
+
+
+def test_no_kernel_spills_and_the_two_input_ones_keep_a_full_device_busy() -> None:
+    # machine code for an H100/H200, with ptxas's report of each kernel's registers and local memory
+    options = (*gpu_kernels.NVRTC_OPTIONS, "--gpu-architecture=sm_90", "--ptxas-options=-v")
+    _, log = compile_ptx(gpu_kernels.module_source(), "collectives_module.cu", options, ptx=False)
+    report = re.findall(
+        r"entry function '(\w+)'.*?(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads"
+        r".*?Used (\d+) registers",
+        log,
+        flags=re.DOTALL,
+    )
+    assert sorted(name for name, *_ in report) == sorted(gpu_kernels.kernel_names())
+    for name, stack, stores, loads, registers in report:
+        assert (stack, stores, loads) == ("0", "0", "0"), f"{name}: {stack}/{stores}/{loads} bytes"
+        if "_combine_" in name or "_reduce_into_" in name:
+            # 32 registers x 2048 threads fill an SM's 64K: the loader's 8 blocks of 256 all resident
+            assert int(registers) <= 32, f"{name} uses {registers} registers"
+        else:
+            assert int(registers) <= 64, f"{name} uses {registers} registers"
 
 
 def test_float_arithmetic_keeps_subnormals(ptx: str) -> None:
