@@ -11,6 +11,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from collectives.backends import gpu_kernels
 from collectives.ops import DTYPES, FLOAT_DTYPES, OPS
@@ -25,6 +27,8 @@ OFFSETS = ((0, 0, 0), (1, 1, 1), (3, 3, 3), (0, 1, 2), (2, 0, 3))
 LARGE_OFFSETS = ((0, 0, 0), (1, 1, 1), (0, 1, 2))
 PAIRS = [(name, dtype) for name, op in OPS.items() if name != "avg" for dtype in op.dtypes]
 SIXTEEN_BIT_FLOATS = ("float16", "bfloat16")
+MANY_BUFFERS = 2 * gpu_kernels.MAX_INPUTS + 3
+"""Buffers the property test may use: dst and up to three reduce_many passes of sources."""
 _UFUNCS: dict[str, Callable[..., Any]] = {
     "sum": np.add,
     "prod": np.multiply,
@@ -277,3 +281,37 @@ def test_kernels_run_on_the_current_stream(cp: Any) -> None:
         result = dst.get(stream=stream)
         stream.synchronize()
     assert np.all(result == 6)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    pair=st.sampled_from(PAIRS),
+    size=st.integers(0, 3000),
+    count=st.integers(1, MANY_BUFFERS - 1),
+    offsets=st.lists(st.integers(0, 17), min_size=MANY_BUFFERS, max_size=MANY_BUFFERS),
+    same_phase=st.booleans(),
+    exact=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_reduce_many_at_any_offsets(
+    cp: Any,
+    pair: tuple[str, str],
+    size: int,
+    count: int,
+    offsets: list[int],
+    same_phase: bool,
+    exact: bool,
+    seed: int,
+) -> None:
+    # each buffer at an offset of its own; with same_phase all at one offset from a 16-byte
+    # boundary (the 128-bit path), else mostly not (the scalar path)
+    op, dtype = pair
+    if same_phase:
+        per_pack = 16 // numpy_dtype(dtype).itemsize
+        offsets = [offsets[0] + per_pack * (offset % 3) for offset in offsets]
+    rng = np.random.default_rng(seed)
+    hosts = [inputs(rng, dtype, op, size, exact) for _ in range(count)]
+    sources = [device_view(cp, host, offset) for host, offset in zip(hosts, offsets[1:], strict=False)]
+    dst = device_view(cp, np.zeros(size, numpy_dtype(dtype)), offsets[0])
+    gpu_kernels.reduce_many(op, dst, sources, **bf16(dtype))
+    assert_matches(to_host(dst, dtype), reference(op, dtype, hosts), dtype)
