@@ -1,4 +1,4 @@
-"""The CUDA kernels on the CPU: a stand-in for the part of CuPy the kernel loader and its tests use.
+"""The CUDA kernels on the CPU: a stand-in for the part of CuPy the kernel loader and the CuPy backend use.
 
 Its ``RawModule`` compiles the loader's own translation unit (``gpu_kernels.module_source()``)
 as C++ with ``host_cuda.hpp`` included first, which supplies what the sources take from CUDA;
@@ -9,18 +9,28 @@ punished: 128-bit accesses off a 16-byte boundary, and bytes written outside the
 So the real kernels' numbers, their head/body/tail split and their grid-stride loops are checked
 against numpy on any machine with a C++ compiler. What this cannot check: the PTX itself (its
 rounding modes are the IEEE defaults the C++ twins use), and anything about speed.
+
+Installed as ``cupy`` (and :data:`cupyx`) it also runs ``collectives.backends.cupy_backend``:
+"device" memory is host memory, streams are synchronous, and an IPC handle names an allocation
+of this process, which it opens again (CUDA refuses that; here ranks are threads). It follows
+CuPy's signatures for what the backend calls, not CuPy's every rule.
 """
 
+import contextlib
 import ctypes
 import functools
 import shutil
 import subprocess
+import sys
 import tempfile
+import weakref
+from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import numpy as np
+import pytest
 
 from collectives.backends import gpu_kernels
 
@@ -107,46 +117,150 @@ class Allocation:
             raise AssertionError(f"{kernel} wrote {written.size} bytes outside an allocation")
 
 
-class ndarray:  # named as CuPy's, which the loader checks for
-    """A 1-D array in stand-in device memory: what of ``cupy.ndarray`` the loader and the tests use."""
+class Memory:
+    """``cupy.cuda.Memory``: an allocation of its own, as ``cudaMalloc`` makes."""
 
-    def __init__(self, allocation: Allocation, view: np.ndarray) -> None:
-        self.allocation = allocation
-        self.view = view
-        self.device = SimpleNamespace(id=0)
+    def __init__(self, size: int) -> None:
+        self.allocation = Allocation(size)
+        self.ptr = self.allocation.payload.ctypes.data
+        self.size = size
+        _allocations[self.ptr] = self.allocation
+
+
+class UnownedMemory:
+    """``cupy.cuda.UnownedMemory``: memory at ``ptr`` that something else allocated."""
+
+    def __init__(self, ptr: int, size: int, owner: Any, device_id: int | None = None) -> None:
+        self.ptr = ptr
+        self.size = size
+        self.owner = owner
+        self.allocation = _allocations.get(ptr)
+
+
+class MemoryPointer:
+    def __init__(self, mem: "Memory | UnownedMemory", offset: int) -> None:
+        self.mem = mem
+        self.ptr = mem.ptr + offset
+
+
+_allocations: "weakref.WeakValueDictionary[int, Allocation]" = weakref.WeakValueDictionary()
+"""The live allocations by address: an IPC handle names one."""
+
+
+class _Device:
+    """``array.device`` and ``cupy.cuda.Device(0)``: device 0, a context manager."""
+
+    id = 0
+
+    def __enter__(self) -> "_Device":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+    def use(self) -> None:
+        return None
+
+
+class ndarray:  # named as CuPy's, which the loader and the backend check for
+    """An array in stand-in device memory: what of ``cupy.ndarray`` the loader, backend and tests use.
+
+    ``ndarray(shape, dtype, memptr)`` as CuPy's; ``values`` is the numpy array over its bytes.
+    """
+
+    def __init__(self, shape: Any, dtype: Any = float, memptr: MemoryPointer | None = None) -> None:
+        numpy_dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * numpy_dtype.itemsize
+        if memptr is None:
+            memptr = MemoryPointer(Memory(nbytes), 0)
+        self.allocation = memptr.mem.allocation
+        if self.allocation is not None:
+            start = memptr.ptr - self.allocation.raw.ctypes.data
+            raw = self.allocation.raw[start : start + nbytes]
+        else:
+            raw = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(memptr.ptr))
+        self.values = raw.view(numpy_dtype).reshape(shape)
+        self.memory = memptr.mem  # kept alive as long as the array
+
+    @classmethod
+    def _over(cls, source: "ndarray", values: np.ndarray) -> "ndarray":
+        array = cls.__new__(cls)
+        array.values, array.allocation, array.memory = values, source.allocation, source.memory
+        return array
+
+    device = _Device()
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("ndim", "flags", "dtype", "size", "shape", "strides", "nbytes"):
-            return getattr(self.view, name)
+        if name in ("ndim", "flags", "dtype", "size", "shape", "strides", "nbytes", "itemsize"):
+            return getattr(self.values, name)
         raise AttributeError(name)
 
     @property
     def data(self) -> SimpleNamespace:
-        return SimpleNamespace(ptr=self.view.ctypes.data)
+        return SimpleNamespace(ptr=self.values.ctypes.data)
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        # what tells collectives.backends a device array from others
+        typestr = self.values.dtype.str
+        return {"shape": self.shape, "typestr": typestr, "data": (self.data.ptr, False), "version": 3}
+
+    def __len__(self) -> int:
+        return len(self.values)
 
     def __getitem__(self, key: Any) -> "ndarray":
-        return ndarray(self.allocation, self.view[key])
+        return ndarray._over(self, self.values[key])
 
-    def set(self, host: np.ndarray) -> None:
-        if host.dtype != self.view.dtype or host.shape != self.view.shape:
-            expected = f"{self.view.dtype} {self.view.shape}"
-            raise ValueError(f"set() takes {expected}, not {host.dtype} {host.shape}")
-        self.view[...] = host
+    def view(self, dtype: Any) -> "ndarray":
+        return ndarray._over(self, self.values.view(dtype))
 
-    def get(self) -> np.ndarray:
-        return self.view.copy()
+    def reshape(self, *shape: Any) -> "ndarray":
+        return ndarray._over(self, self.values.reshape(*shape))
+
+    def set(self, host: np.ndarray, stream: Any = None) -> None:
+        if host.dtype != self.dtype or host.shape != self.shape:
+            raise ValueError(f"set() takes {self.dtype} {self.shape}, not {host.dtype} {host.shape}")
+        self.values[...] = host
+
+    def get(self, stream: Any = None, out: np.ndarray | None = None) -> np.ndarray:
+        if out is None:
+            return self.values.copy()
+        if out.dtype != self.dtype or out.shape != self.shape:
+            raise ValueError(f"get(out=) takes {self.dtype} {self.shape}, not {out.dtype} {out.shape}")
+        out[...] = self.values
+        return out
 
 
-def empty(size: int, dtype: Any) -> ndarray:
-    numpy_dtype = np.dtype(dtype)
-    allocation = Allocation(size * numpy_dtype.itemsize)
-    return ndarray(allocation, allocation.payload.view(numpy_dtype))
+def empty(shape: Any, dtype: Any = float) -> ndarray:
+    return ndarray(shape, dtype)
 
 
-def zeros(size: int, dtype: Any) -> ndarray:
-    array = empty(size, dtype)
-    array.view[...] = 0
+def zeros(shape: Any, dtype: Any = float) -> ndarray:
+    array = empty(shape, dtype)
+    array.values[...] = 0
     return array
+
+
+def asarray(host: Any) -> ndarray:
+    values = np.asarray(host)
+    array = empty(values.shape, values.dtype)
+    array.set(values)
+    return array
+
+
+def asnumpy(array: ndarray) -> np.ndarray:
+    return array.get()
+
+
+def copyto(dst: ndarray, src: ndarray) -> None:
+    np.copyto(dst.values, src.values)
+
+
+def may_share_memory(a: ndarray, b: ndarray) -> bool:
+    return bool(np.may_share_memory(a.values, b.values))
+
+
+uint8, uint16, float32 = np.uint8, np.uint16, np.float32
 
 
 class HostKernel:
@@ -195,14 +309,85 @@ class RawModule:
         return HostKernel(self.library, name)
 
 
+@contextlib.contextmanager
+def installed() -> Iterator[ModuleType]:
+    """This module as ``cupy`` (and ``cupyx``) for the loader and the backend, within the block.
+
+    The backend's module is imported afresh against it, and forgotten after.
+    """
+    from collectives import backends
+
+    module = sys.modules[__name__]
+    backend_module = "collectives.backends.cupy_backend"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(sys.modules, "cupy", module)
+        patch.setitem(sys.modules, "cupyx", cupyx)
+        patch.delitem(sys.modules, backend_module, raising=False)
+        patch.delattr(backends, "cupy_backend", raising=False)
+        patch.setattr(backends, "_CUPY", [])
+        patch.setattr(gpu_kernels, "_cupy", lambda: module)
+        for cache in ("_modules", "_functions", "_max_blocks"):
+            patch.setattr(gpu_kernels, cache, {})
+        try:
+            yield module
+        finally:
+            sys.modules.pop(backend_module, None)
+            if hasattr(backends, "cupy_backend"):
+                delattr(backends, "cupy_backend")
+
+
 def _device_properties(device: int) -> dict[str, int]:
     assert device == 0
     return {"multiProcessorCount": MULTIPROCESSORS}
 
 
+def _memcpy(dst: int, src: int, size: int, kind: int, stream: int = 0) -> None:
+    ctypes.memmove(dst, src, size)
+
+
+IPC_HANDLE_BYTES = 64
+
+
+def _ipc_handle(pointer: int) -> bytes:
+    if pointer not in _allocations:
+        raise ValueError(f"no allocation starts at {pointer:#x}")
+    return pointer.to_bytes(8, "little") + bytes(IPC_HANDLE_BYTES - 8)
+
+
+def _open_ipc(handle: bytes, flags: int = 1) -> int:
+    pointer = int.from_bytes(bytes(handle)[:8], "little")
+    if pointer not in _allocations:
+        raise ValueError(f"the IPC handle names no live allocation ({pointer:#x})")
+    return pointer
+
+
+class Stream:
+    """Every stream is the null stream: work is done when it is queued."""
+
+    ptr = 0
+
+    def synchronize(self) -> None:
+        return None
+
+
 runtime = SimpleNamespace(
-    getDevice=lambda: 0, getDeviceCount=lambda: 1, getDeviceProperties=_device_properties
+    getDevice=lambda: 0,
+    getDeviceCount=lambda: 1,
+    getDeviceProperties=_device_properties,
+    memcpyAsync=_memcpy,
+    ipcGetMemHandle=_ipc_handle,
+    ipcOpenMemHandle=_open_ipc,
+    ipcCloseMemHandle=lambda pointer: None,
 )
-cuda = SimpleNamespace(runtime=runtime)
+cuda = SimpleNamespace(
+    runtime=runtime,
+    Device=lambda device=0: _Device(),
+    Memory=Memory,
+    UnownedMemory=UnownedMemory,
+    MemoryPointer=MemoryPointer,
+    get_current_stream=Stream,
+)
+cupyx = SimpleNamespace(empty_pinned=lambda shape, dtype=float: np.empty(shape, dtype=dtype))
+"""The stand-in for the ``cupyx`` module: pinned memory is any host memory."""
 host_emulation = True
 """Tells the tests this is not CuPy."""

@@ -1,16 +1,25 @@
-"""The CuPy backend and device on a real GPU, in one process (ranks as threads over host staging)."""
+"""The CuPy backend and device in one process (ranks as threads): on a GPU, and on the CPU's stand-in.
 
+Each test runs on a GPU through CuPy (marked ``gpu``; skipped where there is none) and through
+tests/host_cuda.py, which stands in for CuPy with host memory and the host build of the kernels
+(skipped only where there is no C++ compiler): the backend's own code runs either way.
+"""
+
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 
 import collectives as C
+from collectives.ops import OPS
 from collectives.transport.device import IPC_HANDLE_BYTES
 from collectives.transport.loopback import LoopbackWorld
+from tests import host_cuda
+from tests.fake_device import HostOnly
 
 
-def _cupy() -> Any:
+def _cupy_on_a_device() -> Any:
     try:
         import cupy
     except Exception:
@@ -23,17 +32,31 @@ def _cupy() -> Any:
     return cupy
 
 
-pytestmark = pytest.mark.gpu
+@pytest.fixture(params=[pytest.param("cuda", marks=pytest.mark.gpu), "host"])
+def cupy(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """CuPy on a GPU, or the stand-in installed as ``cupy`` for the backend."""
+    if request.param == "cuda":
+        yield _cupy_on_a_device()
+        return
+    if host_cuda.compiler() is None:
+        pytest.skip("the host build of the kernels needs a C++ compiler (g++ or clang++)")
+    with host_cuda.installed() as module:
+        yield module
 
 
-def test_backend_takes_cupy_arrays_and_cuda_tensors_zero_copy() -> None:
-    cupy = _cupy()
+def on_host(cupy: Any) -> bool:
+    return getattr(cupy, "host_emulation", False)
+
+
+def test_backend_takes_cupy_arrays_and_cuda_tensors_zero_copy(cupy: Any) -> None:
     from collectives.backends import adopt, backend_for
 
-    x = cupy.arange(6, dtype=cupy.float32)
+    x = cupy.asarray(np.arange(6, dtype=np.float32))
     backend = backend_for(x)
     assert backend.name == "cupy" and backend.dtype_name(x) == "float32"
     assert backend.message(x).dtype == cupy.uint8 and backend.message(x).size == 24
+    if on_host(cupy):
+        pytest.skip("torch CUDA tensors need a GPU")
     torch = pytest.importorskip("torch")
     tensor = torch.arange(4.0, device="cuda", dtype=torch.bfloat16)
     view = adopt(tensor)
@@ -41,12 +64,36 @@ def test_backend_takes_cupy_arrays_and_cuda_tensors_zero_copy() -> None:
     assert backend_for(view).dtype_name(view) == "bfloat16"
 
 
-def test_device_copies_pinned_memory_and_ipc_handles() -> None:
-    cupy = _cupy()
+def test_backend_views_copies_and_reductions(cupy: Any) -> None:
+    import ml_dtypes
+
+    from collectives.backends import backend_for
+
+    grid = cupy.asarray(np.arange(12, dtype=np.float32).reshape(3, 4))
+    backend = backend_for(grid)
+    flat = backend.flat_view(grid)
+    assert flat.shape == (12,) and flat.data.ptr == grid.data.ptr
+    assert backend.flat_view(grid[:, ::2]) is None
+    work = backend.empty(12, grid)
+    backend.copy(work, grid)  # shapes differ: copied through a reshape
+    assert cupy.asnumpy(work).tolist() == list(range(12))
+    assert backend.shares_memory(flat, grid) and not backend.shares_memory(work, grid)
+    halves = cupy.asarray((np.arange(12) + 0.5).astype(ml_dtypes.bfloat16).view(np.uint16))
+    halves = halves.view(np.dtype(ml_dtypes.bfloat16))
+    assert backend.dtype_name(halves) == "bfloat16"
+    backend.combine(OPS["sum"], halves, halves)  # bfloat16 reaches the kernels as its bits
+    backend.divide(halves, 4)
+    expected = ((np.arange(12) + 0.5) * 2 / 4).astype(ml_dtypes.bfloat16)
+    assert cupy.asnumpy(halves.view(cupy.uint16)).tobytes() == expected.tobytes()
+    backend.reduce_into(OPS["max"], work, flat, cupy.asarray(np.full(12, 5, dtype=np.float32)))
+    assert cupy.asnumpy(work).tolist() == [5.0] * 6 + list(range(6, 12))
+
+
+def test_device_copies_pinned_memory_and_ipc_handles(cupy: Any) -> None:
     from collectives.backends.cupy_backend import CupyDevice
 
     device = CupyDevice()
-    src = cupy.arange(256, dtype=cupy.uint8)
+    src = cupy.asarray(np.arange(256, dtype=np.uint8))
     host = device.pinned(256)
     device.to_host(host, src)
     assert host.tolist() == list(range(256))
@@ -59,17 +106,22 @@ def test_device_copies_pinned_memory_and_ipc_handles() -> None:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int64", "bfloat16"])
-def test_threads_over_host_staging_match_numpy(dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    cupy = _cupy()
+@pytest.mark.parametrize("path", ["host staging", "cuda ipc"])
+def test_threads_match_numpy(cupy: Any, path: str, dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import ml_dtypes  # noqa: F401 - bfloat16 for numpy
 
-    monkeypatch.setenv("COLLECTIVES_CUDA_IPC", "0")  # CUDA IPC cannot map memory of its own process
+    if path == "cuda ipc" and not on_host(cupy):
+        pytest.skip("CUDA IPC cannot map memory of its own process: tests/mpi/test_gpu.py runs it")
+    monkeypatch.setenv("COLLECTIVES_CUDA_IPC", "1" if path == "cuda ipc" else "0")
     size = 3
+    averages = dtype != "int64"
 
     def host(rank: int) -> np.ndarray:
         return (np.arange(3000) % 17 + rank).astype(dtype)
 
-    def run(transport: Any) -> tuple[str | None, list[np.ndarray]]:
+    def run(loopback: Any) -> tuple[str | None, list[np.ndarray]]:
+        # threads of one process share a node; device memory reaching the host transport fails it
+        transport = HostOnly(loopback)
         comm = C.Communicator(transport)
         x = cupy.asarray(host(transport.rank).view(np.uint16 if dtype == "bfloat16" else dtype))
         if dtype == "bfloat16":
@@ -78,13 +130,17 @@ def test_threads_over_host_staging_match_numpy(dtype: str, monkeypatch: pytest.M
             C.allreduce(x, comm=comm, algorithm="ring"),
             C.reduce_scatter(x, comm=comm, algorithm="ring"),
             C.allgather(x, comm=comm, algorithm="ring"),
+            C.allreduce(x, "avg" if averages else "max", comm=comm, algorithm="ring"),
         ]
         return comm.device_path, [cupy.asnumpy(r.view(cupy.uint8)) for r in results]
 
     outcomes = LoopbackWorld(size, timeout=60).run(run)
     total = sum(host(r).astype(np.float64) for r in range(size)).astype(dtype)
-    for rank, (path, (allreduced, share, gathered)) in enumerate(outcomes):
-        assert path == "host staging"
+    with np.errstate(all="ignore"):
+        second = np.true_divide(total, size) if averages else host(size - 1)
+    for rank, (taken, (allreduced, share, gathered, other)) in enumerate(outcomes):
+        assert taken == path
+        assert other.tobytes() == second.astype(dtype).tobytes()
         assert allreduced.tobytes() == total.tobytes()
         assert share.tobytes() == total[rank * 1000 : (rank + 1) * 1000].tobytes()
         assert gathered.tobytes() == np.concatenate([host(r) for r in range(size)]).tobytes()

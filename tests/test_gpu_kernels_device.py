@@ -62,11 +62,8 @@ def cp(request: pytest.FixtureRequest) -> Iterator[Any]:
         return
     if host_cuda.compiler() is None:
         pytest.skip("the host build of the kernels needs a C++ compiler (g++ or clang++)")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(gpu_kernels, "_cupy", lambda: host_cuda)
-        for cache in ("_modules", "_functions", "_max_blocks"):
-            patch.setattr(gpu_kernels, cache, {})
-        yield host_cuda
+    with host_cuda.installed() as module:
+        yield module
 
 
 def on_host(cp: Any) -> bool:

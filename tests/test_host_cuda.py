@@ -29,10 +29,7 @@ extern "C" __global__ void collectives_combine_sum_float32(float* dst, const flo
 def host_cupy() -> Iterator[None]:
     if host_cuda.compiler() is None:
         pytest.skip("the host build of the kernels needs a C++ compiler (g++ or clang++)")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(gpu_kernels, "_cupy", lambda: host_cuda)
-        for cache in ("_modules", "_functions", "_max_blocks"):
-            patch.setattr(gpu_kernels, cache, {})
+    with host_cuda.installed():
         yield
 
 
