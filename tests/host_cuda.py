@@ -168,6 +168,8 @@ class ndarray:  # named as CuPy's, which the loader and the backend check for
     ``ndarray(shape, dtype, memptr)`` as CuPy's; ``values`` is the numpy array over its bytes.
     """
 
+    device = _Device()
+
     def __init__(self, shape: Any, dtype: Any = float, memptr: MemoryPointer | None = None) -> None:
         numpy_dtype = np.dtype(dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * numpy_dtype.itemsize
@@ -187,8 +189,6 @@ class ndarray:  # named as CuPy's, which the loader and the backend check for
         array = cls.__new__(cls)
         array.values, array.allocation, array.memory = values, source.allocation, source.memory
         return array
-
-    device = _Device()
 
     def __getattr__(self, name: str) -> Any:
         if name in ("ndim", "flags", "dtype", "size", "shape", "strides", "nbytes", "itemsize"):
