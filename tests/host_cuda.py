@@ -336,6 +336,32 @@ def installed() -> Iterator[ModuleType]:
                 delattr(backends, "cupy_backend")
 
 
+KINDS = [pytest.param("cuda", marks=pytest.mark.gpu), "host"]
+"""The parameters of a fixture that gives :func:`cupy_for` each kind: the GPU's marked ``gpu``."""
+
+
+@contextlib.contextmanager
+def cupy_for(kind: str) -> Iterator[ModuleType]:
+    """CuPy on a GPU (``"cuda"``), or this stand-in installed (``"host"``); skips where it cannot be had."""
+    if kind == "host":
+        if compiler() is None:
+            pytest.skip("the host build of the kernels needs a C++ compiler (g++ or clang++)")
+        with installed() as module:
+            yield module
+        return
+    try:
+        import cupy
+    except ImportError:
+        pytest.skip("needs CuPy (pip install cupy-cuda13x) and a CUDA device")
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except cupy.cuda.runtime.CUDARuntimeError as error:
+        pytest.skip(f"needs a CUDA device: {error}")
+    if count < 1:
+        pytest.skip("needs a CUDA device; CuPy sees none")
+    yield cupy
+
+
 def _device_properties(device: int) -> dict[str, int]:
     assert device == 0
     return {"multiProcessorCount": MULTIPROCESSORS}

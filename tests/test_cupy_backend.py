@@ -19,28 +19,10 @@ from tests import host_cuda
 from tests.fake_device import HostOnly
 
 
-def _cupy_on_a_device() -> Any:
-    try:
-        import cupy
-    except Exception:
-        pytest.skip("CuPy is not installed; the GPU tests run on a GPU host")
-    try:
-        if cupy.cuda.runtime.getDeviceCount() == 0:
-            pytest.skip("no CUDA device here")
-    except Exception as error:
-        pytest.skip(f"no CUDA device here ({error})")
-    return cupy
-
-
-@pytest.fixture(params=[pytest.param("cuda", marks=pytest.mark.gpu), "host"])
+@pytest.fixture(params=host_cuda.KINDS)
 def cupy(request: pytest.FixtureRequest) -> Iterator[Any]:
     """CuPy on a GPU, or the stand-in installed as ``cupy`` for the backend."""
-    if request.param == "cuda":
-        yield _cupy_on_a_device()
-        return
-    if host_cuda.compiler() is None:
-        pytest.skip("the host build of the kernels needs a C++ compiler (g++ or clang++)")
-    with host_cuda.installed() as module:
+    with host_cuda.cupy_for(request.param) as module:
         yield module
 
 

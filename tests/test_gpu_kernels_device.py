@@ -40,29 +40,10 @@ _UFUNCS: dict[str, Callable[..., Any]] = {
 }
 
 
-def _cupy_on_a_device() -> Any:
-    try:
-        import cupy
-    except ImportError:
-        pytest.skip("needs CuPy (pip install cupy-cuda13x) and a CUDA device")
-    try:
-        count = cupy.cuda.runtime.getDeviceCount()
-    except cupy.cuda.runtime.CUDARuntimeError as error:
-        pytest.skip(f"needs a CUDA device: {error}")
-    if count < 1:
-        pytest.skip("needs a CUDA device; CuPy sees none")
-    return cupy
-
-
-@pytest.fixture(scope="module", params=[pytest.param("cuda", marks=pytest.mark.gpu), "host"])
+@pytest.fixture(scope="module", params=host_cuda.KINDS)
 def cp(request: pytest.FixtureRequest) -> Iterator[Any]:
     """CuPy on a GPU, or the host build's stand-in for it, which the loader then uses."""
-    if request.param == "cuda":
-        yield _cupy_on_a_device()
-        return
-    if host_cuda.compiler() is None:
-        pytest.skip("the host build of the kernels needs a C++ compiler (g++ or clang++)")
-    with host_cuda.installed() as module:
+    with host_cuda.cupy_for(request.param) as module:
         yield module
 
 
