@@ -93,60 +93,27 @@ typedef Native<u64> UInt64;
 // ---------------------------------------------------------------------------------------------
 // arithmetic: IEEE for floats, wrapping for integers
 
-__device__ __forceinline__ float add(float a, float b) {
+// One IEEE operation rounded to nearest even: on the GPU, PTX with the rounding mode written out;
+// on the host, the same C++ operator.
 #if defined(__CUDA_ARCH__)
-  float r;
-  asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-  return r;
+#define COLLECTIVES_IEEE_OP(NAME, T, PTX, REG, OPERATOR)  \
+  __device__ __forceinline__ T NAME(T a, T b) {           \
+    T r;                                                  \
+    asm(PTX " %0, %1, %2;" : "=" REG(r) : REG(a), REG(b)); \
+    return r;                                             \
+  }
 #else
-  return a + b;
+#define COLLECTIVES_IEEE_OP(NAME, T, PTX, REG, OPERATOR) \
+  __device__ __forceinline__ T NAME(T a, T b) { return a OPERATOR b; }
 #endif
-}
-__device__ __forceinline__ double add(double a, double b) {
-#if defined(__CUDA_ARCH__)
-  double r;
-  asm("add.rn.f64 %0, %1, %2;" : "=d"(r) : "d"(a), "d"(b));
-  return r;
-#else
-  return a + b;
-#endif
-}
-__device__ __forceinline__ float mul(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  float r;
-  asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-  return r;
-#else
-  return a * b;
-#endif
-}
-__device__ __forceinline__ double mul(double a, double b) {
-#if defined(__CUDA_ARCH__)
-  double r;
-  asm("mul.rn.f64 %0, %1, %2;" : "=d"(r) : "d"(a), "d"(b));
-  return r;
-#else
-  return a * b;
-#endif
-}
-__device__ __forceinline__ float divide(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  float r;
-  asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-  return r;
-#else
-  return a / b;
-#endif
-}
-__device__ __forceinline__ double divide(double a, double b) {
-#if defined(__CUDA_ARCH__)
-  double r;
-  asm("div.rn.f64 %0, %1, %2;" : "=d"(r) : "d"(a), "d"(b));
-  return r;
-#else
-  return a / b;
-#endif
-}
+
+COLLECTIVES_IEEE_OP(add, float, "add.rn.f32", "f", +)
+COLLECTIVES_IEEE_OP(add, double, "add.rn.f64", "d", +)
+COLLECTIVES_IEEE_OP(mul, float, "mul.rn.f32", "f", *)
+COLLECTIVES_IEEE_OP(mul, double, "mul.rn.f64", "d", *)
+COLLECTIVES_IEEE_OP(divide, float, "div.rn.f32", "f", /)
+COLLECTIVES_IEEE_OP(divide, double, "div.rn.f64", "d", /)
+#undef COLLECTIVES_IEEE_OP
 
 // Integers wrap as numpy's do. Signed overflow is undefined in C++, and small types promote to
 // (signed) int, so the arithmetic is done in an unsigned type at least 32 bits wide.

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from collectives.backends import gpu_kernels
+from collectives.backends.numpy_backend import UFUNCS
 from collectives.errors import InvalidBufferError, UnsupportedDtypeError, UnsupportedOpError
 from collectives.ops import DTYPES, FLOAT_DTYPES, INTEGER_DTYPES, OPS
 
@@ -211,17 +212,6 @@ class FakeArray:
         return FakeArray(self.host[key], self.device.id)
 
 
-_UFUNCS: dict[str, Callable[..., Any]] = {
-    "sum": np.add,
-    "prod": np.multiply,
-    "min": np.minimum,
-    "max": np.maximum,
-    "band": np.bitwise_and,
-    "bor": np.bitwise_or,
-    "bxor": np.bitwise_xor,
-}
-
-
 class FakeKernel:
     """Does with numpy what the kernel of its name must do, and records each launch."""
 
@@ -248,7 +238,7 @@ class FakeKernel:
                 result = (view(args[0]).astype(np.float64) / np.float64(args[1])).astype(numpy_dtype)
                 view(args[0])[...] = result
                 return
-            ufunc = _UFUNCS[op[0]]
+            ufunc = UFUNCS[op[0]]
             if kind == "combine":
                 ufunc(view(args[0]), view(args[1]), out=view(args[0]))
             elif kind == "reduce_into":

@@ -5,7 +5,7 @@ on the CPU through the host build of the same kernel sources (tests/host_cuda.py
 where there is no C++ compiler), which runs the loader and every kernel thread by thread.
 """
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import ml_dtypes
@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from collectives.backends import gpu_kernels
+from collectives.backends.numpy_backend import UFUNCS
 from collectives.ops import DTYPES, FLOAT_DTYPES, OPS
 from tests import host_cuda
 
@@ -29,15 +30,6 @@ PAIRS = [(name, dtype) for name, op in OPS.items() if name != "avg" for dtype in
 SIXTEEN_BIT_FLOATS = ("float16", "bfloat16")
 MANY_BUFFERS = 2 * gpu_kernels.MAX_INPUTS + 3
 """Buffers the property test may use: dst and up to three reduce_many passes of sources."""
-_UFUNCS: dict[str, Callable[..., Any]] = {
-    "sum": np.add,
-    "prod": np.multiply,
-    "min": np.minimum,
-    "max": np.maximum,
-    "band": np.bitwise_and,
-    "bor": np.bitwise_or,
-    "bxor": np.bitwise_xor,
-}
 
 
 @pytest.fixture(scope="module", params=host_cuda.KINDS)
@@ -125,7 +117,7 @@ def reference(op: str, dtype: str, sources: list[np.ndarray]) -> np.ndarray:
             values = [source.astype(accumulate) for source in batch]
             partial = values[0] if result is None else result.astype(accumulate)
             for value in values[0 if result is not None else 1 :]:
-                partial = _UFUNCS[op](partial, value)
+                partial = UFUNCS[op](partial, value)
             result = partial.astype(numpy_dtype(dtype))
     assert result is not None
     return result

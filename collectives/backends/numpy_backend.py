@@ -1,6 +1,6 @@
 """numpy arrays, bfloat16 through ml_dtypes."""
 
-__all__ = ["NumpyBackend"]
+__all__ = ["UFUNCS", "NumpyBackend"]
 
 import contextvars
 import threading
@@ -13,7 +13,7 @@ from ..errors import UnsupportedDtypeError
 from ..ops import ReduceOp, check_dtype
 from .base import ArrayBackend
 
-_UFUNCS = {
+UFUNCS = {
     "sum": np.add,
     "prod": np.multiply,
     "min": np.minimum,
@@ -22,6 +22,7 @@ _UFUNCS = {
     "bor": np.bitwise_or,
     "bxor": np.bitwise_xor,
 }
+"""The numpy ufunc of each binary op (a :class:`~collectives.ops.ReduceOp`'s ``combine``)."""
 
 
 _QUIET = threading.local()
@@ -84,10 +85,10 @@ class NumpyBackend(ArrayBackend):
             np.copyto(dst, src.reshape(dst.shape))
 
     def combine(self, op: ReduceOp, dst: np.ndarray, src: np.ndarray) -> None:
-        _quiet().run(_UFUNCS[op.combine], dst, src, out=dst)
+        _quiet().run(UFUNCS[op.combine], dst, src, out=dst)
 
     def reduce_into(self, op: ReduceOp, dst: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
-        _quiet().run(_UFUNCS[op.combine], a, b, out=dst)
+        _quiet().run(UFUNCS[op.combine], a, b, out=dst)
 
     def from_bytes(self, memory: memoryview, like: np.ndarray) -> np.ndarray:
         usable = len(memory) // like.dtype.itemsize * like.dtype.itemsize

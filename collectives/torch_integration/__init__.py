@@ -1139,6 +1139,12 @@ class _ProcessGroup(dist.ProcessGroup):
     def allreduce(  # type: ignore[override]
         self, tensors: list[torch.Tensor], opts: AllreduceOptions | None = None
     ) -> dist.Work:
+        return self._allreduce(tensors, opts)
+
+    def _allreduce(
+        self, tensors: list[torch.Tensor], opts: AllreduceOptions | AllreduceCoalescedOptions | None
+    ) -> dist.Work:
+        """Both allreduce forms: the tensors, each reduced in place, in one job."""
         try:
             op = _c10d_op(opts)
             tensors = _host_tensors(tensors, op)
@@ -1150,13 +1156,7 @@ class _ProcessGroup(dist.ProcessGroup):
     def allreduce_coalesced(
         self, tensors: list[torch.Tensor], opts: AllreduceCoalescedOptions | None = None
     ) -> dist.Work:
-        try:
-            op = _c10d_op(opts)
-            tensors = _host_tensors(tensors, op)
-        except Exception as error:
-            self._refuse("allreduce", error)
-            raise
-        return self._run(lambda communicator: _reduce_all(tensors, op, communicator), tensors)
+        return self._allreduce(tensors, opts)
 
     def broadcast(  # type: ignore[override]
         self, tensors: list[torch.Tensor], opts: BroadcastOptions | None = None
