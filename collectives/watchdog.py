@@ -150,32 +150,6 @@ class Guard:
                 message[:SIGNATURE_BYTES] = self.packed
 
 
-class _Record:
-    """One call in the flight recorder."""
-
-    __slots__ = ("algorithm", "outcome", "seconds", "sequence", "signature", "started")
-
-    def __init__(self, signature: Signature, sequence: int, started: float, algorithm: str) -> None:
-        self.signature = signature  # the call's fields; its own sequence number is ``sequence``
-        self.sequence = sequence
-        self.started = started  # time.time(), for comparing ranks' logs
-        self.algorithm = algorithm
-        self.seconds: float | None = None
-        self.outcome = "running"
-
-    def line(self, rank: int) -> str:
-        s = self.signature
-        took = "-" if self.seconds is None else f"{self.seconds * 1e3:.3f}ms"
-        clock = (
-            time.strftime("%H:%M:%S", time.localtime(self.started)) + f".{int(self.started % 1 * 1e6):06d}"
-        )
-        return (
-            f"collectives rank {rank} #{self.sequence} {s.collective} count={s.count} "
-            f"dtype={s.dtype or '-'} op={s.op or '-'} root={'-' if s.root < 0 else s.root} "
-            f"algorithm={self.algorithm} start={clock} time={took} {self.outcome}"
-        )
-
-
 class _Tracked:
     """A request with the peer it waits on, and whether it sends."""
 
@@ -221,29 +195,44 @@ class _WatchedTransport(WrappedTransport):
 
 
 class Call:
-    """One collective in progress: the transport to run it on, and its deadlines.
+    """One collective: the transport to run it on and its deadlines, then its entry in the flight recorder.
 
     Attributes:
+        signature: the call's fields; its own sequence number is ``sequence``.
+        sequence: the call's number on its communicator.
         algorithm: the algorithm that runs, once chosen (the recorder shows it).
         transport: the transport to give the executor.
+        outcome: ``"running"``, then ``"ok"``, ``"timed out"`` or ``"failed: ..."``.
+        seconds: how long the call took, once it ended.
     """
 
     __slots__ = (
         "_barriers",
         "_deadline",
         "_pending",
-        "_record",
         "_started",
         "_warn_at",
         "_warned",
         "_watched",
+        "algorithm",
+        "outcome",
+        "seconds",
+        "sequence",
+        "signature",
+        "started",
         "transport",
         "watchdog",
     )
 
-    def __init__(self, watchdog: "Watchdog", record: _Record) -> None:
+    def __init__(self, watchdog: "Watchdog", signature: Signature, sequence: int) -> None:
+        # one object per call, its own record too: a small allreduce takes a few microseconds
         self.watchdog = watchdog
-        self._record = record
+        self.signature = signature
+        self.sequence = sequence
+        self.algorithm = signature.algorithm
+        self.started = time.time()  # for comparing ranks' logs
+        self.seconds: float | None = None
+        self.outcome = "running"
         self._started = started = time.monotonic()
         self._deadline = started + watchdog.timeout
         self._warn_at = started + watchdog.stall_warning
@@ -259,13 +248,18 @@ class Call:
             watched.steps = 0
             self.transport = watched
 
-    @property
-    def algorithm(self) -> str:
-        return self._record.algorithm
-
-    @algorithm.setter
-    def algorithm(self, name: str) -> None:
-        self._record.algorithm = name
+    def line(self, rank: int) -> str:
+        """The call as the flight recorder and the debug log show it."""
+        s = self.signature
+        took = "-" if self.seconds is None else f"{self.seconds * 1e3:.3f}ms"
+        clock = (
+            time.strftime("%H:%M:%S", time.localtime(self.started)) + f".{int(self.started % 1 * 1e6):06d}"
+        )
+        return (
+            f"collectives rank {rank} #{self.sequence} {s.collective} count={s.count} "
+            f"dtype={s.dtype or '-'} op={s.op or '-'} root={'-' if s.root < 0 else s.root} "
+            f"algorithm={self.algorithm} start={clock} time={took} {self.outcome}"
+        )
 
     def run_on(self, transport: Transport) -> None:
         """Send the collective's messages over ``transport``, e.g. a device transport over the communicator's.
@@ -309,8 +303,8 @@ class Call:
             _log.warning(
                 "rank %d: %s #%d has waited %.3g s %s for %s",
                 transport.rank,
-                self._record.signature.collective,
-                self._record.sequence,
+                self.signature.collective,
+                self.sequence,
                 time.monotonic() - self._started,
                 "to start" if step == "signature" else f"in step {step}",
                 _ranks(p.peer for p in peers),
@@ -338,14 +332,14 @@ class Call:
             if not missing:
                 if pending is not None:
                     self._pending = None
-                    self.watchdog._compare_posted(shared, pending, self._record.sequence)
+                    self.watchdog._compare_posted(shared, pending, self.sequence)
                 return
             self._warned = True
             _log.warning(
                 "rank %d: %s #%d has waited %.3g s in %s for %s",
                 self.watchdog.transport.rank,
-                self._record.signature.collective,
-                self._record.sequence,
+                self.signature.collective,
+                self.sequence,
                 time.monotonic() - self._started,
                 f"barrier {passed}",
                 _ranks(tuple(missing if ranks is None else [ranks[r] for r in missing])),
@@ -356,7 +350,7 @@ class Call:
             self._fail(tuple(missing if ranks is None else [ranks[r] for r in missing]), f"barrier {passed}")
         if pending is not None:
             self._pending = None
-            self.watchdog._compare_posted(shared, pending, self._record.sequence)
+            self.watchdog._compare_posted(shared, pending, self.sequence)
 
     def _time_out(self, stuck: list[_Tracked], step: int | str, transport: Transport) -> None:
         peers = tuple(sorted({t.peer for t in stuck}))
@@ -366,9 +360,9 @@ class Call:
         self._fail(peers, step)
 
     def _fail(self, peers: tuple[int, ...], step: int | str) -> None:
-        watchdog, record = self.watchdog, self._record
-        collective, sequence = record.signature.collective, record.sequence
-        record.outcome = "timed out"
+        watchdog = self.watchdog
+        collective, sequence = self.signature.collective, self.sequence
+        self.outcome = "timed out"
         where = "before it started" if step == "signature" else f"in {step}"
         if isinstance(step, int):
             where = f"in step {step}"
@@ -425,7 +419,7 @@ class Watchdog:
         kept = os.environ.get(RECORDER_ENV, "").strip()
         if kept and not kept.isdigit():
             raise ConfigurationError(f"{RECORDER_ENV}={kept!r} is not a number of calls")
-        self.recorder: deque[_Record] = deque(maxlen=int(kept) if kept else _DEFAULT_RECORDED)
+        self.recorder: deque[Call] = deque(maxlen=int(kept) if kept else _DEFAULT_RECORDED)
         self.sequence = 0
         self.broken: str | None = None
         self.abandoned: list[_Tracked] = []
@@ -460,7 +454,7 @@ class Watchdog:
 
     def flight_record(self) -> list[str]:
         """The recorded calls, oldest first, one line each."""
-        return [record.line(self.transport.rank) for record in self.recorder]
+        return [call.line(self.transport.rank) for call in self.recorder]
 
     def flight_record_text(self) -> str:
         lines = self.flight_record()
@@ -521,10 +515,8 @@ class Watchdog:
             )
         sequence = self.sequence
         self.sequence = sequence + 1
-        signature = guard.signature
-        record = _Record(signature, sequence, time.time(), signature.algorithm)
-        self.recorder.append(record)
-        call = Call(self, record)
+        call = Call(self, guard.signature, sequence)
+        self.recorder.append(call)
         if (self.check if check is None else check) and self._size > 1:
             try:
                 if self.shared is not None and first_barrier:
@@ -555,9 +547,8 @@ class Watchdog:
         sequence = self.sequence
         self.sequence = sequence + 1
         signature = Signature(0, collective, str(algorithm), problem=problem_of(error))
-        record = _Record(signature, sequence, time.time(), signature.algorithm)
-        self.recorder.append(record)
-        call = Call(self, record)
+        call = Call(self, signature, sequence)
+        self.recorder.append(call)
         try:
             if (self.check if check is None else check) and self._size > 1:
                 self._agree(call, Guard(signature), sequence)
@@ -579,13 +570,12 @@ class Watchdog:
             except BaseException as failure:
                 self.end(call, failure)
                 raise
-        record = call._record
-        record.outcome = "ok" if error is None else f"failed: {type(error).__name__}"
-        record.seconds = time.monotonic() - call._started
+        call.outcome = "ok" if error is None else f"failed: {type(error).__name__}"
+        call.seconds = time.monotonic() - call._started
         if self.watched is not None:
             self.watched.call = None
         if self.debug:
-            self._write(record.line(self.transport.rank))
+            self._write(call.line(self.transport.rank))
 
     def _agree(self, call: Call, guard: Guard, sequence: int) -> None:
         """Exchange signatures with every other rank; raise on every rank if any differ."""
@@ -617,7 +607,8 @@ class Watchdog:
         """After a barrier that carried signatures: raise on every rank if any differ."""
         mine = guard.packed
         for peer in self._peers:
-            if shared.message(peer)[:SIGNATURE_BYTES] != mine:
+            # through bytes: comparing memoryviews goes element by element, three times slower
+            if shared.message(peer)[:SIGNATURE_BYTES].tobytes() != mine:
                 break
         else:
             return
