@@ -335,13 +335,13 @@ def main(argv: list[str] | None = None) -> int:
     """Print the Markdown, or write it into a page with ``--update``."""
     parser = _parser()
     args = parser.parse_args(argv)
-    text = render(args.world_sizes, args.count)
     if args.update is None:
-        sys.stdout.write(text)
+        sys.stdout.write(render(args.world_sizes, args.count))
         return 0
     try:
         page = args.update.read_text()
-        args.update.write_text(splice(page, text))
+        generated_part(page)  # a page without its markers is refused before the tables are built
+        args.update.write_text(splice(page, render(args.world_sizes, args.count)))
     except (OSError, ValueError) as error:
         parser.error(f"cannot update {args.update}: {error}")
     print(f"updated the generated part of {args.update}")
