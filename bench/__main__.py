@@ -6,7 +6,10 @@ reduction kernels on one GPU, without MPI (see :mod:`bench.kernel_bench`).
 
 Every collective has a sub-command; the barrier's table has one row, its latency.
 ``python -m bench simulate`` predicts times on a topology instead, without
-MPI (see :mod:`bench.simulate`); it is dispatched before MPI is imported.
+MPI (see :mod:`bench.simulate`); it is dispatched before MPI is imported, as is
+``python -m bench algorithms``, which prints the algorithms' support matrix,
+simulated steps and elements sent, and ``auto``'s choices as Markdown, the
+generated part of docs/algorithms.md (see :mod:`bench.algorithms`).
 """
 
 __all__ = ["main"]
@@ -93,6 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     calibrate.add_argument("-n", "--iters", type=int, default=20, help="timed calls per case (default 20)")
     calibrate.add_argument("-w", "--warmup", type=int, default=3, help="untimed calls first (default 3)")
     commands.add_parser("simulate", add_help=False, help="predict times on a topology, without MPI")
+    commands.add_parser("algorithms", add_help=False, help="docs/algorithms.md's tables, without MPI")
     commands.add_parser("compare", add_help=False, help="allreduce against MPI's and gloo's, interleaved")
     commands.add_parser("kernels", add_help=False, help="GB/s of the CUDA reduction kernels on one GPU")
     return parser
@@ -170,6 +174,10 @@ def main(argv: list[str] | None = None) -> int:
         from .simulate import main as simulate
 
         return simulate(argv[1:])
+    if argv[:1] == ["algorithms"]:
+        from .algorithms import main as algorithms
+
+        return algorithms(argv[1:])
     if argv[:1] == ["compare"]:
         from .compare import main as compare
 

@@ -30,6 +30,7 @@ __all__ = [
     "OVERSUBSCRIBED",
     "OVERSUBSCRIBED_SEGMENT_ELEMENTS",
     "REQUIRES",
+    "REQUIRES_TEXT",
     "SEGMENT_ELEMENTS",
     "SMALL_ELEMENTS",
     "allgather",
@@ -47,6 +48,9 @@ from .base import Cost
 
 REQUIRES = "shared_memory"
 """The transport feature this algorithm needs to be chosen by the selector."""
+
+REQUIRES_TEXT = "ranks on one node"
+"""How the selector says what is missing."""
 
 SEGMENT_ELEMENTS = 1 << 16
 """float32 elements of each share per segment of the executor (its ``SEGMENT_BYTES``)."""
