@@ -329,7 +329,7 @@ def rejection_reasons(
     A module without a builder for the collective cannot, nor one whose
     ``REQUIRES`` names a transport feature not in ``features`` (e.g.
     ``"shared_memory"``); one that defines ``not_supported_reasons(collective,
-    world_size, count)`` is asked. Empty if the algorithm applies.
+    world_size, count, features)`` is asked. Empty if the algorithm applies.
     """
     module = algorithms.ALGORITHMS[algorithm]
     if not hasattr(module, collective):
@@ -339,7 +339,7 @@ def rejection_reasons(
         text = getattr(module, "REQUIRES_TEXT", "ranks on one node")
         return [f"needs a transport with {needs.replace('_', ' ')} ({text})"]
     ask = getattr(module, "not_supported_reasons", None)
-    return [] if ask is None else list(ask(collective, world_size, count))
+    return [] if ask is None else list(ask(collective, world_size, count, features))
 
 
 @dataclass(frozen=True)

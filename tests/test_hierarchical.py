@@ -4,6 +4,7 @@ import pytest
 
 from collectives.algorithms import build_schedule, hierarchical, ring
 from collectives.chunking import even_split
+from collectives.selector import DEFAULT_MODEL, Selector
 from collectives.simulate import simulate
 
 from .strategies import WORLD_SIZES, edge_counts
@@ -67,3 +68,22 @@ def test_bad_node_sizes_are_rejected() -> None:
         hierarchical.allreduce(4, 10, 0)
     with pytest.raises(ValueError, match="no 'reduce_scatter'"):
         hierarchical.cost("reduce_scatter", (1, 1))
+
+
+@pytest.mark.parametrize(("world_size", "per_node"), [(2, 4), (6, 4), (3, 0)])
+def test_the_selector_rejects_nodes_that_do_not_split_the_ranks(world_size: int, per_node: int) -> None:
+    features = frozenset({"shared_memory_nodes", f"ranks_per_node={per_node}"})
+    explanation = Selector(DEFAULT_MODEL).explain(
+        "allreduce", 1 << 20, world_size=world_size, features=features
+    )
+    rejected = {r.algorithm: r.reasons for r in explanation.rejected}
+    assert rejected["hierarchical_shared_memory"] == (
+        f"{world_size} ranks do not split into nodes of {per_node}",
+    )
+    assert explanation.choice != "hierarchical_shared_memory"
+
+
+def test_the_selector_weighs_nodes_that_split_the_ranks() -> None:
+    features = frozenset({"shared_memory_nodes", "ranks_per_node=4"})
+    explanation = Selector(DEFAULT_MODEL).explain("allreduce", 1 << 20, world_size=8, features=features)
+    assert "hierarchical_shared_memory" in [c.algorithm for c in explanation.candidates]

@@ -216,7 +216,7 @@ def test_a_cached_choice_builds_nothing(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_an_algorithm_with_reasons_is_rejected_and_explained(monkeypatch: pytest.MonkeyPatch) -> None:
-    def reasons(collective: str, world_size: int, count: int) -> list[str]:
+    def reasons(collective: str, world_size: int, count: int, features: frozenset[str]) -> list[str]:
         power = world_size & (world_size - 1) == 0
         return [] if power else [f"picky needs a power-of-two world size, not {world_size}"]
 

@@ -23,7 +23,15 @@ all-gather in the node        barriers               copies, through memory
 ============================  =====================  ==========================
 """
 
-__all__ = ["REQUIRES", "REQUIRES_TEXT", "allreduce", "cost", "ranks_per_node", "traffic"]
+__all__ = [
+    "REQUIRES",
+    "REQUIRES_TEXT",
+    "allreduce",
+    "cost",
+    "not_supported_reasons",
+    "ranks_per_node",
+    "traffic",
+]
 
 from collections.abc import Sequence
 from dataclasses import replace
@@ -47,6 +55,20 @@ def ranks_per_node(features: frozenset[str]) -> int | None:
         if feature.startswith(_PER_NODE):
             return int(feature[len(_PER_NODE) :])
     return None
+
+
+def not_supported_reasons(
+    collective: str, world_size: int, count: int, features: frozenset[str]
+) -> list[str]:
+    """Why nodes of the ranks ``features`` tell cannot hold ``world_size`` ranks; empty if they can.
+
+    A transport tells only node sizes that divide its ranks, but ``explain`` takes
+    features from the caller.
+    """
+    g = ranks_per_node(features)
+    if g is not None and (g < 1 or world_size % g):
+        return [f"{world_size} ranks do not split into nodes of {g}"]
+    return []
 
 
 def allreduce(world_size: int, count: int) -> Schedule:
