@@ -63,7 +63,7 @@ def not_supported_reasons(
     """Why nodes of the ranks ``features`` tell cannot hold ``world_size`` ranks; empty if they can.
 
     A transport tells only node sizes that divide its ranks, but ``explain`` takes
-    features from the caller.
+    features from its caller.
     """
     g = ranks_per_node(features)
     if g is not None and (g < 1 or world_size % g):
