@@ -342,8 +342,10 @@ def test_the_ranks_agree_on_rank_0s_model(ranks: Ranks, monkeypatch: pytest.Monk
     _register(monkeypatch, "direct_agree", allreduce=_direct_allreduce)
     # rank 0 finds latency dear (direct wins), the others find bandwidth dear (ring wins)
     models = {0: CostModel(1.0, 0.0, 0.0)} | {r: CostModel(0.0, 1.0, 0.0) for r in (1, 2)}
+    asked = []
 
-    def local() -> Selector:
+    def local(world_size: int) -> Selector:
+        asked.append(world_size)
         return Selector(models[int(threading.current_thread().name.removeprefix("rank-"))])
 
     monkeypatch.setattr(api, "default_selector", local)
@@ -357,10 +359,11 @@ def test_the_ranks_agree_on_rank_0s_model(ranks: Ranks, monkeypatch: pytest.Monk
         assert np.array_equal(result, np.full(100, 3))
         assert model == models[0]
         assert choice == "direct_agree"
+    assert asked == [3]  # only rank 0 reads a calibration, the one for the communicator's size
 
 
 def test_a_bad_calibration_on_rank_0_fails_every_rank(ranks: Ranks, monkeypatch: pytest.MonkeyPatch) -> None:
-    def local() -> Selector:
+    def local(world_size: int) -> Selector:
         if threading.current_thread().name == "rank-0":
             raise CalibrationError("malformed calibration /somewhere: not JSON")
         return Selector(DEFAULT_MODEL)
@@ -414,10 +417,10 @@ def test_calibration_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "sub" / "dir" / "calibration.json"
     model = CostModel(alpha=1.25e-6, beta=3e-11, gamma=7.5e-11)
     assert save_model(model, path, world_size=2, note="test") == path
-    assert json.loads(path.read_text())["note"] == "test"
-    loaded = load_model(path)
+    assert json.loads(path.read_text())["calibrations"]["2"]["note"] == "test"
+    loaded = load_model(path, world_size=2)
     assert (loaded.alpha, loaded.beta, loaded.gamma) == (1.25e-6, 3e-11, 7.5e-11)
-    assert loaded.source == f"calibrated, from {path}"
+    assert loaded.source == f"calibrated at 2 ranks, from {path}"
     assert [p.name for p in path.parent.iterdir()] == ["calibration.json"]  # no temporary left
 
 
@@ -425,11 +428,12 @@ def test_the_env_var_points_the_selector_at_a_file(monkeypatch: pytest.MonkeyPat
     path = tmp_path / "cal.json"
     monkeypatch.setenv(selector.CALIBRATION_ENV, str(path))
     selector.default_selector.cache_clear()
-    assert selector.default_selector().model == DEFAULT_MODEL
-    assert "defaults (no calibration at" in selector.default_selector().model.source
+    assert selector.default_selector(2).model == DEFAULT_MODEL
+    assert "defaults (no calibration at" in selector.default_selector(2).model.source
     save_model(CostModel(1.0, 0.0, 0.0))
+    assert selector.default_selector(2).model == DEFAULT_MODEL  # read once per world size
     selector.default_selector.cache_clear()
-    assert selector.default_selector().model == CostModel(1.0, 0.0, 0.0)
+    assert selector.default_selector(2).model == CostModel(1.0, 0.0, 0.0)
     assert str(path) in str(C.explain("allreduce", 10, world_size=2))
 
 
@@ -450,16 +454,16 @@ def test_a_malformed_calibration_names_its_path(tmp_path: Path, content: str, me
     path = tmp_path / "bad.json"
     path.write_text(content)
     with pytest.raises(CalibrationError, match=f"malformed calibration {re.escape(str(path))}: {message}"):
-        load_model(path)
+        load_model(path, world_size=2)
 
 
 def test_an_unreadable_calibration_names_its_path(tmp_path: Path) -> None:
     with pytest.raises(CalibrationError, match=f"cannot read calibration {re.escape(str(tmp_path))}"):
-        load_model(tmp_path)  # a directory
+        load_model(tmp_path, world_size=2)  # a directory
     binary = tmp_path / "binary.json"
     binary.write_bytes(b"\xff\xfe\x00")
     with pytest.raises(CalibrationError, match=f"cannot read calibration {re.escape(str(binary))}"):
-        load_model(binary)
+        load_model(binary, world_size=2)
 
 
 def test_defaults_are_sane() -> None:
@@ -484,9 +488,10 @@ def test_default_model_sends_small_allreduces_through_shared_memory(world_size: 
     _with_shared_memory_and_butterfly()
     shm = frozenset({"shared_memory"})
     for nbytes in (4, 8, 64, 1024, 16 * 1024):
-        choice = selector.default_selector().choose("allreduce", world_size, nbytes // 4, 4, shm)
+        choice = selector.default_selector(world_size).choose("allreduce", world_size, nbytes // 4, 4, shm)
         assert choice == "shared_memory", (world_size, nbytes)
-        assert selector.default_selector().choose("allreduce", world_size, nbytes // 4, 4) != "shared_memory"
+        plain = selector.default_selector(world_size).choose("allreduce", world_size, nbytes // 4, 4)
+        assert plain != "shared_memory"
 
 
 def test_barriers_cost_per_peer_and_appear_in_the_explanation() -> None:
@@ -534,15 +539,17 @@ def test_shared_memory_copies_are_weighed_at_the_copy_cost() -> None:
 
 def test_calibration_file_carries_the_barrier(tmp_path: Path) -> None:
     path = tmp_path / "c.json"
-    save_model(CostModel(1e-6, 2e-10, 3e-10, 4e-6, 5e-11), path)
-    assert json.loads(path.read_text())["barrier"] == 4e-6
-    assert load_model(path).barrier == 4e-6 and load_model(path).copy == 5e-11
+    save_model(CostModel(1e-6, 2e-10, 3e-10, 4e-6, 5e-11), path, world_size=2)
+    assert json.loads(path.read_text())["calibrations"]["2"]["barrier"] == 4e-6
+    loaded = load_model(path, world_size=2)
+    assert loaded.barrier == 4e-6 and loaded.copy == 5e-11
     # a file from before barriers were measured still loads, with the default barrier
     path.write_text(json.dumps({"alpha": 1e-6, "beta": 2e-10, "gamma": 3e-10}))
-    assert load_model(path).barrier == DEFAULT_MODEL.barrier and load_model(path).copy == DEFAULT_MODEL.copy
+    loaded = load_model(path, world_size=2)
+    assert loaded.barrier == DEFAULT_MODEL.barrier and loaded.copy == DEFAULT_MODEL.copy
     path.write_text(json.dumps({"alpha": 1e-6, "beta": 2e-10, "gamma": 3e-10, "barrier": -1}))
     with pytest.raises(CalibrationError, match="barrier must be a non-negative number"):
-        load_model(path)
+        load_model(path, world_size=2)
 
 
 def test_an_oversubscribed_node_goes_through_longer_segments() -> None:
