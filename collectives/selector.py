@@ -411,7 +411,7 @@ def save_model(
     entries = _read_calibrations(path) or {}
     entry: dict[str, Any] = {name: getattr(model, name) for name in _CONSTANTS}
     if world_size is not None:
-        entry["world_size"] = world_size
+        entry["world_size"] = int(key)  # as a JSON number, whatever integer type it came as
     entry.update(metadata)
     entries[key] = entry
     calibrations = {key: entries[key] for key in sorted(entries, key=_entry_order)}
@@ -747,4 +747,6 @@ def default_selector(world_size: int) -> Selector:
         ConfigurationError: ``world_size`` is not a positive integer.
         CalibrationError: the file is malformed.
     """
-    return selector_for(load_model(world_size=world_size))
+    # a selector of its own, not selector_for's: constants read at another size's entry compare equal to
+    # that size's, and its model's source must still say which entry it came from and why
+    return Selector(load_model(world_size=world_size))
