@@ -406,12 +406,13 @@ def save_model(
         ConfigurationError: ``world_size`` is given and is not a positive integer.
         CalibrationError: the file there cannot be read as calibrations (it is left as it is).
     """
-    key = _ANY_SIZE if world_size is None else str(_check_world_size(world_size))
+    size = None if world_size is None else _check_world_size(world_size)  # an int, as JSON needs
+    key = _ANY_SIZE if size is None else str(size)
     path = calibration_path() if path is None else Path(path)
     entries = _read_calibrations(path) or {}
     entry: dict[str, Any] = {name: getattr(model, name) for name in _CONSTANTS}
-    if world_size is not None:
-        entry["world_size"] = int(key)  # as a JSON number, whatever integer type it came as
+    if size is not None:
+        entry["world_size"] = size
     entry.update(metadata)
     entries[key] = entry
     calibrations = {key: entries[key] for key in sorted(entries, key=_entry_order)}
