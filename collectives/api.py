@@ -1003,10 +1003,10 @@ def explain(
 
     Nothing is sent: the explanation is this rank's, with the cost model the
     communicator agreed on if it already has (rank 0's), else this process's
-    calibration for ``world_size`` ranks. ``print()`` it for a table of every algorithm's predicted time.
-    For device arrays, and wherever the communicator already has a device path,
-    it also says how device buffers travel (CUDA IPC, CUDA-aware MPI or host
-    staging, and why).
+    calibration for ``world_size`` ranks. ``print()`` it for a table of every
+    algorithm's predicted time. For device arrays, and wherever the communicator
+    already has a device path, it also says how device buffers travel (CUDA IPC,
+    CUDA-aware MPI or host staging, and why).
 
     Args:
         collective: ``allreduce``, ``reduce_scatter`` or ``allgather``.
