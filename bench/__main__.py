@@ -89,8 +89,9 @@ def _parser() -> argparse.ArgumentParser:
     calibrate = commands.add_parser(
         "calibrate",
         help="measure the cost model's alpha, beta, gamma and barrier (needs 2 or more ranks)",
-        description=f"Measure the selector's cost model on this machine and save it where the selector "
-        f"reads it: ${CALIBRATION_ENV}, else the user cache directory ({calibration_path()} here).",
+        description=f"Measure the selector's cost model on this machine at this world size and save it "
+        f"where the selector reads it, beside those of other world sizes: ${CALIBRATION_ENV}, else the "
+        f"user cache directory ({calibration_path()} here).",
     )
     calibrate.add_argument("--quick", action="store_true", help="fewer, smaller cases: seconds, rougher")
     calibrate.add_argument("-n", "--iters", type=int, default=20, help="timed calls per case (default 20)")

@@ -211,6 +211,11 @@ def calibrate(
 ) -> CostModel:
     """Measure the constants over ``world`` (collective); rank 0 saves them where the selector reads them.
 
+    They are saved as the calibration of ``world.size`` ranks, beside those of
+    other world sizes (see :func:`collectives.selector.save_model`): on one node the
+    per-byte constants grow with the ranks (on a 2-core machine beta was 0.27
+    ns/byte at 2 ranks, 0.64 at 4), so each size is calibrated and read apart.
+
     alpha comes from timed exchanges through the library's own executor and MPI
     transport, ``steps`` ring steps of one message of each size, fitted by
     :func:`fit_exchange` (which also gives the fixed cost of a call); gamma from

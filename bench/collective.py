@@ -345,7 +345,7 @@ def run(settings: Settings, world: MPI.Intracomm, emit: Callable[[str], None]) -
     notes = unavailable(settings)
     settings = replace(settings, algorithms=tuple(a for a in settings.algorithms if a not in notes))
     selecting = settings.explain or AUTO in settings.algorithms
-    model = default_selector().model.describe() if selecting else None
+    model = default_selector(world.size).model.describe() if selecting else None
     for line in format_header(settings, world.size, library_version(), notes, model):
         emit(line)
     dtype = numpy_dtype(settings.dtype)

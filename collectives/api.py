@@ -282,18 +282,19 @@ _MODEL_FORMAT = struct.Struct("5d")  # the cost model rank 0 sends: alpha, beta,
 def _agreed_selector(group: Communicator) -> Selector:
     """Rank 0's selector, on every rank of ``group``; collective on the first call.
 
-    Ranks whose calibrations differ would choose different algorithms and wait
-    on each other forever, so they all take rank 0's constants.
+    Rank 0 loads the calibration for ``group.size`` ranks. Ranks whose
+    calibrations differ would choose different algorithms and wait on each other
+    forever, so they all take rank 0's constants.
     """
     if group._selector is not None:
         return group._selector
     transport = group.transport
     message = bytearray(_MODEL_FORMAT.size)
     if transport.size == 1:
-        selector = default_selector()
+        selector = default_selector(group.size)
     elif transport.rank == 0:
         try:
-            selector = default_selector()
+            selector = default_selector(group.size)
         except CalibrationError:
             # tell the others, or they would wait for constants that never come
             _MODEL_FORMAT.pack_into(message, 0, *(math.nan,) * 5)
@@ -1002,10 +1003,10 @@ def explain(
 
     Nothing is sent: the explanation is this rank's, with the cost model the
     communicator agreed on if it already has (rank 0's), else this process's
-    calibration. ``print()`` it for a table of every algorithm's predicted time.
-    For device arrays, and wherever the communicator already has a device path,
-    it also says how device buffers travel (CUDA IPC, CUDA-aware MPI or host
-    staging, and why).
+    calibration for ``world_size`` ranks. ``print()`` it for a table of every
+    algorithm's predicted time. For device arrays, and wherever the communicator
+    already has a device path, it also says how device buffers travel (CUDA IPC,
+    CUDA-aware MPI or host staging, and why).
 
     Args:
         collective: ``allreduce``, ``reduce_scatter`` or ``allgather``.
@@ -1035,7 +1036,7 @@ def explain(
     else:
         features = frozenset()
     features = frozenset() if device else features  # device arrays never use the host's shared memory
-    explanation = (selector or default_selector()).explain(
+    explanation = (selector or default_selector(world_size)).explain(
         collective, count, dtype, world_size=world_size, op=op, features=features, topology=topology
     )
     path = None if group is None else next(iter(group._device_paths.values()), None)

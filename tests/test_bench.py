@@ -13,7 +13,7 @@ from bench.config import Settings, default_algorithm, element_count, parse_size,
 from bench.patterns import ExactData, count_wrong, numpy_dtype
 from bench.report import Row, Timing, bandwidths, format_footer, format_header, format_row, to_json
 from collectives.algorithms import ALGORITHMS
-from collectives.selector import load_model
+from collectives.selector import CostModel, load_model, save_model
 from collectives.specs import get_spec
 from tests.mpirun import mpiexec, run_mpi
 
@@ -391,14 +391,21 @@ def test_calibrate_under_mpiexec_saves_where_the_env_var_says(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     path = _no_calibration(monkeypatch, tmp_path)
+    # a calibration at another world size, which this one must keep
+    at_3 = CostModel(alpha=1e-6, beta=2e-10, gamma=3e-10)
+    save_model(at_3, path, world_size=3, host="elsewhere")
+    before = json.loads(path.read_text())["calibrations"]["3"]
     result = run_mpi(2, ["-m", "bench", "calibrate", "--quick", "-n", "2", "-w", "0"], timeout=120)
     assert result.returncode == 0, result.stdout
     assert f"# saved to {path}" in result.stdout
     assert "# alpha " in result.stdout and "measured" in result.stdout
-    saved = json.loads(path.read_text())
+    calibrations = json.loads(path.read_text())["calibrations"]
+    assert list(calibrations) == ["2", "3"] and calibrations["3"] == before
+    assert load_model(path, world_size=3) == at_3
+    saved = calibrations["2"]
     assert saved["world_size"] == 2 and saved["quick"] is True
     assert len(saved["exchanges"]) == 4
-    model = load_model(path)
+    model = load_model(path, world_size=2)
     assert all(0 <= value < 1 for value in (model.alpha, model.beta, model.gamma))
     # both ranks share this machine's memory, so the barrier was measured, not defaulted
     assert "barrier: the ranks share no memory" not in result.stdout
@@ -410,7 +417,8 @@ def test_calibrate_under_mpiexec_saves_where_the_env_var_says(
     assert "# beta " in result.stdout and " from ring" in result.stdout
     assert "# copy " in result.stdout and " from shared_memory" in result.stdout
     assert saved["copy"] == model.copy and saved["exchange_beta"] >= 0
-    assert model.source == f"calibrated, from {path}"
+    assert model.source == f"calibrated at 2 ranks, from {path}"
+    assert load_model(path, world_size=4) == at_3  # nearer 3 than 2
 
 
 @needs_mpiexec

@@ -37,7 +37,7 @@ def test_pure_modules_and_the_package_import_no_mpi_gpu_or_torch() -> None:
         "simulate(build_schedule('allreduce', 'double_tree', 5, 100_000))\n"
         "import collectives\n"
         "from collectives.selector import default_selector\n"
-        "default_selector().choose('allreduce', 4, 10, 4)\n"
+        "default_selector(4).choose('allreduce', 4, 10, 4)\n"
         "print(collectives.explain('allreduce', 10, world_size=4))\n"
         "from collectives.topology import dgx1, pack_rings\n"
         "from collectives.topology.cost_model import predict\n"

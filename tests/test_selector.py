@@ -5,6 +5,7 @@ import math
 import re
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -17,6 +18,7 @@ from collectives import algorithms, api, selector
 from collectives.algorithms import ALGORITHMS, build_schedule, ring
 from collectives.errors import (
     CalibrationError,
+    ConfigurationError,
     UnknownAlgorithmError,
     UnsupportedDtypeError,
     UnsupportedOpError,
@@ -342,8 +344,10 @@ def test_the_ranks_agree_on_rank_0s_model(ranks: Ranks, monkeypatch: pytest.Monk
     _register(monkeypatch, "direct_agree", allreduce=_direct_allreduce)
     # rank 0 finds latency dear (direct wins), the others find bandwidth dear (ring wins)
     models = {0: CostModel(1.0, 0.0, 0.0)} | {r: CostModel(0.0, 1.0, 0.0) for r in (1, 2)}
+    asked = []
 
-    def local() -> Selector:
+    def local(world_size: int) -> Selector:
+        asked.append(world_size)
         return Selector(models[int(threading.current_thread().name.removeprefix("rank-"))])
 
     monkeypatch.setattr(api, "default_selector", local)
@@ -357,10 +361,11 @@ def test_the_ranks_agree_on_rank_0s_model(ranks: Ranks, monkeypatch: pytest.Monk
         assert np.array_equal(result, np.full(100, 3))
         assert model == models[0]
         assert choice == "direct_agree"
+    assert asked == [3]  # only rank 0 reads a calibration, the one for the communicator's size
 
 
 def test_a_bad_calibration_on_rank_0_fails_every_rank(ranks: Ranks, monkeypatch: pytest.MonkeyPatch) -> None:
-    def local() -> Selector:
+    def local(world_size: int) -> Selector:
         if threading.current_thread().name == "rank-0":
             raise CalibrationError("malformed calibration /somewhere: not JSON")
         return Selector(DEFAULT_MODEL)
@@ -414,10 +419,10 @@ def test_calibration_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "sub" / "dir" / "calibration.json"
     model = CostModel(alpha=1.25e-6, beta=3e-11, gamma=7.5e-11)
     assert save_model(model, path, world_size=2, note="test") == path
-    assert json.loads(path.read_text())["note"] == "test"
-    loaded = load_model(path)
+    assert json.loads(path.read_text())["calibrations"]["2"]["note"] == "test"
+    loaded = load_model(path, world_size=2)
     assert (loaded.alpha, loaded.beta, loaded.gamma) == (1.25e-6, 3e-11, 7.5e-11)
-    assert loaded.source == f"calibrated, from {path}"
+    assert loaded.source == f"calibrated at 2 ranks, from {path}"
     assert [p.name for p in path.parent.iterdir()] == ["calibration.json"]  # no temporary left
 
 
@@ -425,11 +430,12 @@ def test_the_env_var_points_the_selector_at_a_file(monkeypatch: pytest.MonkeyPat
     path = tmp_path / "cal.json"
     monkeypatch.setenv(selector.CALIBRATION_ENV, str(path))
     selector.default_selector.cache_clear()
-    assert selector.default_selector().model == DEFAULT_MODEL
-    assert "defaults (no calibration at" in selector.default_selector().model.source
+    assert selector.default_selector(2).model == DEFAULT_MODEL
+    assert "defaults (no calibration at" in selector.default_selector(2).model.source
     save_model(CostModel(1.0, 0.0, 0.0))
+    assert selector.default_selector(2).model == DEFAULT_MODEL  # read once per world size
     selector.default_selector.cache_clear()
-    assert selector.default_selector().model == CostModel(1.0, 0.0, 0.0)
+    assert selector.default_selector(2).model == CostModel(1.0, 0.0, 0.0)
     assert str(path) in str(C.explain("allreduce", 10, world_size=2))
 
 
@@ -450,16 +456,220 @@ def test_a_malformed_calibration_names_its_path(tmp_path: Path, content: str, me
     path = tmp_path / "bad.json"
     path.write_text(content)
     with pytest.raises(CalibrationError, match=f"malformed calibration {re.escape(str(path))}: {message}"):
-        load_model(path)
+        load_model(path, world_size=2)
 
 
 def test_an_unreadable_calibration_names_its_path(tmp_path: Path) -> None:
     with pytest.raises(CalibrationError, match=f"cannot read calibration {re.escape(str(tmp_path))}"):
-        load_model(tmp_path)  # a directory
+        load_model(tmp_path, world_size=2)  # a directory
     binary = tmp_path / "binary.json"
     binary.write_bytes(b"\xff\xfe\x00")
     with pytest.raises(CalibrationError, match=f"cannot read calibration {re.escape(str(binary))}"):
-        load_model(binary)
+        load_model(binary, world_size=2)
+
+
+# --- one calibration per world size
+
+# constants distinct per world size, in whole "seconds" so that they round-trip exactly
+AT = {size: CostModel(alpha=float(size), beta=10.0 * size, gamma=100.0 * size) for size in (2, 4, 16)}
+
+
+def _calibrations(path: Path) -> dict[str, Any]:
+    data = json.loads(path.read_text())
+    assert list(data) == ["calibrations"]
+    calibrations: dict[str, Any] = data["calibrations"]
+    return calibrations
+
+
+def test_saving_at_one_size_keeps_the_others(tmp_path: Path) -> None:
+    path = tmp_path / "calibration.json"
+    save_model(AT[4], path, world_size=4, host="b")
+    save_model(AT[2], path, world_size=2, host="a")
+    saved = _calibrations(path)
+    assert list(saved) == ["2", "4"]  # in order of size, whatever the order saved
+    assert [(e["world_size"], e["host"], e["alpha"]) for e in saved.values()] == [
+        (2, "a", 2.0),
+        (4, "b", 4.0),
+    ]
+    # a new calibration at 2 ranks replaces that entry, metadata and all, and only it
+    save_model(AT[16], path, world_size=2, note="again")
+    again = _calibrations(path)
+    assert again["4"] == saved["4"]
+    constants = {
+        "alpha": 16.0,
+        "beta": 160.0,
+        "gamma": 1600.0,
+        "barrier": AT[16].barrier,
+        "copy": AT[16].copy,
+    }
+    assert again["2"] == {**constants, "world_size": 2, "note": "again"}
+    assert load_model(path, world_size=2) == AT[16] and load_model(path, world_size=4) == AT[4]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["calibration.json"]  # no temporary left
+
+
+@pytest.mark.parametrize(
+    ("world_size", "used", "missing"),
+    [
+        (2, 2, False),
+        (4, 4, False),
+        (16, 16, False),
+        (1, 2, True),
+        (3, 4, True),  # as near 2 as 4: the larger
+        (5, 4, True),
+        (8, 4, True),
+        (10, 16, True),  # as near 4 as 16: the larger
+        (11, 16, True),
+        (100, 16, True),
+    ],
+)
+def test_loading_takes_the_entry_of_the_world_size_or_the_nearest(
+    tmp_path: Path, world_size: int, used: int, missing: bool
+) -> None:
+    path = tmp_path / "calibration.json"
+    for size, model in AT.items():
+        save_model(model, path, world_size=size)
+    loaded = load_model(path, world_size=world_size)
+    assert loaded == AT[used]
+    expected = f"calibrated at {used} ranks, from {path}" + (f" (none at {world_size})" if missing else "")
+    assert loaded.source == expected
+    assert expected in loaded.describe()
+
+
+def test_a_model_saved_for_any_size_serves_every_size_without_its_own(tmp_path: Path) -> None:
+    path = tmp_path / "calibration.json"
+    save_model(AT[2], path, world_size=2)
+    save_model(AT[16], path)
+    assert list(_calibrations(path)) == ["2", "any"]
+    assert "world_size" not in _calibrations(path)["any"]
+    assert load_model(path, world_size=2) == AT[2]
+    for size in (1, 3, 4):
+        loaded = load_model(path, world_size=size)
+        assert loaded == AT[16]
+        assert loaded.source == f"calibrated for any world size, from {path}"
+
+
+def test_an_old_file_of_one_calibration_is_read_and_kept_on_save(tmp_path: Path) -> None:
+    path = tmp_path / "calibration.json"
+    old = {"alpha": 2.0, "beta": 20.0, "gamma": 200.0, "barrier": 3.0, "world_size": 2, "host": "old"}
+    path.write_text(json.dumps(old))
+    assert load_model(path, world_size=2) == replace(AT[2], barrier=3.0)
+    assert load_model(path, world_size=2).source == f"calibrated at 2 ranks, from {path}"
+    assert load_model(path, world_size=3).source == f"calibrated at 2 ranks, from {path} (none at 3)"
+    save_model(AT[4], path, world_size=4)
+    assert list(_calibrations(path)) == ["2", "4"]
+    assert _calibrations(path)["2"] == old  # kept as it was, metadata and all
+    assert (
+        load_model(path, world_size=2) == replace(AT[2], barrier=3.0)
+        and load_model(path, world_size=4) == AT[4]
+    )
+    # an old file without a world size is read at every size, and kept under "any"
+    path.write_text(json.dumps({"alpha": 16.0, "beta": 160.0, "gamma": 1600.0}))
+    for size in (1, 2, 5):
+        loaded = load_model(path, world_size=size)
+        assert loaded == AT[16] and loaded.source == f"calibrated for any world size, from {path}"
+    save_model(AT[2], path, world_size=2)
+    assert list(_calibrations(path)) == ["2", "any"]
+    assert load_model(path, world_size=4) == AT[16] and load_model(path, world_size=2) == AT[2]
+
+
+_GOOD = {"alpha": 1e-6, "beta": 1e-9, "gamma": 0}
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ({"calibrations": [_GOOD]}, "calibrations must be a JSON object"),
+        ({"calibrations": {"2": _GOOD, "4": [1]}}, "entry '4': expected a JSON object"),
+        ({"calibrations": {"4": {**_GOOD, "beta": -1}}}, "entry '4': beta must be .* got -1"),
+        ({"calibrations": {"2": _GOOD, "4": {"alpha": 1e-6}}}, "entry '4': beta must be .* got None"),
+        ({"calibrations": {"any": {**_GOOD, "copy": "x"}}}, "entry 'any': copy must be .* got 'x'"),
+        ({"calibrations": {"two": _GOOD}}, "entry 'two': the key must be a world size"),
+        ({"calibrations": {"02": _GOOD}}, "entry '02': the key must be a world size"),
+        ({"calibrations": {"0": _GOOD}}, "entry '0': the key must be a world size"),
+        ({"calibrations": {"-2": _GOOD}}, "entry '-2': the key must be a world size"),
+        ({"calibrations": {"4": {**_GOOD, "world_size": 2}}}, "entry '4': its world_size is 2"),
+        ({"calibrations": {"any": {**_GOOD, "world_size": 2}}}, "entry 'any': its world_size is 2"),
+        ({**_GOOD, "world_size": 0}, "world_size must be a positive integer, got 0"),
+        ({**_GOOD, "world_size": "2"}, "world_size must be a positive integer, got '2'"),
+    ],
+)
+def test_a_malformed_entry_names_the_path_and_the_entry(
+    tmp_path: Path, content: object, message: str
+) -> None:
+    path = tmp_path / "bad.json"
+    text = json.dumps(content)
+    path.write_text(text)
+    pattern = f"malformed calibration {re.escape(str(path))}: {message}"
+    # every entry is checked, whichever is used: a bad file is found at once, not at another size
+    with pytest.raises(CalibrationError, match=pattern):
+        load_model(path, world_size=2)
+    # nor does saving drop what it cannot read
+    with pytest.raises(CalibrationError, match=pattern):
+        save_model(AT[2], path, world_size=2)
+    assert path.read_text() == text
+
+
+@pytest.mark.parametrize("world_size", [0, -1, True, 2.0, "2", None])
+def test_the_world_size_to_load_or_save_is_checked(tmp_path: Path, world_size: Any) -> None:
+    path = tmp_path / "calibration.json"
+    with pytest.raises(
+        ConfigurationError, match=f"world_size must be a positive integer, got {world_size!r}"
+    ):
+        load_model(path, world_size=world_size)
+    if world_size is not None:  # saving without a world size is saving for any
+        with pytest.raises(ConfigurationError, match="world_size must be a positive integer"):
+            save_model(AT[2], path, world_size=world_size)
+    assert not path.exists()
+    save_model(AT[4], path, world_size=np.int64(4))  # numpy's integers are world sizes too
+    assert _calibrations(path)["4"]["world_size"] == 4 and load_model(path, world_size=np.int64(4)) == AT[4]
+
+
+def test_the_default_selector_is_kept_per_world_size(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    path = tmp_path / "calibration.json"
+    monkeypatch.setenv(selector.CALIBRATION_ENV, str(path))
+    save_model(AT[2], world_size=2)
+    save_model(AT[4], world_size=4)
+    selector.default_selector.cache_clear()
+    two, four, three = (selector.default_selector(size) for size in (2, 4, 3))
+    assert (two.model, four.model, three.model) == (AT[2], AT[4], AT[4])
+    assert selector.default_selector(2) is two  # read once per size
+    assert three.model.source.endswith("(none at 3)")
+    # an explanation without a communicator weighs with the calibration of the size it explains
+    assert C.explain("allreduce", 10, world_size=2).model == AT[2]
+    assert (
+        C.explain("allreduce", 10, world_size=8).model.source
+        == f"calibrated at 4 ranks, from {path} (none at 8)"
+    )
+
+
+def test_the_ranks_use_the_calibration_of_their_world_size(
+    ranks: Ranks, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _register(monkeypatch, "direct_sized", allreduce=_direct_allreduce)
+    path = tmp_path / "calibration.json"
+    monkeypatch.setenv(selector.CALIBRATION_ENV, str(path))
+    # at 2 ranks latency is dear (one direct step wins), at 3 bandwidth (the ring wins)
+    latency, bandwidth = CostModel(1.0, 0.0, 0.0), CostModel(0.0, 1.0, 0.0)
+    save_model(latency, world_size=2)
+    save_model(bandwidth, world_size=3)
+    selector.default_selector.cache_clear()
+
+    def run(comm: C.Communicator) -> tuple[str, str, str | None, CostModel]:
+        before = C.explain("allreduce", 100, "int64", comm=comm).model.source  # nothing agreed yet
+        result = C.allreduce(np.ones(100, np.int64), comm=comm)
+        assert np.array_equal(result, np.full(100, comm.size))
+        model = api._agreed_selector(comm).model
+        return before, model.source, C.explain("allreduce", 100, "int64", comm=comm).choice, model
+
+    for size, expected, choice, source in (
+        (2, latency, "direct_sized", f"calibrated at 2 ranks, from {path}"),
+        (3, bandwidth, "ring", f"calibrated at 3 ranks, from {path}"),
+        (4, bandwidth, "ring", f"calibrated at 3 ranks, from {path} (none at 4)"),
+    ):
+        results = ranks(size, run)
+        assert [before for before, _, _, _ in results] == [source] * size
+        assert [agreed for _, agreed, _, _ in results] == [source] + ["calibration of rank 0"] * (size - 1)
+        assert all(c == choice and model == expected for _, _, c, model in results), size
 
 
 def test_defaults_are_sane() -> None:
@@ -484,9 +694,10 @@ def test_default_model_sends_small_allreduces_through_shared_memory(world_size: 
     _with_shared_memory_and_butterfly()
     shm = frozenset({"shared_memory"})
     for nbytes in (4, 8, 64, 1024, 16 * 1024):
-        choice = selector.default_selector().choose("allreduce", world_size, nbytes // 4, 4, shm)
+        choice = selector.default_selector(world_size).choose("allreduce", world_size, nbytes // 4, 4, shm)
         assert choice == "shared_memory", (world_size, nbytes)
-        assert selector.default_selector().choose("allreduce", world_size, nbytes // 4, 4) != "shared_memory"
+        plain = selector.default_selector(world_size).choose("allreduce", world_size, nbytes // 4, 4)
+        assert plain != "shared_memory"
 
 
 def test_barriers_cost_per_peer_and_appear_in_the_explanation() -> None:
@@ -534,15 +745,17 @@ def test_shared_memory_copies_are_weighed_at_the_copy_cost() -> None:
 
 def test_calibration_file_carries_the_barrier(tmp_path: Path) -> None:
     path = tmp_path / "c.json"
-    save_model(CostModel(1e-6, 2e-10, 3e-10, 4e-6, 5e-11), path)
-    assert json.loads(path.read_text())["barrier"] == 4e-6
-    assert load_model(path).barrier == 4e-6 and load_model(path).copy == 5e-11
+    save_model(CostModel(1e-6, 2e-10, 3e-10, 4e-6, 5e-11), path, world_size=2)
+    assert json.loads(path.read_text())["calibrations"]["2"]["barrier"] == 4e-6
+    loaded = load_model(path, world_size=2)
+    assert loaded.barrier == 4e-6 and loaded.copy == 5e-11
     # a file from before barriers were measured still loads, with the default barrier
     path.write_text(json.dumps({"alpha": 1e-6, "beta": 2e-10, "gamma": 3e-10}))
-    assert load_model(path).barrier == DEFAULT_MODEL.barrier and load_model(path).copy == DEFAULT_MODEL.copy
+    loaded = load_model(path, world_size=2)
+    assert loaded.barrier == DEFAULT_MODEL.barrier and loaded.copy == DEFAULT_MODEL.copy
     path.write_text(json.dumps({"alpha": 1e-6, "beta": 2e-10, "gamma": 3e-10, "barrier": -1}))
     with pytest.raises(CalibrationError, match="barrier must be a non-negative number"):
-        load_model(path)
+        load_model(path, world_size=2)
 
 
 def test_an_oversubscribed_node_goes_through_longer_segments() -> None:
