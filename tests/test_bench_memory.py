@@ -1,4 +1,4 @@
-"""The benchmarks of resident memory and of segment sizes."""
+"""The benchmarks of resident memory, of segment sizes and of the small-message path."""
 
 import re
 
@@ -37,3 +37,19 @@ def test_segment_bench_times_every_segment_size_against_the_default() -> None:
     row = next(line for line in result.stdout.splitlines() if line.strip().startswith("65536 B"))
     # the default (4 MiB) is among the segments, so it is its own unit
     assert "4096K" in row and "(1.00)" in row and "whole" in row, result.stdout
+
+
+@needs_mpiexec
+def test_small_path_bench_times_every_layer() -> None:
+    result = run_mpi(2, ["-m", "bench.small_path", "-n", "20", "-r", "2"], timeout=120)
+    assert result.returncode == 0, result.stdout
+    layers = re.findall(r"^(\w+) +(\d+\.\d+) us$", result.stdout, re.MULTILINE)
+    assert [name for name, _ in layers] == ["floor", "watchdog", "executor", "prepared", "allreduce", "mpi"]
+    assert all(float(us) > 0 for _, us in layers), result.stdout
+
+
+@needs_mpiexec
+def test_small_path_bench_refuses_sizes_off_the_one_barrier_path() -> None:
+    result = run_mpi(2, ["-m", "bench.small_path", "--size", "1M"], timeout=60)
+    assert result.returncode == 2, result.stdout
+    assert "size x ranks <= 524288 bytes" in result.stdout

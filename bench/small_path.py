@@ -1,0 +1,122 @@
+"""Where a small allreduce's time goes, layer by layer: ``mpiexec -n 2 python -m bench.small_path``.
+
+Times, interleaved round by round, loops of in-place float32 sums of one size on
+one node's shared memory, each adding one layer of the library to the one before:
+
+* ``floor``: the copy into this rank's region, the shared-memory barrier and the
+  reduction, called directly: what any implementation of the algorithm pays;
+* ``watchdog``: the same with the call numbered, recorded, bounded and its
+  signature posted and compared (``Watchdog.begin``, ``Call.barrier``, ``end``);
+* ``executor``: the watchdog around ``SharedExecutor.allreduce`` with the backend;
+* ``prepared``: the API's path for a call whose decisions an earlier one made;
+* ``allreduce``: ``collectives.allreduce(x, out=x)`` itself;
+* ``mpi``: the MPI library's ``comm.Allreduce`` in place, for scale.
+
+It reaches into the library's private parts, as a profiler would; a row per
+layer, the median of the rounds of the slowest rank. Only for sizes on the
+one-barrier path (all ranks' inputs together within ``SMALL_TOTAL_BYTES``).
+"""
+
+__all__ = ["main"]
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+from mpi4py import MPI
+
+import collectives
+from collectives import api
+from collectives.backends.numpy_backend import UFUNCS, NumpyBackend
+from collectives.execute_shared import SMALL_TOTAL_BYTES
+from collectives.ops import get_op
+
+from .config import parse_size
+
+
+def _layers(
+    comm: collectives.Communicator, world: MPI.Intracomm, x: np.ndarray
+) -> dict[str, Callable[[], None]]:
+    """The loop bodies, by layer, for in-place sums of ``x`` on ``comm``."""
+    for _ in range(100):  # the first calls decide and prepare; later ones reuse it
+        collectives.allreduce(x, out=x, comm=comm)
+    prepared = next(p for key, p in comm._prepared.items() if key[1] == x.shape)
+    watchdog, executor = comm._watchdog, comm._shared
+    shared = watchdog.shared
+    if shared is None or executor is None or prepared.plan is not None:
+        raise SystemExit("the ranks share no memory: the small shared-memory path does not run here")
+    regions = [np.frombuffer(shared.region(r)[: x.nbytes], x.dtype) for r in range(comm.size)]
+    mine = regions[comm.rank]
+    backend, op = NumpyBackend(), get_op("sum")
+    add = UFUNCS["sum"]
+
+    def reduce_regions() -> None:
+        add(regions[0], regions[1], out=x)
+        for region in regions[2:]:
+            add(x, region, out=x)
+
+    def floor() -> None:
+        np.copyto(mine, x)
+        shared.arrive(())
+        shared.wait()
+        reduce_regions()
+
+    def with_watchdog() -> None:
+        call = watchdog.begin(prepared.guard, None, first_barrier=True)
+        np.copyto(mine, x)
+        call.barrier(shared)
+        reduce_regions()
+        watchdog.end(call)
+
+    def with_executor() -> None:
+        call = watchdog.begin(prepared.guard, None, first_barrier=True)
+        executor.allreduce(backend, x, x, op, call.barrier)
+        watchdog.end(call)
+
+    y = x.copy()
+    return {
+        "floor": floor,
+        "watchdog": with_watchdog,
+        "executor": with_executor,
+        "prepared": lambda: api._allreduce_prepared(comm, prepared, x, x, None),
+        "allreduce": lambda: collectives.allreduce(x, out=x, comm=comm),
+        "mpi": lambda: world.Allreduce(MPI.IN_PLACE, y),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.small_path", description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=parse_size, default=8, help="bytes per rank (default 8)")
+    parser.add_argument("-n", "--calls", type=int, default=1000, help="calls per loop (default 1000)")
+    parser.add_argument("-r", "--rounds", type=int, default=12, help="rounds (default 12)")
+    args = parser.parse_args(argv)
+    world = MPI.COMM_WORLD
+    if world.size < 2 or args.size * world.size > SMALL_TOTAL_BYTES:
+        parser.error(f"needs 2 or more ranks and size x ranks <= {SMALL_TOTAL_BYTES} bytes")
+    comm = collectives.Communicator(world)
+    x = np.zeros(max(args.size // 4, 1), np.float32)  # zeros: repeated sums in place stay finite
+    layers = _layers(comm, world, x)
+    times: dict[str, list[float]] = {name: [] for name in layers}
+    for _ in range(args.rounds):
+        for name, body in layers.items():
+            world.Barrier()
+            start = time.perf_counter()
+            for _ in range(args.calls):
+                body()
+            times[name].append((time.perf_counter() - start) / args.calls)
+    medians = {name: world.allreduce(statistics.median(t), op=MPI.MAX) for name, t in times.items()}
+    if world.rank == 0:
+        loops = f"{args.calls} calls x {args.rounds} rounds"
+        print(f"# {world.size} ranks, {x.nbytes} B float32 sum in place, {loops}")
+        for name, seconds in medians.items():
+            print(f"{name:<10} {seconds * 1e6:7.2f} us")
+        sys.stdout.flush()
+    comm.free()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
