@@ -133,7 +133,7 @@ def test_the_choices_are_the_default_models_whatever_the_calibration(
     default_selector.cache_clear()
     request.addfinalizer(default_selector.cache_clear)
     # the file is read and would change the choice, so an output that used it would differ
-    calibrated = Selector(load_model())
+    calibrated = Selector(load_model(world_size=8))
     assert calibrated.model != DEFAULT_MODEL
     case = ("allreduce", 8, 2**16, 4)  # 256 KiB over 8 ranks: the ring by default, fewer steps at 1 ms each
     assert calibrated.choose(*case) != Selector(DEFAULT_MODEL).choose(*case)
