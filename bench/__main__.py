@@ -22,9 +22,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+from collectives.calibration import CALIBRATION_ENV, calibration_path
 from collectives.errors import UnknownAlgorithmError
 from collectives.ops import DTYPES, OPS, get_op
-from collectives.selector import AUTO, CALIBRATION_ENV, calibration_path, check_algorithm
+from collectives.selector import AUTO, check_algorithm
 from collectives.specs import get_spec
 
 from .config import MPI_ALGORITHM, Settings, default_algorithm, size_argument, size_sweep

@@ -46,7 +46,8 @@ from math import lcm
 from pathlib import Path
 
 from collectives.algorithms import ALGORITHMS, build_schedule, hierarchical, tree
-from collectives.selector import DEFAULT_MODEL, Selector, itemsize
+from collectives.ops import itemsize
+from collectives.selector import DEFAULT_MODEL, Selector
 from collectives.simulate import simulate
 from collectives.specs import COLLECTIVES, get_spec
 

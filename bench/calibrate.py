@@ -22,10 +22,12 @@ from mpi4py import MPI
 
 import collectives
 from collectives.backends.numpy_backend import NumpyBackend
+from collectives.calibration import calibration_path, save_model
 from collectives.execute import execute
 from collectives.ops import get_op
 from collectives.schedule import Schedule, Step, Transfer
-from collectives.selector import DEFAULT_MODEL, CostModel, Selector, calibration_path, save_model
+from collectives.selector import Selector
+from collectives.topology.cost_model import DEFAULT_MODEL, CostModel
 from collectives.transport.mpi import MPITransport
 
 from .collective import library_version
@@ -212,7 +214,7 @@ def calibrate(
     """Measure the constants over ``world`` (collective); rank 0 saves them where the selector reads them.
 
     They are saved as the calibration of ``world.size`` ranks, beside those of
-    other world sizes (see :func:`collectives.selector.save_model`): on one node the
+    other world sizes (see :func:`collectives.calibration.save_model`): on one node the
     per-byte constants grow with the ranks (on a 2-core machine beta was 0.27
     ns/byte at 2 ranks, 0.64 at 4), so each size is calibrated and read apart.
 

@@ -11,7 +11,8 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives
-from collectives.selector import AUTO, Explanation, default_selector
+from collectives.explanation import Explanation
+from collectives.selector import AUTO, default_selector
 from collectives.specs import get_spec
 
 from .config import MPI_ALGORITHM, Settings, plan_sizes

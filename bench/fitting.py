@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from collectives.errors import CalibrationError
-from collectives.selector import CostModel, Traffic
+from collectives.topology.cost_model import CostModel, Traffic
 
 PER_BYTE_TERMS = {"beta": "elements", "copy": "copied"}
 """The per-byte constants :func:`fit_per_byte` fits, and the :class:`Traffic` field each weighs."""

@@ -8,6 +8,7 @@ __all__ = [
     "ReduceOp",
     "check_dtype",
     "get_op",
+    "itemsize",
 ]
 
 from dataclasses import dataclass
@@ -80,3 +81,11 @@ def check_dtype(dtype: str) -> None:
     """Raise if ``dtype`` (a dtype name) is not one the library moves and reduces."""
     if dtype not in DTYPES:
         raise UnsupportedDtypeError(f"unsupported dtype {dtype}; supported dtypes are {', '.join(DTYPES)}")
+
+
+def itemsize(dtype: object) -> int:
+    """Bytes per element of a dtype, by name (``"float32"``) or as a numpy-like dtype with a ``name``."""
+    name = str(getattr(dtype, "name", dtype))
+    check_dtype(name)
+    # every supported dtype's name ends in its width in bits
+    return int(name.lstrip("abcdefghijklmnopqrstuvwxyz")) // 8

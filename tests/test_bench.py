@@ -13,8 +13,9 @@ from bench.config import Settings, default_algorithm, element_count, parse_size,
 from bench.patterns import ExactData, count_wrong, numpy_dtype
 from bench.report import Row, Timing, bandwidths, format_footer, format_header, format_row, to_json
 from collectives.algorithms import ALGORITHMS
-from collectives.selector import CostModel, load_model, save_model
+from collectives.calibration import load_model, save_model
 from collectives.specs import get_spec
+from collectives.topology.cost_model import CostModel
 from tests.mpirun import mpiexec, run_mpi
 
 MiB = 1024**2

@@ -25,8 +25,10 @@ from bench.algorithms import (
     support_section,
 )
 from collectives.algorithms import ALGORITHMS
-from collectives.selector import CALIBRATION_ENV, DEFAULT_MODEL, Selector, default_selector, load_model
+from collectives.calibration import CALIBRATION_ENV, load_model
+from collectives.selector import Selector, default_selector
 from collectives.specs import COLLECTIVES
+from collectives.topology.cost_model import DEFAULT_MODEL
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "algorithms.md"

@@ -9,7 +9,8 @@ from bench.fitting import Measurement, Timed, fit_exchange, fit_per_byte
 from collectives.algorithms import build_schedule
 from collectives.algorithms.shared_memory import traffic as shared_traffic
 from collectives.errors import CalibrationError
-from collectives.selector import CostModel, Selector, Traffic, traffic
+from collectives.selector import Selector
+from collectives.topology.cost_model import CostModel, Traffic, traffic
 
 _P = 2
 _FEATURES = frozenset({"shared_memory"})

@@ -1,9 +1,12 @@
-"""The cost model pinned to the seeds' figures for 160 MB, and to the link model on the DGX-1 and on nodes.
+"""The cost model: links pinned to the seeds' 160 MB figures, the DGX-1 and nodes; alpha-beta-gamma.
 
 The seeds count bandwidth alone, so their figures are the ``bandwidth_s`` part
 of a prediction; ``latency_s`` adds each step's longest route (1 us a PCIe or
-NVLink hop, 2.5 us a network hop in the presets).
+NVLink hop, 2.5 us a network hop in the presets). The closed alpha-beta-gamma
+model is checked on hand-built schedules and against the textbook formulas.
 """
+
+import math
 
 import pytest
 
@@ -14,13 +17,15 @@ from collectives.simulate import simulate
 from collectives.specs import COLLECTIVES
 from collectives.topology import dgx1, fully_connected, multi_node, pack_rings, pcie_switch
 from collectives.topology import ring as ring_topology
-from collectives.topology.cost_model import predict
+from collectives.topology.cost_model import DEFAULT_MODEL, CostModel, Traffic, predict, traffic
 from collectives.topology.strategies import aggregate_on, split_aggregation
 
 SIZE = 160 * 10**6  # the seeds' 160 MB of gradients
 FLOAT32 = 4
 COUNT = SIZE // FLOAT32
 HOP = 1e-6
+# whole numbers of "seconds" keep the hand computations exact
+UNIT = CostModel(alpha=2.0, beta=3.0, gamma=5.0)
 
 
 def test_seeds_aggregating_on_one_gpu_takes_60_ms() -> None:
@@ -158,3 +163,76 @@ def test_the_cost_model_moves_the_bytes_the_simulator_counts(world_size: int) ->
             p = predict(schedule, t, 8)
             assert len(p.per_step) == simulate(schedule).steps
             assert sum(p.link_bytes.values()) == sum(simulate(schedule).bytes_sent(8)), (name, collective)
+
+
+# --- the closed alpha-beta-gamma model, on hand-built schedules
+
+
+def test_traffic_of_a_hand_built_schedule() -> None:
+    schedule = Schedule(
+        "hand", "allreduce", 3, (4, 0, 2),
+        (
+            # rank 0 posts two sends (8 elements); the empty chunk 1 is no message
+            Step([Transfer(0, 1, 0), Transfer(0, 2, 0), Transfer(2, 0, 2, reduce=True), Transfer(1, 2, 1)]),
+            Step([Transfer(1, 0, 1)]),  # only an empty chunk: the step costs nothing
+            # rank 0 receives two messages (4 elements) and reduces both, while sending 4
+            Step([Transfer(1, 0, 2, reduce=True), Transfer(2, 0, 2, reduce=True), Transfer(0, 1, 0)]),
+        ),
+    )  # fmt: skip
+    assert traffic(schedule) == Traffic(steps=2, messages=4, elements=12, reduced=6)
+    # alpha 2 * 4 messages + beta 3 * 48 bytes + gamma 5 * 24 bytes
+    assert UNIT.predict(schedule, itemsize=4) == 8 + 144 + 120
+
+
+def test_each_term_takes_its_own_busiest_rank() -> None:
+    # rank 0 posts the most messages, rank 2 receives the most bytes
+    schedule = Schedule(
+        "skewed", "allreduce", 3, (1, 1, 10),
+        (Step([Transfer(0, 1, 0), Transfer(0, 2, 1), Transfer(1, 2, 2, reduce=True)]),),
+    )  # fmt: skip
+    assert traffic(schedule) == Traffic(steps=1, messages=2, elements=11, reduced=10)
+    assert UNIT.predict(schedule, itemsize=2) == 2 * 2 + 3 * 22 + 5 * 20
+
+
+def test_an_empty_schedule_costs_nothing() -> None:
+    for schedule in (ring.allreduce(1, 100), ring.allreduce(5, 0)):
+        assert traffic(schedule) == Traffic(0, 0, 0, 0)
+        assert DEFAULT_MODEL.predict(schedule, 4) == 0
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 8, 16])
+def test_ring_prediction_is_the_textbook_formula(world_size: int) -> None:
+    p, count, size = world_size, world_size * 1000, 4
+    s = count * size
+    model = CostModel(alpha=7e-6, beta=0.3e-9, gamma=0.2e-9)
+    schedule = ring.allreduce(p, count)
+    expected = 2 * (p - 1) * model.alpha + 2 * (p - 1) / p * s * model.beta + (p - 1) / p * s * model.gamma
+    assert model.predict(schedule, size) == pytest.approx(expected, rel=1e-12)
+    for collective in ("reduce_scatter", "allgather"):
+        reduces = collective == "reduce_scatter"
+        expected = (p - 1) * model.alpha + (p - 1) / p * s * (model.beta + reduces * model.gamma)
+        predicted = model.predict(build_schedule(collective, "ring", p, count), size)
+        assert predicted == pytest.approx(expected, rel=1e-12)
+
+
+def test_ring_at_large_sizes_is_bandwidth_bound() -> None:
+    p, size = 8, 4
+    count = 64 * 1024**2 // size
+    model = CostModel(alpha=6e-6, beta=0.1e-9, gamma=0.0)
+    bandwidth_term = 2 * (p - 1) / p * count * size * model.beta
+    predicted = model.predict(ring.allreduce(p, count), size)
+    assert bandwidth_term < predicted < 1.01 * bandwidth_term
+
+
+@pytest.mark.parametrize("world_size", [2, 5, 8])
+def test_traffic_agrees_with_the_simulator_when_every_rank_does_the_same(world_size: int) -> None:
+    for collective in ("allreduce", "reduce_scatter", "allgather"):
+        schedule = build_schedule(collective, "ring", world_size, 6 * world_size)
+        counted, result = traffic(schedule), simulate(schedule)
+        assert counted.steps == result.steps
+        assert {counted.elements} == set(result.elements_sent)
+
+
+def test_defaults_are_sane() -> None:
+    assert all(0 < v < math.inf for v in (DEFAULT_MODEL.alpha, DEFAULT_MODEL.beta, DEFAULT_MODEL.gamma))
+    assert "GB/s" in DEFAULT_MODEL.describe()

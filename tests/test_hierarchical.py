@@ -4,8 +4,9 @@ import pytest
 
 from collectives.algorithms import build_schedule, hierarchical, ring
 from collectives.chunking import even_split
-from collectives.selector import DEFAULT_MODEL, Selector
+from collectives.selector import Selector
 from collectives.simulate import simulate
+from collectives.topology.cost_model import DEFAULT_MODEL
 
 from .strategies import WORLD_SIZES, edge_counts
 

@@ -1,9 +1,10 @@
-"""Reduction ops and dtypes."""
+"""Reduction ops and dtypes, and their sizes."""
 
+import numpy as np
 import pytest
 
 from collectives import OPS, UnsupportedDtypeError, UnsupportedOpError
-from collectives.ops import DTYPES, FLOAT_DTYPES, INTEGER_DTYPES, check_dtype, get_op
+from collectives.ops import DTYPES, FLOAT_DTYPES, INTEGER_DTYPES, check_dtype, get_op, itemsize
 
 
 def test_every_op_is_defined_for_the_dtypes_the_issue_names() -> None:
@@ -37,3 +38,11 @@ def test_op_that_does_not_fit_the_dtype_names_both() -> None:
 def test_unsupported_dtypes_are_named(dtype: str) -> None:
     with pytest.raises(UnsupportedDtypeError, match=f"unsupported dtype {dtype}"):
         check_dtype(dtype)
+
+
+def test_itemsize() -> None:
+    names = ("int8", "uint16", "bfloat16", "float32", "float64")
+    assert [itemsize(name) for name in names] == [1, 2, 2, 4, 8]
+    assert itemsize(np.dtype(np.int64)) == 8
+    with pytest.raises(UnsupportedDtypeError, match="unsupported dtype complex64"):
+        itemsize("complex64")

@@ -131,7 +131,7 @@ def traffic(
 ) -> tuple[int, int, int, int, int, int]:
     """``(steps, messages, elements, reduced, barriers, copied)`` of the shared-memory execution.
 
-    What the cost model weighs (see :class:`collectives.selector.Traffic`). It sends
+    What the cost model weighs (see :class:`collectives.topology.cost_model.Traffic`). It sends
     no messages; it copies through shared memory and synchronises by barriers. Per
     segment of :data:`SEGMENT_ELEMENTS` of every share (float32 elements taken;
     :data:`OVERSUBSCRIBED_SEGMENT_ELEMENTS` with the ``oversubscribed`` feature),

@@ -1,12 +1,15 @@
-"""Topologies: devices and links, presets, ring packing, and the cost model that predicts time."""
+"""Topologies: devices and links, presets, ring packing, and the cost model of a schedule's time."""
 
 __all__ = [
+    "DEFAULT_MODEL",
+    "CostModel",
     "Device",
     "Link",
     "Prediction",
     "RingPacking",
     "Route",
     "Topology",
+    "Traffic",
     "dgx1",
     "find_rings",
     "fully_connected",
@@ -15,9 +18,10 @@ __all__ = [
     "pcie_switch",
     "predict",
     "ring",
+    "traffic",
 ]
 
-from .cost_model import Prediction, predict
+from .cost_model import DEFAULT_MODEL, CostModel, Prediction, Traffic, predict, traffic
 from .graph import Device, Link, Route, Topology
 from .presets import dgx1, fully_connected, multi_node, pcie_switch, ring
 from .rings import RingPacking, find_rings, pack_rings

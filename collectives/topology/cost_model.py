@@ -1,10 +1,21 @@
-"""The time of a schedule on a topology, step by step, with the links its transfers share.
+"""The cost model: a schedule's time from alpha-beta-gamma constants, or on the links of a topology.
 
-Rank ``r`` runs on device ``placement[r]`` (the topology's ``r``-th GPU by
-default). Each transfer of a step is routed from its sender's device to its
-receiver's, and every link on the way carries its bytes, so transfers that
-share a link share its bandwidth. A step lasts as long as its busiest link
-needs for all it carries, plus the latency of its longest route:
+Both weigh a schedule step by step, as every step waits for the one before.
+The closed model (:class:`CostModel`) knows no machine: it counts each step's
+critical-path traffic (:func:`traffic`), the most messages, bytes moved and bytes
+reduced by any one rank, and charges ``alpha`` per message, ``beta`` per byte
+moved and ``gamma`` per byte reduced; its constants come from ``bench calibrate``
+(:mod:`collectives.calibration`) or :data:`DEFAULT_MODEL`. The link model
+(:func:`predict`) knows the machine and no software: it routes each transfer over
+a :class:`~collectives.topology.Topology` and finds the links transfers share.
+The selector weighs transfers by the link model where it is given a topology, by
+the closed model otherwise, and reductions always by ``gamma``.
+
+The link model, in detail: rank ``r`` runs on device ``placement[r]`` (the
+topology's ``r``-th GPU by default). Each transfer of a step is routed from its
+sender's device to its receiver's, and every link on the way carries its bytes, so
+transfers that share a link share its bandwidth. A step lasts as long as its
+busiest link needs for all it carries, plus the latency of its longest route:
 
     step time = max over links (bytes over the link / its bandwidth)
               + max over transfers (sum of the latencies on its route)
@@ -29,14 +40,198 @@ the ``bandwidth_s`` part of a prediction, for 160 MB of float32:
   bandwidth term to 2.59 ms.
 """
 
-__all__ = ["Prediction", "StepPrediction", "predict"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "NETWORK_ALPHA",
+    "CostModel",
+    "Prediction",
+    "StepPrediction",
+    "Traffic",
+    "predict",
+    "traffic",
+]
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import TopologyError
 from ..schedule import Schedule
 from .graph import LinkId, Topology
+
+_DEFAULT_BARRIER = 5e-6  # see DEFAULT_MODEL
+_DEFAULT_COPY = 0.03e-9
+
+
+# --- the closed model: alpha, beta and gamma per rank on the critical path
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """A schedule's work on its critical path, step by step, as the cost model weighs it.
+
+    Every field sums, over the steps, the most any one rank does in that step;
+    transfers of empty chunks are skipped, as the executor skips them.
+
+    Attributes:
+        steps: steps that move any data.
+        messages: per step, the most messages a rank sends or receives.
+        elements: per step, the most elements a rank sends or receives.
+        reduced: per step, the most elements a rank reduces.
+        barriers: barriers every rank passes (the shared-memory execution's
+            synchronisation, in place of messages); none for a schedule of messages.
+        copied: elements a rank copies through shared memory (into its region and
+            out of the others'), in place of sending them; none for a schedule of messages.
+    """
+
+    steps: int
+    messages: int
+    elements: int
+    reduced: int
+    barriers: int = 0
+    copied: int = 0
+
+
+def traffic(schedule: Schedule) -> Traffic:
+    """Count ``schedule``'s critical-path traffic (see :class:`Traffic`)."""
+    sizes = schedule.chunk_sizes
+    steps = messages = elements = reduced = 0
+    for step in schedule.steps:
+        sends: dict[int, int] = {}
+        recvs: dict[int, int] = {}
+        sent: dict[int, int] = {}
+        received: dict[int, int] = {}
+        reducing: dict[int, int] = {}
+        for t in step.transfers:
+            n = sizes[t.chunk]
+            if n == 0:
+                continue
+            sends[t.src] = sends.get(t.src, 0) + 1
+            recvs[t.dst] = recvs.get(t.dst, 0) + 1
+            sent[t.src] = sent.get(t.src, 0) + n
+            received[t.dst] = received.get(t.dst, 0) + n
+            if t.reduce:
+                reducing[t.dst] = reducing.get(t.dst, 0) + n
+        if not sends:
+            continue
+        steps += 1
+        # links are full duplex: a rank's sends and receives overlap, its messages to
+        # different peers do not (they share its one CPU and network port)
+        messages += max(*sends.values(), *recvs.values())
+        elements += max(*sent.values(), *received.values())
+        reduced += max(reducing.values(), default=0)
+    return Traffic(steps, messages, elements, reduced)
+
+
+NETWORK_ALPHA = 20e-6
+"""Seconds per message between nodes, charged to every message where the transport spans several nodes.
+
+Not measured (``bench calibrate`` runs on one node): MPI over a cluster network
+takes a few microseconds a message on the wire, more through the software of
+each side; 20 us is a round figure of that. Per byte the network is taken to be
+as fast as memory here, which favours the algorithms that send the most bytes.
+"""
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Time of a schedule: per step, alpha per message, beta per byte moved, gamma per byte reduced.
+
+    A step's time is ``alpha * m + beta * b + gamma * r``, where ``m``, ``b`` and
+    ``r`` are the most messages, bytes moved and bytes reduced by any rank in the
+    step (see :class:`Traffic`); the executor reduces after a step's transfers
+    complete, so the terms add. A schedule's time is the sum over its steps. An
+    execution through shared memory synchronises by barriers instead of messages,
+    each costing ``barrier * (P - 1)``: a rank waits for the arrival of each of the
+    P - 1 others, and on a busy node for each of them to be scheduled; and it copies
+    bytes once, at ``copy`` per byte, where a message over MPI's shared memory
+    copies them twice (into a shared cell and out) and pays MPI's software besides.
+
+    Attributes:
+        alpha: seconds per message (latency and per-message software overhead).
+        beta: seconds per byte a rank sends or receives (the inverse bandwidth).
+        gamma: seconds per byte a rank reduces.
+        barrier: seconds per shared-memory barrier and per peer it waits for.
+        copy: seconds per byte a rank copies through shared memory.
+        source: where the constants came from, for explanations.
+    """
+
+    alpha: float
+    beta: float
+    gamma: float
+    barrier: float = _DEFAULT_BARRIER
+    copy: float = _DEFAULT_COPY
+    source: str = field(default="given", compare=False)
+
+    def barrier_time(self, world_size: int) -> float:
+        """Seconds of one shared-memory barrier over ``world_size`` ranks."""
+        return self.barrier * max(world_size - 1, 0)
+
+    def time(self, counted: Traffic, itemsize: int, world_size: int) -> float:
+        """Predicted seconds of ``counted`` traffic, ``itemsize``-byte elements, over ``world_size`` ranks."""
+        return (
+            self.alpha * counted.messages
+            + self.barrier_time(world_size) * counted.barriers
+            + self.beta * counted.elements * itemsize
+            + self.copy * counted.copied * itemsize
+            + self.gamma * counted.reduced * itemsize
+        )
+
+    def terms(
+        self, counted: Traffic, itemsize: int, world_size: int, *, ranks_per_node: int | None = None
+    ) -> tuple[float, float, float]:
+        """Seconds of ``counted`` traffic: latency (alpha, barriers), transfer (beta, copy), reduction.
+
+        With ``ranks_per_node``, the ranks span several nodes of that many: a step of
+        messages waits for those between nodes, each at least :data:`NETWORK_ALPHA`,
+        and a barrier is a node's.
+        """
+        per_message, barrier_ranks = self.alpha, world_size
+        if ranks_per_node is not None:
+            per_message, barrier_ranks = max(NETWORK_ALPHA, self.alpha), ranks_per_node
+        latency = per_message * counted.messages + self.barrier_time(barrier_ranks) * counted.barriers
+        transfer = self.beta * counted.elements * itemsize + self.copy * counted.copied * itemsize
+        return latency, transfer, self.gamma * counted.reduced * itemsize
+
+    def predict(self, schedule: Schedule, itemsize: int) -> float:
+        """Predicted seconds of ``schedule`` for elements of ``itemsize`` bytes."""
+        return self.time(traffic(schedule), itemsize, schedule.world_size)
+
+    def describe(self) -> str:
+        """One line with the constants in readable units and their source."""
+        bandwidth = f"{1e-9 / self.beta:.2f} GB/s" if self.beta > 0 else "unbounded"
+        return (
+            f"alpha {self.alpha * 1e6:.2f} us/message, beta {self.beta * 1e9:.4f} ns/byte ({bandwidth}), "
+            f"gamma {self.gamma * 1e9:.4f} ns/byte, barrier {self.barrier * 1e6:.2f} us/peer, "
+            f"copy {self.copy * 1e9:.4f} ns/byte; {self.source}"
+        )
+
+
+DEFAULT_MODEL = CostModel(
+    alpha=6e-6, beta=0.1e-9, gamma=0.07e-9, barrier=_DEFAULT_BARRIER, copy=_DEFAULT_COPY, source="defaults"
+)
+"""The constants without a calibration file: 6 us, 0.1 ns/byte (10 GB/s), 0.07 ns/byte, 5 us, 0.03 ns/byte.
+
+Measured with ``python -m bench calibrate -n 100`` under ``mpiexec -n 2`` on a
+2-core Linux VM (MPICH 5.0 over shared memory, numpy 2.4 float32 sums, each case
+timed by its least disturbed iteration), six runs while other jobs loaded the
+cores: alpha ranged 3.6 to 13 us, beta 0.065 to 0.16 ns/byte, gamma 0.061 to 0.089
+ns/byte; these are their medians, rounded. alpha is mostly the Python cost of
+posting and waiting on a step's messages. The barrier measured 1.6 us per peer at
+2 ranks on the quiet machine and 2 to 14 us at 2 and 4 ranks on a loaded one; 5 us
+is between. The copy through shared memory measured 0.074 ns/byte by ``bench
+calibrate`` (4 MiB in the executor's segments, barriers taken off), but with that
+figure the model prefers ring at every size, where ``python -m bench compare``
+measured the shared-memory allreduce 20-40% faster than ring from 4 MiB at 2 ranks
+and as fast at 4 ranks: the exchanges beta comes from are timed warm in cache,
+the collectives are not. 0.03 ns/byte makes the model's choices those measured.
+``bench calibrate`` now fits beta and copy to ring and shared-memory allreduces
+timed end to end on cold buffers (medians), so a calibration makes the same
+choices (2 ranks: beta 0.27, copy 0.10 ns/byte). Run it on your own machine for
+choices made for it.
+"""
+
+
+# --- the link model: transfers routed over a topology, sharing its links
 
 
 @dataclass(frozen=True)

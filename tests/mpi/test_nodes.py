@@ -6,6 +6,7 @@ from mpi4py import MPI
 
 import collectives
 from collectives.selector import Selector
+from collectives.topology.cost_model import DEFAULT_MODEL
 from collectives.transport.mpi import RANKS_PER_NODE_ENV
 from tests.mpi.helpers import Problems, exact_input, mpi_reference
 
@@ -66,7 +67,7 @@ def test_auto_chooses_the_nodes_for_large_messages(
 ) -> None:
     problems = Problems(world)
     count = 4 * 1024**2
-    explained = Selector(collectives.selector.DEFAULT_MODEL).explain(
+    explained = Selector(DEFAULT_MODEL).explain(
         "allreduce", count, world_size=world.size, features=nodes.features
     )
     problems.expect(explained.choice == "hierarchical_shared_memory", str(explained))

@@ -1,0 +1,193 @@
+"""The calibration file: the cost model's constants kept per world size, read and written."""
+
+__all__ = ["CALIBRATION_ENV", "calibration_path", "load_model", "save_model"]
+
+import json
+import math
+import operator
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from .errors import CalibrationError, ConfigurationError
+from .topology.cost_model import DEFAULT_MODEL, CostModel
+
+CALIBRATION_ENV = "COLLECTIVES_CALIBRATION"
+"""The environment variable naming the calibration file, overriding the user cache directory."""
+
+
+def calibration_path() -> Path:
+    """Where the calibrations are read and written.
+
+    ``$COLLECTIVES_CALIBRATION`` if set, else ``$XDG_CACHE_HOME/collectives/calibration.json``,
+    else ``~/.cache/collectives/calibration.json``.
+    """
+    chosen = os.environ.get(CALIBRATION_ENV)
+    if chosen:
+        return Path(chosen).expanduser()
+    cache_home = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache_home) / "collectives" / "calibration.json"
+
+
+_ANY_SIZE = "any"  # the entry of a model saved without a world size
+_CONSTANTS = ("alpha", "beta", "gamma", "barrier", "copy")
+
+
+def _check_world_size(world_size: object) -> int:
+    try:
+        size = operator.index(world_size)  # type: ignore[arg-type]  # numpy's integers too
+    except TypeError:
+        size = 0
+    if isinstance(world_size, bool) or size < 1:
+        raise ConfigurationError(f"world_size must be a positive integer, got {world_size!r}")
+    return size
+
+
+def _is_world_size(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _entry_order(key: str) -> float:
+    return math.inf if key == _ANY_SIZE else int(key)
+
+
+def _read_calibrations(path: Path) -> dict[str, dict[str, Any]] | None:
+    """The file's calibrations by their entries' keys, each checked; ``None`` if there is no file.
+
+    A file of the old format (one calibration, its constants at the top level) is
+    read as the one entry of its ``world_size``, or of ``"any"`` without one.
+
+    Raises:
+        CalibrationError: the file cannot be read, is not JSON, or an entry is malformed.
+    """
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as error:
+        raise CalibrationError(f"cannot read calibration {path}: {error}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise CalibrationError(f"malformed calibration {path}: not JSON ({error})") from None
+    if not isinstance(data, dict):
+        raise CalibrationError(f"malformed calibration {path}: expected a JSON object")
+    if "calibrations" not in data:
+        size = data.get("world_size")
+        if size is not None and not _is_world_size(size):
+            raise CalibrationError(
+                f"malformed calibration {path}: world_size must be a positive integer, got {size!r}"
+            )
+        _check_entry(data, f"malformed calibration {path}: ")  # an old file has no entries to name
+        return {_ANY_SIZE if size is None else str(size): data}
+    entries = data["calibrations"]
+    if not isinstance(entries, dict):
+        raise CalibrationError(f"malformed calibration {path}: calibrations must be a JSON object")
+    for key, entry in entries.items():
+        where = f"malformed calibration {path}: entry {key!r}: "
+        # the keys are written by str(), so "02" or "+2" is no world size
+        if key != _ANY_SIZE and not (key.isascii() and key.isdigit() and key == str(int(key)) and key != "0"):
+            raise CalibrationError(
+                f"{where}the key must be a world size (a positive integer) or {_ANY_SIZE!r}"
+            )
+        if not isinstance(entry, dict):
+            raise CalibrationError(f"{where}expected a JSON object")
+        size = entry.get("world_size")
+        if size is not None and (key == _ANY_SIZE or not _is_world_size(size) or size != int(key)):
+            raise CalibrationError(f"{where}its world_size is {size!r}")
+        _check_entry(entry, where)
+    return entries
+
+
+def _check_entry(entry: dict[str, Any], where: str) -> None:
+    """Raise unless ``entry`` has every constant (or none of the later ones) as non-negative seconds."""
+    for name in _CONSTANTS:
+        value = entry.get(name)
+        if name in ("barrier", "copy") and value is None:
+            continue  # a calibration from before barriers or copies were measured: the defaults
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+            raise CalibrationError(f"{where}{name} must be a non-negative number of seconds, got {value!r}")
+
+
+def load_model(path: Path | str | None = None, *, world_size: int) -> CostModel:
+    """The cost model calibrated for ``world_size`` ranks in the file at ``path`` (:func:`calibration_path`).
+
+    The file keeps one calibration per world size (see :func:`save_model`). The
+    entry of ``world_size`` is used; where there is none, the one saved for any
+    size (``"any"``); else the entry of the nearest world size, of two as near the
+    larger; without a file, :data:`DEFAULT_MODEL`. The model's ``source`` says
+    which, e.g. ``"calibrated at 2 ranks, from PATH (none at 4)"``. A file of the
+    old format, one calibration at its top level, is read as the entry of its
+    ``world_size``, or as ``"any"`` without one.
+
+    Raises:
+        ConfigurationError: ``world_size`` is not a positive integer.
+        CalibrationError: the file exists but cannot be read or is not JSON, or an
+            entry is keyed by no world size or lacks a non-negative, finite
+            ``alpha``, ``beta`` or ``gamma``; the message names the path and the entry.
+    """
+    world_size = _check_world_size(world_size)
+    path = calibration_path() if path is None else Path(path)
+    entries = _read_calibrations(path)
+    if not entries:
+        return replace(DEFAULT_MODEL, source=f"defaults (no calibration at {path})")
+    if str(world_size) in entries:
+        entry, source = entries[str(world_size)], f"calibrated at {world_size} ranks, from {path}"
+    elif _ANY_SIZE in entries:
+        entry, source = entries[_ANY_SIZE], f"calibrated for any world size, from {path}"
+    else:
+        # per byte, a calibration at another size on this machine is nearer the truth than the defaults
+        nearest = min((int(key) for key in entries), key=lambda size: (abs(size - world_size), -size))
+        entry = entries[str(nearest)]
+        source = f"calibrated at {nearest} ranks, from {path} (none at {world_size})"
+    defaults = {"barrier": DEFAULT_MODEL.barrier, "copy": DEFAULT_MODEL.copy}
+    alpha, beta, gamma, barrier, copy = (
+        float(defaults[name] if entry.get(name) is None else entry[name]) for name in _CONSTANTS
+    )
+    return CostModel(alpha, beta, gamma, barrier, copy, source=source)
+
+
+def save_model(
+    model: CostModel, path: Path | str | None = None, *, world_size: int | None = None, **metadata: Any
+) -> Path:
+    """Keep ``model`` and JSON-ready ``metadata`` as the calibration of ``world_size`` ranks; return the path.
+
+    The file (:func:`calibration_path` by default) keeps one calibration per world
+    size, keyed by the size in decimal, each entry the constants in seconds, its
+    ``world_size`` and the metadata; saving one replaces only the entry of its size::
+
+        {
+          "calibrations": {
+            "2": {"alpha": 6e-06, "beta": 2.7e-10, "gamma": 7e-11, "barrier": 5e-06, "copy": 1e-10,
+                  "world_size": 2, "host": "...", ...},
+            "4": {"alpha": 9e-06, "beta": 6.4e-10, ..., "world_size": 4, ...}
+          }
+        }
+
+    A model saved without a world size is kept under ``"any"``, which
+    :func:`load_model` reads at every size without an entry of its own. Over a file
+    of the old format (one calibration at its top level) its calibration is kept as
+    the entry of its ``world_size`` (``"any"`` without one). The file is replaced
+    atomically, so ranks reading it meanwhile see the old or the new one; of two
+    saves at once, only one may be kept.
+
+    Raises:
+        ConfigurationError: ``world_size`` is given and is not a positive integer.
+        CalibrationError: the file there cannot be read as calibrations (it is left as it is).
+    """
+    size = None if world_size is None else _check_world_size(world_size)  # an int, as JSON needs
+    key = _ANY_SIZE if size is None else str(size)
+    path = calibration_path() if path is None else Path(path)
+    entries = _read_calibrations(path) or {}
+    entry: dict[str, Any] = {name: getattr(model, name) for name in _CONSTANTS}
+    if size is not None:
+        entry["world_size"] = size
+    entry.update(metadata)
+    entries[key] = entry
+    calibrations = {key: entries[key] for key in sorted(entries, key=_entry_order)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    partial.write_text(json.dumps({"calibrations": calibrations}, indent=2) + "\n")
+    partial.replace(path)
+    return path

@@ -1,0 +1,142 @@
+"""What the selector predicted for each algorithm, and its choice, as data and as a table."""
+
+__all__ = ["Candidate", "Explanation", "Rejected"]
+
+from dataclasses import dataclass
+
+from .ops import itemsize
+from .topology import Topology
+from .topology.cost_model import CostModel, Traffic
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An algorithm the selector could run, with its prediction.
+
+    Attributes:
+        algorithm: the algorithm's name.
+        schedule: the schedule's name, parameters included.
+        traffic: what the model counted.
+        itemsize: bytes per element.
+        latency: seconds of ``alpha`` and barrier terms.
+        transfer: seconds of ``beta`` terms.
+        reduction: seconds of ``gamma`` terms.
+    """
+
+    algorithm: str
+    schedule: str
+    traffic: Traffic
+    itemsize: int
+    latency: float
+    transfer: float
+    reduction: float
+
+    @property
+    def time(self) -> float:
+        """Predicted seconds in all."""
+        return self.latency + self.transfer + self.reduction
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A registered algorithm the selector ruled out, and why."""
+
+    algorithm: str
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """What the selector predicted for every algorithm, and what it chose.
+
+    Attributes:
+        collective: the collective's name.
+        count: elements of the full buffer (allreduce's buffer, reduce_scatter's
+            input, allgather's output).
+        dtype: the element type's name.
+        world_size: the number of ranks.
+        op: the reduction's name; ``None`` for a collective that does not reduce.
+        model: the cost model's constants.
+        candidates: the algorithms that apply, fastest first.
+        rejected: the algorithms that do not, with their reasons.
+        choice: the fastest candidate; ``None`` when every algorithm was rejected.
+        topology: the machine the transfers were predicted on, with link
+            contention, instead of the model's alpha and beta; ``None`` for none.
+        device: how device buffers travel, in one line (see :func:`collectives.explain`);
+            ``None`` where not asked.
+    """
+
+    collective: str
+    count: int
+    dtype: str
+    world_size: int
+    op: str | None
+    model: CostModel
+    candidates: tuple[Candidate, ...]
+    rejected: tuple[Rejected, ...]
+    choice: str | None
+    topology: Topology | None = None
+    device: str | None = None
+
+    def __str__(self) -> str:
+        size = self.count * itemsize(self.dtype)
+        op = "" if self.op is None else f", op {self.op}"
+        lines = [
+            f"{self.collective} of {self.count} {self.dtype} ({_bytes(size)}) over {self.world_size} "
+            f"ranks{op}",
+            f"cost model: {self.model.describe()}",
+            *(
+                []
+                if self.topology is None
+                else [f"transfers: on the links of {self.topology.name}, with contention, not alpha and beta"]
+            ),
+            *([] if self.device is None else [f"device buffers: {self.device}"]),
+            "",
+        ]
+        titles = ("", "algorithm", "schedule", "steps", "messages", "barriers", "bytes moved",
+                  "bytes copied", "bytes reduced", "latency(us)", "transfer(us)", "reduce(us)",
+                  "total(us)")  # fmt: skip
+        rows: list[tuple[str, ...]] = [
+            ("*" if c.algorithm == self.choice else "", c.algorithm, c.schedule,
+             str(c.traffic.steps), str(c.traffic.messages), str(c.traffic.barriers),
+             str(c.traffic.elements * c.itemsize), str(c.traffic.copied * c.itemsize),
+             str(c.traffic.reduced * c.itemsize),
+             f"{c.latency * 1e6:.2f}", f"{c.transfer * 1e6:.2f}", f"{c.reduction * 1e6:.2f}",
+             f"{c.time * 1e6:.2f}")
+            for c in self.candidates
+        ]  # fmt: skip
+        lines += _table(titles, rows, left=3) if rows else ["no candidates"]
+        lines.append(
+            "(messages and bytes: per step, the most any one rank sends, receives, copies through "
+            "shared memory or reduces)"
+        )
+        if self.rejected:
+            lines.append("rejected:")
+            width = max(len(r.algorithm) for r in self.rejected)
+            lines += [f"  {r.algorithm.ljust(width)}  {'; '.join(r.reasons)}" for r in self.rejected]
+        if self.choice is None:
+            lines.append("choice: none")
+        else:
+            best = self.candidates[0]
+            lines.append(f"choice: {self.choice} (predicted {best.time * 1e6:.2f} us)")
+        return "\n".join(lines)
+
+
+def _bytes(size: int) -> str:
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if size >= scale:
+            return f"{size / scale:.4g} {unit}"
+    return f"{size} B"
+
+
+def _table(titles: tuple[str, ...], rows: list[tuple[str, ...]], left: int) -> list[str]:
+    """Aligned lines: the first ``left`` columns flush left, the rest flush right."""
+    widths = [max(len(row[i]) for row in (titles, *rows)) for i in range(len(titles))]
+
+    def line(cells: tuple[str, ...]) -> str:
+        return "  ".join(
+            cell.ljust(width) if i < left else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    return [line(titles), *(line(row) for row in rows)]
