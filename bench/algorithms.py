@@ -46,6 +46,7 @@ from math import lcm
 from pathlib import Path
 
 from collectives.algorithms import ALGORITHMS, build_schedule, hierarchical, tree
+from collectives.algorithms.base import implements, required_feature, requirements_text
 from collectives.ops import itemsize
 from collectives.selector import DEFAULT_MODEL, Selector
 from collectives.simulate import simulate
@@ -82,16 +83,16 @@ _FEATURES = (
 
 def supports(algorithm: str, collective: str) -> bool:
     """Whether the registered ``algorithm`` has a builder for ``collective``."""
-    return hasattr(ALGORITHMS[algorithm], collective)
+    return implements(ALGORITHMS[algorithm], collective)
 
 
 def requirement(algorithm: str) -> str:
     """The transport feature ``algorithm`` needs, and in words where its module says; ``—`` for none."""
     module = ALGORITHMS[algorithm]
-    needs = getattr(module, "REQUIRES", None)
+    needs = required_feature(module)
     if needs is None:
         return _NONE
-    text = getattr(module, "REQUIRES_TEXT", None)
+    text = requirements_text(module)
     return f"`{needs}`" if text is None else f"`{needs}`: {text}"
 
 

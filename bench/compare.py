@@ -28,6 +28,7 @@ from mpi4py import MPI
 
 import collectives
 from collectives.algorithms import ALGORITHMS
+from collectives.algorithms.base import implements
 from collectives.ops import DTYPES
 from collectives.selector import AUTO
 from collectives.specs import get_spec
@@ -45,7 +46,7 @@ _TORCH_DTYPES = ("float32", "float64", "float16", "int32", "int64", "uint8", "in
 
 
 def _parser() -> argparse.ArgumentParser:
-    ours = [AUTO, *(name for name, module in ALGORITHMS.items() if hasattr(module, "allreduce"))]
+    ours = [AUTO, *(name for name, module in ALGORITHMS.items() if implements(module, "allreduce"))]
     parser = argparse.ArgumentParser(
         prog="python -m bench compare",
         description="Time our allreduce against the MPI library's (and gloo's) in one launch, interleaved.",
@@ -107,7 +108,7 @@ def main(argv: list[str]) -> int:
         parser.error(f"need -n of at least 1 and -w of at least 0; got -n {args.iters} -w {args.warmup}")
     ours = tuple(dict.fromkeys(n.strip() for n in args.algorithm.split(",") if n.strip()))
     for name in ours:
-        if name != AUTO and not hasattr(ALGORITHMS.get(name), "allreduce"):
+        if name != AUTO and not implements(ALGORITHMS.get(name), "allreduce"):
             parser.error(f"unknown algorithm {name!r} for allreduce")
     peers = tuple(dict.fromkeys(n.strip() for n in args.peers.split(",") if n.strip()))
     if any(p not in PEERS for p in peers):

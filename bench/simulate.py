@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from collectives.algorithms import ALGORITHMS, build_schedule, hierarchical, multi_ring
+from collectives.algorithms.base import implements
 from collectives.errors import CollectivesError, TopologyError
 from collectives.ops import DTYPES
 from collectives.schedule import Schedule
@@ -114,7 +115,7 @@ def rows(topology: Topology, collective: str, size: int, itemsize: int) -> list[
             found.append(Row(label, schedule, None, envelope, str(error)))
 
     for name, module in ALGORITHMS.items():
-        if hasattr(module, collective):
+        if implements(module, collective):
             add(name, build_schedule(collective, name, len(gpus), count))
     packing = pack_rings(topology)
     if packing.rings:

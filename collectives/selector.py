@@ -15,6 +15,14 @@ __all__ = [
 from functools import lru_cache
 
 from . import algorithms
+from .algorithms.base import (
+    implements,
+    required_feature,
+    requirements_text,
+    topology_builder,
+    traffic_counter,
+    unsupported_reasons,
+)
 from .calibration import CALIBRATION_ENV as CALIBRATION_ENV
 from .calibration import calibration_path as calibration_path
 from .calibration import load_model as load_model
@@ -49,7 +57,7 @@ def _on_topology(
     what fits the machine (e.g. multi_ring on its packed rings); any other is
     built as for MPI, rank r on GPU r.
     """
-    build = getattr(algorithms.ALGORITHMS[algorithm], "for_topology", None)
+    build = topology_builder(algorithms.ALGORITHMS[algorithm])
     schedule = None if build is None else build(collective, world_size, count, topology)
     if schedule is None:
         schedule = algorithms.build_schedule(collective, algorithm, world_size, count)
@@ -66,7 +74,7 @@ def _counted(
     of that execution from ``traffic(collective, world_size, count, features)``.
     """
     schedule = algorithms.build_schedule(collective, algorithm, world_size, count)
-    own = getattr(algorithms.ALGORITHMS[algorithm], "traffic", None)
+    own = traffic_counter(algorithms.ALGORITHMS[algorithm])
     if own is None:
         return schedule.name, traffic(schedule)
     return schedule.name, Traffic(*own(collective, world_size, count, features))
@@ -78,10 +86,10 @@ def check_algorithm(collective: str, algorithm: str) -> None:
     Raises:
         UnknownAlgorithmError: listing the valid names, ``"auto"`` first.
     """
-    if algorithm == AUTO or hasattr(algorithms.ALGORITHMS.get(algorithm), collective):
+    if algorithm == AUTO or implements(algorithms.ALGORITHMS.get(algorithm), collective):
         return
     get_spec(collective)
-    valid = [name for name, module in algorithms.ALGORITHMS.items() if hasattr(module, collective)]
+    valid = [name for name, module in algorithms.ALGORITHMS.items() if implements(module, collective)]
     raise UnknownAlgorithmError(
         f"unknown algorithm {algorithm!r} for {collective}; valid algorithms are {', '.join([AUTO, *valid])}"
     )
@@ -98,14 +106,13 @@ def rejection_reasons(
     world_size, count, features)`` is asked. Empty if the algorithm applies.
     """
     module = algorithms.ALGORITHMS[algorithm]
-    if not hasattr(module, collective):
+    if not implements(module, collective):
         return [f"{algorithm} has no {collective}"]
-    needs = getattr(module, "REQUIRES", None)
+    needs = required_feature(module)
     if needs is not None and needs not in features:
-        text = getattr(module, "REQUIRES_TEXT", "ranks on one node")
+        text = requirements_text(module) or "ranks on one node"
         return [f"needs a transport with {needs.replace('_', ' ')} ({text})"]
-    ask = getattr(module, "not_supported_reasons", None)
-    return [] if ask is None else list(ask(collective, world_size, count, features))
+    return unsupported_reasons(module, collective, world_size, count, features)
 
 
 class Selector:

@@ -1,10 +1,12 @@
-"""The algorithms, by name, and the one place schedules are built and cached."""
+"""The algorithms, by name, and the one place schedules are built and cached.
+
+What an algorithm module provides is written down in :mod:`collectives.algorithms.base`.
+"""
 
 __all__ = ["ALGORITHMS", "build_schedule"]
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import lru_cache
-from types import ModuleType
 
 from ..chunking import even_split
 from ..errors import UnknownAlgorithmError
@@ -23,8 +25,9 @@ from . import (
     shared_memory,
     tree,
 )
+from .base import Algorithm, Builder, builder, implements
 
-ALGORITHMS: dict[str, ModuleType] = {
+ALGORITHMS: dict[str, Algorithm] = {
     "ring": ring,
     "tree": tree,
     "double_tree": double_tree,
@@ -39,23 +42,22 @@ ALGORITHMS: dict[str, ModuleType] = {
 }
 
 
-def _builder(collective: str, algorithm: str) -> Callable[..., Schedule]:
+def _builder(collective: str, algorithm: str) -> Builder:
     get_spec(collective)
-    module = ALGORITHMS.get(algorithm)
-    builder = getattr(module, collective, None)
-    if builder is None:
-        valid = [name for name, m in ALGORITHMS.items() if hasattr(m, collective)]
+    found = builder(ALGORITHMS.get(algorithm), collective)
+    if found is None:
+        valid = [name for name, m in ALGORITHMS.items() if implements(m, collective)]
         raise UnknownAlgorithmError(
             f"unknown algorithm {algorithm!r} for {collective}; valid algorithms are {', '.join(valid)}"
         )
-    return builder  # type: ignore[no-any-return]
+    return found
 
 
 @lru_cache(maxsize=256)
 def _cached(
     collective: str, algorithm: str, world_size: int, shares: tuple[int, ...], root: int | None
 ) -> Schedule:
-    builder = _builder(collective, algorithm)
+    build = _builder(collective, algorithm)
     spec = get_spec(collective)
     # builders take shares, or the world size and count, or for the barrier the world size alone
     if spec.shared:
@@ -64,7 +66,7 @@ def _cached(
         args = (world_size, sum(shares))
     else:
         args = (world_size,)
-    return builder(*args) if root is None else builder(*args, root)
+    return build(*args) if root is None else build(*args, root)
 
 
 def build_schedule(
