@@ -110,7 +110,8 @@ def rejection_reasons(
         return [f"{algorithm} has no {collective}"]
     needs = required_feature(module)
     if needs is not None and needs not in features:
-        text = requirements_text(module) or "ranks on one node"
+        text = requirements_text(module)
+        text = "ranks on one node" if text is None else text
         return [f"needs a transport with {needs.replace('_', ' ')} ({text})"]
     return unsupported_reasons(module, collective, world_size, count, features)
 
