@@ -163,6 +163,11 @@ def _route(tensor: torch.Tensor, comm: Comm) -> str:
     raise InvalidBufferError(f"tensor is on device {tensor.device}; collectives takes cpu tensors")
 
 
+def _cuda_without_cupy(tensor: object) -> bool:
+    """Whether ``tensor`` is a cuda tensor on a host without CuPy: its collectives go through NCCL."""
+    return isinstance(tensor, torch.Tensor) and tensor.device.type == "cuda" and not _cupy_available()
+
+
 def _checked(tensor: torch.Tensor, op: str | None, comm: Comm, collective: str) -> str:
     """Validate ``tensor`` and ``op`` on the caller's thread, before any rank communicates; the route.
 
@@ -182,20 +187,18 @@ def _checked(tensor: torch.Tensor, op: str | None, comm: Comm, collective: str) 
 def _refuse(comm: Comm, collective: str, tensor: object, error: Exception) -> None:
     """Tell the other ranks that this rank's checks of ``collective`` failed, so theirs raises too.
 
-    It goes on the communicator's thread, in order with the collectives started
-    before it, as a poisoned signature (see :meth:`collectives.watchdog.Watchdog.poison`).
-    Nothing is told where there is no communicator of this library to tell (a
-    ``comm`` of another backend), nor for a cuda tensor without CuPy, whose
-    collectives go through torch.distributed's NCCL group: the other ranks then
-    wait until their timeout.
+    See :func:`_tell_refusal`. Nothing is told where there is no communicator
+    of this library to tell (a ``comm`` of another backend), nor for a cuda
+    tensor without CuPy, whose collectives go through torch.distributed's NCCL
+    group: the other ranks then wait until their timeout.
     """
-    if isinstance(tensor, torch.Tensor) and tensor.device.type == "cuda" and not _cupy_available():
+    if _cuda_without_cupy(tensor):
         return
     try:
         communicator = _communicator_of(comm)
     except CollectivesError:
         return
-    _worker(communicator).submit(lambda: api._refuse(communicator, collective, AUTO, None, error)).result()
+    _tell_refusal(communicator, collective, error)
 
 
 def explain_path(tensor: torch.Tensor, comm: Comm = None) -> str:
@@ -330,6 +333,23 @@ def _worker(communicator: api.Communicator) -> _Worker:
         return worker
 
 
+def _api_communicator(comm: "api.Communicator | MPI.Comm | None") -> api.Communicator:
+    """The communicator api runs ``comm``'s collectives on; for ``None`` the one over ``MPI.COMM_WORLD``.
+
+    Created on first use, a collective call.
+    """
+    return api._communicator(comm)
+
+
+def _tell_refusal(communicator: api.Communicator, collective: str, error: Exception) -> None:
+    """Tell the other ranks that this rank's checks of ``collective`` failed, so theirs raises too.
+
+    It goes on the communicator's thread, in order with the collectives started
+    before it, as a poisoned signature (see :meth:`collectives.watchdog.Watchdog.poison`).
+    """
+    _worker(communicator).submit(lambda: api._refuse(communicator, collective, AUTO, None, error)).result()
+
+
 def _submit(comm: Comm, job: Callable[[api.Communicator], T]) -> "Future[T]":
     """Run ``job(communicator)`` on the communicator's thread.
 
@@ -355,7 +375,7 @@ def _communicator_of(comm: Comm) -> api.Communicator:
         )
     if isinstance(comm, int) and comm == dist.GroupMember.NON_GROUP_MEMBER:
         raise ConfigurationError("comm is GroupMember.NON_GROUP_MEMBER: this rank is not in that group")
-    return api._communicator(comm)
+    return _api_communicator(comm)
 
 
 # --------------------------------------------------------------------------- functions
@@ -1113,7 +1133,7 @@ class _ProcessGroup(dist.ProcessGroup):
     Each collective runs on the communicator's thread, in the order it was
     called, and returns a :class:`_Work` that raises the collective's error,
     if any, from ``wait()``. Its arguments are checked on the caller's thread
-    first; where the checks fail the other ranks are told (see :func:`_refuse`)
+    first; where the checks fail the other ranks are told (see :meth:`_refuse`)
     and their collective raises :class:`~collectives.PeerInputError`.
     """
 
@@ -1133,7 +1153,7 @@ class _ProcessGroup(dist.ProcessGroup):
 
     def _refuse(self, collective: str, error: Exception) -> None:
         """Tell the other ranks that this rank's checks of ``collective`` failed, after the jobs before."""
-        _refuse(self, collective, None, error)
+        _tell_refusal(self._communicator, collective, error)
 
     # c10d calls each collective in its first form, (tensors, options); the others are Python sugar
     def allreduce(  # type: ignore[override]
@@ -1305,7 +1325,7 @@ def _mpi_rendezvous(
     Rank 0's host is ``$MASTER_ADDR`` when set, else its host name.
     """
     query = dict(parse_qsl(urlparse(url).query))
-    communicator = api._communicator(None)
+    communicator = _api_communicator(None)
     rank, size = communicator.rank, communicator.size
     given = (int(query.get("rank", -1)), int(query.get("world_size", -1)))
     if given[0] not in (-1, rank) or given[1] not in (-1, size):
@@ -1318,7 +1338,7 @@ def _mpi_rendezvous(
             address = f"{host}:{store.port}".encode()
         except Exception as error:  # the others learn of it from the empty address, rather than wait
             failure = error
-    address = _submit(communicator, lambda c: _broadcast_bytes(address, 0, c)).result()
+    address = _worker(communicator).submit(lambda: _broadcast_bytes(address, 0, communicator)).result()
     if failure is not None:
         raise failure
     if not address:
