@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch", reason="the torch integration needs torch (
 from collectives import Communicator, InvalidBufferError, UnsupportedDtypeError, UnsupportedOpError  # noqa: E402
 from collectives import torch_integration as ti  # noqa: E402
 from collectives.torch_integration import functional  # noqa: E402
+from collectives.torch_integration import tensors as ti_tensors  # noqa: E402
 
 from . import autograd_cases  # noqa: E402
 
@@ -161,7 +162,7 @@ def test_gradcheck_on_cuda_through_nccl(
     if path == "cupy":
         pytest.importorskip("cupy", reason="CuPy is not installed")
     else:
-        monkeypatch.setattr(ti, "_cupy_available", lambda: False)
+        monkeypatch.setattr(ti_tensors, "_cupy_available", lambda: False)
     x = torch.randn(4, 3, dtype=torch.float64, device="cuda", requires_grad=True)
     assert call(x).device == x.device
     assert torch.autograd.gradcheck(call, (x,))

@@ -9,9 +9,11 @@ import torch.distributed as dist
 from torch.autograd.function import FunctionCtx
 
 from .. import api
-from .. import torch_integration as ti
 from ..errors import InvalidBufferError, UnsupportedOpError
 from ..ops import get_op
+from . import mpi_ops
+from .mpi_ops import _checked, _refuse, _submit
+from .tensors import _FALLBACK, Comm, _device_of, _view
 
 DIFFERENTIABLE_OPS: dict[str, tuple[str, ...]] = {
     "allreduce": ("sum", "avg", "max", "min"),
@@ -23,7 +25,7 @@ DIFFERENTIABLE_OPS: dict[str, tuple[str, ...]] = {
 # rank's loss, so an input's gradient gathers what every rank's output sent back to it.
 
 
-def _differentiable(collective: str, op: str, comm: ti.Comm, tensor: torch.Tensor) -> str:
+def _differentiable(collective: str, op: str, comm: Comm, tensor: torch.Tensor) -> str:
     """The op's canonical name; raises unless it is differentiable, telling the other ranks first."""
     try:
         name = get_op(op).name
@@ -34,7 +36,7 @@ def _differentiable(collective: str, op: str, comm: ti.Comm, tensor: torch.Tenso
                 f"(torch_integration.{collective} reduces with {name!r} without a gradient)"
             )
     except Exception as error:
-        ti._refuse(comm, collective, tensor, error)
+        _refuse(comm, collective, tensor, error)
         raise
     return name
 
@@ -46,8 +48,8 @@ def _apply(function: type[torch.autograd.Function], *args: Any) -> torch.Tensor:
 
 class _Allreduce(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: FunctionCtx, tensor: torch.Tensor, op: str, comm: ti.Comm) -> torch.Tensor:
-        result = ti.allreduce(tensor, op, comm=comm)
+    def forward(ctx: FunctionCtx, tensor: torch.Tensor, op: str, comm: Comm) -> torch.Tensor:
+        result = mpi_ops.allreduce(tensor, op, comm=comm)
         state: Any = ctx
         state.op, state.comm = op, comm
         if op in ("max", "min"):
@@ -57,16 +59,16 @@ class _Allreduce(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         if ctx.op in ("sum", "avg"):
-            return ti.allreduce(grad.contiguous(), ctx.op, comm=ctx.comm), None, None
+            return mpi_ops.allreduce(grad.contiguous(), ctx.op, comm=ctx.comm), None, None
         # as torch.amax: the gradient is shared evenly between the ranks that hold the extreme value
         tensor, result = ctx.saved_tensors
         holds = (tensor == result).to(grad.dtype)
-        holders = ti.allreduce(holds, "sum", comm=ctx.comm)
-        total = ti.allreduce(grad.contiguous(), "sum", comm=ctx.comm)
+        holders = mpi_ops.allreduce(holds, "sum", comm=ctx.comm)
+        total = mpi_ops.allreduce(grad.contiguous(), "sum", comm=ctx.comm)
         return total * holds / holders, None, None
 
 
-def allreduce(tensor: torch.Tensor, op: str = "sum", *, comm: ti.Comm = None) -> torch.Tensor:
+def allreduce(tensor: torch.Tensor, op: str = "sum", *, comm: Comm = None) -> torch.Tensor:
     """The reduction of ``tensor`` across all ranks, in a new tensor that autograd differentiates.
 
     Backward reduces the gradient across the ranks again: for ``sum`` with a
@@ -93,10 +95,10 @@ def allreduce(tensor: torch.Tensor, op: str = "sum", *, comm: ti.Comm = None) ->
 
 class _Allgather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: FunctionCtx, tensor: torch.Tensor, comm: ti.Comm) -> torch.Tensor:
+    def forward(ctx: FunctionCtx, tensor: torch.Tensor, comm: Comm) -> torch.Tensor:
         state: Any = ctx
         state.comm, state.shape = comm, tensor.shape
-        return ti.allgather(tensor, comm=comm)
+        return mpi_ops.allgather(tensor, comm=comm)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
@@ -104,13 +106,15 @@ class _Allgather(torch.autograd.Function):
         return _reduce_scatter_rows(grad.contiguous(), rows, ctx.comm).reshape(ctx.shape), None
 
 
-def _reduce_scatter_rows(grad: torch.Tensor, rows: int, comm: ti.Comm) -> torch.Tensor:
+def _reduce_scatter_rows(grad: torch.Tensor, rows: int, comm: Comm) -> torch.Tensor:
     """The sum over the ranks of ``grad``'s rows that came from this rank, which has ``rows`` of them."""
     # on the gradient's device, so the counts take the same path as the gradient
-    counts = ti.allgather(torch.tensor([rows], dtype=torch.int64, device=grad.device), comm=comm).tolist()
+    counts = mpi_ops.allgather(
+        torch.tensor([rows], dtype=torch.int64, device=grad.device), comm=comm
+    ).tolist()
     if len(set(counts)) == 1:
-        return ti.reduce_scatter(grad, "sum", comm=comm)
-    if ti._checked(grad, "sum", comm, "reduce_scatter") == ti._FALLBACK:
+        return mpi_ops.reduce_scatter(grad, "sum", comm=comm)
+    if _checked(grad, "sum", comm, "reduce_scatter") == _FALLBACK:
         raise InvalidBufferError(
             f"the gradient of an allgather of rows that differ between ranks ({counts}) is reduced on the "
             "cpu only; torch.distributed reduce-scatters equal rows"
@@ -120,19 +124,19 @@ def _reduce_scatter_rows(grad: torch.Tensor, rows: int, comm: ti.Comm) -> torch.
     def job(communicator: api.Communicator) -> torch.Tensor:
         out = grad.new_empty((rows, *grad.shape[1:]))
         elements = [n * row_size for n in counts]
-        with ti._device_of(grad):
+        with _device_of(grad):
             api.reduce_scatter(_flat(grad), "sum", counts=elements, out=_flat(out), comm=communicator)
         return out
 
-    return ti._submit(comm, job).result()
+    return _submit(comm, job).result()
 
 
 def _flat(tensor: torch.Tensor) -> Any:
-    """A flat zero-copy view: numpy for a cpu tensor, CuPy for a cuda one (see ``ti._view``)."""
-    return ti._view(tensor).reshape(-1)
+    """A flat zero-copy view: numpy for a cpu tensor, CuPy for a cuda one (see ``_view``)."""
+    return _view(tensor).reshape(-1)
 
 
-def allgather(tensor: torch.Tensor, *, comm: ti.Comm = None) -> torch.Tensor:
+def allgather(tensor: torch.Tensor, *, comm: Comm = None) -> torch.Tensor:
     """Every rank's ``tensor`` concatenated along the first dimension; a new tensor autograd differentiates.
 
     As :func:`~collectives.torch_integration.allgather`, the first dimension may
@@ -148,20 +152,20 @@ def allgather(tensor: torch.Tensor, *, comm: ti.Comm = None) -> torch.Tensor:
 
 class _ReduceScatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: FunctionCtx, tensor: torch.Tensor, op: str, comm: ti.Comm) -> torch.Tensor:
+    def forward(ctx: FunctionCtx, tensor: torch.Tensor, op: str, comm: Comm) -> torch.Tensor:
         state: Any = ctx
         state.op, state.comm = op, comm
-        return ti.reduce_scatter(tensor, op, comm=comm)
+        return mpi_ops.reduce_scatter(tensor, op, comm=comm)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        whole = ti.allgather(grad.contiguous(), comm=ctx.comm)
+        whole = mpi_ops.allgather(grad.contiguous(), comm=ctx.comm)
         if ctx.op == "avg" and grad.shape[0]:
             whole = whole / (whole.shape[0] // grad.shape[0])  # the world size
         return whole, None, None
 
 
-def reduce_scatter(tensor: torch.Tensor, op: str = "sum", *, comm: ti.Comm = None) -> torch.Tensor:
+def reduce_scatter(tensor: torch.Tensor, op: str = "sum", *, comm: Comm = None) -> torch.Tensor:
     """This rank's rows of the reduction of ``tensor`` over the ranks; a new tensor autograd differentiates.
 
     As :func:`~collectives.torch_integration.reduce_scatter`: ``tensor`` has
@@ -184,33 +188,33 @@ def reduce_scatter(tensor: torch.Tensor, op: str = "sum", *, comm: ti.Comm = Non
 
 class _Broadcast(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: FunctionCtx, tensor: torch.Tensor, root: int, comm: ti.Comm) -> torch.Tensor:
+    def forward(ctx: FunctionCtx, tensor: torch.Tensor, root: int, comm: Comm) -> torch.Tensor:
         state: Any = ctx
         state.root, state.comm = root, comm
-        return ti.broadcast_(tensor.detach().clone(), root, comm=comm)
+        return mpi_ops.broadcast_(tensor.detach().clone(), root, comm=comm)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         return _reduce_to_root(grad.contiguous(), ctx.root, ctx.comm), None, None
 
 
-def _reduce_to_root(grad: torch.Tensor, root: int, comm: ti.Comm) -> torch.Tensor:
+def _reduce_to_root(grad: torch.Tensor, root: int, comm: Comm) -> torch.Tensor:
     """The sum of ``grad`` over the ranks at ``root``; zeros elsewhere."""
-    if ti._checked(grad, "sum", comm, "reduce") == ti._FALLBACK:
+    if _checked(grad, "sum", comm, "reduce") == _FALLBACK:
         total = grad.clone()
         dist.reduce(total, dst=root)
         return total if dist.get_rank() == root else torch.zeros_like(grad)
 
     def job(communicator: api.Communicator) -> torch.Tensor:
         total = torch.zeros_like(grad)
-        with ti._device_of(grad):
+        with _device_of(grad):
             api.reduce(_flat(grad), "sum", root, out=_flat(total), comm=communicator)
         return total
 
-    return ti._submit(comm, job).result()
+    return _submit(comm, job).result()
 
 
-def broadcast(tensor: torch.Tensor, root_rank: int = 0, *, comm: ti.Comm = None) -> torch.Tensor:
+def broadcast(tensor: torch.Tensor, root_rank: int = 0, *, comm: Comm = None) -> torch.Tensor:
     """The root's ``tensor`` on every rank, in a new tensor autograd differentiates.
 
     Backward follows ``torch.distributed.nn.functional.broadcast``: the root's

@@ -1,0 +1,360 @@
+"""Horovod-style functions on tensors, and the communicator lookup and checks that every call begins with."""
+
+__all__ = [
+    "Handle",
+    "allgather",
+    "allreduce",
+    "allreduce_",
+    "allreduce_async_",
+    "broadcast_",
+    "broadcast_async_",
+    "broadcast_optimizer_state",
+    "broadcast_parameters",
+    "rank",
+    "reduce_scatter",
+    "size",
+]
+
+import io
+import math
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .. import api
+from ..errors import CollectivesError, ConfigurationError, InvalidBufferError
+from ..ops import get_op
+from .process_group import BACKEND, _broadcast_bytes, _ProcessGroup
+from .tensors import (
+    _DTYPES,
+    _FALLBACK,
+    _TORCH_OPS,
+    Comm,
+    _check,
+    _cuda_without_cupy,
+    _device_of,
+    _reduce_in_place,
+    _route,
+    _view,
+)
+from .worker import _api_communicator, _tell_refusal, _worker
+
+T = TypeVar("T")
+
+
+def _communicator_of(comm: Comm) -> api.Communicator:
+    """The library's communicator for ``comm``, which may also be a torch.distributed group of this backend.
+
+    ``None`` is the communicator over ``MPI.COMM_WORLD`` (created on first use,
+    a collective call), not torch's default group.
+    """
+    if isinstance(comm, _ProcessGroup):
+        return comm._communicator
+    if isinstance(comm, dist.ProcessGroup):
+        raise ConfigurationError(
+            f"comm is a torch.distributed group of the {comm.name()!r} backend; collectives runs on the "
+            f"groups of the {BACKEND!r} backend (torch.distributed.new_group(ranks, backend={BACKEND!r}))"
+        )
+    if isinstance(comm, int) and comm == dist.GroupMember.NON_GROUP_MEMBER:
+        raise ConfigurationError("comm is GroupMember.NON_GROUP_MEMBER: this rank is not in that group")
+    return _api_communicator(comm)
+
+
+def _submit(comm: Comm, job: Callable[[api.Communicator], T]) -> "Future[T]":
+    """Run ``job(communicator)`` on the communicator's thread.
+
+    The communicator is looked up (and the default one created, a collective
+    call) here, on the caller's thread.
+    """
+    communicator = _communicator_of(comm)
+    return _worker(communicator).submit(lambda: job(communicator))
+
+
+def _checked(tensor: torch.Tensor, op: str | None, comm: Comm, collective: str) -> str:
+    """Validate ``tensor`` and ``op`` on the caller's thread, before any rank communicates; the route.
+
+    Where the checks fail the other ranks are told first (see :func:`_refuse`), and
+    their ``collective`` raises :class:`~collectives.PeerInputError`.
+    """
+    try:
+        name = _check(tensor)
+        if op is not None:
+            get_op(op).check_dtype(name)
+        return _route(tensor, comm)
+    except Exception as error:
+        _refuse(comm, collective, tensor, error)
+        raise
+
+
+def _refuse(comm: Comm, collective: str, tensor: object, error: Exception) -> None:
+    """Tell the other ranks that this rank's checks of ``collective`` failed, so theirs raises too.
+
+    See :func:`~collectives.torch_integration.worker._tell_refusal`. Nothing is
+    told where there is no communicator of this library to tell (a ``comm`` of
+    another backend), nor for a cuda tensor without CuPy, whose collectives go
+    through torch.distributed's NCCL group: the other ranks then wait until
+    their timeout.
+    """
+    if _cuda_without_cupy(tensor):
+        return
+    try:
+        communicator = _communicator_of(comm)
+    except CollectivesError:
+        return
+    _tell_refusal(communicator, collective, error)
+
+
+def rank(comm: Comm = None) -> int:
+    """This process's rank in ``comm`` (over ``MPI.COMM_WORLD`` by default), as Horovod's ``rank()``."""
+    return _communicator_of(comm).rank
+
+
+def size(comm: Comm = None) -> int:
+    """The number of ranks in ``comm`` (over ``MPI.COMM_WORLD`` by default), as Horovod's ``size()``."""
+    return _communicator_of(comm).size
+
+
+class Handle:
+    """A collective in flight, from :func:`allreduce_async_`; :meth:`wait` gives its result."""
+
+    __slots__ = ("_done", "_wait")
+
+    def __init__(self, wait: Callable[[float | None], torch.Tensor], done: Callable[[], bool]) -> None:
+        self._wait = wait
+        self._done = done
+
+    def done(self) -> bool:
+        """Whether the collective has finished, successfully or not."""
+        return self._done()
+
+    def wait(self, timeout: float | None = None) -> torch.Tensor:
+        """Block until the collective finishes; return its result, or raise its error.
+
+        Args:
+            timeout: the most seconds to wait (then ``TimeoutError``); ``None``
+                waits as long as it takes. The NCCL fallback ignores it.
+        """
+        return self._wait(timeout)
+
+
+def _work_handle(work: dist.Work | None, tensor: torch.Tensor) -> Handle:
+    """A handle on torch.distributed's work on ``tensor``."""
+    if work is None:
+        raise CollectivesError("torch.distributed gave no work to wait on")
+
+    def wait(timeout: float | None) -> torch.Tensor:
+        work.wait()
+        return tensor
+
+    return Handle(wait, work.is_completed)
+
+
+def allreduce_async_(tensor: torch.Tensor, op: str = "sum", *, comm: Comm = None) -> Handle:
+    """Start reducing ``tensor`` in place across all ranks; :meth:`Handle.wait` returns it.
+
+    Leave the tensor alone until the handle is waited on. The collectives of
+    one communicator run in the order they were started, on a background
+    thread, so every rank must start them in the same order.
+
+    Args:
+        tensor: a contiguous cpu tensor, the same shape and dtype on every
+            rank; a cuda one goes through CuPy zero-copy, or torch.distributed's
+            NCCL where CuPy is missing (see :func:`~collectives.torch_integration.explain_path`).
+        op: ``sum``, ``prod``, ``min``, ``max``, ``avg`` (floating types) or
+            ``band``, ``bor``, ``bxor`` (integers).
+        comm: a :class:`~collectives.Communicator`, an mpi4py communicator,
+            or a torch.distributed group of the ``collectives`` backend; the
+            communicator over ``MPI.COMM_WORLD`` by default.
+    """
+    if _checked(tensor, op, comm, "allreduce") == _FALLBACK:
+        return _work_handle(dist.all_reduce(tensor, op=_TORCH_OPS[get_op(op).name], async_op=True), tensor)
+    future = _submit(comm, lambda communicator: _reduce_in_place(tensor, op, communicator))
+    return Handle(future.result, future.done)
+
+
+def allreduce_(tensor: torch.Tensor, op: str = "sum", *, comm: Comm = None) -> torch.Tensor:
+    """Reduce ``tensor`` in place across all ranks and return it; as :func:`allreduce_async_`."""
+    return allreduce_async_(tensor, op, comm=comm).wait()
+
+
+def allreduce(tensor: torch.Tensor, op: str = "sum", *, comm: Comm = None) -> torch.Tensor:
+    """The reduction of ``tensor`` across all ranks, in a new tensor; ``tensor`` is left as it was.
+
+    Args as for :func:`allreduce_async_`.
+    """
+    _checked(tensor, op, comm, "allreduce")
+    return allreduce_(tensor.detach().clone(), op, comm=comm)
+
+
+def allgather(tensor: torch.Tensor, *, comm: Comm = None) -> torch.Tensor:
+    """Every rank's ``tensor`` concatenated along the first dimension, in rank order, in a new tensor.
+
+    As in Horovod, the first dimension may differ between ranks (the row
+    counts are exchanged first); the other dimensions and the dtype must be the
+    same on every rank. A 0-d tensor counts as one row.
+    """
+    route = _checked(tensor, None, comm, "allgather")
+    rows = tensor.reshape(1) if tensor.dim() == 0 else tensor
+    layout = [rows.shape[0], math.prod(rows.shape[1:]), rows.dim(), list(_DTYPES).index(tensor.dtype)]
+    if route == _FALLBACK:
+        return _fallback_allgather(rows, layout)
+
+    def job(communicator: api.Communicator) -> torch.Tensor:
+        layouts = api.allgather(np.array(layout, np.int64), comm=communicator).reshape(-1, len(layout))
+        _check_layouts(layouts, tuple(rows.shape[1:]))
+        out = torch.empty(
+            (int(layouts[:, 0].sum()), *rows.shape[1:]), dtype=tensor.dtype, device=tensor.device
+        )
+        counts = [int(n) * layout[1] for n in layouts[:, 0]]
+        with _device_of(out):
+            mine, whole = _view(rows).reshape(-1), _view(out).reshape(-1)
+            api.allgather(mine, counts=counts, out=whole, comm=communicator)
+        return out
+
+    return _submit(comm, job).result()
+
+
+def _check_layouts(layouts: np.ndarray, rest: tuple[int, ...]) -> None:
+    """Raise, on every rank alike, unless all ranks' rows have the same size, rank and dtype."""
+    if (layouts[:, 1:] != layouts[0, 1:]).any():
+        raise InvalidBufferError(
+            "allgather needs the same dtype and trailing dimensions on every rank; ranks differ in "
+            f"(elements per row, dimensions, dtype): {[tuple(int(v) for v in row[1:]) for row in layouts]}"
+        )
+
+
+def _fallback_allgather(rows: torch.Tensor, layout: list[int]) -> torch.Tensor:
+    size = dist.get_world_size()
+    mine = torch.tensor(layout, dtype=torch.int64, device=rows.device)
+    layouts = torch.empty(size * len(layout), dtype=torch.int64, device=rows.device)
+    dist.all_gather_single(layouts, mine)
+    table = layouts.reshape(size, len(layout)).cpu().numpy()
+    _check_layouts(table, tuple(rows.shape[1:]))
+    parts = [rows.new_empty((int(n), *rows.shape[1:])) for n in table[:, 0]]
+    dist.all_gather(parts, rows)
+    return torch.cat(parts)
+
+
+def reduce_scatter(tensor: torch.Tensor, op: str = "sum", *, comm: Comm = None) -> torch.Tensor:
+    """This rank's share of the reduction of ``tensor`` across all ranks, in a new tensor.
+
+    ``tensor`` has ``P * k`` rows (P the world size); rank ``r`` gets rows
+    ``r * k`` to ``(r + 1) * k`` of the reduction.
+    """
+    route = _checked(tensor, op, comm, "reduce_scatter")
+    if tensor.dim() == 0:
+        error = InvalidBufferError("reduce_scatter needs a tensor with rows, got a 0-d tensor")
+        _refuse(comm, "reduce_scatter", tensor, error)
+        raise error
+    if route == _FALLBACK:
+        size = dist.get_world_size()
+        out = tensor.new_empty((tensor.shape[0] // size, *tensor.shape[1:]))
+        dist.reduce_scatter_single(out, tensor, op=_TORCH_OPS[get_op(op).name])
+        return out
+
+    def job(communicator: api.Communicator) -> torch.Tensor:
+        out = tensor.new_empty((tensor.shape[0] // communicator.size, *tensor.shape[1:]))
+        with _device_of(out):
+            api.reduce_scatter(_view(tensor), op, out=_view(out), comm=communicator)
+        return out
+
+    return _submit(comm, job).result()
+
+
+def broadcast_async_(tensor: torch.Tensor, root_rank: int = 0, *, comm: Comm = None) -> Handle:
+    """Start copying the root's ``tensor`` into every rank's ``tensor``; :meth:`Handle.wait` returns it.
+
+    Args:
+        tensor: a contiguous cpu tensor of the same shape and dtype on every
+            rank (a cuda one as for :func:`allreduce_async_`); only the root's
+            contents are read.
+        root_rank: the rank whose tensor is sent.
+        comm: the communicator, as for :func:`allreduce_async_`.
+    """
+    if _checked(tensor, None, comm, "broadcast") == _FALLBACK:
+        return _work_handle(dist.broadcast(tensor, src=root_rank, async_op=True), tensor)
+
+    def job(communicator: api.Communicator) -> torch.Tensor:
+        with _device_of(tensor):
+            view = _view(tensor)
+            api.broadcast(view, root_rank, out=view, comm=communicator)
+        return tensor
+
+    future = _submit(comm, job)
+    return Handle(future.result, future.done)
+
+
+def broadcast_(tensor: torch.Tensor, root_rank: int = 0, *, comm: Comm = None) -> torch.Tensor:
+    """Copy the root's ``tensor`` into every rank's ``tensor`` and return it; as :func:`broadcast_async_`."""
+    return broadcast_async_(tensor, root_rank, comm=comm).wait()
+
+
+def broadcast_parameters(
+    params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]] | Iterable[torch.Tensor],
+    root_rank: int = 0,
+    *,
+    comm: Comm = None,
+) -> None:
+    """Copy the root's parameters (and buffers) into every rank's, in place, so all ranks start equal.
+
+    Args:
+        params: ``model.state_dict()``, ``model.named_parameters()`` or a list
+            of tensors, in the same order on every rank.
+        root_rank: the rank whose values are sent.
+        comm: the communicator, as for :func:`allreduce_async_`.
+    """
+    if isinstance(params, Mapping):
+        named = list(params.items())
+    else:
+        named = [item if isinstance(item, tuple) else (f"tensor {i}", item) for i, item in enumerate(params)]
+    for name, tensor in named:
+        if not isinstance(tensor, torch.Tensor):
+            error = InvalidBufferError(
+                f"broadcast_parameters takes tensors; {name} is {type(tensor).__name__}"
+            )
+            _refuse(comm, "broadcast", tensor, error)
+            raise error
+        _checked(tensor, None, comm, "broadcast")
+    with torch.no_grad():
+        # the first alone, so that where another rank's checks failed (and it told this one in the
+        # first broadcast's place) no more broadcasts are left waiting for it
+        if named:
+            broadcast_async_(named[0][1], root_rank, comm=comm).wait()
+        handles = [broadcast_async_(tensor, root_rank, comm=comm) for _, tensor in named[1:]]
+    for handle in handles:
+        handle.wait()
+
+
+def broadcast_optimizer_state(
+    optimizer: torch.optim.Optimizer, root_rank: int = 0, *, comm: Comm = None
+) -> None:
+    """Give every rank the root's optimizer state (moments, step counts) and hyperparameters.
+
+    The root's ``state_dict()`` is serialised with ``torch.save``, broadcast as
+    bytes, and loaded into every other rank's optimizer, which must hold the
+    same parameters in the same groups.
+    """
+    future = _submit(comm, lambda communicator: _broadcast_state(optimizer, root_rank, communicator))
+    state = future.result()
+    if state is not None:
+        optimizer.load_state_dict(state)
+
+
+def _broadcast_state(
+    optimizer: torch.optim.Optimizer, root_rank: int, communicator: api.Communicator
+) -> dict[str, Any] | None:
+    """The root's state dict on the other ranks, ``None`` on the root; on the communication thread."""
+    payload = b""
+    if communicator.rank == root_rank:
+        buffer = io.BytesIO()
+        torch.save(optimizer.state_dict(), buffer)
+        payload = buffer.getvalue()
+    received = _broadcast_bytes(payload, root_rank, communicator)
+    if communicator.rank == root_rank:
+        return None
+    loaded: dict[str, Any] = torch.load(io.BytesIO(received), weights_only=True)
+    return loaded
