@@ -6,7 +6,7 @@ one node's shared memory, each adding one layer of the library to the one before
 * ``floor``: the copy into this rank's region, the shared-memory barrier and the
   reduction, called directly: what any implementation of the algorithm pays;
 * ``watchdog``: the same with the call numbered, recorded, bounded and its
-  signature posted and compared (``Watchdog.begin``, ``Call.barrier``, ``end``);
+  signature posted and compared (``Watchdog.watch``, ``Call.barrier``, ``end``);
 * ``executor``: the watchdog around ``SharedExecutor.allreduce`` with the backend;
 * ``prepared``: the API's path for a call whose decisions an earlier one made;
 * ``allreduce``: ``collectives.allreduce(x, out=x)`` itself;
@@ -65,14 +65,14 @@ def _layers(
         reduce_regions()
 
     def with_watchdog() -> None:
-        call = watchdog.begin(prepared.guard, None, first_barrier=True)
+        call = watchdog.watch(prepared.guard, None, first_barrier=True)
         np.copyto(mine, x)
         call.barrier(shared)
         reduce_regions()
         watchdog.end(call)
 
     def with_executor() -> None:
-        call = watchdog.begin(prepared.guard, None, first_barrier=True)
+        call = watchdog.watch(prepared.guard, None, first_barrier=True)
         executor.allreduce(backend, x, x, op, call.barrier)
         watchdog.end(call)
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .algorithms import ALGORITHMS, build_schedule
 from .backends import ArrayBackend, adopt, backend_for
+from .call import Call
 from .chunking import even_split
 from .errors import CalibrationError, CollectivesError, InvalidBufferError
 from .execute import DEFAULT_SEGMENT_BYTES, Plan, Scratch, execute, opening, pack_opening, plan, run
@@ -47,7 +48,8 @@ from .selector import (
 from .specs import check_root
 from .transport.base import NodeSplit, SharedMemory, Transport
 from .transport.device_path import DevicePath
-from .watchdog import FUSED_BYTES, Call, Guard, Watchdog
+from .transport.tags import Tag
+from .watchdog import FUSED_BYTES, Guard, Watchdog
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -275,7 +277,6 @@ def _prepare(
     return backend, reduce_op, itemsize(dtype)
 
 
-_AGREE_TAG = 8  # apart from the executor's messages
 _MODEL_FORMAT = struct.Struct("5d")  # the cost model rank 0 sends: alpha, beta, gamma, barrier, copy
 
 
@@ -298,13 +299,13 @@ def _agreed_selector(group: Communicator) -> Selector:
         except CalibrationError:
             # tell the others, or they would wait for constants that never come
             _MODEL_FORMAT.pack_into(message, 0, *(math.nan,) * 5)
-            transport.waitall([transport.isend(message, peer, _AGREE_TAG) for peer in range(1, group.size)])
+            transport.waitall([transport.isend(message, peer, Tag.SELECTOR) for peer in range(1, group.size)])
             raise
         model = selector.model
         _MODEL_FORMAT.pack_into(message, 0, model.alpha, model.beta, model.gamma, model.barrier, model.copy)
-        transport.waitall([transport.isend(message, peer, _AGREE_TAG) for peer in range(1, group.size)])
+        transport.waitall([transport.isend(message, peer, Tag.SELECTOR) for peer in range(1, group.size)])
     else:
-        transport.waitall([transport.irecv(message, 0, _AGREE_TAG)])
+        transport.waitall([transport.irecv(message, 0, Tag.SELECTOR)])
         alpha, beta, gamma, barrier, copy = _MODEL_FORMAT.unpack(message)
         if math.isnan(alpha):
             raise CalibrationError("rank 0 could not load its calibration; see its error")
@@ -622,7 +623,7 @@ def _allreduce_prepared(
     watchdog = group._watchdog
     if prepared.arrived is not None:
         pack_opening(prepared.sends, backend, work, source, prepared.outgoing)
-    call = watchdog.begin(prepared.guard, check, first_barrier=prepared.plan is None)
+    call = watchdog.watch(prepared.guard, check, first_barrier=prepared.plan is None)
     try:
         if prepared.plan is None:
             shared = prepared.shared
@@ -721,7 +722,7 @@ def allreduce(
     except Exception as error:
         _refuse(group, "allreduce", algorithm, check, error)
         raise
-    call = watchdog.begin(guard, check, first_barrier=early is not None and early_plan is None)
+    call = watchdog.watch(guard, check, first_barrier=early is not None and early_plan is None)
     try:
         device = not on_host and _on_device(group, call, backend)
         if early is None:
@@ -786,7 +787,7 @@ def _on_shared_memory(
 ) -> None:
     """Run a prepared call on the shared-memory executor: ``run(barrier)``, its first barrier checking it."""
     watchdog = group._watchdog
-    call = watchdog.begin(prepared.guard, check, first_barrier=True)
+    call = watchdog.watch(prepared.guard, check, first_barrier=True)
     try:
         run(call.barrier)
     except BaseException as error:
