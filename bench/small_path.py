@@ -29,7 +29,7 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives
-from collectives import api
+from collectives.prepared import allreduce_prepared
 from collectives.backends.numpy_backend import UFUNCS, NumpyBackend
 from collectives.execute_shared import SMALL_TOTAL_BYTES
 from collectives.ops import get_op
@@ -43,8 +43,8 @@ def _layers(
     """The loop bodies, by layer, for in-place sums of ``x`` on ``comm``."""
     for _ in range(100):  # the first calls decide and prepare; later ones reuse it
         collectives.allreduce(x, out=x, comm=comm)
-    prepared = next(p for key, p in comm._prepared.items() if key[1] == x.shape)
-    watchdog, executor = comm._watchdog, comm._shared
+    prepared = next(p for key, p in comm.prepared.items() if key[1] == x.shape)
+    watchdog, executor = comm.watchdog, comm.shared
     shared = watchdog.shared
     if shared is None or executor is None or prepared.plan is not None:
         raise SystemExit("the ranks share no memory: the small shared-memory path does not run here")
@@ -81,7 +81,7 @@ def _layers(
         "floor": floor,
         "watchdog": with_watchdog,
         "executor": with_executor,
-        "prepared": lambda: api._allreduce_prepared(comm, prepared, x, x, None),
+        "prepared": lambda: allreduce_prepared(comm, prepared, x, x, None),
         "allreduce": lambda: collectives.allreduce(x, out=x, comm=comm),
         "mpi": lambda: world.Allreduce(MPI.IN_PLACE, y),
     }
