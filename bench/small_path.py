@@ -29,10 +29,10 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives
-from collectives.prepared import allreduce_prepared
 from collectives.backends.numpy_backend import UFUNCS, NumpyBackend
 from collectives.execute_shared import SMALL_TOTAL_BYTES
 from collectives.ops import get_op
+from collectives.prepared import allreduce_prepared
 
 from .config import parse_size
 

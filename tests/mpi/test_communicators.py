@@ -127,7 +127,8 @@ def test_user_receive_posted_before_is_not_taken(comm: Any, world: MPI.Intracomm
     problems.expect_equal("the user's message", inbox, np.full(4, 1000 + prev, np.int64))
     problems.expect(
         (status.source, status.tag) == (prev, Tag.DATA),
-        f"the user's message came from {status.source} with tag {status.tag}, expected {prev} with tag {Tag.DATA}",
+        f"the user's message came from {status.source} with tag {status.tag}, "
+        f"expected {prev} with tag {Tag.DATA}",
     )
     problems.check()
 
