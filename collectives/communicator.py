@@ -115,10 +115,27 @@ class Communicator:
         return self._find_features() if features is None else features
 
     def features_in(self, call: Call) -> frozenset[str]:
-        """:attr:`features`, asked inside ``call``."""
+        """:attr:`features`, asked inside ``call``: the first time, under its deadline.
+
+        Finding the nodes over MPI is MPI's collective (``Split_type``, a shared
+        window), which no timeout can bound, so first the ranks meet by messages the
+        watchdog bounds: a rank that never comes makes the others raise
+        :class:`~collectives.CollectiveTimeout` here instead of waiting in MPI.
+        """
         features = self._features
         if features is not None:
             return features
+        if self.size > 1 and self._transport.FINDS_NODES_TOGETHER:
+            # twice: a late rank finds the first messages of ranks that sent them and then timed
+            # out; a rank sends its second only once it has every first, so the late one times out too
+            transport = self._transport
+            peers = _peers(transport)
+            for _ in range(2):
+                theirs = [bytearray(1) for _ in peers]
+                mine = [(bytearray(1), peer) for peer in peers]
+                _exchange(
+                    call, transport, mine, list(zip(theirs, peers, strict=True)), Tag.NODES, "the node split"
+                )
         return self._find_features()
 
     def _find_features(self) -> frozenset[str]:

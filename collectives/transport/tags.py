@@ -33,3 +33,6 @@ class Tag(IntEnum):
 
     IPC_CLOSE = 13
     """CUDA IPC: "I have unmapped your mailbox"."""
+
+    NODES = 14
+    """The ranks meet under the watchdog before they find their nodes, which MPI cannot bound."""
