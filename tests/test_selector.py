@@ -397,7 +397,7 @@ def test_an_unknown_name_is_refused_before_anything_is_chosen(ranks: Ranks) -> N
         ):
             with pytest.raises(UnknownAlgorithmError, match="valid algorithms are auto, ring"):
                 call()
-        assert comm._selector is None
+        assert comm.selector is None
 
     ranks(2, run)
 
