@@ -6,7 +6,7 @@ one node's shared memory, each adding one layer of the library to the one before
 * ``floor``: the copy into this rank's region, the shared-memory barrier and the
   reduction, called directly: what any implementation of the algorithm pays;
 * ``watchdog``: the same with the call numbered, recorded, bounded and its
-  signature posted and compared (``Watchdog.begin``, ``Call.barrier``, ``end``);
+  signature posted and compared (``Watchdog.watch``, ``Call.barrier``, ``end``);
 * ``executor``: the watchdog around ``SharedExecutor.allreduce`` with the backend;
 * ``prepared``: the API's path for a call whose decisions an earlier one made;
 * ``allreduce``: ``collectives.allreduce(x, out=x)`` itself;
@@ -29,10 +29,10 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives
-from collectives import api
 from collectives.backends.numpy_backend import UFUNCS, NumpyBackend
 from collectives.execute_shared import SMALL_TOTAL_BYTES
 from collectives.ops import get_op
+from collectives.prepared import allreduce_prepared
 
 from .config import parse_size
 
@@ -43,8 +43,8 @@ def _layers(
     """The loop bodies, by layer, for in-place sums of ``x`` on ``comm``."""
     for _ in range(100):  # the first calls decide and prepare; later ones reuse it
         collectives.allreduce(x, out=x, comm=comm)
-    prepared = next(p for key, p in comm._prepared.items() if key[1] == x.shape)
-    watchdog, executor = comm._watchdog, comm._shared
+    prepared = next(p for key, p in comm.prepared.items() if key[1] == x.shape)
+    watchdog, executor = comm.watchdog, comm.shared
     shared = watchdog.shared
     if shared is None or executor is None or prepared.plan is not None:
         raise SystemExit("the ranks share no memory: the small shared-memory path does not run here")
@@ -65,14 +65,14 @@ def _layers(
         reduce_regions()
 
     def with_watchdog() -> None:
-        call = watchdog.begin(prepared.guard, None, first_barrier=True)
+        call = watchdog.watch(prepared.guard, None, first_barrier=True)
         np.copyto(mine, x)
         call.barrier(shared)
         reduce_regions()
         watchdog.end(call)
 
     def with_executor() -> None:
-        call = watchdog.begin(prepared.guard, None, first_barrier=True)
+        call = watchdog.watch(prepared.guard, None, first_barrier=True)
         executor.allreduce(backend, x, x, op, call.barrier)
         watchdog.end(call)
 
@@ -81,7 +81,7 @@ def _layers(
         "floor": floor,
         "watchdog": with_watchdog,
         "executor": with_executor,
-        "prepared": lambda: api._allreduce_prepared(comm, prepared, x, x, None),
+        "prepared": lambda: allreduce_prepared(comm, prepared, x, x, None),
         "allreduce": lambda: collectives.allreduce(x, out=x, comm=comm),
         "mpi": lambda: world.Allreduce(MPI.IN_PLACE, y),
     }

@@ -20,10 +20,9 @@ from .backends.base import ArrayBackend
 from .ops import ReduceOp
 from .schedule import Schedule
 from .transport.base import Transport
+from .transport.tags import Tag
 
-TAG = 7
-"""Tag of every library message: the transport's communicator is the library's own,
-and both sides post a step's messages in schedule order, so order alone matches them."""
+_TAG = Tag.DATA  # a module global: every message of run's loop reads it
 
 DEFAULT_SEGMENT_BYTES = 1 << 22
 """Bytes per segment of a reduced message: the reduction of one segment overlaps the
@@ -343,12 +342,12 @@ def run(
                     buffer[m.lo : m.hi] if m.landing < 0 else scratch[m.landing : m.landing + m.hi - m.lo]
                 ),
                 m.peer,
-                TAG,
+                _TAG,
             )
             for m in step.recvs
         ]
         sends = [
-            transport.isend(message((src if m.fresh else buffer)[m.lo : m.hi]), m.peer, TAG)
+            transport.isend(message((src if m.fresh else buffer)[m.lo : m.hi]), m.peer, _TAG)
             for m in step.sends
             if not (fused and m.lone)
         ]

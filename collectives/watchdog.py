@@ -35,33 +35,29 @@ __all__ = [
     "DEFAULT_TIMEOUT_S",
     "FUSED_BYTES",
     "RECORDER_ENV",
-    "SIGNATURE_TAG",
     "STALL_WARNING_ENV",
     "TIMEOUT_ENV",
-    "Call",
     "Guard",
     "Watchdog",
 ]
 
-import logging
 import math
 import os
 import struct
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
 
 from ._env import env_flag
-from .errors import CollectivesError, CollectiveTimeout, ConfigurationError, PeerInputError, TransportError
+from .call import Call, Tracked, WatchedTransport
+from .errors import CollectivesError, ConfigurationError, PeerInputError, TransportError
 from .signature import SIGNATURE_BYTES, Signature, disagreement, problem_of
-from .transport.base import Request, SharedMemory, Transport, WrappedTransport
+from .transport.base import SharedMemory, Transport
+from .transport.tags import Tag
 
-SIGNATURE_TAG = 9
-"""Tag of the signature messages, apart from the executor's (7) and the selector's (8)."""
+_SIGNATURE = Tag.SIGNATURE  # a module global: read by every call's exchange
 
 TIMEOUT_ENV = "COLLECTIVES_TIMEOUT"
 STALL_WARNING_ENV = "COLLECTIVES_STALL_WARNING"
@@ -80,8 +76,6 @@ _DEFAULT_RECORDED = 64
 
 FUSED_BYTES = 4096
 """The most data bytes that may travel to one peer with a call's signature (see :class:`Guard`)."""
-
-_log = logging.getLogger("collectives")
 
 
 def _nothing() -> None:
@@ -150,242 +144,6 @@ class Guard:
                 message[:SIGNATURE_BYTES] = self.packed
 
 
-class _Tracked:
-    """A request with the peer it waits on, and whether it sends."""
-
-    __slots__ = ("peer", "request", "sends")
-
-    def __init__(self, request: Request, peer: int, sends: bool) -> None:
-        self.request = request
-        self.peer = peer
-        self.sends = sends
-
-
-class _WatchedTransport(WrappedTransport):
-    """The transport the executor gets: each ``waitall`` is one step, bounded by the call's deadline.
-
-    Pointed at the call in progress. ``inner`` is the communicator's transport (one
-    such per watchdog, reused by every call), or one over a subgroup of its ranks (a
-    rail between nodes) or a device path, whose rank ``i`` is the communicator's
-    ``ranks[i]``.
-    """
-
-    def __init__(self, inner: Transport, ranks: tuple[int, ...] | None = None) -> None:
-        super().__init__(inner)
-        self._ranks = ranks
-        self.call: Call | None = None
-        self.steps = 0
-
-    def _peer(self, peer: int) -> int:
-        return peer if self._ranks is None else self._ranks[peer]
-
-    def isend(self, buffer: Any, dst: int, tag: int) -> Request:
-        return _Tracked(self._inner.isend(buffer, dst, tag), self._peer(dst), True)
-
-    def irecv(self, buffer: Any, src: int, tag: int) -> Request:
-        return _Tracked(self._inner.irecv(buffer, src, tag), self._peer(src), False)
-
-    def waitall(self, requests: list[Request]) -> None:
-        step = self.steps
-        self.steps += 1
-        call = self.call
-        if call is None:
-            raise TransportError("a watched transport was used outside its collective")
-        call.wait([t.request for t in requests], step, requests, self._inner)
-
-
-class Call:
-    """One collective: the transport to run it on and its deadlines, then its entry in the flight recorder.
-
-    Attributes:
-        signature: the call's fields; its own sequence number is ``sequence``.
-        sequence: the call's number on its communicator.
-        algorithm: the algorithm that runs, once chosen (the recorder shows it).
-        transport: the transport to give the executor.
-        outcome: ``"running"``, then ``"ok"``, ``"timed out"`` or ``"failed: ..."``.
-        seconds: how long the call took, once it ended.
-    """
-
-    __slots__ = (
-        "_barriers",
-        "_deadline",
-        "_pending",
-        "_started",
-        "_warn_at",
-        "_warned",
-        "_watched",
-        "algorithm",
-        "outcome",
-        "seconds",
-        "sequence",
-        "signature",
-        "started",
-        "transport",
-        "watchdog",
-    )
-
-    def __init__(self, watchdog: "Watchdog", signature: Signature, sequence: int) -> None:
-        # one object per call, its own record too: a small allreduce takes a few microseconds
-        self.watchdog = watchdog
-        self.signature = signature
-        self.sequence = sequence
-        self.algorithm = signature.algorithm
-        self.started = time.time()  # for comparing ranks' logs
-        self.seconds: float | None = None
-        self.outcome = "running"
-        self._started = started = time.monotonic()
-        self._deadline = started + watchdog.timeout
-        self._warn_at = started + watchdog.stall_warning
-        self._warned = False
-        self._barriers = 0
-        self._pending: Guard | None = None  # a signature to post with the first barrier and check after it
-        watched = watchdog.watched
-        self._watched = watched is not None
-        if watched is None:
-            self.transport: Transport = watchdog.transport
-        else:
-            watched.call = self
-            watched.steps = 0
-            self.transport = watched
-
-    def line(self, rank: int) -> str:
-        """The call as the flight recorder and the debug log show it."""
-        s = self.signature
-        took = "-" if self.seconds is None else f"{self.seconds * 1e3:.3f}ms"
-        clock = (
-            time.strftime("%H:%M:%S", time.localtime(self.started)) + f".{int(self.started % 1 * 1e6):06d}"
-        )
-        return (
-            f"collectives rank {rank} #{self.sequence} {s.collective} count={s.count} "
-            f"dtype={s.dtype or '-'} op={s.op or '-'} root={'-' if s.root < 0 else s.root} "
-            f"algorithm={self.algorithm} start={clock} time={took} {self.outcome}"
-        )
-
-    def run_on(self, transport: Transport) -> None:
-        """Send the collective's messages over ``transport``, e.g. a device transport over the communicator's.
-
-        The signature check has already used the communicator's own transport.
-        """
-        self.transport = self.watch(transport)
-
-    def watch(self, inner: Transport, ranks: tuple[int, ...] | None = None) -> Transport:
-        """``inner`` with its waits bounded by this call's deadline; its rank ``i`` is ``ranks[i]`` here."""
-        if not self._watched:
-            return inner
-        watched = _WatchedTransport(inner, ranks)
-        watched.call = self
-        return watched
-
-    def wait(
-        self,
-        requests: list[Request],
-        step: int | str,
-        peers: Sequence[Any],
-        transport: Transport | None = None,
-    ) -> None:
-        """Wait for ``requests`` (of ``transport``, the communicator's by default) until the deadline.
-
-        Warns once at the stall interval. ``peers[i]`` tells whom ``requests[i]`` waits
-        on (its ``peer``) and whether it sends (its ``sends``); only a stall or a
-        timeout reads it.
-        """
-        transport = self.watchdog.transport if transport is None else transport
-        if not self._watched:  # neither a deadline nor a warning
-            transport.waitall(requests)
-            return
-        if not self._warned:
-            pending = transport.wait_for(requests, max(self._warn_at - time.monotonic(), 0.0))
-            if not pending:
-                return
-            self._warned = True
-            requests = [requests[i] for i in pending]
-            peers = [peers[i] for i in pending]
-            _log.warning(
-                "rank %d: %s #%d has waited %.3g s %s for %s",
-                transport.rank,
-                self.signature.collective,
-                self.sequence,
-                time.monotonic() - self._started,
-                "to start" if step == "signature" else f"in step {step}",
-                _ranks(p.peer for p in peers),
-            )
-        pending = transport.wait_for(requests, max(self._deadline - time.monotonic(), 0.0))
-        if pending:
-            stuck = [_Tracked(requests[i], peers[i].peer, peers[i].sends) for i in pending]
-            self._time_out(stuck, step, transport)
-
-    def barrier(
-        self, shared: SharedMemory, note: Sequence[int] = (), ranks: tuple[int, ...] | None = None
-    ) -> None:
-        """Pass the next barrier of ``shared``, leaving ``note``, by the deadline; warn at the stall interval.
-
-        ``shared``'s rank ``i`` is this communicator's ``ranks[i]`` (all of them, in order, by default).
-        """
-        passed = self._barriers
-        self._barriers = passed + 1
-        pending = self._pending
-        if pending is not None:
-            shared.post(pending.packed)
-        shared.arrive(note)
-        if not self._warned:
-            missing = shared.wait(max(self._warn_at - time.monotonic(), 0.0))
-            if not missing:
-                if pending is not None:
-                    self._pending = None
-                    self.watchdog._compare_posted(shared, pending, self.sequence)
-                return
-            self._warned = True
-            _log.warning(
-                "rank %d: %s #%d has waited %.3g s in %s for %s",
-                self.watchdog.transport.rank,
-                self.signature.collective,
-                self.sequence,
-                time.monotonic() - self._started,
-                f"barrier {passed}",
-                _ranks(tuple(missing if ranks is None else [ranks[r] for r in missing])),
-            )
-        missing = shared.wait(max(self._deadline - time.monotonic(), 0.0))
-        if missing:
-            shared.abandon()
-            self._fail(tuple(missing if ranks is None else [ranks[r] for r in missing]), f"barrier {passed}")
-        if pending is not None:
-            self._pending = None
-            self.watchdog._compare_posted(shared, pending, self.sequence)
-
-    def _time_out(self, stuck: list[_Tracked], step: int | str, transport: Transport) -> None:
-        peers = tuple(sorted({t.peer for t in stuck}))
-        # MPI cannot cancel the sends: keep their buffers alive, and the communicator out of use
-        self.watchdog.abandoned.extend(stuck)
-        transport.abandon([t.request for t in stuck if not t.sends], [t.request for t in stuck if t.sends])
-        self._fail(peers, step)
-
-    def _fail(self, peers: tuple[int, ...], step: int | str) -> None:
-        watchdog = self.watchdog
-        collective, sequence = self.signature.collective, self.sequence
-        self.outcome = "timed out"
-        where = "before it started" if step == "signature" else f"in {step}"
-        if isinstance(step, int):
-            where = f"in step {step}"
-        message = (
-            f"rank {watchdog.transport.rank}: {collective} #{sequence} did not complete in "
-            f"{watchdog.timeout:g} s; stuck {where} waiting for {_ranks(peers)}; "
-            "this communicator is unusable now"
-        )
-        watchdog.broken = message
-        raise CollectiveTimeout(
-            f"{message}\n{watchdog.flight_record_text()}",
-            collective=collective,
-            sequence=sequence,
-            step=step,
-            peers=peers,
-        )
-
-
-def _ranks(peers: Iterator[int] | tuple[int, ...]) -> str:
-    ranks = sorted(set(peers))
-    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
-
-
 class Watchdog:
     """One communicator's sequence numbers, signature checks, deadlines, flight recorder and debug log.
 
@@ -422,14 +180,14 @@ class Watchdog:
         self.recorder: deque[Call] = deque(maxlen=int(kept) if kept else _DEFAULT_RECORDED)
         self.sequence = 0
         self.broken: str | None = None
-        self.abandoned: list[_Tracked] = []
+        self.abandoned: list[Tracked] = []
         watched = math.isfinite(self.timeout) or math.isfinite(self.stall_warning)
-        self.watched = _WatchedTransport(transport) if watched else None
+        self.watched = WatchedTransport(transport) if watched else None
         # the signature exchange's buffers and peers, the same for every call
         self._rank, self._size = transport.rank, transport.size
         self._peers = [peer for peer in range(self._size) if peer != self._rank]
-        self._exchange = [_Tracked(None, peer, False) for peer in self._peers]
-        self._exchange += [_Tracked(None, peer, True) for peer in self._peers]
+        self._exchange = [Tracked(None, peer, False) for peer in self._peers]
+        self._exchange += [Tracked(None, peer, True) for peer in self._peers]
         self._received = [bytearray(SIGNATURE_BYTES + FUSED_BYTES) for _ in range(self._size)]
         self._heads = [memoryview(r)[:SIGNATURE_BYTES] for r in self._received]
         self.shared: SharedMemory | None = None
@@ -440,7 +198,7 @@ class Watchdog:
 
         Each call posts its signature for a barrier of ``shared`` and reads the
         others' after it, in place of messages: cheaper, and the shared-memory
-        executor's first barrier can carry it (see :meth:`begin`). Collective: every
+        executor's first barrier can carry it (see :meth:`watch`). Collective: every
         rank must switch before the same call. ``on_mismatch`` runs on every rank
         whose call found the signatures different, before the error is raised.
         """
@@ -473,31 +231,17 @@ class Watchdog:
         backend: str = "",
         payloads: dict[int, int] | None = None,
     ) -> Guard:
-        """The packed signature of a call; keep it to begin repeated calls with (see :meth:`begin`).
+        """The packed signature of a call; keep it to open repeated calls with (see :meth:`watch`).
 
         ``payloads`` gives, per peer, the bytes of data that travel with the signature.
         """
         return Guard(Signature(0, collective, algorithm, dtype, op, root, count, counts, backend), payloads)
 
-    @contextmanager
-    def watch(self, guard: Guard, check: bool | None = None) -> Iterator[Call]:
-        """Number, check, bound and record the call of ``guard`` run in the ``with`` block.
+    def watch(self, guard: Guard, check: bool | None = None, *, first_barrier: bool = False) -> Call:
+        """Number, record and (unless ``check`` is off) check the call of ``guard``.
 
-        Raises:
-            MismatchError: on every rank, when their calls differ.
-            CollectiveTimeout: the call did not complete in time.
-            TransportError: an earlier call timed out, so this communicator is unusable.
-        """
-        call = self.begin(guard, check)
-        try:
-            yield call
-        except BaseException as error:
-            self.end(call, error)
-            raise
-        self.end(call)
-
-    def begin(self, guard: Guard, check: bool | None = None, *, first_barrier: bool = False) -> Call:
-        """Number, record and (unless ``check`` is off) check a call; :meth:`end` must follow.
+        The call ends with the ``with`` block it opens (``with watchdog.watch(guard) as
+        call:``), or with :meth:`end`, which must follow otherwise.
 
         With ``first_barrier``, where signatures go through shared memory (see
         :meth:`agree_through`), the call's first :meth:`Call.barrier` on that memory
@@ -521,7 +265,7 @@ class Watchdog:
             try:
                 if self.shared is not None and first_barrier:
                     guard.stamp(sequence)
-                    call._pending = guard
+                    call.pending = guard
                 else:
                     self._agree(call, guard, sequence)
             except BaseException as error:
@@ -563,7 +307,7 @@ class Watchdog:
 
     def end(self, call: Call, error: BaseException | None = None) -> None:
         """Record how ``call`` ended: ``error`` if it raised one."""
-        if call._pending is not None and error is None and self.shared is not None:
+        if call.pending is not None and error is None and self.shared is not None:
             # a call that promised a barrier and passed none still checks its signature
             try:
                 call.barrier(self.shared)
@@ -571,7 +315,7 @@ class Watchdog:
                 self.end(call, failure)
                 raise
         call.outcome = "ok" if error is None else f"failed: {type(error).__name__}"
-        call.seconds = time.monotonic() - call._started
+        call.seconds = time.monotonic() - call.began
         if self.watched is not None:
             self.watched.call = None
         if self.debug:
@@ -581,19 +325,19 @@ class Watchdog:
         """Exchange signatures with every other rank; raise on every rank if any differ."""
         guard.stamp(sequence)
         if self.shared is not None:
-            call._pending = guard
+            call.pending = guard
             call.barrier(self.shared)
             return
         transport = self.transport
         mine = guard.packed
         # room for any data a peer's message may carry, so none is ever truncated
         received = self._received
-        requests = [transport.irecv(received[peer], peer, SIGNATURE_TAG) for peer in self._peers]
-        requests += [transport.isend(guard.message(peer), peer, SIGNATURE_TAG) for peer in self._peers]
+        requests = [transport.irecv(received[peer], peer, _SIGNATURE) for peer in self._peers]
+        requests += [transport.isend(guard.message(peer), peer, _SIGNATURE) for peer in self._peers]
         call.wait(requests, "signature", self._exchange)
         heads = self._heads
         for peer in self._peers:
-            if heads[peer].tobytes() != mine:  # as bytes: see _compare_posted
+            if heads[peer].tobytes() != mine:  # as bytes: see compare_posted
                 break
         else:
             return
@@ -603,7 +347,7 @@ class Watchdog:
         if error is not None:
             raise error
 
-    def _compare_posted(self, shared: SharedMemory, guard: Guard, sequence: int) -> None:
+    def compare_posted(self, shared: SharedMemory, guard: Guard, sequence: int) -> None:
         """After a barrier that carried signatures: raise on every rank if any differ."""
         mine = guard.packed
         for peer in self._peers:

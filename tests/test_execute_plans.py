@@ -19,10 +19,10 @@ def test_scratch_is_kept_between_calls_of_one_size(ranks: Ranks) -> None:
     def run(comm: C.Communicator) -> bool:
         x = np.arange(1000, dtype=np.float32)
         C.allreduce(x, algorithm="ring", comm=comm)
-        kept = dict(comm._scratch._buffers)
+        kept = dict(comm.scratch._buffers)
         for _ in range(20):
             C.allreduce(x, algorithm="ring", comm=comm)
-        return all(comm._scratch._buffers[key] is buffer for key, buffer in kept.items()) and bool(kept)
+        return all(comm.scratch._buffers[key] is buffer for key, buffer in kept.items()) and bool(kept)
 
     assert all(ranks(3, run))
 

@@ -11,10 +11,10 @@ import pytest
 import collectives
 from collectives import CollectiveTimeout, Communicator, InvalidBufferError, MismatchError
 from collectives.transport.loopback import LoopbackWorld
-from collectives.watchdog import FUSED_BYTES, SIGNATURE_TAG
+from collectives.transport.tags import Tag
+from collectives.watchdog import FUSED_BYTES
 
 Ranks = Callable[..., list[Any]]
-DATA_TAG = 7  # collectives.execute.TAG
 
 
 def _counting(
@@ -71,7 +71,7 @@ def test_a_small_call_sends_one_message_per_peer_and_a_large_one_its_data_apart(
     results, tags = _counting(2, call)
     assert all((r == 2).all() for r in results)
     # 2 ranks x (small: the signature with the data; large: the signature, then the data)
-    assert tags.count(SIGNATURE_TAG) == 4 and tags.count(DATA_TAG) == 2
+    assert tags.count(Tag.SIGNATURE) == 4 and tags.count(Tag.DATA) == 2
 
 
 @pytest.mark.parametrize(

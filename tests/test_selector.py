@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import collectives as C
-from collectives import algorithms, api, selector
+from collectives import algorithms, communicator, prepared, selector
 from collectives.algorithms import ALGORITHMS, build_schedule, ring
 from collectives.calibration import CALIBRATION_ENV, save_model
 from collectives.errors import (
@@ -232,13 +232,13 @@ def test_auto_is_the_default_and_gives_what_ring_gives(ranks: Ranks) -> None:
 def test_auto_runs_the_algorithm_it_chooses(ranks: Ranks, monkeypatch: pytest.MonkeyPatch) -> None:
     _register(monkeypatch, "direct_auto", allreduce=_direct_allreduce)
     ran = []
-    original = api.plan  # allreduce plans its schedule once per rank and call, then runs the plan
+    original = prepared.plan  # allreduce plans its schedule once per rank and call, then runs the plan
 
     def spy(schedule: Schedule, *args: Any, **kwargs: Any) -> Any:
         ran.append(schedule.name)
         return original(schedule, *args, **kwargs)
 
-    monkeypatch.setattr(api, "plan", spy)
+    monkeypatch.setattr(prepared, "plan", spy)
     inputs = [np.full(n, 1.5, np.float32) for n in (10, 10**6)]
     results = ranks(2, lambda comm: [C.allreduce(x, comm=comm) for x in inputs])
     for mine in results:
@@ -259,12 +259,13 @@ def test_the_ranks_agree_on_rank_0s_model(ranks: Ranks, monkeypatch: pytest.Monk
         asked.append(world_size)
         return Selector(models[int(threading.current_thread().name.removeprefix("rank-"))])
 
-    monkeypatch.setattr(api, "default_selector", local)
+    monkeypatch.setattr(communicator, "default_selector", local)
 
     def run(comm: C.Communicator) -> tuple[np.ndarray, CostModel, str | None]:
         result = C.allreduce(np.ones(100, np.int64), comm=comm)
         choice = C.explain("allreduce", 100, "int64", comm=comm).choice
-        return result, api._agreed_selector(comm).model, choice
+        assert comm.selector is not None  # agreed by the allreduce
+        return result, comm.selector.model, choice
 
     for result, model, choice in ranks(3, run):
         assert np.array_equal(result, np.full(100, 3))
@@ -279,7 +280,7 @@ def test_a_bad_calibration_on_rank_0_fails_every_rank(ranks: Ranks, monkeypatch:
             raise CalibrationError("malformed calibration /somewhere: not JSON")
         return Selector(DEFAULT_MODEL)
 
-    monkeypatch.setattr(api, "default_selector", local)
+    monkeypatch.setattr(communicator, "default_selector", local)
     failures = []
 
     def run(comm: C.Communicator) -> None:
@@ -305,7 +306,7 @@ def test_an_unknown_name_is_refused_before_anything_is_chosen(ranks: Ranks) -> N
         ):
             with pytest.raises(UnknownAlgorithmError, match="valid algorithms are auto, ring"):
                 call()
-        assert comm._selector is None
+        assert comm.selector is None
 
     ranks(2, run)
 
@@ -360,7 +361,8 @@ def test_the_ranks_use_the_calibration_of_their_world_size(
         before = C.explain("allreduce", 100, "int64", comm=comm).model.source  # nothing agreed yet
         result = C.allreduce(np.ones(100, np.int64), comm=comm)
         assert np.array_equal(result, np.full(100, comm.size))
-        model = api._agreed_selector(comm).model
+        assert comm.selector is not None  # agreed by the allreduce
+        model = comm.selector.model
         return before, model.source, C.explain("allreduce", 100, "int64", comm=comm).choice, model
 
     for size, expected, choice, source in (

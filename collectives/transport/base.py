@@ -19,7 +19,14 @@ class Transport(ABC):
     they were sent, and receives are matched in the order they were posted,
     as in MPI. Buffers are those an :class:`~collectives.backends.ArrayBackend`
     gives from ``message()``; they must not be touched until the request completes.
+
+    Attributes:
+        FINDS_NODES_TOGETHER: whether :meth:`shared_memory` and :meth:`node_split`
+            wait for every rank the first time (MPI's do, and cannot be bounded);
+            then a collective meets the other ranks first, under its deadline.
     """
+
+    FINDS_NODES_TOGETHER = False
 
     @property
     @abstractmethod

@@ -14,6 +14,7 @@ import numpy as np
 from ..errors import CollectiveTimeout, TransportError
 from .base import Request, Transport, WrappedTransport
 from .device import IPC_HANDLE_BYTES, Device
+from .tags import Tag
 
 DEFAULT_SLOT_BYTES = 1 << 22
 """Bytes of one slot of a mailbox: larger messages go in pieces of this size."""
@@ -21,10 +22,6 @@ DEFAULT_SLOT_BYTES = 1 << 22
 DEFAULT_SLOTS = 2
 """Slots per sender in each mailbox, so that one piece is copied in while the last is copied out."""
 
-_READY_TAG = 10  # "a piece of n bytes is in your slot", sender to receiver
-_CREDIT_TAG = 11  # "the slot is free again", receiver to sender
-_SETUP_TAG = 12  # handles, and whether every peer's mailbox opened
-_CLOSE_TAG = 13  # "I have unmapped your mailbox"
 _PIECE = struct.Struct("<q")
 
 _CLOSE_TIMEOUT_S = 30.0
@@ -228,7 +225,7 @@ class CudaIpcTransport(WrappedTransport):
             self._device.copy(slot[:length], send.buffer[send.offset : send.offset + length])
             # the piece must be in the peer's memory before the peer hears of it
             self._device.synchronize()
-            self._control.append(self._inner.isend(_PIECE.pack(length), peer_rank, _READY_TAG))
+            self._control.append(self._inner.isend(_PIECE.pack(length), peer_rank, Tag.IPC_READY))
             peer.sent += 1
             peer.credits -= 1
             send.offset += length
@@ -243,7 +240,7 @@ class CudaIpcTransport(WrappedTransport):
         """Count the credits the peer has sent, and keep a receive posted for the next one owed."""
         while peer.credits < self._slots:
             if peer.credit_request is None:
-                peer.credit_request = self._inner.irecv(peer.credit_buffer, peer_rank, _CREDIT_TAG)
+                peer.credit_request = self._inner.irecv(peer.credit_buffer, peer_rank, Tag.IPC_CREDIT)
             if self._inner.wait_for([peer.credit_request], 0.0):
                 return
             peer.credit_request = None
@@ -252,7 +249,7 @@ class CudaIpcTransport(WrappedTransport):
     def _receive_pieces(self, peer_rank: int, peer: _Peer) -> None:
         while peer.recvs:
             if peer.ready_request is None:
-                peer.ready_request = self._inner.irecv(peer.ready_buffer, peer_rank, _READY_TAG)
+                peer.ready_request = self._inner.irecv(peer.ready_buffer, peer_rank, Tag.IPC_READY)
             if self._inner.wait_for([peer.ready_request], 0.0):
                 return
             peer.ready_request = None
@@ -267,7 +264,7 @@ class CudaIpcTransport(WrappedTransport):
             self._device.copy(recv.buffer[recv.offset : recv.offset + length], slot[:length])
             # the copy must be done before the sender may overwrite the slot
             self._device.synchronize()
-            self._control.append(self._inner.isend(_PIECE.pack(1), peer_rank, _CREDIT_TAG))
+            self._control.append(self._inner.isend(_PIECE.pack(1), peer_rank, Tag.IPC_CREDIT))
             peer.received += 1
             recv.offset += length
             recv.pieces += 1
@@ -309,7 +306,7 @@ class CudaIpcTransport(WrappedTransport):
                 self._device.close_ipc(peer.mailbox)
         # a rank frees its mailbox only once no peer maps it
         _exchange(
-            self._inner, b"\x01", [bytearray(1) for _ in range(self.size)], _CLOSE_TIMEOUT_S, _CLOSE_TAG
+            self._inner, b"\x01", [bytearray(1) for _ in range(self.size)], _CLOSE_TIMEOUT_S, Tag.IPC_CLOSE
         )
         self._peers = []
         self._mailbox = None
@@ -320,7 +317,7 @@ class CudaIpcTransport(WrappedTransport):
 
 
 def _exchange(
-    inner: Transport, mine: bytes, theirs: list[bytearray], timeout: float, tag: int = _SETUP_TAG
+    inner: Transport, mine: bytes, theirs: list[bytearray], timeout: float, tag: int = Tag.IPC_SETUP
 ) -> None:
     """Send ``mine`` to every peer, receive each peer's into ``theirs[peer]``; ``theirs[rank]`` = mine."""
     rank, size = inner.rank, inner.size

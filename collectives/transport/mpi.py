@@ -61,6 +61,8 @@ class MPITransport(Transport):
     traffic on the communicator they passed. Creating one is collective.
     """
 
+    FINDS_NODES_TOGETHER = True  # Split_type, allgathers and shared windows
+
     def __init__(self, comm: MPI.Comm | None = None) -> None:
         base = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(base, MPI.Intracomm):

@@ -9,7 +9,7 @@ import pytest
 from mpi4py import MPI
 
 import collectives
-from collectives.execute import TAG
+from collectives.transport.tags import Tag
 from tests.mpi.helpers import Problems, exact_input, gather_input, mpi_reference
 
 pytestmark = pytest.mark.mpi
@@ -121,13 +121,14 @@ def test_user_receive_posted_before_is_not_taken(comm: Any, world: MPI.Intracomm
     receive = world.Irecv(inbox, source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)
     _run_collectives(comm, world, problems)
     nxt, prev = (world.rank + 1) % world.size, (world.rank - 1) % world.size
-    send = world.Isend(np.full(4, 1000 + world.rank, np.int64), dest=nxt, tag=TAG)
+    send = world.Isend(np.full(4, 1000 + world.rank, np.int64), dest=nxt, tag=Tag.DATA)
     receive.Wait(status)
     send.Wait()
     problems.expect_equal("the user's message", inbox, np.full(4, 1000 + prev, np.int64))
     problems.expect(
-        (status.source, status.tag) == (prev, TAG),
-        f"the user's message came from {status.source} with tag {status.tag}, expected {prev} with tag {TAG}",
+        (status.source, status.tag) == (prev, Tag.DATA),
+        f"the user's message came from {status.source} with tag {status.tag}, "
+        f"expected {prev} with tag {Tag.DATA}",
     )
     problems.check()
 
@@ -137,10 +138,10 @@ def test_user_message_sent_before_is_not_taken(comm: Any, world: MPI.Intracomm) 
     # a message with the library's own tag, waiting unreceived while the collectives run
     problems = Problems(world)
     nxt, prev = (world.rank + 1) % world.size, (world.rank - 1) % world.size
-    send = world.Isend(np.full(4, 1000 + world.rank, np.int64), dest=nxt, tag=TAG)
+    send = world.Isend(np.full(4, 1000 + world.rank, np.int64), dest=nxt, tag=Tag.DATA)
     _run_collectives(comm, world, problems)
     inbox = np.full(4, -1, np.int64)
-    world.Recv(inbox, source=prev, tag=TAG)
+    world.Recv(inbox, source=prev, tag=Tag.DATA)
     send.Wait()
     problems.expect_equal("the user's message", inbox, np.full(4, 1000 + prev, np.int64))
     problems.check()

@@ -44,9 +44,9 @@ def test_signatures_go_through_shared_memory_and_results_stay_right(world: MPI.I
         pytest.skip("one rank agrees with itself without a barrier")
     problems = Problems(world)
     comm = _sharing(world)
-    watchdog = comm._watchdog
+    watchdog = comm.watchdog
     problems.expect(
-        watchdog.shared is not None and comm._shared is not None and watchdog.shared is comm._shared._shared,
+        watchdog.shared is not None and comm.shared is not None and watchdog.shared is comm.shared._shared,
         "the watchdog does not agree through the communicator's shared memory",
     )
     _all_right(problems, comm, world, "the switch")
@@ -154,7 +154,7 @@ def test_repeated_reduce_scatters_and_allgathers_take_the_prepared_path_and_stay
             problems.expect_equal(f"ag {i}", collectives.allgather(mine, comm=comm), expected)
             collectives.allgather(mine, out=gathered, comm=comm)
             problems.expect_equal(f"ag out= {i}", gathered, expected)
-    kinds = {key[0] for key in comm._prepared if isinstance(key[0], str)}
+    kinds = {key[0] for key in comm.prepared if isinstance(key[0], str)}
     problems.expect(p == 1 or kinds == {"reduce_scatter", "allgather"}, f"prepared {kinds}")
     comm.free()
     problems.check()

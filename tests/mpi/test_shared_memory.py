@@ -17,7 +17,7 @@ def test_shared_memory_runs_through_the_window(world: MPI.Intracomm) -> None:
     comm = collectives.Communicator(world)
     problems = Problems(world)
     problems.expect("shared_memory" in comm.features, f"features {set(comm.features)}")
-    problems.expect(comm._shared is not None, "no shared executor")
+    problems.expect(comm.shared is not None, "no shared executor")
     comm.free()
     problems.check()
 
@@ -55,7 +55,7 @@ def test_alloc_buffers_reduce_where_they_lie(world: MPI.Intracomm, dtype: str) -
     problems = Problems(world)
     p, r = world.size, world.rank
     problems.expect("shared_memory" in comm.features, "no shared memory")
-    shared = comm._shared
+    shared = comm.shared
     for count in COUNTS:
         for op in ("sum", "max"):
             x = exact_input(op, dtype, count, r, p)

@@ -65,3 +65,35 @@ def test_a_rank_that_never_calls_makes_the_others_time_out(world: MPI.Intracomm,
             problems.expect("#0 allreduce count=16 dtype=float64" in str(error), "no flight recorder")
     # MPI cannot cancel the messages posted to the absent rank, so the communicator is not freed
     problems.check()
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_a_rank_late_to_a_cold_auto_call_times_every_rank_out(world: MPI.Intracomm, check: bool) -> None:
+    """The first ``"auto"`` call finds the nodes and agrees on the selector: both under the timeout.
+
+    The late rank finds the messages the others sent before they timed out, so it
+    must still time out itself rather than wait forever in MPI's node split.
+    """
+    if world.size == 1:
+        pytest.skip("needs a rank to come late")
+    problems = Problems(world)
+    late = world.size - 1
+    timeout = 1.0
+    comm = collectives.Communicator(world, timeout=timeout, check=check)
+    if world.rank == late:
+        time.sleep(3 * timeout)
+    started = time.monotonic()
+    outcome = "ok"
+    try:
+        collectives.allreduce(np.ones(16, np.float32), algorithm="auto", comm=comm)
+    except CollectiveTimeout as error:
+        outcome = "timed out"
+        took = time.monotonic() - started
+        problems.expect(timeout <= took < timeout + 5, f"timed out after {took:.1f} s, expected {timeout} s")
+        problems.expect(error.collective == "allreduce" and error.sequence == 0, str(error))
+        if world.rank == late:
+            problems.expect(error.step == "the node split", str(error))
+    # the user's communicator, not the library's broken duplicate: every rank says how its call ended
+    outcomes = world.allgather(outcome)
+    problems.expect(outcomes == ["timed out"] * world.size, f"outcomes by rank: {outcomes}")
+    problems.check()

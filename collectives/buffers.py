@@ -1,0 +1,310 @@
+"""Each collective's checks of its arguments, and the buffers it works in: the job it hands to dispatch."""
+
+__all__ = [
+    "allreduce_job",
+    "alltoall_job",
+    "barrier_job",
+    "broadcast_job",
+    "deliver",
+    "gather_job",
+    "reduce_job",
+    "reduce_scatter_job",
+    "scatter_job",
+]
+
+from collections.abc import Sequence
+from typing import Any
+
+from .backends import ArrayBackend, adopt, backend_for
+from .communicator import Communicator
+from .dispatch import Job
+from .errors import InvalidBufferError
+from .ops import ReduceOp, get_op
+from .prepared import opening_of
+from .selector import check_algorithm, itemsize
+from .specs import check_root
+
+
+def _inspect(
+    x: Any, op: "str | ReduceOp | None", collective: str, algorithm: str
+) -> tuple[ArrayBackend, ReduceOp | None, int]:
+    """The backend of ``x``, the checked op, and the bytes per element; raises on a bad algorithm name."""
+    backend = backend_for(x)
+    dtype = backend.dtype_name(x)
+    check_algorithm(collective, algorithm)
+    if op is None:
+        return backend, None, itemsize(dtype)
+    reduce_op = get_op(op)
+    reduce_op.check_dtype(dtype)
+    return backend, reduce_op, itemsize(dtype)
+
+
+def _check_out(backend: ArrayBackend, out: Any, x: Any, shape: tuple[int, ...]) -> None:
+    """Raise unless ``out`` is a writable array of ``x``'s kind and dtype, of ``shape``."""
+    if not backend.owns(out):
+        raise InvalidBufferError(f"out is a {type(out).__name__}, but the input is a {type(x).__name__}")
+    if out.dtype != x.dtype:
+        raise InvalidBufferError(f"out has dtype {out.dtype}, expected {x.dtype}")
+    if tuple(out.shape) != shape:
+        raise InvalidBufferError(f"out has shape {tuple(out.shape)}, expected {shape}")
+    if not backend.writable(out):
+        raise InvalidBufferError("out is read-only")
+
+
+def _workspace(backend: ArrayBackend, out: Any, count: int, like: Any) -> tuple[Any, bool]:
+    """A contiguous 1-D buffer for the result: ``out`` itself when it can be, and whether it is."""
+    if out is not None:
+        view = backend.flat_view(out)
+        if view is not None:
+            return view, True
+    return backend.empty(count, like), False
+
+
+def deliver(backend: ArrayBackend, work: Any, in_out: bool, out: Any, shape: tuple[int, ...]) -> Any:
+    """The result in ``work``, as ``out`` when given (``work`` may be it already), else of ``shape``."""
+    if in_out:
+        return out
+    if out is None:
+        return work.reshape(shape)
+    backend.copy(out, work)
+    return out
+
+
+def allreduce_job(
+    group: Communicator,
+    algorithm: str,
+    x: Any,
+    op: "str | ReduceOp",
+    out: Any,
+    check: bool | None,
+    key: tuple[Any, ...] | None,
+) -> Job:
+    """An allreduce's checked arguments, its workspace, and what it can decide before agreeing."""
+    x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
+    backend, checked_op, item_bytes = _inspect(x, op, "allreduce", algorithm)
+    reduce_op = get_op(op) if checked_op is None else checked_op  # get_op names a missing op
+    shape = tuple(x.shape)
+    if out is not None:
+        _check_out(backend, out, x, shape)
+    work, in_out = _workspace(backend, out, x.size, x)
+    source = None
+    if not (in_out and out is x):
+        # the schedule reads x where it first needs each chunk, sparing a copy into work
+        source = backend.flat_view(x)
+        if source is None or backend.shares_memory(source, work):
+            backend.copy(work, x)
+            source = None
+    opening = None
+    if backend.device() is None:
+        opening = opening_of(group, check, algorithm, backend, reduce_op, work, source, item_bytes)
+    # calls decided before agreeing are the ones to repeat; a repeat must not copy x first
+    repeatable = (
+        opening is not None and backend.name == "numpy" and ((in_out and out is x) or source is not None)
+    )
+    return Job(
+        "allreduce", algorithm, backend, reduce_op, item_bytes, x.size, backend.dtype_name(x), work,
+        source=source, shape=shape, on_shared=True, key=key if repeatable else None, opening=opening,
+        out=out, in_out=in_out,
+    )  # fmt: skip
+
+
+def reduce_scatter_job(
+    group: Communicator,
+    algorithm: str,
+    x: Any,
+    op: "str | ReduceOp",
+    counts: Sequence[int] | None,
+    out: Any,
+    key: tuple[Any, ...] | None,
+) -> Job:
+    """A reduce-scatter's checked arguments and the array its share goes to."""
+    x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
+    backend, reduce_op, item_bytes = _inspect(x, op, "reduce_scatter", algorithm)
+    size, rank = group.size, group.rank
+    shares, share_shape, _ = _shares_of("reduce_scatter", x, counts, size, rank, x.size)
+    if out is None:
+        out = backend.empty(shares[rank], x).reshape(share_shape)
+    else:
+        _check_out(backend, out, x, share_shape)
+    flat = backend.flat_view(x)
+    on_shared = reduce_op is not None and flat is not None
+    # the shared-memory executor writes the share straight into out, unless out overlaps x
+    mine = backend.flat_view(out) if on_shared else None
+    if mine is not None and backend.shares_memory(mine, flat):
+        mine = None
+    return Job(
+        "reduce_scatter", algorithm, backend, reduce_op, item_bytes, x.size, backend.dtype_name(x), None,
+        source=x if flat is None else flat, counts=counts, shares=shares, shape=share_shape,
+        on_shared=on_shared, result=mine, key=key, out=out,
+    )  # fmt: skip
+
+
+def gather_job(
+    group: Communicator,
+    algorithm: str,
+    collective: str,
+    x: Any,
+    root: int,
+    counts: Sequence[int] | None,
+    out: Any,
+) -> Job:
+    """An allgather's or a gather's checked arguments, with this rank's part in the workspace."""
+    x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
+    backend, _, item_bytes = _inspect(x, None, collective, algorithm)
+    size, rank = group.size, group.rank
+    if collective == "gather":
+        root = check_root(root, size)
+    total = x.size * size if counts is None else sum(counts)
+    shares, _, whole_shape = _shares_of(collective, x, counts, size, rank, total)
+    if counts is not None and x.size != shares[rank]:
+        raise InvalidBufferError(f"x has {x.size} elements but counts[{rank}] is {shares[rank]}")
+    if out is not None:
+        _check_out(backend, out, x, whole_shape)
+    gets = collective == "allgather" or rank == root  # where the result goes
+    work, in_out = _workspace(backend, out if gets else None, total, x)
+    lo = sum(shares[:rank])
+    backend.copy(work[lo : lo + shares[rank]], x)
+    return Job(
+        collective, algorithm, backend, None, item_bytes, total, backend.dtype_name(x), work, root=root,
+        counts=counts, shares=shares, shape=whole_shape, on_shared=collective == "allgather", out=out,
+        in_out=in_out,
+    )  # fmt: skip
+
+
+def broadcast_job(group: Communicator, algorithm: str, x: Any, root: int, out: Any) -> Job:
+    """A broadcast's checked arguments, with the root's data in the workspace."""
+    x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
+    backend, _, item_bytes = _inspect(x, None, "broadcast", algorithm)
+    root = check_root(root, group.size)
+    shape = tuple(x.shape)
+    if out is not None:
+        _check_out(backend, out, x, shape)
+    work, in_out = _workspace(backend, out, x.size, x)
+    if group.rank == root and not (in_out and out is x):
+        backend.copy(work, x)
+    return Job(
+        "broadcast", algorithm, backend, None, item_bytes, x.size, backend.dtype_name(x), work, root=root,
+        shape=shape, out=out, in_out=in_out,
+    )  # fmt: skip
+
+
+def reduce_job(group: Communicator, algorithm: str, x: Any, op: "str | ReduceOp", root: int, out: Any) -> Job:
+    """A reduce's checked arguments, with this rank's data in the workspace."""
+    x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
+    backend, reduce_op, item_bytes = _inspect(x, op, "reduce", algorithm)
+    root = check_root(root, group.size)
+    shape = tuple(x.shape)
+    if out is not None:
+        _check_out(backend, out, x, shape)
+    # elsewhere an algorithm may combine partial results in the buffer, so it is a copy of x too
+    work, in_out = _workspace(backend, out if group.rank == root else None, x.size, x)
+    if not (in_out and out is x):
+        backend.copy(work, x)
+    return Job(
+        "reduce", algorithm, backend, reduce_op, item_bytes, x.size, backend.dtype_name(x), work, root=root,
+        shape=shape, out=out, in_out=in_out,
+    )  # fmt: skip
+
+
+def scatter_job(
+    group: Communicator, algorithm: str, x: Any, root: int, counts: Sequence[int] | None, out: Any
+) -> Job:
+    """A scatter's checked arguments, with the root's data in the workspace."""
+    x, out = adopt(x), adopt(out)
+    size, rank = group.size, group.rank
+    root = check_root(root, size)
+    if x is None:
+        if rank == root:
+            raise InvalidBufferError(f"scatter needs x at the root, rank {root}")
+        if out is None:
+            raise InvalidBufferError(
+                f"scatter needs out= (or x) on rank {rank}, which is not the root {root}, "
+                "to know the shape and dtype of its share"
+            )
+        like = out
+        shares, share_shape = _scatter_shares(out, counts, size, rank)
+    else:
+        like = x
+        shares, share_shape, _ = _shares_of("scatter", x, counts, size, rank, x.size)
+    backend, _, item_bytes = _inspect(like, None, "scatter", algorithm)
+    if out is not None:
+        _check_out(backend, out, like, share_shape)
+    total = sum(shares)
+    work = backend.empty(total, like)
+    if rank == root:
+        backend.copy(work, x)
+    return Job(
+        "scatter", algorithm, backend, None, item_bytes, total, backend.dtype_name(like), work, root=root,
+        counts=counts, shares=shares, shape=share_shape, out=out,
+    )  # fmt: skip
+
+
+def alltoall_job(group: Communicator, algorithm: str, x: Any, out: Any) -> Job:
+    """An alltoall's checked arguments, with the input and this rank's own share in the workspace."""
+    x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
+    backend, _, item_bytes = _inspect(x, None, "alltoall", algorithm)
+    size, rank = group.size, group.rank
+    shape = tuple(x.shape)
+    _check_rows("alltoall", x, size)
+    if out is not None:
+        _check_out(backend, out, x, shape)
+    count = x.size
+    share = count // size
+    # the schedule's buffer: the input, then the output (see collectives.specs)
+    work = backend.empty(2 * count, x)
+    backend.copy(work[:count], x)
+    # no rank sends to itself, so its share for itself starts in its slot of the output
+    mine = rank * share
+    backend.copy(work[count + mine : count + mine + share], work[mine : mine + share])
+    return Job(
+        "alltoall", algorithm, backend, None, item_bytes, count, backend.dtype_name(x), work, shape=shape,
+        out=out,
+    )  # fmt: skip
+
+
+def barrier_job(group: Communicator, algorithm: str) -> Job:
+    """A barrier's checked algorithm: no data of the caller's, so no dtype in its signature."""
+    import numpy as np  # the schedule's tokens are host bytes, whatever library the user's arrays are from
+
+    check_algorithm("barrier", algorithm)
+    return Job("barrier", algorithm, backend_for(np.empty(0, np.uint8)), None, 1, 0, "", None)
+
+
+def _shares_of(
+    collective: str, x: Any, counts: Sequence[int] | None, size: int, rank: int, total: int
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """Each rank's share of the buffer, the shape of this rank's share, and the shape of the whole."""
+    if counts is not None:
+        shares = tuple(int(c) for c in counts)
+        if len(shares) != size or any(c < 0 for c in shares):
+            raise InvalidBufferError(
+                f"counts must give {size} non-negative element counts, one per rank; got {tuple(counts)}"
+            )
+        if sum(shares) != total:
+            raise InvalidBufferError(f"counts {shares} add up to {sum(shares)}, not {total}")
+        return shares, (shares[rank],), (total,)
+    rows = x.shape[0] if x.ndim else 1
+    rest = tuple(x.shape[1:])
+    if collective in ("allgather", "gather"):
+        return (x.size,) * size, tuple(x.shape), (rows * size, *rest)
+    _check_rows(collective, x, size, "; pass counts= for unequal shares")
+    return (x.size // size,) * size, (rows // size, *rest), tuple(x.shape)
+
+
+def _scatter_shares(
+    out: Any, counts: Sequence[int] | None, size: int, rank: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Each rank's share and this rank's share's shape, told by ``out`` alone."""
+    if counts is None:
+        return (out.size,) * size, tuple(out.shape)
+    shares, share_shape, _ = _shares_of("scatter", out, counts, size, rank, sum(int(c) for c in counts))
+    return shares, share_shape
+
+
+def _check_rows(collective: str, x: Any, size: int, hint: str = "") -> None:
+    """Raise unless ``x`` has a first dimension divisible by the world size."""
+    if x.ndim == 0 or x.shape[0] % size:
+        raise InvalidBufferError(
+            f"{collective} needs the first dimension of x (shape {tuple(x.shape)}) to be "
+            f"divisible by the world size {size}{hint}"
+        )

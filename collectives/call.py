@@ -1,0 +1,272 @@
+"""One collective under its watchdog: the transport it runs on, its deadlines, its flight-recorder entry."""
+
+__all__ = ["Call", "Tracked", "WatchedTransport"]
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from .errors import CollectiveTimeout, TransportError
+from .signature import Signature
+from .transport.base import Request, SharedMemory, Transport, WrappedTransport
+
+if TYPE_CHECKING:
+    from .watchdog import Guard, Watchdog
+
+_log = logging.getLogger("collectives")
+
+
+class Tracked:
+    """A request with the peer it waits on, and whether it sends."""
+
+    __slots__ = ("peer", "request", "sends")
+
+    def __init__(self, request: Request, peer: int, sends: bool) -> None:
+        self.request = request
+        self.peer = peer
+        self.sends = sends
+
+
+class WatchedTransport(WrappedTransport):
+    """The transport the executor gets: each ``waitall`` is one step, bounded by the call's deadline.
+
+    Pointed at the call in progress. ``inner`` is the communicator's transport (one
+    such per watchdog, reused by every call), or one over a subgroup of its ranks (a
+    rail between nodes) or a device path, whose rank ``i`` is the communicator's
+    ``ranks[i]``.
+    """
+
+    def __init__(self, inner: Transport, ranks: tuple[int, ...] | None = None) -> None:
+        super().__init__(inner)
+        self._ranks = ranks
+        self.call: Call | None = None
+        self.steps = 0
+
+    def _peer(self, peer: int) -> int:
+        return peer if self._ranks is None else self._ranks[peer]
+
+    def isend(self, buffer: Any, dst: int, tag: int) -> Request:
+        return Tracked(self._inner.isend(buffer, dst, tag), self._peer(dst), True)
+
+    def irecv(self, buffer: Any, src: int, tag: int) -> Request:
+        return Tracked(self._inner.irecv(buffer, src, tag), self._peer(src), False)
+
+    def waitall(self, requests: list[Request]) -> None:
+        step = self.steps
+        self.steps += 1
+        call = self.call
+        if call is None:
+            raise TransportError("a watched transport was used outside its collective")
+        call.wait([t.request for t in requests], step, requests, self._inner)
+
+
+class Call:
+    """One collective: the transport to run it on and its deadlines, then its entry in the flight recorder.
+
+    :meth:`Watchdog.watch <collectives.watchdog.Watchdog.watch>` opens one for a
+    ``with`` block, which ends it (:meth:`Watchdog.end <collectives.watchdog.Watchdog.end>`)
+    with whatever error leaves the block.
+
+    Attributes:
+        signature: the call's fields; its own sequence number is ``sequence``.
+        sequence: the call's number on its communicator.
+        algorithm: the algorithm that runs, once chosen (the recorder shows it).
+        transport: the transport to give the executor.
+        outcome: ``"running"``, then ``"ok"``, ``"timed out"`` or ``"failed: ..."``.
+        seconds: how long the call took, once it ended.
+        began: when the call began, by ``time.monotonic()``.
+        pending: a signature to post with the call's first barrier and check after it.
+    """
+
+    __slots__ = (
+        "_barriers",
+        "_deadline",
+        "_warn_at",
+        "_warned",
+        "_watched",
+        "algorithm",
+        "began",
+        "outcome",
+        "pending",
+        "seconds",
+        "sequence",
+        "signature",
+        "started",
+        "transport",
+        "watchdog",
+    )
+
+    def __init__(self, watchdog: "Watchdog", signature: Signature, sequence: int) -> None:
+        # one object per call, its own record too: a small allreduce takes a few microseconds
+        self.watchdog = watchdog
+        self.signature = signature
+        self.sequence = sequence
+        self.algorithm = signature.algorithm
+        self.started = time.time()  # for comparing ranks' logs
+        self.seconds: float | None = None
+        self.outcome = "running"
+        self.began = started = time.monotonic()  # for the deadlines
+        self._deadline = started + watchdog.timeout
+        self._warn_at = started + watchdog.stall_warning
+        self._warned = False
+        self._barriers = 0
+        self.pending: Guard | None = None  # a signature to post with the first barrier and check after it
+        watched = watchdog.watched
+        self._watched = watched is not None
+        if watched is None:
+            self.transport: Transport = watchdog.transport
+        else:
+            watched.call = self
+            watched.steps = 0
+            self.transport = watched
+
+    def __enter__(self) -> "Call":
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.watchdog.end(self, error)
+
+    def line(self, rank: int) -> str:
+        """The call as the flight recorder and the debug log show it."""
+        s = self.signature
+        took = "-" if self.seconds is None else f"{self.seconds * 1e3:.3f}ms"
+        clock = (
+            time.strftime("%H:%M:%S", time.localtime(self.started)) + f".{int(self.started % 1 * 1e6):06d}"
+        )
+        return (
+            f"collectives rank {rank} #{self.sequence} {s.collective} count={s.count} "
+            f"dtype={s.dtype or '-'} op={s.op or '-'} root={'-' if s.root < 0 else s.root} "
+            f"algorithm={self.algorithm} start={clock} time={took} {self.outcome}"
+        )
+
+    def run_on(self, transport: Transport) -> None:
+        """Send the collective's messages over ``transport``, e.g. a device transport over the communicator's.
+
+        The signature check has already used the communicator's own transport.
+        """
+        self.transport = self.watch(transport)
+
+    def watch(self, inner: Transport, ranks: tuple[int, ...] | None = None) -> Transport:
+        """``inner`` with its waits bounded by this call's deadline; its rank ``i`` is ``ranks[i]`` here."""
+        if not self._watched:
+            return inner
+        watched = WatchedTransport(inner, ranks)
+        watched.call = self
+        return watched
+
+    def wait(
+        self,
+        requests: list[Request],
+        step: int | str,
+        peers: Sequence[Any],
+        transport: Transport | None = None,
+    ) -> None:
+        """Wait for ``requests`` (of ``transport``, the communicator's by default) until the deadline.
+
+        Warns once at the stall interval. ``peers[i]`` tells whom ``requests[i]`` waits
+        on (its ``peer``) and whether it sends (its ``sends``); only a stall or a
+        timeout reads it.
+        """
+        transport = self.watchdog.transport if transport is None else transport
+        if not self._watched:  # neither a deadline nor a warning
+            transport.waitall(requests)
+            return
+        if not self._warned:
+            pending = transport.wait_for(requests, max(self._warn_at - time.monotonic(), 0.0))
+            if not pending:
+                return
+            self._warned = True
+            requests = [requests[i] for i in pending]
+            peers = [peers[i] for i in pending]
+            _log.warning(
+                "rank %d: %s #%d has waited %.3g s %s for %s",
+                transport.rank,
+                self.signature.collective,
+                self.sequence,
+                time.monotonic() - self.began,
+                "to start"
+                if step == "signature"
+                else f"in step {step}"
+                if isinstance(step, int)
+                else f"in {step}",
+                _ranks(p.peer for p in peers),
+            )
+        pending = transport.wait_for(requests, max(self._deadline - time.monotonic(), 0.0))
+        if pending:
+            stuck = [Tracked(requests[i], peers[i].peer, peers[i].sends) for i in pending]
+            self._time_out(stuck, step, transport)
+
+    def barrier(
+        self, shared: SharedMemory, note: Sequence[int] = (), ranks: tuple[int, ...] | None = None
+    ) -> None:
+        """Pass the next barrier of ``shared``, leaving ``note``, by the deadline; warn at the stall interval.
+
+        ``shared``'s rank ``i`` is this communicator's ``ranks[i]`` (all of them, in order, by default).
+        """
+        passed = self._barriers
+        self._barriers = passed + 1
+        pending = self.pending
+        if pending is not None:
+            shared.post(pending.packed)
+        shared.arrive(note)
+        if not self._warned:
+            missing = shared.wait(max(self._warn_at - time.monotonic(), 0.0))
+            if not missing:
+                if pending is not None:
+                    self.pending = None
+                    self.watchdog.compare_posted(shared, pending, self.sequence)
+                return
+            self._warned = True
+            _log.warning(
+                "rank %d: %s #%d has waited %.3g s in %s for %s",
+                self.watchdog.transport.rank,
+                self.signature.collective,
+                self.sequence,
+                time.monotonic() - self.began,
+                f"barrier {passed}",
+                _ranks(tuple(missing if ranks is None else [ranks[r] for r in missing])),
+            )
+        missing = shared.wait(max(self._deadline - time.monotonic(), 0.0))
+        if missing:
+            shared.abandon()
+            self._fail(tuple(missing if ranks is None else [ranks[r] for r in missing]), f"barrier {passed}")
+        if pending is not None:
+            self.pending = None
+            self.watchdog.compare_posted(shared, pending, self.sequence)
+
+    def _time_out(self, stuck: list[Tracked], step: int | str, transport: Transport) -> None:
+        peers = tuple(sorted({t.peer for t in stuck}))
+        # MPI cannot cancel the sends: keep their buffers alive, and the communicator out of use
+        self.watchdog.abandoned.extend(stuck)
+        transport.abandon([t.request for t in stuck if not t.sends], [t.request for t in stuck if t.sends])
+        self._fail(peers, step)
+
+    def _fail(self, peers: tuple[int, ...], step: int | str) -> None:
+        watchdog = self.watchdog
+        collective, sequence = self.signature.collective, self.sequence
+        self.outcome = "timed out"
+        where = "before it started" if step == "signature" else f"in {step}"
+        if isinstance(step, int):
+            where = f"in step {step}"
+        message = (
+            f"rank {watchdog.transport.rank}: {collective} #{sequence} did not complete in "
+            f"{watchdog.timeout:g} s; stuck {where} waiting for {_ranks(peers)}; "
+            "this communicator is unusable now"
+        )
+        watchdog.broken = message
+        raise CollectiveTimeout(
+            f"{message}\n{watchdog.flight_record_text()}",
+            collective=collective,
+            sequence=sequence,
+            step=step,
+            peers=peers,
+        )
+
+
+def _ranks(peers: Iterator[int] | tuple[int, ...]) -> str:
+    ranks = sorted(set(peers))
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"

@@ -1,0 +1,369 @@
+"""The communicator a call runs on: the user's mpi4py communicator, its selector, watchdog, shared memory."""
+
+__all__ = ["Communicator", "communicator_of", "default"]
+
+import math
+import struct
+import weakref
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from .backends import ArrayBackend
+from .call import Call, Tracked
+from .errors import CalibrationError, InvalidBufferError
+from .execute import Scratch
+from .execute_shared import OVERSUBSCRIBED_SEGMENT_BYTES, SEGMENT_BYTES, SharedExecutor, oversubscribed
+from .selector import CostModel, Selector, default_selector, selector_for
+from .transport.base import NodeSplit, Transport
+from .transport.device_path import DevicePath
+from .transport.tags import Tag
+from .watchdog import Watchdog
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+    from .prepared import Prepared
+
+
+class Communicator:
+    """A group of ranks the collectives run over.
+
+    Wraps an mpi4py intracommunicator (``MPI.COMM_WORLD`` when none is given)
+    and keeps the library's traffic on a private duplicate of it, so creating
+    one is collective over its ranks. A :class:`~collectives.transport.Transport`
+    may be given instead, e.g. a loopback transport in tests. On the first
+    ``algorithm="auto"`` call its ranks take rank 0's cost model, so that they
+    all choose the same algorithm.
+
+    Before each collective its ranks agree on the call (collective, count,
+    dtype, op, root, algorithm, sequence number) and raise
+    :class:`~collectives.MismatchError` on every rank if they differ; no
+    collective waits longer than ``timeout`` (see :mod:`collectives.watchdog`).
+
+    Args:
+        comm: the mpi4py communicator, or a transport.
+        timeout: seconds a collective may take before it raises
+            :class:`~collectives.CollectiveTimeout`; ``$COLLECTIVES_TIMEOUT``
+            or 30 minutes by default; 0 for no limit.
+        stall_warning: seconds after which a waiting collective logs the ranks it
+            waits for; ``$COLLECTIVES_STALL_WARNING`` or ``min(60, timeout / 2)``
+            by default; 0 for none.
+        check: whether calls are checked for mismatches unless a call says
+            otherwise; ``$COLLECTIVES_CHECK`` (``1`` or ``0``) or on by default.
+            It must be the same on every rank.
+
+    Attributes:
+        watchdog: numbers, checks, bounds and records every call (for the library's modules).
+        scratch: buffers reused by every call, so repeated calls allocate nothing.
+        prepared: repeated calls' checked decisions, by key (see :mod:`collectives.prepared`).
+    """
+
+    def __init__(
+        self,
+        comm: "MPI.Comm | Transport | None" = None,
+        *,
+        timeout: float | None = None,
+        stall_warning: float | None = None,
+        check: bool | None = None,
+    ) -> None:
+        self._selector: Selector | None = None  # agreed on the first algorithm="auto"
+        self._shared: SharedExecutor | None = None
+        self._nodes: NodeSplit | None = None  # where the ranks span several nodes
+        self._node_shared: SharedExecutor | None = None  # over this rank's node then
+        self._features: frozenset[str] | None = None  # what the transport offers, asked once
+        self._device_paths: dict[str, DevicePath] = {}  # by backend: made on the first device call
+        # plain attributes, not properties: a repeated small call reads them in a few microseconds
+        self.scratch = Scratch()
+        self.prepared: dict[tuple[Any, ...], Prepared] = {}
+        if isinstance(comm, Transport):
+            self._transport = comm
+        else:
+            from .transport.mpi import MPITransport
+
+            self._transport = MPITransport(comm)
+        self.watchdog = Watchdog(self._transport, timeout=timeout, stall_warning=stall_warning, check=check)
+
+    @property
+    def rank(self) -> int:
+        """This process's rank."""
+        return self._transport.rank
+
+    @property
+    def size(self) -> int:
+        """The world size."""
+        return self._transport.size
+
+    @property
+    def transport(self) -> Transport:
+        """The transport the collectives send over."""
+        return self._transport
+
+    @property
+    def features(self) -> frozenset[str]:
+        """What the transport offers beyond messages.
+
+        ``"shared_memory"`` when all ranks share a node; ``"shared_memory_nodes"``
+        (and ``"ranks_per_node=G"``) when they span several nodes of G ranks each
+        (``$COLLECTIVES_RANKS_PER_NODE`` splits one machine into pretend nodes);
+        ``"oversubscribed"`` besides when a node's ranks outnumber its cores.
+
+        Collective the first time it is asked (the ranks agree on a shared window);
+        from then on, where all ranks share a node, they agree on each call's
+        signature through a barrier of that memory instead of messages.
+        """
+        features = self._features
+        return self._find_features() if features is None else features
+
+    def features_in(self, call: Call) -> frozenset[str]:
+        """:attr:`features`, asked inside ``call``: the first time, under its deadline.
+
+        Finding the nodes over MPI is MPI's collective (``Split_type``, a shared
+        window), which no timeout can bound, so first the ranks meet by messages the
+        watchdog bounds: a rank that never comes makes the others raise
+        :class:`~collectives.CollectiveTimeout` here instead of waiting in MPI.
+        """
+        features = self._features
+        if features is not None:
+            return features
+        if self.size > 1 and self._transport.FINDS_NODES_TOGETHER:
+            # twice: a late rank finds the first messages of ranks that sent them and then timed
+            # out; a rank sends its second only once it has every first, so the late one times out too
+            transport = self._transport
+            peers = _peers(transport)
+            for _ in range(2):
+                theirs = [bytearray(1) for _ in peers]
+                mine = [(bytearray(1), peer) for peer in peers]
+                _exchange(
+                    call, transport, mine, list(zip(theirs, peers, strict=True)), Tag.NODES, "the node split"
+                )
+        return self._find_features()
+
+    def _find_features(self) -> frozenset[str]:
+        """Ask the transport for its shared memory or node split (collective), and set up the executors."""
+        shared = self._transport.shared_memory()
+        nodes = None if shared is not None else self._transport.node_split()
+        node_ranks = self.size if shared is not None else len(nodes.node_ranks) if nodes else 1
+        crowded = oversubscribed(node_ranks)  # then barriers are dear: fewer, longer segments
+        segment = OVERSUBSCRIBED_SEGMENT_BYTES if crowded else SEGMENT_BYTES
+        extra = ("oversubscribed",) if crowded else ()
+        if shared is not None:
+            self._shared = SharedExecutor(shared, self.rank, self.size, segment)
+            # from the next call on, the ranks agree on signatures through a barrier, not messages,
+            # so no data travels with them: forget the calls prepared to send it so
+            self.watchdog.agree_through(shared, self._shared.reset)
+            self.prepared.clear()
+            features = frozenset({"shared_memory", *extra})
+        elif nodes is not None:
+            self._nodes = nodes
+            self._node_shared = SharedExecutor(
+                nodes.shared, nodes.node_ranks.index(self.rank), len(nodes.node_ranks), segment
+            )
+            features = frozenset({"shared_memory_nodes", f"ranks_per_node={len(nodes.node_ranks)}", *extra})
+        else:
+            features = frozenset()
+        self._features = features
+        return features
+
+    @property
+    def known_features(self) -> frozenset[str] | None:
+        """:attr:`features` if an earlier call found them, else ``None``; never collective."""
+        return self._features
+
+    @property
+    def shared(self) -> SharedExecutor | None:
+        """The shared-memory executor over all ranks, once :attr:`features` found them on one node."""
+        return self._shared
+
+    @property
+    def nodes(self) -> tuple[NodeSplit, SharedExecutor] | None:
+        """This rank's node split and the executor over its node, once :attr:`features` found several."""
+        if self._nodes is None or self._node_shared is None:
+            return None
+        return self._nodes, self._node_shared
+
+    @property
+    def selector(self) -> Selector | None:
+        """The selector the ranks agreed on (rank 0's), or ``None`` before the first ``"auto"`` call."""
+        return self._selector
+
+    def agreed_selector(self, call: Call) -> Selector:
+        """Rank 0's selector, on every rank; the first time, the ranks agree on it under ``call``'s deadline.
+
+        Rank 0 loads the calibration for this communicator's size. Ranks whose
+        calibrations differ would choose different algorithms and wait on each other
+        forever, so they all take rank 0's constants.
+
+        Raises:
+            CalibrationError: rank 0 could not load its calibration (on every rank).
+            CollectiveTimeout: rank 0's constants did not come in time.
+        """
+        selector = self._selector
+        if selector is None:
+            selector = self._selector = _agree_on_selector(call, self._transport)
+        return selector
+
+    @property
+    def device_path(self) -> str | None:
+        """How device arrays travel: ``"cuda ipc"``, ``"cuda-aware mpi"`` or ``"host staging"``.
+
+        ``None`` until the first collective on device arrays chooses it (collectively;
+        see :func:`collectives.transport.device_path.connect`).
+        """
+        path = self.chosen_device_path
+        return None if path is None else path.name
+
+    @property
+    def chosen_device_path(self) -> DevicePath | None:
+        """The path device arrays take, once the first collective on them chose it; never collective."""
+        return next(iter(self._device_paths.values()), None)
+
+    def device_path_of(self, backend: ArrayBackend) -> DevicePath | None:
+        """The path of ``backend``'s device arrays, made on first use (collective); ``None`` on the host."""
+        path = self._device_paths.get(backend.name)
+        if path is None:
+            device = backend.device()
+            if device is None:
+                return None
+            from .transport.device_path import connect
+
+            path = self._device_paths[backend.name] = connect(self._transport, device)
+        return path
+
+    @property
+    def timeout(self) -> float:
+        """Seconds a collective may take; ``math.inf`` for no limit."""
+        return self.watchdog.timeout
+
+    def alloc(self, shape: "int | Sequence[int]", dtype: Any = "float32") -> Any:
+        """A numpy array in memory every rank of the node maps, for collectives that need no copy.
+
+        An allreduce in place (``out=x``) or a reduce_scatter of such an array, with
+        the ``shared_memory`` algorithm (or ``"auto"`` choosing it), reads the
+        other ranks' data where it already lies instead of copying it through a
+        window first. Every rank must pass such an array or none may (a
+        :class:`~collectives.MismatchError` says so otherwise).
+
+        Collective: every rank of the communicator calls it, in the same order
+        (each gets its own array; shapes may differ). The memory lives until
+        :meth:`free`, so the array must not be used after it. Where the transport
+        has no shared memory (a loopback transport, ranks on several nodes) it is
+        a plain ``numpy.empty`` array, and the collectives copy as usual.
+
+        Args:
+            shape: the array's shape.
+            dtype: a numpy dtype or its name.
+
+        Returns:
+            An uninitialised C-contiguous numpy array.
+        """
+        import numpy as np
+
+        dims = (shape,) if isinstance(shape, int) else tuple(shape)
+        kind = np.dtype(dtype)
+        if any(not isinstance(d, int | np.integer) or d < 0 for d in dims):
+            raise InvalidBufferError(f"alloc needs a shape of non-negative integers, got {shape!r}")
+        nbytes = math.prod(dims) * kind.itemsize
+        if "shared_memory" not in self.features or self._shared is None:
+            return np.empty(dims, kind)
+        # padded, so every allocation starts on a cache line and a zero-size one still exists
+        memory = self._shared.alloc(max(-(-nbytes // 64) * 64, 64))
+        return np.frombuffer(memory, np.uint8, nbytes).view(kind).reshape(dims)
+
+    def flight_record(self) -> list[str]:
+        """This rank's last collectives on the communicator, oldest first, one line each."""
+        return self.watchdog.flight_record()
+
+    def free(self) -> None:
+        """Release the library's duplicate communicator; collective, like creating it."""
+        self.scratch.clear()
+        for path in self._device_paths.values():
+            path.close()
+        self._device_paths.clear()
+        self.prepared.clear()
+        self._transport.close()
+
+    def __repr__(self) -> str:
+        return f"Communicator(rank={self.rank}, size={self.size}, transport={type(self._transport).__name__})"
+
+
+default: Communicator | None = None
+"""The communicator over ``MPI.COMM_WORLD``, once a call without ``comm=`` made it."""
+
+_wrapped: list[tuple["weakref.ref[Any]", Communicator]] = []
+
+
+def communicator_of(comm: "Communicator | MPI.Comm | None") -> Communicator:
+    """The communicator a call with ``comm=comm`` runs on.
+
+    ``comm`` itself if it is one; for ``None``, the one over ``MPI.COMM_WORLD``,
+    made on the first such call; for an mpi4py communicator, one over it, made on
+    its first call and reused while it lives (collective, as making one is).
+    """
+    global default
+    if isinstance(comm, Communicator):
+        return comm
+    if comm is None:
+        if default is None:
+            default = Communicator()
+        return default
+    # an mpi4py communicator: duplicate it once and reuse that (mpi4py comms are not hashable)
+    for ref, wrapper in _wrapped:
+        if ref() is comm:
+            return wrapper
+    wrapper = Communicator(comm)
+    _wrapped[:] = [(r, w) for r, w in _wrapped if r() is not None]
+    _wrapped.append((weakref.ref(comm), wrapper))
+    return wrapper
+
+
+_MODEL_FORMAT = struct.Struct("5d")  # the cost model rank 0 sends: alpha, beta, gamma, barrier, copy
+
+
+def _agree_on_selector(call: Call, transport: Transport) -> Selector:
+    """Rank 0's selector on every rank of ``transport``: rank 0 sends its cost model under ``call``."""
+    size = transport.size
+    message = bytearray(_MODEL_FORMAT.size)
+    if size == 1:
+        return default_selector(size)
+    step = "the selector's agreement"
+    if transport.rank == 0:
+        try:
+            selector = default_selector(size)
+        except CalibrationError:
+            # tell the others, or they would wait for constants that never come
+            _MODEL_FORMAT.pack_into(message, 0, *(math.nan,) * 5)
+            _exchange(call, transport, [(message, p) for p in _peers(transport)], [], Tag.SELECTOR, step)
+            raise
+        model = selector.model
+        _MODEL_FORMAT.pack_into(message, 0, model.alpha, model.beta, model.gamma, model.barrier, model.copy)
+        _exchange(call, transport, [(message, p) for p in _peers(transport)], [], Tag.SELECTOR, step)
+        return selector
+    _exchange(call, transport, [], [(message, 0)], Tag.SELECTOR, step)
+    alpha, beta, gamma, barrier, copy = _MODEL_FORMAT.unpack(message)
+    if math.isnan(alpha):
+        raise CalibrationError("rank 0 could not load its calibration; see its error")
+    return selector_for(CostModel(alpha, beta, gamma, barrier, copy, source="calibration of rank 0"))
+
+
+def _peers(transport: Transport) -> list[int]:
+    return [peer for peer in range(transport.size) if peer != transport.rank]
+
+
+def _exchange(
+    call: Call,
+    transport: Transport,
+    sends: list[tuple[Any, int]],
+    receives: list[tuple[Any, int]],
+    tag: int,
+    step: str,
+) -> None:
+    """Send and receive ``(buffer, peer)`` messages of ``tag``, waiting no longer than ``call`` may.
+
+    A timeout names ``step`` as where the call was stuck.
+    """
+    requests = [transport.irecv(buffer, peer, tag) for buffer, peer in receives]
+    requests += [transport.isend(buffer, peer, tag) for buffer, peer in sends]
+    peers = [Tracked(None, peer, False) for _, peer in receives] + [
+        Tracked(None, peer, True) for _, peer in sends
+    ]
+    call.wait(requests, step, peers, transport)

@@ -1,0 +1,374 @@
+"""Routes one call to a schedule, the shared-memory executor or the node hierarchy, under the watchdog.
+
+Every collective of :mod:`collectives.api` takes the same path: its arguments
+are checked into a :class:`Job` (:func:`checked`, which tells the other ranks if
+the checks fail), then :func:`run` agrees on the call with the other ranks,
+chooses its algorithm and runs it under the watchdog.
+"""
+
+__all__ = ["Job", "checked", "refuse", "run"]
+
+from collections.abc import Callable, Sequence
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+from .algorithms import ALGORITHMS, build_schedule
+from .backends import ArrayBackend
+from .call import Call
+from .chunking import even_split
+from .communicator import Communicator
+from .execute import execute
+from .execute import run as run_plan
+from .execute_shared import SharedExecutor
+from .ops import ReduceOp, get_op
+from .prepared import Opening, Prepared, allreduce_plan, remember
+from .selector import AUTO, itemsize
+from .transport.base import SharedMemory
+from .watchdog import Guard
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+_BOR = get_op("bor")  # the barrier's tokens combine by it
+
+
+class Job:
+    """One call with its arguments checked: what :func:`run` agrees on, routes and runs.
+
+    Attributes:
+        collective: the collective's name.
+        algorithm: the algorithm asked for: a name, or ``"auto"``.
+        backend: the arrays' backend.
+        op: the reduction, of the collectives that reduce.
+        item_bytes: bytes per element.
+        count: elements of the schedule's buffer, as the signature gives them.
+        dtype: the arrays' dtype, as the signature gives it; ``""`` for the barrier,
+            which moves no data of the caller's (nor names its backend).
+        work: the buffer the schedule runs on; ``None`` where :func:`run` makes it
+            (a reduce-scatter's copy of its input, the barrier's tokens).
+        source: where the schedule reads this rank's input, when not from ``work``.
+        root: the root of a rooted collective, else -1.
+        counts: the elements of each rank's share, as the caller gave them.
+        shares: the elements of each rank's share, for the schedule.
+        shape: the result's shape, as a repeated call's decisions keep it.
+        on_shared: whether the shared-memory executor can run the call, where its
+            algorithm asks for it (an allreduce, all-gather, or reduce-scatter of a
+            contiguous input).
+        result: where the shared-memory executor puts a reduce-scatter's share
+            (``None``: in a buffer of its own).
+        out: where the caller wants the result (``None``: a new array).
+        in_out: whether ``work`` is ``out`` itself.
+        key: where a call whose decisions later calls may reuse keeps them
+            (see :mod:`collectives.prepared`); ``None`` for others.
+        opening: an allreduce's decisions made before its ranks agree on the call.
+    """
+
+    __slots__ = (
+        "algorithm",
+        "backend",
+        "collective",
+        "count",
+        "counts",
+        "dtype",
+        "in_out",
+        "item_bytes",
+        "key",
+        "on_shared",
+        "op",
+        "opening",
+        "out",
+        "result",
+        "root",
+        "shape",
+        "shares",
+        "source",
+        "work",
+    )
+
+    def __init__(
+        self,
+        collective: str,
+        algorithm: str,
+        backend: ArrayBackend,
+        op: ReduceOp | None,
+        item_bytes: int,
+        count: int,
+        dtype: str,
+        work: Any,
+        *,
+        source: Any = None,
+        root: int = -1,
+        counts: Sequence[int] | None = None,
+        shares: tuple[int, ...] | None = None,
+        shape: tuple[int, ...] = (),
+        on_shared: bool = False,
+        result: Any = None,
+        key: tuple[Any, ...] | None = None,
+        opening: Opening | None = None,
+        out: Any = None,
+        in_out: bool = False,
+    ) -> None:
+        self.collective = collective
+        self.algorithm = algorithm
+        self.backend = backend
+        self.op = op
+        self.item_bytes = item_bytes
+        self.count = count
+        self.dtype = dtype
+        self.work = work
+        self.source = source
+        self.root = root
+        self.counts = counts
+        self.shares = shares
+        self.shape = shape
+        self.on_shared = on_shared
+        self.result = result
+        self.key = key
+        self.opening = opening
+        self.out = out
+        self.in_out = in_out
+
+
+def refuse(
+    group: Communicator, collective: str, algorithm: object, check: bool | None, error: BaseException
+) -> None:
+    """Tell the other ranks that this rank's checks of a call failed, so that they raise too.
+
+    Every error raised while a call is prepared, before its signature goes, is
+    told: the library's own (a bad buffer, dtype, op, root, algorithm ...) and any
+    other (a foreign array's protocol failing, memory for the workspace), since
+    the other ranks would otherwise wait for the timeout. Not with checking off.
+    The caller raises ``error`` then.
+    """
+    group.watchdog.poison(collective, algorithm, error, check)
+
+
+def checked(
+    group: Communicator,
+    collective: str,
+    algorithm: str,
+    check: bool | None,
+    prepare: Callable[Concatenate[Communicator, str, P], T],
+    *args: P.args,
+    **kwargs: P.kwargs,
+) -> T:
+    """``prepare(group, algorithm, *args, **kwargs)``, a call's checks; if they raise, the others are told."""
+    try:
+        return prepare(group, algorithm, *args, **kwargs)
+    except Exception as error:
+        refuse(group, collective, algorithm, check, error)
+        raise
+
+
+def run(group: Communicator, job: Job, check: bool | None) -> Any:
+    """Agree on ``job``'s call with the other ranks, choose its algorithm and run it, under the watchdog.
+
+    The call runs on the shared-memory executor where its algorithm needs the
+    node's shared memory and the arrays are numpy's; an allreduce whose algorithm
+    needs several nodes' memory runs through the node hierarchy; any other runs
+    its algorithm's schedule on the executor, over the device path for device arrays.
+
+    Returns:
+        The buffer with this rank's result: ``job.work``, or a reduce-scatter's share.
+
+    Raises:
+        MismatchError: on every rank, when their calls differ.
+        CollectiveTimeout: the call did not complete in time.
+    """
+    watchdog = group.watchdog
+    opening = job.opening
+    guard = _guard(group, job) if opening is None else opening.guard
+    with watchdog.watch(guard, check, first_barrier=opening is not None and opening.plan is None) as call:
+        device = _on_device(group, call, job.backend)
+        if opening is None:
+            call.algorithm = _choose(
+                group, call, job.collective, job.algorithm, job.count, job.item_bytes, device
+            )
+            shared = _shared(group, call, job)
+        else:
+            call.algorithm = opening.algorithm
+            shared = group.shared if opening.plan is None else None
+        if shared is not None:
+            return _ON_SHARED[job.collective](group, call, shared, guard, job)
+        if job.collective == "allreduce":
+            _allreduce(group, call, guard, job)
+            return job.work
+        return _schedule(group, call, job)
+
+
+def _guard(group: Communicator, job: Job) -> Guard:
+    """The packed signature of ``job``'s call."""
+    counts = None if job.counts is None else tuple(int(c) for c in job.counts)
+    op = "" if job.op is None else job.op.name
+    backend = job.backend.name if job.dtype else ""
+    return group.watchdog.guard(
+        job.collective, job.algorithm, job.count, job.dtype, op, job.root, counts, backend=backend
+    )
+
+
+def _on_device(group: Communicator, call: Call, backend: ArrayBackend) -> bool:
+    """Send the call's messages over the communicator's device path if ``backend`` has a device."""
+    path = group.device_path_of(backend)
+    if path is None:
+        return False
+    call.run_on(path.transport)
+    return True
+
+
+def _choose(
+    group: Communicator,
+    call: Call,
+    collective: str,
+    algorithm: str,
+    count: int,
+    item_bytes: int,
+    device: bool,
+) -> str:
+    """``algorithm``, or the selector's choice for ``"auto"``, agreed with the other ranks under ``call``.
+
+    Device arrays never use the host's shared memory, so the selector is not offered it for them.
+    """
+    if algorithm != AUTO:
+        return algorithm
+    features = frozenset() if device else group.features_in(call)
+    return group.agreed_selector(call).choose(collective, group.size, count, item_bytes, features)
+
+
+def _needs(group: Communicator, call: Call, algorithm: str, backend: ArrayBackend, feature: str) -> bool:
+    """Whether ``algorithm`` declares it needs ``feature``, and the communicator has it for ``backend``."""
+    needs = getattr(ALGORITHMS[algorithm], "REQUIRES", None)
+    return needs == feature and backend.name == "numpy" and needs in group.features_in(call)
+
+
+def _shared(group: Communicator, call: Call, job: Job) -> SharedExecutor | None:
+    """The shared-memory executor, when the call's algorithm needs shared memory and it can run the call."""
+    if not job.on_shared or not _needs(group, call, call.algorithm, job.backend, "shared_memory"):
+        return None
+    return group.shared
+
+
+def _schedule(group: Communicator, call: Call, job: Job) -> Any:
+    """Run the call's algorithm's schedule on the executor; the buffer with this rank's result."""
+    collective, backend, op, shares = job.collective, job.backend, job.op, job.shares
+    schedule = build_schedule(
+        collective, call.algorithm, group.size, job.count, shares, root=max(job.root, 0)
+    )
+    work = job.work
+    if collective == "barrier":  # tokens: host bytes, whatever library the user's arrays are from
+        import numpy as np
+
+        work, op = np.zeros(schedule.count, np.uint8), _BOR
+    elif work is None:  # a reduce-scatter's input must survive, so the schedule runs on a copy of all of it
+        work = backend.empty(job.count, job.source)
+        backend.copy(work, job.source)
+    execute(schedule, call.transport, backend, work, op)
+    if collective == "reduce_scatter" and shares is not None:  # this rank's share
+        lo = sum(shares[: group.rank])
+        return work[lo : lo + shares[group.rank]]
+    return work
+
+
+def _allreduce(group: Communicator, call: Call, guard: Guard, job: Job) -> None:
+    """Run an allreduce through the node hierarchy or by its plan; keep a repeatable call's decisions."""
+    op, backend, work, source = job.op, job.backend, job.work, job.source
+    assert op is not None  # an allreduce reduces
+    if _needs(group, call, call.algorithm, backend, "shared_memory_nodes"):
+        _allreduce_nodes(group, call, backend, work, work if source is None else source, op)
+        return
+    opening = job.opening
+    rank_plan = (
+        opening.plan
+        if opening is not None and opening.plan is not None
+        else allreduce_plan(group, call.algorithm, job.count, job.item_bytes, source is not None)
+    )
+    scratch = group.scratch.get(backend, rank_plan.scratch, work)
+    arrived = None if opening is None else opening.arrived
+    run_plan(rank_plan, call.transport, backend, work, op, scratch, source, arrived)
+    # a call planned only after agreeing on the selector sent no data with its signature,
+    # which later calls of its signature do: it is not one to repeat (it has no key)
+    if job.key is not None and opening is not None:
+        kept = Prepared(
+            backend, op, guard, rank_plan, scratch, job.shape, opening.sends, opening.outgoing, arrived
+        )
+        remember(group, job.key, kept)
+
+
+def _allreduce_nodes(
+    group: Communicator, call: Call, backend: ArrayBackend, work: Any, x: Any, op: ReduceOp
+) -> None:
+    """``work`` = the allreduce of ``x`` (may be ``work``): reduce-scatter in the node, rail, all-gather.
+
+    See :mod:`collectives.algorithms.hierarchical_shared_memory`.
+    """
+    split = group.nodes
+    if split is None:  # features said otherwise
+        raise RuntimeError("no node split")
+    nodes, node = split
+    ranks = nodes.node_ranks
+    local = ranks.index(group.rank)
+    parts = even_split(x.shape[0], len(ranks))
+    lo = sum(parts[:local])
+    mine = work[lo : lo + parts[local]]
+
+    def barrier(shared: SharedMemory, note: Sequence[int]) -> None:
+        call.barrier(shared, note, ranks)
+
+    # in place is safe: a rank writes only its own part, which only it reads
+    node.reduce_scatter(backend, mine, x, parts, op, barrier)
+    rail = len(nodes.rail_ranks)
+    if rail > 1 and parts[local]:
+        # every rank of the rail has the same part, so they choose alike
+        item_bytes = itemsize(backend.dtype_name(work))
+        algorithm = group.agreed_selector(call).choose("allreduce", rail, parts[local], item_bytes)
+        schedule = build_schedule("allreduce", algorithm, rail, parts[local])
+        execute(schedule, call.watch(nodes.rail, nodes.rail_ranks), backend, mine, op, group.scratch)
+    node.allgather(backend, work, mine, parts, barrier)
+
+
+# --- the collectives the shared-memory executor runs, by name
+
+
+def _allreduce_shared(group: Communicator, call: Call, shared: SharedExecutor, guard: Guard, job: Job) -> Any:
+    work, source, op = job.work, job.source, job.op
+    assert op is not None  # an allreduce reduces
+    shared.allreduce(job.backend, work, work if source is None else source, op, call.barrier)
+    if job.key is not None:
+        remember(
+            group, job.key, Prepared(job.backend, op, guard, None, None, job.shape, (), {}, None, shared)
+        )
+    return work
+
+
+def _reduce_scatter_shared(
+    group: Communicator, call: Call, shared: SharedExecutor, guard: Guard, job: Job
+) -> Any:
+    backend, op, shares, mine = job.backend, job.op, job.shares, job.result
+    assert op is not None and shares is not None  # see _shared
+    # straight into the result, unless it overlaps the input
+    target = backend.empty(shares[group.rank], job.source) if mine is None else mine
+    shared.reduce_scatter(backend, target, job.source, shares, op, call.barrier)
+    if job.key is not None and target is mine and backend.name == "numpy":
+        remember(
+            group, job.key, Prepared(backend, op, guard, None, None, job.shape, (), {}, None, shared, shares)
+        )
+    return target
+
+
+def _allgather_shared(group: Communicator, call: Call, shared: SharedExecutor, guard: Guard, job: Job) -> Any:
+    backend, work, shares = job.backend, job.work, job.shares
+    assert shares is not None  # an allgather has its shares
+    lo = sum(shares[: group.rank])
+    shared.allgather(backend, work, work[lo : lo + shares[group.rank]], shares, call.barrier)
+    if job.key is not None and backend.name == "numpy":
+        remember(
+            group,
+            job.key,
+            Prepared(backend, None, guard, None, None, job.shape, (), {}, None, shared, shares),
+        )
+    return work
+
+
+_ON_SHARED: dict[str, Callable[[Communicator, Call, SharedExecutor, Guard, Job], Any]] = {
+    "allreduce": _allreduce_shared,
+    "reduce_scatter": _reduce_scatter_shared,
+    "allgather": _allgather_shared,
+}

@@ -1,0 +1,364 @@
+"""Repeated calls: the decisions a call made once it had checked its arguments, reused by later ones.
+
+A key names everything the decisions depend on (the arrays' type, shape and
+dtype, the op, the algorithm, where the result goes, the check), so a call that
+finds its key skips validation, the selector, the schedule and plan caches and
+the packing of its signature; the watchdog still numbers, checks, bounds and
+records it like any other. An allreduce's decisions are made before its ranks
+agree on the call where they can be (:func:`opening`), so that even its first
+call can send its first messages with its signature.
+"""
+
+__all__ = [
+    "KEPT",
+    "Opening",
+    "Prepared",
+    "allgather_prepared",
+    "allreduce_key",
+    "allreduce_plan",
+    "allreduce_prepared",
+    "fits",
+    "fits_shares",
+    "opening_of",
+    "reduce_scatter_prepared",
+    "remember",
+    "shares_key",
+]
+
+from typing import TYPE_CHECKING, Any
+
+from .algorithms import ALGORITHMS, build_schedule
+from .backends import ArrayBackend
+from .errors import CollectivesError
+from .execute import DEFAULT_SEGMENT_BYTES, Plan, opening, pack_opening, plan, run
+from .execute_shared import SharedExecutor
+from .ops import ReduceOp
+from .selector import AUTO
+from .watchdog import FUSED_BYTES, Guard
+
+if TYPE_CHECKING:
+    from .communicator import Communicator
+
+KEPT = 256
+"""Distinct repeated calls remembered per communicator."""
+
+
+class Prepared:
+    """What a call decided once it had checked its arguments, reused by every later call of its key.
+
+    Attributes:
+        backend: the arrays' backend.
+        op: the reduction, of the collectives that reduce.
+        guard: the call's packed signature.
+        plan: this rank's plan; ``None`` where the shared-memory executor runs the call.
+        shared: the shared-memory executor, where it runs the call.
+        scratch: the plan's scratch buffer.
+        shape: the result's shape.
+        averages: whether the result is divided by the world size.
+        sends: the opening sends, packed into ``outgoing`` before the signature goes.
+        outgoing: per peer, the data that travels with the signature.
+        arrived: the opening receives, by peer, once the signature has come.
+        shares: of a reduce-scatter or all-gather: every rank's elements.
+    """
+
+    __slots__ = (
+        "arrived",
+        "averages",
+        "backend",
+        "guard",
+        "op",
+        "outgoing",
+        "plan",
+        "scratch",
+        "sends",
+        "shape",
+        "shared",
+        "shares",
+    )
+
+    def __init__(
+        self,
+        backend: ArrayBackend,
+        op: ReduceOp | None,
+        guard: Guard,
+        rank_plan: Plan | None,
+        scratch: Any,
+        shape: tuple[int, ...],
+        sends: tuple[Any, ...],
+        outgoing: dict[int, Any],
+        arrived: dict[int, Any] | None,
+        shared: SharedExecutor | None = None,
+        shares: tuple[int, ...] = (),
+    ) -> None:
+        self.backend = backend
+        self.op = op
+        self.guard = guard
+        self.plan = rank_plan
+        self.shared = shared
+        self.scratch = scratch
+        self.shape = shape
+        self.averages = op is not None and op.averages
+        self.sends = sends
+        self.outgoing = outgoing
+        self.arrived = arrived
+        self.shares = shares
+
+
+def remember(group: "Communicator", key: tuple[Any, ...], prepared: Prepared) -> None:
+    """Keep ``prepared`` for the later calls of ``key`` on ``group``."""
+    if len(group.prepared) >= KEPT:
+        group.prepared.clear()  # start afresh rather than evict one by one
+    group.prepared[key] = prepared
+
+
+# --- allreduce
+
+
+def allreduce_key(x: Any, op: Any, out: Any, algorithm: str, check: bool | None) -> tuple[Any, ...] | None:
+    """The key of an allreduce's decisions; ``None`` for arguments no decision is kept for."""
+    if not isinstance(op, str | ReduceOp):
+        return None
+    result = "new" if out is None else "in place" if out is x else "out"
+    try:
+        return (type(x), x.shape, x.dtype, op, algorithm, result, check)
+    except AttributeError:
+        return None
+
+
+def fits(prepared: Prepared, x: Any, out: Any) -> bool:
+    """Whether the arrays of a call whose key matched pass the checks its first call made.
+
+    Contiguity, writability and overlap belong to the arrays, not to the key.
+    """
+    flags = x.flags
+    if not flags.c_contiguous:
+        return False
+    if out is None:
+        return True
+    if out is x:
+        return bool(flags.writeable)
+    return _separate_out(prepared, x, out)
+
+
+def _separate_out(prepared: Prepared, x: Any, out: Any) -> bool:
+    """Whether ``out`` is writable, C-contiguous, of x's type, dtype and prepared shape, and apart from x."""
+    return (
+        type(out) is type(x)
+        and out.shape == prepared.shape
+        and out.dtype == x.dtype
+        and out.flags.c_contiguous
+        and out.flags.writeable
+        and not prepared.backend.shares_memory(out, x)
+    )
+
+
+def allreduce_prepared(
+    group: "Communicator", prepared: Prepared, x: Any, out: Any, check: bool | None
+) -> Any:
+    """allreduce by decisions an earlier call of the same key made and checked."""
+    backend, op = prepared.backend, prepared.op
+    assert op is not None  # the records of calls that reduce have their op
+    if out is x:
+        work, source = (x if x.ndim == 1 else x.reshape(-1)), None
+    else:
+        work = backend.empty(x.size, x) if out is None else out.reshape(-1)
+        source = x.reshape(-1)
+    watchdog = group.watchdog
+    if prepared.arrived is not None:
+        pack_opening(prepared.sends, backend, work, source, prepared.outgoing)
+    # the call ends by hand, not by a with block: measured, that costs 0.1 us of this path's 5
+    call = watchdog.watch(prepared.guard, check, first_barrier=prepared.plan is None)
+    try:
+        if prepared.plan is None:
+            shared = prepared.shared
+            assert shared is not None  # a prepared call has a plan or the shared executor
+            shared.allreduce(backend, work, work if source is None else source, op, call.barrier)
+        else:
+            run(
+                prepared.plan,
+                call.transport,
+                backend,
+                work,
+                op,
+                prepared.scratch,
+                source,
+                prepared.arrived,
+            )
+    except BaseException as error:
+        watchdog.end(call, error)
+        raise
+    watchdog.end(call)
+    if prepared.averages:
+        backend.divide(work, group.size)
+    return work.reshape(prepared.shape) if out is None else out
+
+
+def allreduce_plan(
+    group: "Communicator", algorithm: str, count: int, item_bytes: int, separate: bool
+) -> Plan:
+    """This rank's plan of an allreduce by ``algorithm`` (a name, not ``"auto"``)."""
+    schedule = build_schedule("allreduce", algorithm, group.size, count)
+    return plan(schedule, group.rank, max(DEFAULT_SEGMENT_BYTES // item_bytes, 1), separate)
+
+
+class Opening:
+    """An allreduce's decisions known before its ranks agree on the call, and its first messages.
+
+    Attributes:
+        algorithm: the algorithm that runs (a name, not ``"auto"``).
+        plan: this rank's plan; ``None`` where the shared-memory executor runs the call.
+        guard: the call's packed signature, with room for the data that travels with it.
+        sends: the first sends that travel with the signature.
+        outgoing: per peer, their data, packed already.
+        arrived: per peer, where the first receives that travel with the signature land.
+    """
+
+    __slots__ = ("algorithm", "arrived", "guard", "outgoing", "plan", "sends")
+
+    def __init__(
+        self,
+        algorithm: str,
+        rank_plan: Plan | None,
+        guard: Guard,
+        sends: tuple[Any, ...],
+        outgoing: dict[int, Any],
+        arrived: dict[int, Any] | None,
+    ) -> None:
+        self.algorithm = algorithm
+        self.plan = rank_plan
+        self.guard = guard
+        self.sends = sends
+        self.outgoing = outgoing
+        self.arrived = arrived
+
+
+def opening_of(
+    group: "Communicator",
+    check: bool | None,
+    algorithm: str,
+    backend: ArrayBackend,
+    op: ReduceOp,
+    work: Any,
+    source: Any,
+    item_bytes: int,
+) -> Opening | None:
+    """An allreduce's decisions and first messages, where they are known before the ranks agree on the call.
+
+    Small calls' first messages travel with the signature (see :func:`_fuses`),
+    packed here from ``source`` (``work`` where ``None``).
+    """
+    count = work.size
+    early = _plan_early(group, algorithm, count, item_bytes, source is not None, backend)
+    if early is None:
+        return None
+    chosen, early_plan = early
+    fused = early_plan is not None and _fuses(group, check, count * item_bytes, backend)
+    sends, recvs = opening(early_plan) if early_plan is not None and fused else ((), ())
+    payloads = {m.peer: (m.hi - m.lo) * item_bytes for m in sends}
+    watchdog = group.watchdog
+    dtype = backend.dtype_name(work)
+    guard = watchdog.guard(
+        "allreduce", algorithm, count, dtype, op.name, backend=backend.name, payloads=payloads
+    )
+    outgoing = {peer: backend.from_bytes(view, work) for peer, view in guard.outgoing.items()}
+    arrived = None
+    if sends or recvs:
+        pack_opening(sends, backend, work, source, outgoing)
+        arrived = {
+            m.peer: backend.from_bytes(watchdog.arrived(m.peer, (m.hi - m.lo) * item_bytes), work)
+            for m in recvs
+        }
+    return Opening(chosen, early_plan, guard, sends, outgoing, arrived)
+
+
+def _plan_early(
+    group: "Communicator", algorithm: str, count: int, item_bytes: int, separate: bool, backend: ArrayBackend
+) -> tuple[str, Plan | None] | None:
+    """The algorithm and plan, when they are known before the ranks agree on the call.
+
+    They are for a named algorithm, or for ``"auto"`` once the ranks have agreed on
+    the selector (the first ``"auto"`` call sends messages to agree, which must wait
+    until the call's signature is checked), and only for an algorithm that runs a
+    schedule over the transport (the plan), or that runs on the shared-memory
+    executor once the ranks have set it up (no plan). Whether they are known
+    depends on the signature alone, so the ranks of a matching call all know them
+    or all do not.
+    """
+    features = group.known_features  # asking for them may be collective, which must wait for the check too
+    if algorithm == AUTO:
+        selector = group.selector
+        if selector is None or features is None:
+            return None
+        algorithm = selector.choose("allreduce", group.size, count, item_bytes, features)
+    needs = getattr(ALGORITHMS[algorithm], "REQUIRES", None)
+    if needs is not None:
+        # features are set up collectively by the first call that needs them, never before agreeing
+        known = features is not None and needs in features and group.shared is not None
+        return (algorithm, None) if known and needs == "shared_memory" and backend.name == "numpy" else None
+    try:
+        return algorithm, allreduce_plan(group, algorithm, count, item_bytes, separate)
+    except (CollectivesError, ValueError):
+        return None  # raised again once the call has been checked
+
+
+def _fuses(group: "Communicator", check: bool | None, nbytes: int, backend: ArrayBackend) -> bool:
+    """Whether a call's first messages travel with its signature, saving a round trip.
+
+    Only when there is a signature to travel with, and the data is small: a
+    receiver keeps room for that much from every peer. The same on every rank of a
+    matching call, as its ranks agree on the check and on the count and dtype.
+    """
+    watchdog = group.watchdog
+    checking = watchdog.check if check is None else check
+    by_messages = watchdog.shared is None  # else the signature goes through shared memory, without data
+    return checking and by_messages and group.size > 1 and nbytes <= FUSED_BYTES and backend.name == "numpy"
+
+
+# --- reduce_scatter and allgather on shared memory
+
+
+def shares_key(
+    collective: str, x: Any, op: Any, counts: Any, out: Any, algorithm: str, check: bool | None
+) -> tuple[Any, ...] | None:
+    """The key of a reduce-scatter's or all-gather's decisions; ``None`` for arguments none is kept for."""
+    if op is not None and not isinstance(op, str | ReduceOp):
+        return None
+    try:
+        shares = None if counts is None else tuple(counts)
+        return (collective, type(x), x.shape, x.dtype, op, shares, algorithm, out is None, check)
+    except (AttributeError, TypeError):
+        return None  # not an array, or counts not a sequence: the full path names the problem
+
+
+def fits_shares(prepared: Prepared, x: Any, out: Any) -> bool:
+    """Whether the arrays of a reduce-scatter or all-gather whose key matched pass its first call's checks."""
+    return bool(x.flags.c_contiguous) and (out is None or _separate_out(prepared, x, out))
+
+
+def reduce_scatter_prepared(
+    group: "Communicator", prepared: Prepared, x: Any, out: Any, check: bool | None
+) -> Any:
+    """reduce_scatter by decisions an earlier call of the same key made and checked."""
+    backend, shared, op = prepared.backend, prepared.shared, prepared.op
+    assert shared is not None and op is not None  # only reductions run on shared memory are prepared
+    if out is None:
+        out = backend.empty(prepared.shares[group.rank], x).reshape(prepared.shape)
+    target = out.reshape(-1)
+    with group.watchdog.watch(prepared.guard, check, first_barrier=True) as call:
+        shared.reduce_scatter(backend, target, x.reshape(-1), prepared.shares, op, call.barrier)
+    if prepared.averages:
+        backend.divide(target, group.size)
+    return out
+
+
+def allgather_prepared(
+    group: "Communicator", prepared: Prepared, x: Any, out: Any, check: bool | None
+) -> Any:
+    """allgather by decisions an earlier call of the same key made and checked."""
+    backend, shared, shares = prepared.backend, prepared.shared, prepared.shares
+    assert shared is not None  # only calls run on the shared-memory executor are prepared
+    work = backend.empty(sum(shares), x) if out is None else out.reshape(-1)
+    # the executor copies this rank's part into work as it copies the others'
+    with group.watchdog.watch(prepared.guard, check, first_barrier=True) as call:
+        shared.allgather(backend, work, x.reshape(-1), shares, call.barrier)
+    return work.reshape(prepared.shape) if out is None else out

@@ -1,0 +1,38 @@
+"""The tags of the library's messages, in one table so that no two concerns share one."""
+
+__all__ = ["Tag"]
+
+from enum import IntEnum
+
+
+class Tag(IntEnum):
+    """A message's tag on the library's private communicator, by the concern that sends it.
+
+    Messages between two ranks with the same tag match in the order they were
+    posted, so each concern whose messages could be in flight at the same time as
+    another's has its own. The values are the ones the library has always used.
+    """
+
+    DATA = 7
+    """The executor's messages: both sides post a step's messages in schedule order, so order matches them."""
+
+    SELECTOR = 8
+    """Rank 0's cost model, sent on the first ``algorithm="auto"`` call so that every rank chooses alike."""
+
+    SIGNATURE = 9
+    """A call's signature (and the small call's first data travelling with it), checked by the watchdog."""
+
+    IPC_READY = 10
+    """CUDA IPC: "a piece of n bytes is in your slot", sender to receiver."""
+
+    IPC_CREDIT = 11
+    """CUDA IPC: "the slot is free again", receiver to sender."""
+
+    IPC_SETUP = 12
+    """CUDA IPC: the mailboxes' handles, and whether every peer's mailbox opened."""
+
+    IPC_CLOSE = 13
+    """CUDA IPC: "I have unmapped your mailbox"."""
+
+    NODES = 14
+    """The ranks meet under the watchdog before they find their nodes, which MPI cannot bound."""
