@@ -59,7 +59,7 @@ from .buffers import (
     scatter_job,
 )
 from .communicator import Communicator, communicator_of
-from .dispatch import checked, refuse, run
+from .dispatch import checked, run
 from .ops import ReduceOp
 from .prepared import (
     allgather_prepared,
@@ -76,10 +76,6 @@ if TYPE_CHECKING:
     from mpi4py import MPI
 
     from .topology import Topology
-
-# the names collectives.torch_integration calls these by, until it imports them from their homes
-_communicator = communicator_of
-_refuse = refuse
 
 
 def allreduce(

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from .algorithms import ALGORITHMS, build_schedule
+from .algorithms.base import required_feature
 from .backends import ArrayBackend
 from .call import Call
 from .chunking import even_split
@@ -235,7 +236,7 @@ def _choose(
 
 def _needs(group: Communicator, call: Call, algorithm: str, backend: ArrayBackend, feature: str) -> bool:
     """Whether ``algorithm`` declares it needs ``feature``, and the communicator has it for ``backend``."""
-    needs = getattr(ALGORITHMS[algorithm], "REQUIRES", None)
+    needs = required_feature(ALGORITHMS[algorithm])
     return needs == feature and backend.name == "numpy" and needs in group.features_in(call)
 
 

@@ -28,6 +28,7 @@ __all__ = [
 from typing import TYPE_CHECKING, Any
 
 from .algorithms import ALGORITHMS, build_schedule
+from .algorithms.base import required_feature
 from .backends import ArrayBackend
 from .errors import CollectivesError
 from .execute import DEFAULT_SEGMENT_BYTES, Plan, opening, pack_opening, plan, run
@@ -290,7 +291,7 @@ def _plan_early(
         if selector is None or features is None:
             return None
         algorithm = selector.choose("allreduce", group.size, count, item_bytes, features)
-    needs = getattr(ALGORITHMS[algorithm], "REQUIRES", None)
+    needs = required_feature(ALGORITHMS[algorithm])
     if needs is not None:
         # features are set up collectively by the first call that needs them, never before agreeing
         known = features is not None and needs in features and group.shared is not None

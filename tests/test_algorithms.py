@@ -106,5 +106,4 @@ def test_only_base_reads_an_algorithms_hooks_by_name() -> None:
         for path in (root / folder).rglob("*.py")
         if re.search(hooks, path.read_text())
     )
-    # api.py's three REQUIRES look-ups move to base.required_feature when api.py is split
-    assert set(readers) <= {"collectives/algorithms/base.py", "collectives/api.py"}
+    assert readers == ["collectives/algorithms/base.py"]

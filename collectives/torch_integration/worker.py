@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from .. import api
+from ..communicator import Communicator, communicator_of
+from ..dispatch import refuse
 from ..selector import AUTO
 
 if TYPE_CHECKING:
@@ -66,11 +67,11 @@ def _run_job(job: Callable[[], T], future: "Future[T]") -> None:
         future.set_result(result)
 
 
-_workers: "weakref.WeakKeyDictionary[api.Communicator, _Worker]" = weakref.WeakKeyDictionary()
+_workers: "weakref.WeakKeyDictionary[Communicator, _Worker]" = weakref.WeakKeyDictionary()
 _workers_lock = threading.Lock()
 
 
-def _worker(communicator: api.Communicator) -> _Worker:
+def _worker(communicator: Communicator) -> _Worker:
     with _workers_lock:
         worker = _workers.get(communicator)
         if worker is None:
@@ -80,18 +81,18 @@ def _worker(communicator: api.Communicator) -> _Worker:
         return worker
 
 
-def _api_communicator(comm: "api.Communicator | MPI.Comm | None") -> api.Communicator:
+def _api_communicator(comm: "Communicator | MPI.Comm | None") -> Communicator:
     """The communicator api runs ``comm``'s collectives on; for ``None`` the one over ``MPI.COMM_WORLD``.
 
     Created on first use, a collective call.
     """
-    return api._communicator(comm)
+    return communicator_of(comm)
 
 
-def _tell_refusal(communicator: api.Communicator, collective: str, error: Exception) -> None:
+def _tell_refusal(communicator: Communicator, collective: str, error: Exception) -> None:
     """Tell the other ranks that this rank's checks of ``collective`` failed, so theirs raises too.
 
     It goes on the communicator's thread, in order with the collectives started
     before it, as a poisoned signature (see :meth:`collectives.watchdog.Watchdog.poison`).
     """
-    _worker(communicator).submit(lambda: api._refuse(communicator, collective, AUTO, None, error)).result()
+    _worker(communicator).submit(lambda: refuse(communicator, collective, AUTO, None, error)).result()
