@@ -60,6 +60,7 @@ from .buffers import (
 )
 from .communicator import Communicator, communicator_of
 from .dispatch import checked, run
+from .explanation import Explanation
 from .ops import ReduceOp
 from .prepared import (
     allgather_prepared,
@@ -70,7 +71,7 @@ from .prepared import (
     reduce_scatter_prepared,
     shares_key,
 )
-from .selector import AUTO, Explanation, default_selector
+from .selector import AUTO, default_selector
 
 if TYPE_CHECKING:
     from mpi4py import MPI

@@ -19,9 +19,9 @@ from .backends import ArrayBackend, adopt, backend_for
 from .communicator import Communicator
 from .dispatch import Job
 from .errors import InvalidBufferError
-from .ops import ReduceOp, get_op
+from .ops import ReduceOp, get_op, itemsize
 from .prepared import opening_of
-from .selector import check_algorithm, itemsize
+from .selector import check_algorithm
 from .specs import check_root
 
 

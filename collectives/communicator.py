@@ -13,7 +13,8 @@ from .call import Call, Tracked
 from .errors import CalibrationError, InvalidBufferError
 from .execute import Scratch
 from .execute_shared import OVERSUBSCRIBED_SEGMENT_BYTES, SEGMENT_BYTES, SharedExecutor, oversubscribed
-from .selector import CostModel, Selector, default_selector, selector_for
+from .selector import Selector, default_selector, selector_for
+from .topology.cost_model import CostModel
 from .transport.base import NodeSplit, Transport
 from .transport.device_path import DevicePath
 from .transport.tags import Tag

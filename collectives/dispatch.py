@@ -20,9 +20,9 @@ from .communicator import Communicator
 from .execute import execute
 from .execute import run as run_plan
 from .execute_shared import SharedExecutor
-from .ops import ReduceOp, get_op
+from .ops import ReduceOp, get_op, itemsize
 from .prepared import Opening, Prepared, allreduce_plan, remember
-from .selector import AUTO, itemsize
+from .selector import AUTO
 from .transport.base import SharedMemory
 from .watchdog import Guard
 
