@@ -1,0 +1,289 @@
+"""A server of the store: holds partitions, applies pushes by the consistency mode, answers pulls."""
+
+__all__ = ["Server"]
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..backends import backend_for
+from ..ops import ReduceOp
+from ._adapter import Channel
+from ._wire import REPLY_TAG, REQUEST_TAG, Kind, Message, encode, parse_key
+from .updaters import Optimizer, Updater, accumulate, assign, optimizer_from_spec
+
+_IDLE_WAKE_S = 0.05  # a server with nothing to do still wakes this often, to expire waits and finish sends
+
+
+@dataclass
+class _Part:
+    """One partition a server holds."""
+
+    value: np.ndarray  # flat
+    shape: str  # the key's dtype and shape as the workers described it, to check later inits against
+    round: int = 0  # sync: rounds aggregated; async and ssp: pushes applied
+    pending: dict[int, dict[int, np.ndarray]] = field(default_factory=dict)  # sync: round -> worker -> push
+
+
+@dataclass
+class _Wait:
+    """A request the server answers once ``ready()``, or with an error at ``deadline``."""
+
+    message: Message
+    ready: Callable[[], bool]
+    answer: Callable[[], None]
+    expire: Callable[[], str]
+    deadline: float
+
+
+class Server:
+    """The partitions of one server rank and the loop that serves them.
+
+    Args:
+        channel: the store's channel.
+        mode: ``"sync"``, ``"async"`` or ``"ssp"``.
+        staleness: ``ssp``'s bound.
+        workers: the ranks of the workers.
+        op: the reducer of a sync round's pushes, and of async/ssp's default updater.
+    """
+
+    def __init__(
+        self, channel: Channel, mode: str, staleness: int, workers: tuple[int, ...], op: ReduceOp
+    ) -> None:
+        self.channel = channel
+        self.rank = channel.rank
+        self.mode = mode
+        self.staleness = staleness
+        self.op = op
+        self.open = set(workers)
+        self.workers = workers
+        self.parts: dict[tuple[Any, int], _Part] = {}
+        self.clocks = dict.fromkeys(workers, 0)  # ssp: clocks each worker has finished
+        self.updater: Updater | None = None  # the user's, or None for the mode's default
+        self.optimizer: Optimizer | None = None
+        self.waits: list[_Wait] = []
+        self.barriers: dict[int, set[int]] = {}
+        self.stopping = threading.Event()
+        self.error: BaseException | None = None
+
+    # the loop
+
+    def serve(self) -> None:
+        """Serve until every worker has closed the store (or :attr:`stopping` is set)."""
+        try:
+            while self.open and not self.stopping.is_set():
+                wake = min((w.deadline for w in self.waits), default=math.inf)
+                message = self.channel.receive(
+                    REQUEST_TAG, max(0.0, min(_IDLE_WAKE_S, wake - time.monotonic()))
+                )
+                if message is not None:
+                    self.handle(message)
+                self._settle()
+            self.channel.flush(max(1.0, min(self.channel.timeout, 30.0)))
+        except BaseException as error:
+            self.error = error
+            raise
+
+    def handle(self, m: Message) -> None:
+        handler = {
+            Kind.INIT: self._init,
+            Kind.PUSH: self._push,
+            Kind.PULL: self._pull,
+            Kind.CLOCK: self._clock,
+            Kind.BARRIER: self._barrier,
+            Kind.CLOSE: self._close,
+            Kind.OPTIMIZER: self._optimizer,
+        }[m.kind]
+        handler(m)
+
+    def _settle(self) -> None:
+        """Answer the waits that are ready, and fail those past their deadline."""
+        if not self.waits:
+            return
+        now = time.monotonic()
+        left = []
+        for wait in self.waits:
+            if wait.ready():
+                wait.answer()
+            elif now >= wait.deadline:
+                self._error(wait.message, wait.expire())
+            else:
+                left.append(wait)
+        self.waits = left
+
+    def _defer(
+        self, m: Message, ready: Callable[[], bool], answer: Callable[[], None], expire: Callable[[], str]
+    ) -> None:
+        if ready():
+            answer()
+        else:
+            self.waits.append(_Wait(m, ready, answer, expire, time.monotonic() + self.channel.timeout))
+
+    # replies
+
+    def _reply(self, m: Message, kind: Kind, *, stamp: int = 0, text: str = "", data: Any = None) -> None:
+        reply = encode(kind, self.rank, part=m.part, req=m.req, stamp=stamp, key=m.key, text=text, data=data)
+        self.channel.send(reply, m.origin, REPLY_TAG)
+
+    def _error(self, m: Message, text: str) -> None:
+        self._reply(m, Kind.ERROR, text=text)
+
+    def _name(self, m: Message) -> str:
+        return f"key {parse_key(m.key)!r} partition {m.part}"
+
+    # requests
+
+    def _init(self, m: Message) -> None:
+        where = (m.key, m.part)
+        if m.origin == self.workers[0] and where not in self.parts:
+            dtype = m.text.split("|")[0]
+            self.parts[where] = _Part(np.frombuffer(m.data, dtype).copy(), m.text)
+
+        def answer() -> None:
+            part = self.parts[where]
+            if part.shape != m.text:
+                self._error(
+                    m,
+                    f"worker {m.origin} initialised {self._name(m)} as {m.text}; "
+                    f"worker {self.workers[0]} as {part.shape}",
+                )
+            else:
+                self._reply(m, Kind.OK)
+
+        self._defer(
+            m,
+            lambda: where in self.parts,
+            answer,
+            lambda: (
+                f"server rank {self.rank} waited {self.channel.timeout:g} s for worker "
+                f"{self.workers[0]} to initialise {self._name(m)}"
+            ),
+        )
+
+    def _update(self, key: Any, index: int, received: np.ndarray, part: _Part) -> None:
+        if self.optimizer is not None:
+            update = self.optimizer.updater(index)
+        elif self.updater is not None:
+            update = self.updater
+        else:
+            update = assign if self.mode == "sync" else accumulate(self.op)
+        new = update(key, received, part.value)
+        if new is not part.value:
+            part.value[...] = np.asarray(new).reshape(-1)
+
+    def _push(self, m: Message) -> None:
+        part = self.parts.get((m.key, m.part))
+        if part is None:  # the worker checks first, so only a store out of step gets here
+            self._error(m, f"server rank {self.rank} holds no {self._name(m)}")
+            return
+        received = np.frombuffer(m.data, part.value.dtype)
+        if self.mode != "sync":
+            self._update(parse_key(m.key), m.part, received, part)
+            part.round += 1
+        else:
+            part.pending.setdefault(m.stamp, {})[m.origin] = received.copy()
+            self._complete_rounds(m.key, m.part, part)
+        self._reply(m, Kind.OK, stamp=part.round)
+
+    def _complete_rounds(self, key: bytes, index: int, part: _Part) -> None:
+        """Aggregate each round every open worker has pushed, in worker order, and apply it."""
+        while True:
+            pushes = part.pending.get(part.round)
+            if pushes is None or not self.open <= pushes.keys():
+                return
+            order = sorted(pushes)
+            total = pushes[order[0]]
+            combine = backend_for(total).combine
+            for worker in order[1:]:  # a fixed order: the same bits on every run
+                combine(self.op, total, pushes[worker])
+            if self.op.averages:
+                total /= len(order)
+            del part.pending[part.round]
+            self._update(parse_key(key), index, total, part)
+            part.round += 1
+
+    def _pull(self, m: Message) -> None:
+        where = (m.key, m.part)
+        part = self.parts.get(where)
+        if part is None:
+            self._error(m, f"server rank {self.rank} holds no {self._name(m)}")
+            return
+
+        def answer() -> None:
+            stamp = self._included() if self.mode == "ssp" else part.round
+            self._reply(m, Kind.DATA, stamp=stamp, data=part.value)
+
+        if self.mode == "sync":
+            # a pull after the worker's round need-1 push waits for that round's aggregate
+            self._defer(m, lambda: part.round >= m.stamp, answer, lambda: self._late_round(m, part))
+        elif self.mode == "ssp":
+            # a pull at clock c includes every worker's pushes of clocks <= c - s - 1
+            need = m.stamp - self.staleness
+            self._defer(m, lambda: self._included() + 1 >= need, answer, lambda: self._late_clock(m, need))
+        else:
+            answer()
+
+    def _included(self) -> int:
+        """The last clock whose pushes from every open worker have all arrived (-1 for none)."""
+        if not self.open:
+            return max(self.clocks.values()) - 1
+        return min(self.clocks[w] for w in self.open) - 1
+
+    def _late_round(self, m: Message, part: _Part) -> str:
+        missing = sorted(self.open - part.pending.get(part.round, {}).keys())
+        return (
+            f"server rank {self.rank} waited {self.channel.timeout:g} s for round {part.round} of "
+            f"{self._name(m)}: no push from worker{'s' if len(missing) > 1 else ''} "
+            f"{', '.join(map(str, missing))}"
+        )
+
+    def _late_clock(self, m: Message, need: int) -> str:
+        missing = sorted(w for w in self.open if self.clocks[w] < need)
+        return (
+            f"server rank {self.rank} waited {self.channel.timeout:g} s for clock {need - 1} of "
+            f"{self._name(m)}: worker{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} "
+            f"at clock {', '.join(str(self.clocks[w]) for w in missing)}"
+        )
+
+    def _clock(self, m: Message) -> None:
+        self.clocks[m.origin] = m.stamp
+        self._reply(m, Kind.OK)
+
+    def _barrier(self, m: Message) -> None:
+        arrived = self.barriers.setdefault(m.stamp, set())
+        arrived.add(m.origin)
+
+        def expire() -> str:
+            missing = sorted(self.open - arrived)
+            return (
+                f"barrier {m.stamp}: server rank {self.rank} waited {self.channel.timeout:g} s "
+                f"for workers {missing}"
+            )
+
+        def answer() -> None:
+            self._reply(m, Kind.OK)
+            if self.barriers.get(m.stamp) is arrived and all(w.message.stamp != m.stamp for w in self.waits):
+                self.barriers.pop(m.stamp, None)
+
+        self._defer(m, lambda: self.open <= arrived, answer, expire)
+
+    def _close(self, m: Message) -> None:
+        self.open.discard(m.origin)
+        if self.mode == "sync":
+            for (key, index), part in self.parts.items():
+                self._complete_rounds(key, index, part)
+        self._reply(m, Kind.OK)
+
+    def _optimizer(self, m: Message) -> None:
+        if m.origin == self.workers[0]:
+            try:
+                self.optimizer = optimizer_from_spec(m.text)
+            except Exception as error:
+                self._error(m, str(error))
+                return
+        self._reply(m, Kind.OK)

@@ -1,0 +1,583 @@
+"""The worker's side of the store: init, push, pull and their handles, clocks, barriers and close."""
+
+__all__ = ["MODES", "Handle", "KVStore", "Pulled", "create"]
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import (
+    ConfigurationError,
+    KeyMismatchError,
+    KVStoreError,
+    KVStoreTimeout,
+    UnknownKeyError,
+)
+from ..ops import ReduceOp, get_op
+from ._adapter import Channel, open_channel
+from ._wire import REPLY_TAG, REQUEST_TAG, Kind, Message, encode, key_bytes
+from .layout import DEFAULT_PARTITION_BYTES, Partition, Roles, partition
+from .server import Server
+from .updaters import Optimizer, Updater
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+    from ..api import Communicator
+    from ..transport.base import Transport
+
+MODES = ("sync", "async", "ssp")
+"""The consistency modes (see :func:`create`)."""
+
+_GRACE_S = 5.0  # a worker waits this much past the timeout, so that a server's own error reaches it first
+
+
+@dataclass
+class _Key:
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    parts: tuple[Partition, ...]
+    pushes: int = 0  # this worker's pushes of the key: its round in sync mode
+
+    @property
+    def description(self) -> str:
+        return f"{self.dtype.name}|{','.join(map(str, self.shape))}"
+
+
+@dataclass
+class Pulled:
+    """What a pull returned: the value, and the clocks or rounds it includes.
+
+    Attributes:
+        value: the array.
+        included: per partition, ``sync``: the rounds aggregated into it;
+            ``ssp``: the last clock whose pushes from every worker it includes
+            (-1 for none); ``async``: the pushes applied to it.
+    """
+
+    value: np.ndarray
+    included: tuple[int, ...]
+
+
+class _Request:
+    __slots__ = ("done", "error", "key", "on_data", "server", "stamp")
+
+    def __init__(self, server: int, key: Any, on_data: Callable[[Message], None] | None) -> None:
+        self.server = server
+        self.key = key
+        self.on_data = on_data
+        self.done = False
+        self.error: str | None = None
+        self.stamp = 0
+
+
+class Handle:
+    """A push or pull in flight: :meth:`wait` for it, or :meth:`test` whether it is done."""
+
+    def __init__(self, store: "KVStore", requests: list[_Request], result: Callable[[], Any]) -> None:
+        self._store = store
+        self._requests = requests
+        self._result = result
+        self._finished = False
+
+    def test(self) -> bool:
+        """Whether it has completed (its errors are raised by :meth:`wait`)."""
+        self._store._pump(0.0)
+        return all(r.done for r in self._requests)
+
+    def wait(self) -> Any:
+        """Block until it completes; the pulled value(s) for a pull, ``None`` for a push.
+
+        Raises:
+            KVStoreError: a server refused it (the message names the key, server and workers).
+            KVStoreTimeout: a server did not answer, or waited in vain for other workers.
+        """
+        self._store._wait_for(self._requests)
+        if not self._finished:
+            self._finished = True
+            for request in self._requests:
+                if request.error is not None:
+                    raise _error_from(request)
+        return self._result()
+
+
+def _error_from(request: _Request) -> KVStoreError:
+    text = request.error or ""
+    if "waited" in text:
+        workers = _numbers_after(text, "worker")
+        return KVStoreTimeout(text, key=request.key, workers=workers, servers=(request.server,))
+    if "initialised" in text:
+        return KeyMismatchError(text)
+    return KVStoreError(text)
+
+
+def _numbers_after(text: str, word: str) -> tuple[int, ...]:
+    """The ranks a server's message lists after ``word`` (``workers 1, 2``)."""
+    at = text.rfind(word)
+    if at < 0:
+        return ()
+    tail = text[at + len(word) :].lstrip("s ").replace("[", "").replace("]", "")
+    numbers = []
+    for piece in tail.split(","):
+        piece = piece.strip().split(" ")[0]
+        if not piece.isdigit():
+            break
+        numbers.append(int(piece))
+    return tuple(numbers)
+
+
+class KVStore:
+    """A sharded key-value store over the ranks of a communicator; made by :func:`create`.
+
+    Keys are ints or strs; values are numpy arrays. Every worker calls
+    :meth:`init` for each key with a value of the same shape and dtype;
+    afterwards any worker may push to and pull from it. See :func:`create` for
+    the modes' exact guarantees.
+    """
+
+    def __init__(
+        self,
+        channel: Channel,
+        roles: Roles,
+        mode: str,
+        staleness: int,
+        op: ReduceOp,
+        partition_bytes: int,
+    ) -> None:
+        self._channel = channel
+        self._roles = roles
+        self.mode = mode
+        self.staleness = staleness
+        self._op = op
+        self._partition_bytes = partition_bytes
+        self._keys: dict[Any, _Key] = {}
+        self._requests: dict[int, _Request] = {}
+        self._next = 0
+        self._clock = 0
+        self._barriers = 0
+        self._closed = False
+        self._server: Server | None = None
+        self._thread: threading.Thread | None = None
+
+    # what the store is
+
+    @property
+    def rank(self) -> int:
+        """This worker's rank among the workers (its rank in the communicator too)."""
+        return self._channel.rank
+
+    @property
+    def role(self) -> str:
+        """``"worker"`` (which also serves when servers are colocated) or ``"server"`` (a dedicated one)."""
+        return "worker" if self._roles.is_worker(self._channel.rank) else "server"
+
+    @property
+    def num_workers(self) -> int:
+        return self._roles.num_workers
+
+    @property
+    def num_servers(self) -> int:
+        return self._roles.num_servers
+
+    @property
+    def clock_value(self) -> int:
+        """The clock this worker is at: how many times it called :meth:`clock`."""
+        return self._clock
+
+    def explain(self, key: Any) -> str:
+        """Where each partition of ``key`` lives, one line each."""
+        meta = self._meta(key)
+        item = meta.dtype.itemsize
+        lines = [
+            f"key {key!r}: {meta.dtype.name}{list(meta.shape)}, {len(meta.parts)} partition(s) "
+            f"over {self.num_servers} server(s), mode {self.mode}"
+        ]
+        for p in meta.parts:
+            lines.append(
+                f"  partition {p.index}: elements {p.lo}..{p.hi} ({(p.hi - p.lo) * item} bytes) "
+                f"on server rank {p.server}"
+            )
+        return "\n".join(lines)
+
+    # keys
+
+    def init(self, key: Any, value: Any = None) -> None:
+        """Make ``key`` (or each of a list of keys) with rank 0's value; returns once its servers hold it.
+
+        Collective over the workers: each passes a value of the same shape and
+        dtype (only worker 0's contents are used).
+
+        Raises:
+            KeyMismatchError: workers passed different shapes or dtypes (on each that differs from worker 0).
+            KVStoreError: the key exists already.
+        """
+        keys, values = self._pairs(key, value)
+        requests = []
+        for k, v in zip(keys, values, strict=True):
+            if k in self._keys:
+                raise KVStoreError(f"key {k!r} is initialised already")
+            array = np.ascontiguousarray(v)
+            parts = partition(
+                k, array.size, array.dtype.itemsize, self._roles.server_ranks, self._partition_bytes
+            )
+            meta = self._keys[k] = _Key(tuple(array.shape), array.dtype, parts)
+            flat = array.reshape(-1)
+            for p in parts:
+                data = flat[p.lo : p.hi] if self.rank == 0 else None
+                requests.append(self._send(Kind.INIT, k, p, text=meta.description, data=data))
+        try:
+            Handle(self, requests, lambda: None).wait()
+        except KVStoreError:
+            for k in keys:
+                self._keys.pop(k, None)
+            raise
+
+    def push(self, key: Any, value: Any = None, *, block: bool = True) -> Any:
+        """Push ``value`` to ``key`` (or values to a list of keys).
+
+        ``sync``: the value joins this worker's next round of the key; ``async``
+        and ``ssp``: the server applies it on arrival (``ssp`` stamps it with
+        this worker's clock).
+
+        Returns:
+            ``None``, or a :class:`Handle` when ``block=False``.
+        """
+        keys, values = self._pairs(key, value)
+        requests = []
+        for k, v in zip(keys, values, strict=True):
+            meta = self._meta(k)
+            array = self._checked(k, meta, v)
+            stamp = meta.pushes if self.mode == "sync" else self._clock
+            meta.pushes += 1
+            for p in meta.parts:
+                requests.append(self._send(Kind.PUSH, k, p, stamp=stamp, data=array[p.lo : p.hi]))
+        handle = Handle(self, requests, lambda: None)
+        return handle if not block else handle.wait()
+
+    def pull(self, key: Any, out: Any = None, *, block: bool = True, report: bool = False) -> Any:
+        """The value of ``key`` (or a list of keys), into ``out`` when given.
+
+        ``sync``: after this worker's round-t push, the aggregate of every
+        worker's round-t push (after the updater), waiting for it; ``async``:
+        the server's current value; ``ssp``: at clock c, a value that includes
+        every worker's pushes of clocks <= c - staleness - 1, waiting until it does.
+
+        Args:
+            out: an array (or list of arrays) of the key's shape and dtype.
+            block: ``False`` returns a :class:`Handle` whose ``wait()`` gives the result.
+            report: return :class:`Pulled` (the value and the clocks or rounds it includes).
+        """
+        keys = list(key) if isinstance(key, list | tuple) else [key]
+        outs = list(out) if isinstance(out, list | tuple) else [out] * len(keys)
+        if len(outs) != len(keys):
+            raise KVStoreError(f"pull of {len(keys)} keys got {len(outs)} outs")
+        requests: list[_Request] = []
+        results: list[np.ndarray] = []
+        stamps: list[list[int]] = []
+        for k, o in zip(keys, outs, strict=True):
+            meta = self._meta(k)
+            target = np.empty(meta.shape, meta.dtype) if o is None else self._checked(k, meta, o, out=True)
+            flat = target.reshape(-1)
+            results.append(target if o is None else o)
+            seen = [0] * len(meta.parts)
+            stamps.append(seen)
+            stamp = meta.pushes if self.mode == "sync" else self._clock
+            for p in meta.parts:
+                requests.append(
+                    self._send(Kind.PULL, k, p, stamp=stamp, on_data=_filler(flat, p, meta.dtype, seen))
+                )
+
+        def result() -> Any:
+            got: list[Any] = results
+            if report:
+                got = [Pulled(v, tuple(s)) for v, s in zip(results, stamps, strict=True)]
+            return got if isinstance(key, list | tuple) else got[0]
+
+        handle = Handle(self, requests, result)
+        return handle if not block else handle.wait()
+
+    def pushpull(self, key: Any, value: Any = None, out: Any = None, *, block: bool = True) -> Any:
+        """:meth:`push` then :meth:`pull`, sent together; the pulled value(s), or a handle."""
+        first = self.push(key, value, block=False)
+        second = self.pull(key, out, block=False)
+        handle = Handle(self, first._requests + second._requests, second._result)
+        return handle if not block else handle.wait()
+
+    # server-side updates
+
+    def set_updater(self, fn: Updater) -> None:
+        """Run ``fn(key, received, stored) -> new stored`` on the servers for each push; collective.
+
+        ``received`` is a sync round's aggregate, or one push in ``async`` and
+        ``ssp``. Dedicated servers cannot receive a function: pass
+        ``updater=`` to :func:`create` on every rank instead.
+        """
+        if self._roles.dedicated:
+            raise ConfigurationError("dedicated servers take an updater only from create(..., updater=fn)")
+        assert self._server is not None
+        self._server.optimizer = None
+        self._server.updater = fn
+        self.barrier()
+
+    def set_optimizer(self, optimizer: Optimizer) -> None:
+        """Run ``optimizer`` (:class:`~collectives.kvstore.SGD` or ``Adam``) on the servers.
+
+        Workers then push gradients and pull parameters. Collective over the
+        workers; worker 0's optimizer is the one used.
+        """
+        if self.rank == 0:
+            Handle(self, [self._send(Kind.OPTIMIZER, None, server=s, text=optimizer.spec())
+                          for s in self._roles.server_ranks], lambda: None).wait()  # fmt: skip
+        self.barrier()
+
+    # synchronisation
+
+    def clock(self) -> None:
+        """End this worker's iteration (``ssp``; allowed in every mode): its clock goes up by one."""
+        self._clock += 1
+        Handle(self, [self._send(Kind.CLOCK, None, server=s, stamp=self._clock)
+                      for s in self._roles.server_ranks], lambda: None).wait()  # fmt: skip
+
+    def barrier(self) -> None:
+        """Return once every open worker has called it."""
+        self._barriers += 1
+        first = self._roles.server_ranks[0]
+        Handle(
+            self, [self._send(Kind.BARRIER, None, server=first, stamp=self._barriers)], lambda: None
+        ).wait()
+
+    def close(self) -> None:
+        """Leave the store; the others carry on without this worker (a ``sync`` round no longer waits for it).
+
+        On a colocated rank the server goes on serving the others, so this returns
+        once every worker has closed (or raises :class:`KVStoreTimeout` naming those
+        that have not within the timeout). Idempotent.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            requests = [self._send(Kind.CLOSE, None, server=s) for s in self._roles.server_ranks]
+            self._wait_for(requests)
+            if self._thread is not None and self._server is not None:
+                limit = self._channel.timeout + _GRACE_S
+                self._thread.join(None if math.isinf(limit) else limit)
+                if self._thread.is_alive():
+                    self._server.stopping.set()
+                    still = tuple(sorted(self._server.open))
+                    raise KVStoreTimeout(
+                        f"close: rank {self.rank} waited {self._channel.timeout:g} s "
+                        f"for workers {list(still)} to close",
+                        workers=still,
+                    )
+                if self._server.error is not None:
+                    raise KVStoreError(f"the server on rank {self.rank} failed: {self._server.error!r}")
+            self._channel.flush(min(self._channel.timeout, 30.0))
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._channel.close()
+
+    def __enter__(self) -> "KVStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # messages
+
+    def _pairs(self, key: Any, value: Any) -> tuple[list[Any], list[Any]]:
+        if self._closed:
+            raise KVStoreError(f"the store is closed on rank {self.rank}")
+        if isinstance(key, list | tuple):
+            values = list(value) if isinstance(value, list | tuple) else []
+            if len(values) != len(key):
+                raise KVStoreError(f"{len(key)} keys need as many values, got {len(values)}")
+            return list(key), values
+        return [key], [value]
+
+    def _meta(self, key: Any) -> _Key:
+        if self._closed:
+            raise KVStoreError(f"the store is closed on rank {self.rank}")
+        meta = self._keys.get(key)
+        if meta is None:
+            raise UnknownKeyError(f"key {key!r} was never initialised (rank {self.rank}); call init first")
+        return meta
+
+    def _checked(self, key: Any, meta: _Key, value: Any, out: bool = False) -> np.ndarray:
+        array = value if out else np.ascontiguousarray(value)
+        if not isinstance(array, np.ndarray) or array.shape != meta.shape or array.dtype != meta.dtype:
+            what = (
+                f"{array.dtype.name}{list(array.shape)}"
+                if isinstance(array, np.ndarray)
+                else type(value).__name__
+            )
+            raise KeyMismatchError(
+                f"{'out' if out else 'value'} for key {key!r} on rank {self.rank} is {what}; "
+                f"the key is {meta.dtype.name}{list(meta.shape)}"
+            )
+        if out and not array.flags.c_contiguous:
+            raise KeyMismatchError(f"out for key {key!r} on rank {self.rank} is not C-contiguous")
+        return array.reshape(-1)
+
+    def _send(
+        self,
+        kind: Kind,
+        key: Any,
+        part: Partition | None = None,
+        *,
+        server: int | None = None,
+        stamp: int = 0,
+        text: str = "",
+        data: Any = None,
+        on_data: Callable[[Message], None] | None = None,
+    ) -> _Request:
+        dst = part.server if part is not None else server
+        assert dst is not None
+        self._next += 1
+        request = self._requests[self._next] = _Request(dst, key, on_data)
+        raw_key = b"" if key is None else key_bytes(key)
+        index = 0 if part is None else part.index
+        message = encode(
+            kind, self.rank, part=index, req=self._next, stamp=stamp, key=raw_key, text=text, data=data
+        )
+        self._channel.send(message, dst, REQUEST_TAG)
+        return request
+
+    def _pump(self, timeout: float) -> bool:
+        """Take one reply, waiting at most ``timeout`` seconds; whether one came."""
+        message = self._channel.receive(REPLY_TAG, timeout)
+        if message is None:
+            return False
+        request = self._requests.pop(message.req, None)
+        if request is None:
+            return True
+        request.stamp = message.stamp
+        if message.kind == Kind.ERROR:
+            request.error = message.text
+        elif request.on_data is not None:
+            request.on_data(message)
+        request.done = True
+        return True
+
+    def _wait_for(self, requests: list[_Request]) -> None:
+        limit = self._channel.timeout + _GRACE_S
+        deadline = time.monotonic() + limit
+        while not all(r.done for r in requests):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                silent = sorted({r.server for r in requests if not r.done})
+                raise KVStoreTimeout(
+                    f"rank {self.rank} waited {limit:g} s for server rank{'s' if len(silent) > 1 else ''} "
+                    f"{', '.join(map(str, silent))} to answer (key {requests[0].key!r})",
+                    key=requests[0].key,
+                    servers=tuple(silent),
+                )
+            self._pump(min(left, 1.0))
+
+
+def _filler(
+    flat: np.ndarray, p: Partition, dtype: np.dtype[Any], seen: list[int]
+) -> Callable[[Message], None]:
+    def fill(message: Message) -> None:
+        flat[p.lo : p.hi] = np.frombuffer(message.data, dtype, p.hi - p.lo)
+        seen[p.index] = message.stamp
+
+    return fill
+
+
+def create(
+    mode: str = "sync",
+    *,
+    staleness: int = 0,
+    comm: "Communicator | MPI.Comm | Transport | None" = None,
+    servers: int | None = None,
+    partition_bytes: int = DEFAULT_PARTITION_BYTES,
+    op: "str | ReduceOp" = "sum",
+    updater: Updater | None = None,
+    timeout: float | None = None,
+) -> KVStore:
+    """Make a key-value store over the ranks of ``comm``; collective over them.
+
+    Modes, for a key pushed by every worker:
+
+    * ``"sync"`` (BSP): each worker's t-th push of a key is its round t; the
+      server aggregates a round once every open worker has pushed it, combining
+      the pushes by ``op`` in worker order (so the result has the same bits on
+      every rank and every run) and applies the updater (default: the stored
+      value becomes the aggregate). A pull made after a worker's round-t push
+      returns the value after round t, waiting for it.
+    * ``"async"`` (ASP): the server applies each push as it arrives (default
+      updater: ``stored = op(stored, push)``) and a pull returns the current
+      value; no worker waits for another. A partition is updated whole between
+      pulls, so no pull sees half an update.
+    * ``"ssp"`` (stale synchronous parallel, bounded staleness ``s``): as
+      ``async``, and each worker calls :meth:`KVStore.clock` at the end of an
+      iteration; a pull made at clock c returns a value that includes every
+      worker's pushes of clocks <= c - s - 1, waiting until it does.
+      ``s = 0`` gives BSP's guarantee (updates applied in arrival order).
+
+    Roles: by default every rank is a worker and a server (colocated; a server
+    thread answers while the worker computes, which needs MPI's
+    ``THREAD_MULTIPLE``). ``servers=k`` makes the last k ranks dedicated servers:
+    on them this call serves until every worker has closed the store and then
+    returns a closed store whose :attr:`KVStore.role` is ``"server"``, so a
+    script reads ``kv = create(...)``, then ``if kv.role == "worker": ...``.
+
+    Args:
+        mode: ``"sync"``, ``"async"`` or ``"ssp"``.
+        staleness: ``ssp``'s bound s (>= 0).
+        comm: a Communicator, an mpi4py communicator or a transport; ``MPI.COMM_WORLD``
+            by default. The store's messages go on a duplicate of it.
+        servers: the number of dedicated server ranks; ``None`` for colocated servers.
+        partition_bytes: values larger than this are cut into partitions spread over the servers.
+        op: the reducer (``sum``, ``max``, ``min``, ... of :mod:`collectives.ops`).
+        updater: ``fn(key, received, stored)`` run on the servers (see :meth:`KVStore.set_updater`).
+        timeout: seconds a server waits for a missing worker before failing the
+            wait with :class:`~collectives.KVStoreTimeout` naming it; the communicator's by default.
+
+    Raises:
+        ConfigurationError: an unknown mode, a negative staleness, too many servers,
+            or an MPI without ``THREAD_MULTIPLE`` for colocated servers.
+    """
+    if mode not in MODES:
+        raise ConfigurationError(f"unknown mode {mode!r}; the modes are {', '.join(MODES)}")
+    if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
+        raise ConfigurationError(f"staleness must be an int >= 0, got {staleness!r}")
+    if staleness and mode != "ssp":
+        raise ConfigurationError(f"staleness={staleness} applies to mode 'ssp', not {mode!r}")
+    reduce_op = get_op(op)
+    channel = open_channel(comm, timeout)
+    try:
+        roles = Roles(channel.size, servers or 0)
+        if not roles.dedicated and channel.transport.thread_level != "multiple":
+            raise ConfigurationError(
+                f"colocated servers need MPI_THREAD_MULTIPLE, MPI gives {channel.transport.thread_level!r}; "
+                "use servers=k dedicated server ranks, or initialise MPI with threads"
+            )
+    except BaseException:
+        channel.close()
+        raise
+    store = KVStore(channel, roles, mode, staleness, reduce_op, partition_bytes)
+    rank = channel.rank
+    if roles.is_server(rank):
+        server = Server(channel, mode, staleness, roles.worker_ranks, reduce_op)
+        server.updater = updater
+        store._server = server
+        if not roles.is_worker(rank):
+            store._closed = True
+            try:
+                server.serve()
+            finally:
+                channel.close()
+            return store
+        store._thread = threading.Thread(target=server.serve, name=f"kvstore-server-{rank}", daemon=True)
+        store._thread.start()
+    return store
