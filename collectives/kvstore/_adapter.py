@@ -3,6 +3,7 @@
 __all__ = ["Channel", "open_channel"]
 
 import math
+import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,7 @@ class Channel:
 
     def __post_init__(self) -> None:
         self._sends: list[tuple[Request, Any]] = []  # (request, buffer kept alive until it completes)
+        self._lock = threading.Lock()  # a colocated rank's worker and server thread both send
 
     @property
     def transport(self) -> Transport:
@@ -50,14 +52,16 @@ class Channel:
 
     def send(self, buffer: Any, dst: int, tag: int) -> None:
         """Start sending ``buffer``; it completes later (:meth:`progress`): no send waits for its receiver."""
-        self._sends.append((self.transport.isend(buffer, dst, tag), buffer))
+        with self._lock:
+            self._sends.append((self.transport.isend(buffer, dst, tag), buffer))
         self.progress()
 
     def progress(self) -> None:
         """Forget the sends that have completed."""
-        if self._sends:
-            pending = self.transport.wait_for([r for r, _ in self._sends], 0.0)
-            self._sends = [self._sends[i] for i in pending]
+        with self._lock:
+            if self._sends:
+                pending = self.transport.wait_for([r for r, _ in self._sends], 0.0)
+                self._sends = [self._sends[i] for i in pending]
 
     def flush(self, timeout: float) -> bool:
         """Wait at most ``timeout`` seconds for every send in flight; whether they all completed."""

@@ -471,6 +471,8 @@ class KVStore:
         limit = self._channel.timeout + _GRACE_S
         deadline = time.monotonic() + limit
         while not all(r.done for r in requests):
+            if self._server is not None and self._server.error is not None:
+                raise KVStoreError(f"the server on rank {self.rank} failed: {self._server.error!r}")
             left = deadline - time.monotonic()
             if left <= 0:
                 silent = sorted({r.server for r in requests if not r.done})

@@ -1,0 +1,124 @@
+"""Under mpiexec: the key-value store gives exact sums in every mode, with colocated and dedicated servers."""
+
+import time
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import collectives
+from collectives.errors import KVStoreTimeout
+from collectives.kvstore import KVStore, create
+from tests.mpi.helpers import Problems
+
+pytestmark = pytest.mark.mpi
+
+PARTS = 256  # bytes: the tests' values span several partitions on every server
+
+
+def _push(rank: int, t: int, n: int) -> np.ndarray:
+    return ((np.arange(n) * (rank + 1) + 7 * t + rank) % 23).astype(np.float32)
+
+
+def _layouts(size: int) -> list[int | None]:
+    """Colocated servers, and every count of dedicated ones that leaves a worker."""
+    return [None, *range(1, size)]
+
+
+def _store(world: MPI.Intracomm, mode: str, servers: int | None, **options: object) -> KVStore:
+    return create(mode, comm=world, servers=servers, partition_bytes=PARTS, **options)  # type: ignore[arg-type]
+
+
+def test_sync_rounds_are_exact_and_bitwise_equal_everywhere(world: MPI.Intracomm) -> None:
+    problems = Problems(world)
+    rounds, n = 5, 300
+    for servers in _layouts(world.size):
+        workers = world.size - (servers or 0)
+        with problems.guard(f"servers={servers}"):
+            kv = _store(world, "sync", servers)
+            pulled = np.zeros(0, np.float32)
+            if kv.role == "worker":
+                own = collectives.Communicator(world) if servers is None else None
+                kv.init("w", np.zeros(n, np.float32))
+                for t in range(rounds):
+                    kv.push("w", _push(kv.rank, t, n))
+                    pulled = kv.pull("w")
+                    expected = sum(_push(r, t, n) for r in range(workers))
+                    problems.expect_equal(f"servers={servers} round {t}", pulled, expected)
+                    if own is not None:
+                        reference = collectives.allreduce(_push(kv.rank, t, n), comm=own)
+                        problems.expect_equal(f"round {t} against allreduce", pulled, reference)
+                kv.close()
+                if own is not None:
+                    own.free()
+            every = world.allgather(pulled.tobytes() if kv.role == "worker" else None)
+            first = next(b for b in every if b is not None)
+            problems.expect(all(b in (None, first) for b in every), f"servers={servers}: ranks differ")
+    problems.check()
+
+
+@pytest.mark.parametrize("mode", ["async", "ssp"])
+def test_async_and_ssp_sum_every_push_exactly(world: MPI.Intracomm, mode: str) -> None:
+    problems = Problems(world)
+    rounds, n = 20, 200
+    start = np.arange(n, dtype=np.float64)
+    for servers in _layouts(world.size):
+        workers = world.size - (servers or 0)
+        with problems.guard(f"{mode} servers={servers}"):
+            kv = _store(world, mode, servers, staleness=1 if mode == "ssp" else 0)
+            if kv.role == "worker":
+                kv.init("w", start if kv.rank == 0 else np.zeros(n))
+                for t in range(rounds):
+                    kv.push("w", _push(kv.rank, t, n).astype(np.float64))
+                    kv.pull("w")
+                    kv.clock()
+                kv.barrier()
+                expected = start + sum(_push(r, t, n) for r in range(workers) for t in range(rounds))
+                problems.expect_equal(f"{mode} servers={servers}", kv.pull("w"), expected)
+                kv.close()
+    problems.check()
+
+
+def test_ssp_bound_holds_with_a_slow_worker(world: MPI.Intracomm) -> None:
+    problems = Problems(world)
+    staleness, clocks = 1, 12
+    with problems.guard("ssp"):
+        kv = _store(world, "ssp", None, staleness=staleness)
+        kv.init("w", np.zeros(700))
+        for c in range(clocks):
+            if kv.rank == 0:
+                time.sleep(0.02)
+            got = kv.pull("w", report=True)
+            bound = c - staleness - 1
+            problems.expect(min(got.included) >= bound, f"clock {c}: includes {got.included}")
+            problems.expect(
+                bool((got.value >= world.size * (bound + 1)).all()), f"clock {c}: {got.value[:3]}"
+            )
+            kv.push("w", np.ones(700))
+            kv.clock()
+        kv.close()
+    problems.check()
+
+
+def test_a_worker_that_stops_pushing_is_named(world: MPI.Intracomm) -> None:
+    if world.size == 1:
+        pytest.skip("needs a second worker to stay away")
+    problems = Problems(world)
+    last = world.size - 1
+    kv = _store(world, "sync", None, timeout=1.0)
+    kv.init("w", np.zeros(4))
+    if world.rank == last:
+        time.sleep(2.0)
+    else:
+        kv.push("w", np.ones(4))
+        started = time.monotonic()
+        try:
+            kv.pull("w")
+            problems.expect(False, "the pull did not time out")
+        except KVStoreTimeout as error:
+            took = time.monotonic() - started
+            problems.expect(error.workers == (last,), str(error))
+            problems.expect(f"no push from worker {last}" in str(error), str(error))
+            problems.expect(0.9 <= took < 5, f"took {took:.1f} s")
+    kv.close()
+    problems.check()
