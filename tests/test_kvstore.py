@@ -368,3 +368,41 @@ def test_loopback_probe_finds_any_source_and_times_out() -> None:
     buffer = bytearray(24)
     c.waitall([c.irecv(buffer, 1, 11)])
     assert c.probe(11, 1.0) == (0, 2)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_collective_pushpull_equals_the_message_path_and_an_allreduce(size: int) -> None:
+    n, rounds = 200, 4  # 800 bytes: 13 partitions of 64 bytes, in runs in rank order
+
+    def body(kv: KVStore, comm: Communicator) -> list[bytes]:
+        kv.init("big", np.zeros(n, np.float32))
+        kv.init("small", np.zeros(3, np.float32))  # one partition: reduce and broadcast
+        got = []
+        for t in range(rounds):
+            x = _push(kv.rank, t, n)
+            big, small = kv.pushpull(["big", "small"], [x, x[:3]])
+            reference = collectives.allreduce(x, comm=comm)
+            np.testing.assert_array_equal(big, reference)
+            np.testing.assert_array_equal(small, reference[:3])
+            # the message path sees the same round
+            np.testing.assert_array_equal(kv.pull("big"), reference)
+            got.append(big.tobytes())
+        return got
+
+    fast = run_store(size, body, mode="sync")
+    slow = run_store(size, body, mode="sync", collective=False)
+    assert all(f == fast[0] for f in fast) and fast == slow
+
+
+def test_a_worker_missing_from_a_collective_pushpull_is_named() -> None:
+    def body(kv: KVStore, comm: Communicator) -> None:
+        kv.init("w", np.zeros(40, np.float32))
+        if kv.rank == 1:
+            time.sleep(2.0)
+            return
+        with pytest.raises(KVStoreTimeout) as caught:
+            kv.pushpull("w", np.ones(40, np.float32))
+        assert caught.value.workers == (1,), str(caught.value)
+        assert "pushpull of key 'w' on rank 0: workers [1] did not take part" in str(caught.value)
+
+    run_store(2, body, mode="sync", timeout=1.0)  # and the store still closes on both

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..backends import backend_for
+from ..errors import KVStoreError
 from ..ops import ReduceOp
 from ._adapter import Channel
 from ._wire import REPLY_TAG, REQUEST_TAG, Kind, Message, encode, parse_key
@@ -69,6 +70,7 @@ class Server:
         self.waits: list[_Wait] = []
         self.barriers: dict[int, set[int]] = {}
         self.stopping = threading.Event()
+        self.lock = threading.Lock()  # the worker's collective pushpull updates partitions too
         self.error: BaseException | None = None
 
     # the loop
@@ -81,9 +83,10 @@ class Server:
                 message = self.channel.receive(
                     REQUEST_TAG, max(0.0, min(_IDLE_WAKE_S, wake - time.monotonic()))
                 )
-                if message is not None:
-                    self.handle(message)
-                self._settle()
+                with self.lock:
+                    if message is not None:
+                        self.handle(message)
+                    self._settle()
             self.channel.flush(max(1.0, min(self.channel.timeout, 30.0)))
         except BaseException as error:
             self.error = error
@@ -134,7 +137,11 @@ class Server:
         self._reply(m, Kind.ERROR, text=text)
 
     def _name(self, m: Message) -> str:
-        return f"key {parse_key(m.key)!r} partition {m.part}"
+        return self._name_of(m.key, m.part)
+
+    @staticmethod
+    def _name_of(key: bytes, index: int) -> str:
+        return f"key {parse_key(key)!r} partition {index}"
 
     # requests
 
@@ -206,6 +213,27 @@ class Server:
             del part.pending[part.round]
             self._update(parse_key(key), index, total, part)
             part.round += 1
+
+    def apply_round(self, key: bytes, held: list[Any], aggregate: np.ndarray, start: int) -> np.ndarray:
+        """Apply a round aggregated by collectives to the partitions ``held`` here; their new values, joined.
+
+        ``aggregate`` holds the partitions' elements from element ``start`` of the key on.
+        """
+        values = []
+        with self.lock:
+            for p in held:
+                part = self.parts[(key, p.index)]
+                if part.pending.get(part.round):
+                    raise KVStoreError(
+                        f"round {part.round} of {self._name_of(key, p.index)} has pushes by message "
+                        f"from workers {sorted(part.pending[part.round])} and a pushpull by collectives; "
+                        "in sync mode every worker uses one or the other for a round"
+                    )
+                self._update(parse_key(key), p.index, aggregate[p.lo - start : p.hi - start], part)
+                part.round += 1
+                values.append(part.value)
+            self._settle()  # pulls waiting for this round
+        return np.concatenate(values) if values else aggregate[:0].copy()
 
     def _pull(self, m: Message) -> None:
         where = (m.key, m.part)

@@ -21,6 +21,7 @@ from ..errors import (
 from ..ops import ReduceOp, get_op
 from ._adapter import Channel, open_channel
 from ._wire import REPLY_TAG, REQUEST_TAG, Kind, Message, encode, key_bytes
+from .collective import collective_pushpull
 from .layout import DEFAULT_PARTITION_BYTES, Partition, Roles, partition
 from .server import Server
 from .updaters import Optimizer, Updater
@@ -148,6 +149,7 @@ class KVStore:
         staleness: int,
         op: ReduceOp,
         partition_bytes: int,
+        collective: bool = True,
     ) -> None:
         self._channel = channel
         self._roles = roles
@@ -162,6 +164,7 @@ class KVStore:
         self._barriers = 0
         self._closed = False
         self._server: Server | None = None
+        self._collective = collective and mode == "sync" and not roles.dedicated
         self._thread: threading.Thread | None = None
 
     # what the store is
@@ -302,11 +305,39 @@ class KVStore:
         return handle if not block else handle.wait()
 
     def pushpull(self, key: Any, value: Any = None, out: Any = None, *, block: bool = True) -> Any:
-        """:meth:`push` then :meth:`pull`, sent together; the pulled value(s), or a handle."""
+        """:meth:`push` then :meth:`pull`; the pulled value(s), or a handle.
+
+        In ``sync`` mode over colocated servers (unless ``create(collective=False)``)
+        this is one round of collectives over all workers (see
+        :func:`~collectives.kvstore.collective.collective_pushpull`): every worker
+        calls it for the same keys in the same round, and a worker that does not
+        (or has closed) makes it fail with :class:`~collectives.KVStoreTimeout`
+        naming it. Otherwise the push and the pull are sent together.
+        """
+        if self._collective:
+            return self._collective_pushpull(key, value, out, block)
         first = self.push(key, value, block=False)
         second = self.pull(key, out, block=False)
         handle = Handle(self, first._requests + second._requests, second._result)
         return handle if not block else handle.wait()
+
+    def _collective_pushpull(self, key: Any, value: Any, out: Any, block: bool) -> Any:
+        keys, values = self._pairs(key, value)
+        outs = list(out) if isinstance(out, list | tuple) else [out] * len(keys)
+        if len(outs) != len(keys):
+            raise KVStoreError(f"pushpull of {len(keys)} keys got {len(outs)} outs")
+        assert self._server is not None
+        results = []
+        for k, v, o in zip(keys, values, outs, strict=True):
+            meta = self._meta(k)
+            flat = self._checked(k, meta, v)
+            target = np.empty(meta.shape, meta.dtype) if o is None else o
+            flat_target = self._checked(k, meta, target, out=True)
+            meta.pushes += 1
+            collective_pushpull(self._channel, self._server, k, meta.parts, self._op, flat, flat_target)
+            results.append(target)
+        result = results if isinstance(key, list | tuple) else results[0]
+        return result if block else Handle(self, [], lambda: result)
 
     # server-side updates
 
@@ -505,6 +536,7 @@ def create(
     op: "str | ReduceOp" = "sum",
     updater: Updater | None = None,
     timeout: float | None = None,
+    collective: bool = True,
 ) -> KVStore:
     """Make a key-value store over the ranks of ``comm``; collective over them.
 
@@ -544,6 +576,9 @@ def create(
         updater: ``fn(key, received, stored)`` run on the servers (see :meth:`KVStore.set_updater`).
         timeout: seconds a server waits for a missing worker before failing the
             wait with :class:`~collectives.KVStoreTimeout` naming it; the communicator's by default.
+        collective: in ``sync`` mode over colocated servers, run :meth:`KVStore.pushpull`
+            as a reduce-scatter and an all-gather (the fast path); ``False`` sends
+            messages to the servers, as every other mode does.
 
     Raises:
         ConfigurationError: an unknown mode, a negative staleness, too many servers,
@@ -567,7 +602,7 @@ def create(
     except BaseException:
         channel.close()
         raise
-    store = KVStore(channel, roles, mode, staleness, reduce_op, partition_bytes)
+    store = KVStore(channel, roles, mode, staleness, reduce_op, partition_bytes, collective)
     rank = channel.rank
     if roles.is_server(rank):
         server = Server(channel, mode, staleness, roles.worker_ranks, reduce_op)

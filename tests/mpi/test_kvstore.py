@@ -122,3 +122,22 @@ def test_a_worker_that_stops_pushing_is_named(world: MPI.Intracomm) -> None:
             problems.expect(0.9 <= took < 5, f"took {took:.1f} s")
     kv.close()
     problems.check()
+
+
+@pytest.mark.parametrize("collective", [True, False])
+def test_sync_pushpull_of_a_large_key_equals_an_allreduce(world: MPI.Intracomm, collective: bool) -> None:
+    problems = Problems(world)
+    n = (1 << 20) + 3  # 4 MiB of float32 in 64 KiB partitions, and a small key on one server
+    with problems.guard(f"collective={collective}"):
+        kv = create("sync", comm=world, partition_bytes=1 << 16, collective=collective)
+        own = collectives.Communicator(world)
+        kv.init(["big", "small"], [np.zeros(n, np.float32), np.zeros(5, np.float32)])
+        for t in range(3):
+            x = _push(world.rank, t, n)
+            big, small = kv.pushpull(["big", "small"], [x, x[:5]])
+            reference = collectives.allreduce(x, comm=own)
+            problems.expect_equal(f"round {t} big", big, reference)
+            problems.expect_equal(f"round {t} small", small, reference[:5])
+        kv.close()
+        own.free()
+    problems.check()
