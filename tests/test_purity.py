@@ -23,6 +23,7 @@ PURE = [
     "collectives.topology",
     "collectives.topology.cost_model",
     "collectives.topology.strategies",
+    "collectives.kvstore.layout",
 ]
 
 

@@ -141,3 +141,30 @@ def test_sync_pushpull_of_a_large_key_equals_an_allreduce(world: MPI.Intracomm, 
         kv.close()
         own.free()
     problems.check()
+
+
+def test_the_mpi_transport_probes_any_source(world: MPI.Intracomm) -> None:
+    from collectives.transport.mpi import MPITransport
+
+    problems = Problems(world)
+    transport = MPITransport(world)
+    tag = 77
+    problems.expect(transport.probe(tag, 0.01) is None, "a probe found a message nobody sent")
+    payload = np.arange(world.rank + 1, dtype=np.int64)
+    send = transport.isend(payload, 0, tag)
+    if world.rank == 0:
+        seen = {}
+        for _ in range(world.size):
+            found = transport.probe(tag, 10.0)
+            if found is None:
+                problems.expect(False, "a probe timed out")
+                break
+            src, nbytes = found
+            buffer = bytearray(nbytes)
+            transport.waitall([transport.irecv(buffer, src, tag)])
+            seen[src] = nbytes
+        problems.expect(seen == {r: 8 * (r + 1) for r in range(world.size)}, f"probed {seen}")
+    transport.waitall([send])
+    world.Barrier()
+    transport.close()
+    problems.check()
