@@ -406,3 +406,36 @@ def test_a_worker_missing_from_a_collective_pushpull_is_named() -> None:
         assert "pushpull of key 'w' on rank 0: workers [1] did not take part" in str(caught.value)
 
     run_store(2, body, mode="sync", timeout=1.0)  # and the store still closes on both
+
+
+def test_an_ssp_worker_that_falls_too_far_behind_is_named() -> None:
+    def body(kv: KVStore, comm: Communicator) -> None:
+        kv.init("w", np.zeros(2))
+        if kv.rank == 1:
+            time.sleep(2.0)  # stuck at clock 0
+            return
+        for _ in range(2):
+            kv.push("w", np.ones(2))
+            kv.clock()
+        with pytest.raises(KVStoreTimeout) as caught:
+            kv.pull("w")  # at clock 2 with staleness 1: needs worker 1's clock 0
+        assert caught.value.workers == (1,)
+        assert "for clock 0 of key 'w' partition 0: worker 1 at clock 0" in str(caught.value)
+
+    run_store(2, body, mode="ssp", staleness=1, timeout=0.5)
+
+
+def test_a_barrier_names_the_worker_that_never_came() -> None:
+    world = LoopbackWorld(2, timeout=60)
+
+    def one(transport: Any) -> None:
+        # the store's own timeout, shorter than the communicator's
+        kv = create(comm=Communicator(transport, timeout=30), timeout=0.5)
+        if kv.rank == 0:
+            with pytest.raises(KVStoreTimeout, match=r"barrier 1: server rank 0 waited 0\.5 s for worker 1"):
+                kv.barrier()
+        else:
+            time.sleep(1.5)
+        kv.close()
+
+    world.run(one)

@@ -29,6 +29,7 @@ class Channel:
 
     comm: "Communicator"
     owned: bool
+    limit: float | None = None  # the store's own timeout, where it differs from the communicator's
 
     def __post_init__(self) -> None:
         self._sends: list[tuple[Request, Any]] = []  # (request, buffer kept alive until it completes)
@@ -40,6 +41,9 @@ class Channel:
 
     @property
     def timeout(self) -> float:
+        """Seconds a server waits for a worker; ``math.inf`` for no limit."""
+        if self.limit is not None:
+            return math.inf if self.limit == 0 else self.limit
         return self.comm.timeout
 
     @property
@@ -100,8 +104,8 @@ def open_channel(comm: Any, timeout: float | None) -> Channel:
         raise ConfigurationError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
     if isinstance(comm, Communicator):
         inner = getattr(comm.transport, "comm", None)  # an MPITransport's own duplicate
-        if inner is None:
-            return Channel(comm, owned=False)
+        if inner is None:  # a loopback transport: the user's communicator, the store's own tags
+            return Channel(comm, owned=False, limit=timeout)
         limit = comm.timeout if timeout is None else timeout
         return Channel(Communicator(inner, timeout=0 if math.isinf(limit) else limit), owned=True)
     if isinstance(comm, Transport):

@@ -1,6 +1,16 @@
 """The store's messages: a fixed header, the key, a short text and the data, in one buffer."""
 
-__all__ = ["REPLY_TAG", "REQUEST_TAG", "Kind", "Message", "decode", "encode", "key_bytes", "parse_key"]
+__all__ = [
+    "REPLY_TAG",
+    "REQUEST_TAG",
+    "Fault",
+    "Kind",
+    "Message",
+    "decode",
+    "encode",
+    "key_bytes",
+    "parse_key",
+]
 
 import struct
 from dataclasses import dataclass
@@ -29,6 +39,14 @@ class Kind(IntEnum):
     OK = 16
     DATA = 17
     ERROR = 18
+
+
+class Fault(IntEnum):
+    """Why a server refused a request (an ``ERROR`` reply's ``aux``); the reply's data lists the workers."""
+
+    OTHER = 0
+    LATE = 1  # waited in vain for the workers listed
+    MISMATCH = 2  # a worker described a key differently from worker 0
 
 
 @dataclass

@@ -15,7 +15,7 @@ from ..backends import backend_for
 from ..errors import KVStoreError
 from ..ops import ReduceOp
 from ._adapter import Channel
-from ._wire import REPLY_TAG, REQUEST_TAG, Kind, Message, encode, parse_key
+from ._wire import REPLY_TAG, REQUEST_TAG, Fault, Kind, Message, encode, parse_key
 from .updaters import Optimizer, Updater, accumulate, assign, optimizer_from_spec
 
 _IDLE_WAKE_S = 0.05  # a server with nothing to do still wakes this often, to expire waits and finish sends
@@ -38,7 +38,7 @@ class _Wait:
     message: Message
     ready: Callable[[], bool]
     answer: Callable[[], None]
-    expire: Callable[[], str]
+    expire: Callable[[], tuple[str, tuple[int, ...]]]  # the error, and the workers waited for
     deadline: float
 
 
@@ -68,7 +68,7 @@ class Server:
         self.updater: Updater | None = None  # the user's, or None for the mode's default
         self.optimizer: Optimizer | None = None
         self.waits: list[_Wait] = []
-        self.barriers: dict[int, set[int]] = {}
+        self.barriers: dict[int, list[Message]] = {}  # the workers waiting in each barrier
         self.stopping = threading.Event()
         self.lock = threading.Lock()  # the worker's collective pushpull updates partitions too
         self.error: BaseException | None = None
@@ -114,13 +114,18 @@ class Server:
             if wait.ready():
                 wait.answer()
             elif now >= wait.deadline:
-                self._error(wait.message, wait.expire())
+                text, workers = wait.expire()
+                self._error(wait.message, text, Fault.LATE, workers)
             else:
                 left.append(wait)
         self.waits = left
 
     def _defer(
-        self, m: Message, ready: Callable[[], bool], answer: Callable[[], None], expire: Callable[[], str]
+        self,
+        m: Message,
+        ready: Callable[[], bool],
+        answer: Callable[[], None],
+        expire: Callable[[], tuple[str, tuple[int, ...]]],
     ) -> None:
         if ready():
             answer()
@@ -133,8 +138,14 @@ class Server:
         reply = encode(kind, self.rank, part=m.part, req=m.req, stamp=stamp, key=m.key, text=text, data=data)
         self.channel.send(reply, m.origin, REPLY_TAG)
 
-    def _error(self, m: Message, text: str) -> None:
-        self._reply(m, Kind.ERROR, text=text)
+    def _error(
+        self, m: Message, text: str, fault: Fault = Fault.OTHER, workers: tuple[int, ...] = ()
+    ) -> None:
+        data = np.array(workers, np.int64)
+        reply = encode(
+            Kind.ERROR, self.rank, part=m.part, req=m.req, aux=fault, key=m.key, text=text, data=data
+        )
+        self.channel.send(reply, m.origin, REPLY_TAG)
 
     def _name(self, m: Message) -> str:
         return self._name_of(m.key, m.part)
@@ -158,6 +169,8 @@ class Server:
                     m,
                     f"worker {m.origin} initialised {self._name(m)} as {m.text}; "
                     f"worker {self.workers[0]} as {part.shape}",
+                    Fault.MISMATCH,
+                    (m.origin,),
                 )
             else:
                 self._reply(m, Kind.OK)
@@ -168,7 +181,8 @@ class Server:
             answer,
             lambda: (
                 f"server rank {self.rank} waited {self.channel.timeout:g} s for worker "
-                f"{self.workers[0]} to initialise {self._name(m)}"
+                f"{self.workers[0]} to initialise {self._name(m)}",
+                (self.workers[0],),
             ),
         )
 
@@ -262,20 +276,21 @@ class Server:
             return max(self.clocks.values()) - 1
         return min(self.clocks[w] for w in self.open) - 1
 
-    def _late_round(self, m: Message, part: _Part) -> str:
-        missing = sorted(self.open - part.pending.get(part.round, {}).keys())
+    def _late_round(self, m: Message, part: _Part) -> tuple[str, tuple[int, ...]]:
+        missing = tuple(sorted(self.open - part.pending.get(part.round, {}).keys()))
         return (
             f"server rank {self.rank} waited {self.channel.timeout:g} s for round {part.round} of "
-            f"{self._name(m)}: no push from worker{'s' if len(missing) > 1 else ''} "
-            f"{', '.join(map(str, missing))}"
+            f"{self._name(m)}: no push from {_workers(missing)}",
+            missing,
         )
 
-    def _late_clock(self, m: Message, need: int) -> str:
-        missing = sorted(w for w in self.open if self.clocks[w] < need)
+    def _late_clock(self, m: Message, need: int) -> tuple[str, tuple[int, ...]]:
+        missing = tuple(sorted(w for w in self.open if self.clocks[w] < need))
+        clocks = ", ".join(str(self.clocks[w]) for w in missing)
         return (
             f"server rank {self.rank} waited {self.channel.timeout:g} s for clock {need - 1} of "
-            f"{self._name(m)}: worker{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} "
-            f"at clock {', '.join(str(self.clocks[w]) for w in missing)}"
+            f"{self._name(m)}: {_workers(missing)} at clock {clocks}",
+            missing,
         )
 
     def _clock(self, m: Message) -> None:
@@ -283,22 +298,24 @@ class Server:
         self._reply(m, Kind.OK)
 
     def _barrier(self, m: Message) -> None:
-        arrived = self.barriers.setdefault(m.stamp, set())
-        arrived.add(m.origin)
+        waiting = self.barriers.setdefault(m.stamp, [])
+        waiting.append(m)
 
-        def expire() -> str:
-            missing = sorted(self.open - arrived)
-            return (
-                f"barrier {m.stamp}: server rank {self.rank} waited {self.channel.timeout:g} s "
-                f"for workers {missing}"
-            )
+        def ready() -> bool:
+            return self.open <= {x.origin for x in waiting}
 
-        def answer() -> None:
-            self._reply(m, Kind.OK)
-            if self.barriers.get(m.stamp) is arrived and all(w.message.stamp != m.stamp for w in self.waits):
-                self.barriers.pop(m.stamp, None)
+        def answer() -> None:  # the first ready answers every worker; the others find it done
+            if self.barriers.pop(m.stamp, None) is not None:
+                for x in waiting:
+                    self._reply(x, Kind.OK)
 
-        self._defer(m, lambda: self.open <= arrived, answer, expire)
+        def expire() -> tuple[str, tuple[int, ...]]:
+            self.barriers.pop(m.stamp, None)
+            missing = tuple(sorted(self.open - {x.origin for x in waiting}))
+            text = f"barrier {m.stamp}: server rank {self.rank} waited {self.channel.timeout:g} s for "
+            return text + _workers(missing), missing
+
+        self._defer(m, ready, answer, expire)
 
     def _close(self, m: Message) -> None:
         self.open.discard(m.origin)
@@ -315,3 +332,7 @@ class Server:
                 self._error(m, str(error))
                 return
         self._reply(m, Kind.OK)
+
+
+def _workers(ranks: tuple[int, ...]) -> str:
+    return f"worker{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"

@@ -20,7 +20,7 @@ from ..errors import (
 )
 from ..ops import ReduceOp, get_op
 from ._adapter import Channel, open_channel
-from ._wire import REPLY_TAG, REQUEST_TAG, Kind, Message, encode, key_bytes
+from ._wire import REPLY_TAG, REQUEST_TAG, Fault, Kind, Message, encode, key_bytes
 from .collective import collective_pushpull
 from .layout import DEFAULT_PARTITION_BYTES, Partition, Roles, partition
 from .server import Server
@@ -66,7 +66,7 @@ class Pulled:
 
 
 class _Request:
-    __slots__ = ("done", "error", "key", "on_data", "server", "stamp")
+    __slots__ = ("done", "error", "fault", "key", "on_data", "server", "stamp", "workers")
 
     def __init__(self, server: int, key: Any, on_data: Callable[[Message], None] | None) -> None:
         self.server = server
@@ -74,6 +74,8 @@ class _Request:
         self.on_data = on_data
         self.done = False
         self.error: str | None = None
+        self.fault = Fault.OTHER
+        self.workers: tuple[int, ...] = ()
         self.stamp = 0
 
 
@@ -109,27 +111,11 @@ class Handle:
 
 def _error_from(request: _Request) -> KVStoreError:
     text = request.error or ""
-    if "waited" in text:
-        workers = _numbers_after(text, "worker")
-        return KVStoreTimeout(text, key=request.key, workers=workers, servers=(request.server,))
-    if "initialised" in text:
+    if request.fault == Fault.LATE:
+        return KVStoreTimeout(text, key=request.key, workers=request.workers, servers=(request.server,))
+    if request.fault == Fault.MISMATCH:
         return KeyMismatchError(text)
     return KVStoreError(text)
-
-
-def _numbers_after(text: str, word: str) -> tuple[int, ...]:
-    """The ranks a server's message lists after ``word`` (``workers 1, 2``)."""
-    at = text.rfind(word)
-    if at < 0:
-        return ()
-    tail = text[at + len(word) :].lstrip("s ").replace("[", "").replace("]", "")
-    numbers = []
-    for piece in tail.split(","):
-        piece = piece.strip().split(" ")[0]
-        if not piece.isdigit():
-            break
-        numbers.append(int(piece))
-    return tuple(numbers)
 
 
 class KVStore:
@@ -493,6 +479,8 @@ class KVStore:
         request.stamp = message.stamp
         if message.kind == Kind.ERROR:
             request.error = message.text
+            request.fault = Fault(message.aux)
+            request.workers = tuple(int(w) for w in np.frombuffer(message.data, np.int64))
         elif request.on_data is not None:
             request.on_data(message)
         request.done = True
