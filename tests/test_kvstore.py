@@ -439,3 +439,82 @@ def test_a_barrier_names_the_worker_that_never_came() -> None:
         kv.close()
 
     world.run(one)
+
+
+def _training(kv: KVStore, steps: range, n: int) -> np.ndarray:
+    """SGD steps on the servers with gradients that are not integers, so bits tell runs apart."""
+    w = np.empty(n)
+    for step in steps:
+        grad = np.sin(np.arange(n) * 0.37 + step + kv.rank) / 3
+        w = kv.pushpull("w", grad)
+    return np.asarray(w)
+
+
+@pytest.mark.parametrize(("size", "dedicated"), [(2, None), (3, 1), (4, 2)])
+def test_a_run_resumed_from_a_checkpoint_continues_bitwise(
+    tmp_path: Any, size: int, dedicated: int | None
+) -> None:
+    n, k, total = 100, 3, 6  # 100 float64 in 64-byte partitions: 13 of them, re-cut over other servers
+
+    def uninterrupted(kv: KVStore, comm: Communicator) -> np.ndarray:
+        kv.init("w", np.ones(n))
+        kv.set_optimizer(Adam(lr=0.05))
+        _training(kv, range(k), n)
+        kv.save(tmp_path / "ckpt")
+        return _training(kv, range(k, total), n)
+
+    expected = run_store(2, uninterrupted, mode="sync")  # 2 workers, 2 colocated servers
+
+    def resumed(kv: KVStore, comm: Communicator) -> np.ndarray:
+        kv.load(tmp_path / "ckpt")
+        return _training(kv, range(k, total), n)
+
+    got = [r for r in run_store(size, resumed, mode="sync", servers=dedicated) if r is not None]
+    assert len(got) == 2
+    for a, b in zip(got, expected, strict=True):
+        assert a.tobytes() == b.tobytes()
+
+
+def test_partial_missing_and_foreign_checkpoints_are_refused(tmp_path: Any) -> None:
+    def save(kv: KVStore, comm: Communicator) -> None:
+        kv.init("w", np.arange(40.0))
+        kv.save(tmp_path / "a")
+        kv.push("w", np.ones(40))
+        kv.save(tmp_path / "b")
+
+    run_store(2, save, mode="async")
+    (tmp_path / "a" / "shard-1.npz").replace(tmp_path / "b" / "shard-1.npz")  # b is now a mix of two saves
+    (tmp_path / "a" / "shard-0.npz").unlink()
+    cases = [
+        (tmp_path / "missing", "no checkpoint directory"),
+        (tmp_path / "a", "is partial: shard-0.npz is missing or unreadable"),
+        (tmp_path / "b", "is partial: shard-1.npz belongs to checkpoint"),
+    ]
+    for directory, message in cases:
+
+        def load(kv: KVStore, comm: Communicator, directory: Any = directory, message: str = message) -> None:
+            with pytest.raises(KVStoreError, match=message):
+                kv.load(directory)
+
+        run_store(2, load, mode="async")
+
+    def not_a_checkpoint(kv: KVStore, comm: Communicator) -> None:
+        (tmp_path / "c").mkdir(exist_ok=True)
+        with pytest.raises(KVStoreError, match=r"no manifest\.json"):
+            kv.load(tmp_path / "c")
+
+    run_store(2, not_a_checkpoint, mode="sync")
+
+
+def test_a_checkpoint_of_another_mode_is_refused(tmp_path: Any) -> None:
+    def save(kv: KVStore, comm: Communicator) -> None:
+        kv.init("w", np.arange(4.0))
+        kv.save(tmp_path)
+
+    run_store(1, save, mode="async")
+
+    def load(kv: KVStore, comm: Communicator) -> None:
+        with pytest.raises(KVStoreError, match="is of a 'async' store, this one is 'sync'"):
+            kv.load(tmp_path)
+
+    run_store(1, load, mode="sync")

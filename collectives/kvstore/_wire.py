@@ -36,6 +36,8 @@ class Kind(IntEnum):
     BARRIER = 5
     CLOSE = 6
     OPTIMIZER = 7
+    SAVE = 8
+    LOAD = 9
     OK = 16
     DATA = 17
     ERROR = 18

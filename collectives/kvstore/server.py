@@ -2,11 +2,13 @@
 
 __all__ = ["Server"]
 
+import json
 import math
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,6 +18,7 @@ from ..errors import KVStoreError
 from ..ops import ReduceOp
 from ._adapter import Channel
 from ._wire import REPLY_TAG, REQUEST_TAG, Fault, Kind, Message, encode, parse_key
+from .checkpoint import read_manifest, restore_shards, write_shard
 from .updaters import Optimizer, Updater, accumulate, assign, optimizer_from_spec
 
 _IDLE_WAKE_S = 0.05  # a server with nothing to do still wakes this often, to expire waits and finish sends
@@ -101,8 +104,13 @@ class Server:
             Kind.BARRIER: self._barrier,
             Kind.CLOSE: self._close,
             Kind.OPTIMIZER: self._optimizer,
+            Kind.SAVE: self._save,
+            Kind.LOAD: self._load,
         }[m.kind]
-        handler(m)
+        try:
+            handler(m)
+        except Exception as error:  # a bad request fails, not the server
+            self._error(m, f"server rank {self.rank} failed on {m.kind.name.lower()}: {error}")
 
     def _settle(self) -> None:
         """Answer the waits that are ready, and fail those past their deadline."""
@@ -134,8 +142,12 @@ class Server:
 
     # replies
 
-    def _reply(self, m: Message, kind: Kind, *, stamp: int = 0, text: str = "", data: Any = None) -> None:
-        reply = encode(kind, self.rank, part=m.part, req=m.req, stamp=stamp, key=m.key, text=text, data=data)
+    def _reply(
+        self, m: Message, kind: Kind, *, stamp: int = 0, aux: int = 0, text: str = "", data: Any = None
+    ) -> None:
+        reply = encode(
+            kind, self.rank, part=m.part, req=m.req, stamp=stamp, aux=aux, key=m.key, text=text, data=data
+        )
         self.channel.send(reply, m.origin, REPLY_TAG)
 
     def _error(
@@ -306,8 +318,9 @@ class Server:
 
         def answer() -> None:  # the first ready answers every worker; the others find it done
             if self.barriers.pop(m.stamp, None) is not None:
+                flag = int(any(x.aux for x in waiting))  # a worker's failure, told to all
                 for x in waiting:
-                    self._reply(x, Kind.OK)
+                    self._reply(x, Kind.OK, aux=flag)
 
         def expire() -> tuple[str, tuple[int, ...]]:
             self.barriers.pop(m.stamp, None)
@@ -324,6 +337,23 @@ class Server:
                 self._complete_rounds(key, index, part)
         self._reply(m, Kind.OK)
 
+    def _save(self, m: Message) -> None:
+        request = json.loads(m.text)
+        try:
+            write_shard(self, Path(request["dir"]), request["index"], request["id"])
+        except OSError as error:
+            self._error(m, f"server rank {self.rank} could not write its shard: {error}")
+            return
+        self._reply(m, Kind.OK)
+
+    def _load(self, m: Message) -> None:
+        try:
+            _restore(self, json.loads(m.text))
+        except (KVStoreError, OSError, ValueError, KeyError) as error:
+            self._error(m, str(error))
+            return
+        self._reply(m, Kind.OK)
+
     def _optimizer(self, m: Message) -> None:
         if m.origin == self.workers[0]:
             try:
@@ -336,3 +366,22 @@ class Server:
 
 def _workers(ranks: tuple[int, ...]) -> str:
     return f"worker{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+
+
+def _restore(server: Server, request: dict[str, Any]) -> None:
+    """Take the partitions ``request`` assigns this server from the checkpoint it names."""
+    directory = Path(request["dir"])
+    manifest = read_manifest(directory)
+    if server.parts:
+        raise KVStoreError(f"server rank {server.rank} holds keys already; load into a new store")
+    saved = restore_shards(directory, manifest)
+    optimizer = None if manifest["optimizer"] is None else optimizer_from_spec(manifest["optimizer"])
+    for text, index, lo, hi in request["parts"]:
+        raw = text.encode()
+        whole = saved[raw]
+        server.parts[(raw, index)] = _Part(whole["value"][lo:hi].copy(), whole["shape"], whole["round"])
+        if optimizer is not None and (whole["state"] or whole["scalars"]):
+            state = {name: array[lo:hi].copy() for name, array in whole["state"].items()}
+            optimizer._state[(parse_key(raw), index)] = {**state, **whole["scalars"]}
+    server.optimizer = optimizer
+    server.clocks = dict.fromkeys(server.workers, int(manifest["clock"]))

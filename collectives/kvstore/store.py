@@ -2,11 +2,15 @@
 
 __all__ = ["MODES", "Handle", "KVStore", "Pulled", "create"]
 
+import json
 import math
+import os
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,11 +24,12 @@ from ..errors import (
 )
 from ..ops import ReduceOp, get_op
 from ._adapter import Channel, open_channel
-from ._wire import REPLY_TAG, REQUEST_TAG, Fault, Kind, Message, encode, key_bytes
+from ._wire import REPLY_TAG, REQUEST_TAG, Fault, Kind, Message, encode, key_bytes, parse_key
+from .checkpoint import read_manifest, write_manifest
 from .collective import collective_pushpull
 from .layout import DEFAULT_PARTITION_BYTES, Partition, Roles, partition
 from .server import Server
-from .updaters import Optimizer, Updater
+from .updaters import Optimizer, Updater, optimizer_from_spec
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -66,7 +71,7 @@ class Pulled:
 
 
 class _Request:
-    __slots__ = ("done", "error", "fault", "key", "on_data", "server", "stamp", "workers")
+    __slots__ = ("aux", "done", "error", "fault", "key", "on_data", "server", "stamp", "workers")
 
     def __init__(self, server: int, key: Any, on_data: Callable[[Message], None] | None) -> None:
         self.server = server
@@ -75,6 +80,7 @@ class _Request:
         self.done = False
         self.error: str | None = None
         self.fault = Fault.OTHER
+        self.aux = 0
         self.workers: tuple[int, ...] = ()
         self.stamp = 0
 
@@ -151,6 +157,7 @@ class KVStore:
         self._closed = False
         self._server: Server | None = None
         self._collective = collective and mode == "sync" and not roles.dedicated
+        self._optimizer: Optimizer | None = None  # the one set, for checkpoints
         self._thread: threading.Thread | None = None
 
     # what the store is
@@ -347,6 +354,7 @@ class KVStore:
         Workers then push gradients and pull parameters. Collective over the
         workers; worker 0's optimizer is the one used.
         """
+        self._optimizer = optimizer
         if self.rank == 0:
             Handle(self, [self._send(Kind.OPTIMIZER, None, server=s, text=optimizer.spec())
                           for s in self._roles.server_ranks], lambda: None).wait()  # fmt: skip
@@ -362,11 +370,119 @@ class KVStore:
 
     def barrier(self) -> None:
         """Return once every open worker has called it."""
+        self._barrier(False)
+
+    def _barrier(self, failed: bool) -> bool:
+        """A barrier that tells every worker whether any arrived ``failed``."""
         self._barriers += 1
         first = self._roles.server_ranks[0]
-        Handle(
-            self, [self._send(Kind.BARRIER, None, server=first, stamp=self._barriers)], lambda: None
-        ).wait()
+        request = self._send(Kind.BARRIER, None, server=first, stamp=self._barriers, aux=int(failed))
+        Handle(self, [request], lambda: None).wait()
+        return bool(request.aux)
+
+    # checkpoints
+
+    def save(self, directory: "str | os.PathLike[str]") -> None:
+        """Write every server's shard, and its optimizer state, to ``directory``; collective over workers.
+
+        Every worker's earlier requests complete first and no worker pushes until
+        all shards are written, so the shards are of one point (the same round or
+        clock on every server). Each shard and then the manifest are written to a
+        temporary file and renamed into place; the manifest, written last, names
+        the checkpoint's id, which every shard carries, so a half-written or mixed
+        checkpoint is refused by :meth:`load`. A ``set_updater`` function is not
+        saved (set it again after loading); an optimizer is.
+
+        Raises:
+            KVStoreError: a shard or the manifest could not be written (on every worker).
+        """
+        self._wait_for(list(self._requests.values()))
+        self.barrier()
+        error: Exception | None = None
+        if self.rank == 0:
+            try:
+                self._save(Path(directory).resolve())
+            except Exception as caught:
+                error = caught
+        failed = self._barrier(error is not None)
+        if error is not None:
+            raise error
+        if failed:
+            raise KVStoreError(f"save to {str(directory)!r} failed on worker 0 (its error says why)")
+
+    def _save(self, path: Path) -> None:
+        checkpoint = uuid.uuid4().hex
+        path.mkdir(parents=True, exist_ok=True)
+        requests = []
+        for index, server in enumerate(self._roles.server_ranks):
+            text = json.dumps({"dir": str(path), "id": checkpoint, "index": index})
+            requests.append(self._send(Kind.SAVE, None, server=server, text=text))
+        Handle(self, requests, lambda: None).wait()
+        keys = [
+            {"key": key_bytes(k).decode(), "shape": list(m.shape), "dtype": m.dtype.name, "round": m.pushes,
+             "bounds": [p.lo for p in m.parts]}
+            for k, m in self._keys.items()
+        ]  # fmt: skip
+        optimizer = None if self._optimizer is None else self._optimizer.spec()
+        manifest = {"id": checkpoint, "servers": self.num_servers, "workers": self.num_workers}
+        manifest.update(mode=self.mode, clock=self._clock, keys=keys, optimizer=optimizer)
+        write_manifest(path, manifest)
+
+    def load(self, directory: "str | os.PathLike[str]") -> None:
+        """Restore a checkpoint :meth:`save` wrote, onto any number of servers; collective over workers.
+
+        Call it on a new store, before any :meth:`init`: it makes the checkpoint's
+        keys with their values, rounds, clock and optimizer state, cut into this
+        store's partitions.
+
+        Raises:
+            KVStoreError: the directory is missing, the checkpoint is partial or of
+                another format or mode, or this store has keys already.
+        """
+        path = Path(directory).resolve()
+        manifest = read_manifest(path)
+        if manifest["mode"] != self.mode:
+            raise KVStoreError(
+                f"checkpoint {str(path)!r} is of a {manifest['mode']!r} store, this one is {self.mode!r}"
+            )
+        if self._keys:
+            raise KVStoreError(f"load into a store with keys already ({', '.join(map(repr, self._keys))})")
+        metas = {}
+        for entry in manifest["keys"]:
+            key = parse_key(entry["key"].encode())
+            dtype, shape = np.dtype(entry["dtype"]), tuple(entry["shape"])
+            parts = partition(
+                key, math.prod(shape), dtype.itemsize, self._roles.server_ranks, self._partition_bytes
+            )
+            metas[key] = _Key(shape, dtype, parts, entry["round"])
+        self.barrier()
+        error: Exception | None = None
+        if self.rank == 0:
+            try:
+                self._load(path, metas)
+            except Exception as caught:
+                error = caught
+        failed = self._barrier(error is not None)
+        if error is not None:
+            raise error
+        if failed:
+            raise KVStoreError(f"load of {str(directory)!r} failed on worker 0 (its error says why)")
+        self._keys.update(metas)
+        self._clock = int(manifest["clock"])
+        if manifest["optimizer"] is not None:
+            self._optimizer = optimizer_from_spec(manifest["optimizer"])
+
+    def _load(self, path: Path, metas: dict[Any, _Key]) -> None:
+        """Tell each server which partitions of the checkpoint to take."""
+        by_server: dict[int, list[tuple[str, int, int, int]]] = {s: [] for s in self._roles.server_ranks}
+        for key, meta in metas.items():
+            for p in meta.parts:
+                by_server[p.server].append((key_bytes(key).decode(), p.index, p.lo, p.hi))
+        requests = []
+        for server, parts in by_server.items():
+            text = json.dumps({"dir": str(path), "parts": parts})
+            requests.append(self._send(Kind.LOAD, None, server=server, text=text))
+        Handle(self, requests, lambda: None).wait()
 
     def close(self) -> None:
         """Leave the store; the others carry on without this worker (a ``sync`` round no longer waits for it).
@@ -452,6 +568,7 @@ class KVStore:
         *,
         server: int | None = None,
         stamp: int = 0,
+        aux: int = 0,
         text: str = "",
         data: Any = None,
         on_data: Callable[[Message], None] | None = None,
@@ -463,7 +580,15 @@ class KVStore:
         raw_key = b"" if key is None else key_bytes(key)
         index = 0 if part is None else part.index
         message = encode(
-            kind, self.rank, part=index, req=self._next, stamp=stamp, key=raw_key, text=text, data=data
+            kind,
+            self.rank,
+            part=index,
+            req=self._next,
+            stamp=stamp,
+            aux=aux,
+            key=raw_key,
+            text=text,
+            data=data,
         )
         self._channel.send(message, dst, REQUEST_TAG)
         return request
@@ -477,6 +602,7 @@ class KVStore:
         if request is None:
             return True
         request.stamp = message.stamp
+        request.aux = message.aux
         if message.kind == Kind.ERROR:
             request.error = message.text
             request.fault = Fault(message.aux)
