@@ -7,6 +7,7 @@ __all__ = [
     "ConfigurationError",
     "InvalidBufferError",
     "InvalidRootError",
+    "InvalidRowsError",
     "KVStoreError",
     "KVStoreTimeout",
     "KeyMismatchError",
@@ -160,6 +161,10 @@ class UnknownKeyError(KVStoreError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
+
+
+class InvalidRowsError(KVStoreError, IndexError):
+    """The ``rows=`` of a push or pull are out of range, repeated, or given for a 1-D key."""
 
 
 class KeyMismatchError(KVStoreError, InvalidBufferError):

@@ -13,6 +13,7 @@ import collectives
 from collectives import Communicator
 from collectives.errors import (
     ConfigurationError,
+    InvalidRowsError,
     KeyMismatchError,
     KVStoreError,
     KVStoreTimeout,
@@ -518,3 +519,104 @@ def test_a_checkpoint_of_another_mode_is_refused(tmp_path: Any) -> None:
             kv.load(tmp_path)
 
     run_store(1, load, mode="sync")
+
+
+def _row_push(rank: int, t: int) -> tuple[np.ndarray, np.ndarray]:
+    """Worker ``rank``'s round-``t`` sparse push to a 20x4 table: a few rows, some shared with others."""
+    ids = np.array(sorted({(rank * 3 + t) % 20, (rank + 7) % 20, 12, 19}))
+    return ids, (np.outer(ids + 1, np.arange(1, 5)) * (rank + t + 1)).astype(np.float64)
+
+
+@pytest.mark.parametrize(("size", "dedicated"), [(1, None), (3, None), (3, 1), (4, 2)])
+def test_sparse_rows_travel_and_update_alone(size: int, dedicated: int | None) -> None:
+    workers = size - (dedicated or 0)
+    rounds = 4
+
+    def expected_table(mode: str) -> np.ndarray:
+        table = np.full((20, 4), -1.0)
+        if mode == "async":
+            table[:] = -1.0
+            for t in range(rounds):
+                for r in range(workers):
+                    ids, values = _row_push(r, t)
+                    table[ids] += values
+            return table
+        for t in range(rounds):  # sync: each round's pushed rows become the round's sum
+            touched: dict[int, np.ndarray] = {}
+            for r in range(workers):
+                ids, values = _row_push(r, t)
+                for i, row in zip(ids, values, strict=True):
+                    touched[int(i)] = touched.get(int(i), 0) + row
+            for i, row in touched.items():
+                table[i] = row
+        return table
+
+    for mode in ["sync", "async"]:
+
+        def body(kv: KVStore, comm: Communicator, mode: str = mode) -> np.ndarray:
+            kv.init("emb", np.full((20, 4), -1.0))
+            for t in range(rounds):
+                ids, values = _row_push(kv.rank, t)
+                got = kv.pushpull("emb", values, rows=ids)
+                assert got.shape == (len(ids), 4)
+                if mode == "sync":
+                    np.testing.assert_array_equal(got, expected_round_rows(t, ids))
+            kv.barrier()
+            picked = kv.pull("emb", rows=[19, 0, 12])
+            table = kv.pull("emb")
+            np.testing.assert_array_equal(picked, table[[19, 0, 12]])
+            return np.asarray(table)
+
+        def expected_round_rows(t: int, ids: np.ndarray) -> np.ndarray:
+            rows = {}
+            for r in range(workers):
+                their_ids, values = _row_push(r, t)
+                for i, row in zip(their_ids, values, strict=True):
+                    rows[int(i)] = rows.get(int(i), 0) + row
+            return np.array([rows[int(i)] for i in ids])
+
+        for table in run_store(size, body, mode=mode, servers=dedicated, partition_bytes=64):
+            if table is not None:
+                np.testing.assert_array_equal(table, expected_table(mode))
+
+
+def test_row_updates_of_an_optimizer_touch_only_those_rows() -> None:
+    n_rows, steps = 12, 4
+
+    def body(kv: KVStore, comm: Communicator) -> np.ndarray:
+        kv.init("emb", np.ones((n_rows, 3)))
+        kv.set_optimizer(SGD(lr=0.5, momentum=0.5))
+        for t in range(steps):
+            ids = np.array([t % n_rows, 5])
+            kv.push("emb", np.full((2, 3), float(t + 1)), rows=ids)
+        return np.asarray(kv.pull("emb"))
+
+    table = run_store(2, body, mode="sync", partition_bytes=48)[0]
+    reference = np.ones((n_rows, 3))
+    velocity = np.zeros((n_rows, 3))
+    for t in range(steps):
+        ids = [t % n_rows, 5]
+        grad = np.full((2, 3), 2.0 * (t + 1))  # two workers pushed the same rows
+        velocity[ids] = 0.5 * velocity[ids] + grad
+        reference[ids] -= 0.5 * velocity[ids]
+    np.testing.assert_allclose(table, reference, rtol=1e-15)
+    assert (table[6:] == 1).all()  # rows never pushed keep their value
+
+
+def test_bad_rows_are_named() -> None:
+    def body(kv: KVStore, comm: Communicator) -> None:
+        kv.init(["emb", "vec"], [np.zeros((10, 2)), np.zeros(10)])
+        with pytest.raises(InvalidRowsError, match=r"rows of key 'emb' on rank 0 must be in 0\.\.9, got 10"):
+            kv.push("emb", np.zeros((2, 2)), rows=[3, 10])
+        with pytest.raises(InvalidRowsError, match="repeat a row"):
+            kv.pull("emb", rows=[3, 3])
+        with pytest.raises(
+            InvalidRowsError, match=r"needs a key of 2 or more dimensions; key 'vec' is \[10\]"
+        ):
+            kv.pull("vec", rows=[1])
+        with pytest.raises(
+            KeyMismatchError, match=r"value for 2 rows of key 'emb' on rank 0 is float64\[3, 2\]"
+        ):
+            kv.push("emb", np.zeros((3, 2)), rows=[1, 2])
+
+    run_store(1, body, mode="async")

@@ -71,24 +71,27 @@ def stable_hash(key: object) -> int:
 
 
 def partition(
-    key: object, count: int, itemsize: int, servers: tuple[int, ...], partition_bytes: int
+    key: object, count: int, itemsize: int, servers: tuple[int, ...], partition_bytes: int, row: int = 1
 ) -> tuple[Partition, ...]:
     """Cut a value of ``count`` elements into partitions and place them on ``servers`` (ranks).
 
     A value of at most ``partition_bytes`` is one partition, on the server its
     key's :func:`stable_hash` picks. A larger one is cut into ``ceil(bytes /
-    partition_bytes)`` partitions of nearly equal size; when there are at least
-    as many partitions as servers, each server gets a run of consecutive
-    partitions, in server order (so the value is split over the servers as a
-    reduce-scatter splits it), and otherwise the run starts at the hashed server.
+    partition_bytes)`` partitions of nearly equal size (whole rows of ``row``
+    elements each, so that a row of a 2-D value lives on one server); when there
+    are at least as many partitions as servers, each server gets a run of
+    consecutive partitions, in server order (so the value is split over the
+    servers as a reduce-scatter splits it), and otherwise the run starts at the
+    hashed server.
     """
     if partition_bytes < 1:
         raise ConfigurationError(f"partition_bytes must be positive, got {partition_bytes}")
     n = len(servers)
-    nbytes = count * itemsize
-    parts = max(1, -(-nbytes // partition_bytes))
+    rows = count // row if row else 0
+    parts = max(1, min(-(-count * itemsize // partition_bytes), rows))
     start = 0 if parts >= n else stable_hash(key) % n
-    edges = bounds(even_split(count, parts))
+    edges = bounds(even_split(rows, parts))
     return tuple(
-        Partition(i, servers[(start + i * n // parts) % n], edges[i], edges[i + 1]) for i in range(parts)
+        Partition(i, servers[(start + i * n // parts) % n], edges[i] * row, edges[i + 1] * row)
+        for i in range(parts)
     )

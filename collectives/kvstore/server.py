@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -31,7 +31,21 @@ class _Part:
     value: np.ndarray  # flat
     shape: str  # the key's dtype and shape as the workers described it, to check later inits against
     round: int = 0  # sync: rounds aggregated; async and ssp: pushes applied
-    pending: dict[int, dict[int, np.ndarray]] = field(default_factory=dict)  # sync: round -> worker -> push
+    # sync: round -> worker -> its push: the partition's elements, or (row indices, those rows)
+    pending: dict[int, dict[int, "np.ndarray | _Rows"]] = field(default_factory=dict)
+
+    @property
+    def row(self) -> int:
+        """Elements of a row of the key (see :attr:`shape`), which a partition never splits."""
+        dims = [int(d) for d in self.shape.split("|")[1].split(",") if d]
+        return max(1, math.prod(dims[1:])) if len(dims) > 1 else 1
+
+    def rows(self) -> np.ndarray:
+        return self.value.reshape(-1, self.row)
+
+
+_Rows = tuple[np.ndarray, np.ndarray]
+"""A sparse push: row indices within the partition, and those rows (2-D)."""
 
 
 @dataclass
@@ -214,12 +228,24 @@ class Server:
         if part is None:  # the worker checks first, so only a store out of step gets here
             self._error(m, f"server rank {self.rank} holds no {self._name(m)}")
             return
-        received = np.frombuffer(m.data, part.value.dtype)
+        received: np.ndarray | _Rows
+        if m.aux:  # rows: their indices, then the rows
+            ids = np.frombuffer(m.data, np.int64, m.aux - 1)
+            values = np.frombuffer(m.data, part.value.dtype, offset=ids.nbytes).reshape(ids.size, part.row)
+            received = (ids, values)
+        else:
+            received = np.frombuffer(m.data, part.value.dtype)
         if self.mode != "sync":
-            self._update(parse_key(m.key), m.part, received, part)
+            if isinstance(received, tuple):
+                self._update_rows(parse_key(m.key), m.part, received[0], received[1], part)
+            else:
+                self._update(parse_key(m.key), m.part, received, part)
             part.round += 1
         else:
-            part.pending.setdefault(m.stamp, {})[m.origin] = received.copy()
+            copied = (
+                (received[0].copy(), received[1].copy()) if isinstance(received, tuple) else received.copy()
+            )
+            part.pending.setdefault(m.stamp, {})[m.origin] = copied
             self._complete_rounds(m.key, m.part, part)
         self._reply(m, Kind.OK, stamp=part.round)
 
@@ -230,10 +256,17 @@ class Server:
             if pushes is None or not self.open <= pushes.keys():
                 return
             order = sorted(pushes)
+            if any(isinstance(pushes[w], tuple) for w in order):
+                del part.pending[part.round]
+                ids, values = self._combine_rows(part, [pushes[w] for w in order])
+                self._update_rows(parse_key(key), index, ids, values, part)
+                part.round += 1
+                continue
             total = pushes[order[0]]
+            assert isinstance(total, np.ndarray)
             combine = backend_for(total).combine
             for worker in order[1:]:  # a fixed order: the same bits on every run
-                combine(self.op, total, pushes[worker])
+                combine(self.op, total, cast(np.ndarray, pushes[worker]))
             if self.op.averages:
                 total /= len(order)
             del part.pending[part.round]
@@ -261,6 +294,40 @@ class Server:
             self._settle()  # pulls waiting for this round
         return np.concatenate(values) if values else aggregate[:0].copy()
 
+    def _combine_rows(self, part: _Part, pushes: "list[np.ndarray | _Rows]") -> _Rows:
+        """A round's sparse pushes combined in worker order: the rows any worker pushed, and their sum."""
+        total = np.zeros_like(part.rows())
+        seen = np.zeros(len(total), bool)
+        combine = backend_for(total).combine
+        for push in pushes:
+            ids, values = (
+                push if isinstance(push, tuple) else (np.arange(len(total)), push.reshape(total.shape))
+            )
+            fresh = ~seen[ids]
+            total[ids[fresh]] = values[fresh]
+            old = ids[~fresh]
+            if old.size:
+                rows = total[old]
+                combine(self.op, rows, np.ascontiguousarray(values[~fresh]))
+                total[old] = rows
+            seen[ids] = True
+        touched = np.flatnonzero(seen)
+        aggregate = total[touched]
+        if self.op.averages:
+            aggregate /= len(pushes)
+        return touched, aggregate
+
+    def _update_rows(self, key: Any, index: int, ids: np.ndarray, values: np.ndarray, part: _Part) -> None:
+        """Run the updater on rows ``ids`` of the partition only."""
+        stored = part.rows()
+        if self.optimizer is not None:
+            self.optimizer.update_rows(key, index, ids, values, stored)
+            return
+        update = self.updater or (assign if self.mode == "sync" else accumulate(self.op))
+        rows = stored[ids]
+        new = update(key, np.ascontiguousarray(values).reshape(-1), rows.reshape(-1))
+        stored[ids] = np.asarray(new).reshape(rows.shape)
+
     def _pull(self, m: Message) -> None:
         where = (m.key, m.part)
         part = self.parts.get(where)
@@ -270,7 +337,9 @@ class Server:
 
         def answer() -> None:
             stamp = self._included() if self.mode == "ssp" else part.round
-            self._reply(m, Kind.DATA, stamp=stamp, data=part.value)
+            rows = np.frombuffer(m.data, np.int64, m.aux - 1) if m.aux else None  # only these rows
+            data = part.value if rows is None else part.rows()[rows]
+            self._reply(m, Kind.DATA, stamp=stamp, data=data)
 
         if self.mode == "sync":
             # a pull after the worker's round need-1 push waits for that round's aggregate

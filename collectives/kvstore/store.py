@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import (
     ConfigurationError,
+    InvalidRowsError,
     KeyMismatchError,
     KVStoreError,
     KVStoreTimeout,
@@ -49,6 +50,11 @@ class _Key:
     dtype: np.dtype[Any]
     parts: tuple[Partition, ...]
     pushes: int = 0  # this worker's pushes of the key: its round in sync mode
+
+    @property
+    def row(self) -> int:
+        """Elements of a row: of the first axis's entries, which partitions never split."""
+        return math.prod(self.shape[1:]) if len(self.shape) > 1 else 1
 
     @property
     def description(self) -> str:
@@ -218,12 +224,9 @@ class KVStore:
             if k in self._keys:
                 raise KVStoreError(f"key {k!r} is initialised already")
             array = np.ascontiguousarray(v)
-            parts = partition(
-                k, array.size, array.dtype.itemsize, self._roles.server_ranks, self._partition_bytes
-            )
-            meta = self._keys[k] = _Key(tuple(array.shape), array.dtype, parts)
+            meta = self._keys[k] = self._layout(k, tuple(array.shape), array.dtype)
             flat = array.reshape(-1)
-            for p in parts:
+            for p in meta.parts:
                 data = flat[p.lo : p.hi] if self.rank == 0 else None
                 requests.append(self._send(Kind.INIT, k, p, text=meta.description, data=data))
         try:
@@ -233,16 +236,24 @@ class KVStore:
                 self._keys.pop(k, None)
             raise
 
-    def push(self, key: Any, value: Any = None, *, block: bool = True) -> Any:
+    def push(self, key: Any, value: Any = None, *, rows: Any = None, block: bool = True) -> Any:
         """Push ``value`` to ``key`` (or values to a list of keys).
 
         ``sync``: the value joins this worker's next round of the key; ``async``
         and ``ssp``: the server applies it on arrival (``ssp`` stamps it with
         this worker's clock).
 
+        Args:
+            rows: for a key of 2 or more dimensions, the distinct indices (along
+                the first axis) of the rows ``value`` holds, in its order: only
+                those rows travel and are updated.
+
         Returns:
             ``None``, or a :class:`Handle` when ``block=False``.
         """
+        if rows is not None:
+            handle = self._push_rows(key, value, rows)
+            return handle if not block else handle.wait()
         keys, values = self._pairs(key, value)
         requests = []
         for k, v in zip(keys, values, strict=True):
@@ -255,7 +266,9 @@ class KVStore:
         handle = Handle(self, requests, lambda: None)
         return handle if not block else handle.wait()
 
-    def pull(self, key: Any, out: Any = None, *, block: bool = True, report: bool = False) -> Any:
+    def pull(
+        self, key: Any, out: Any = None, *, rows: Any = None, block: bool = True, report: bool = False
+    ) -> Any:
         """The value of ``key`` (or a list of keys), into ``out`` when given.
 
         ``sync``: after this worker's round-t push, the aggregate of every
@@ -266,8 +279,13 @@ class KVStore:
         Args:
             out: an array (or list of arrays) of the key's shape and dtype.
             block: ``False`` returns a :class:`Handle` whose ``wait()`` gives the result.
+            rows: for a key of 2 or more dimensions, the distinct row indices to
+                pull: the result holds those rows, in that order.
             report: return :class:`Pulled` (the value and the clocks or rounds it includes).
         """
+        if rows is not None:
+            handle = self._pull_rows(key, out, rows, report)
+            return handle if not block else handle.wait()
         keys = list(key) if isinstance(key, list | tuple) else [key]
         outs = list(out) if isinstance(out, list | tuple) else [out] * len(keys)
         if len(outs) != len(keys):
@@ -297,7 +315,9 @@ class KVStore:
         handle = Handle(self, requests, result)
         return handle if not block else handle.wait()
 
-    def pushpull(self, key: Any, value: Any = None, out: Any = None, *, block: bool = True) -> Any:
+    def pushpull(
+        self, key: Any, value: Any = None, out: Any = None, *, rows: Any = None, block: bool = True
+    ) -> Any:
         """:meth:`push` then :meth:`pull`; the pulled value(s), or a handle.
 
         In ``sync`` mode over colocated servers (unless ``create(collective=False)``)
@@ -307,12 +327,87 @@ class KVStore:
         (or has closed) makes it fail with :class:`~collectives.KVStoreTimeout`
         naming it. Otherwise the push and the pull are sent together.
         """
-        if self._collective:
+        if self._collective and rows is None:
             return self._collective_pushpull(key, value, out, block)
-        first = self.push(key, value, block=False)
-        second = self.pull(key, out, block=False)
+        first = self.push(key, value, rows=rows, block=False)
+        second = self.pull(key, out, rows=rows, block=False)
         handle = Handle(self, first._requests + second._requests, second._result)
         return handle if not block else handle.wait()
+
+    # sparse rows
+
+    def _rows(self, key: Any, meta: _Key, rows: Any) -> np.ndarray:
+        if isinstance(key, list | tuple):
+            raise InvalidRowsError("rows= takes one key at a time")
+        if len(meta.shape) < 2:
+            raise InvalidRowsError(
+                f"rows= needs a key of 2 or more dimensions; key {key!r} is {list(meta.shape)}"
+            )
+        ids = np.asarray(rows)
+        if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+            raise InvalidRowsError(
+                f"rows for key {key!r} must be a 1-D array of integers, got {ids.dtype}{list(ids.shape)}"
+            )
+        ids = ids.astype(np.int64)
+        bad = ids[(ids < 0) | (ids >= meta.shape[0])]
+        if bad.size:
+            raise InvalidRowsError(
+                f"rows of key {key!r} on rank {self.rank} must be in 0..{meta.shape[0] - 1}, "
+                f"got {int(bad[0])}"
+            )
+        if np.unique(ids).size != ids.size:
+            raise InvalidRowsError(f"rows of key {key!r} on rank {self.rank} repeat a row")
+        return ids
+
+    def _row_groups(self, meta: _Key, ids: np.ndarray) -> list[tuple[Partition, np.ndarray, np.ndarray]]:
+        """Each partition, the positions in ``ids`` of its rows, and those rows' indices within it."""
+        groups = []
+        for p in meta.parts:
+            first, last = p.lo // max(meta.row, 1), p.hi // max(meta.row, 1)
+            where = np.flatnonzero((ids >= first) & (ids < last))
+            groups.append((p, where, ids[where] - first))
+        return groups
+
+    def _push_rows(self, key: Any, value: Any, rows: Any) -> Handle:
+        meta = self._meta(key)
+        ids = self._rows(key, meta, rows)
+        array = np.ascontiguousarray(value)
+        expected = (ids.size, *meta.shape[1:])
+        if array.shape != expected or array.dtype != meta.dtype:
+            raise KeyMismatchError(
+                f"value for {ids.size} rows of key {key!r} on rank {self.rank} is "
+                f"{array.dtype.name}{list(array.shape)}; expected {meta.dtype.name}{list(expected)}"
+            )
+        stamp = meta.pushes if self.mode == "sync" else self._clock
+        meta.pushes += 1
+        requests = []
+        for p, where, local in self._row_groups(meta, ids):
+            if not where.size and self.mode != "sync":  # a sync round needs every worker's push, even empty
+                continue
+            payload = np.concatenate([local.view(np.uint8), array[where].reshape(-1).view(np.uint8)])
+            requests.append(self._send(Kind.PUSH, key, p, stamp=stamp, aux=where.size + 1, data=payload))
+        return Handle(self, requests, lambda: None)
+
+    def _pull_rows(self, key: Any, out: Any, rows: Any, report: bool) -> Handle:
+        meta = self._meta(key)
+        ids = self._rows(key, meta, rows)
+        shape = (ids.size, *meta.shape[1:])
+        target = np.empty(shape, meta.dtype) if out is None else out
+        if not isinstance(target, np.ndarray) or target.shape != shape or target.dtype != meta.dtype:
+            raise KeyMismatchError(
+                f"out for {ids.size} rows of key {key!r} on rank {self.rank} "
+                f"is not {meta.dtype.name}{list(shape)}"
+            )
+        stamp = meta.pushes if self.mode == "sync" else self._clock
+        seen = [-1] * len(meta.parts)
+        requests = []
+        for p, where, local in self._row_groups(meta, ids):
+            if where.size:
+                fill = _row_filler(target, where, meta.dtype, seen, p.index)
+                requests.append(
+                    self._send(Kind.PULL, key, p, stamp=stamp, aux=where.size + 1, data=local, on_data=fill)
+                )
+        return Handle(self, requests, lambda: Pulled(target, tuple(seen)) if report else target)
 
     def _collective_pushpull(self, key: Any, value: Any, out: Any, block: bool) -> Any:
         keys, values = self._pairs(key, value)
@@ -451,10 +546,7 @@ class KVStore:
         for entry in manifest["keys"]:
             key = parse_key(entry["key"].encode())
             dtype, shape = np.dtype(entry["dtype"]), tuple(entry["shape"])
-            parts = partition(
-                key, math.prod(shape), dtype.itemsize, self._roles.server_ranks, self._partition_bytes
-            )
-            metas[key] = _Key(shape, dtype, parts, entry["round"])
+            metas[key] = self._layout(key, shape, dtype, entry["round"])
         self.barrier()
         error: Exception | None = None
         if self.rank == 0:
@@ -535,6 +627,14 @@ class KVStore:
                 raise KVStoreError(f"{len(key)} keys need as many values, got {len(values)}")
             return list(key), values
         return [key], [value]
+
+    def _layout(self, key: Any, shape: tuple[int, ...], dtype: np.dtype[Any], pushes: int = 0) -> _Key:
+        meta = _Key(shape, dtype, (), pushes)
+        servers = self._roles.server_ranks
+        meta.parts = partition(
+            key, math.prod(shape), dtype.itemsize, servers, self._partition_bytes, meta.row
+        )
+        return meta
 
     def _meta(self, key: Any) -> _Key:
         if self._closed:
@@ -628,6 +728,16 @@ class KVStore:
                     servers=tuple(silent),
                 )
             self._pump(min(left, 1.0))
+
+
+def _row_filler(
+    target: np.ndarray, where: np.ndarray, dtype: np.dtype[Any], seen: list[int], index: int
+) -> Callable[[Message], None]:
+    def fill(message: Message) -> None:
+        target[where] = np.frombuffer(message.data, dtype, target[where].size).reshape(target[where].shape)
+        seen[index] = message.stamp
+
+    return fill
 
 
 def _filler(

@@ -63,6 +63,26 @@ class Optimizer:
 
         return update
 
+    def update_rows(self, key: Any, part: int, rows: np.ndarray, grad: np.ndarray, param: np.ndarray) -> None:
+        """Step rows ``rows`` of ``param`` (2-D) with ``grad`` (their gradients) and those rows' state only.
+
+        Scalar state (Adam's step count) is the partition's, counted once per update.
+        """
+        state = self._state.setdefault((key, part), {})
+        view = {name: value.reshape(param.shape)[rows] if isinstance(value, np.ndarray) else value
+                for name, value in state.items()}  # fmt: skip
+        subset = param[rows]
+        self.step(view, np.ascontiguousarray(grad).reshape(subset.shape), subset)
+        param[rows] = subset
+        for name, value in view.items():
+            if isinstance(value, np.ndarray):
+                whole = state.get(name)
+                if whole is None:
+                    whole = state[name] = np.zeros(param.size, value.dtype)
+                whole.reshape(param.shape)[rows] = value
+            else:
+                state[name] = value
+
     def step(self, state: dict[str, Any], grad: np.ndarray, param: np.ndarray) -> None:
         raise NotImplementedError
 
