@@ -12,6 +12,7 @@ __all__ = [
     "create",
 ]
 
+from .handles import Handle, Pulled
 from .layout import DEFAULT_PARTITION_BYTES
-from .store import MODES, Handle, KVStore, Pulled, create
+from .store import MODES, KVStore, create
 from .updaters import SGD, Adam, Optimizer

@@ -1,20 +1,32 @@
 """Checkpoints of the store: a shard file per server, then a manifest, so a partial one is recognised."""
 
-__all__ = ["FORMAT", "read_manifest", "restore_shards", "write_manifest", "write_shard"]
+__all__ = [
+    "FORMAT",
+    "load_store",
+    "read_manifest",
+    "restore_shards",
+    "save_store",
+    "write_manifest",
+    "write_shard",
+]
 
 import json
 import os
 import tempfile
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import KVStoreError
-from ._wire import parse_key
+from ._wire import Kind, key_bytes, parse_key
+from .handles import Handle, KeyInfo
+from .updaters import optimizer_from_spec
 
 if TYPE_CHECKING:
     from .server import Server
+    from .store import KVStore
 
 FORMAT = "collectives.kvstore/1"
 _MANIFEST = "manifest.json"
@@ -140,3 +152,85 @@ def _offset(manifest: dict[str, Any], key: str, part: int) -> int:
         if entry["key"] == key:
             return int(entry["bounds"][part])
     raise KVStoreError(f"the checkpoint's shards hold key {key!r}, which its manifest does not list")
+
+
+def save_store(store: "KVStore", directory: "str | os.PathLike[str]") -> None:
+    """The body of :meth:`KVStore.save`."""
+    store._wait_for(list(store._requests.values()))
+    store.barrier()
+    error: Exception | None = None
+    if store.rank == 0:
+        try:
+            _save(store, Path(directory).resolve())
+        except Exception as caught:
+            error = caught
+    failed = store._barrier(error is not None)
+    if error is not None:
+        raise error
+    if failed:
+        raise KVStoreError(f"save to {str(directory)!r} failed on worker 0 (its error says why)")
+
+
+def _save(store: "KVStore", path: Path) -> None:
+    checkpoint = uuid.uuid4().hex
+    path.mkdir(parents=True, exist_ok=True)
+    requests = []
+    for index, server in enumerate(store._roles.server_ranks):
+        text = json.dumps({"dir": str(path), "id": checkpoint, "index": index})
+        requests.append(store._send(Kind.SAVE, None, server=server, text=text))
+    Handle(store, requests, lambda: None).wait()
+    keys = [
+        {"key": key_bytes(k).decode(), "shape": list(m.shape), "dtype": m.dtype.name, "round": m.pushes,
+         "bounds": [p.lo for p in m.parts]}
+        for k, m in store._keys.items()
+    ]  # fmt: skip
+    optimizer = None if store._optimizer is None else store._optimizer.spec()
+    manifest = {"id": checkpoint, "servers": store.num_servers, "workers": store.num_workers}
+    manifest.update(mode=store.mode, clock=store._clock, keys=keys, optimizer=optimizer)
+    write_manifest(path, manifest)
+
+
+def load_store(store: "KVStore", directory: "str | os.PathLike[str]") -> None:
+    """The body of :meth:`KVStore.load`."""
+    path = Path(directory).resolve()
+    manifest = read_manifest(path)
+    if manifest["mode"] != store.mode:
+        raise KVStoreError(
+            f"checkpoint {str(path)!r} is of a {manifest['mode']!r} store, this one is {store.mode!r}"
+        )
+    if store._keys:
+        raise KVStoreError(f"load into a store with keys already ({', '.join(map(repr, store._keys))})")
+    metas = {}
+    for entry in manifest["keys"]:
+        key = parse_key(entry["key"].encode())
+        dtype, shape = np.dtype(entry["dtype"]), tuple(entry["shape"])
+        metas[key] = store._layout(key, shape, dtype, entry["round"])
+    store.barrier()
+    error: Exception | None = None
+    if store.rank == 0:
+        try:
+            _load(store, path, metas)
+        except Exception as caught:
+            error = caught
+    failed = store._barrier(error is not None)
+    if error is not None:
+        raise error
+    if failed:
+        raise KVStoreError(f"load of {str(directory)!r} failed on worker 0 (its error says why)")
+    store._keys.update(metas)
+    store._clock = int(manifest["clock"])
+    if manifest["optimizer"] is not None:
+        store._optimizer = optimizer_from_spec(manifest["optimizer"])
+
+
+def _load(store: "KVStore", path: Path, metas: dict[Any, KeyInfo]) -> None:
+    """Tell each server which partitions of the checkpoint to take."""
+    by_server: dict[int, list[tuple[str, int, int, int]]] = {s: [] for s in store._roles.server_ranks}
+    for key, meta in metas.items():
+        for p in meta.parts:
+            by_server[p.server].append((key_bytes(key).decode(), p.index, p.lo, p.hi))
+    requests = []
+    for server, parts in by_server.items():
+        text = json.dumps({"dir": str(path), "parts": parts})
+        requests.append(store._send(Kind.LOAD, None, server=server, text=text))
+    Handle(store, requests, lambda: None).wait()

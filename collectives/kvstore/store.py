@@ -1,23 +1,18 @@
 """The worker's side of the store: init, push, pull and their handles, clocks, barriers and close."""
 
-__all__ = ["MODES", "Handle", "KVStore", "Pulled", "create"]
+__all__ = ["MODES", "KVStore", "create"]
 
-import json
 import math
 import os
 import threading
 import time
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import (
     ConfigurationError,
-    InvalidRowsError,
     KeyMismatchError,
     KVStoreError,
     KVStoreTimeout,
@@ -25,12 +20,14 @@ from ..errors import (
 )
 from ..ops import ReduceOp, get_op
 from ._adapter import Channel, open_channel
-from ._wire import REPLY_TAG, REQUEST_TAG, Fault, Kind, Message, encode, key_bytes, parse_key
-from .checkpoint import read_manifest, write_manifest
+from ._wire import REPLY_TAG, REQUEST_TAG, Fault, Kind, Message, encode, key_bytes
+from .checkpoint import load_store, save_store
 from .collective import collective_pushpull
+from .handles import Handle, KeyInfo, Pulled, Request, filler
 from .layout import DEFAULT_PARTITION_BYTES, Partition, Roles, partition
+from .rows import pull_rows, push_rows
 from .server import Server
-from .updaters import Optimizer, Updater, optimizer_from_spec
+from .updaters import Optimizer, Updater
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -42,92 +39,6 @@ MODES = ("sync", "async", "ssp")
 """The consistency modes (see :func:`create`)."""
 
 _GRACE_S = 5.0  # a worker waits this much past the timeout, so that a server's own error reaches it first
-
-
-@dataclass
-class _Key:
-    shape: tuple[int, ...]
-    dtype: np.dtype[Any]
-    parts: tuple[Partition, ...]
-    pushes: int = 0  # this worker's pushes of the key: its round in sync mode
-
-    @property
-    def row(self) -> int:
-        """Elements of a row: of the first axis's entries, which partitions never split."""
-        return math.prod(self.shape[1:]) if len(self.shape) > 1 else 1
-
-    @property
-    def description(self) -> str:
-        return f"{self.dtype.name}|{','.join(map(str, self.shape))}"
-
-
-@dataclass
-class Pulled:
-    """What a pull returned: the value, and the clocks or rounds it includes.
-
-    Attributes:
-        value: the array.
-        included: per partition, ``sync``: the rounds aggregated into it;
-            ``ssp``: the last clock whose pushes from every worker it includes
-            (-1 for none); ``async``: the pushes applied to it.
-    """
-
-    value: np.ndarray
-    included: tuple[int, ...]
-
-
-class _Request:
-    __slots__ = ("aux", "done", "error", "fault", "key", "on_data", "server", "stamp", "workers")
-
-    def __init__(self, server: int, key: Any, on_data: Callable[[Message], None] | None) -> None:
-        self.server = server
-        self.key = key
-        self.on_data = on_data
-        self.done = False
-        self.error: str | None = None
-        self.fault = Fault.OTHER
-        self.aux = 0
-        self.workers: tuple[int, ...] = ()
-        self.stamp = 0
-
-
-class Handle:
-    """A push or pull in flight: :meth:`wait` for it, or :meth:`test` whether it is done."""
-
-    def __init__(self, store: "KVStore", requests: list[_Request], result: Callable[[], Any]) -> None:
-        self._store = store
-        self._requests = requests
-        self._result = result
-        self._finished = False
-
-    def test(self) -> bool:
-        """Whether it has completed (its errors are raised by :meth:`wait`)."""
-        self._store._pump(0.0)
-        return all(r.done for r in self._requests)
-
-    def wait(self) -> Any:
-        """Block until it completes; the pulled value(s) for a pull, ``None`` for a push.
-
-        Raises:
-            KVStoreError: a server refused it (the message names the key, server and workers).
-            KVStoreTimeout: a server did not answer, or waited in vain for other workers.
-        """
-        self._store._wait_for(self._requests)
-        if not self._finished:
-            self._finished = True
-            for request in self._requests:
-                if request.error is not None:
-                    raise _error_from(request)
-        return self._result()
-
-
-def _error_from(request: _Request) -> KVStoreError:
-    text = request.error or ""
-    if request.fault == Fault.LATE:
-        return KVStoreTimeout(text, key=request.key, workers=request.workers, servers=(request.server,))
-    if request.fault == Fault.MISMATCH:
-        return KeyMismatchError(text)
-    return KVStoreError(text)
 
 
 class KVStore:
@@ -155,8 +66,8 @@ class KVStore:
         self.staleness = staleness
         self._op = op
         self._partition_bytes = partition_bytes
-        self._keys: dict[Any, _Key] = {}
-        self._requests: dict[int, _Request] = {}
+        self._keys: dict[Any, KeyInfo] = {}
+        self._requests: dict[int, Request] = {}
         self._next = 0
         self._clock = 0
         self._barriers = 0
@@ -252,7 +163,7 @@ class KVStore:
             ``None``, or a :class:`Handle` when ``block=False``.
         """
         if rows is not None:
-            handle = self._push_rows(key, value, rows)
+            handle = push_rows(self, key, value, rows)
             return handle if not block else handle.wait()
         keys, values = self._pairs(key, value)
         requests = []
@@ -284,13 +195,13 @@ class KVStore:
             report: return :class:`Pulled` (the value and the clocks or rounds it includes).
         """
         if rows is not None:
-            handle = self._pull_rows(key, out, rows, report)
+            handle = pull_rows(self, key, out, rows, report)
             return handle if not block else handle.wait()
         keys = list(key) if isinstance(key, list | tuple) else [key]
         outs = list(out) if isinstance(out, list | tuple) else [out] * len(keys)
         if len(outs) != len(keys):
             raise KVStoreError(f"pull of {len(keys)} keys got {len(outs)} outs")
-        requests: list[_Request] = []
+        requests: list[Request] = []
         results: list[np.ndarray] = []
         stamps: list[list[int]] = []
         for k, o in zip(keys, outs, strict=True):
@@ -303,7 +214,7 @@ class KVStore:
             stamp = meta.pushes if self.mode == "sync" else self._clock
             for p in meta.parts:
                 requests.append(
-                    self._send(Kind.PULL, k, p, stamp=stamp, on_data=_filler(flat, p, meta.dtype, seen))
+                    self._send(Kind.PULL, k, p, stamp=stamp, on_data=filler(flat, p, meta.dtype, seen))
                 )
 
         def result() -> Any:
@@ -333,81 +244,6 @@ class KVStore:
         second = self.pull(key, out, rows=rows, block=False)
         handle = Handle(self, first._requests + second._requests, second._result)
         return handle if not block else handle.wait()
-
-    # sparse rows
-
-    def _rows(self, key: Any, meta: _Key, rows: Any) -> np.ndarray:
-        if isinstance(key, list | tuple):
-            raise InvalidRowsError("rows= takes one key at a time")
-        if len(meta.shape) < 2:
-            raise InvalidRowsError(
-                f"rows= needs a key of 2 or more dimensions; key {key!r} is {list(meta.shape)}"
-            )
-        ids = np.asarray(rows)
-        if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
-            raise InvalidRowsError(
-                f"rows for key {key!r} must be a 1-D array of integers, got {ids.dtype}{list(ids.shape)}"
-            )
-        ids = ids.astype(np.int64)
-        bad = ids[(ids < 0) | (ids >= meta.shape[0])]
-        if bad.size:
-            raise InvalidRowsError(
-                f"rows of key {key!r} on rank {self.rank} must be in 0..{meta.shape[0] - 1}, "
-                f"got {int(bad[0])}"
-            )
-        if np.unique(ids).size != ids.size:
-            raise InvalidRowsError(f"rows of key {key!r} on rank {self.rank} repeat a row")
-        return ids
-
-    def _row_groups(self, meta: _Key, ids: np.ndarray) -> list[tuple[Partition, np.ndarray, np.ndarray]]:
-        """Each partition, the positions in ``ids`` of its rows, and those rows' indices within it."""
-        groups = []
-        for p in meta.parts:
-            first, last = p.lo // max(meta.row, 1), p.hi // max(meta.row, 1)
-            where = np.flatnonzero((ids >= first) & (ids < last))
-            groups.append((p, where, ids[where] - first))
-        return groups
-
-    def _push_rows(self, key: Any, value: Any, rows: Any) -> Handle:
-        meta = self._meta(key)
-        ids = self._rows(key, meta, rows)
-        array = np.ascontiguousarray(value)
-        expected = (ids.size, *meta.shape[1:])
-        if array.shape != expected or array.dtype != meta.dtype:
-            raise KeyMismatchError(
-                f"value for {ids.size} rows of key {key!r} on rank {self.rank} is "
-                f"{array.dtype.name}{list(array.shape)}; expected {meta.dtype.name}{list(expected)}"
-            )
-        stamp = meta.pushes if self.mode == "sync" else self._clock
-        meta.pushes += 1
-        requests = []
-        for p, where, local in self._row_groups(meta, ids):
-            if not where.size and self.mode != "sync":  # a sync round needs every worker's push, even empty
-                continue
-            payload = np.concatenate([local.view(np.uint8), array[where].reshape(-1).view(np.uint8)])
-            requests.append(self._send(Kind.PUSH, key, p, stamp=stamp, aux=where.size + 1, data=payload))
-        return Handle(self, requests, lambda: None)
-
-    def _pull_rows(self, key: Any, out: Any, rows: Any, report: bool) -> Handle:
-        meta = self._meta(key)
-        ids = self._rows(key, meta, rows)
-        shape = (ids.size, *meta.shape[1:])
-        target = np.empty(shape, meta.dtype) if out is None else out
-        if not isinstance(target, np.ndarray) or target.shape != shape or target.dtype != meta.dtype:
-            raise KeyMismatchError(
-                f"out for {ids.size} rows of key {key!r} on rank {self.rank} "
-                f"is not {meta.dtype.name}{list(shape)}"
-            )
-        stamp = meta.pushes if self.mode == "sync" else self._clock
-        seen = [-1] * len(meta.parts)
-        requests = []
-        for p, where, local in self._row_groups(meta, ids):
-            if where.size:
-                fill = _row_filler(target, where, meta.dtype, seen, p.index)
-                requests.append(
-                    self._send(Kind.PULL, key, p, stamp=stamp, aux=where.size + 1, data=local, on_data=fill)
-                )
-        return Handle(self, requests, lambda: Pulled(target, tuple(seen)) if report else target)
 
     def _collective_pushpull(self, key: Any, value: Any, out: Any, block: bool) -> Any:
         keys, values = self._pairs(key, value)
@@ -491,37 +327,7 @@ class KVStore:
         Raises:
             KVStoreError: a shard or the manifest could not be written (on every worker).
         """
-        self._wait_for(list(self._requests.values()))
-        self.barrier()
-        error: Exception | None = None
-        if self.rank == 0:
-            try:
-                self._save(Path(directory).resolve())
-            except Exception as caught:
-                error = caught
-        failed = self._barrier(error is not None)
-        if error is not None:
-            raise error
-        if failed:
-            raise KVStoreError(f"save to {str(directory)!r} failed on worker 0 (its error says why)")
-
-    def _save(self, path: Path) -> None:
-        checkpoint = uuid.uuid4().hex
-        path.mkdir(parents=True, exist_ok=True)
-        requests = []
-        for index, server in enumerate(self._roles.server_ranks):
-            text = json.dumps({"dir": str(path), "id": checkpoint, "index": index})
-            requests.append(self._send(Kind.SAVE, None, server=server, text=text))
-        Handle(self, requests, lambda: None).wait()
-        keys = [
-            {"key": key_bytes(k).decode(), "shape": list(m.shape), "dtype": m.dtype.name, "round": m.pushes,
-             "bounds": [p.lo for p in m.parts]}
-            for k, m in self._keys.items()
-        ]  # fmt: skip
-        optimizer = None if self._optimizer is None else self._optimizer.spec()
-        manifest = {"id": checkpoint, "servers": self.num_servers, "workers": self.num_workers}
-        manifest.update(mode=self.mode, clock=self._clock, keys=keys, optimizer=optimizer)
-        write_manifest(path, manifest)
+        save_store(self, directory)
 
     def load(self, directory: "str | os.PathLike[str]") -> None:
         """Restore a checkpoint :meth:`save` wrote, onto any number of servers; collective over workers.
@@ -534,47 +340,7 @@ class KVStore:
             KVStoreError: the directory is missing, the checkpoint is partial or of
                 another format or mode, or this store has keys already.
         """
-        path = Path(directory).resolve()
-        manifest = read_manifest(path)
-        if manifest["mode"] != self.mode:
-            raise KVStoreError(
-                f"checkpoint {str(path)!r} is of a {manifest['mode']!r} store, this one is {self.mode!r}"
-            )
-        if self._keys:
-            raise KVStoreError(f"load into a store with keys already ({', '.join(map(repr, self._keys))})")
-        metas = {}
-        for entry in manifest["keys"]:
-            key = parse_key(entry["key"].encode())
-            dtype, shape = np.dtype(entry["dtype"]), tuple(entry["shape"])
-            metas[key] = self._layout(key, shape, dtype, entry["round"])
-        self.barrier()
-        error: Exception | None = None
-        if self.rank == 0:
-            try:
-                self._load(path, metas)
-            except Exception as caught:
-                error = caught
-        failed = self._barrier(error is not None)
-        if error is not None:
-            raise error
-        if failed:
-            raise KVStoreError(f"load of {str(directory)!r} failed on worker 0 (its error says why)")
-        self._keys.update(metas)
-        self._clock = int(manifest["clock"])
-        if manifest["optimizer"] is not None:
-            self._optimizer = optimizer_from_spec(manifest["optimizer"])
-
-    def _load(self, path: Path, metas: dict[Any, _Key]) -> None:
-        """Tell each server which partitions of the checkpoint to take."""
-        by_server: dict[int, list[tuple[str, int, int, int]]] = {s: [] for s in self._roles.server_ranks}
-        for key, meta in metas.items():
-            for p in meta.parts:
-                by_server[p.server].append((key_bytes(key).decode(), p.index, p.lo, p.hi))
-        requests = []
-        for server, parts in by_server.items():
-            text = json.dumps({"dir": str(path), "parts": parts})
-            requests.append(self._send(Kind.LOAD, None, server=server, text=text))
-        Handle(self, requests, lambda: None).wait()
+        load_store(self, directory)
 
     def close(self) -> None:
         """Leave the store; the others carry on without this worker (a ``sync`` round no longer waits for it).
@@ -628,15 +394,15 @@ class KVStore:
             return list(key), values
         return [key], [value]
 
-    def _layout(self, key: Any, shape: tuple[int, ...], dtype: np.dtype[Any], pushes: int = 0) -> _Key:
-        meta = _Key(shape, dtype, (), pushes)
+    def _layout(self, key: Any, shape: tuple[int, ...], dtype: np.dtype[Any], pushes: int = 0) -> KeyInfo:
+        meta = KeyInfo(shape, dtype, (), pushes)
         servers = self._roles.server_ranks
         meta.parts = partition(
             key, math.prod(shape), dtype.itemsize, servers, self._partition_bytes, meta.row
         )
         return meta
 
-    def _meta(self, key: Any) -> _Key:
+    def _meta(self, key: Any) -> KeyInfo:
         if self._closed:
             raise KVStoreError(f"the store is closed on rank {self.rank}")
         meta = self._keys.get(key)
@@ -644,7 +410,7 @@ class KVStore:
             raise UnknownKeyError(f"key {key!r} was never initialised (rank {self.rank}); call init first")
         return meta
 
-    def _checked(self, key: Any, meta: _Key, value: Any, out: bool = False) -> np.ndarray:
+    def _checked(self, key: Any, meta: KeyInfo, value: Any, out: bool = False) -> np.ndarray:
         array = value if out else np.ascontiguousarray(value)
         if not isinstance(array, np.ndarray) or array.shape != meta.shape or array.dtype != meta.dtype:
             what = (
@@ -672,11 +438,11 @@ class KVStore:
         text: str = "",
         data: Any = None,
         on_data: Callable[[Message], None] | None = None,
-    ) -> _Request:
+    ) -> Request:
         dst = part.server if part is not None else server
         assert dst is not None
         self._next += 1
-        request = self._requests[self._next] = _Request(dst, key, on_data)
+        request = self._requests[self._next] = Request(dst, key, on_data)
         raw_key = b"" if key is None else key_bytes(key)
         index = 0 if part is None else part.index
         message = encode(
@@ -712,7 +478,7 @@ class KVStore:
         request.done = True
         return True
 
-    def _wait_for(self, requests: list[_Request]) -> None:
+    def _wait_for(self, requests: list[Request]) -> None:
         limit = self._channel.timeout + _GRACE_S
         deadline = time.monotonic() + limit
         while not all(r.done for r in requests):
@@ -728,26 +494,6 @@ class KVStore:
                     servers=tuple(silent),
                 )
             self._pump(min(left, 1.0))
-
-
-def _row_filler(
-    target: np.ndarray, where: np.ndarray, dtype: np.dtype[Any], seen: list[int], index: int
-) -> Callable[[Message], None]:
-    def fill(message: Message) -> None:
-        target[where] = np.frombuffer(message.data, dtype, target[where].size).reshape(target[where].shape)
-        seen[index] = message.stamp
-
-    return fill
-
-
-def _filler(
-    flat: np.ndarray, p: Partition, dtype: np.dtype[Any], seen: list[int]
-) -> Callable[[Message], None]:
-    def fill(message: Message) -> None:
-        flat[p.lo : p.hi] = np.frombuffer(message.data, dtype, p.hi - p.lo)
-        seen[p.index] = message.stamp
-
-    return fill
 
 
 def create(
