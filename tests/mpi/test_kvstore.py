@@ -168,3 +168,66 @@ def test_the_mpi_transport_probes_any_source(world: MPI.Intracomm) -> None:
     world.Barrier()
     transport.close()
     problems.check()
+
+
+def test_a_checkpoint_resumes_bitwise_on_another_number_of_servers(world: MPI.Intracomm) -> None:
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from collectives.kvstore import SGD
+
+    if world.size == 1:
+        pytest.skip("needs a dedicated server beside a worker")
+    problems = Problems(world)
+    directory = Path(world.bcast(tempfile.mkdtemp(prefix="kvstore-") if world.rank == 0 else None)) / "ckpt"
+    n, k, total = 5000, 3, 6
+
+    def train(kv: KVStore, steps: range) -> np.ndarray:
+        w = np.empty(n)
+        for step in steps:
+            w = kv.pushpull("w", np.cos(np.arange(n) * 0.1 + step + kv.rank) / 7)
+        return np.asarray(w)
+
+    expected = np.empty(0)
+    with problems.guard("the first run, on one dedicated server"):
+        kv = create("sync", comm=world, servers=1, partition_bytes=4096)
+        if kv.role == "worker":
+            kv.init("w", np.ones(n))
+            kv.set_optimizer(SGD(lr=0.1, momentum=0.9))
+            train(kv, range(k))
+            kv.save(directory)
+            expected = train(kv, range(k, total))
+            kv.close()
+    workers = world.Split(0 if world.rank < world.size - 1 else MPI.UNDEFINED, world.rank)
+    if workers != MPI.COMM_NULL:
+        with problems.guard("the resumed run, on colocated servers"):
+            kv = create("sync", comm=workers, partition_bytes=1024)
+            kv.load(directory)
+            got = train(kv, range(k, total))
+            problems.expect(got.tobytes() == expected.tobytes(), "the resumed run differs")
+            kv.close()
+        workers.Free()
+    world.Barrier()
+    if world.rank == 0:
+        shutil.rmtree(directory.parent, ignore_errors=True)
+    problems.check()
+
+
+def test_sparse_rows_sum_exactly(world: MPI.Intracomm) -> None:
+    problems = Problems(world)
+    with problems.guard("rows"):
+        kv = create("async", comm=world, partition_bytes=256)
+        kv.init("emb", np.zeros((64, 8), np.float32))
+        for t in range(10):
+            ids = np.array(sorted({(7 * t + world.rank) % 64, 63, world.rank}))
+            kv.push("emb", np.full((len(ids), 8), t + 1, np.float32), rows=ids)
+        kv.barrier()
+        expected = np.zeros((64, 8), np.float32)
+        for r in range(world.size):
+            for t in range(10):
+                expected[sorted({(7 * t + r) % 64, 63, r})] += t + 1
+        problems.expect_equal("table", kv.pull("emb"), expected)
+        problems.expect_equal("rows", kv.pull("emb", rows=[63, 0]), expected[[63, 0]])
+        kv.close()
+    problems.check()
