@@ -7,12 +7,17 @@ __all__ = [
     "ConfigurationError",
     "InvalidBufferError",
     "InvalidRootError",
+    "InvalidRowsError",
+    "KVStoreError",
+    "KVStoreTimeout",
+    "KeyMismatchError",
     "MismatchError",
     "PeerInputError",
     "ScheduleError",
     "TopologyError",
     "TransportError",
     "UnknownAlgorithmError",
+    "UnknownKeyError",
     "UnsupportedDtypeError",
     "UnsupportedOpError",
 ]
@@ -145,3 +150,46 @@ class ConfigurationError(CollectivesError, ValueError):
 
 class CalibrationError(CollectivesError, ValueError):
     """A calibration file cannot be read or does not hold the cost model's constants."""
+
+
+class KVStoreError(CollectivesError):
+    """The key-value store (:mod:`collectives.kvstore`) cannot do what was asked."""
+
+
+class UnknownKeyError(KVStoreError, KeyError):
+    """A key was pushed or pulled before :meth:`~collectives.kvstore.KVStore.init` made it."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class InvalidRowsError(KVStoreError, IndexError):
+    """The ``rows=`` of a push or pull are out of range, repeated, or given for a 1-D key."""
+
+
+class KeyMismatchError(KVStoreError, InvalidBufferError):
+    """A value's shape or dtype differs from its key's, or the workers initialised a key differently."""
+
+
+class KVStoreTimeout(KVStoreError, CollectiveTimeout):
+    """A push, pull or close did not complete in the store's time.
+
+    Attributes:
+        key: the key waited on, ``None`` for a barrier or close.
+        workers: the workers the server was still waiting for (in ``sync`` and
+            ``ssp`` modes), or that had not closed the store.
+        servers: the servers that did not answer.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        key: object = None,
+        workers: tuple[int, ...] = (),
+        servers: tuple[int, ...] = (),
+    ) -> None:
+        super().__init__(message, collective="kvstore", peers=tuple(sorted({*workers, *servers})))
+        self.key = key
+        self.workers = workers
+        self.servers = servers

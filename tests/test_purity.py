@@ -26,6 +26,7 @@ PURE = [
     "collectives.topology",
     "collectives.topology.cost_model",
     "collectives.topology.strategies",
+    "collectives.kvstore.layout",
 ]
 
 

@@ -96,6 +96,18 @@ class Transport(ABC):
         self.waitall(requests)
         return []
 
+    def probe(self, tag: int, timeout: float) -> tuple[int, int] | None:
+        """Wait at most ``timeout`` seconds for a message with ``tag`` from any rank, without receiving it.
+
+        For servers that answer whoever asks, with messages of any size. Only one
+        thread of a rank may probe and receive a given tag, so that the message
+        probed is the one it then receives with :meth:`irecv` from that source.
+
+        Returns:
+            The message's source and size in bytes; ``None`` if none came in time.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot probe")
+
     def abandon(self, receives: list[Request], sends: list[Request]) -> None:  # noqa: B027
         """Give up on requests a timeout left pending: cancel what can be, and let the process still end.
 

@@ -98,6 +98,21 @@ class LoopbackWorld:
                     )
                 self._changed.wait(left if until is None else min(left, until - now))
 
+    def _probe(self, dst: int, tag: int, until: float) -> tuple[int, int] | None:
+        """Source and size of the first message to ``dst`` with ``tag``; ``None`` once ``until`` passed."""
+        with self._changed:
+            while True:
+                if self._failure is not None:
+                    raise _Aborted(f"rank {dst} stopped probing: {self._failure}")
+                for src in range(self.size):
+                    box = self._mailboxes.get((src, dst, tag))
+                    if box:
+                        return src, len(box[0])
+                left = until - time.monotonic()
+                if left <= 0:
+                    return None
+                self._changed.wait(left)
+
 
 class _Aborted(TransportError):
     """Another rank failed while this one was waiting."""
@@ -153,6 +168,9 @@ class LoopbackTransport(Transport):
                     return [j for j in range(i, len(requests)) if isinstance(requests[j], _Receive)]
                 self._deliver(request, data)
         return []
+
+    def probe(self, tag: int, timeout: float) -> tuple[int, int] | None:
+        return self._world._probe(self._rank, tag, time.monotonic() + timeout)
 
     def _deliver(self, request: "_Receive", data: bytes) -> None:
         target = memoryview(request.buffer).cast("B")

@@ -37,6 +37,8 @@ _HEADER_BYTES = 128  # of a rank's slot in the control window: its barrier numbe
 _MESSAGE_BYTES = 256
 _SLOT_BYTES = _HEADER_BYTES + 2 * _MESSAGE_BYTES  # then its messages by parity; its own cache lines
 
+_PROBE_PAUSE_S = 5e-4  # the longest sleep between probes: a message waits at most this long unseen
+
 _THREAD_LEVELS = {
     MPI.THREAD_SINGLE: "single",
     MPI.THREAD_FUNNELED: "funneled",
@@ -198,6 +200,20 @@ class MPITransport(Transport):
                 return [i for i, request in enumerate(requests) if not request.Test()]
             os.sched_yield()
         return []
+
+    def probe(self, tag: int, timeout: float) -> tuple[int, int] | None:
+        # MPI_Probe cannot be bounded, so poll MPI_Iprobe, sleeping a little longer each
+        # time: a server probing while its rank's worker computes must not take a core
+        status = MPI.Status()
+        deadline = time.monotonic() + timeout
+        pause = 1e-5
+        while not self._comm.Iprobe(MPI.ANY_SOURCE, tag, status):
+            now = time.monotonic()
+            if now >= deadline:
+                return None
+            time.sleep(min(pause, deadline - now))
+            pause = min(pause * 2, _PROBE_PAUSE_S)
+        return status.Get_source(), status.Get_count(MPI.BYTE)
 
     def abandon(self, receives: list[Request], sends: list[Request]) -> None:
         # a receive can be cancelled; a send cannot (MPI-4 deprecates it), and MPI_Finalize

@@ -1,0 +1,113 @@
+"""The one place the store reaches into a Communicator: its own channel, apart from the user's traffic."""
+
+__all__ = ["Channel", "open_channel"]
+
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigurationError
+from ..transport.base import Request, Transport
+from ._wire import Message, decode
+
+if TYPE_CHECKING:
+    from ..api import Communicator
+
+
+@dataclass
+class Channel:
+    """The store's communicator, its transport and timeout, and the sends it has in flight.
+
+    Attributes:
+        comm: a communicator of the store's own (a duplicate of the user's MPI
+            communicator), for the collectives the store runs; on a loopback
+            transport, which cannot be duplicated, the user's own.
+        owned: whether the store made ``comm`` and frees it on close.
+    """
+
+    comm: "Communicator"
+    owned: bool
+    limit: float | None = None  # the store's own timeout, where it differs from the communicator's
+
+    def __post_init__(self) -> None:
+        self._sends: list[tuple[Request, Any]] = []  # (request, buffer kept alive until it completes)
+        self._lock = threading.Lock()  # a colocated rank's worker and server thread both send
+
+    @property
+    def transport(self) -> Transport:
+        return self.comm.transport
+
+    @property
+    def timeout(self) -> float:
+        """Seconds a server waits for a worker; ``math.inf`` for no limit."""
+        if self.limit is not None:
+            return math.inf if self.limit == 0 else self.limit
+        return self.comm.timeout
+
+    @property
+    def rank(self) -> int:
+        return self.comm.rank
+
+    @property
+    def size(self) -> int:
+        return self.comm.size
+
+    def send(self, buffer: Any, dst: int, tag: int) -> None:
+        """Start sending ``buffer``; it completes later (:meth:`progress`): no send waits for its receiver."""
+        with self._lock:
+            self._sends.append((self.transport.isend(buffer, dst, tag), buffer))
+        self.progress()
+
+    def progress(self) -> None:
+        """Forget the sends that have completed."""
+        with self._lock:
+            if self._sends:
+                pending = self.transport.wait_for([r for r, _ in self._sends], 0.0)
+                self._sends = [self._sends[i] for i in pending]
+
+    def flush(self, timeout: float) -> bool:
+        """Wait at most ``timeout`` seconds for every send in flight; whether they all completed."""
+        deadline = time.monotonic() + timeout
+        while self._sends:
+            self.progress()
+            if not self._sends:
+                break
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(1e-4)
+        return True
+
+    def receive(self, tag: int, timeout: float) -> Message | None:
+        """The next message with ``tag`` from any rank, waiting at most ``timeout`` s; ``None`` if none."""
+        self.progress()
+        found = self.transport.probe(tag, timeout)
+        if found is None:
+            return None
+        src, nbytes = found
+        buffer = bytearray(nbytes)
+        request = self.transport.irecv(buffer, src, tag)
+        self.transport.waitall([request])  # probed: it has arrived
+        return decode(buffer)
+
+    def close(self) -> None:
+        if self.owned:
+            self.comm.free()
+
+
+def open_channel(comm: Any, timeout: float | None) -> Channel:
+    """The store's channel over ``comm`` (a Communicator, an mpi4py communicator, a transport or ``None``)."""
+    from ..api import Communicator
+
+    if timeout is not None and not timeout >= 0:
+        raise ConfigurationError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
+    if isinstance(comm, Communicator):
+        inner = getattr(comm.transport, "comm", None)  # an MPITransport's own duplicate
+        if inner is None:  # a loopback transport: the user's communicator, the store's own tags
+            return Channel(comm, owned=False, limit=timeout)
+        limit = comm.timeout if timeout is None else timeout
+        return Channel(Communicator(inner, timeout=0 if math.isinf(limit) else limit), owned=True)
+    if isinstance(comm, Transport):
+        return Channel(Communicator(comm, timeout=timeout), owned=False)
+    return Channel(Communicator(comm, timeout=timeout), owned=True)

@@ -1,0 +1,60 @@
+"""``sync`` pushpull over colocated servers as collectives: reduce-scatter by partition, all-gather."""
+
+__all__ = ["collective_pushpull"]
+
+import itertools
+from typing import Any
+
+import numpy as np
+
+from ..errors import CollectiveTimeout, KVStoreTimeout
+from ..ops import ReduceOp
+from ._adapter import Channel
+from ._wire import key_bytes
+from .layout import Partition
+from .server import Server
+
+
+def collective_pushpull(
+    channel: Channel, server: Server, key: Any, parts: tuple[Partition, ...], op: ReduceOp,
+    value: np.ndarray, target: np.ndarray,
+) -> None:  # fmt: skip
+    """One round of ``key``: every worker's flat ``value`` combined, updated on its servers, into ``target``.
+
+    Where the partitions lie in runs in rank order (a value cut into at least as
+    many partitions as servers), each server's run is its share of a
+    reduce-scatter, and the updated runs come back by an all-gather. A smaller
+    value, on one server, is a reduce to it and a broadcast from it. Either way
+    each element is combined once, on its server, so the result has the same
+    bits on every rank. Collective over the workers, who are all the ranks.
+    """
+    from .. import api
+
+    comm, rank = channel.comm, channel.rank
+    raw = key_bytes(key)
+    try:
+        if all(a.server <= b.server for a, b in itertools.pairwise(parts)):
+            counts = [0] * channel.size
+            for p in parts:
+                counts[p.server] += p.hi - p.lo
+            mine = api.reduce_scatter(value, op, counts=counts, comm=comm)
+            held = [p for p in parts if p.server == rank]
+            start = held[0].lo if held else 0
+            updated = server.apply_round(raw, held, mine, start)
+            api.allgather(updated, counts=counts, out=target, comm=comm)
+            return
+        for p in parts:
+            piece = target[p.lo : p.hi]
+            aggregate = api.reduce(value[p.lo : p.hi], op, root=p.server, comm=comm)
+            if rank == p.server:
+                piece[...] = server.apply_round(raw, [p], aggregate, p.lo)
+            api.broadcast(piece, root=p.server, out=piece, comm=comm)
+    except CollectiveTimeout as error:
+        if isinstance(error, KVStoreTimeout):
+            raise
+        raise KVStoreTimeout(
+            f"pushpull of key {key!r} on rank {rank}: workers {list(error.peers)} did not take part "
+            f"within the timeout ({error})",
+            key=key,
+            workers=error.peers,
+        ) from error

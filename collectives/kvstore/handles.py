@@ -1,0 +1,127 @@
+"""What a worker keeps of its keys and requests: key layouts, requests in flight, handles, pulled values."""
+
+__all__ = ["Handle", "KeyInfo", "Pulled", "Request", "error_from", "filler", "row_filler"]
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import KeyMismatchError, KVStoreError, KVStoreTimeout
+from ._wire import Fault, Message
+from .layout import Partition
+
+if TYPE_CHECKING:
+    from .store import KVStore
+
+
+@dataclass
+class KeyInfo:
+    """A key as a worker knows it: its shape, dtype, partitions, and this worker's pushes of it."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    parts: tuple[Partition, ...]
+    pushes: int = 0  # this worker's pushes of the key: its round in sync mode
+
+    @property
+    def row(self) -> int:
+        """Elements of a row: of the first axis's entries, which partitions never split."""
+        return math.prod(self.shape[1:]) if len(self.shape) > 1 else 1
+
+    @property
+    def description(self) -> str:
+        return f"{self.dtype.name}|{','.join(map(str, self.shape))}"
+
+
+@dataclass
+class Pulled:
+    """What a pull returned: the value, and the clocks or rounds it includes.
+
+    Attributes:
+        value: the array.
+        included: per partition, ``sync``: the rounds aggregated into it;
+            ``ssp``: the last clock whose pushes from every worker it includes
+            (-1 for none); ``async``: the pushes applied to it.
+    """
+
+    value: np.ndarray
+    included: tuple[int, ...]
+
+
+class Request:
+    """A request sent to a server, and what its reply brought."""
+
+    __slots__ = ("aux", "done", "error", "fault", "key", "on_data", "server", "stamp", "workers")
+
+    def __init__(self, server: int, key: Any, on_data: Callable[[Message], None] | None) -> None:
+        self.server = server
+        self.key = key
+        self.on_data = on_data
+        self.done = False
+        self.error: str | None = None
+        self.fault = Fault.OTHER
+        self.aux = 0
+        self.workers: tuple[int, ...] = ()
+        self.stamp = 0
+
+
+class Handle:
+    """A push or pull in flight: :meth:`wait` for it, or :meth:`test` whether it is done."""
+
+    def __init__(self, store: "KVStore", requests: list[Request], result: Callable[[], Any]) -> None:
+        self._store = store
+        self._requests = requests
+        self._result = result
+        self._finished = False
+
+    def test(self) -> bool:
+        """Whether it has completed (its errors are raised by :meth:`wait`)."""
+        self._store._pump(0.0)
+        return all(r.done for r in self._requests)
+
+    def wait(self) -> Any:
+        """Block until it completes; the pulled value(s) for a pull, ``None`` for a push.
+
+        Raises:
+            KVStoreError: a server refused it (the message names the key, server and workers).
+            KVStoreTimeout: a server did not answer, or waited in vain for other workers.
+        """
+        self._store._wait_for(self._requests)
+        if not self._finished:
+            self._finished = True
+            for request in self._requests:
+                if request.error is not None:
+                    raise error_from(request)
+        return self._result()
+
+
+def error_from(request: Request) -> KVStoreError:
+    text = request.error or ""
+    if request.fault == Fault.LATE:
+        return KVStoreTimeout(text, key=request.key, workers=request.workers, servers=(request.server,))
+    if request.fault == Fault.MISMATCH:
+        return KeyMismatchError(text)
+    return KVStoreError(text)
+
+
+def row_filler(
+    target: np.ndarray, where: np.ndarray, dtype: np.dtype[Any], seen: list[int], index: int
+) -> Callable[[Message], None]:
+    def fill(message: Message) -> None:
+        target[where] = np.frombuffer(message.data, dtype, target[where].size).reshape(target[where].shape)
+        seen[index] = message.stamp
+
+    return fill
+
+
+def filler(
+    flat: np.ndarray, p: Partition, dtype: np.dtype[Any], seen: list[int]
+) -> Callable[[Message], None]:
+    def fill(message: Message) -> None:
+        flat[p.lo : p.hi] = np.frombuffer(message.data, dtype, p.hi - p.lo)
+        seen[p.index] = message.stamp
+
+    return fill

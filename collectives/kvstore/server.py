@@ -1,0 +1,456 @@
+"""A server of the store: holds partitions, applies pushes by the consistency mode, answers pulls."""
+
+__all__ = ["Server"]
+
+import json
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+
+from ..backends import backend_for
+from ..errors import KVStoreError
+from ..ops import ReduceOp
+from ._adapter import Channel
+from ._wire import REPLY_TAG, REQUEST_TAG, Fault, Kind, Message, encode, parse_key
+from .checkpoint import read_manifest, restore_shards, write_shard
+from .updaters import Optimizer, Updater, accumulate, assign, optimizer_from_spec
+
+_IDLE_WAKE_S = 0.05  # a server with nothing to do still wakes this often, to expire waits and finish sends
+
+
+@dataclass
+class _Part:
+    """One partition a server holds."""
+
+    value: np.ndarray  # flat
+    shape: str  # the key's dtype and shape as the workers described it, to check later inits against
+    round: int = 0  # sync: rounds aggregated; async and ssp: pushes applied
+    # sync: round -> worker -> its push: the partition's elements, or (row indices, those rows)
+    pending: dict[int, dict[int, "np.ndarray | _Rows"]] = field(default_factory=dict)
+
+    @property
+    def row(self) -> int:
+        """Elements of a row of the key (see :attr:`shape`), which a partition never splits."""
+        dims = [int(d) for d in self.shape.split("|")[1].split(",") if d]
+        return max(1, math.prod(dims[1:])) if len(dims) > 1 else 1
+
+    def rows(self) -> np.ndarray:
+        return self.value.reshape(-1, self.row)
+
+
+_Rows = tuple[np.ndarray, np.ndarray]
+"""A sparse push: row indices within the partition, and those rows (2-D)."""
+
+
+@dataclass
+class _Wait:
+    """A request the server answers once ``ready()``, or with an error at ``deadline``."""
+
+    message: Message
+    ready: Callable[[], bool]
+    answer: Callable[[], None]
+    expire: Callable[[], tuple[str, tuple[int, ...]]]  # the error, and the workers waited for
+    deadline: float
+
+
+class Server:
+    """The partitions of one server rank and the loop that serves them.
+
+    Args:
+        channel: the store's channel.
+        mode: ``"sync"``, ``"async"`` or ``"ssp"``.
+        staleness: ``ssp``'s bound.
+        workers: the ranks of the workers.
+        op: the reducer of a sync round's pushes, and of async/ssp's default updater.
+    """
+
+    def __init__(
+        self, channel: Channel, mode: str, staleness: int, workers: tuple[int, ...], op: ReduceOp
+    ) -> None:
+        self.channel = channel
+        self.rank = channel.rank
+        self.mode = mode
+        self.staleness = staleness
+        self.op = op
+        self.open = set(workers)
+        self.workers = workers
+        self.parts: dict[tuple[Any, int], _Part] = {}
+        self.clocks = dict.fromkeys(workers, 0)  # ssp: clocks each worker has finished
+        self.updater: Updater | None = None  # the user's, or None for the mode's default
+        self.optimizer: Optimizer | None = None
+        self.waits: list[_Wait] = []
+        self.barriers: dict[int, list[Message]] = {}  # the workers waiting in each barrier
+        self.stopping = threading.Event()
+        self.lock = threading.Lock()  # the worker's collective pushpull updates partitions too
+        self.error: BaseException | None = None
+
+    # the loop
+
+    def serve(self) -> None:
+        """Serve until every worker has closed the store (or :attr:`stopping` is set)."""
+        try:
+            while self.open and not self.stopping.is_set():
+                wake = min((w.deadline for w in self.waits), default=math.inf)
+                message = self.channel.receive(
+                    REQUEST_TAG, max(0.0, min(_IDLE_WAKE_S, wake - time.monotonic()))
+                )
+                with self.lock:
+                    if message is not None:
+                        self.handle(message)
+                    self._settle()
+            self.channel.flush(max(1.0, min(self.channel.timeout, 30.0)))
+        except BaseException as error:
+            self.error = error
+            raise
+
+    def handle(self, m: Message) -> None:
+        handler = {
+            Kind.INIT: self._init,
+            Kind.PUSH: self._push,
+            Kind.PULL: self._pull,
+            Kind.CLOCK: self._clock,
+            Kind.BARRIER: self._barrier,
+            Kind.CLOSE: self._close,
+            Kind.OPTIMIZER: self._optimizer,
+            Kind.SAVE: self._save,
+            Kind.LOAD: self._load,
+        }[m.kind]
+        try:
+            handler(m)
+        except Exception as error:  # a bad request fails, not the server
+            self._error(m, f"server rank {self.rank} failed on {m.kind.name.lower()}: {error}")
+
+    def _settle(self) -> None:
+        """Answer the waits that are ready, and fail those past their deadline."""
+        if not self.waits:
+            return
+        now = time.monotonic()
+        left = []
+        for wait in self.waits:
+            if wait.ready():
+                wait.answer()
+            elif now >= wait.deadline:
+                text, workers = wait.expire()
+                self._error(wait.message, text, Fault.LATE, workers)
+            else:
+                left.append(wait)
+        self.waits = left
+
+    def _defer(
+        self,
+        m: Message,
+        ready: Callable[[], bool],
+        answer: Callable[[], None],
+        expire: Callable[[], tuple[str, tuple[int, ...]]],
+    ) -> None:
+        if ready():
+            answer()
+        else:
+            self.waits.append(_Wait(m, ready, answer, expire, time.monotonic() + self.channel.timeout))
+
+    # replies
+
+    def _reply(
+        self, m: Message, kind: Kind, *, stamp: int = 0, aux: int = 0, text: str = "", data: Any = None
+    ) -> None:
+        reply = encode(
+            kind, self.rank, part=m.part, req=m.req, stamp=stamp, aux=aux, key=m.key, text=text, data=data
+        )
+        self.channel.send(reply, m.origin, REPLY_TAG)
+
+    def _error(
+        self, m: Message, text: str, fault: Fault = Fault.OTHER, workers: tuple[int, ...] = ()
+    ) -> None:
+        data = np.array(workers, np.int64)
+        reply = encode(
+            Kind.ERROR, self.rank, part=m.part, req=m.req, aux=fault, key=m.key, text=text, data=data
+        )
+        self.channel.send(reply, m.origin, REPLY_TAG)
+
+    def _name(self, m: Message) -> str:
+        return self._name_of(m.key, m.part)
+
+    @staticmethod
+    def _name_of(key: bytes, index: int) -> str:
+        return f"key {parse_key(key)!r} partition {index}"
+
+    # requests
+
+    def _init(self, m: Message) -> None:
+        where = (m.key, m.part)
+        if m.origin == self.workers[0] and where not in self.parts:
+            dtype = m.text.split("|")[0]
+            self.parts[where] = _Part(np.frombuffer(m.data, dtype).copy(), m.text)
+
+        def answer() -> None:
+            part = self.parts[where]
+            if part.shape != m.text:
+                self._error(
+                    m,
+                    f"worker {m.origin} initialised {self._name(m)} as {m.text}; "
+                    f"worker {self.workers[0]} as {part.shape}",
+                    Fault.MISMATCH,
+                    (m.origin,),
+                )
+            else:
+                self._reply(m, Kind.OK)
+
+        self._defer(
+            m,
+            lambda: where in self.parts,
+            answer,
+            lambda: (
+                f"server rank {self.rank} waited {self.channel.timeout:g} s for worker "
+                f"{self.workers[0]} to initialise {self._name(m)}",
+                (self.workers[0],),
+            ),
+        )
+
+    def _update(self, key: Any, index: int, received: np.ndarray, part: _Part) -> None:
+        if self.optimizer is not None:
+            update = self.optimizer.updater(index)
+        elif self.updater is not None:
+            update = self.updater
+        else:
+            update = assign if self.mode == "sync" else accumulate(self.op)
+        new = update(key, received, part.value)
+        if new is not part.value:
+            part.value[...] = np.asarray(new).reshape(-1)
+
+    def _push(self, m: Message) -> None:
+        part = self.parts.get((m.key, m.part))
+        if part is None:  # the worker checks first, so only a store out of step gets here
+            self._error(m, f"server rank {self.rank} holds no {self._name(m)}")
+            return
+        received: np.ndarray | _Rows
+        if m.aux:  # rows: their indices, then the rows
+            ids = np.frombuffer(m.data, np.int64, m.aux - 1)
+            values = np.frombuffer(m.data, part.value.dtype, offset=ids.nbytes).reshape(ids.size, part.row)
+            received = (ids, values)
+        else:
+            received = np.frombuffer(m.data, part.value.dtype)
+        if self.mode != "sync":
+            if isinstance(received, tuple):
+                self._update_rows(parse_key(m.key), m.part, received[0], received[1], part)
+            else:
+                self._update(parse_key(m.key), m.part, received, part)
+            part.round += 1
+        else:
+            copied = (
+                (received[0].copy(), received[1].copy()) if isinstance(received, tuple) else received.copy()
+            )
+            part.pending.setdefault(m.stamp, {})[m.origin] = copied
+            self._complete_rounds(m.key, m.part, part)
+        self._reply(m, Kind.OK, stamp=part.round)
+
+    def _complete_rounds(self, key: bytes, index: int, part: _Part) -> None:
+        """Aggregate each round every open worker has pushed, in worker order, and apply it."""
+        while True:
+            pushes = part.pending.get(part.round)
+            if pushes is None or not self.open <= pushes.keys():
+                return
+            order = sorted(pushes)
+            if any(isinstance(pushes[w], tuple) for w in order):
+                del part.pending[part.round]
+                ids, values = self._combine_rows(part, [pushes[w] for w in order])
+                self._update_rows(parse_key(key), index, ids, values, part)
+                part.round += 1
+                continue
+            total = pushes[order[0]]
+            assert isinstance(total, np.ndarray)
+            combine = backend_for(total).combine
+            for worker in order[1:]:  # a fixed order: the same bits on every run
+                combine(self.op, total, cast(np.ndarray, pushes[worker]))
+            if self.op.averages:
+                total /= len(order)
+            del part.pending[part.round]
+            self._update(parse_key(key), index, total, part)
+            part.round += 1
+
+    def apply_round(self, key: bytes, held: list[Any], aggregate: np.ndarray, start: int) -> np.ndarray:
+        """Apply a round aggregated by collectives to the partitions ``held`` here; their new values, joined.
+
+        ``aggregate`` holds the partitions' elements from element ``start`` of the key on.
+        """
+        values = []
+        with self.lock:
+            for p in held:
+                part = self.parts[(key, p.index)]
+                if part.pending.get(part.round):
+                    raise KVStoreError(
+                        f"round {part.round} of {self._name_of(key, p.index)} has pushes by message "
+                        f"from workers {sorted(part.pending[part.round])} and a pushpull by collectives; "
+                        "in sync mode every worker uses one or the other for a round"
+                    )
+                self._update(parse_key(key), p.index, aggregate[p.lo - start : p.hi - start], part)
+                part.round += 1
+                values.append(part.value)
+            self._settle()  # pulls waiting for this round
+        return np.concatenate(values) if values else aggregate[:0].copy()
+
+    def _combine_rows(self, part: _Part, pushes: "list[np.ndarray | _Rows]") -> _Rows:
+        """A round's sparse pushes combined in worker order: the rows any worker pushed, and their sum."""
+        total = np.zeros_like(part.rows())
+        seen = np.zeros(len(total), bool)
+        combine = backend_for(total).combine
+        for push in pushes:
+            ids, values = (
+                push if isinstance(push, tuple) else (np.arange(len(total)), push.reshape(total.shape))
+            )
+            fresh = ~seen[ids]
+            total[ids[fresh]] = values[fresh]
+            old = ids[~fresh]
+            if old.size:
+                rows = total[old]
+                combine(self.op, rows, np.ascontiguousarray(values[~fresh]))
+                total[old] = rows
+            seen[ids] = True
+        touched = np.flatnonzero(seen)
+        aggregate = total[touched]
+        if self.op.averages:
+            aggregate /= len(pushes)
+        return touched, aggregate
+
+    def _update_rows(self, key: Any, index: int, ids: np.ndarray, values: np.ndarray, part: _Part) -> None:
+        """Run the updater on rows ``ids`` of the partition only."""
+        stored = part.rows()
+        if self.optimizer is not None:
+            self.optimizer.update_rows(key, index, ids, values, stored)
+            return
+        update = self.updater or (assign if self.mode == "sync" else accumulate(self.op))
+        rows = stored[ids]
+        new = update(key, np.ascontiguousarray(values).reshape(-1), rows.reshape(-1))
+        stored[ids] = np.asarray(new).reshape(rows.shape)
+
+    def _pull(self, m: Message) -> None:
+        where = (m.key, m.part)
+        part = self.parts.get(where)
+        if part is None:
+            self._error(m, f"server rank {self.rank} holds no {self._name(m)}")
+            return
+
+        def answer() -> None:
+            stamp = self._included() if self.mode == "ssp" else part.round
+            rows = np.frombuffer(m.data, np.int64, m.aux - 1) if m.aux else None  # only these rows
+            data = part.value if rows is None else part.rows()[rows]
+            self._reply(m, Kind.DATA, stamp=stamp, data=data)
+
+        if self.mode == "sync":
+            # a pull after the worker's round need-1 push waits for that round's aggregate
+            self._defer(m, lambda: part.round >= m.stamp, answer, lambda: self._late_round(m, part))
+        elif self.mode == "ssp":
+            # a pull at clock c includes every worker's pushes of clocks <= c - s - 1
+            need = m.stamp - self.staleness
+            self._defer(m, lambda: self._included() + 1 >= need, answer, lambda: self._late_clock(m, need))
+        else:
+            answer()
+
+    def _included(self) -> int:
+        """The last clock whose pushes from every open worker have all arrived (-1 for none)."""
+        if not self.open:
+            return max(self.clocks.values()) - 1
+        return min(self.clocks[w] for w in self.open) - 1
+
+    def _late_round(self, m: Message, part: _Part) -> tuple[str, tuple[int, ...]]:
+        missing = tuple(sorted(self.open - part.pending.get(part.round, {}).keys()))
+        return (
+            f"server rank {self.rank} waited {self.channel.timeout:g} s for round {part.round} of "
+            f"{self._name(m)}: no push from {_workers(missing)}",
+            missing,
+        )
+
+    def _late_clock(self, m: Message, need: int) -> tuple[str, tuple[int, ...]]:
+        missing = tuple(sorted(w for w in self.open if self.clocks[w] < need))
+        clocks = ", ".join(str(self.clocks[w]) for w in missing)
+        return (
+            f"server rank {self.rank} waited {self.channel.timeout:g} s for clock {need - 1} of "
+            f"{self._name(m)}: {_workers(missing)} at clock {clocks}",
+            missing,
+        )
+
+    def _clock(self, m: Message) -> None:
+        self.clocks[m.origin] = m.stamp
+        self._reply(m, Kind.OK)
+
+    def _barrier(self, m: Message) -> None:
+        waiting = self.barriers.setdefault(m.stamp, [])
+        waiting.append(m)
+
+        def ready() -> bool:
+            return self.open <= {x.origin for x in waiting}
+
+        def answer() -> None:  # the first ready answers every worker; the others find it done
+            if self.barriers.pop(m.stamp, None) is not None:
+                flag = int(any(x.aux for x in waiting))  # a worker's failure, told to all
+                for x in waiting:
+                    self._reply(x, Kind.OK, aux=flag)
+
+        def expire() -> tuple[str, tuple[int, ...]]:
+            self.barriers.pop(m.stamp, None)
+            missing = tuple(sorted(self.open - {x.origin for x in waiting}))
+            text = f"barrier {m.stamp}: server rank {self.rank} waited {self.channel.timeout:g} s for "
+            return text + _workers(missing), missing
+
+        self._defer(m, ready, answer, expire)
+
+    def _close(self, m: Message) -> None:
+        self.open.discard(m.origin)
+        if self.mode == "sync":
+            for (key, index), part in self.parts.items():
+                self._complete_rounds(key, index, part)
+        self._reply(m, Kind.OK)
+
+    def _save(self, m: Message) -> None:
+        request = json.loads(m.text)
+        try:
+            write_shard(self, Path(request["dir"]), request["index"], request["id"])
+        except OSError as error:
+            self._error(m, f"server rank {self.rank} could not write its shard: {error}")
+            return
+        self._reply(m, Kind.OK)
+
+    def _load(self, m: Message) -> None:
+        try:
+            _restore(self, json.loads(m.text))
+        except (KVStoreError, OSError, ValueError, KeyError) as error:
+            self._error(m, str(error))
+            return
+        self._reply(m, Kind.OK)
+
+    def _optimizer(self, m: Message) -> None:
+        if m.origin == self.workers[0]:
+            try:
+                self.optimizer = optimizer_from_spec(m.text)
+            except Exception as error:
+                self._error(m, str(error))
+                return
+        self._reply(m, Kind.OK)
+
+
+def _workers(ranks: tuple[int, ...]) -> str:
+    return f"worker{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+
+
+def _restore(server: Server, request: dict[str, Any]) -> None:
+    """Take the partitions ``request`` assigns this server from the checkpoint it names."""
+    directory = Path(request["dir"])
+    manifest = read_manifest(directory)
+    if server.parts:
+        raise KVStoreError(f"server rank {server.rank} holds keys already; load into a new store")
+    saved = restore_shards(directory, manifest)
+    optimizer = None if manifest["optimizer"] is None else optimizer_from_spec(manifest["optimizer"])
+    for text, index, lo, hi in request["parts"]:
+        raw = text.encode()
+        whole = saved[raw]
+        server.parts[(raw, index)] = _Part(whole["value"][lo:hi].copy(), whole["shape"], whole["round"])
+        if optimizer is not None and (whole["state"] or whole["scalars"]):
+            state = {name: array[lo:hi].copy() for name, array in whole["state"].items()}
+            optimizer._state[(parse_key(raw), index)] = {**state, **whole["scalars"]}
+    server.optimizer = optimizer
+    server.clocks = dict.fromkeys(server.workers, int(manifest["clock"]))

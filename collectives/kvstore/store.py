@@ -1,0 +1,590 @@
+"""The worker's side of the store: init, push, pull and their handles, clocks, barriers and close."""
+
+__all__ = ["MODES", "KVStore", "create"]
+
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import (
+    ConfigurationError,
+    KeyMismatchError,
+    KVStoreError,
+    KVStoreTimeout,
+    UnknownKeyError,
+)
+from ..ops import ReduceOp, get_op
+from ._adapter import Channel, open_channel
+from ._wire import REPLY_TAG, REQUEST_TAG, Fault, Kind, Message, encode, key_bytes
+from .checkpoint import load_store, save_store
+from .collective import collective_pushpull
+from .handles import Handle, KeyInfo, Pulled, Request, filler
+from .layout import DEFAULT_PARTITION_BYTES, Partition, Roles, partition
+from .rows import pull_rows, push_rows
+from .server import Server
+from .updaters import Optimizer, Updater
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+    from ..api import Communicator
+    from ..transport.base import Transport
+
+MODES = ("sync", "async", "ssp")
+"""The consistency modes (see :func:`create`)."""
+
+_GRACE_S = 5.0  # a worker waits this much past the timeout, so that a server's own error reaches it first
+
+
+class KVStore:
+    """A sharded key-value store over the ranks of a communicator; made by :func:`create`.
+
+    Keys are ints or strs; values are numpy arrays. Every worker calls
+    :meth:`init` for each key with a value of the same shape and dtype;
+    afterwards any worker may push to and pull from it. See :func:`create` for
+    the modes' exact guarantees.
+    """
+
+    def __init__(
+        self,
+        channel: Channel,
+        roles: Roles,
+        mode: str,
+        staleness: int,
+        op: ReduceOp,
+        partition_bytes: int,
+        collective: bool = True,
+    ) -> None:
+        self._channel = channel
+        self._roles = roles
+        self.mode = mode
+        self.staleness = staleness
+        self._op = op
+        self._partition_bytes = partition_bytes
+        self._keys: dict[Any, KeyInfo] = {}
+        self._requests: dict[int, Request] = {}
+        self._next = 0
+        self._clock = 0
+        self._barriers = 0
+        self._closed = False
+        self._server: Server | None = None
+        self._collective = collective and mode == "sync" and not roles.dedicated
+        self._optimizer: Optimizer | None = None  # the one set, for checkpoints
+        self._thread: threading.Thread | None = None
+
+    # what the store is
+
+    @property
+    def rank(self) -> int:
+        """This worker's rank among the workers (its rank in the communicator too)."""
+        return self._channel.rank
+
+    @property
+    def role(self) -> str:
+        """``"worker"`` (which also serves when servers are colocated) or ``"server"`` (a dedicated one)."""
+        return "worker" if self._roles.is_worker(self._channel.rank) else "server"
+
+    @property
+    def num_workers(self) -> int:
+        return self._roles.num_workers
+
+    @property
+    def num_servers(self) -> int:
+        return self._roles.num_servers
+
+    @property
+    def clock_value(self) -> int:
+        """The clock this worker is at: how many times it called :meth:`clock`."""
+        return self._clock
+
+    def explain(self, key: Any) -> str:
+        """Where each partition of ``key`` lives, one line each."""
+        meta = self._meta(key)
+        item = meta.dtype.itemsize
+        lines = [
+            f"key {key!r}: {meta.dtype.name}{list(meta.shape)}, {len(meta.parts)} partition(s) "
+            f"over {self.num_servers} server(s), mode {self.mode}"
+        ]
+        for p in meta.parts:
+            lines.append(
+                f"  partition {p.index}: elements {p.lo}..{p.hi} ({(p.hi - p.lo) * item} bytes) "
+                f"on server rank {p.server}"
+            )
+        return "\n".join(lines)
+
+    # keys
+
+    def init(self, key: Any, value: Any = None) -> None:
+        """Make ``key`` (or each of a list of keys) with rank 0's value; returns once its servers hold it.
+
+        Collective over the workers: each passes a value of the same shape and
+        dtype (only worker 0's contents are used).
+
+        Raises:
+            KeyMismatchError: workers passed different shapes or dtypes (on each that differs from worker 0).
+            KVStoreError: the key exists already.
+        """
+        keys, values = self._pairs(key, value)
+        requests = []
+        for k, v in zip(keys, values, strict=True):
+            if k in self._keys:
+                raise KVStoreError(f"key {k!r} is initialised already")
+            array = np.ascontiguousarray(v)
+            meta = self._keys[k] = self._layout(k, tuple(array.shape), array.dtype)
+            flat = array.reshape(-1)
+            for p in meta.parts:
+                data = flat[p.lo : p.hi] if self.rank == 0 else None
+                requests.append(self._send(Kind.INIT, k, p, text=meta.description, data=data))
+        try:
+            Handle(self, requests, lambda: None).wait()
+        except KVStoreError:
+            for k in keys:
+                self._keys.pop(k, None)
+            raise
+
+    def push(self, key: Any, value: Any = None, *, rows: Any = None, block: bool = True) -> Any:
+        """Push ``value`` to ``key`` (or values to a list of keys).
+
+        ``sync``: the value joins this worker's next round of the key; ``async``
+        and ``ssp``: the server applies it on arrival (``ssp`` stamps it with
+        this worker's clock).
+
+        Args:
+            rows: for a key of 2 or more dimensions, the distinct indices (along
+                the first axis) of the rows ``value`` holds, in its order: only
+                those rows travel and are updated.
+
+        Returns:
+            ``None``, or a :class:`Handle` when ``block=False``.
+        """
+        if rows is not None:
+            handle = push_rows(self, key, value, rows)
+            return handle if not block else handle.wait()
+        keys, values = self._pairs(key, value)
+        requests = []
+        for k, v in zip(keys, values, strict=True):
+            meta = self._meta(k)
+            array = self._checked(k, meta, v)
+            stamp = meta.pushes if self.mode == "sync" else self._clock
+            meta.pushes += 1
+            for p in meta.parts:
+                requests.append(self._send(Kind.PUSH, k, p, stamp=stamp, data=array[p.lo : p.hi]))
+        handle = Handle(self, requests, lambda: None)
+        return handle if not block else handle.wait()
+
+    def pull(
+        self, key: Any, out: Any = None, *, rows: Any = None, block: bool = True, report: bool = False
+    ) -> Any:
+        """The value of ``key`` (or a list of keys), into ``out`` when given.
+
+        ``sync``: after this worker's round-t push, the aggregate of every
+        worker's round-t push (after the updater), waiting for it; ``async``:
+        the server's current value; ``ssp``: at clock c, a value that includes
+        every worker's pushes of clocks <= c - staleness - 1, waiting until it does.
+
+        Args:
+            out: an array (or list of arrays) of the key's shape and dtype.
+            block: ``False`` returns a :class:`Handle` whose ``wait()`` gives the result.
+            rows: for a key of 2 or more dimensions, the distinct row indices to
+                pull: the result holds those rows, in that order.
+            report: return :class:`Pulled` (the value and the clocks or rounds it includes).
+        """
+        if rows is not None:
+            handle = pull_rows(self, key, out, rows, report)
+            return handle if not block else handle.wait()
+        keys = list(key) if isinstance(key, list | tuple) else [key]
+        outs = list(out) if isinstance(out, list | tuple) else [out] * len(keys)
+        if len(outs) != len(keys):
+            raise KVStoreError(f"pull of {len(keys)} keys got {len(outs)} outs")
+        requests: list[Request] = []
+        results: list[np.ndarray] = []
+        stamps: list[list[int]] = []
+        for k, o in zip(keys, outs, strict=True):
+            meta = self._meta(k)
+            target = np.empty(meta.shape, meta.dtype) if o is None else self._checked(k, meta, o, out=True)
+            flat = target.reshape(-1)
+            results.append(target if o is None else o)
+            seen = [0] * len(meta.parts)
+            stamps.append(seen)
+            stamp = meta.pushes if self.mode == "sync" else self._clock
+            for p in meta.parts:
+                requests.append(
+                    self._send(Kind.PULL, k, p, stamp=stamp, on_data=filler(flat, p, meta.dtype, seen))
+                )
+
+        def result() -> Any:
+            got: list[Any] = results
+            if report:
+                got = [Pulled(v, tuple(s)) for v, s in zip(results, stamps, strict=True)]
+            return got if isinstance(key, list | tuple) else got[0]
+
+        handle = Handle(self, requests, result)
+        return handle if not block else handle.wait()
+
+    def pushpull(
+        self, key: Any, value: Any = None, out: Any = None, *, rows: Any = None, block: bool = True
+    ) -> Any:
+        """:meth:`push` then :meth:`pull`; the pulled value(s), or a handle.
+
+        In ``sync`` mode over colocated servers (unless ``create(collective=False)``)
+        this is one round of collectives over all workers (see
+        :func:`~collectives.kvstore.collective.collective_pushpull`): every worker
+        calls it for the same keys in the same round, and a worker that does not
+        (or has closed) makes it fail with :class:`~collectives.KVStoreTimeout`
+        naming it. Otherwise the push and the pull are sent together.
+        """
+        if self._collective and rows is None:
+            return self._collective_pushpull(key, value, out, block)
+        first = self.push(key, value, rows=rows, block=False)
+        second = self.pull(key, out, rows=rows, block=False)
+        handle = Handle(self, first._requests + second._requests, second._result)
+        return handle if not block else handle.wait()
+
+    def _collective_pushpull(self, key: Any, value: Any, out: Any, block: bool) -> Any:
+        keys, values = self._pairs(key, value)
+        outs = list(out) if isinstance(out, list | tuple) else [out] * len(keys)
+        if len(outs) != len(keys):
+            raise KVStoreError(f"pushpull of {len(keys)} keys got {len(outs)} outs")
+        assert self._server is not None
+        results = []
+        for k, v, o in zip(keys, values, outs, strict=True):
+            meta = self._meta(k)
+            flat = self._checked(k, meta, v)
+            target = np.empty(meta.shape, meta.dtype) if o is None else o
+            flat_target = self._checked(k, meta, target, out=True)
+            meta.pushes += 1
+            collective_pushpull(self._channel, self._server, k, meta.parts, self._op, flat, flat_target)
+            results.append(target)
+        result = results if isinstance(key, list | tuple) else results[0]
+        return result if block else Handle(self, [], lambda: result)
+
+    # server-side updates
+
+    def set_updater(self, fn: Updater) -> None:
+        """Run ``fn(key, received, stored) -> new stored`` on the servers for each push; collective.
+
+        ``received`` is a sync round's aggregate, or one push in ``async`` and
+        ``ssp``. Dedicated servers cannot receive a function: pass
+        ``updater=`` to :func:`create` on every rank instead.
+        """
+        if self._roles.dedicated:
+            raise ConfigurationError("dedicated servers take an updater only from create(..., updater=fn)")
+        assert self._server is not None
+        self._server.optimizer = None
+        self._server.updater = fn
+        self.barrier()
+
+    def set_optimizer(self, optimizer: Optimizer) -> None:
+        """Run ``optimizer`` (:class:`~collectives.kvstore.SGD` or ``Adam``) on the servers.
+
+        Workers then push gradients and pull parameters. Collective over the
+        workers; worker 0's optimizer is the one used.
+        """
+        self._optimizer = optimizer
+        if self.rank == 0:
+            Handle(self, [self._send(Kind.OPTIMIZER, None, server=s, text=optimizer.spec())
+                          for s in self._roles.server_ranks], lambda: None).wait()  # fmt: skip
+        self.barrier()
+
+    # synchronisation
+
+    def clock(self) -> None:
+        """End this worker's iteration (``ssp``; allowed in every mode): its clock goes up by one."""
+        self._clock += 1
+        Handle(self, [self._send(Kind.CLOCK, None, server=s, stamp=self._clock)
+                      for s in self._roles.server_ranks], lambda: None).wait()  # fmt: skip
+
+    def barrier(self) -> None:
+        """Return once every open worker has called it."""
+        self._barrier(False)
+
+    def _barrier(self, failed: bool) -> bool:
+        """A barrier that tells every worker whether any arrived ``failed``."""
+        self._barriers += 1
+        first = self._roles.server_ranks[0]
+        request = self._send(Kind.BARRIER, None, server=first, stamp=self._barriers, aux=int(failed))
+        Handle(self, [request], lambda: None).wait()
+        return bool(request.aux)
+
+    # checkpoints
+
+    def save(self, directory: "str | os.PathLike[str]") -> None:
+        """Write every server's shard, and its optimizer state, to ``directory``; collective over workers.
+
+        Every worker's earlier requests complete first and no worker pushes until
+        all shards are written, so the shards are of one point (the same round or
+        clock on every server). Each shard and then the manifest are written to a
+        temporary file and renamed into place; the manifest, written last, names
+        the checkpoint's id, which every shard carries, so a half-written or mixed
+        checkpoint is refused by :meth:`load`. A ``set_updater`` function is not
+        saved (set it again after loading); an optimizer is.
+
+        Raises:
+            KVStoreError: a shard or the manifest could not be written (on every worker).
+        """
+        save_store(self, directory)
+
+    def load(self, directory: "str | os.PathLike[str]") -> None:
+        """Restore a checkpoint :meth:`save` wrote, onto any number of servers; collective over workers.
+
+        Call it on a new store, before any :meth:`init`: it makes the checkpoint's
+        keys with their values, rounds, clock and optimizer state, cut into this
+        store's partitions.
+
+        Raises:
+            KVStoreError: the directory is missing, the checkpoint is partial or of
+                another format or mode, or this store has keys already.
+        """
+        load_store(self, directory)
+
+    def close(self) -> None:
+        """Leave the store; the others carry on without this worker (a ``sync`` round no longer waits for it).
+
+        On a colocated rank the server goes on serving the others, so this returns
+        once every worker has closed (or raises :class:`KVStoreTimeout` naming those
+        that have not within the timeout). Idempotent.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            requests = [self._send(Kind.CLOSE, None, server=s) for s in self._roles.server_ranks]
+            self._wait_for(requests)
+            if self._thread is not None and self._server is not None:
+                limit = self._channel.timeout + _GRACE_S
+                self._thread.join(None if math.isinf(limit) else limit)
+                if self._thread.is_alive():
+                    self._server.stopping.set()
+                    still = tuple(sorted(self._server.open))
+                    raise KVStoreTimeout(
+                        f"close: rank {self.rank} waited {self._channel.timeout:g} s "
+                        f"for workers {list(still)} to close",
+                        workers=still,
+                    )
+                if self._server.error is not None:
+                    raise KVStoreError(f"the server on rank {self.rank} failed: {self._server.error!r}")
+            self._channel.flush(min(self._channel.timeout, 30.0))
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._channel.close()
+
+    def __enter__(self) -> "KVStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # messages
+
+    def _pairs(self, key: Any, value: Any) -> tuple[list[Any], list[Any]]:
+        if self._closed:
+            raise KVStoreError(f"the store is closed on rank {self.rank}")
+        if isinstance(key, list | tuple):
+            values = list(value) if isinstance(value, list | tuple) else []
+            if len(values) != len(key):
+                raise KVStoreError(f"{len(key)} keys need as many values, got {len(values)}")
+            return list(key), values
+        return [key], [value]
+
+    def _layout(self, key: Any, shape: tuple[int, ...], dtype: np.dtype[Any], pushes: int = 0) -> KeyInfo:
+        meta = KeyInfo(shape, dtype, (), pushes)
+        servers = self._roles.server_ranks
+        meta.parts = partition(
+            key, math.prod(shape), dtype.itemsize, servers, self._partition_bytes, meta.row
+        )
+        return meta
+
+    def _meta(self, key: Any) -> KeyInfo:
+        if self._closed:
+            raise KVStoreError(f"the store is closed on rank {self.rank}")
+        meta = self._keys.get(key)
+        if meta is None:
+            raise UnknownKeyError(f"key {key!r} was never initialised (rank {self.rank}); call init first")
+        return meta
+
+    def _checked(self, key: Any, meta: KeyInfo, value: Any, out: bool = False) -> np.ndarray:
+        array = value if out else np.ascontiguousarray(value)
+        if not isinstance(array, np.ndarray) or array.shape != meta.shape or array.dtype != meta.dtype:
+            what = (
+                f"{array.dtype.name}{list(array.shape)}"
+                if isinstance(array, np.ndarray)
+                else type(value).__name__
+            )
+            raise KeyMismatchError(
+                f"{'out' if out else 'value'} for key {key!r} on rank {self.rank} is {what}; "
+                f"the key is {meta.dtype.name}{list(meta.shape)}"
+            )
+        if out and not array.flags.c_contiguous:
+            raise KeyMismatchError(f"out for key {key!r} on rank {self.rank} is not C-contiguous")
+        return array.reshape(-1)
+
+    def _send(
+        self,
+        kind: Kind,
+        key: Any,
+        part: Partition | None = None,
+        *,
+        server: int | None = None,
+        stamp: int = 0,
+        aux: int = 0,
+        text: str = "",
+        data: Any = None,
+        on_data: Callable[[Message], None] | None = None,
+    ) -> Request:
+        dst = part.server if part is not None else server
+        assert dst is not None
+        self._next += 1
+        request = self._requests[self._next] = Request(dst, key, on_data)
+        raw_key = b"" if key is None else key_bytes(key)
+        index = 0 if part is None else part.index
+        message = encode(
+            kind,
+            self.rank,
+            part=index,
+            req=self._next,
+            stamp=stamp,
+            aux=aux,
+            key=raw_key,
+            text=text,
+            data=data,
+        )
+        self._channel.send(message, dst, REQUEST_TAG)
+        return request
+
+    def _pump(self, timeout: float) -> bool:
+        """Take one reply, waiting at most ``timeout`` seconds; whether one came."""
+        message = self._channel.receive(REPLY_TAG, timeout)
+        if message is None:
+            return False
+        request = self._requests.pop(message.req, None)
+        if request is None:
+            return True
+        request.stamp = message.stamp
+        request.aux = message.aux
+        if message.kind == Kind.ERROR:
+            request.error = message.text
+            request.fault = Fault(message.aux)
+            request.workers = tuple(int(w) for w in np.frombuffer(message.data, np.int64))
+        elif request.on_data is not None:
+            request.on_data(message)
+        request.done = True
+        return True
+
+    def _wait_for(self, requests: list[Request]) -> None:
+        limit = self._channel.timeout + _GRACE_S
+        deadline = time.monotonic() + limit
+        while not all(r.done for r in requests):
+            if self._server is not None and self._server.error is not None:
+                raise KVStoreError(f"the server on rank {self.rank} failed: {self._server.error!r}")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                silent = sorted({r.server for r in requests if not r.done})
+                raise KVStoreTimeout(
+                    f"rank {self.rank} waited {limit:g} s for server rank{'s' if len(silent) > 1 else ''} "
+                    f"{', '.join(map(str, silent))} to answer (key {requests[0].key!r})",
+                    key=requests[0].key,
+                    servers=tuple(silent),
+                )
+            self._pump(min(left, 1.0))
+
+
+def create(
+    mode: str = "sync",
+    *,
+    staleness: int = 0,
+    comm: "Communicator | MPI.Comm | Transport | None" = None,
+    servers: int | None = None,
+    partition_bytes: int = DEFAULT_PARTITION_BYTES,
+    op: "str | ReduceOp" = "sum",
+    updater: Updater | None = None,
+    timeout: float | None = None,
+    collective: bool = True,
+) -> KVStore:
+    """Make a key-value store over the ranks of ``comm``; collective over them.
+
+    Modes, for a key pushed by every worker:
+
+    * ``"sync"`` (BSP): each worker's t-th push of a key is its round t; the
+      server aggregates a round once every open worker has pushed it, combining
+      the pushes by ``op`` in worker order (so the result has the same bits on
+      every rank and every run) and applies the updater (default: the stored
+      value becomes the aggregate). A pull made after a worker's round-t push
+      returns the value after round t, waiting for it.
+    * ``"async"`` (ASP): the server applies each push as it arrives (default
+      updater: ``stored = op(stored, push)``) and a pull returns the current
+      value; no worker waits for another. A partition is updated whole between
+      pulls, so no pull sees half an update.
+    * ``"ssp"`` (stale synchronous parallel, bounded staleness ``s``): as
+      ``async``, and each worker calls :meth:`KVStore.clock` at the end of an
+      iteration; a pull made at clock c returns a value that includes every
+      worker's pushes of clocks <= c - s - 1, waiting until it does.
+      ``s = 0`` gives BSP's guarantee (updates applied in arrival order).
+
+    Roles: by default every rank is a worker and a server (colocated; a server
+    thread answers while the worker computes, which needs MPI's
+    ``THREAD_MULTIPLE``). ``servers=k`` makes the last k ranks dedicated servers:
+    on them this call serves until every worker has closed the store and then
+    returns a closed store whose :attr:`KVStore.role` is ``"server"``, so a
+    script reads ``kv = create(...)``, then ``if kv.role == "worker": ...``.
+
+    Args:
+        mode: ``"sync"``, ``"async"`` or ``"ssp"``.
+        staleness: ``ssp``'s bound s (>= 0).
+        comm: a Communicator, an mpi4py communicator or a transport; ``MPI.COMM_WORLD``
+            by default. The store's messages go on a duplicate of it.
+        servers: the number of dedicated server ranks; ``None`` for colocated servers.
+        partition_bytes: values larger than this are cut into partitions spread over the servers.
+        op: the reducer (``sum``, ``max``, ``min``, ... of :mod:`collectives.ops`).
+        updater: ``fn(key, received, stored)`` run on the servers (see :meth:`KVStore.set_updater`).
+        timeout: seconds a server waits for a missing worker before failing the
+            wait with :class:`~collectives.KVStoreTimeout` naming it; the communicator's by default.
+        collective: in ``sync`` mode over colocated servers, run :meth:`KVStore.pushpull`
+            as a reduce-scatter and an all-gather (the fast path); ``False`` sends
+            messages to the servers, as every other mode does.
+
+    Raises:
+        ConfigurationError: an unknown mode, a negative staleness, too many servers,
+            or an MPI without ``THREAD_MULTIPLE`` for colocated servers.
+    """
+    if mode not in MODES:
+        raise ConfigurationError(f"unknown mode {mode!r}; the modes are {', '.join(MODES)}")
+    if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
+        raise ConfigurationError(f"staleness must be an int >= 0, got {staleness!r}")
+    if staleness and mode != "ssp":
+        raise ConfigurationError(f"staleness={staleness} applies to mode 'ssp', not {mode!r}")
+    reduce_op = get_op(op)
+    channel = open_channel(comm, timeout)
+    try:
+        roles = Roles(channel.size, servers or 0)
+        if not roles.dedicated and channel.transport.thread_level != "multiple":
+            raise ConfigurationError(
+                f"colocated servers need MPI_THREAD_MULTIPLE, MPI gives {channel.transport.thread_level!r}; "
+                "use servers=k dedicated server ranks, or initialise MPI with threads"
+            )
+    except BaseException:
+        channel.close()
+        raise
+    store = KVStore(channel, roles, mode, staleness, reduce_op, partition_bytes, collective)
+    rank = channel.rank
+    if roles.is_server(rank):
+        server = Server(channel, mode, staleness, roles.worker_ranks, reduce_op)
+        server.updater = updater
+        store._server = server
+        if not roles.is_worker(rank):
+            store._closed = True
+            try:
+                server.serve()
+            finally:
+                channel.close()
+            return store
+        store._thread = threading.Thread(target=server.serve, name=f"kvstore-server-{rank}", daemon=True)
+        store._thread.start()
+    return store

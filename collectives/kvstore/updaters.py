@@ -1,0 +1,153 @@
+"""What a server does with what it receives: the reducer, the default updaters, and the optimizers."""
+
+__all__ = ["SGD", "Adam", "Optimizer", "Updater", "accumulate", "assign", "optimizer_from_spec"]
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigurationError
+from ..ops import ReduceOp
+
+Updater = Callable[[Any, np.ndarray, np.ndarray], np.ndarray]
+"""``fn(key, received, stored) -> new stored``, run by the server on each partition it holds.
+
+``received`` and ``stored`` are flat arrays of the partition's elements; the
+function may update ``stored`` in place and return it.
+"""
+
+
+def assign(key: Any, received: np.ndarray, stored: np.ndarray) -> np.ndarray:
+    """The stored value becomes what was received (``sync``'s default: the round's aggregate)."""
+    stored[...] = received
+    return stored
+
+
+def accumulate(op: ReduceOp) -> Updater:
+    """The stored value combined with each push by ``op`` (``async``'s and ``ssp``'s default)."""
+    from ..backends import backend_for
+
+    def update(key: Any, received: np.ndarray, stored: np.ndarray) -> np.ndarray:
+        backend_for(stored).combine(op, stored, received)
+        return stored
+
+    return update
+
+
+class Optimizer:
+    """An update rule run on the servers' shards: workers push gradients and pull parameters.
+
+    Each partition keeps its own state (momentum, moments), so the rule is the
+    same as on the whole array. Subclasses define :meth:`step` and :meth:`spec`.
+    """
+
+    name = ""
+
+    def __init__(self, **options: float) -> None:
+        self.options = options
+        self._state: dict[tuple[Any, int], dict[str, Any]] = {}
+
+    def spec(self) -> str:
+        """The optimizer as text, to send to dedicated servers."""
+        return json.dumps({"name": self.name, **self.options}, sort_keys=True)
+
+    def updater(self, part: int) -> Updater:
+        """The updater of partition ``part``."""
+
+        def update(key: Any, received: np.ndarray, stored: np.ndarray) -> np.ndarray:
+            state = self._state.setdefault((key, part), {})
+            self.step(state, received, stored)
+            return stored
+
+        return update
+
+    def update_rows(self, key: Any, part: int, rows: np.ndarray, grad: np.ndarray, param: np.ndarray) -> None:
+        """Step rows ``rows`` of ``param`` (2-D) with ``grad`` (their gradients) and those rows' state only.
+
+        Scalar state (Adam's step count) is the partition's, counted once per update.
+        """
+        state = self._state.setdefault((key, part), {})
+        view = {name: value.reshape(param.shape)[rows] if isinstance(value, np.ndarray) else value
+                for name, value in state.items()}  # fmt: skip
+        subset = param[rows]
+        self.step(view, np.ascontiguousarray(grad).reshape(subset.shape), subset)
+        param[rows] = subset
+        for name, value in view.items():
+            if isinstance(value, np.ndarray):
+                whole = state.get(name)
+                if whole is None:
+                    whole = state[name] = np.zeros(param.size, value.dtype)
+                whole.reshape(param.shape)[rows] = value
+            else:
+                state[name] = value
+
+    def step(self, state: dict[str, Any], grad: np.ndarray, param: np.ndarray) -> None:
+        raise NotImplementedError
+
+
+class SGD(Optimizer):
+    """``v = momentum * v + grad (+ weight_decay * param)``; ``param -= lr * v``, as ``torch.optim.SGD``."""
+
+    name = "sgd"
+
+    def __init__(self, lr: float = 0.01, momentum: float = 0.0, weight_decay: float = 0.0) -> None:
+        if not lr > 0 or not 0 <= momentum < 1 or weight_decay < 0:
+            raise ConfigurationError(
+                f"sgd needs lr > 0, 0 <= momentum < 1, weight_decay >= 0; "
+                f"got {lr}, {momentum}, {weight_decay}"
+            )
+        super().__init__(lr=lr, momentum=momentum, weight_decay=weight_decay)
+
+    def step(self, state: dict[str, Any], grad: np.ndarray, param: np.ndarray) -> None:
+        lr, momentum, decay = self.options["lr"], self.options["momentum"], self.options["weight_decay"]
+        g = grad + decay * param if decay else grad
+        if momentum:
+            v = state.get("v")
+            if v is None:
+                v = state["v"] = np.array(g, dtype=param.dtype)
+            else:
+                v *= momentum
+                v += g
+            g = v
+        param -= np.asarray(lr * g, dtype=param.dtype)
+
+
+class Adam(Optimizer):
+    """Adam (Kingma and Ba), with bias correction, as ``torch.optim.Adam``."""
+
+    name = "adam"
+
+    def __init__(self, lr: float = 1e-3, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8) -> None:
+        if not lr > 0 or not 0 <= beta1 < 1 or not 0 <= beta2 < 1 or not eps > 0:
+            raise ConfigurationError(
+                f"adam needs lr > 0, 0 <= betas < 1, eps > 0; got {lr}, {beta1}, {beta2}, {eps}"
+            )
+        super().__init__(lr=lr, beta1=beta1, beta2=beta2, eps=eps)
+
+    def step(self, state: dict[str, Any], grad: np.ndarray, param: np.ndarray) -> None:
+        o = self.options
+        if not state:
+            state.update(t=0, m=np.zeros_like(param), v=np.zeros_like(param))
+        state["t"] += 1
+        m, v, t = state["m"], state["v"], state["t"]
+        m *= o["beta1"]
+        m += (1 - o["beta1"]) * grad
+        v *= o["beta2"]
+        v += (1 - o["beta2"]) * grad * grad
+        m_hat = m / (1 - o["beta1"] ** t)
+        v_hat = v / (1 - o["beta2"] ** t)
+        param -= (o["lr"] * m_hat / (np.sqrt(v_hat) + o["eps"])).astype(param.dtype)
+
+
+_OPTIMIZERS: dict[str, type[Optimizer]] = {"sgd": SGD, "adam": Adam}
+
+
+def optimizer_from_spec(spec: str) -> Optimizer:
+    """The optimizer :meth:`Optimizer.spec` wrote."""
+    options = json.loads(spec)
+    name = options.pop("name")
+    if name not in _OPTIMIZERS:
+        raise ConfigurationError(f"unknown optimizer {name!r}; known: {', '.join(sorted(_OPTIMIZERS))}")
+    return _OPTIMIZERS[name](**options)
