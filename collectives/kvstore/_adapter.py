@@ -13,7 +13,7 @@ from ..transport.base import Request, Transport
 from ._wire import Message, decode
 
 if TYPE_CHECKING:
-    from ..api import Communicator
+    from ..communicator import Communicator
 
 
 @dataclass
@@ -98,7 +98,7 @@ class Channel:
 
 def open_channel(comm: Any, timeout: float | None) -> Channel:
     """The store's channel over ``comm`` (a Communicator, an mpi4py communicator, a transport or ``None``)."""
-    from ..api import Communicator
+    from ..communicator import Communicator
 
     if timeout is not None and not timeout >= 0:
         raise ConfigurationError(f"timeout must be a number of seconds >= 0, got {timeout!r}")

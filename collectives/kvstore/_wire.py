@@ -19,8 +19,10 @@ from typing import Any
 
 import numpy as np
 
-REQUEST_TAG = 19280  # to servers; apart from the collectives' own tags (7 to 9)
-REPLY_TAG = 19281  # to workers
+from ..transport.tags import Tag
+
+REQUEST_TAG = Tag.KV_REQUEST
+REPLY_TAG = Tag.KV_REPLY
 
 _HEADER = struct.Struct("<iiiiqqqii")
 _DATA_ALIGN = 16  # the data starts on this boundary, so its views are aligned

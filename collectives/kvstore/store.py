@@ -32,7 +32,7 @@ from .updaters import Optimizer, Updater
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-    from ..api import Communicator
+    from ..communicator import Communicator
     from ..transport.base import Transport
 
 MODES = ("sync", "async", "ssp")
