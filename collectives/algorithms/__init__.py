@@ -155,14 +155,13 @@ def rank_program(
     return _cached_program(collective, algorithm, layout, rooted, rank)
 
 
-@lru_cache(maxsize=1024)
 def schedule_traffic(collective: str, algorithm: str, world_size: int, count: int) -> tuple[str, Traffic]:
     """The name and counted traffic of ``build_schedule(collective, algorithm, world_size, count)``.
 
     By the algorithm's ``schedule_traffic`` formula where it has one, without
     building the schedule; otherwise the schedule is built and counted
     (:func:`collectives.topology.cost_model.traffic`). Errors as for
-    :func:`build_schedule`.
+    :func:`build_schedule`. Not memoized: the selector remembers what it counted.
     """
     layout, rooted = _layout(collective, algorithm, world_size, count, None, 0)
     formula = traffic_formula(ALGORITHMS[algorithm])

@@ -320,7 +320,7 @@ def schedule_traffic(collective: str, world_size: int, count: int) -> tuple[str,
         return None
     if others == 0 or count == 0:
         return name, Traffic(0, 0, 0, 0)
-    into = Traffic(1, others, others * count, others * count)
-    out = Traffic(1, others, others * count, 0)
+    # the centre receives (reducing) and sends one message of ``count`` from and to each other rank
+    into, out = (1, others, others * count, others * count), (1, others, others * count, 0)
     both = {"reduce": (into,), "broadcast": (out,)}.get(collective, (into, out))
-    return name, Traffic(*(sum(field) for field in zip(*both, strict=True)))
+    return name, Traffic(*(sum(column) for column in zip(*both, strict=True)))

@@ -45,7 +45,6 @@ from ..chunking import even_split, weighted_split
 from ..schedule import RankProgram, RankStep, Schedule, Step, Transfer
 from ..topology import Topology, Traffic, pack_rings
 from .base import Cost
-from .ring import ring_traffic
 
 DEFAULT_RINGS = "ranks in order, and reversed"
 """What ``rings=None`` means."""
@@ -218,8 +217,6 @@ def schedule_traffic(collective: str, world_size: int, count: int) -> tuple[str,
     name = f"{collective}-multi_ring(n={size})"
     if size == 1 or count == 0:
         return name, Traffic(0, 0, 0, 0)
-    if size == 2:
-        return name, ring_traffic(2, count, len(phases[collective]), 1 if collective != "allgather" else 0)
     small, larger = divmod(count, size)
     big = small + 1
     first = (-(-big // 2), -(-small // 2))  # index 0: a larger share, 1: a smaller
