@@ -99,6 +99,9 @@ def _parser() -> argparse.ArgumentParser:
     calibrate.add_argument("-w", "--warmup", type=int, default=3, help="untimed calls first (default 3)")
     commands.add_parser("simulate", add_help=False, help="predict times on a topology, without MPI")
     commands.add_parser("algorithms", add_help=False, help="docs/algorithms.md's tables, without MPI")
+    commands.add_parser(
+        "plans", add_help=False, help="one rank's plan and explain at 4,096 ranks, without MPI"
+    )
     commands.add_parser("compare", add_help=False, help="allreduce against MPI's and gloo's, interleaved")
     commands.add_parser("kernels", add_help=False, help="GB/s of the CUDA reduction kernels on one GPU")
     return parser
@@ -180,6 +183,10 @@ def main(argv: list[str] | None = None) -> int:
         from .algorithms import main as algorithms
 
         return algorithms(argv[1:])
+    if argv[:1] == ["plans"]:
+        from .plans import main as plans
+
+        return plans(argv[1:])
     if argv[:1] == ["compare"]:
         from .compare import main as compare
 

@@ -1,6 +1,6 @@
 """The schedule data model: transfers of chunks between ranks, step by step."""
 
-__all__ = ["RankStep", "Schedule", "Step", "Transfer"]
+__all__ = ["RankProgram", "RankStep", "Schedule", "Step", "Transfer"]
 
 import json
 from collections.abc import Iterable
@@ -127,6 +127,31 @@ class Schedule:
             self._programs[rank] = program
         return program
 
+    def rank_program(self, rank: int) -> "RankProgram":
+        """``rank``'s part as a :class:`RankProgram`, projected from the global steps."""
+        crowded: set[tuple[int, int]] = set()
+        for index, step in enumerate(self.steps):
+            reducers: dict[int, set[int]] = {}
+            for t in step.transfers:
+                if t.reduce:
+                    reducers.setdefault(t.dst, set()).add(t.src)
+            crowded.update(
+                (index, t.dst)
+                for t in step.transfers
+                if t.src == rank and t.reduce and len(reducers[t.dst]) > 1
+            )
+        return RankProgram(
+            name=self.name,
+            collective=self.collective,
+            world_size=self.world_size,
+            rank=rank,
+            chunk_sizes=self.chunk_sizes,
+            steps=self.program(rank),
+            chunk_owner=self.chunk_owner,
+            root=self.root,
+            crowded=frozenset(crowded),
+        )
+
     def to_json(self) -> str:
         """The schedule as JSON; each transfer is ``[src, dst, chunk, reduce]`` plus ``dst_chunk`` if set."""
         steps = [
@@ -232,3 +257,41 @@ class Schedule:
                     )
                 (reduced if t.reduce else copied).add(target)
                 sent.add((t.src, t.chunk))
+
+
+@dataclass(frozen=True)
+class RankProgram:
+    """One rank's part of a schedule, as an algorithm builds it without the other ranks' transfers.
+
+    Its fields are the :class:`Schedule`'s, but ``steps`` holds only this rank's
+    part of each step, what :meth:`Schedule.program` projects; and ``crowded``
+    says what the rank cannot see of its peers' parts and the executor needs: the
+    ``(step, peer)`` pairs where the peer reduces what this rank sends it together
+    with what other ranks send it in that step (so a message to it is not merged
+    from adjacent chunks, whose contributions must be added in schedule order).
+    Built by :func:`collectives.algorithms.rank_program`.
+    """
+
+    name: str
+    collective: str
+    world_size: int
+    rank: int
+    chunk_sizes: tuple[int, ...]
+    steps: tuple[RankStep, ...]
+    chunk_owner: tuple[int, ...] | None = None
+    root: int | None = None
+    crowded: frozenset[tuple[int, int]] = frozenset()
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.chunk_sizes)
+
+    @cached_property
+    def chunk_bounds(self) -> tuple[int, ...]:
+        """Element offset of each chunk in the buffer, plus the buffer's length."""
+        return bounds(self.chunk_sizes)
+
+    @property
+    def count(self) -> int:
+        """Elements in each rank's buffer."""
+        return self.chunk_bounds[-1]

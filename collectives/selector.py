@@ -70,14 +70,16 @@ def _counted(
 ) -> tuple[str, Traffic]:
     """The name and traffic of a registered algorithm's schedule, evenly shared (memoized).
 
-    A module that runs its schedule its own way (``shared_memory``) gives the traffic
-    of that execution from ``traffic(collective, world_size, count, features)``.
+    By the algorithm's formula where it has one (:func:`collectives.algorithms.schedule_traffic`),
+    so choosing among thousands of ranks builds no schedule. A module that runs its
+    schedule its own way (``shared_memory``) gives the traffic of that execution
+    from ``traffic(collective, world_size, count, features)``.
     """
-    schedule = algorithms.build_schedule(collective, algorithm, world_size, count)
+    name, counted = algorithms.schedule_traffic(collective, algorithm, world_size, count)
     own = traffic_counter(algorithms.ALGORITHMS[algorithm])
     if own is None:
-        return schedule.name, traffic(schedule)
-    return schedule.name, Traffic(*own(collective, world_size, count, features))
+        return name, counted
+    return name, Traffic(*own(collective, world_size, count, features))
 
 
 def check_algorithm(collective: str, algorithm: str) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 import collectives as C
 from collectives import algorithms, communicator, prepared, selector
-from collectives.algorithms import ALGORITHMS, build_schedule, ring
+from collectives.algorithms import ALGORITHMS, build_schedule, ring, schedule_traffic
 from collectives.calibration import CALIBRATION_ENV, save_model
 from collectives.errors import (
     CalibrationError,
@@ -99,16 +99,23 @@ def test_the_choice_is_the_fastest_candidate(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_a_cached_choice_builds_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     builds = []
+    counts = []
 
     def counting(*args: Any, **kwargs: Any) -> Schedule:
         builds.append(args)
         return build_schedule(*args, **kwargs)
 
+    def counting_traffic(*args: Any) -> Any:
+        counts.append(args)
+        return schedule_traffic(*args)
+
     monkeypatch.setattr(algorithms, "build_schedule", counting)
+    monkeypatch.setattr(algorithms, "schedule_traffic", counting_traffic)
     selector._counted.cache_clear()
     chooser = Selector(DEFAULT_MODEL)
     assert chooser.choose("allreduce", 6, 12345, 4) == "ring"
-    assert builds == [("allreduce", "ring", 6, 12345)]
+    # the ring's traffic is counted once, by formula: no schedule is built
+    assert counts == [("allreduce", "ring", 6, 12345)] and builds == []
     ranked = []
     rank = chooser._rank
 
@@ -119,7 +126,7 @@ def test_a_cached_choice_builds_nothing(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(chooser, "_rank", counting_rank)
     for _ in range(3):
         assert chooser.choose("allreduce", 6, 12345, 4) == "ring"
-    assert builds == [("allreduce", "ring", 6, 12345)] and ranked == []
+    assert counts == [("allreduce", "ring", 6, 12345)] and builds == [] and ranked == []
     assert chooser.choose("allreduce", 6, 12345, 8) == "ring"  # another itemsize is another choice
     chooser.clear()
     assert chooser.choose("allreduce", 6, 12345, 4) == "ring"

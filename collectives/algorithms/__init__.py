@@ -3,15 +3,16 @@
 What an algorithm module provides is written down in :mod:`collectives.algorithms.base`.
 """
 
-__all__ = ["ALGORITHMS", "build_schedule"]
+__all__ = ["ALGORITHMS", "build_schedule", "rank_program", "schedule_traffic"]
 
 from collections.abc import Sequence
 from functools import lru_cache
 
 from ..chunking import even_split
-from ..errors import UnknownAlgorithmError
-from ..schedule import Schedule
+from ..errors import ScheduleError, UnknownAlgorithmError
+from ..schedule import RankProgram, Schedule
 from ..specs import check_root, get_spec
+from ..topology.cost_model import Traffic, traffic
 from . import (
     butterfly,
     direct,
@@ -25,7 +26,7 @@ from . import (
     shared_memory,
     tree,
 )
-from .base import Algorithm, Builder, builder, implements
+from .base import Algorithm, Builder, builder, implements, rank_program_builder, traffic_formula
 
 ALGORITHMS: dict[str, Algorithm] = {
     "ring": ring,
@@ -69,6 +70,21 @@ def _cached(
     return build(*args) if root is None else build(*args, root)
 
 
+def _layout(
+    collective: str, algorithm: str, world_size: int, count: int, shares: Sequence[int] | None, root: int
+) -> tuple[tuple[int, ...], int | None]:
+    """The shares and root ``build_schedule`` builds from, checked as it documents."""
+    _builder(collective, algorithm)  # fail early, and uncached, on a bad name
+    spec = get_spec(collective)
+    if not spec.carries_data and count:
+        raise ValueError(f"{collective} moves no data; count must be 0, got {count}")
+    if shares is None or not spec.shared:
+        shares = even_split(count, world_size)
+    elif len(shares) != world_size or sum(shares) != count:
+        raise ValueError(f"shares {tuple(shares)} do not split {count} elements over {world_size} ranks")
+    return tuple(shares), check_root(root, world_size) if spec.rooted else None
+
+
 def build_schedule(
     collective: str,
     algorithm: str,
@@ -97,13 +113,60 @@ def build_schedule(
         InvalidRootError: a rooted collective's root is not one of the ranks.
         ValueError: the count or shares do not fit the collective.
     """
-    _builder(collective, algorithm)  # fail early, and uncached, on a bad name
-    spec = get_spec(collective)
-    if not spec.carries_data and count:
-        raise ValueError(f"{collective} moves no data; count must be 0, got {count}")
-    if shares is None or not spec.shared:
-        shares = even_split(count, world_size)
-    elif len(shares) != world_size or sum(shares) != count:
-        raise ValueError(f"shares {tuple(shares)} do not split {count} elements over {world_size} ranks")
-    rooted = check_root(root, world_size) if spec.rooted else None
-    return _cached(collective, algorithm, world_size, tuple(shares), rooted)
+    layout, rooted = _layout(collective, algorithm, world_size, count, shares, root)
+    return _cached(collective, algorithm, world_size, layout, rooted)
+
+
+@lru_cache(maxsize=256)
+def _cached_program(
+    collective: str, algorithm: str, shares: tuple[int, ...], root: int | None, rank: int
+) -> RankProgram:
+    build = rank_program_builder(ALGORITHMS[algorithm])
+    program = None if build is None else build(collective, shares, root, rank)
+    if program is None:
+        return _cached(collective, algorithm, len(shares), shares, root).rank_program(rank)
+    return program
+
+
+def rank_program(
+    collective: str,
+    algorithm: str,
+    world_size: int,
+    count: int,
+    shares: Sequence[int] | None = None,
+    *,
+    root: int = 0,
+    rank: int,
+) -> RankProgram:
+    """Rank ``rank``'s part of :func:`build_schedule`'s schedule, without building it (memoized).
+
+    The algorithm's ``rank_program`` hook computes it from the rank number, in
+    time and memory proportional to that rank's transfers; an algorithm without
+    one (or a case it does not cover) has the global schedule built and
+    projected. Either way ``steps`` equals ``build_schedule(...).program(rank)``.
+    Arguments and errors as for :func:`build_schedule`, and:
+
+    Raises:
+        ScheduleError: ``rank`` is not one of the ranks.
+    """
+    layout, rooted = _layout(collective, algorithm, world_size, count, shares, root)
+    if not 0 <= rank < world_size:
+        raise ScheduleError(f"rank {rank} is outside world size {world_size}")
+    return _cached_program(collective, algorithm, layout, rooted, rank)
+
+
+def schedule_traffic(collective: str, algorithm: str, world_size: int, count: int) -> tuple[str, Traffic]:
+    """The name and counted traffic of ``build_schedule(collective, algorithm, world_size, count)``.
+
+    By the algorithm's ``schedule_traffic`` formula where it has one, without
+    building the schedule; otherwise the schedule is built and counted
+    (:func:`collectives.topology.cost_model.traffic`). Errors as for
+    :func:`build_schedule`. Not memoized: the selector remembers what it counted.
+    """
+    layout, rooted = _layout(collective, algorithm, world_size, count, None, 0)
+    formula = traffic_formula(ALGORITHMS[algorithm])
+    found = None if formula is None else formula(collective, world_size, count)
+    if found is None:
+        schedule = _cached(collective, algorithm, world_size, layout, rooted)
+        return schedule.name, traffic(schedule)
+    return found

@@ -22,7 +22,12 @@ An algorithm is a module of pure functions, one family per file
    collective) giving its documented :class:`Cost`; the tests check it against
    the simulator's counts.
 3. Optionally, the hooks of :class:`Algorithm`'s docstring: ``REQUIRES`` and
-   ``REQUIRES_TEXT``, ``not_supported_reasons``, ``for_topology``, ``traffic``.
+   ``REQUIRES_TEXT``, ``not_supported_reasons``, ``for_topology``, ``traffic``,
+   and the two that let thousands of ranks go without the global schedule:
+   ``rank_program`` (one rank's part, built from its rank number) and
+   ``schedule_traffic`` (the selector's counts, by formula). Without them a
+   rank's part is projected from the global schedule and the counts are taken
+   from it, which costs time and memory growing with P times the steps.
 4. Register it in :data:`~collectives.algorithms.ALGORITHMS` and run
    ``python -m bench algorithms --update docs/algorithms.md``.
 
@@ -37,25 +42,29 @@ __all__ = [
     "Builder",
     "Cost",
     "NotSupportedReasons",
+    "RankProgramBuilder",
     "TopologyBuilder",
     "TrafficCounter",
+    "TrafficFormula",
     "builder",
     "implements",
+    "rank_program_builder",
     "required_feature",
     "requirements_text",
     "requires",
     "topology_builder",
     "traffic_counter",
+    "traffic_formula",
     "unsupported_reasons",
 ]
 
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from ..schedule import Schedule
+from ..schedule import RankProgram, Schedule
 
 if TYPE_CHECKING:
-    from ..topology import Topology
+    from ..topology import Topology, Traffic
 
 
 class Cost(NamedTuple):
@@ -101,6 +110,20 @@ class Algorithm(Protocol):
         :class:`collectives.topology.cost_model.Traffic`; without it the cost
         model counts the schedule's transfers (:class:`TrafficCounter`,
         :func:`traffic_counter`).
+    ``rank_program(collective, shares, root, rank) -> RankProgram | None``
+        Rank ``rank``'s part of the schedule the builder makes of ``shares``
+        (each rank's share of the buffer; an even split of the count for the
+        collectives without shares) and ``root`` (``None`` for the unrooted),
+        computed from the rank number in time and memory proportional to that
+        rank's transfers, equal to the projection of the global schedule;
+        ``None`` for a case it does not cover, which is then projected
+        (:class:`RankProgramBuilder`, :func:`rank_program_builder`).
+    ``schedule_traffic(collective, world_size, count) -> tuple[str, Traffic] | None``
+        The name and :func:`collectives.topology.cost_model.traffic` of the
+        schedule the builder makes of ``count`` elements evenly shared, by
+        formula, without building it; ``None`` for a case it does not cover,
+        which is then built and counted (:class:`TrafficFormula`,
+        :func:`traffic_formula`). The tests check both against the schedule.
     """
 
     def cost(self, collective: str, shares: Sequence[int]) -> Cost:
@@ -135,6 +158,24 @@ class TrafficCounter(Protocol):
         self, collective: str, world_size: int, count: int, features: frozenset[str]
     ) -> tuple[int, int, int, int, int, int]:
         """``(steps, messages, elements, reduced, barriers, copied)`` of the algorithm's own execution."""
+        ...
+
+
+class RankProgramBuilder(Protocol):
+    """The optional ``rank_program`` hook."""
+
+    def __call__(
+        self, collective: str, shares: tuple[int, ...], root: int | None, rank: int
+    ) -> RankProgram | None:
+        """Rank ``rank``'s part of the schedule, from its rank number; ``None`` where not covered."""
+        ...
+
+
+class TrafficFormula(Protocol):
+    """The optional ``schedule_traffic`` hook."""
+
+    def __call__(self, collective: str, world_size: int, count: int) -> "tuple[str, Traffic] | None":
+        """The schedule's name and counted traffic, by formula; ``None`` where not covered."""
         ...
 
 
@@ -187,4 +228,16 @@ def topology_builder(algorithm: object) -> TopologyBuilder | None:
 def traffic_counter(algorithm: object) -> TrafficCounter | None:
     """The algorithm's ``traffic``; ``None`` where the cost model counts the schedule's transfers."""
     found: TrafficCounter | None = getattr(algorithm, "traffic", None)
+    return found
+
+
+def rank_program_builder(algorithm: object) -> RankProgramBuilder | None:
+    """The algorithm's ``rank_program``; ``None`` where a rank's part is projected from the schedule."""
+    found: RankProgramBuilder | None = getattr(algorithm, "rank_program", None)
+    return found
+
+
+def traffic_formula(algorithm: object) -> TrafficFormula | None:
+    """The algorithm's ``schedule_traffic``; ``None`` where the selector builds and counts the schedule."""
+    found: TrafficFormula | None = getattr(algorithm, "schedule_traffic", None)
     return found

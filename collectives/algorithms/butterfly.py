@@ -52,11 +52,13 @@ and all-gather, as for the ring but in log2 P steps instead of P - 1, and
 log2 P * S for allreduce.
 """
 
-__all__ = ["allgather", "allreduce", "cost", "reduce_scatter"]
+__all__ = ["allgather", "allreduce", "cost", "rank_program", "reduce_scatter", "schedule_traffic"]
 
 from collections.abc import Callable, Iterable, Sequence
 
-from ..schedule import Schedule, Step, Transfer
+from ..chunking import even_split
+from ..schedule import RankProgram, RankStep, Schedule, Step, Transfer
+from ..topology.cost_model import Traffic
 from .base import Cost
 
 
@@ -196,3 +198,175 @@ def cost(collective: str, shares: Sequence[int]) -> Cost:
         sent = [(len(distances) + folds[r]) * total for r in range(base)]
         return Cost(steps, (*sent, *(total for _ in range(base, size))))
     raise ValueError(f"the butterfly has no {collective!r}")
+
+
+# --- one rank's part, from its peers alone
+
+ChunksOf = Callable[[int], Sequence[int]]
+"""The chunks butterfly rank v handles (``_chunks_per_rank``'s entries), computed on demand."""
+
+
+def _shared_chunks(world_size: int) -> ChunksOf:
+    base = _base(world_size)
+    return lambda v: (v, base + v) if base + v < world_size else (v,)
+
+
+def _fold_in_part(
+    size: int, rank: int, chunks: Callable[[int], Iterable[int]], reduce: bool
+) -> list[RankStep]:
+    base = _base(size)
+    if size == base:
+        return []
+    if rank >= base:
+        return [RankStep(tuple(Transfer(rank, rank - base, c, reduce) for c in chunks(rank)), ())]
+    extra = base + rank
+    got = tuple(Transfer(extra, rank, c, reduce) for c in chunks(extra)) if extra < size else ()
+    return [RankStep((), got)]
+
+
+def _fold_out_part(size: int, rank: int, chunks: Callable[[int], Iterable[int]]) -> list[RankStep]:
+    base = _base(size)
+    if size == base:
+        return []
+    if rank >= base:
+        return [RankStep((), tuple(Transfer(rank - base, rank, c) for c in chunks(rank)))]
+    extra = base + rank
+    return [RankStep(tuple(Transfer(rank, extra, c) for c in chunks(extra)) if extra < size else (), ())]
+
+
+def _halving_part(base: int, rank: int, chunks_of: ChunksOf) -> list[RankStep]:
+    if rank >= base:
+        return [RankStep((), ())] * (base.bit_length() - 1)
+    return [
+        RankStep(
+            tuple(Transfer(rank, rank ^ d, c, True) for v in _group(rank ^ d, d) for c in chunks_of(v)),
+            tuple(Transfer(rank ^ d, rank, c, True) for v in _group(rank, d) for c in chunks_of(v)),
+        )
+        for d in reversed(_distances(base))
+    ]
+
+
+def _doubling_part(base: int, rank: int, chunks_of: ChunksOf) -> list[RankStep]:
+    if rank >= base:
+        return [RankStep((), ())] * (base.bit_length() - 1)
+    return [
+        RankStep(
+            tuple(Transfer(rank, rank ^ d, c) for v in _group(rank, d) for c in chunks_of(v)),
+            tuple(Transfer(rank ^ d, rank, c) for v in _group(rank ^ d, d) for c in chunks_of(v)),
+        )
+        for d in _distances(base)
+    ]
+
+
+def rank_program(collective: str, shares: tuple[int, ...], root: int | None, rank: int) -> RankProgram | None:
+    """Rank ``rank``'s part of the butterfly's schedule, from its peers alone (see ``base``)."""
+    size = len(shares)
+    base = _base(size)
+    every = range(size)
+    if collective == "reduce_scatter":
+        steps = [
+            *_fold_in_part(size, rank, lambda e: every, reduce=True),
+            *_halving_part(base, rank, _shared_chunks(size)),
+            *_fold_out_part(size, rank, lambda e: (e,)),
+        ]
+    elif collective == "allgather":
+        steps = [
+            *_fold_in_part(size, rank, lambda e: (e,), reduce=False),
+            *_doubling_part(base, rank, _shared_chunks(size)),
+            *_fold_out_part(size, rank, lambda e: [c for c in every if c != e]),
+        ]
+    elif collective == "allreduce":
+        whole = (0,)
+        steps = [
+            *_fold_in_part(size, rank, lambda e: whole, reduce=True),
+            *(
+                RankStep((Transfer(rank, rank ^ d, 0, True),), (Transfer(rank ^ d, rank, 0, True),))
+                if rank < base
+                else RankStep((), ())
+                for d in reversed(_distances(base))
+            ),
+            *_fold_out_part(size, rank, lambda e: whole),
+        ]
+        return RankProgram(
+            f"allreduce-butterfly(n={size})", "allreduce", size, rank, (sum(shares),), tuple(steps)
+        )
+    else:
+        return None
+    return RankProgram(
+        name=f"{collective}-butterfly(n={size})",
+        collective=collective,
+        world_size=size,
+        rank=rank,
+        chunk_sizes=tuple(shares),
+        steps=tuple(steps),
+        chunk_owner=tuple(every),
+    )
+
+
+def _group_sums(values: Sequence[int], distance: int) -> list[int]:
+    # the sums of values over the aligned groups of ``distance``
+    return [sum(values[start : start + distance]) for start in range(0, len(values), distance)]
+
+
+def butterfly_traffic(
+    handled: Sequence[Sequence[int]], halving: bool, doubling: bool
+) -> list[tuple[int, int, int]]:
+    """(messages, elements, reduced) of the busiest rank at each halving and doubling step.
+
+    ``handled[v]`` are the sizes of the chunks butterfly rank v handles. At the
+    step of distance d a rank sends the chunks of one aligned group of d ranks and
+    receives those of another, so the busiest moves the largest group's.
+    """
+    nonzero = [sum(1 for n in sizes_v if n) for sizes_v in handled]
+    elements = [sum(sizes_v) for sizes_v in handled]
+    distances = _distances(len(handled))
+    counted = []
+    if halving:
+        for d in reversed(distances):
+            most = max(_group_sums(elements, d))
+            counted.append((max(_group_sums(nonzero, d)), most, most))
+    if doubling:
+        for d in distances:
+            counted.append((max(_group_sums(nonzero, d)), max(_group_sums(elements, d)), 0))
+    return counted
+
+
+def _folds(moved: Iterable[tuple[int, int]], reduce: bool) -> tuple[int, int, int]:
+    # a fold step: each extra pair moves (chunks of any elements, elements)
+    pairs = list(moved)
+    elements = max(n for _, n in pairs)
+    return max(m for m, _ in pairs), elements, elements if reduce else 0
+
+
+def _total(counted: Iterable[tuple[int, int, int]]) -> Traffic:
+    moving = [c for c in counted if c[1]]
+    return Traffic(
+        len(moving), sum(c[0] for c in moving), sum(c[1] for c in moving), sum(c[2] for c in moving)
+    )
+
+
+def schedule_traffic(collective: str, world_size: int, count: int) -> tuple[str, Traffic] | None:
+    """The name and counted traffic of the butterfly's schedule of an even split (see ``base``)."""
+    size = world_size
+    base = _base(size)
+    extras = range(base, size)
+    name = f"{collective}-butterfly(n={size})"
+    if collective == "allreduce":
+        steps = [(1, count, count)] * (base.bit_length() - 1)
+        folds = [(1, count, count), (1, count, 0)] if extras else []
+        return name, _total([*folds[:1], *steps, *folds[1:]])
+    shares = even_split(count, size)
+    handled = [[shares[c] for c in _shared_chunks(size)(v)] for v in range(base)]
+    nonzero = sum(1 for n in shares if n)
+    alone = [(int(shares[e] > 0), shares[e]) for e in extras]  # an extra rank's own chunk
+    if collective == "reduce_scatter":
+        fold_in = [_folds([(nonzero, count)], reduce=True)] if extras else []
+        fold_out = [_folds(alone, reduce=False)] if extras else []
+        middle = butterfly_traffic(handled, halving=True, doubling=False)
+    elif collective == "allgather":
+        fold_in = [_folds(alone, reduce=False)] if extras else []
+        fold_out = [_folds(((nonzero - m, count - n) for m, n in alone), reduce=False)] if extras else []
+        middle = butterfly_traffic(handled, halving=False, doubling=True)
+    else:
+        return None
+    return name, _total([*fold_in, *middle, *fold_out])

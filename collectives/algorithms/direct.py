@@ -44,15 +44,18 @@ __all__ = [
     "broadcast",
     "cost",
     "gather",
+    "rank_program",
     "reduce",
     "reduce_scatter",
     "scatter",
+    "schedule_traffic",
 ]
 
 from collections.abc import Callable, Iterable, Sequence
 
-from ..schedule import Schedule, Step, Transfer
+from ..schedule import RankProgram, RankStep, Schedule, Step, Transfer
 from ..specs import get_spec
+from ..topology.cost_model import Traffic
 from .base import Cost
 
 HUB = 0
@@ -237,3 +240,87 @@ def cost(collective: str, shares: Sequence[int], root: int = 0) -> Cost:
     steps, at_center, elsewhere = table[collective]
     sent = tuple(at_center if r == center else elsewhere(r) for r in range(size))
     return Cost(steps if size > 1 else 0, sent)
+
+
+def _part(rank: int, *steps: Sequence[Transfer]) -> tuple[RankStep, ...]:
+    """``rank``'s part of the given steps' transfers, whose receives the caller lists in schedule order."""
+    return tuple(
+        RankStep(tuple(t for t in step if t.src == rank), tuple(t for t in step if t.dst == rank))
+        for step in steps
+    )
+
+
+def rank_program(collective: str, shares: tuple[int, ...], root: int | None, rank: int) -> RankProgram | None:
+    """Rank ``rank``'s part: only the centre's grows with P (see ``base``)."""
+    size, count = len(shares), sum(shares)
+    if size == 1:
+        steps: tuple[RankStep, ...] = ()
+    center = HUB if root is None else root
+    # the transfers this rank takes part in, step by step, in the schedule's order
+    peers = _others(size, center) if rank == center else [rank]
+    owned: tuple[int, ...] | None = tuple(range(size))
+    sizes: tuple[int, ...] = tuple(shares)
+    crowded: frozenset[tuple[int, int]] = frozenset()
+    if collective in ("allreduce", "barrier", "reduce", "broadcast"):
+        into = [Transfer(r, center, 0, reduce=True) for r in peers]
+        out = [Transfer(center, r, 0) for r in peers]
+        chosen = {"allreduce": (into, out), "barrier": (into, out), "reduce": (into,), "broadcast": (out,)}
+        parts = chosen[collective]
+        owned, sizes = None, (1,) if collective == "barrier" else (count,)
+        if collective != "broadcast" and size > 2 and rank != center:
+            crowded = frozenset({(0, center)})
+    elif collective in ("gather", "scatter"):
+        parts = (
+            [Transfer(r, center, r) if collective == "gather" else Transfer(center, r, r) for r in peers],
+        )
+    elif collective == "reduce_scatter":
+        into = [Transfer(r, HUB, c, reduce=True) for r in peers for c in range(size)]
+        parts = (into, [Transfer(HUB, r, r) for r in peers])
+        if size > 2 and rank != HUB:
+            crowded = frozenset({(0, HUB)})
+    elif collective == "allgather":
+        parts = (
+            [Transfer(r, HUB, r) for r in peers],
+            [Transfer(HUB, r, c) for r in peers for c in _others(size, r)],
+        )
+    elif collective == "alltoall":
+        share = count // size
+        steps = tuple(
+            RankStep(
+                (Transfer(rank, (rank + s) % size, (rank + s) % size, dst_chunk=size + rank),),
+                (Transfer((rank - s) % size, rank, rank, dst_chunk=size + (rank - s) % size),),
+            )
+            for s in range(1, size)
+        )
+        parts, owned, sizes = (), None, (share,) * (2 * size)
+    else:
+        return None
+    if parts:
+        steps = _part(rank, *parts) if size > 1 else ()
+    return RankProgram(
+        name=f"{collective}-direct(n={size}" + (f", root={root})" if root is not None else ")"),
+        collective=collective,
+        world_size=size,
+        rank=rank,
+        chunk_sizes=sizes,
+        steps=steps,
+        chunk_owner=owned,
+        root=root,
+        crowded=crowded,
+    )
+
+
+def schedule_traffic(collective: str, world_size: int, count: int) -> tuple[str, Traffic] | None:
+    """The star's counted traffic where it is short to write (see ``base``): all at the centre."""
+    others = world_size - 1
+    name = f"{collective}-direct(n={world_size}" + (", root=0)" if get_spec(collective).rooted else ")")
+    if collective == "barrier":
+        count = 1
+    if collective not in ("allreduce", "barrier", "reduce", "broadcast"):
+        return None
+    if others == 0 or count == 0:
+        return name, Traffic(0, 0, 0, 0)
+    # the centre receives (reducing) and sends one message of ``count`` from and to each other rank
+    into, out = (1, others, others * count, others * count), (1, others, others * count, 0)
+    both = {"reduce": (into,), "broadcast": (out,)}.get(collective, (into, out))
+    return name, Traffic(*(sum(column) for column in zip(*both, strict=True)))

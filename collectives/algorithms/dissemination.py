@@ -11,11 +11,12 @@ as a barrier's tokens carry no data.
 Cost, for P ranks: ceil(log2 P) steps; every rank sends ceil(log2 P) tokens.
 """
 
-__all__ = ["barrier", "cost"]
+__all__ = ["barrier", "cost", "rank_program", "schedule_traffic"]
 
 from collections.abc import Sequence
 
-from ..schedule import Schedule, Step, Transfer
+from ..schedule import RankProgram, RankStep, Schedule, Step, Transfer
+from ..topology.cost_model import Traffic
 from .base import Cost
 
 
@@ -45,3 +46,26 @@ def cost(collective: str, shares: Sequence[int]) -> Cost:
         raise ValueError(f"dissemination has no {collective!r}")
     rounds = _rounds(len(shares))
     return Cost(rounds, (rounds,) * len(shares))
+
+
+def rank_program(collective: str, shares: tuple[int, ...], root: int | None, rank: int) -> RankProgram | None:
+    """Rank ``rank``'s signals, one each way a round (see ``base``)."""
+    if collective != "barrier":
+        return None
+    size = len(shares)
+    steps = tuple(
+        RankStep(
+            (Transfer(rank, (rank + (1 << k)) % size, 0, reduce=True),),
+            (Transfer((rank - (1 << k)) % size, rank, 0, reduce=True),),
+        )
+        for k in range(_rounds(size))
+    )
+    return RankProgram(f"barrier-dissemination(n={size})", "barrier", size, rank, (1,), steps)
+
+
+def schedule_traffic(collective: str, world_size: int, count: int) -> tuple[str, Traffic] | None:
+    """One token each way a round (see ``base``)."""
+    if collective != "barrier":
+        return None
+    rounds = _rounds(world_size)
+    return f"barrier-dissemination(n={world_size})", Traffic(rounds, rounds, rounds, rounds)

@@ -34,14 +34,30 @@ allreduce   2m + 2f  sum_d (C(r XOR d, d) + C(r, d)) + [r < E] S    S
 When P' divides S that is 2 (P' - 1) / P' * S, plus S for the ranks that fold.
 """
 
-__all__ = ["allreduce", "cost"]
+__all__ = ["allreduce", "cost", "rank_program", "schedule_traffic"]
 
 from collections.abc import Sequence
 
 from ..chunking import even_split
-from ..schedule import Schedule
+from ..schedule import RankProgram, Schedule
+from ..topology.cost_model import Traffic
 from .base import Cost
-from .butterfly import _base, _distances, _doubling_steps, _fold_in, _fold_out, _group, _halving_steps
+from .butterfly import (
+    _base,
+    _distances,
+    _doubling_part,
+    _doubling_steps,
+    _fold_in,
+    _fold_in_part,
+    _fold_out,
+    _fold_out_part,
+    _folds,
+    _group,
+    _halving_part,
+    _halving_steps,
+    _total,
+    butterfly_traffic,
+)
 
 
 def allreduce(world_size: int, count: int) -> Schedule:
@@ -82,3 +98,36 @@ def cost(collective: str, shares: Sequence[int]) -> Cost:
     ]
     steps = 2 * len(distances) + (2 if size > base else 0)
     return Cost(steps, (*sent, *(total for _ in range(base, size))))
+
+
+def rank_program(collective: str, shares: tuple[int, ...], root: int | None, rank: int) -> RankProgram | None:
+    """Rank ``rank``'s part, from its peers alone (see ``base``)."""
+    if collective != "allreduce":
+        return None
+    size, count = len(shares), sum(shares)
+    base = _base(size)
+    every = range(base)
+
+    def own(v: int) -> tuple[int, ...]:
+        return (v,)
+
+    steps = (
+        *_fold_in_part(size, rank, lambda e: every, reduce=True),
+        *_halving_part(base, rank, own),
+        *_doubling_part(base, rank, own),
+        *_fold_out_part(size, rank, lambda e: every),
+    )
+    name = f"allreduce-halving_doubling(n={size})"
+    return RankProgram(name, "allreduce", size, rank, even_split(count, base), steps)
+
+
+def schedule_traffic(collective: str, world_size: int, count: int) -> tuple[str, Traffic] | None:
+    """The name and counted traffic, by the butterfly's formulas (see ``base``)."""
+    if collective != "allreduce":
+        return None
+    base = _base(world_size)
+    chunks = even_split(count, base)
+    nonzero = sum(1 for n in chunks if n)
+    folds = [_folds([(nonzero, count)], True), _folds([(nonzero, count)], False)] if world_size > base else []
+    middle = butterfly_traffic([[n] for n in chunks], halving=True, doubling=True)
+    return f"allreduce-halving_doubling(n={world_size})", _total([*folds[:1], *middle, *folds[1:]])

@@ -32,14 +32,14 @@ no greater than its square root (P = 32 gives 8 nodes of 4); give the
 machines' real G with ``local_size``.
 """
 
-__all__ = ["allreduce", "cost", "default_local_size", "for_topology"]
+__all__ = ["allreduce", "cost", "default_local_size", "for_topology", "rank_program", "schedule_traffic"]
 
 from collections.abc import Sequence
 from math import isqrt
 
 from ..chunking import even_split
-from ..schedule import Schedule, Step, Transfer
-from ..topology import Topology
+from ..schedule import RankProgram, RankStep, Schedule, Step, Transfer
+from ..topology import Topology, Traffic
 from .base import Cost
 
 
@@ -133,3 +133,68 @@ def _shape(world_size: int, local_size: int | None) -> tuple[int, int]:
     if g < 1 or world_size % g:
         raise ValueError(f"local size {g} does not divide world size {world_size}")
     return g, world_size // g
+
+
+def rank_program(collective: str, shares: tuple[int, ...], root: int | None, rank: int) -> RankProgram | None:
+    """Rank ``rank``'s part of the default allreduce, from its node and rail neighbours (see ``base``)."""
+    if collective != "allreduce":
+        return None
+    size, count = len(shares), sum(shares)
+    g, m = _shape(size, None)
+    k, j = divmod(rank, g)
+    parts = even_split(count, g)
+    right, left = k * g + (j + 1) % g, k * g + (j - 1) % g
+    up, down = ((k + 1) % m) * g + j, ((k - 1) % m) * g + j
+
+    def node(offset: int, reduce: bool) -> list[RankStep]:
+        return [
+            RankStep(
+                tuple(Transfer(rank, right, ((j - s - offset) % g) * m + p, reduce) for p in range(m)),
+                tuple(Transfer(left, rank, ((j - 1 - s - offset) % g) * m + p, reduce) for p in range(m)),
+            )
+            for s in range(g - 1)
+        ]
+
+    def rail(offset: int, reduce: bool) -> list[RankStep]:
+        return [
+            RankStep(
+                (Transfer(rank, up, j * m + (k - s - offset) % m, reduce),),
+                (Transfer(down, rank, j * m + (k - 1 - s - offset) % m, reduce),),
+            )
+            for s in range(m - 1)
+        ]
+
+    return RankProgram(
+        name=f"allreduce-hierarchical(n={size},local={g})",
+        collective="allreduce",
+        world_size=size,
+        rank=rank,
+        chunk_sizes=tuple(piece for part in parts for piece in even_split(part, m)),
+        steps=(*node(1, True), *rail(1, True), *rail(0, False), *node(0, False)),
+    )
+
+
+def schedule_traffic(collective: str, world_size: int, count: int) -> tuple[str, Traffic] | None:
+    """The default allreduce's name and counted traffic, by formula (see ``base``).
+
+    Each node step moves every part one hop as its M chunks, so the busiest rank
+    moves the largest part, in as many messages as it has non-empty chunks; each
+    rail step moves every chunk one hop, so the busiest moves the largest chunk.
+    """
+    if collective != "allreduce":
+        return None
+    g, m = _shape(world_size, None)
+    name = f"allreduce-hierarchical(n={world_size},local={g})"
+    if count == 0 or world_size == 1:
+        return name, Traffic(0, 0, 0, 0)
+    part = -(-count // g)
+    pieces = min(m, part)  # non-empty chunks of the largest part
+    chunk = -(-part // m)
+    node, rail = g - 1, m - 1
+    counted = Traffic(
+        2 * (node + rail),
+        2 * node * pieces + 2 * rail,
+        2 * node * part + 2 * rail * chunk,
+        node * part + rail * chunk,
+    )
+    return name, counted

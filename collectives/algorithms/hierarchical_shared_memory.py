@@ -29,14 +29,17 @@ __all__ = [
     "allreduce",
     "cost",
     "not_supported_reasons",
+    "rank_program",
     "ranks_per_node",
+    "schedule_traffic",
     "traffic",
 ]
 
 from collections.abc import Sequence
 from dataclasses import replace
 
-from ..schedule import Schedule
+from ..schedule import RankProgram, Schedule
+from ..topology import Traffic
 from . import hierarchical, shared_memory
 from .base import Cost
 
@@ -106,3 +109,19 @@ def traffic(
     barriers = sum(t[4] for t in inside)
     copied = sum(t[5] for t in inside)
     return (steps, ring_steps, elements, reduced, barriers, copied)
+
+
+def _renamed(name: str) -> str:
+    return name.replace("hierarchical", "hierarchical_shared_memory", 1)
+
+
+def rank_program(collective: str, shares: tuple[int, ...], root: int | None, rank: int) -> RankProgram | None:
+    """Rank ``rank``'s part of :func:`allreduce`'s schedule, the hierarchical algorithm's (see ``base``)."""
+    program = hierarchical.rank_program(collective, shares, root, rank)
+    return None if program is None else replace(program, name=_renamed(program.name))
+
+
+def schedule_traffic(collective: str, world_size: int, count: int) -> tuple[str, Traffic] | None:
+    """The name and counted traffic of :func:`allreduce`'s schedule (see ``base``)."""
+    found = hierarchical.schedule_traffic(collective, world_size, count)
+    return None if found is None else (_renamed(found[0]), found[1])

@@ -28,13 +28,22 @@ the buffer evenly (the first S mod P shares one element larger), then splits
 each share between the rings; so with one ring it is the ring allreduce.
 """
 
-__all__ = ["DEFAULT_RINGS", "allgather", "allreduce", "cost", "for_topology", "reduce_scatter"]
+__all__ = [
+    "DEFAULT_RINGS",
+    "allgather",
+    "allreduce",
+    "cost",
+    "for_topology",
+    "rank_program",
+    "reduce_scatter",
+    "schedule_traffic",
+]
 
 from collections.abc import Sequence
 
 from ..chunking import even_split, weighted_split
-from ..schedule import Schedule, Step, Transfer
-from ..topology import Topology, pack_rings
+from ..schedule import RankProgram, RankStep, Schedule, Step, Transfer
+from ..topology import Topology, Traffic, pack_rings
 from .base import Cost
 
 DEFAULT_RINGS = "ranks in order, and reversed"
@@ -130,6 +139,102 @@ def cost(
     if collective == "allreduce":
         return Cost(2 * (size - 1), tuple(total - shares[r] + gathered[r] for r in range(size)))
     raise ValueError(f"the multi-ring has no {collective!r}")
+
+
+def rank_program(collective: str, shares: tuple[int, ...], root: int | None, rank: int) -> RankProgram | None:
+    """Rank ``rank``'s part on the default rings, from its neighbours on each (see ``base``)."""
+    size = len(shares)
+    if collective not in ("reduce_scatter", "allgather", "allreduce"):
+        return None
+    plan = _Plan(size, None, None, False)
+    # the default rings are the ranks in order and reversed: rank r sits at place r, then P - 1 - r
+    places = [rank, size - 1 - rank]
+
+    def part(offset: int, reduce: bool) -> list[RankStep]:
+        n = size
+        return [
+            RankStep(
+                tuple(
+                    Transfer(rank, ring[(p + 1) % n], plan.chunk(ring[(p - s - offset) % n], i), reduce)
+                    for i, (ring, p) in enumerate(zip(plan.rings, places, strict=True))
+                ),
+                tuple(
+                    Transfer(ring[(p - 1) % n], rank, plan.chunk(ring[(p - 1 - s - offset) % n], i), reduce)
+                    for i, (ring, p) in enumerate(zip(plan.rings, places, strict=True))
+                ),
+            )
+            for s in range(n - 1)
+        ]
+
+    phases = {"reduce_scatter": [(1, True)], "allgather": [(0, False)], "allreduce": [(1, True), (0, False)]}
+    steps = tuple(step for offset, reduce in phases[collective] for step in part(offset, reduce))
+    layout = even_split(sum(shares), size) if collective == "allreduce" else shares
+    # each neighbour reduces from both of its own on the two rings in a reducing step
+    reducing = range(size - 1) if collective != "allgather" and size > 2 else range(0)
+    crowded = frozenset((s, peer) for s in reducing for peer in ((rank + 1) % size, (rank - 1) % size))
+    return RankProgram(
+        name=f"{collective}-multi_ring(n={size})",
+        collective=collective,
+        world_size=size,
+        rank=rank,
+        chunk_sizes=tuple(half for share in layout for half in weighted_split(share, plan.weights)),
+        steps=steps,
+        chunk_owner=None if collective == "allreduce" else tuple(r for r in range(size) for _ in range(2)),
+        crowded=crowded,
+    )
+
+
+def _overlap(inside: int, size: int, shift: int) -> int:
+    """How many a in 0..inside-1 have (a + shift) mod size in 0..inside-1 too."""
+    return max(0, inside - shift) + max(0, inside + shift - size)
+
+
+def _most(first: tuple[int, int], second: tuple[int, int], larger: int, size: int, shift: int) -> int:
+    """The most ``first[a in] + second[b in]`` over ranks, b = a + shift mod P, the first ``larger`` in."""
+    inside = _overlap(larger, size, shift)
+    counts = {
+        (0, 0): inside,
+        (0, 1): larger - inside,
+        (1, 0): larger - inside,
+        (1, 1): size - 2 * larger + inside,
+    }
+    return max(first[x] + second[y] for (x, y), n in counts.items() if n > 0)
+
+
+def schedule_traffic(collective: str, world_size: int, count: int) -> tuple[str, Traffic] | None:
+    """The default bidirectional ring's name and counted traffic, by formula (see ``base``).
+
+    At step s rank r sends the first half of share ``r - s - offset`` on the
+    forward ring and the second half of share ``r + s + offset`` on the reverse
+    one: two shares ``2 s + 2 offset`` apart, whose sizes depend only on whether
+    each is one of the ``count mod P`` larger shares, so the busiest rank of a
+    step is found from how many ranks have each of the four combinations.
+    """
+    size = world_size
+    phases = {"reduce_scatter": [(1, True)], "allgather": [(0, False)], "allreduce": [(1, True), (0, False)]}
+    if collective not in phases:
+        return None
+    name = f"{collective}-multi_ring(n={size})"
+    if size == 1 or count == 0:
+        return name, Traffic(0, 0, 0, 0)
+    small, larger = divmod(count, size)
+    big = small + 1
+    first = (-(-big // 2), -(-small // 2))  # index 0: a larger share, 1: a smaller
+    second = (big // 2, small // 2)
+    nonzero = ((int(first[0] > 0), int(first[1] > 0)), (int(second[0] > 0), int(second[1] > 0)))
+    steps = messages = elements = reduced = 0
+    for offset, reduce in phases[collective]:
+        for s in range(size - 1):
+            # sent: shares r - s - offset and r + s + offset; received: one further on each ring
+            shifts = ((2 * s + 2 * offset) % size, (2 * s + 2 * offset + 2) % size)
+            most = max(_most(first, second, larger, size, shift) for shift in shifts)
+            if not most:
+                continue
+            steps += 1
+            messages += max(_most(*nonzero, larger, size, shift) for shift in shifts)
+            elements += most
+            reduced += _most(first, second, larger, size, shifts[1]) if reduce else 0
+    return name, Traffic(steps, messages, elements, reduced)
 
 
 class _Plan:

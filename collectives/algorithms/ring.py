@@ -27,12 +27,22 @@ That is (P - 1) / P * S per phase when P divides S; allreduce and broadcast
 share the buffer evenly, the first S mod P chunks one element larger.
 """
 
-__all__ = ["allgather", "allreduce", "broadcast", "cost", "reduce_scatter"]
+__all__ = [
+    "allgather",
+    "allreduce",
+    "broadcast",
+    "cost",
+    "rank_program",
+    "reduce_scatter",
+    "ring_traffic",
+    "schedule_traffic",
+]
 
 from collections.abc import Sequence
 
 from ..chunking import even_split
-from ..schedule import Schedule, Step, Transfer
+from ..schedule import RankProgram, RankStep, Schedule, Step, Transfer
+from ..topology.cost_model import Traffic
 from .base import Cost
 
 
@@ -125,3 +135,92 @@ def cost(collective: str, shares: Sequence[int], root: int = 0) -> Cost:
         last = (root - 1) % size
         return Cost(2 * (size - 1), tuple(0 if r == last else total for r in range(size)))
     raise ValueError(f"the ring has no {collective!r}")
+
+
+def _ring_rank_steps(size: int, rank: int, offset: int, reduce: bool) -> list[RankStep]:
+    # the rank's part of _reduce_scatter_steps (offset 1) or _allgather_steps (offset 0)
+    right, left = (rank + 1) % size, (rank - 1) % size
+    return [
+        RankStep(
+            (Transfer(rank, right, (rank - s - offset) % size, reduce),),
+            (Transfer(left, rank, (left - s - offset) % size, reduce),),
+        )
+        for s in range(size - 1)
+    ]
+
+
+def rank_program(collective: str, shares: tuple[int, ...], root: int | None, rank: int) -> RankProgram | None:
+    """Rank ``rank``'s part of the ring's schedule, from its neighbours alone (see ``base``)."""
+    size = len(shares)
+    if collective == "reduce_scatter":
+        steps = _ring_rank_steps(size, rank, 1, reduce=True)
+    elif collective == "allgather":
+        steps = _ring_rank_steps(size, rank, 0, reduce=False)
+    elif collective == "allreduce":
+        steps = [*_ring_rank_steps(size, rank, 1, True), *_ring_rank_steps(size, rank, 0, False)]
+        shares = even_split(sum(shares), size)
+    elif collective == "broadcast" and root is not None:
+        return _broadcast_program(shares, root, rank)
+    else:
+        return None
+    owned = collective != "allreduce"
+    return RankProgram(
+        name=f"{collective}-ring(n={size})",
+        collective=collective,
+        world_size=size,
+        rank=rank,
+        chunk_sizes=tuple(shares),
+        steps=tuple(steps),
+        chunk_owner=tuple(range(size)) if owned else None,
+    )
+
+
+def _broadcast_program(shares: tuple[int, ...], root: int, rank: int) -> RankProgram:
+    size = len(shares)
+    place = (rank - root) % size  # i of broadcast(): the rank's place after the root
+    right, left = (rank + 1) % size, (rank - 1) % size
+    steps = tuple(
+        RankStep(
+            (Transfer(rank, right, t - place),) if place < size - 1 and 0 <= t - place < size else (),
+            (Transfer(left, rank, t - place + 1),) if place > 0 and 0 <= t - place + 1 < size else (),
+        )
+        for t in range(2 * (size - 1))
+    )
+    return RankProgram(
+        name=f"broadcast-ring(n={size}, root={root})",
+        collective="broadcast",
+        world_size=size,
+        rank=rank,
+        chunk_sizes=even_split(sum(shares), size),
+        steps=steps,
+        root=root,
+    )
+
+
+def ring_traffic(world_size: int, count: int, phases: int, reducing: int) -> Traffic:
+    """The counted traffic of ``phases`` ring phases of ``P - 1`` steps, ``reducing`` of them reducing.
+
+    Every step moves every chunk of ``even_split(count, P)`` one hop, one per
+    rank, so the busiest rank of each moves the largest chunk, ``ceil(count / P)``.
+    """
+    if world_size == 1 or count == 0:
+        return Traffic(0, 0, 0, 0)
+    steps = phases * (world_size - 1)
+    largest = -(-count // world_size)
+    return Traffic(steps, steps, steps * largest, reducing * (world_size - 1) * largest)
+
+
+def schedule_traffic(collective: str, world_size: int, count: int) -> tuple[str, Traffic] | None:
+    """The schedule's name and counted traffic, by formula (see ``base``)."""
+    size = world_size
+    if collective == "broadcast":
+        # at step t chunks max(0, t - P + 2) .. min(t, P - 1) move, one per rank; the first is largest
+        sizes = even_split(count, size)
+        largest = [sizes[max(0, t - size + 2)] for t in range(2 * (size - 1))]
+        moving = [n for n in largest if n]
+        counted = Traffic(len(moving), len(moving), sum(moving), 0)
+        return f"broadcast-ring(n={size}, root=0)", counted
+    phases = {"reduce_scatter": (1, 1), "allgather": (1, 0), "allreduce": (2, 1)}.get(collective)
+    if phases is None:
+        return None
+    return f"{collective}-ring(n={size})", ring_traffic(size, count, *phases)

@@ -36,6 +36,7 @@ __all__ = [
     "allgather",
     "allreduce",
     "cost",
+    "rank_program",
     "reduce_scatter",
     "traffic",
 ]
@@ -43,7 +44,7 @@ __all__ = [
 from collections.abc import Sequence
 
 from ..chunking import even_split
-from ..schedule import Schedule, Step, Transfer
+from ..schedule import RankProgram, RankStep, Schedule, Step, Transfer
 from .base import Cost
 
 REQUIRES = "shared_memory"
@@ -159,3 +160,30 @@ def traffic(
     if collective == "reduce_scatter":
         return (segments, 0, 0, others, segments, others)
     return (segments, 0, 0, 0, segments, share + count)
+
+
+def rank_program(collective: str, shares: tuple[int, ...], root: int | None, rank: int) -> RankProgram | None:
+    """Rank ``rank``'s part: one transfer each way with every other rank a step (see ``base``)."""
+    size = len(shares)
+    others = [r for r in range(size) if r != rank]
+    scatter = RankStep(
+        tuple(Transfer(rank, c, c, reduce=True) for c in others),
+        tuple(Transfer(r, rank, rank, reduce=True) for r in others),
+    )
+    gather = RankStep(
+        tuple(Transfer(rank, r, rank) for r in others), tuple(Transfer(c, rank, c) for c in others)
+    )
+    chosen = {"reduce_scatter": (scatter,), "allgather": (gather,), "allreduce": (scatter, gather)}
+    if collective not in chosen:
+        return None
+    crowded = frozenset((0, c) for c in others) if collective != "allgather" and size > 2 else frozenset()
+    return RankProgram(
+        name=f"{collective}-shared_memory(n={size})",
+        collective=collective,
+        world_size=size,
+        rank=rank,
+        chunk_sizes=even_split(sum(shares), size) if collective == "allreduce" else tuple(shares),
+        steps=chosen[collective] if size > 1 else (),
+        chunk_owner=None if collective == "allreduce" else tuple(range(size)),
+        crowded=crowded if size > 1 else frozenset(),
+    )

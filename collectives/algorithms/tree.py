@@ -56,8 +56,12 @@ __all__ = [
     "cost",
     "double_binary_tree",
     "pipeline_chunks",
+    "rank_program",
+    "schedule_traffic",
     "trees_allreduce",
     "trees_cost",
+    "trees_rank_program",
+    "trees_traffic",
 ]
 
 from collections import defaultdict
@@ -67,7 +71,8 @@ from functools import cached_property
 from math import isqrt
 
 from ..chunking import bounds, even_split
-from ..schedule import Schedule, Step, Transfer
+from ..schedule import RankProgram, RankStep, Schedule, Step, Transfer
+from ..topology.cost_model import Traffic
 from .base import Cost
 
 PIPELINE_GRAIN = 65536
@@ -346,3 +351,192 @@ def cost(collective: str, shares: Sequence[int], chunks: int | None = None) -> C
         chunks: the pipelining depth, as for :func:`allreduce`.
     """
     return trees_cost(collective, [binary_tree(len(shares))], shares, chunks)
+
+
+# --- one rank's part, from its place in the trees alone
+
+
+@dataclass(frozen=True)
+class Place:
+    """A rank's neighbourhood in a tree: what its part of the schedule depends on.
+
+    Attributes:
+        rank: the rank.
+        parent: its parent; ``None`` for the root.
+        children: its children, in the order they are reduced.
+        depth: its distance from the root.
+        parent_children: how many children its parent has (0 for the root).
+    """
+
+    rank: int
+    parent: int | None
+    children: tuple[int, ...]
+    depth: int
+    parent_children: int
+
+
+def _in_order_place(world_size: int, rank: int) -> tuple[int | None, tuple[int, ...], int, int]:
+    """``(parent, children, depth, parent's children)`` of ``rank`` in the in-order tree, in O(log P).
+
+    Walks :func:`_in_order_tree`'s recursion from the top down to the rank's key.
+    """
+
+    def top(lo: int, hi: int) -> int:
+        return hi & -(1 << (((lo - 1) ^ hi).bit_length() - 1))
+
+    def below(lo: int, key: int, hi: int) -> tuple[int, ...]:
+        return tuple(top(a, b) - 1 for a, b in ((lo, key - 1), (key + 1, hi)) if a <= b)
+
+    target = rank + 1
+    lo, hi, parent, parent_children, depth = 1, world_size, None, 0, 0
+    while True:
+        key = top(lo, hi)
+        if key == target:
+            return parent, below(lo, key, hi), depth, parent_children
+        parent, parent_children, depth = key - 1, len(below(lo, key, hi)), depth + 1
+        lo, hi = (lo, key - 1) if target < key else (key + 1, hi)
+
+
+def _relabelled_place(world_size: int, rank: int, second: bool) -> Place:
+    """``rank``'s place in :func:`double_binary_tree`'s first tree, or its second (root ``None``)."""
+    size = world_size
+    if not second:
+        parent, children, depth, parent_children = _in_order_place(size, rank)
+        return Place(rank, parent, children, depth, parent_children)
+
+    # the second tree is the first with rank q renamed to_second(q): mirrored for even P, shifted for odd
+    def to_second(q: int) -> int:
+        return size - 1 - q if size % 2 == 0 else (q + 1) % size
+
+    first = size - 1 - rank if size % 2 == 0 else (rank - 1) % size
+    parent, children, depth, parent_children = _in_order_place(size, first)
+    return Place(
+        rank,
+        None if parent is None else to_second(parent),
+        tuple(to_second(c) for c in children),
+        depth,
+        parent_children,
+    )
+
+
+def _height(world_size: int) -> int:
+    # the in-order tree's depth, floor(log2 P) (see the module docstring)
+    return world_size.bit_length() - 1
+
+
+def trees_rank_program(
+    places: Sequence[Place], world_size: int, count: int, chunks: int | None, name: str
+) -> RankProgram:
+    """One rank's part of :func:`trees_allreduce`, from its places in the trees (one per tree).
+
+    A move of :func:`_allreduce_moves` involving the rank is one to or from its
+    parent or children, and its step follows from the depths: in a tree of
+    height h carrying the chunks ``mine``, the j-th leaves the rank for its
+    parent at step ``j + h - depth``, arrives from its children at
+    ``j + h - depth - 1``, goes down to its children at ``h + j + depth`` and
+    arrives from its parent at ``h + j + depth - 1``.
+    """
+    total = _check_chunks(chunks, count)
+    carried = _tree_chunks(total, len(places))
+    height = _height(world_size)
+    last = max((len(mine) + 2 * height - 1 for mine in carried if mine), default=0) if world_size > 1 else 0
+    sends: list[list[Transfer]] = [[] for _ in range(last)]
+    recvs: list[list[Transfer]] = [[] for _ in range(last)]
+    crowded: set[tuple[int, int]] = set()
+    for place, mine in zip(places, carried, strict=True):
+        rank, parent, depth = place.rank, place.parent, place.depth
+        if world_size == 1:
+            break
+        # the global listing: a tree's reduce moves, then its broadcast moves, then the next tree's
+        for j, chunk in enumerate(mine):
+            if parent is not None:
+                sends[j + height - depth].append(Transfer(rank, parent, chunk, reduce=True))
+                if place.parent_children > 1:
+                    crowded.add((j + height - depth, parent))
+            for child in place.children:
+                recvs[j + height - depth - 1].append(Transfer(child, rank, chunk, reduce=True))
+        for j, chunk in enumerate(mine):
+            for child in place.children:
+                sends[height + j + depth].append(Transfer(rank, child, chunk))
+            if parent is not None:
+                recvs[height + j + depth - 1].append(Transfer(parent, rank, chunk))
+    return RankProgram(
+        name=f"{name}(n={world_size},chunks={total})",
+        collective="allreduce",
+        world_size=world_size,
+        rank=places[0].rank,
+        chunk_sizes=even_split(count, total),
+        steps=tuple(RankStep(tuple(s), tuple(r)) for s, r in zip(sends, recvs, strict=True)),
+        crowded=frozenset(crowded),
+    )
+
+
+def rank_program(collective: str, shares: tuple[int, ...], root: int | None, rank: int) -> RankProgram | None:
+    """Rank ``rank``'s part of the binary tree allreduce, from its place in the tree (see ``base``)."""
+    if collective != "allreduce":
+        return None
+    size = len(shares)
+    return trees_rank_program(
+        [_relabelled_place(size, rank, False)], size, sum(shares), None, "allreduce-tree"
+    )
+
+
+def trees_traffic(trees: Sequence[Tree], count: int, chunks: int | None, name: str) -> tuple[str, Traffic]:
+    """The name and counted traffic of :func:`trees_allreduce`, from one rank of each kind.
+
+    A rank's part depends on its depth and numbers of children in each tree and
+    whether it has a parent, not on its number, so the busiest rank of every step
+    is among one rank of each such kind: a few dozen at any P, counted step by step.
+    """
+    size = trees[0].world_size
+    total = _check_chunks(chunks, count)
+    kinds: dict[tuple[tuple[int, int, bool], ...], int] = {}
+    for rank in range(size):
+        kind = tuple((t.depth[rank], len(t.children[rank]), t.parent[rank] is None) for t in trees)
+        kinds.setdefault(kind, rank)
+    parts = [
+        trees_rank_program(
+            [
+                Place(r, t.parent[r], t.children[r], t.depth[r], 0 if t.parent[r] is None else 2)
+                for t in trees
+            ],
+            size,
+            count,
+            total,
+            name,
+        )
+        for r in kinds.values()
+    ]
+    return f"{name}(n={size},chunks={total})", _counted_from(parts)
+
+
+def _counted_from(parts: Sequence[RankProgram]) -> Traffic:
+    """:func:`collectives.topology.cost_model.traffic` over the ranks of ``parts`` only.
+
+    Exact when they include the busiest rank of every step.
+    """
+    sizes = parts[0].chunk_sizes
+    steps = messages = elements = reduced = 0
+    for index in range(len(parts[0].steps)):
+        most = (0, 0, 0)
+        for part in parts:
+            step = part.steps[index]
+            sent = [sizes[t.chunk] for t in step.sends if sizes[t.chunk]]
+            got = [(sizes[t.chunk], t.reduce) for t in step.recvs if sizes[t.chunk]]
+            mine = (
+                max(len(sent), len(got)),
+                max(sum(sent), sum(n for n, _ in got)),
+                sum(n for n, r in got if r),
+            )
+            most = (max(most[0], mine[0]), max(most[1], mine[1]), max(most[2], mine[2]))
+        if most[1]:
+            steps, messages = steps + 1, messages + most[0]
+            elements, reduced = elements + most[1], reduced + most[2]
+    return Traffic(steps, messages, elements, reduced)
+
+
+def schedule_traffic(collective: str, world_size: int, count: int) -> tuple[str, Traffic] | None:
+    """The binary tree allreduce's name and counted traffic, from one rank of each kind (see ``base``)."""
+    if collective != "allreduce":
+        return None
+    return trees_traffic([binary_tree(world_size)], count, None, "allreduce-tree")

@@ -38,7 +38,7 @@ class Tag(IntEnum):
     """The ranks meet under the watchdog before they find their nodes, which MPI cannot bound."""
 
     KV_REQUEST = 15
-    """The key-value store: a worker's request (push, pull, clock, ...) to a server, matched by any-source probe."""
+    """The key-value store: a worker's request (push, pull, clock, ...) to a server, found by probing."""
 
     KV_REPLY = 16
     """The key-value store: a server's answer to a worker."""

@@ -1,0 +1,67 @@
+"""``python -m bench plans``: one rank's plan and ``explain`` at thousands of ranks, timed and traced.
+
+For each allreduce algorithm of the issue's list, rank r's part is built from
+its rank number (:func:`collectives.algorithms.rank_program`, memo cleared) and
+timed, its peak of allocated memory taken by ``tracemalloc``; then
+``collectives.explain`` is timed, its memos cleared, as a first call would be.
+"""
+
+__all__ = ["ALGORITHMS_TIMED", "main", "measure"]
+
+import argparse
+import sys
+import time
+import tracemalloc
+from collections.abc import Sequence
+
+import collectives
+from collectives import algorithms, selector
+
+ALGORITHMS_TIMED = ("ring", "tree", "double_tree", "butterfly", "halving_doubling", "hierarchical")
+"""The allreduces whose plans the issue asks to build in 50 ms and 50 MB at 4,096 ranks."""
+
+
+def measure(algorithm: str, world_size: int, count: int, rank: int) -> tuple[float, int, int]:
+    """``(seconds, peak bytes, steps)`` of building ``rank``'s allreduce plan afresh.
+
+    Timed and traced in separate builds, as tracing slows every allocation.
+    """
+    algorithms._cached_program.cache_clear()
+    start = time.perf_counter()
+    program = algorithms.rank_program("allreduce", algorithm, world_size, count, rank=rank)
+    elapsed = time.perf_counter() - start
+    algorithms._cached_program.cache_clear()
+    tracemalloc.start()
+    algorithms.rank_program("allreduce", algorithm, world_size, count, rank=rank)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    algorithms._cached_program.cache_clear()
+    return elapsed, peak, len(program.steps)
+
+
+def _explain_seconds(world_size: int, count: int) -> float:
+    selector._counted.cache_clear()
+    start = time.perf_counter()
+    collectives.explain("allreduce", count, world_size=world_size)
+    return time.perf_counter() - start
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench plans", description=__doc__)
+    parser.add_argument("-n", "--world-size", type=int, default=4096, help="ranks (default 4096)")
+    parser.add_argument("-c", "--count", type=int, default=2**24, help="float32 elements (default 2**24)")
+    parser.add_argument("-r", "--rank", type=int, default=None, help="the rank (default the middle one)")
+    args = parser.parse_args(argv)
+    rank = args.world_size // 2 if args.rank is None else args.rank
+    print(f"allreduce of {args.count} elements over {args.world_size} ranks, rank {rank}'s plan")
+    print(f"{'algorithm':<18}{'steps':>8}{'time(ms)':>12}{'peak(MB)':>12}")
+    for name in ALGORITHMS_TIMED:
+        seconds, peak, steps = measure(name, args.world_size, args.count, rank)
+        print(f"{name:<18}{steps:>8}{seconds * 1e3:>12.2f}{peak / 1e6:>12.2f}")
+    seconds = _explain_seconds(args.world_size, args.count)
+    print(f"explain(allreduce, {args.count}, world_size={args.world_size}): {seconds * 1e3:.2f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
