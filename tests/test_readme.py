@@ -34,3 +34,17 @@ def test_quickstart_prints_what_the_readme_shows() -> None:
     assert result.returncode == 0, result.stdout
     shown = _blocks("text")[0]
     assert result.stdout.strip() == shown.strip()
+
+
+def test_the_key_value_store_example_in_the_readme_is_the_example_file() -> None:
+    assert (ROOT / "examples" / "kvstore.py").read_text() in _blocks("python")
+
+
+@pytest.mark.skipif(mpiexec() is None, reason="no mpiexec (install the mpich extra)")
+def test_the_key_value_store_example_prints_what_the_readme_shows() -> None:
+    try:
+        result = run_mpi(2, ["examples/kvstore.py"], timeout=120)
+    except subprocess.TimeoutExpired as expired:
+        pytest.fail(f"the key-value store example hung:\n{expired.output}")
+    assert result.returncode == 0, result.stdout
+    assert result.stdout.strip() == _blocks("text")[1].strip()
