@@ -57,8 +57,32 @@ class RankStep:
     recvs: tuple[Transfer, ...]
 
 
+class _Chunks:
+    """What a buffer cut into ``chunk_sizes`` gives a schedule and a rank's program alike."""
+
+    chunk_sizes: tuple[int, ...]
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.chunk_sizes)
+
+    @cached_property
+    def chunk_bounds(self) -> tuple[int, ...]:
+        """Element offset of each chunk in the buffer, plus the buffer's length."""
+        return bounds(self.chunk_sizes)
+
+    @property
+    def count(self) -> int:
+        """Elements in each rank's buffer."""
+        return self.chunk_bounds[-1]
+
+    def chunk_range(self, chunk: int) -> tuple[int, int]:
+        """``(start, stop)`` element offsets of ``chunk`` in the buffer."""
+        return self.chunk_bounds[chunk], self.chunk_bounds[chunk + 1]
+
+
 @dataclass(frozen=True)
-class Schedule:
+class Schedule(_Chunks):
     """A collective's algorithm for one world size and buffer layout, in the global view.
 
     Every rank holds a buffer of ``sum(chunk_sizes)`` elements cut into chunks
@@ -92,24 +116,6 @@ class Schedule:
 
     def __post_init__(self) -> None:
         self._check_structure()
-
-    @property
-    def num_chunks(self) -> int:
-        return len(self.chunk_sizes)
-
-    @cached_property
-    def chunk_bounds(self) -> tuple[int, ...]:
-        """Element offset of each chunk in the buffer, plus the buffer's length."""
-        return bounds(self.chunk_sizes)
-
-    @property
-    def count(self) -> int:
-        """Elements in each rank's buffer."""
-        return self.chunk_bounds[-1]
-
-    def chunk_range(self, chunk: int) -> tuple[int, int]:
-        """``(start, stop)`` element offsets of ``chunk`` in the buffer."""
-        return self.chunk_bounds[chunk], self.chunk_bounds[chunk + 1]
 
     def program(self, rank: int) -> tuple[RankStep, ...]:
         """The sends and receives of ``rank`` at every step (memoized)."""
@@ -260,7 +266,7 @@ class Schedule:
 
 
 @dataclass(frozen=True)
-class RankProgram:
+class RankProgram(_Chunks):
     """One rank's part of a schedule, as an algorithm builds it without the other ranks' transfers.
 
     Its fields are the :class:`Schedule`'s, but ``steps`` holds only this rank's
@@ -281,17 +287,3 @@ class RankProgram:
     chunk_owner: tuple[int, ...] | None = None
     root: int | None = None
     crowded: frozenset[tuple[int, int]] = frozenset()
-
-    @property
-    def num_chunks(self) -> int:
-        return len(self.chunk_sizes)
-
-    @cached_property
-    def chunk_bounds(self) -> tuple[int, ...]:
-        """Element offset of each chunk in the buffer, plus the buffer's length."""
-        return bounds(self.chunk_sizes)
-
-    @property
-    def count(self) -> int:
-        """Elements in each rank's buffer."""
-        return self.chunk_bounds[-1]

@@ -14,6 +14,7 @@ import json
 import os
 import tempfile
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -157,18 +158,7 @@ def _offset(manifest: dict[str, Any], key: str, part: int) -> int:
 def save_store(store: "KVStore", directory: "str | os.PathLike[str]") -> None:
     """The body of :meth:`KVStore.save`."""
     store._wait_for(list(store._requests.values()))
-    store.barrier()
-    error: Exception | None = None
-    if store.rank == 0:
-        try:
-            _save(store, Path(directory).resolve())
-        except Exception as caught:
-            error = caught
-    failed = store._barrier(error is not None)
-    if error is not None:
-        raise error
-    if failed:
-        raise KVStoreError(f"save to {str(directory)!r} failed on worker 0 (its error says why)")
+    _on_worker_zero(store, lambda: _save(store, Path(directory).resolve()), f"save to {str(directory)!r}")
 
 
 def _save(store: "KVStore", path: Path) -> None:
@@ -205,18 +195,7 @@ def load_store(store: "KVStore", directory: "str | os.PathLike[str]") -> None:
         key = parse_key(entry["key"].encode())
         dtype, shape = np.dtype(entry["dtype"]), tuple(entry["shape"])
         metas[key] = store._layout(key, shape, dtype, entry["round"])
-    store.barrier()
-    error: Exception | None = None
-    if store.rank == 0:
-        try:
-            _load(store, path, metas)
-        except Exception as caught:
-            error = caught
-    failed = store._barrier(error is not None)
-    if error is not None:
-        raise error
-    if failed:
-        raise KVStoreError(f"load of {str(directory)!r} failed on worker 0 (its error says why)")
+    _on_worker_zero(store, lambda: _load(store, path, metas), f"load of {str(directory)!r}")
     store._keys.update(metas)
     store._clock = int(manifest["clock"])
     if manifest["optimizer"] is not None:
@@ -234,3 +213,19 @@ def _load(store: "KVStore", path: Path, metas: dict[Any, KeyInfo]) -> None:
         text = json.dumps({"dir": str(path), "parts": parts})
         requests.append(store._send(Kind.LOAD, None, server=server, text=text))
     Handle(store, requests, lambda: None).wait()
+
+
+def _on_worker_zero(store: "KVStore", action: Callable[[], None], what: str) -> None:
+    """Run ``action`` on worker 0 between two barriers; every worker raises if it failed there."""
+    store.barrier()
+    error: Exception | None = None
+    if store.rank == 0:
+        try:
+            action()
+        except Exception as caught:
+            error = caught
+    failed = store._barrier(error is not None)
+    if error is not None:
+        raise error
+    if failed:
+        raise KVStoreError(f"{what} failed on worker 0 (its error says why)")
