@@ -1,8 +1,8 @@
 """Topologies: devices and links, presets, ring packing, and the cost model of a schedule's time."""
 
 __all__ = [
-    "DEFAULT_MODEL",
     "CostModel",
+    "DEFAULT_MODEL",
     "Device",
     "Link",
     "Prediction",
