@@ -2,7 +2,6 @@
 
 __all__ = [
     "CostModel",
-    "DEFAULT_MODEL",
     "Device",
     "Link",
     "Prediction",
@@ -21,7 +20,7 @@ __all__ = [
     "traffic",
 ]
 
-from .cost_model import DEFAULT_MODEL, CostModel, Prediction, Traffic, predict, traffic
+from .cost_model import CostModel, Prediction, Traffic, predict, traffic
 from .graph import Device, Link, Route, Topology
 from .presets import dgx1, fully_connected, multi_node, pcie_switch, ring
 from .rings import RingPacking, find_rings, pack_rings
