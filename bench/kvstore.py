@@ -67,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     add = parser.add_argument
     add("-b", "--minbytes", type=size_argument, default="4K", help="smallest size (default 4K)")
     add("-e", "--maxbytes", type=size_argument, default="64M", help="largest size (default 64M)")
-    add("-f", "--stepfactor", type=int, default=16, help="size multiplier per step (default 16)")
+    add("-f", "--stepfactor", type=int, default=4, help="size multiplier per step (default 4)")
     add("-m", "--modes", default=",".join(kvstore.MODES), help="comma-separated (default all)")
     add("-s", "--servers", default="colocated,1", help="colocated, dedicated counts (default colocated,1)")
     add("--staleness", type=int, default=2, help="ssp's bound (default 2)")

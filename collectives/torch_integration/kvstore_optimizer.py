@@ -64,8 +64,8 @@ class KVStoreOptimizer(torch.optim.Optimizer):
       reduce-scatter and an all-gather); the servers step once on the sum of
       the round's gradients, so training equals one process on the whole batch.
     * ``async``: push, then pull the current parameters; nobody waits.
-    * ``ssp``: push, :meth:`~collectives.kvstore.KVStore.clock`, then pull: a
-      worker runs at most ``staleness`` steps ahead of the slowest.
+    * ``ssp``: push, :meth:`~collectives.kvstore.KVStore.clock`, then pull, which
+      at clock c waits for every worker's pushes of clocks <= c - staleness - 1.
 
     In ``async`` and ``ssp`` the servers step once per push, on that push's
     share of the gradient. The local optimizer is never stepped and holds no
@@ -80,7 +80,8 @@ class KVStoreOptimizer(torch.optim.Optimizer):
             in the same order, on every worker; ``param<i>`` without it.
         server_optimizer: the store's optimizer, instead of one made from ``optimizer``.
         average: divide each gradient by the number of workers before pushing,
-            so the servers see the gradient of the mean loss; ``False`` pushes the sum's share.
+            so the servers see the gradient of the mean loss; ``False`` pushes
+            each gradient as it is (the servers see their sum).
     """
 
     def __init__(
