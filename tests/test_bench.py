@@ -495,7 +495,21 @@ def test_compare_times_small_messages_in_batches_and_large_ones_singly() -> None
 @needs_mpiexec
 def test_bench_kvstore_times_each_mode_and_layout_beside_allreduce(tmp_path: Path) -> None:
     record = tmp_path / "kvstore.json"
-    args = ["-m", "bench", "kvstore", "-b", "4K", "-e", "64K", "-m", "sync,async,ssp", "-s", "colocated,1"]
+    args = [
+        "-m",
+        "bench",
+        "kvstore",
+        "-b",
+        "4K",
+        "-e",
+        "64K",
+        "-f",
+        "16",
+        "-m",
+        "sync,async,ssp",
+        "-s",
+        "colocated,1",
+    ]
     result = run_mpi(2, [*args, "-n", "2", "-w", "1", "--json", str(record)], timeout=120)
     assert result.returncode == 0, result.stdout
     assert "# collectives kvstore benchmark" in result.stdout
