@@ -2,7 +2,8 @@
 
 ``calibrate`` measures the cost model; ``compare`` times our allreduce against
 the MPI library's and gloo's (see :mod:`bench.compare`); ``kernels`` times the CUDA
-reduction kernels on one GPU, without MPI (see :mod:`bench.kernel_bench`).
+reduction kernels on one GPU, without MPI (see :mod:`bench.kernel_bench`); ``kvstore``
+times the key-value store's push and pull beside allreduce (see :mod:`bench.kvstore`).
 
 Every collective has a sub-command; the barrier's table has one row, its latency.
 ``python -m bench simulate`` predicts times on a topology instead, without
@@ -104,6 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands.add_parser("compare", add_help=False, help="allreduce against MPI's and gloo's, interleaved")
     commands.add_parser("kernels", add_help=False, help="GB/s of the CUDA reduction kernels on one GPU")
+    commands.add_parser("kvstore", add_help=False, help="the key-value store beside allreduce")
     return parser
 
 
@@ -191,6 +193,10 @@ def main(argv: list[str] | None = None) -> int:
         from .compare import main as compare
 
         return compare(argv[1:])
+    if argv[:1] == ["kvstore"]:
+        from .kvstore import main as kvstore
+
+        return kvstore(argv[1:])
     if argv[:1] == ["kernels"]:
         from .kernel_bench import main as kernels
 

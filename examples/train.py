@@ -1,12 +1,18 @@
-"""Data-parallel training of a small MLP on synthetic data, four ways; run under mpiexec.
+"""Data-parallel training of a small MLP on synthetic data, seven ways; run under mpiexec.
 
     mpiexec -n 4 python examples/train.py --mode optimizer  # torch_integration.DistributedOptimizer
     mpiexec -n 4 python examples/train.py --mode hook       # DDP (gloo) with collectives' allreduce hook
     mpiexec -n 4 python examples/train.py --mode backend    # DDP on the "collectives" backend
     mpiexec -n 4 python examples/train.py --mode gloo       # DDP on gloo, for comparison
+    mpiexec -n 4 python examples/train.py --mode ps-sync    # the key-value store (BSP), KVStoreOptimizer
+    mpiexec -n 4 python examples/train.py --mode ps-async   # ... asynchronous (ASP)
+    mpiexec -n 4 python examples/train.py --mode ps-ssp --staleness 2 --straggler-ms 50  # ... SSP
 
 Every rank trains on its own share of each step's batch; rank 0 prints its loss every step
 and, at the end, the median time of a step (forward, backward, gradient averaging, update).
+In the ps modes each parameter is a key of a store whose servers (one per rank) run the SGD.
+``--straggler-ms`` makes the last rank sleep that long in every step; ``--target-loss`` has
+rank 0 say when the mean of its last 5 losses first reached it, and after how long.
 """
 
 import argparse
@@ -16,9 +22,11 @@ import time
 import torch
 import torch.distributed as dist
 
+from collectives import kvstore
 from collectives import torch_integration as ti
 
-MODES = ("optimizer", "hook", "backend", "gloo")
+MODES = ("optimizer", "hook", "backend", "gloo", "ps-sync", "ps-async", "ps-ssp")
+SMOOTHING = 5  # the last losses averaged for --target-loss (fewer in the first steps)
 
 
 def main() -> None:
@@ -32,6 +40,9 @@ def main() -> None:
         "--compression", choices=("fp16", "bf16"), help="gradients on the wire (optimizer, hook)"
     )
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    parser.add_argument("--staleness", type=int, default=2, help="ps-ssp's bound, in steps")
+    parser.add_argument("--straggler-ms", type=float, default=0.0, help="the last rank sleeps this per step")
+    parser.add_argument("--target-loss", type=float, help="report when rank 0's smoothed loss reaches it")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -48,6 +59,11 @@ def main() -> None:
         ti.broadcast_parameters(model.state_dict(), root_rank=0)
         optimizer = ti.DistributedOptimizer(optimizer, model.named_parameters(), compression=args.compression)
         rank, size = ti.rank(), ti.size()
+    elif args.mode.startswith("ps-"):
+        mode = args.mode.removeprefix("ps-")
+        kv = kvstore.create(mode, staleness=args.staleness if mode == "ssp" else 0)
+        optimizer = ti.KVStoreOptimizer(optimizer, kv, model.named_parameters())  # SGD on the servers
+        rank, size = kv.rank, kv.num_workers
     else:
         # "mpi://" takes the rank and world size from MPI; the backend named is the one DDP uses
         dist.init_process_group("collectives" if args.mode == "backend" else "gloo", init_method="mpi://")
@@ -58,17 +74,30 @@ def main() -> None:
         rank, size = dist.get_rank(), dist.get_world_size()
     # ----
 
-    times = []
+    times: list[float] = []
+    losses: list[float] = []
+    began = time.perf_counter()
     for step in range(args.steps):
         x, y = _batch(step, rank, args.batch)
         start = time.perf_counter()
         optimizer.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(x), y)
         loss.backward()
+        if args.straggler_ms and rank == size - 1:
+            time.sleep(args.straggler_ms / 1e3)
         optimizer.step()
         times.append(time.perf_counter() - start)
         if rank == 0:
             print(f"step {step:3d}  loss {loss.item():.6f}  {1e3 * times[-1]:7.2f} ms", flush=True)
+            losses.append(loss.item())
+            smoothed = statistics.fmean(losses[-SMOOTHING:])
+            if args.target_loss is not None and smoothed <= args.target_loss:
+                print(
+                    f"target loss {args.target_loss} reached at step {step} "
+                    f"after {time.perf_counter() - began:.3f} s",
+                    flush=True,
+                )
+                args.target_loss = None
     if rank == 0:
         timed = times[args.warmup :] or times
         print(
@@ -76,6 +105,8 @@ def main() -> None:
             f"median step {1e3 * statistics.median(timed):.2f} ms over {len(timed)} steps",
             flush=True,
         )
+    if isinstance(optimizer, ti.KVStoreOptimizer):
+        optimizer.kv.close()  # returns once every worker has closed: the servers serve until then
     if dist.is_initialized():
         # DDP goes first, while the group still holds its own reference: a gloo group that DDP's
         # reducer frees can hang the exit (torch joins gloo's threads while holding the GIL)

@@ -490,3 +490,46 @@ def test_compare_times_small_messages_in_batches_and_large_ones_singly() -> None
     assert calls_per_sample(64 * 1024) == BATCH_BYTES // (64 * 1024)
     assert calls_per_sample(BATCH_BYTES) == 1
     assert calls_per_sample(64 * BATCH_BYTES) == 1
+
+
+@needs_mpiexec
+def test_bench_kvstore_times_each_mode_and_layout_beside_allreduce(tmp_path: Path) -> None:
+    record = tmp_path / "kvstore.json"
+    args = [
+        "-m",
+        "bench",
+        "kvstore",
+        "-b",
+        "4K",
+        "-e",
+        "64K",
+        "-f",
+        "16",
+        "-m",
+        "sync,async,ssp",
+        "-s",
+        "colocated,1",
+    ]
+    result = run_mpi(2, [*args, "-n", "2", "-w", "1", "--json", str(record)], timeout=120)
+    assert result.returncode == 0, result.stdout
+    assert "# collectives kvstore benchmark" in result.stdout
+    assert "allreduce(us)" in result.stdout and "pushpull/ar" in result.stdout
+    assert "# Out of bounds values : 0 OK" in result.stdout
+    rows = json.loads(record.read_text())["rows"]
+    assert [(row["servers"], row["mode"], row["size"]) for row in rows] == [
+        (servers, mode, size)
+        for servers in ("colocated", "1")
+        for mode in ("sync", "async", "ssp")
+        for size in (4096, 65536)
+    ]
+    for row in rows:
+        assert row["wrong"] == 0
+        assert set(row["times_us"]) == {"allreduce", "push", "pull", "push+pull", "pushpull"}
+        assert all(us > 0 for us in row["times_us"].values())
+
+
+@needs_mpiexec
+def test_bench_kvstore_rejects_more_servers_than_ranks() -> None:
+    result = run_mpi(2, ["-m", "bench", "kvstore", "-s", "2"], timeout=30)
+    assert result.returncode != 0
+    assert "a count from 1 to 1" in result.stdout

@@ -1,7 +1,8 @@
-"""torch through collectives: Horovod-style API, DDP hooks, a torch.distributed backend."""
+"""torch through collectives: Horovod-style API, DDP hooks, a torch.distributed backend, KVStoreOptimizer."""
 
 from . import functional
 from .hooks import allreduce_bf16_hook, allreduce_fp16_hook, allreduce_hook
+from .kvstore_optimizer import KVStoreOptimizer, server_optimizer_of
 from .mpi_ops import (
     Handle,
     allgather,
@@ -25,6 +26,7 @@ __all__ = [
     "RENDEZVOUS",
     "DistributedOptimizer",
     "Handle",
+    "KVStoreOptimizer",
     "allgather",
     "allreduce",
     "allreduce_",
@@ -41,5 +43,6 @@ __all__ = [
     "fusion_buckets",
     "rank",
     "reduce_scatter",
+    "server_optimizer_of",
     "size",
 ]
