@@ -1,7 +1,8 @@
 """``python -m bench simulate``: every algorithm and strategy's predicted time on a topology, without MPI.
 
 Each row is a schedule placed on the topology's devices and timed by the cost
-model (:func:`collectives.topology.cost_model.predict`): the time, its
+model (:func:`collectives.topology.cost_model.predict_fast`, the same
+prediction as ``predict``, found faster between nodes): the time, its
 bandwidth and latency terms, the link busy longest, and the back-of-the-
 envelope figure the seeds would write for it, where they have one:
 
@@ -11,6 +12,9 @@ envelope figure the seeds would write for it, where they have one:
   (the seeds' 15 ms);
 * packed rings: 2 S / (the rings' bandwidths together), the seeds' 6 ms on a
   DGX-1, which drops the ring's factor (P - 1) / P.
+
+``--sweep-ranks P`` prints instead each algorithm's time on 2, 4, ... P ranks
+(:func:`sweep`), and ``--plot`` then draws that scaling curve.
 """
 
 __all__ = [

@@ -24,6 +24,8 @@ and a schedule takes the sum of its steps, as every step waits for the one
 before. Transfers of empty chunks cost nothing, as the executor skips them.
 The model has no per-message overhead, no overlap of steps and no pipelining
 of a chunk across hops; it is meant for comparing schedules.
+:func:`predict_fast` gives the same prediction without searching the route of
+every pair of ranks on different nodes (``bench simulate`` uses it at hundreds of ranks).
 
 The seeds' back-of-the-envelope figures count bandwidth alone, so they are
 the ``bandwidth_s`` part of a prediction, for 160 MB of float32:
