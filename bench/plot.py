@@ -1,12 +1,16 @@
-"""Drawing a topology and its rings with matplotlib (the ``plot`` extra), imported only when asked."""
+"""Drawing a topology and its rings, or a scaling curve, with matplotlib (the ``plot`` extra), when asked."""
 
-__all__ = ["draw", "layout"]
+__all__ = ["draw", "draw_sweep", "layout"]
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from collectives.topology import Topology
 from collectives.topology.rings import RingPacking
+
+if TYPE_CHECKING:
+    from .simulate import Sweep
 
 _RING_COLOURS = ("tab:red", "tab:blue", "tab:green", "tab:orange", "tab:purple", "tab:brown")
 _KIND_COLOURS = {"gpu": "#76b900", "cpu": "#4a90d9", "switch": "#b0b0b0", "nic": "#e0a030"}
@@ -93,4 +97,24 @@ def draw(topology: Topology, packing: RingPacking, path: Path) -> None:
     if handles:
         ax.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, -0.08), fontsize=9, frameon=False)
     ax.set_title(f"{topology.name}\n{topology.description}", fontsize=10)
+    figure.savefig(path, dpi=110, bbox_inches="tight")
+
+
+def draw_sweep(found: "Sweep", what: str, path: Path) -> None:
+    """Draw ``found``: predicted time against ranks, one line per algorithm, both axes logarithmic."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(9, 6))
+    ax = figure.add_subplot()
+    for name, times in found.times.items():
+        points = [(p, t * 1e3) for p, t in zip(found.ranks, times, strict=True) if t is not None and t > 0]
+        if points:
+            ax.plot(*zip(*points, strict=True), marker="o", markersize=3, label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("ranks")
+    ax.set_ylabel("predicted time (ms)")
+    ax.set_title(f"{what} on {found.topology}", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
     figure.savefig(path, dpi=110, bbox_inches="tight")

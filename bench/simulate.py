@@ -1,7 +1,8 @@
 """``python -m bench simulate``: every algorithm and strategy's predicted time on a topology, without MPI.
 
 Each row is a schedule placed on the topology's devices and timed by the cost
-model (:func:`collectives.topology.cost_model.predict`): the time, its
+model (:func:`collectives.topology.cost_model.predict_fast`, the same
+prediction as ``predict``, found faster between nodes): the time, its
 bandwidth and latency terms, the link busy longest, and the back-of-the-
 envelope figure the seeds would write for it, where they have one:
 
@@ -11,9 +12,23 @@ envelope figure the seeds would write for it, where they have one:
   (the seeds' 15 ms);
 * packed rings: 2 S / (the rings' bandwidths together), the seeds' 6 ms on a
   DGX-1, which drops the ring's factor (P - 1) / P.
+
+``--sweep-ranks P`` prints instead each algorithm's time on 2, 4, ... P ranks
+(:func:`sweep`), and ``--plot`` then draws that scaling curve.
 """
 
-__all__ = ["Row", "format_table", "main", "parse_bytes", "parse_topology", "rows"]
+__all__ = [
+    "CHECK_RANKS",
+    "Row",
+    "Sweep",
+    "format_sweep",
+    "format_table",
+    "main",
+    "parse_bytes",
+    "parse_topology",
+    "rows",
+    "sweep",
+]
 
 import argparse
 import importlib.util
@@ -24,14 +39,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from collectives.algorithms import ALGORITHMS, build_schedule, hierarchical, multi_ring
-from collectives.algorithms.base import implements
+from collectives.algorithms.base import builder, implements
+from collectives.chunking import even_split
 from collectives.errors import CollectivesError, TopologyError
 from collectives.ops import DTYPES
 from collectives.schedule import Schedule
 from collectives.simulate import simulate
-from collectives.specs import COLLECTIVES
-from collectives.topology import Topology, pack_rings
-from collectives.topology.cost_model import Prediction, predict
+from collectives.specs import COLLECTIVES, get_spec
+from collectives.topology import Topology, multi_node, pack_rings
+from collectives.topology.cost_model import Prediction, predict_fast
 from collectives.topology.presets import PRESETS
 from collectives.topology.rings import RingPacking
 from collectives.topology.strategies import aggregate_on, split_aggregation
@@ -39,6 +55,16 @@ from collectives.topology.strategies import aggregate_on, split_aggregation
 from .patterns import numpy_dtype
 
 _DECIMAL = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9}
+
+CHECK_RANKS = 64
+"""The most ranks whose schedules are checked against their contract before they are timed.
+
+The symbolic check follows every rank's contributions through every step, minutes
+at 512 ranks; the tests check every algorithm at the world sizes they use, and
+past this size the table trusts them.
+"""
+
+_MAX_TRANSFERS = 2_000_000  # a sweep's line stops before a schedule this big: seconds to build and time
 
 
 @dataclass(frozen=True)
@@ -93,24 +119,33 @@ def parse_topology(text: str) -> Topology:
         raise ValueError(f"topology {text!r}: {error}") from None
 
 
-def rows(topology: Topology, collective: str, size: int, itemsize: int) -> list[Row]:
+def rows(
+    topology: Topology, collective: str, size: int, itemsize: int, *, check: bool | None = None
+) -> list[Row]:
     """Every registered algorithm, then the topology's own strategies, predicted for ``size`` bytes.
 
     The algorithms run as built for the topology's GPU count, rank r on GPU r.
     The strategies use what the topology knows: its packed rings (one way and
     both ways), its nodes (hierarchical) and, for allreduce, the seeds'
-    aggregation on one GPU, on the CPU, and split over the GPUs.
+    aggregation on one GPU, on the CPU, and split over the GPUs. Each schedule
+    is checked against its contract first (``check``; by default up to
+    :data:`CHECK_RANKS` ranks) and timed by
+    :func:`~collectives.topology.cost_model.predict_fast`, which equals ``predict``.
     """
     gpus = topology.gpus
     count = size // itemsize
     found: list[Row] = []
+    checking = len(gpus) <= CHECK_RANKS if check is None else check
 
     def add(
         label: str, schedule: Schedule, placement: Sequence[str] = gpus, envelope: float | None = None
     ) -> None:
-        simulate(schedule)  # only schedules that meet their contract are timed
+        if checking:
+            simulate(schedule)  # only schedules that meet their contract are timed
         try:
-            found.append(Row(label, schedule, predict(schedule, topology, itemsize, placement), envelope))
+            found.append(
+                Row(label, schedule, predict_fast(schedule, topology, itemsize, placement), envelope)
+            )
         except TopologyError as error:  # e.g. GPUs that do not forward, between two that talk
             found.append(Row(label, schedule, None, envelope, str(error)))
 
@@ -143,6 +178,94 @@ def rows(topology: Topology, collective: str, size: int, itemsize: int) -> list[
         p = len(gpus)
         add(split.name, split.schedule, split.placement, _envelope(topology, gpus, 2 * (p - 1) / p * size))
     return found
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """Each algorithm's predicted time against the number of ranks, on nodes of one shape.
+
+    Attributes:
+        topology: the nodes' shape in words, e.g. ``multi_node(P/8, 8, 100)``.
+        ranks: the world sizes, 2, 4, 8, ...
+        times: per algorithm, the predicted seconds at each world size; ``None``
+            past the point where its schedule would exceed the transfer budget.
+        stopped: per algorithm cut short, why.
+    """
+
+    topology: str
+    ranks: tuple[int, ...]
+    times: dict[str, tuple[float | None, ...]]
+    stopped: dict[str, str]
+
+
+def sweep(
+    collective: str,
+    size: int,
+    itemsize: int,
+    *,
+    gpus_per_node: int,
+    nic_gbps: float,
+    max_ranks: int,
+    max_transfers: int = _MAX_TRANSFERS,
+) -> Sweep:
+    """Predict every registered algorithm on ``multi_node`` machines of 2, 4, ... ``max_ranks`` ranks.
+
+    P ranks below ``gpus_per_node`` are one node of P GPUs, otherwise P /
+    ``gpus_per_node`` nodes (a world size the nodes do not divide is left out).
+    A line stops before a schedule that, at four times its last one's transfers
+    (P doubles; no algorithm grows faster than P squared), would pass
+    ``max_transfers``: the global schedule is built to be timed.
+    """
+    count = size // itemsize
+    spec = get_spec(collective)
+    ranks = tuple(
+        p
+        for p in (2**k for k in range(1, max(max_ranks, 2).bit_length()))
+        if p <= max_ranks and (p < gpus_per_node or p % gpus_per_node == 0)
+    )
+    times: dict[str, list[float | None]] = {}
+    stopped: dict[str, str] = {}
+    last: dict[str, int] = {}
+    for p in ranks:
+        topology = multi_node(max(p // gpus_per_node, 1), min(p, gpus_per_node), nic_gbps)
+        for name, module in ALGORITHMS.items():
+            build = builder(module, collective)
+            if build is None:
+                continue
+            line = times.setdefault(name, [])
+            if name in stopped or 4 * last.get(name, 0) > max_transfers:
+                stopped.setdefault(name, f"stops before {p} ranks: over {max_transfers:,} transfers")
+                line.append(None)
+                continue
+            # built here, not through build_schedule, whose cache would keep the big ones
+            total = count - count % p if collective == "alltoall" else count
+            args: tuple[object, ...] = (p,) if not spec.carries_data else (p, total)
+            if spec.shared:
+                args = (tuple(even_split(total, p)),)
+            schedule = build(*args, 0) if spec.rooted else build(*args)
+            last[name] = sum(len(step.transfers) for step in schedule.steps)
+            line.append(predict_fast(schedule, topology, itemsize).time_s)
+    name = f"multi_node(P/{gpus_per_node}, {gpus_per_node}, {nic_gbps:g})"
+    return Sweep(name, ranks, {k: tuple(v) for k, v in times.items()}, stopped)
+
+
+def format_sweep(found: Sweep, collective: str, size: int, dtype: str) -> str:
+    """The sweep as a table: a row per world size, a column of milliseconds per algorithm."""
+    names = list(found.times)
+    widths = [max(9, len(name)) for name in names]
+    lines = [
+        f"# collectives simulate: {collective} of {_bytes(size)} ({dtype}) on {found.topology}, "
+        "predicted ms against ranks",
+        "# " + f"{'ranks':>6}  " + "  ".join(f"{n:>{w}}" for n, w in zip(names, widths, strict=True)),
+    ]
+    for i, p in enumerate(found.ranks):
+        cells = [
+            f"{'-':>{w}}" if (t := found.times[n][i]) is None else f"{t * 1e3:>{w}.3f}"
+            for n, w in zip(names, widths, strict=True)
+        ]
+        lines.append(f"  {p:>6}  " + "  ".join(cells))
+    lines += [f"# {name}: {why}" for name, why in found.stopped.items()]
+    return "\n".join(lines)
 
 
 def _multi_ring(
@@ -271,7 +394,21 @@ def _parser() -> argparse.ArgumentParser:
         "--plot",
         type=Path,
         metavar="FILE.png",
-        help="also draw the topology and its rings (needs matplotlib)",
+        help="also draw the topology and its rings, or the scaling curve of --sweep-ranks (needs matplotlib)",
+    )
+    add(
+        "--sweep-ranks",
+        type=int,
+        metavar="P",
+        help="instead of the table, each algorithm's time on 2, 4, ... P ranks, on nodes of the "
+        "multi_node topology's shape",
+    )
+    add(
+        "--max-transfers",
+        type=int,
+        default=_MAX_TRANSFERS,
+        metavar="N",
+        help=f"with --sweep-ranks, stop a line before a schedule of N transfers (default {_MAX_TRANSFERS:,})",
     )
     return parser
 
@@ -290,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     itemsize = numpy_dtype(args.datatype).itemsize
     if size < itemsize:
         parser.error(f"size {size} is less than one {args.datatype}")
+    if args.sweep_ranks is not None:
+        return _sweep(parser, args, topology, size, itemsize)
     print(
         format_table(
             topology, args.collective, size, args.datatype, rows(topology, args.collective, size, itemsize)
@@ -300,6 +439,30 @@ def main(argv: list[str] | None = None) -> int:
 
         draw(topology, pack_rings(topology), args.plot)
         print(f"# drew {topology.name} and its rings in {args.plot}")
+    return 0
+
+
+def _sweep(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, topology: Topology, size: int, itemsize: int
+) -> int:
+    network = [link for link in topology.links if link.kind == "network"]
+    if not network or args.sweep_ranks < 2:
+        parser.error("--sweep-ranks needs a multi_node topology and at least 2 ranks")
+    found = sweep(
+        args.collective,
+        size,
+        itemsize,
+        gpus_per_node=len(topology.nodes[0]),
+        nic_gbps=network[0].bandwidth * 8 / 1e9,
+        max_ranks=args.sweep_ranks,
+        max_transfers=args.max_transfers,
+    )
+    print(format_sweep(found, args.collective, size, args.datatype))
+    if args.plot is not None:
+        from .plot import draw_sweep
+
+        draw_sweep(found, f"{args.collective} of {_bytes(size)}", args.plot)
+        print(f"# drew the scaling curve in {args.plot}")
     return 0
 
 
