@@ -53,6 +53,7 @@ from .buffers import (
     barrier_job,
     broadcast_job,
     deliver,
+    divided_first,
     gather_job,
     reduce_job,
     reduce_scatter_job,
@@ -93,7 +94,9 @@ def allreduce(
     Args:
         x: this rank's array; the same shape and dtype on every rank.
         op: ``sum``, ``prod``, ``min``, ``max``, ``avg`` (floating types) or
-            ``band``, ``bor``, ``bxor`` (integers).
+            ``band``, ``bor``, ``bxor`` (integers). ``avg`` divides the sum by the
+            world size, except in float16, where each rank's values are divided
+            first so that the sum cannot overflow (as the torch integration does).
         out: where to put the result, of ``x``'s shape and dtype; ``out=x``
             reduces in place.
         algorithm: the algorithm's name, e.g. ``"ring"``; ``"auto"`` (the default)
@@ -104,8 +107,10 @@ def allreduce(
     Returns:
         The result, ``out`` when given.
     """
-    key = allreduce_key(x, op, out, algorithm, check)
     known = comm if isinstance(comm, Communicator) else _communicators.default if comm is None else None
+    if op == "avg" or op.__class__ is ReduceOp:
+        x, op = divided_first(x, op, (known or communicator_of(comm)).size)
+    key = allreduce_key(x, op, out, algorithm, check)
     if key is not None and known is not None:
         prepared = known.prepared.get(key)
         if prepared is not None and fits(prepared, x, out):
@@ -149,8 +154,10 @@ def reduce_scatter(
     Returns:
         This rank's share of the result, ``out`` when given.
     """
-    key = shares_key("reduce_scatter", x, op, counts, out, algorithm, check)
     known = comm if isinstance(comm, Communicator) else _communicators.default if comm is None else None
+    if op == "avg" or op.__class__ is ReduceOp:
+        x, op = divided_first(x, op, (known or communicator_of(comm)).size)
+    key = shares_key("reduce_scatter", x, op, counts, out, algorithm, check)
     if key is not None and known is not None:
         prepared = known.prepared.get(key)
         if prepared is not None and fits_shares(prepared, x, out):
@@ -273,6 +280,7 @@ def reduce(
         InvalidRootError: ``root`` is not a rank of the communicator.
     """
     group = communicator_of(comm)
+    x, op = divided_first(x, op, group.size)
     job = checked(group, "reduce", algorithm, check, reduce_job, x, op, root, out)
     work = run(group, job, check)
     if group.rank != job.root:

@@ -6,19 +6,21 @@ __all__ = [
     "barrier_job",
     "broadcast_job",
     "deliver",
+    "divided_first",
     "gather_job",
     "reduce_job",
     "reduce_scatter_job",
     "scatter_job",
 ]
 
+import operator
 from collections.abc import Sequence
 from typing import Any
 
 from .backends import ArrayBackend, adopt, backend_for
 from .communicator import Communicator
 from .dispatch import Job
-from .errors import InvalidBufferError
+from .errors import CollectivesError, InvalidBufferError
 from .ops import ReduceOp, get_op, itemsize
 from .prepared import opening_of
 from .selector import check_algorithm
@@ -154,7 +156,7 @@ def gather_job(
     size, rank = group.size, group.rank
     if collective == "gather":
         root = check_root(root, size)
-    total = x.size * size if counts is None else sum(counts)
+    total = x.size * size if counts is None else sum(_counts(counts))
     shares, _, whole_shape = _shares_of(collective, x, counts, size, rank, total)
     if counts is not None and x.size != shares[rank]:
         raise InvalidBufferError(f"x has {x.size} elements but counts[{rank}] is {shares[rank]}")
@@ -275,7 +277,7 @@ def _shares_of(
 ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     """Each rank's share of the buffer, the shape of this rank's share, and the shape of the whole."""
     if counts is not None:
-        shares = tuple(int(c) for c in counts)
+        shares = _counts(counts)
         if len(shares) != size or any(c < 0 for c in shares):
             raise InvalidBufferError(
                 f"counts must give {size} non-negative element counts, one per rank; got {tuple(counts)}"
@@ -297,8 +299,18 @@ def _scatter_shares(
     """Each rank's share and this rank's share's shape, told by ``out`` alone."""
     if counts is None:
         return (out.size,) * size, tuple(out.shape)
-    shares, share_shape, _ = _shares_of("scatter", out, counts, size, rank, sum(int(c) for c in counts))
+    shares, share_shape, _ = _shares_of("scatter", out, counts, size, rank, sum(_counts(counts)))
     return shares, share_shape
+
+
+def _counts(counts: Sequence[int]) -> tuple[int, ...]:
+    """``counts`` as ints; a bool, float or string among them is an error, not a count."""
+    try:
+        if any(isinstance(c, bool) for c in counts):
+            raise TypeError
+        return tuple(operator.index(c) for c in counts)
+    except TypeError:
+        raise InvalidBufferError(f"counts must be integers, got {tuple(counts)!r}") from None
 
 
 def _check_rows(collective: str, x: Any, size: int, hint: str = "") -> None:
@@ -308,3 +320,25 @@ def _check_rows(collective: str, x: Any, size: int, hint: str = "") -> None:
             f"{collective} needs the first dimension of x (shape {tuple(x.shape)}) to be "
             f"divisible by the world size {size}{hint}"
         )
+
+
+def divided_first(x: Any, op: "str | ReduceOp", size: int) -> tuple[Any, "str | ReduceOp"]:
+    """For ``avg`` of float16: ``x / size`` and ``sum``, else ``x`` and ``op`` unchanged.
+
+    float16's largest value is 65504, so a sum of a few large values would overflow
+    to Inf before the division at the end; dividing each contribution first, as the
+    torch integration's compression does, keeps such averages finite. Other dtypes
+    divide the sum (one rounding fewer). Anything not an array is left to the checks.
+    """
+    if not (op == "avg" or (isinstance(op, ReduceOp) and op.averages)) or size == 1:
+        return x, op
+    try:
+        backend = backend_for(x)
+        if backend.dtype_name(x) != "float16":
+            return x, op
+        flat = backend.empty(x.size, x)
+    except (CollectivesError, AttributeError, TypeError):
+        return x, op
+    backend.copy(flat, x)
+    backend.divide(flat, size)
+    return flat.reshape(x.shape), "sum"
