@@ -6,11 +6,12 @@ __all__ = [
     "barrier_job",
     "broadcast_job",
     "deliver",
-    "divided_first",
     "gather_job",
+    "narrowed",
     "reduce_job",
     "reduce_scatter_job",
     "scatter_job",
+    "widened",
 ]
 
 import operator
@@ -322,23 +323,33 @@ def _check_rows(collective: str, x: Any, size: int, hint: str = "") -> None:
         )
 
 
-def divided_first(x: Any, op: "str | ReduceOp", size: int) -> tuple[Any, "str | ReduceOp"]:
-    """For ``avg`` of float16: ``x / size`` and ``sum``, else ``x`` and ``op`` unchanged.
+def widened(x: Any, op: "str | ReduceOp", out: Any) -> Any | None:
+    """For ``avg`` of float16: ``x`` in float32, to reduce in that; ``None`` for anything else.
 
-    float16's largest value is 65504, so a sum of a few large values would overflow
-    to Inf before the division at the end; dividing each contribution first, as the
-    torch integration's compression does, keeps such averages finite. Other dtypes
-    divide the sum (one rounding fewer). Anything not an array is left to the checks.
+    float16's largest value is 65504, so the sum of a few large values would
+    overflow to Inf before the division at the end. Summing and dividing in float32,
+    then rounding once to float16, keeps such averages finite and as exact as
+    before (twice the bytes on the wire, for float16 averages only). Anything not
+    a float16 array, or an ``out`` not float16, is left to the ordinary checks.
     """
-    if not (op == "avg" or (isinstance(op, ReduceOp) and op.averages)) or size == 1:
-        return x, op
+    if not (op == "avg" or (isinstance(op, ReduceOp) and op.averages)):
+        return None
     try:
         backend = backend_for(x)
-        if backend.dtype_name(x) != "float16":
-            return x, op
-        flat = backend.empty(x.size, x)
+        if backend.dtype_name(x) != "float16" or (out is not None and backend.dtype_name(out) != "float16"):
+            return None
+        return x.astype("float32")
     except (CollectivesError, AttributeError, TypeError):
-        return x, op
-    backend.copy(flat, x)
-    backend.divide(flat, size)
-    return flat.reshape(x.shape), "sum"
+        return None
+
+
+def narrowed(result: Any, out: Any) -> Any:
+    """A float32 ``result`` of :func:`widened`'s input back in float16: in ``out``, or a new array."""
+    if result is None:  # not the root of a reduce
+        return None
+    if out is None:
+        return result.astype("float16")
+    if out.size != result.size:
+        raise InvalidBufferError(f"out has {out.size} elements; the result has {result.size}")
+    backend_for(out).copy(out, result)
+    return out

@@ -24,15 +24,20 @@ def test_float16_avg_whose_sum_overflows_is_finite(algorithm: str) -> None:
     assert np.isfinite(reduced[1]).all(), reduced
 
 
-def test_float16_avg_in_place_and_float32_avg_divide_as_documented() -> None:
+def test_float16_avg_is_the_float32_average_rounded_once_also_in_place() -> None:
     def call(comm: C.Communicator) -> Any:
         x = np.full(4, 40_000, np.float16)
         C.allreduce(x, "avg", out=x, comm=comm)
-        y = np.full(4, 3, np.float32)
-        return x, C.allreduce(y, "avg", comm=comm)
+        y = np.full(3, (1, 2, 2)[comm.rank], np.float16)
+        return x, C.allreduce(y, "avg", comm=comm), C.reduce_scatter(np.tile(y, 3), "avg", comm=comm)
 
-    for x, y in run_ranks(3, call):
-        assert np.allclose(x, 40_000, rtol=1e-3) and np.array_equal(y, np.full(4, 3, np.float32))
+    once = np.float16(np.float32(5) / np.float32(3))  # dividing first gives 1.666, not 1.667
+    for x, y, share in run_ranks(3, call):
+        assert np.array_equal(x, np.full(4, 40_000, np.float16)), x
+        assert y.dtype == share.dtype == np.float16 and (y == once).all() and (share == once).all(), (
+            y,
+            share,
+        )
 
 
 def test_a_debug_file_in_a_missing_folder_is_refused_at_setup(
