@@ -1,21 +1,4 @@
-"""Shared-memory files that killed MPI jobs left in /dev/shm: which they are, and removing them.
-
-The library names no shared-memory file of its own: its shared memory is MPI's
-shared windows (``Win.Allocate_shared``), and MPICH names them. Measured with the
-mpich wheel (MPICH 5, ch4): a window is ``/dev/shm/mpich_shar_tmp*``, unlinked as
-soon as every rank of the node has mapped it, so a job killed mid-collective
-leaves none; what it leaves is MPICH's own segment for the node, made at
-``MPI_Init`` as ``/dev/shm/mpich_shm_<id>_<n>`` and unlinked only by
-``MPI_Finalize``, which a killed job never reaches (nor does mpiexec after it).
-
-Neither name says which job made it, so a file counts as stale here when it
-matches one of :data:`PATTERNS`, belongs to this user, is neither mapped nor open
-in any process this one can see, and has not changed for ``older_than`` seconds
-(a rank of a starting job maps its file within moments of making it). Removing is
-left to the user (``python -m collectives.transport.leftovers``): ranks on a node
-that shares /dev/shm with processes in another PID namespace (another container)
-cannot see whether those use a file.
-"""
+"""Shared-memory files that killed MPI jobs left in /dev/shm: which are stale, and removing them."""
 
 __all__ = ["PATTERNS", "SHM_DIR", "STALE_AFTER_S", "in_use", "main", "remove_stale", "stale_segments"]
 
@@ -26,6 +9,13 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 SHM_DIR = Path("/dev/shm")
+
+# The library names no shared-memory file of its own: its shared memory is MPI's shared windows
+# (Win.Allocate_shared), named by MPICH. Measured with the mpich wheel (MPICH 5, ch4): a window is
+# /dev/shm/mpich_shar_tmp*, unlinked as soon as every rank of the node has mapped it, so a job
+# killed mid-collective leaves none; it leaves MPICH's own segment for the node, made at MPI_Init
+# as mpich_shm_<id>_<n> and unlinked only by MPI_Finalize, which a killed job never reaches (and
+# mpiexec does not remove it after the kill).
 PATTERNS = ("mpich_shm_*", "mpich_shar_tmp*")
 """MPICH's node segment (made at ``MPI_Init``), and a shared window not yet unlinked."""
 STALE_AFTER_S = 60.0
@@ -53,7 +43,14 @@ def in_use() -> set[str]:
 def stale_segments(
     paths: Iterable[Path] | None = None, *, directory: Path = SHM_DIR, older_than: float = STALE_AFTER_S
 ) -> list[Path]:
-    """The stale files (see the module's doc) among ``paths``, or among ``directory``'s files.
+    """The stale files among ``paths``, or among ``directory``'s files.
+
+    No name says which job made a file, so a file is stale when it matches
+    :data:`PATTERNS`, belongs to this user, is neither mapped nor open in any
+    process this one can see, and has not changed for ``older_than`` seconds (a
+    rank of a starting job maps its file within moments of making it). Nothing
+    removes them automatically: ranks on a node that shares /dev/shm with another
+    PID namespace (another container) cannot see whether its processes use a file.
 
     Args:
         paths: the files to consider; all in ``directory`` matching :data:`PATTERNS` when omitted.
