@@ -54,9 +54,11 @@ from .buffers import (
     broadcast_job,
     deliver,
     gather_job,
+    narrowed,
     reduce_job,
     reduce_scatter_job,
     scatter_job,
+    widened,
 )
 from .communicator import Communicator, communicator_of
 from .dispatch import checked, run
@@ -93,7 +95,9 @@ def allreduce(
     Args:
         x: this rank's array; the same shape and dtype on every rank.
         op: ``sum``, ``prod``, ``min``, ``max``, ``avg`` (floating types) or
-            ``band``, ``bor``, ``bxor`` (integers).
+            ``band``, ``bor``, ``bxor`` (integers). ``avg`` divides the sum by the
+            world size; float16 is summed and divided in float32 and rounded once,
+            so that a sum past float16's largest, 65504, cannot overflow.
         out: where to put the result, of ``x``'s shape and dtype; ``out=x``
             reduces in place.
         algorithm: the algorithm's name, e.g. ``"ring"``; ``"auto"`` (the default)
@@ -104,6 +108,10 @@ def allreduce(
     Returns:
         The result, ``out`` when given.
     """
+    if op == "avg" or op.__class__ is ReduceOp:
+        wide = widened(x, op, out)
+        if wide is not None:
+            return narrowed(allreduce(wide, op, algorithm=algorithm, comm=comm, check=check), out)
     key = allreduce_key(x, op, out, algorithm, check)
     known = comm if isinstance(comm, Communicator) else _communicators.default if comm is None else None
     if key is not None and known is not None:
@@ -149,6 +157,11 @@ def reduce_scatter(
     Returns:
         This rank's share of the result, ``out`` when given.
     """
+    if op == "avg" or op.__class__ is ReduceOp:
+        wide = widened(x, op, out)
+        if wide is not None:
+            share = reduce_scatter(wide, op, counts=counts, algorithm=algorithm, comm=comm, check=check)
+            return narrowed(share, out)
     key = shares_key("reduce_scatter", x, op, counts, out, algorithm, check)
     known = comm if isinstance(comm, Communicator) else _communicators.default if comm is None else None
     if key is not None and known is not None:
@@ -272,6 +285,9 @@ def reduce(
     Raises:
         InvalidRootError: ``root`` is not a rank of the communicator.
     """
+    wide = widened(x, op, out)
+    if wide is not None:
+        return narrowed(reduce(wide, op, root, algorithm=algorithm, comm=comm, check=check), out)
     group = communicator_of(comm)
     job = checked(group, "reduce", algorithm, check, reduce_job, x, op, root, out)
     work = run(group, job, check)

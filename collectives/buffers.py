@@ -7,18 +7,21 @@ __all__ = [
     "broadcast_job",
     "deliver",
     "gather_job",
+    "narrowed",
     "reduce_job",
     "reduce_scatter_job",
     "scatter_job",
+    "widened",
 ]
 
+import operator
 from collections.abc import Sequence
 from typing import Any
 
 from .backends import ArrayBackend, adopt, backend_for
 from .communicator import Communicator
 from .dispatch import Job
-from .errors import InvalidBufferError
+from .errors import CollectivesError, InvalidBufferError
 from .ops import ReduceOp, get_op, itemsize
 from .prepared import opening_of
 from .selector import check_algorithm
@@ -154,7 +157,7 @@ def gather_job(
     size, rank = group.size, group.rank
     if collective == "gather":
         root = check_root(root, size)
-    total = x.size * size if counts is None else sum(counts)
+    total = x.size * size if counts is None else sum(_counts(counts))
     shares, _, whole_shape = _shares_of(collective, x, counts, size, rank, total)
     if counts is not None and x.size != shares[rank]:
         raise InvalidBufferError(f"x has {x.size} elements but counts[{rank}] is {shares[rank]}")
@@ -275,7 +278,7 @@ def _shares_of(
 ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     """Each rank's share of the buffer, the shape of this rank's share, and the shape of the whole."""
     if counts is not None:
-        shares = tuple(int(c) for c in counts)
+        shares = _counts(counts)
         if len(shares) != size or any(c < 0 for c in shares):
             raise InvalidBufferError(
                 f"counts must give {size} non-negative element counts, one per rank; got {tuple(counts)}"
@@ -297,8 +300,18 @@ def _scatter_shares(
     """Each rank's share and this rank's share's shape, told by ``out`` alone."""
     if counts is None:
         return (out.size,) * size, tuple(out.shape)
-    shares, share_shape, _ = _shares_of("scatter", out, counts, size, rank, sum(int(c) for c in counts))
+    shares, share_shape, _ = _shares_of("scatter", out, counts, size, rank, sum(_counts(counts)))
     return shares, share_shape
+
+
+def _counts(counts: Sequence[int]) -> tuple[int, ...]:
+    """``counts`` as ints; a bool, float or string among them is an error, not a count."""
+    try:
+        if any(isinstance(c, bool) for c in counts):
+            raise TypeError
+        return tuple(operator.index(c) for c in counts)
+    except TypeError:
+        raise InvalidBufferError(f"counts must be integers, got {tuple(counts)!r}") from None
 
 
 def _check_rows(collective: str, x: Any, size: int, hint: str = "") -> None:
@@ -308,3 +321,35 @@ def _check_rows(collective: str, x: Any, size: int, hint: str = "") -> None:
             f"{collective} needs the first dimension of x (shape {tuple(x.shape)}) to be "
             f"divisible by the world size {size}{hint}"
         )
+
+
+def widened(x: Any, op: "str | ReduceOp", out: Any) -> Any | None:
+    """For ``avg`` of float16: ``x`` in float32, to reduce in that; ``None`` for anything else.
+
+    float16's largest value is 65504, so the sum of a few large values would
+    overflow to Inf before the division at the end. Summing and dividing in float32,
+    then rounding once to float16, keeps such averages finite and as exact as
+    before (twice the bytes on the wire, for float16 averages only). Anything not
+    a float16 array, or an ``out`` not float16, is left to the ordinary checks.
+    """
+    if not (op == "avg" or (isinstance(op, ReduceOp) and op.averages)):
+        return None
+    try:
+        backend = backend_for(x)
+        if backend.dtype_name(x) != "float16" or (out is not None and backend.dtype_name(out) != "float16"):
+            return None
+        return x.astype("float32")
+    except (CollectivesError, AttributeError, TypeError):
+        return None
+
+
+def narrowed(result: Any, out: Any) -> Any:
+    """A float32 ``result`` of :func:`widened`'s input back in float16: in ``out``, or a new array."""
+    if result is None:  # not the root of a reduce
+        return None
+    if out is None:
+        return result.astype("float16")
+    if out.size != result.size:
+        raise InvalidBufferError(f"out has {out.size} elements; the result has {result.size}")
+    backend_for(out).copy(out, result)
+    return out

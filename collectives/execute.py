@@ -40,7 +40,9 @@ class _Message:
     A send reads the source (the caller's input, untouched so far) where ``fresh``,
     else the buffer. A receive with ``landing >= 0`` lands in scratch at that offset
     and is then reduced into ``lo:hi`` (from the source where ``fresh``); otherwise it
-    lands in the buffer directly.
+    lands in the buffer directly. A reduction puts the lower rank's operand first
+    (``first``: the received one), so that two ranks combining the same two partial
+    results (a butterfly's partners) get the same bits, ±0 and NaN payloads included.
     """
 
     peer: int
@@ -50,6 +52,8 @@ class _Message:
     landing: int
     # the only message between its two ranks in its direction and step (both ends agree)
     lone: bool = False
+    # a reduced receive from a lower rank: op(received, own) rather than op(own, received)
+    first: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +220,16 @@ def plan(schedule: Schedule, rank: int, segment: int = 0, separate_source: bool 
                     # a later reduction into the same chunk in this step adds to the first's result
                     fresh = run.reduce and not written[local[0]] and local[0] not in reduced
                     landing = used if run.reduce else -1
-                    recvs.append(_Message(run.src, run.dst_lo + p_lo, run.dst_lo + p_hi, fresh, landing))
+                    recvs.append(
+                        _Message(
+                            run.src,
+                            run.dst_lo + p_lo,
+                            run.dst_lo + p_hi,
+                            fresh,
+                            landing,
+                            first=run.src < rank,
+                        )
+                    )
                     used += (p_hi - p_lo) if run.reduce else 0
             if not sender:
                 writes += local
@@ -366,7 +379,12 @@ def run(
             came = arrived[m.peer] if fused and m.lone else None  # type: ignore[index]
             if m.landing >= 0:
                 landing = scratch[m.landing : m.landing + m.hi - m.lo] if came is None else came
-                if m.fresh:
+                if m.first:
+                    if m.fresh:
+                        backend.reduce_into(reduce_op, buffer[m.lo : m.hi], landing, src[m.lo : m.hi])
+                    else:
+                        backend.combine_after(reduce_op, buffer[m.lo : m.hi], landing)
+                elif m.fresh:
                     backend.reduce_into(reduce_op, buffer[m.lo : m.hi], src[m.lo : m.hi], landing)
                 else:
                     backend.combine(reduce_op, buffer[m.lo : m.hi], landing)

@@ -239,9 +239,11 @@ def check_root(root: int, world_size: int) -> int:
     """``root`` as an int, if it is a rank of a world of ``world_size`` ranks.
 
     Raises:
-        InvalidRootError: it is not an integer, or outside ``0..world_size - 1``.
+        InvalidRootError: it is not an integer (a bool is not), or outside ``0..world_size - 1``.
     """
     try:
+        if isinstance(root, bool):  # an index, to Python, but never a rank meant as one
+            raise TypeError
         rank = operator.index(root)
     except TypeError:
         raise InvalidRootError(f"root must be an integer rank, got {root!r}") from None

@@ -174,6 +174,11 @@ class Watchdog:
         self.check = _flag(check, CHECK_ENV, True)
         self.debug = _flag(None, DEBUG_ENV, False)
         self.debug_file = os.environ.get(DEBUG_FILE_ENV) or None
+        if self.debug_file is not None:
+            # here, not at the first line written: that would fail a call whose result is lost
+            folder = os.path.dirname(self.debug_file.replace("{rank}", str(transport.rank))) or "."
+            if not os.path.isdir(folder):
+                raise ConfigurationError(f"{DEBUG_FILE_ENV}={self.debug_file!r}: no folder {folder!r}")
         kept = os.environ.get(RECORDER_ENV, "").strip()
         if kept and not kept.isdigit():
             raise ConfigurationError(f"{RECORDER_ENV}={kept!r} is not a number of calls")

@@ -43,8 +43,22 @@ class ArrayBackend(ABC):
     def combine(self, op: ReduceOp, dst: Any, src: Any) -> None:
         """``dst = op(dst, src)`` element-wise, in place."""
 
+    def combine_after(self, op: ReduceOp, dst: Any, src: Any) -> None:
+        """``dst = op(src, dst)`` element-wise, in place: ``src`` is the first operand.
+
+        The operands' order decides the bits where IEEE leaves them open (which NaN's
+        payload survives; ``max(+0, -0)``), so the executor fixes it (lower rank first).
+        """
+        first = self.empty(src.shape[0], src)
+        self.copy(first, src)
+        self.combine(op, first, dst)
+        self.copy(dst, first)
+
     def reduce_into(self, op: ReduceOp, dst: Any, a: Any, b: Any) -> None:
-        """``dst = op(a, b)`` element-wise, ``a`` left unchanged; one pass where the library allows."""
+        """``dst = op(a, b)`` element-wise (``dst`` may be ``a`` or ``b``); one pass where possible."""
+        if self.shares_memory(dst, b):
+            self.combine_after(op, dst, a)
+            return
         self.copy(dst, a)
         self.combine(op, dst, b)
 

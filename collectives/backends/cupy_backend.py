@@ -99,6 +99,9 @@ class CupyBackend(ArrayBackend):
         with dst.device:
             gpu_kernels.combine(op.combine, d, s, dtype=dtype)
 
+    def combine_after(self, op: ReduceOp, dst: Any, src: Any) -> None:
+        self.reduce_into(op, dst, src, dst)  # each element is read before it is written
+
     def reduce_into(self, op: ReduceOp, dst: Any, a: Any, b: Any) -> None:
         name = self.dtype_name(dst)
         (d, dtype), (x, _), (y, _) = _bits(dst, name), _bits(a, name), _bits(b, name)

@@ -15,6 +15,7 @@ __all__ = [
     "size",
 ]
 
+import hashlib
 import io
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -26,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from .. import api
-from ..errors import CollectivesError, ConfigurationError, InvalidBufferError
+from ..errors import CollectivesError, ConfigurationError, InvalidBufferError, MismatchError
 from ..ops import get_op
 from .process_group import BACKEND, _broadcast_bytes, _ProcessGroup
 from .tensors import (
@@ -302,15 +303,19 @@ def broadcast_parameters(
     """Copy the root's parameters (and buffers) into every rank's, in place, so all ranks start equal.
 
     Args:
-        params: ``model.state_dict()``, ``model.named_parameters()`` or a list
-            of tensors, in the same order on every rank.
+        params: ``model.state_dict()`` or ``model.named_parameters()``, matched
+            between ranks by name, or a list of tensors, in the same order on every rank.
         root_rank: the rank whose values are sent.
         comm: the communicator, as for :func:`allreduce_async_`.
+
+    Raises:
+        MismatchError: the ranks name different tensors (on every rank).
     """
     if isinstance(params, Mapping):
-        named = list(params.items())
+        named = sorted(params.items(), key=lambda item: item[0])
     else:
         named = [item if isinstance(item, tuple) else (f"tensor {i}", item) for i, item in enumerate(params)]
+        named.sort(key=lambda item: item[0])
     for name, tensor in named:
         if not isinstance(tensor, torch.Tensor):
             error = InvalidBufferError(
@@ -319,6 +324,7 @@ def broadcast_parameters(
             _refuse(comm, "broadcast", tensor, error)
             raise error
         _checked(tensor, None, comm, "broadcast")
+    _agree_on_names([name for name, _ in named], comm)
     with torch.no_grad():
         # the first alone, so that where another rank's checks failed (and it told this one in the
         # first broadcast's place) no more broadcasts are left waiting for it
@@ -327,6 +333,25 @@ def broadcast_parameters(
         handles = [broadcast_async_(tensor, root_rank, comm=comm) for _, tensor in named[1:]]
     for handle in handles:
         handle.wait()
+
+
+def _agree_on_names(names: list[str], comm: Comm) -> None:
+    """Raise :class:`MismatchError` on every rank unless all ranks pass the same names."""
+    communicator = _communicator_of(comm)
+    if communicator.size == 1:
+        return
+    digest = np.frombuffer(hashlib.sha256("\0".join(names).encode()).digest()[:16], np.uint8).copy()
+    every = _worker(communicator).submit(lambda: api.allgather(digest, comm=communicator)).result()
+    digests = [bytes(every[16 * r : 16 * (r + 1)]).hex() for r in range(communicator.size)]
+    if len(set(digests)) > 1:
+        by_digest: dict[str, tuple[int, ...]] = {}
+        for r, d in enumerate(digests):
+            by_digest[d] = (*by_digest.get(d, ()), r)
+        differ = [r for r, d in enumerate(digests) if d != digests[0]]
+        raise MismatchError(
+            f"broadcast_parameters: ranks {differ} name other tensors than rank 0 ({len(names)} names here)",
+            {"names": by_digest},
+        )
 
 
 def broadcast_optimizer_state(

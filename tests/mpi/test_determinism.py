@@ -6,6 +6,7 @@ from mpi4py import MPI
 
 import collectives
 from tests.mpi.helpers import Problems, algorithms_for
+from tests.test_special_bits import special_inputs
 
 pytestmark = pytest.mark.mpi
 
@@ -72,4 +73,21 @@ def test_nan_and_inf_give_the_same_bits_everywhere(world: MPI.Intracomm) -> None
             result = collectives.allreduce(x, op)
             problems.expect_equal(op, result, _rank0_bits(result, world))
             problems.expect(bool(np.isnan(result[1])), f"{op}: NaN did not propagate: {result[1]}")
+    problems.check()
+
+
+@pytest.mark.parametrize("algorithm", algorithms_for("allreduce"))
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_signed_zeros_and_nan_payloads_give_the_same_bits_on_every_rank(
+    dtype: str, algorithm: str, world: MPI.Intracomm
+) -> None:
+    problems = Problems(world)
+    for count in (1, 7, 301):
+        x = special_inputs(dtype, world.size, count)[world.rank]
+        for op in ("sum", "prod", "max", "min"):
+            with problems.guard(f"{op}, count {count}"):
+                result = collectives.allreduce(x, op, algorithm=algorithm)
+                problems.expect_equal(
+                    f"{op}, count {count}, against rank 0", result, _rank0_bits(result, world)
+                )
     problems.check()
