@@ -27,11 +27,11 @@ __all__ = [
 
 from typing import TYPE_CHECKING, Any
 
-from .algorithms import ALGORITHMS, build_schedule
+from .algorithms import ALGORITHMS, rank_program
 from .algorithms.base import required_feature
 from .backends import ArrayBackend
 from .errors import CollectivesError
-from .execute import DEFAULT_SEGMENT_BYTES, Plan, opening, pack_opening, plan, run
+from .execute import DEFAULT_SEGMENT_BYTES, Plan, opening, pack_opening, program_plan, run
 from .execute_shared import SharedExecutor
 from .ops import ReduceOp
 from .selector import AUTO
@@ -197,9 +197,9 @@ def allreduce_prepared(
 def allreduce_plan(
     group: "Communicator", algorithm: str, count: int, item_bytes: int, separate: bool
 ) -> Plan:
-    """This rank's plan of an allreduce by ``algorithm`` (a name, not ``"auto"``)."""
-    schedule = build_schedule("allreduce", algorithm, group.size, count)
-    return plan(schedule, group.rank, max(DEFAULT_SEGMENT_BYTES // item_bytes, 1), separate)
+    """This rank's plan of an allreduce by ``algorithm`` (a name, not ``"auto"``), from its program alone."""
+    program = rank_program("allreduce", algorithm, group.size, count, rank=group.rank)
+    return program_plan(program, max(DEFAULT_SEGMENT_BYTES // item_bytes, 1), separate)
 
 
 class Opening:
