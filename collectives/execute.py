@@ -2,6 +2,8 @@
 
 __all__ = [
     "DEFAULT_SEGMENT_BYTES",
+    "PLANS_BUDGET",
+    "PLANS_KEPT",
     "Plan",
     "Scratch",
     "execute",
