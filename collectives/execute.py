@@ -153,30 +153,32 @@ def _runs(program: RankProgram, index: int) -> list[_Run]:
     """
     bounds = program.chunk_bounds
     step = program.steps[index]
-    crowded_here = len({t.src for t in step.recvs if t.reduce}) > 1
+    recvs = step.recvs
+    crowded_here = len(recvs) > 1 and len({t.src for t in recvs if t.reduce}) > 1
     last: dict[tuple[int, int], _Run] = {}
     runs: list[_Run] = []
-    for transfers, receiving in ((step.sends, False), (step.recvs, True)):
+    for transfers, receiving in ((step.sends, False), (recvs, True)):
         for t in transfers:
-            if bounds[t.chunk] == bounds[t.chunk + 1]:
+            chunk, into = t.chunk, t.into
+            s_lo, s_hi = bounds[chunk], bounds[chunk + 1]
+            if s_lo == s_hi:
                 continue
-            s_lo, s_hi, d_lo, d_hi = bounds[t.chunk], bounds[t.chunk + 1], bounds[t.into], bounds[t.into + 1]
-            run = last.get((t.src, t.dst))
-            crowded = crowded_here if receiving else (index, t.dst) in program.crowded
-            alone = not t.reduce or not crowded
+            d_lo, d_hi = bounds[into], bounds[into + 1]
+            pair = (t.src, t.dst)
+            run = last.get(pair)
             if (
                 run is not None
                 and run.reduce == t.reduce
-                and alone
                 and run.src_hi == s_lo
                 and run.dst_hi == d_lo
+                and not (t.reduce and (crowded_here if receiving else (index, t.dst) in program.crowded))
             ):
                 run.src_hi, run.dst_hi = s_hi, d_hi
-                run.src_chunks.append(t.chunk)
-                run.dst_chunks.append(t.into)
+                run.src_chunks.append(chunk)
+                run.dst_chunks.append(into)
                 continue
-            run = _Run(t.src, t.dst, s_lo, s_hi, d_lo, d_hi, t.reduce, [t.chunk], [t.into])
-            last[(t.src, t.dst)] = run
+            run = _Run(t.src, t.dst, s_lo, s_hi, d_lo, d_hi, t.reduce, [chunk], [into])
+            last[pair] = run
             runs.append(run)
     return runs
 
