@@ -2,11 +2,14 @@
 
 For each allreduce algorithm of the issue's list, rank r's part is built from
 its rank number (:func:`collectives.algorithms.rank_program`, memo cleared) and
-timed, its peak of allocated memory taken by ``tracemalloc``; then
-``collectives.explain`` is timed, its memos cleared, as a first call would be.
+timed, its peak of allocated memory taken by ``tracemalloc``; then the
+executor's plan of that part (:func:`collectives.execute.program_plan`, what a
+rank's first call builds before a byte moves: its messages, segments and
+scratch), from the program, likewise; then ``collectives.explain`` is timed, its
+memos cleared, as a first call would be. No MPI: the plan is built, not run.
 """
 
-__all__ = ["ALGORITHMS_TIMED", "main", "measure"]
+__all__ = ["ALGORITHMS_TIMED", "main", "measure", "measure_plan"]
 
 import argparse
 import sys
@@ -15,7 +18,7 @@ import tracemalloc
 from collections.abc import Sequence
 
 import collectives
-from collectives import algorithms, selector
+from collectives import algorithms, execute, selector
 
 ALGORITHMS_TIMED = ("ring", "tree", "double_tree", "butterfly", "halving_doubling", "hierarchical")
 """The allreduces whose plans the issue asks to build in 50 ms and 50 MB at 4,096 ranks."""
@@ -26,17 +29,39 @@ def measure(algorithm: str, world_size: int, count: int, rank: int) -> tuple[flo
 
     Timed and traced in separate builds, as tracing slows every allocation.
     """
-    algorithms._cached_program.cache_clear()
+    algorithms._programs.cache_clear()
     start = time.perf_counter()
     program = algorithms.rank_program("allreduce", algorithm, world_size, count, rank=rank)
     elapsed = time.perf_counter() - start
-    algorithms._cached_program.cache_clear()
+    algorithms._programs.cache_clear()
     tracemalloc.start()
     algorithms.rank_program("allreduce", algorithm, world_size, count, rank=rank)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    algorithms._cached_program.cache_clear()
+    algorithms._programs.cache_clear()
     return elapsed, peak, len(program.steps)
+
+
+def measure_plan(algorithm: str, world_size: int, count: int, rank: int) -> tuple[float, int, int]:
+    """``(seconds, peak bytes, messages)`` of building the executor's plan of ``rank``'s allreduce afresh.
+
+    From the rank's program (built beforehand, not timed), as a first call of
+    float32 elements plans it: 4 MiB segments, the input read apart from the result.
+    """
+    program = algorithms.rank_program("allreduce", algorithm, world_size, count, rank=rank)
+    segment = execute.DEFAULT_SEGMENT_BYTES // 4
+    execute._programs_planned.cache_clear()
+    start = time.perf_counter()
+    made = execute.program_plan(program, segment, True)
+    elapsed = time.perf_counter() - start
+    execute._programs_planned.cache_clear()
+    tracemalloc.start()
+    execute.program_plan(program, segment, True)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    execute._programs_planned.cache_clear()
+    algorithms._programs.cache_clear()
+    return elapsed, peak, sum(len(step.recvs) + len(step.sends) for step in made.steps)
 
 
 def _explain_seconds(world_size: int, count: int) -> float:
@@ -54,10 +79,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rank = args.world_size // 2 if args.rank is None else args.rank
     print(f"allreduce of {args.count} elements over {args.world_size} ranks, rank {rank}'s plan")
-    print(f"{'algorithm':<18}{'steps':>8}{'time(ms)':>12}{'peak(MB)':>12}")
+    header = f"{'algorithm':<18}{'steps':>8}{'time(ms)':>12}{'peak(MB)':>12}"
+    print(f"{header}{'messages':>10}{'plan(ms)':>12}{'peak(MB)':>12}")
     for name in ALGORITHMS_TIMED:
         seconds, peak, steps = measure(name, args.world_size, args.count, rank)
-        print(f"{name:<18}{steps:>8}{seconds * 1e3:>12.2f}{peak / 1e6:>12.2f}")
+        planned, plan_peak, messages = measure_plan(name, args.world_size, args.count, rank)
+        print(
+            f"{name:<18}{steps:>8}{seconds * 1e3:>12.2f}{peak / 1e6:>12.2f}"
+            f"{messages:>10}{planned * 1e3:>12.2f}{plan_peak / 1e6:>12.2f}"
+        )
     seconds = _explain_seconds(args.world_size, args.count)
     print(f"explain(allreduce, {args.count}, world_size={args.world_size}): {seconds * 1e3:.2f} ms")
     return 0

@@ -11,7 +11,7 @@ __all__ = ["Job", "checked", "refuse", "run"]
 from collections.abc import Callable, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from .algorithms import ALGORITHMS, build_schedule
+from .algorithms import ALGORITHMS, rank_program
 from .algorithms.base import required_feature
 from .backends import ArrayBackend
 from .call import Call
@@ -250,18 +250,18 @@ def _shared(group: Communicator, call: Call, job: Job) -> SharedExecutor | None:
 def _schedule(group: Communicator, call: Call, job: Job) -> Any:
     """Run the call's algorithm's schedule on the executor; the buffer with this rank's result."""
     collective, backend, op, shares = job.collective, job.backend, job.op, job.shares
-    schedule = build_schedule(
-        collective, call.algorithm, group.size, job.count, shares, root=max(job.root, 0)
+    program = rank_program(
+        collective, call.algorithm, group.size, job.count, shares, root=max(job.root, 0), rank=group.rank
     )
     work = job.work
     if collective == "barrier":  # tokens: host bytes, whatever library the user's arrays are from
         import numpy as np
 
-        work, op = np.zeros(schedule.count, np.uint8), _BOR
+        work, op = np.zeros(program.count, np.uint8), _BOR
     elif work is None:  # a reduce-scatter's input must survive, so the schedule runs on a copy of all of it
         work = backend.empty(job.count, job.source)
         backend.copy(work, job.source)
-    execute(schedule, call.transport, backend, work, op)
+    execute(program, call.transport, backend, work, op)
     if collective == "reduce_scatter" and shares is not None:  # this rank's share
         lo = sum(shares[: group.rank])
         return work[lo : lo + shares[group.rank]]
@@ -320,8 +320,8 @@ def _allreduce_nodes(
         # every rank of the rail has the same part, so they choose alike
         item_bytes = itemsize(backend.dtype_name(work))
         algorithm = group.agreed_selector(call).choose("allreduce", rail, parts[local], item_bytes)
-        schedule = build_schedule("allreduce", algorithm, rail, parts[local])
-        execute(schedule, call.watch(nodes.rail, nodes.rail_ranks), backend, mine, op, group.scratch)
+        program = rank_program("allreduce", algorithm, rail, parts[local], rank=nodes.rail.rank)
+        execute(program, call.watch(nodes.rail, nodes.rail_ranks), backend, mine, op, group.scratch)
     node.allgather(backend, work, mine, parts, barrier)
 
 

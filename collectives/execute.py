@@ -2,23 +2,29 @@
 
 __all__ = [
     "DEFAULT_SEGMENT_BYTES",
+    "PLANS_BUDGET",
+    "PLANS_KEPT",
     "Plan",
     "Scratch",
     "execute",
     "opening",
     "pack_opening",
     "plan",
+    "program_plan",
     "run",
     "scratch_elements",
 ]
 
-from dataclasses import dataclass, replace
-from functools import lru_cache
+import weakref
+from collections import Counter
+from dataclasses import dataclass
+from functools import cached_property, lru_cache
 from typing import Any
 
 from .backends.base import ArrayBackend
+from .memo import Bounded
 from .ops import ReduceOp
-from .schedule import Schedule
+from .schedule import RankProgram, Schedule
 from .transport.base import Transport
 from .transport.tags import Tag
 
@@ -87,6 +93,11 @@ class Plan:
     scratch: int
     untouched: tuple[tuple[int, int], ...]
 
+    @cached_property
+    def size(self) -> int:
+        """Steps, messages and ranges the plan holds: what keeping it costs, in those units."""
+        return len(self.untouched) + sum(1 + len(s.prefill) + len(s.recvs) + len(s.sends) for s in self.steps)
+
 
 class Scratch:
     """Scratch buffers kept between calls, one per array library, dtype and device.
@@ -135,36 +146,44 @@ class _Run:
     dst_chunks: list[int]
 
 
-def _runs(schedule: Schedule, index: int, rank: int) -> list[_Run]:
-    """The messages of ``rank`` in step ``index``, in schedule order of their first transfers.
+def _runs(program: RankProgram, index: int) -> list[_Run]:
+    """The messages of the program's rank in step ``index``: its sends, then its receives.
 
-    Both ends of a message derive it from the global step alike: transfers of one
-    pair merge when adjacent on both sides, unless they reduce at a receiver that
-    also reduces from another rank in the step (the order of contributions to a
-    chunk is the schedule's, which a merge could change).
+    Within each, in schedule order of their first transfers. Both ends of a message
+    derive it alike: transfers of one pair merge when adjacent on both sides, unless
+    they reduce at a receiver that also reduces from another rank in the step (the
+    order of contributions to a chunk is the schedule's, which a merge could change).
+    The receiver sees that in its own receives; the sender is told by ``crowded``.
     """
-    bounds = schedule.chunk_bounds
-    step = schedule.steps[index]
-    reducing_from: dict[int, set[int]] = {}
-    for t in step.transfers:
-        if t.reduce:
-            reducing_from.setdefault(t.dst, set()).add(t.src)
+    bounds = program.chunk_bounds
+    step = program.steps[index]
+    recvs = step.recvs
+    crowded_here = len(recvs) > 1 and len({t.src for t in recvs if t.reduce}) > 1
     last: dict[tuple[int, int], _Run] = {}
     runs: list[_Run] = []
-    for t in step.transfers:
-        if rank not in (t.src, t.dst) or bounds[t.chunk] == bounds[t.chunk + 1]:
-            continue
-        s_lo, s_hi, d_lo, d_hi = bounds[t.chunk], bounds[t.chunk + 1], bounds[t.into], bounds[t.into + 1]
-        run = last.get((t.src, t.dst))
-        alone = not t.reduce or len(reducing_from[t.dst]) == 1
-        if run is not None and run.reduce == t.reduce and alone and run.src_hi == s_lo and run.dst_hi == d_lo:
-            run.src_hi, run.dst_hi = s_hi, d_hi
-            run.src_chunks.append(t.chunk)
-            run.dst_chunks.append(t.into)
-            continue
-        run = _Run(t.src, t.dst, s_lo, s_hi, d_lo, d_hi, t.reduce, [t.chunk], [t.into])
-        last[(t.src, t.dst)] = run
-        runs.append(run)
+    for transfers, receiving in ((step.sends, False), (recvs, True)):
+        for t in transfers:
+            chunk, into = t.chunk, t.into
+            s_lo, s_hi = bounds[chunk], bounds[chunk + 1]
+            if s_lo == s_hi:
+                continue
+            d_lo, d_hi = bounds[into], bounds[into + 1]
+            pair = (t.src, t.dst)
+            run = last.get(pair)
+            if (
+                run is not None
+                and run.reduce == t.reduce
+                and run.src_hi == s_lo
+                and run.dst_hi == d_lo
+                and not (t.reduce and (crowded_here if receiving else (index, t.dst) in program.crowded))
+            ):
+                run.src_hi, run.dst_hi = s_hi, d_hi
+                run.src_chunks.append(chunk)
+                run.dst_chunks.append(into)
+                continue
+            run = _Run(t.src, t.dst, s_lo, s_hi, d_lo, d_hi, t.reduce, [chunk], [into])
+            last[pair] = run
+            runs.append(run)
     return runs
 
 
@@ -172,15 +191,44 @@ def _segments(length: int, segment: int) -> list[tuple[int, int]]:
     return [(s, min(s + segment, length)) for s in range(0, length, segment)] or [(0, length)]
 
 
-def _lone(messages: list[_Message]) -> tuple[_Message, ...]:
-    """``messages``, each marked ``lone`` when it is the only one to or from its peer."""
-    peers = [m.peer for m in messages]
-    return tuple(replace(m, lone=True) if peers.count(m.peer) == 1 else m for m in messages)
+def _overlap(reduced: list[tuple[int, int]], read: list[tuple[int, int]]) -> bool:
+    """Whether a range of ``reduced`` overlaps one of ``read`` (none is empty): a sweep, not every pair.
+
+    Sorted by start, a range overlaps one of the other list seen before it exactly
+    when it starts before the furthest end seen there; a step of the direct
+    algorithm at 4,096 ranks has 4,095 of each.
+    """
+    if not reduced or not read:
+        return False
+    ends = [0, 0]  # the furthest end seen of each list
+    for lo, hi, which in sorted([(lo, hi, 0) for lo, hi in reduced] + [(lo, hi, 1) for lo, hi in read]):
+        if lo < ends[1 - which]:
+            return True
+        ends[which] = max(ends[which], hi)
+    return False
+
+
+_Raw = tuple[int, int, int, bool, int, bool]  # a message's peer, lo, hi, fresh, landing, first
+
+
+def _messages(raw: list[_Raw]) -> tuple[_Message, ...]:
+    """The messages of ``raw``, each marked ``lone`` when it is the only one to or from its peer."""
+    if len(raw) == 1:  # most steps of most algorithms
+        peer, lo, hi, fresh, landing, first = raw[0]
+        return (_Message(peer, lo, hi, fresh, landing, lone=True, first=first),)
+    peers = Counter(m[0] for m in raw)
+    return tuple(
+        _Message(peer, lo, hi, fresh, landing, lone=peers[peer] == 1, first=first)
+        for peer, lo, hi, fresh, landing, first in raw
+    )
 
 
 @lru_cache(maxsize=512)
 def plan(schedule: Schedule, rank: int, segment: int = 0, separate_source: bool = False) -> Plan:
     """The plan of ``rank``'s part of ``schedule`` (memoized; see :class:`Plan`).
+
+    For the global view (tests, benchmarks); the call path plans from a rank's
+    program, built without the schedule (:func:`program_plan`), to the same plan.
 
     Args:
         schedule: the schedule.
@@ -189,22 +237,60 @@ def plan(schedule: Schedule, rank: int, segment: int = 0, separate_source: bool 
         separate_source: whether the input is read from a source apart from the
             buffer until the schedule first writes each chunk there.
     """
-    bounds = schedule.chunk_bounds
-    written = [not separate_source] * schedule.num_chunks
+    return _plan(schedule.rank_program(rank), segment, separate_source)
+
+
+PLANS_KEPT = 512
+"""Plans :func:`program_plan` remembers, at most."""
+
+PLANS_BUDGET = 1 << 19
+"""The most :attr:`Plan.size` the plans :func:`program_plan` remembers hold together.
+
+At 4,096 ranks a ring allreduce's plan has some 8,000 steps (size about 33,000), so
+a count of plans alone would let the memo grow with the world size; at 8 ranks
+the count bounds it first.
+"""
+
+_programs_planned: Bounded[tuple[int, int, bool], tuple["weakref.ref[RankProgram]", Plan]] = Bounded(
+    PLANS_KEPT, PLANS_BUDGET, lambda kept: kept[1].size
+)
+
+
+def program_plan(program: RankProgram, segment: int = 0, separate_source: bool = False) -> Plan:
+    """The plan of a rank's part from its program, as :func:`plan` makes it of the schedule.
+
+    Memoized by the program's identity (programs are memoized by their shape, see
+    :func:`collectives.algorithms.rank_program`), so that a lookup does not hash
+    thousands of steps; the memo is bounded by what its plans hold
+    (:data:`PLANS_BUDGET`) and does not keep the programs alive.
+    """
+    key = (id(program), segment, separate_source)
+    kept = _programs_planned.get(key)
+    if kept is not None and kept[0]() is program:
+        return kept[1]
+    made = _plan(program, segment, separate_source)
+    _programs_planned.put(key, (weakref.ref(program), made))
+    return made
+
+
+def _plan(program: RankProgram, segment: int, separate_source: bool) -> Plan:
+    """The plan of ``program``'s rank (see :class:`Plan` and :func:`plan`)."""
+    bounds = program.chunk_bounds
+    written = [not separate_source] * program.num_chunks
     steps: list[_StepPlan] = []
     scratch = 0
-    for index in range(len(schedule.steps)):
-        recvs: list[_Message] = []
-        sends: list[_Message] = []
+    rank = program.rank
+    for index in range(len(program.steps)):
+        recvs: list[_Raw] = []
+        sends: list[_Raw] = []
         prefill: list[tuple[int, int]] = []
         used = 0
         writes: list[int] = []
         reduced: set[int] = set()
-        for run in _runs(schedule, index, rank):
+        for run in _runs(program, index):
             sender = rank == run.src
             local = run.src_chunks if sender else run.dst_chunks
-            state = {written[c] for c in local}
-            if len(state) > 1:
+            if len(local) > 1 and len({written[c] for c in local}) > 1:
                 # part fresh, part written: bring the fresh part over first, then use the buffer
                 for c in local:
                     if not written[c]:
@@ -212,51 +298,43 @@ def plan(schedule: Schedule, rank: int, segment: int = 0, separate_source: bool 
                         written[c] = True
             length = run.src_hi - run.src_lo
             pieces = _segments(length, segment) if run.reduce and segment else [(0, length)]
+            if sender:
+                fresh = not written[local[0]]
+                sends += [
+                    (run.dst, run.src_lo + p_lo, run.src_lo + p_hi, fresh, -1, False) for p_lo, p_hi in pieces
+                ]
+                continue
+            # a later reduction into the same chunk in this step adds to the first's result
+            fresh = run.reduce and not written[local[0]] and local[0] not in reduced
             for p_lo, p_hi in pieces:
-                if sender:
-                    fresh = not written[local[0]]
-                    sends.append(_Message(run.dst, run.src_lo + p_lo, run.src_lo + p_hi, fresh, -1))
-                else:
-                    # a later reduction into the same chunk in this step adds to the first's result
-                    fresh = run.reduce and not written[local[0]] and local[0] not in reduced
-                    landing = used if run.reduce else -1
-                    recvs.append(
-                        _Message(
-                            run.src,
-                            run.dst_lo + p_lo,
-                            run.dst_lo + p_hi,
-                            fresh,
-                            landing,
-                            first=run.src < rank,
-                        )
-                    )
-                    used += (p_hi - p_lo) if run.reduce else 0
-            if not sender:
-                writes += local
-                if run.reduce:
-                    reduced.update(local)
+                landing = used if run.reduce else -1
+                recvs.append((run.src, run.dst_lo + p_lo, run.dst_lo + p_hi, fresh, landing, run.src < rank))
+                used += (p_hi - p_lo) if run.reduce else 0
+            writes += local
+            if run.reduce:
+                reduced.update(local)
         if not (recvs or sends):
             continue
         scratch = max(scratch, used)
-        reduces = any(m.landing >= 0 for m in recvs)
-        overlap = any(
-            r.landing >= 0 and not s.fresh and r.lo < s.hi and s.lo < r.hi for r in recvs for s in sends
+        reduces = any(m[4] >= 0 for m in recvs)
+        overlap = _overlap(
+            [(m[1], m[2]) for m in recvs if m[4] >= 0], [(m[1], m[2]) for m in sends if not m[3]]
         )
         steps.append(
-            _StepPlan(tuple(prefill), _lone(recvs), _lone(sends), reduces, overlap, first=index == 0)
+            _StepPlan(tuple(prefill), _messages(recvs), _messages(sends), reduces, overlap, first=index == 0)
         )
         for c in writes:
             written[c] = True
     untouched = tuple(
         (bounds[c], bounds[c + 1])
-        for c in range(schedule.num_chunks)
+        for c in range(program.num_chunks)
         if not written[c] and bounds[c] < bounds[c + 1]
     )
     return Plan(tuple(steps), scratch, untouched)
 
 
 def execute(
-    schedule: Schedule,
+    schedule: Schedule | RankProgram,
     transport: Transport,
     backend: ArrayBackend,
     buffer: Any,
@@ -269,7 +347,9 @@ def execute(
     """Run ``transport.rank``'s part of ``schedule`` on ``buffer`` in place.
 
     Args:
-        schedule: the schedule; its world size must be the transport's.
+        schedule: the schedule, or the transport's rank's program (built without
+            the schedule, see :func:`collectives.algorithms.rank_program`); its
+            world size must be the transport's.
         transport: this rank's transport.
         backend: the backend of ``buffer``.
         buffer: this rank's 1-D contiguous buffer of ``schedule.count`` elements.
@@ -284,7 +364,12 @@ def execute(
     """
     itemsize = buffer.itemsize if hasattr(buffer, "itemsize") else buffer.element_size()
     segment = max(segment_bytes // itemsize, 1) if segment_bytes > 0 else 0
-    rank_plan = plan(schedule, transport.rank, segment, source is not None)
+    if isinstance(schedule, RankProgram):
+        if schedule.rank != transport.rank:
+            raise ValueError(f"the program of rank {schedule.rank} cannot run on rank {transport.rank}")
+        rank_plan = program_plan(schedule, segment, source is not None)
+    else:
+        rank_plan = plan(schedule, transport.rank, segment, source is not None)
     if op is None and any(s.reduces for s in rank_plan.steps):
         raise ValueError(f"{schedule.name} reduces, so it needs an op")
     if isinstance(scratch, Scratch):

@@ -27,11 +27,11 @@ __all__ = [
 
 from typing import TYPE_CHECKING, Any
 
-from .algorithms import ALGORITHMS, build_schedule
+from .algorithms import ALGORITHMS, rank_program
 from .algorithms.base import required_feature
 from .backends import ArrayBackend
 from .errors import CollectivesError
-from .execute import DEFAULT_SEGMENT_BYTES, Plan, opening, pack_opening, plan, run
+from .execute import DEFAULT_SEGMENT_BYTES, PLANS_BUDGET, Plan, opening, pack_opening, program_plan, run
 from .execute_shared import SharedExecutor
 from .ops import ReduceOp
 from .selector import AUTO
@@ -106,10 +106,20 @@ class Prepared:
 
 
 def remember(group: "Communicator", key: tuple[Any, ...], prepared: Prepared) -> None:
-    """Keep ``prepared`` for the later calls of ``key`` on ``group``."""
-    if len(group.prepared) >= KEPT:
-        group.prepared.clear()  # start afresh rather than evict one by one
-    group.prepared[key] = prepared
+    """Keep ``prepared`` for the later calls of ``key`` on ``group``.
+
+    At most :data:`KEPT` calls, whose plans hold at most :data:`PLANS_BUDGET`
+    together: a plan grows with the world size (a ring's has 2 (P - 1) steps).
+    """
+    kept = group.prepared
+    held = sum(_plan_size(p) for p in kept.values())  # only a call's first run gets here
+    if len(kept) >= KEPT or held + _plan_size(prepared) > PLANS_BUDGET:
+        kept.clear()  # start afresh rather than evict one by one
+    kept[key] = prepared
+
+
+def _plan_size(prepared: Prepared) -> int:
+    return 0 if prepared.plan is None else prepared.plan.size
 
 
 # --- allreduce
@@ -197,9 +207,9 @@ def allreduce_prepared(
 def allreduce_plan(
     group: "Communicator", algorithm: str, count: int, item_bytes: int, separate: bool
 ) -> Plan:
-    """This rank's plan of an allreduce by ``algorithm`` (a name, not ``"auto"``)."""
-    schedule = build_schedule("allreduce", algorithm, group.size, count)
-    return plan(schedule, group.rank, max(DEFAULT_SEGMENT_BYTES // item_bytes, 1), separate)
+    """This rank's plan of an allreduce by ``algorithm`` (a name, not ``"auto"``), from its program alone."""
+    program = rank_program("allreduce", algorithm, group.size, count, rank=group.rank)
+    return program_plan(program, max(DEFAULT_SEGMENT_BYTES // item_bytes, 1), separate)
 
 
 class Opening:

@@ -6,6 +6,7 @@ import sys
 PURE = [
     "collectives.schedule",
     "collectives.chunking",
+    "collectives.memo",
     "collectives.specs",
     "collectives.ops",
     "collectives.algorithms",

@@ -18,7 +18,7 @@ from collectives.errors import (
     UnknownAlgorithmError,
     UnsupportedOpError,
 )
-from collectives.schedule import Schedule, Step, Transfer
+from collectives.schedule import RankProgram, Schedule, Step, Transfer
 from collectives.selector import Selector, check_algorithm
 from collectives.topology.cost_model import DEFAULT_MODEL, CostModel
 
@@ -239,13 +239,13 @@ def test_auto_is_the_default_and_gives_what_ring_gives(ranks: Ranks) -> None:
 def test_auto_runs_the_algorithm_it_chooses(ranks: Ranks, monkeypatch: pytest.MonkeyPatch) -> None:
     _register(monkeypatch, "direct_auto", allreduce=_direct_allreduce)
     ran = []
-    original = prepared.plan  # allreduce plans its schedule once per rank and call, then runs the plan
+    original = prepared.program_plan  # allreduce plans its rank's program once per call, then runs the plan
 
-    def spy(schedule: Schedule, *args: Any, **kwargs: Any) -> Any:
-        ran.append(schedule.name)
-        return original(schedule, *args, **kwargs)
+    def spy(program: RankProgram, *args: Any, **kwargs: Any) -> Any:
+        ran.append(program.name)
+        return original(program, *args, **kwargs)
 
-    monkeypatch.setattr(prepared, "plan", spy)
+    monkeypatch.setattr(prepared, "program_plan", spy)
     inputs = [np.full(n, 1.5, np.float32) for n in (10, 10**6)]
     results = ranks(2, lambda comm: [C.allreduce(x, comm=comm) for x in inputs])
     for mine in results:

@@ -3,13 +3,21 @@
 What an algorithm module provides is written down in :mod:`collectives.algorithms.base`.
 """
 
-__all__ = ["ALGORITHMS", "build_schedule", "rank_program", "schedule_traffic"]
+__all__ = [
+    "ALGORITHMS",
+    "PROGRAMS_BUDGET",
+    "PROGRAMS_KEPT",
+    "build_schedule",
+    "rank_program",
+    "schedule_traffic",
+]
 
 from collections.abc import Sequence
 from functools import lru_cache
 
 from ..chunking import even_split
 from ..errors import ScheduleError, UnknownAlgorithmError
+from ..memo import Bounded
 from ..schedule import RankProgram, Schedule
 from ..specs import check_root, get_spec
 from ..topology.cost_model import Traffic, traffic
@@ -117,14 +125,38 @@ def build_schedule(
     return _cached(collective, algorithm, world_size, layout, rooted)
 
 
-@lru_cache(maxsize=256)
+PROGRAMS_KEPT = 256
+"""Rank programs :func:`rank_program` remembers, at most."""
+
+PROGRAMS_BUDGET = 1 << 19
+"""The most steps, transfers and chunks the programs :func:`rank_program` remembers hold together.
+
+A ring's program grows with the world size (at 4,096 ranks, some 8,000 steps and
+4,096 chunks, about 4 MB), so a count of programs alone would not keep the memo's
+memory flat.
+"""
+
+
+def _program_size(program: RankProgram) -> int:
+    return program.num_chunks + sum(1 + len(step.sends) + len(step.recvs) for step in program.steps)
+
+
+_programs: Bounded[tuple[str, str, tuple[int, ...], int | None, int], RankProgram] = Bounded(
+    PROGRAMS_KEPT, PROGRAMS_BUDGET, _program_size
+)
+
+
 def _cached_program(
     collective: str, algorithm: str, shares: tuple[int, ...], root: int | None, rank: int
 ) -> RankProgram:
-    build = rank_program_builder(ALGORITHMS[algorithm])
-    program = None if build is None else build(collective, shares, root, rank)
+    key = (collective, algorithm, shares, root, rank)
+    program = _programs.get(key)
     if program is None:
-        return _cached(collective, algorithm, len(shares), shares, root).rank_program(rank)
+        build = rank_program_builder(ALGORITHMS[algorithm])
+        program = None if build is None else build(collective, shares, root, rank)
+        if program is None:
+            program = _cached(collective, algorithm, len(shares), shares, root).rank_program(rank)
+        _programs.put(key, program)
     return program
 
 

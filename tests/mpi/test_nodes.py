@@ -80,3 +80,26 @@ def test_auto_chooses_the_nodes_for_large_messages(
                     nodes.flight_record()[-1])  # fmt: skip
     nodes.free()
     problems.check()
+
+
+def test_the_node_path_builds_no_global_schedule(
+    world: MPI.Intracomm, nodes: collectives.Communicator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from collectives import algorithms
+    from collectives.schedule import Schedule
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the node path built a global schedule")
+
+    algorithms._programs.cache_clear()  # the rails' programs built afresh, from the rank number
+    monkeypatch.setattr(algorithms, "_cached", refuse)
+    monkeypatch.setattr(Schedule, "__post_init__", refuse)
+    problems = Problems(world)
+    r, p = world.rank, world.size
+    for count in (7, 4097, 300_007):
+        x = exact_input("sum", "float32", count, r, p)
+        expected = mpi_reference("allreduce", x, "sum", world)
+        with problems.guard(f"count={count}"):
+            got = collectives.allreduce(x, algorithm="hierarchical_shared_memory", comm=nodes)
+            problems.expect_equal(f"{count}", got, expected)
+    problems.check()
