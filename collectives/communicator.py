@@ -73,6 +73,7 @@ class Communicator:
         self._node_shared: SharedExecutor | None = None  # over this rank's node then
         self._features: frozenset[str] | None = None  # what the transport offers, asked once
         self._device_paths: dict[str, DevicePath] = {}  # by backend: made on the first device call
+        self._sibling: Communicator | None = None
         # plain attributes, not properties: a repeated small call reads them in a few microseconds
         self.scratch = Scratch()
         self.prepared: dict[tuple[Any, ...], Prepared] = {}
@@ -264,18 +265,47 @@ class Communicator:
         if any(not isinstance(d, int | np.integer) or d < 0 for d in dims):
             raise InvalidBufferError(f"alloc needs a shape of non-negative integers, got {shape!r}")
         nbytes = math.prod(dims) * kind.itemsize
+        if self.watchdog.freed:
+            self.watchdog.watch(self.watchdog.guard("alloc", "-", 0))  # raises FreedCommunicatorError
         if "shared_memory" not in self.features or self._shared is None:
             return np.empty(dims, kind)
         # padded, so every allocation starts on a cache line and a zero-size one still exists
         memory = self._shared.alloc(max(-(-nbytes // 64) * 64, 64))
         return np.frombuffer(memory, np.uint8, nbytes).view(kind).reshape(dims)
 
+    def sibling(self) -> "Communicator":
+        """A communicator over the same ranks with its own messages, for a background thread's calls.
+
+        Made on the first call (collective, like creating one), then the same one;
+        freed with this one. Where the transport cannot be duplicated (a loopback
+        transport) it is this communicator itself.
+        """
+        if self._sibling is None:
+            transport = self._transport.duplicate()
+            if transport is None:
+                return self
+            dog = self.watchdog
+            self._sibling = Communicator(
+                transport, timeout=dog.timeout, stall_warning=dog.stall_warning, check=dog.check
+            )
+        return self._sibling
+
     def flight_record(self) -> list[str]:
         """This rank's last collectives on the communicator, oldest first, one line each."""
         return self.watchdog.flight_record()
 
     def free(self) -> None:
-        """Release the library's duplicate communicator; collective, like creating it."""
+        """Release the library's duplicate communicator; collective, like creating it.
+
+        Every later collective on it raises :class:`~collectives.FreedCommunicatorError`;
+        freeing it again does nothing.
+        """
+        if self.watchdog.freed:
+            return
+        self.watchdog.freed = True
+        self.watchdog.break_off("it was freed")
+        if self._sibling is not None:
+            self._sibling.free()
         self.scratch.clear()
         for path in self._device_paths.values():
             path.close()

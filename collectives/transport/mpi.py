@@ -15,7 +15,7 @@ from typing import Any, cast
 from mpi4py import MPI
 
 from .._env import env_flag
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, TransportError
 from .base import NodeSplit, Request, SharedMemory, Transport
 
 SHARED_REGION_BYTES = 1 << 24
@@ -34,6 +34,7 @@ CUDA_AWARE_ENV = "COLLECTIVES_CUDA_AWARE"
 """``1`` or ``0`` to say whether MPI takes CUDA device buffers, instead of asking the library."""
 
 _HEADER_BYTES = 128  # of a rank's slot in the control window: its barrier number, then its notes by parity
+_BROKEN_INT = 15  # the header's last integer: nonzero once the rank broke off (see MPISharedMemory.break_off)
 _MESSAGE_BYTES = 256
 _SLOT_BYTES = _HEADER_BYTES + 2 * _MESSAGE_BYTES  # then its messages by parity; its own cache lines
 
@@ -126,14 +127,28 @@ class MPITransport(Transport):
         """The thread support MPI was initialised with (mpi4py asks for ``multiple``)."""
         return _THREAD_LEVELS.get(MPI.Query_thread(), "single")
 
+    # MPI's own errors (a dead peer, a freed communicator) become TransportError, which the call
+    # names (collective, sequence, peers); try costs nothing where nothing is raised
     def isend(self, buffer: Any, dst: int, tag: int) -> Request:
-        return self._comm.Isend([buffer, MPI.BYTE], dst, tag)
+        try:
+            return self._comm.Isend([buffer, MPI.BYTE], dst, tag)
+        except MPI.Exception as error:
+            raise _failed(error, f"a send to rank {dst}") from error
 
     def irecv(self, buffer: Any, src: int, tag: int) -> Request:
-        return self._comm.Irecv([buffer, MPI.BYTE], src, tag)
+        try:
+            return self._comm.Irecv([buffer, MPI.BYTE], src, tag)
+        except MPI.Exception as error:
+            raise _failed(error, f"a receive from rank {src}") from error
 
     def waitall(self, requests: list[Request]) -> None:
-        MPI.Request.Waitall(requests)
+        try:
+            MPI.Request.Waitall(requests)
+        except MPI.Exception as error:
+            raise _failed(error, "waiting") from error
+
+    def duplicate(self) -> "MPITransport":
+        return MPITransport(self._comm)
 
     def shared_memory(self) -> "MPISharedMemory | None":
         self._split()
@@ -194,11 +209,14 @@ class MPITransport(Transport):
         # only inside its calls, so a sleep between polls would stall them; yielding the
         # core instead lets oversubscribed peers run, as MPICH's heavy yield does
         deadline = time.monotonic() + timeout
-        while not MPI.Request.Testall(requests):
-            if time.monotonic() >= deadline:
-                # Test completes what has finished; the rest are pending
-                return [i for i, request in enumerate(requests) if not request.Test()]
-            os.sched_yield()
+        try:
+            while not MPI.Request.Testall(requests):
+                if time.monotonic() >= deadline:
+                    # Test completes what has finished; the rest are pending
+                    return [i for i, request in enumerate(requests) if not request.Test()]
+                os.sched_yield()
+        except MPI.Exception as error:
+            raise _failed(error, "waiting") from error
         return []
 
     def probe(self, tag: int, timeout: float) -> tuple[int, int] | None:
@@ -248,6 +266,11 @@ class MPITransport(Transport):
             self._nodes = None
         if self._comm != MPI.COMM_NULL and not MPI.Is_finalized():
             self._comm.Free()
+
+
+def _failed(error: "MPI.Exception", doing: str) -> TransportError:
+    """MPI's ``error`` while ``doing`` something, as the library's error (the caller names the call)."""
+    return TransportError(f"MPI failed {doing}: {error.Get_error_string()}")
 
 
 @cache
@@ -352,7 +375,7 @@ class MPISharedMemory(SharedMemory):
             if numbers[slot] < number:
                 deadline = time.monotonic() + timeout
                 while missing := self._missing(number):
-                    if time.monotonic() >= deadline:
+                    if time.monotonic() >= deadline or self.broken_by() is not None:
                         return missing
                     os.sched_yield()
                 break
@@ -377,6 +400,13 @@ class MPISharedMemory(SharedMemory):
         self._windows.append(win)
         return [memoryview(win.Shared_query(r)[0]).cast("B") for r in range(self._node.Get_size())]  # type: ignore[arg-type]
 
+    def break_off(self) -> None:
+        self._numbers[self._rank * self._stride + _BROKEN_INT] = 1
+
+    def broken_by(self) -> int | None:
+        numbers, stride = self._numbers, self._stride
+        return next((r for r in self._others if numbers[r * stride + _BROKEN_INT]), None)
+
     def abandon(self) -> None:
         # the ranks that never arrived would leave MPI_Finalize waiting for them forever
         # (measured: a survivor's exit hangs while a peer sleeps), so end the job at exit
@@ -398,8 +428,9 @@ class MPISharedMemory(SharedMemory):
     def free(self) -> None:
         """Release the windows and the node's communicator; collective."""
         self._regions = []
-        for win in (self._win, self._control, *self._windows):
+        for win in (self._win, self._control):
             win.Unlock_all()
             win.Free()
-        self._windows = []
+        # the allocations' windows stay: arrays from Communicator.alloc may still point into them
+        # (every rank keeps them alike, as every rank allocated them); they go with the process
         self._node.Free()
