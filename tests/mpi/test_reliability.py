@@ -19,6 +19,7 @@ from collectives import (
     CollectivesError,
     ConcurrentCallError,
     FreedCommunicatorError,
+    PeerFailedError,
 )
 from collectives.transport.tags import Tag
 from tests.mpi.helpers import Problems
@@ -165,4 +166,47 @@ def test_a_freed_communicator_refuses_calls_and_its_arrays_stay_usable(world: MP
     problems.expect(bool((shared == expected).all()), f"alloc memory after free: {shared[:4]}")
     shared[:] = 7
     problems.expect(float(shared.sum()) == 7000, "alloc memory not writable after free")
+    problems.check()
+
+
+def test_an_mpi_failure_names_the_call_and_peer_and_breaks_the_communicator(world: MPI.Intracomm) -> None:
+    """Rank 1's receive of the second call's first ring step is too short: MPI fails it (truncated)."""
+    if world.size == 1:
+        pytest.skip("needs a peer")
+    problems = Problems(world)
+    comm = collectives.Communicator(world, timeout=30.0)
+    x = np.full(COUNT, world.rank + 1, np.float32)
+    expected = world.size * (world.size + 1) / 2
+    victim, left = 1, 0  # in the ring, rank 1 receives from rank 0
+    if world.rank == victim:
+        transport, watchdog = comm.transport, comm.watchdog
+        receive = transport.irecv
+        cut = False
+
+        def truncating(buffer: Any, src: int, tag: int) -> Any:
+            nonlocal cut
+            if tag == Tag.DATA and watchdog.sequence - 1 == 1 and not cut:
+                cut = True
+                buffer = memoryview(buffer).cast("B")[:-4]
+            return receive(buffer, src, tag)
+
+        transport.irecv = truncating  # type: ignore[method-assign]
+    outcomes = []
+    for call in range(4):
+        try:
+            result = collectives.allreduce(x, algorithm="ring", comm=comm)
+            problems.expect(bool((result == expected).all()), f"call {call} gave {result[:4]}")
+            outcomes.append("ok")
+        except PeerFailedError as error:
+            outcomes.append("failed")
+            problems.expect(world.rank == victim and call == 1, f"call {call}: {error}")
+            problems.expect(
+                (error.collective, error.sequence, error.peers) == ("allreduce", 1, (left,)), str(error)
+            )
+            problems.expect("allreduce #1" in str(error) and "rank 0" in str(error), str(error))
+            problems.expect(isinstance(error.__cause__, CollectivesError), repr(error.__cause__))
+        except BrokenCommunicatorError as error:
+            outcomes.append("broken")
+            problems.expect(error.rank == victim, str(error))
+    problems.expect(outcomes[0] == "ok" and "ok" not in outcomes[2:], f"outcomes {outcomes}")
     problems.check()
