@@ -127,6 +127,17 @@ class Communicator:
         features = self._features
         if features is not None:
             return features
+        self._meet(call, "the node split")
+        return self._find_features()
+
+    def _meet(self, call: Call, step: str) -> None:
+        """Meet the other ranks by messages ``call``'s deadline bounds, before a setup MPI cannot bound.
+
+        Finding the nodes (``Split_type``, a shared window) is MPI's collective, which
+        no timeout can bound: a rank that never comes makes the others raise
+        :class:`~collectives.CollectiveTimeout` here, naming ``step``, instead of
+        waiting in MPI.
+        """
         if self.size > 1 and self._transport.FINDS_NODES_TOGETHER:
             # twice: a late rank finds the first messages of ranks that sent them and then timed
             # out; a rank sends its second only once it has every first, so the late one times out too
@@ -135,10 +146,7 @@ class Communicator:
             for _ in range(2):
                 theirs = [bytearray(1) for _ in peers]
                 mine = [(bytearray(1), peer) for peer in peers]
-                _exchange(
-                    call, transport, mine, list(zip(theirs, peers, strict=True)), Tag.NODES, "the node split"
-                )
-        return self._find_features()
+                _exchange(call, transport, mine, list(zip(theirs, peers, strict=True)), Tag.NODES, step)
 
     def _find_features(self) -> frozenset[str]:
         """Ask the transport for its shared memory or node split (collective), and set up the executors."""
@@ -219,8 +227,12 @@ class Communicator:
         """The path device arrays take, once the first collective on them chose it; never collective."""
         return next(iter(self._device_paths.values()), None)
 
-    def device_path_of(self, backend: ArrayBackend) -> DevicePath | None:
-        """The path of ``backend``'s device arrays, made on first use (collective); ``None`` on the host."""
+    def device_path_of(self, backend: ArrayBackend, call: Call | None = None) -> DevicePath | None:
+        """The path of ``backend``'s device arrays, made on first use (collective); ``None`` on the host.
+
+        Made inside ``call``, the ranks first meet under its deadline (see :meth:`features_in`),
+        as choosing the path asks MPI which ranks share a node.
+        """
         path = self._device_paths.get(backend.name)
         if path is None:
             device = backend.device()
@@ -228,6 +240,8 @@ class Communicator:
                 return None
             from .transport.device_path import connect
 
+            if call is not None:
+                self._meet(call, "the device path")
             path = self._device_paths[backend.name] = connect(self._transport, device)
         return path
 

@@ -208,7 +208,7 @@ def _guard(group: Communicator, job: Job) -> Guard:
 
 def _on_device(group: Communicator, call: Call, backend: ArrayBackend) -> bool:
     """Send the call's messages over the communicator's device path if ``backend`` has a device."""
-    path = group.device_path_of(backend)
+    path = group.device_path_of(backend, call)
     if path is None:
         return False
     call.run_on(path.transport)
