@@ -186,21 +186,22 @@ class Call:
                 self._peer_failed(error, step, peers)
             return
         try:
-            pending = transport.wait_for(requests, 0.0)  # most waits end here, at once
+            # the first slice as the old single wait: most waits end in it, with no more work than before
+            until = self._deadline if self._warned else min(self._warn_at, self._deadline)
+            pending = transport.wait_for(requests, max(min(until - time.monotonic(), _NOTICE_POLL_S), 0.0))
             while pending:
                 requests = [requests[i] for i in pending]
                 peers = [peers[i] for i in pending]
                 self._heard_of_break(requests, peers, transport)
                 now = time.monotonic()
-                until = self._deadline if self._warned else self._warn_at
-                if now >= until:
-                    if self._warned:
-                        stuck = [Tracked(r, p.peer, p.sends) for r, p in zip(requests, peers, strict=True)]
-                        self._time_out(stuck, step, transport)
+                if now >= self._deadline:
+                    stuck = [Tracked(r, p.peer, p.sends) for r, p in zip(requests, peers, strict=True)]
+                    self._time_out(stuck, step, transport)
+                if not self._warned and now >= self._warn_at:
                     self._warned = True
                     self._warn(step, (p.peer for p in peers), transport.rank)
-                    continue
-                pending = transport.wait_for(requests, min(until - now, _NOTICE_POLL_S))
+                until = self._deadline if self._warned else min(self._warn_at, self._deadline)
+                pending = transport.wait_for(requests, max(min(until - now, _NOTICE_POLL_S), 0.0))
         except (BrokenCommunicatorError, CollectiveTimeout):
             raise
         except TransportError as error:

@@ -374,8 +374,10 @@ class MPISharedMemory(SharedMemory):
         for slot in self._slots:  # inline: most waits find everyone there, in a few microseconds a call
             if numbers[slot] < number:
                 deadline = time.monotonic() + timeout
+                polls = 0
                 while missing := self._missing(number):
-                    if time.monotonic() >= deadline or self.broken_by() is not None:
+                    polls += 1
+                    if time.monotonic() >= deadline or (polls & 255 == 0 and self.broken_by() is not None):
                         return missing
                     os.sched_yield()
                 break
