@@ -280,7 +280,7 @@ class Call:
             shared.post(pending.packed)
         shared.arrive(note)
         if not self._warned:
-            missing = shared.wait(max(self._warn_at - time.monotonic(), 0.0))
+            missing = shared.wait(max(min(self._warn_at, self._deadline) - time.monotonic(), 0.0))
             if missing and shared.broken_by() is not None:
                 missing = self._barrier_broken(shared, missing, ranks)
             if not missing:
@@ -289,6 +289,13 @@ class Call:
                     self.watchdog.compare_posted(shared, pending, self.sequence)
                 return
             self._warned = True
+            if time.monotonic() >= self._deadline:
+                missing = shared.wait(0.0)
+                if missing:
+                    shared.abandon()
+                    self._fail(
+                        tuple(missing if ranks is None else [ranks[r] for r in missing]), f"barrier {passed}"
+                    )
             _log.warning(
                 "rank %d: %s #%d has waited %.3g s in %s for %s",
                 self.watchdog.transport.rank,

@@ -401,7 +401,10 @@ class Watchdog:
         here = rank is None or rank == self._rank
         self.broken_by = self._rank if rank is None else rank
         self.broken = f"rank {self.broken_by} broke it: {why}"
-        if not here or self.freed:
+        if self.freed:
+            return
+        self.transport.drain_at_exit()
+        if not here:
             return
         if self.shared is not None:
             self.shared.break_off()

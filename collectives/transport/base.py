@@ -114,6 +114,9 @@ class Transport(ABC):
         The transport is not used afterwards. This default does nothing.
         """
 
+    def drain_at_exit(self) -> None:  # noqa: B027 - transports whose sends end on their own
+        """The communicator broke: at exit, take what peers still send, so their sends end and MPI can."""
+
     def duplicate(self) -> "Transport | None":
         """A transport over the same ranks whose messages never meet these (collective); ``None`` if none."""
         return None

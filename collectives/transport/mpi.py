@@ -38,6 +38,7 @@ _BROKEN_INT = 15  # the header's last integer: nonzero once the rank broke off (
 _MESSAGE_BYTES = 256
 _SLOT_BYTES = _HEADER_BYTES + 2 * _MESSAGE_BYTES  # then its messages by parity; its own cache lines
 
+_DRAIN_S = 1.0  # how long a rank whose communicator broke takes its peers' messages at exit
 _PROBE_PAUSE_S = 5e-4  # the longest sleep between probes: a message waits at most this long unseen
 
 _THREAD_LEVELS = {
@@ -78,6 +79,8 @@ class MPITransport(Transport):
         self._shared_known = False
         self._node_local: bool | None = None
         self._stuck: list[MPI.Request] = []  # sends a timeout left behind
+        self._at_exit = False  # whether _abort_if_stuck is registered
+        self._draining = False  # whether messages still coming are received and dropped at exit
 
     @classmethod
     def of_world_ranks(cls, ranks: Sequence[int], rank: int) -> "MPITransport":
@@ -241,12 +244,34 @@ class MPITransport(Transport):
         deadline = time.monotonic() + 1.0
         while not MPI.Request.Testall(receives) and time.monotonic() < deadline:
             time.sleep(1e-3)
-        if not self._stuck:
-            atexit.register(self._abort_if_stuck)  # runs before mpi4py's own MPI_Finalize
+        self._register_at_exit()
         self._stuck.extend(sends)
 
+    def drain_at_exit(self) -> None:
+        self._draining = True
+        self._register_at_exit()
+
+    def _register_at_exit(self) -> None:
+        if not self._at_exit:
+            self._at_exit = True
+            atexit.register(self._abort_if_stuck)  # runs before mpi4py's own MPI_Finalize
+
     def _abort_if_stuck(self) -> None:
-        if MPI.Is_finalized() or MPI.Request.Testall(self._stuck):
+        if MPI.Is_finalized():
+            return
+        if self._draining and self._comm != MPI.COMM_NULL:
+            # a broken communicator: take the messages peers still send (so their sends end), and
+            # give this rank's own sends a moment to be taken by peers doing the same
+            status = MPI.Status()
+            deadline = time.monotonic() + _DRAIN_S
+            while time.monotonic() < deadline:
+                while self._comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
+                    dropped = bytearray(status.Get_count(MPI.BYTE))
+                    self._comm.Recv([dropped, MPI.BYTE], status.Get_source(), status.Get_tag())
+                if self._stuck and MPI.Request.Testall(self._stuck):
+                    return
+                time.sleep(1e-3)
+        if MPI.Request.Testall(self._stuck):
             return
         print(
             "collectives: a timed-out collective left sends that never completed; "
