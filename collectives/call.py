@@ -235,10 +235,10 @@ class Call:
                 return
             if found is None:
                 return
-            by = found[0]
             notice = bytearray(NOTICE.size)
-            watchdog.transport.waitall([watchdog.transport.irecv(notice, by, Tag.BROKEN)])
-            why = NOTICE.unpack(notice)[2].rstrip(b"\0").decode(errors="replace")
+            watchdog.transport.waitall([watchdog.transport.irecv(notice, found[0], Tag.BROKEN)])
+            by, _, told = NOTICE.unpack(notice)
+            why = told.rstrip(b"\0").decode(errors="replace")
         # the broken rank's messages will not come: leave the receives posted, keep the sends alive
         stuck = [Tracked(r, p.peer, p.sends) for r, p in zip(requests, peers, strict=True)]
         watchdog.abandoned.extend(stuck)
@@ -320,10 +320,9 @@ class Call:
     ) -> list[int]:
         """A barrier another rank broke off: raise naming it, unless everyone arrived meanwhile."""
         missing = shared.wait(0.0)
-        by = shared.broken_by()
+        by = shared.broken_by()  # a rank of the communicator, as the watchdog marks it
         if not missing or by is None:
             return missing
-        by = by if ranks is None else ranks[by]
         watchdog = self.watchdog
         self.outcome = "broken"
         watchdog.break_off("its call did not finish; see its error", by)

@@ -398,18 +398,18 @@ class Watchdog:
         """
         if self.broken is not None:
             return
-        here = rank is None or rank == self._rank
         self.broken_by = self._rank if rank is None else rank
         self.broken = f"rank {self.broken_by} broke it: {why}"
         if self.freed:
             return
         self.transport.drain_at_exit()
-        if not here:
-            return
+        # tell every peer, also where this rank only heard of it: a peer may still wait on this one
         if self.shared is not None:
-            self.shared.break_off()
+            self.shared.break_off(self.broken_by)
         for peer in self._peers:
-            notice = bytearray(NOTICE.pack(self._rank, self.sequence - 1, why.encode()[:64]))
+            if peer == self.broken_by:
+                continue
+            notice = bytearray(NOTICE.pack(self.broken_by, self.sequence - 1, why.encode()[:64]))
             with contextlib.suppress(CollectivesError):  # a peer that cannot be told learns by its timeout
                 self._notices.append((self.transport.isend(notice, peer, Tag.BROKEN), notice))
 

@@ -218,11 +218,14 @@ class SharedMemory(ABC):
     def abandon(self) -> None:  # noqa: B027 - nothing to do where the process can end on its own
         """Give up on a barrier a timeout left unpassed; the process must still be able to end."""
 
-    def break_off(self) -> None:  # noqa: B027 - memories that cannot tell the others say nothing
-        """Tell the other ranks that this rank will pass no more barriers: their waits return at once."""
+    def break_off(self, rank: int) -> None:  # noqa: B027 - memories that cannot tell the others say nothing
+        """Tell the other ranks that this rank will pass no more barriers, as ``rank`` broke the communicator.
+
+        Their waits return at once, and :meth:`broken_by` says ``rank``.
+        """
 
     def broken_by(self) -> int | None:
-        """The lowest rank that called :meth:`break_off`, if any did."""
+        """The rank named by the first other rank that called :meth:`break_off`, if any did."""
         return None
 
     def barrier(self) -> None:

@@ -79,7 +79,7 @@ class MPITransport(Transport):
         self._shared_known = False
         self._node_local: bool | None = None
         self._stuck: list[MPI.Request] = []  # sends a timeout left behind
-        self._at_exit = False  # whether _abort_if_stuck is registered
+        self._at_exit = False  # whether it is in _AT_EXIT
         self._draining = False  # whether messages still coming are received and dropped at exit
 
     @classmethod
@@ -254,32 +254,18 @@ class MPITransport(Transport):
     def _register_at_exit(self) -> None:
         if not self._at_exit:
             self._at_exit = True
-            atexit.register(self._abort_if_stuck)  # runs before mpi4py's own MPI_Finalize
+            if not _AT_EXIT:
+                atexit.register(_end_at_exit)  # runs before mpi4py's own MPI_Finalize
+            _AT_EXIT.append(self)
 
-    def _abort_if_stuck(self) -> None:
-        if MPI.Is_finalized():
+    def _drain(self) -> None:
+        """Take and drop every message that has come (a broken communicator's late messages)."""
+        if not self._draining or self._comm == MPI.COMM_NULL:
             return
-        if self._draining and self._comm != MPI.COMM_NULL:
-            # a broken communicator: take the messages peers still send (so their sends end), and
-            # give this rank's own sends a moment to be taken by peers doing the same
-            status = MPI.Status()
-            deadline = time.monotonic() + _DRAIN_S
-            while time.monotonic() < deadline:
-                while self._comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
-                    dropped = bytearray(status.Get_count(MPI.BYTE))
-                    self._comm.Recv([dropped, MPI.BYTE], status.Get_source(), status.Get_tag())
-                if self._stuck and MPI.Request.Testall(self._stuck):
-                    return
-                time.sleep(1e-3)
-        if MPI.Request.Testall(self._stuck):
-            return
-        print(
-            "collectives: a timed-out collective left sends that never completed; "
-            "MPI_Finalize would wait for them forever, so the job is aborted",
-            file=sys.stderr,
-            flush=True,
-        )
-        MPI.COMM_WORLD.Abort(1)
+        status = MPI.Status()
+        while self._comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
+            dropped = bytearray(status.Get_count(MPI.BYTE))
+            self._comm.Recv([dropped, MPI.BYTE], status.Get_source(), status.Get_tag())
 
     def close(self) -> None:
         if self._shared is not None and not MPI.Is_finalized():
@@ -291,6 +277,34 @@ class MPITransport(Transport):
             self._nodes = None
         if self._comm != MPI.COMM_NULL and not MPI.Is_finalized():
             self._comm.Free()
+
+
+_AT_EXIT: list["MPITransport"] = []  # transports with sends left behind, or broken ones to drain
+
+
+def _end_at_exit() -> None:
+    """Let the sends left behind end, or abort the job, so that MPI_Finalize cannot wait forever.
+
+    Where a communicator broke, every rank takes the messages its peers still send, for
+    :data:`_DRAIN_S` (all communicators at once, as the ranks' exits are ordered alike by no one).
+    """
+    if MPI.Is_finalized():
+        return
+    if any(t._draining for t in _AT_EXIT):
+        deadline = time.monotonic() + _DRAIN_S
+        while time.monotonic() < deadline:
+            for transport in _AT_EXIT:
+                transport._drain()
+            time.sleep(1e-3)
+    if all(MPI.Request.Testall(t._stuck) for t in _AT_EXIT):
+        return
+    print(
+        "collectives: a timed-out collective left sends that never completed; "
+        "MPI_Finalize would wait for them forever, so the job is aborted",
+        file=sys.stderr,
+        flush=True,
+    )
+    MPI.COMM_WORLD.Abort(1)
 
 
 def _failed(error: "MPI.Exception", doing: str) -> TransportError:
@@ -427,12 +441,12 @@ class MPISharedMemory(SharedMemory):
         self._windows.append(win)
         return [memoryview(win.Shared_query(r)[0]).cast("B") for r in range(self._node.Get_size())]  # type: ignore[arg-type]
 
-    def break_off(self) -> None:
-        self._numbers[self._rank * self._stride + _BROKEN_INT] = 1
+    def break_off(self, rank: int) -> None:
+        self._numbers[self._rank * self._stride + _BROKEN_INT] = rank + 1
 
     def broken_by(self) -> int | None:
         numbers, stride = self._numbers, self._stride
-        return next((r for r in self._others if numbers[r * stride + _BROKEN_INT]), None)
+        return next((numbers[at] - 1 for r in self._others if numbers[at := r * stride + _BROKEN_INT]), None)
 
     def abandon(self) -> None:
         # the ranks that never arrived would leave MPI_Finalize waiting for them forever
