@@ -314,10 +314,14 @@ class Communicator:
         Every later collective on it raises :class:`~collectives.FreedCommunicatorError`;
         freeing it again does nothing.
         """
-        if self.watchdog.freed:
+        watchdog = self.watchdog
+        if watchdog.freed:
             return
-        self.watchdog.freed = True
-        self.watchdog.break_off("it was freed")
+        if watchdog.broken is not None:  # receives of a call that did not finish may still land in them
+            watchdog.kept.append((self.scratch, list(self.prepared.values())))
+            self.scratch = Scratch()
+        watchdog.freed = True
+        watchdog.break_off("it was freed")
         if self._sibling is not None:
             self._sibling.free()
         self.scratch.clear()
