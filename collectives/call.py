@@ -1,21 +1,26 @@
 """One collective under its watchdog: the transport it runs on, its deadlines, its flight-recorder entry."""
 
-__all__ = ["Call", "Tracked", "WatchedTransport"]
+__all__ = ["NOTICE", "Call", "Tracked", "WatchedTransport"]
 
 import logging
+import struct
 import time
 from collections.abc import Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from .errors import CollectiveTimeout, TransportError
+from .errors import BrokenCommunicatorError, CollectiveTimeout, PeerFailedError, TransportError
 from .signature import Signature
 from .transport.base import Request, SharedMemory, Transport, WrappedTransport
+from .transport.tags import Tag
 
 if TYPE_CHECKING:
     from .watchdog import Guard, Watchdog
 
 _log = logging.getLogger("collectives")
+
+_NOTICE_POLL_S = 0.02  # a wait looks for another rank's Tag.BROKEN notice this often
+NOTICE = struct.Struct("<qq64s")  # Tag.BROKEN: the rank that broke, its call's number, why
 
 
 class Tracked:
@@ -173,32 +178,93 @@ class Call:
         """
         transport = self.watchdog.transport if transport is None else transport
         if not self._watched:  # neither a deadline nor a warning
-            transport.waitall(requests)
+            try:
+                transport.waitall(requests)
+            except BrokenCommunicatorError:
+                raise
+            except TransportError as error:
+                self._peer_failed(error, step, peers)
             return
-        if not self._warned:
-            pending = transport.wait_for(requests, max(self._warn_at - time.monotonic(), 0.0))
-            if not pending:
+        try:
+            # the first slice as the old single wait: most waits end in it, with no more work than before
+            until = self._deadline if self._warned else min(self._warn_at, self._deadline)
+            pending = transport.wait_for(requests, max(min(until - time.monotonic(), _NOTICE_POLL_S), 0.0))
+            while pending:
+                requests = [requests[i] for i in pending]
+                peers = [peers[i] for i in pending]
+                self._heard_of_break(requests, peers, transport)
+                now = time.monotonic()
+                if now >= self._deadline:
+                    stuck = [Tracked(r, p.peer, p.sends) for r, p in zip(requests, peers, strict=True)]
+                    self._time_out(stuck, step, transport)
+                if not self._warned and now >= self._warn_at:
+                    self._warned = True
+                    self._warn(step, (p.peer for p in peers), transport.rank)
+                until = self._deadline if self._warned else min(self._warn_at, self._deadline)
+                pending = transport.wait_for(requests, max(min(until - now, _NOTICE_POLL_S), 0.0))
+        except (BrokenCommunicatorError, CollectiveTimeout):
+            raise
+        except TransportError as error:
+            self._peer_failed(error, step, peers)
+
+    def _warn(self, step: int | str, peers: Iterator[int], rank: int) -> None:
+        _log.warning(
+            "rank %d: %s #%d has waited %.3g s %s for %s",
+            rank,
+            self.signature.collective,
+            self.sequence,
+            time.monotonic() - self.began,
+            "to start"
+            if step == "signature"
+            else f"in step {step}"
+            if isinstance(step, int)
+            else f"in {step}",
+            _ranks(peers),
+        )
+
+    def _heard_of_break(self, requests: list[Request], peers: Sequence[Any], transport: Transport) -> None:
+        """Raise if another rank broke the communicator (a Tag.BROKEN notice, or a mark in shared memory)."""
+        watchdog = self.watchdog
+        shared = watchdog.shared
+        by = shared.broken_by() if shared is not None else None
+        why = "see its error"
+        if by is None:
+            try:
+                found = watchdog.transport.probe(Tag.BROKEN, 0.0)
+            except NotImplementedError:
                 return
-            self._warned = True
-            requests = [requests[i] for i in pending]
-            peers = [peers[i] for i in pending]
-            _log.warning(
-                "rank %d: %s #%d has waited %.3g s %s for %s",
-                transport.rank,
-                self.signature.collective,
-                self.sequence,
-                time.monotonic() - self.began,
-                "to start"
-                if step == "signature"
-                else f"in step {step}"
-                if isinstance(step, int)
-                else f"in {step}",
-                _ranks(p.peer for p in peers),
-            )
-        pending = transport.wait_for(requests, max(self._deadline - time.monotonic(), 0.0))
-        if pending:
-            stuck = [Tracked(requests[i], peers[i].peer, peers[i].sends) for i in pending]
-            self._time_out(stuck, step, transport)
+            if found is None:
+                return
+            notice = bytearray(NOTICE.size)
+            watchdog.transport.waitall([watchdog.transport.irecv(notice, found[0], Tag.BROKEN)])
+            by, _, told = NOTICE.unpack(notice)
+            why = told.rstrip(b"\0").decode(errors="replace")
+        # the broken rank's messages will not come: leave the receives posted, keep the sends alive
+        stuck = [Tracked(r, p.peer, p.sends) for r, p in zip(requests, peers, strict=True)]
+        watchdog.abandoned.extend(stuck)
+        transport.abandon([], [t.request for t in stuck if t.sends])
+        self.outcome = "broken"
+        watchdog.break_off(why, by)
+        raise BrokenCommunicatorError(
+            f"rank {watchdog.transport.rank}: {self.signature.collective} #{self.sequence} cannot complete: "
+            f"rank {by} broke the communicator ({why}); this communicator is unusable now",
+            rank=by,
+        )
+
+    def _peer_failed(self, error: TransportError, step: int | str, peers: Sequence[Any]) -> None:
+        watchdog = self.watchdog
+        named = tuple(sorted({p.peer for p in peers}))
+        where = f"step {step}" if isinstance(step, int) else step
+        what = f"{self.signature.collective} #{self.sequence}"
+        message = f"{what} failed in {where} with {_ranks(named) if named else 'no peer named'}: {error}"
+        watchdog.break_off(message)
+        raise PeerFailedError(
+            f"rank {watchdog.transport.rank}: {message}; this communicator is unusable now",
+            collective=self.signature.collective,
+            sequence=self.sequence,
+            peers=named,
+            rank=watchdog.transport.rank,
+        ) from error
 
     def barrier(
         self, shared: SharedMemory, note: Sequence[int] = (), ranks: tuple[int, ...] | None = None
@@ -214,13 +280,22 @@ class Call:
             shared.post(pending.packed)
         shared.arrive(note)
         if not self._warned:
-            missing = shared.wait(max(self._warn_at - time.monotonic(), 0.0))
+            missing = shared.wait(max(min(self._warn_at, self._deadline) - time.monotonic(), 0.0))
+            if missing and shared.broken_by() is not None:
+                missing = self._barrier_broken(shared, missing, ranks)
             if not missing:
                 if pending is not None:
                     self.pending = None
                     self.watchdog.compare_posted(shared, pending, self.sequence)
                 return
             self._warned = True
+            if time.monotonic() >= self._deadline:
+                missing = shared.wait(0.0)
+                if missing:
+                    shared.abandon()
+                    self._fail(
+                        tuple(missing if ranks is None else [ranks[r] for r in missing]), f"barrier {passed}"
+                    )
             _log.warning(
                 "rank %d: %s #%d has waited %.3g s in %s for %s",
                 self.watchdog.transport.rank,
@@ -231,12 +306,31 @@ class Call:
                 _ranks(tuple(missing if ranks is None else [ranks[r] for r in missing])),
             )
         missing = shared.wait(max(self._deadline - time.monotonic(), 0.0))
+        if missing and shared.broken_by() is not None:
+            missing = self._barrier_broken(shared, missing, ranks)
         if missing:
             shared.abandon()
             self._fail(tuple(missing if ranks is None else [ranks[r] for r in missing]), f"barrier {passed}")
         if pending is not None:
             self.pending = None
             self.watchdog.compare_posted(shared, pending, self.sequence)
+
+    def _barrier_broken(
+        self, shared: SharedMemory, missing: list[int], ranks: tuple[int, ...] | None
+    ) -> list[int]:
+        """A barrier another rank broke off: raise naming it, unless everyone arrived meanwhile."""
+        missing = shared.wait(0.0)
+        by = shared.broken_by()  # a rank of the communicator, as the watchdog marks it
+        if not missing or by is None:
+            return missing
+        watchdog = self.watchdog
+        self.outcome = "broken"
+        watchdog.break_off("its call did not finish; see its error", by)
+        raise BrokenCommunicatorError(
+            f"rank {watchdog.transport.rank}: {self.signature.collective} #{self.sequence} cannot complete: "
+            f"rank {by} broke the communicator; this communicator is unusable now",
+            rank=by,
+        )
 
     def _time_out(self, stuck: list[Tracked], step: int | str, transport: Transport) -> None:
         peers = tuple(sorted({t.peer for t in stuck}))

@@ -73,6 +73,7 @@ class Communicator:
         self._node_shared: SharedExecutor | None = None  # over this rank's node then
         self._features: frozenset[str] | None = None  # what the transport offers, asked once
         self._device_paths: dict[str, DevicePath] = {}  # by backend: made on the first device call
+        self._sibling: Communicator | None = None
         # plain attributes, not properties: a repeated small call reads them in a few microseconds
         self.scratch = Scratch()
         self.prepared: dict[tuple[Any, ...], Prepared] = {}
@@ -126,6 +127,17 @@ class Communicator:
         features = self._features
         if features is not None:
             return features
+        self._meet(call, "the node split")
+        return self._find_features()
+
+    def _meet(self, call: Call, step: str) -> None:
+        """Meet the other ranks by messages ``call``'s deadline bounds, before a setup MPI cannot bound.
+
+        Finding the nodes (``Split_type``, a shared window) is MPI's collective, which
+        no timeout can bound: a rank that never comes makes the others raise
+        :class:`~collectives.CollectiveTimeout` here, naming ``step``, instead of
+        waiting in MPI.
+        """
         if self.size > 1 and self._transport.FINDS_NODES_TOGETHER:
             # twice: a late rank finds the first messages of ranks that sent them and then timed
             # out; a rank sends its second only once it has every first, so the late one times out too
@@ -134,10 +146,7 @@ class Communicator:
             for _ in range(2):
                 theirs = [bytearray(1) for _ in peers]
                 mine = [(bytearray(1), peer) for peer in peers]
-                _exchange(
-                    call, transport, mine, list(zip(theirs, peers, strict=True)), Tag.NODES, "the node split"
-                )
-        return self._find_features()
+                _exchange(call, transport, mine, list(zip(theirs, peers, strict=True)), Tag.NODES, step)
 
     def _find_features(self) -> frozenset[str]:
         """Ask the transport for its shared memory or node split (collective), and set up the executors."""
@@ -218,8 +227,12 @@ class Communicator:
         """The path device arrays take, once the first collective on them chose it; never collective."""
         return next(iter(self._device_paths.values()), None)
 
-    def device_path_of(self, backend: ArrayBackend) -> DevicePath | None:
-        """The path of ``backend``'s device arrays, made on first use (collective); ``None`` on the host."""
+    def device_path_of(self, backend: ArrayBackend, call: Call | None = None) -> DevicePath | None:
+        """The path of ``backend``'s device arrays, made on first use (collective); ``None`` on the host.
+
+        Made inside ``call``, the ranks first meet under its deadline (see :meth:`features_in`),
+        as choosing the path asks MPI which ranks share a node.
+        """
         path = self._device_paths.get(backend.name)
         if path is None:
             device = backend.device()
@@ -227,6 +240,8 @@ class Communicator:
                 return None
             from .transport.device_path import connect
 
+            if call is not None:
+                self._meet(call, "the device path")
             path = self._device_paths[backend.name] = connect(self._transport, device)
         return path
 
@@ -264,18 +279,51 @@ class Communicator:
         if any(not isinstance(d, int | np.integer) or d < 0 for d in dims):
             raise InvalidBufferError(f"alloc needs a shape of non-negative integers, got {shape!r}")
         nbytes = math.prod(dims) * kind.itemsize
+        if self.watchdog.freed:
+            self.watchdog.watch(self.watchdog.guard("alloc", "-", 0))  # raises FreedCommunicatorError
         if "shared_memory" not in self.features or self._shared is None:
             return np.empty(dims, kind)
         # padded, so every allocation starts on a cache line and a zero-size one still exists
         memory = self._shared.alloc(max(-(-nbytes // 64) * 64, 64))
         return np.frombuffer(memory, np.uint8, nbytes).view(kind).reshape(dims)
 
+    def sibling(self) -> "Communicator":
+        """A communicator over the same ranks with its own messages, for a background thread's calls.
+
+        Made on the first call (collective, like creating one), then the same one;
+        freed with this one. Where the transport cannot be duplicated (a loopback
+        transport) it is this communicator itself.
+        """
+        if self._sibling is None:
+            transport = self._transport.duplicate()
+            if transport is None:
+                return self
+            dog = self.watchdog
+            self._sibling = Communicator(
+                transport, timeout=dog.timeout, stall_warning=dog.stall_warning, check=dog.check
+            )
+        return self._sibling
+
     def flight_record(self) -> list[str]:
         """This rank's last collectives on the communicator, oldest first, one line each."""
         return self.watchdog.flight_record()
 
     def free(self) -> None:
-        """Release the library's duplicate communicator; collective, like creating it."""
+        """Release the library's duplicate communicator; collective, like creating it.
+
+        Every later collective on it raises :class:`~collectives.FreedCommunicatorError`;
+        freeing it again does nothing.
+        """
+        watchdog = self.watchdog
+        if watchdog.freed:
+            return
+        if watchdog.broken is not None:  # receives of a call that did not finish may still land in them
+            watchdog.kept.append((self.scratch, list(self.prepared.values())))
+            self.scratch = Scratch()
+        watchdog.freed = True
+        watchdog.break_off("it was freed")
+        if self._sibling is not None:
+            self._sibling.free()
         self.scratch.clear()
         for path in self._device_paths.values():
             path.close()

@@ -178,22 +178,27 @@ def run(group: Communicator, job: Job, check: bool | None) -> Any:
     watchdog = group.watchdog
     opening = job.opening
     guard = _guard(group, job) if opening is None else opening.guard
-    with watchdog.watch(guard, check, first_barrier=opening is not None and opening.plan is None) as call:
-        device = _on_device(group, call, job.backend)
-        if opening is None:
-            call.algorithm = _choose(
-                group, call, job.collective, job.algorithm, job.count, job.item_bytes, device
-            )
-            shared = _shared(group, call, job)
-        else:
-            call.algorithm = opening.algorithm
-            shared = group.shared if opening.plan is None else None
-        if shared is not None:
-            return _ON_SHARED[job.collective](group, call, shared, guard, job)
-        if job.collective == "allreduce":
-            _allreduce(group, call, guard, job)
-            return job.work
-        return _schedule(group, call, job)
+    try:
+        with watchdog.watch(guard, check, first_barrier=opening is not None and opening.plan is None) as call:
+            device = _on_device(group, call, job.backend)
+            if opening is None:
+                call.algorithm = _choose(
+                    group, call, job.collective, job.algorithm, job.count, job.item_bytes, device
+                )
+                shared = _shared(group, call, job)
+            else:
+                call.algorithm = opening.algorithm
+                shared = group.shared if opening.plan is None else None
+            if shared is not None:
+                return _ON_SHARED[job.collective](group, call, shared, guard, job)
+            if job.collective == "allreduce":
+                _allreduce(group, call, guard, job)
+                return job.work
+            return _schedule(group, call, job)
+    except BaseException:
+        if watchdog.broken is not None:  # receives posted into the job's arrays may still land
+            watchdog.kept.append(job)
+        raise
 
 
 def _guard(group: Communicator, job: Job) -> Guard:
@@ -208,7 +213,7 @@ def _guard(group: Communicator, job: Job) -> Guard:
 
 def _on_device(group: Communicator, call: Call, backend: ArrayBackend) -> bool:
     """Send the call's messages over the communicator's device path if ``backend`` has a device."""
-    path = group.device_path_of(backend)
+    path = group.device_path_of(backend, call)
     if path is None:
         return False
     call.run_on(path.transport)

@@ -1,10 +1,13 @@
 """Exceptions raised by collectives."""
 
 __all__ = [
+    "BrokenCommunicatorError",
     "CalibrationError",
     "CollectiveTimeout",
     "CollectivesError",
+    "ConcurrentCallError",
     "ConfigurationError",
+    "FreedCommunicatorError",
     "InvalidBufferError",
     "InvalidRootError",
     "InvalidRowsError",
@@ -12,6 +15,7 @@ __all__ = [
     "KVStoreTimeout",
     "KeyMismatchError",
     "MismatchError",
+    "PeerFailedError",
     "PeerInputError",
     "ScheduleError",
     "TopologyError",
@@ -109,6 +113,64 @@ class CollectiveTimeout(TransportError, TimeoutError):
         self.sequence = sequence
         self.step = step
         self.peers = peers
+
+
+class BrokenCommunicatorError(TransportError):
+    """A collective on the communicator did not finish on some rank, so no later one can run on it.
+
+    A call interrupted on one rank (``KeyboardInterrupt``, an exception from a signal
+    handler), a timeout, a failed peer or two threads' calls at once leave the ranks
+    unsure which messages belong to which call; rather than risk a wrong result the
+    communicator refuses every later call, on the rank where it happened and, once
+    they hear of it, on the others. Make a new communicator.
+
+    Attributes:
+        rank: the rank where the communicator broke, where known.
+    """
+
+    def __init__(self, message: str, *, rank: int | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+
+
+class PeerFailedError(BrokenCommunicatorError):
+    """MPI failed a transfer of a collective (a peer that died, say).
+
+    Attributes:
+        collective: the collective's name.
+        sequence: its sequence number on the communicator.
+        peers: the ranks of the transfers that failed, where MPI says.
+    """
+
+    def __init__(
+        self, message: str, *, collective: str, sequence: int, peers: tuple[int, ...], rank: int
+    ) -> None:
+        super().__init__(message, rank=rank)
+        self.collective = collective
+        self.sequence = sequence
+        self.peers = peers
+
+
+class ConcurrentCallError(BrokenCommunicatorError):
+    """A thread called a collective while another thread's call on the same communicator was running.
+
+    The ranks could not pair such calls alike, so the call is refused and the
+    communicator broken on every rank (see the README's "Threads"): order the
+    threads' calls yourself, or give each thread a communicator of its own.
+
+    Attributes:
+        running: the name of the thread whose call was running.
+        calling: the name of the thread whose call was refused.
+    """
+
+    def __init__(self, message: str, *, running: str, calling: str, rank: int) -> None:
+        super().__init__(message, rank=rank)
+        self.running = running
+        self.calling = calling
+
+
+class FreedCommunicatorError(CollectivesError, RuntimeError):
+    """The communicator was freed (:meth:`~collectives.Communicator.free`); make a new one."""
 
 
 class MismatchError(CollectivesError, ValueError):

@@ -196,7 +196,11 @@ def allreduce_prepared(
                 prepared.arrived,
             )
     except BaseException as error:
-        watchdog.end(call, error)
+        try:
+            watchdog.end(call, error)
+        finally:
+            if watchdog.broken is not None:  # MPI may still write into them: keep them
+                watchdog.kept.append((x, out, work, source, prepared.scratch))
         raise
     watchdog.end(call)
     if prepared.averages:

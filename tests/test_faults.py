@@ -30,3 +30,20 @@ def test_a_rank_lost_mid_collective_ends_the_job(how: str, algorithm: str) -> No
         # rank and step named vary; the barrier's message is checked in tests/test_shared_memory.py)
         assert "CollectiveTimeout" in output and "waiting for rank" in output, output
     print(f"{how} in {algorithm}: the job ended in {took:.1f} s with exit status {finished.returncode}")
+
+
+@pytest.mark.skipif(mpiexec() is None, reason="no mpiexec (install the mpich extra)")
+@pytest.mark.parametrize("how", ["exit", "exit0", "kill"])
+def test_a_rank_lost_mid_collective_ends_the_job_without_a_timeout(how: str) -> None:
+    """No watchdog deadline (timeout 0): MPI's own error on the survivors, or the launcher, ends the job."""
+    started = time.monotonic()
+    try:
+        finished = run_mpi(3, ["-m", "tests.faults.die_mid_collective", how, "ring", "0"], timeout=BOUND_S)
+    except subprocess.TimeoutExpired as expired:
+        pytest.fail(f"the job hung after a rank was lost ({how}) with no timeout; output:\n{expired.output}")
+    output = finished.stdout
+    assert finished.returncode != 0, output
+    assert "completed without rank 2" not in output
+    # a survivor that saw MPI's error says which call and peer, as the library's error
+    assert "See the MPI_ERROR field" not in output, output
+    print(f"{how} without a timeout: the job ended in {time.monotonic() - started:.1f} s")

@@ -71,8 +71,8 @@ def _submit(comm: Comm, job: Callable[[api.Communicator], T]) -> "Future[T]":
     The communicator is looked up (and the default one created, a collective
     call) here, on the caller's thread.
     """
-    communicator = _communicator_of(comm)
-    return _worker(communicator).submit(lambda: job(communicator))
+    worker = _worker(_communicator_of(comm))
+    return worker.submit(lambda: job(worker.communicator))
 
 
 def _checked(tensor: torch.Tensor, op: str | None, comm: Comm, collective: str) -> str:

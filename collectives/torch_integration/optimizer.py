@@ -200,7 +200,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._start(self._buckets[self._started])
 
     def _start(self, bucket: _Bucket) -> None:
-        op, communicator = self._op, self._communicator
+        op, communicator = self._op, self._worker.communicator
         self._pending.append(self._worker.submit(lambda: bucket.reduce(op, communicator)))
         self._started += 1
 

@@ -179,7 +179,7 @@ class _ProcessGroup(dist.ProcessGroup):
 
     def _run(self, job: Callable[[api.Communicator], None], result: Any) -> dist.Work:
         """Submit ``job``; the work completes with ``result`` (what c10d expects of the collective)."""
-        communicator = self._communicator
+        communicator = self._worker.communicator
         return _Work(self._worker.submit(lambda: job(communicator)), result)
 
     def _refuse(self, collective: str, error: Exception) -> None:
@@ -381,7 +381,8 @@ def _mpi_rendezvous(
             address = f"{host}:{store.port}".encode()
         except Exception as error:  # the others learn of it from the empty address, rather than wait
             failure = error
-    address = _worker(communicator).submit(lambda: _broadcast_bytes(address, 0, communicator)).result()
+    worker = _worker(communicator)
+    address = worker.submit(lambda: _broadcast_bytes(address, 0, worker.communicator)).result()
     if failure is not None:
         raise failure
     if not address:

@@ -24,6 +24,10 @@ T = TypeVar("T")
 class _Worker:
     """One thread that runs a communicator's collectives one at a time, in the order they were submitted.
 
+    They run on :attr:`communicator`, the user's communicator's
+    :meth:`~collectives.Communicator.sibling`, so the user's own calls on the
+    user's communicator from another thread never meet them.
+
     Every rank submits its collectives in its program order, which is the same
     on every rank, so the collectives pair up; and two collectives on one
     communicator never interleave their messages. Where MPI lets only the main
@@ -31,8 +35,9 @@ class _Worker:
     at once on the caller's.
     """
 
-    def __init__(self, inline: bool) -> None:
+    def __init__(self, inline: bool, communicator: Communicator) -> None:
         self._inline = inline
+        self.communicator = communicator  # the user's communicator's sibling: its calls never meet the user's
         self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = queue.SimpleQueue()
         if not inline:
             threading.Thread(target=self._run, name="collectives-comm", daemon=True).start()
@@ -75,7 +80,10 @@ def _worker(communicator: Communicator) -> _Worker:
     with _workers_lock:
         worker = _workers.get(communicator)
         if worker is None:
-            worker = _Worker(inline=communicator.transport.thread_level in ("funneled", "single"))
+            inline = communicator.transport.thread_level in ("funneled", "single")
+            # its own messages (a collective call, made on the caller's thread in program order), so the
+            # user's own calls on the communicator, from the main thread, never meet the worker's
+            worker = _Worker(inline, communicator if inline else communicator.sibling())
             _workers[communicator] = worker
             weakref.finalize(communicator, worker.stop)
         return worker
@@ -95,4 +103,5 @@ def _tell_refusal(communicator: Communicator, collective: str, error: Exception)
     It goes on the communicator's thread, in order with the collectives started
     before it, as a poisoned signature (see :meth:`collectives.watchdog.Watchdog.poison`).
     """
-    _worker(communicator).submit(lambda: refuse(communicator, collective, AUTO, None, error)).result()
+    worker = _worker(communicator)
+    worker.submit(lambda: refuse(worker.communicator, collective, AUTO, None, error)).result()

@@ -114,6 +114,13 @@ class Transport(ABC):
         The transport is not used afterwards. This default does nothing.
         """
 
+    def drain_at_exit(self) -> None:  # noqa: B027 - transports whose sends end on their own
+        """The communicator broke: at exit, take what peers still send, so their sends end and MPI can."""
+
+    def duplicate(self) -> "Transport | None":
+        """A transport over the same ranks whose messages never meet these (collective); ``None`` if none."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - most transports have nothing to release
         """Release what the transport holds; it is not used afterwards."""
 
@@ -210,6 +217,16 @@ class SharedMemory(ABC):
 
     def abandon(self) -> None:  # noqa: B027 - nothing to do where the process can end on its own
         """Give up on a barrier a timeout left unpassed; the process must still be able to end."""
+
+    def break_off(self, rank: int) -> None:  # noqa: B027 - memories that cannot tell the others say nothing
+        """Tell the other ranks that this rank will pass no more barriers, as ``rank`` broke the communicator.
+
+        Their waits return at once, and :meth:`broken_by` says ``rank``.
+        """
+
+    def broken_by(self) -> int | None:
+        """The rank named by the first other rank that called :meth:`break_off`, if any did."""
+        return None
 
     def barrier(self) -> None:
         """Return once every rank has called it, waiting without bound."""

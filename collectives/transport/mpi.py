@@ -15,7 +15,7 @@ from typing import Any, cast
 from mpi4py import MPI
 
 from .._env import env_flag
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, TransportError
 from .base import NodeSplit, Request, SharedMemory, Transport
 
 SHARED_REGION_BYTES = 1 << 24
@@ -34,9 +34,11 @@ CUDA_AWARE_ENV = "COLLECTIVES_CUDA_AWARE"
 """``1`` or ``0`` to say whether MPI takes CUDA device buffers, instead of asking the library."""
 
 _HEADER_BYTES = 128  # of a rank's slot in the control window: its barrier number, then its notes by parity
+_BROKEN_INT = 15  # the header's last integer: nonzero once the rank broke off (see MPISharedMemory.break_off)
 _MESSAGE_BYTES = 256
 _SLOT_BYTES = _HEADER_BYTES + 2 * _MESSAGE_BYTES  # then its messages by parity; its own cache lines
 
+_DRAIN_S = 1.0  # how long a rank whose communicator broke takes its peers' messages at exit
 _PROBE_PAUSE_S = 5e-4  # the longest sleep between probes: a message waits at most this long unseen
 
 _THREAD_LEVELS = {
@@ -77,6 +79,8 @@ class MPITransport(Transport):
         self._shared_known = False
         self._node_local: bool | None = None
         self._stuck: list[MPI.Request] = []  # sends a timeout left behind
+        self._at_exit = False  # whether it is in _AT_EXIT
+        self._draining = False  # whether messages still coming are received and dropped at exit
 
     @classmethod
     def of_world_ranks(cls, ranks: Sequence[int], rank: int) -> "MPITransport":
@@ -126,14 +130,28 @@ class MPITransport(Transport):
         """The thread support MPI was initialised with (mpi4py asks for ``multiple``)."""
         return _THREAD_LEVELS.get(MPI.Query_thread(), "single")
 
+    # MPI's own errors (a dead peer, a freed communicator) become TransportError, which the call
+    # names (collective, sequence, peers); try costs nothing where nothing is raised
     def isend(self, buffer: Any, dst: int, tag: int) -> Request:
-        return self._comm.Isend([buffer, MPI.BYTE], dst, tag)
+        try:
+            return self._comm.Isend([buffer, MPI.BYTE], dst, tag)
+        except MPI.Exception as error:
+            raise _failed(error, f"a send to rank {dst}") from error
 
     def irecv(self, buffer: Any, src: int, tag: int) -> Request:
-        return self._comm.Irecv([buffer, MPI.BYTE], src, tag)
+        try:
+            return self._comm.Irecv([buffer, MPI.BYTE], src, tag)
+        except MPI.Exception as error:
+            raise _failed(error, f"a receive from rank {src}") from error
 
     def waitall(self, requests: list[Request]) -> None:
-        MPI.Request.Waitall(requests)
+        try:
+            MPI.Request.Waitall(requests)
+        except MPI.Exception as error:
+            raise _failed(error, "waiting") from error
+
+    def duplicate(self) -> "MPITransport":
+        return MPITransport(self._comm)
 
     def shared_memory(self) -> "MPISharedMemory | None":
         self._split()
@@ -194,11 +212,14 @@ class MPITransport(Transport):
         # only inside its calls, so a sleep between polls would stall them; yielding the
         # core instead lets oversubscribed peers run, as MPICH's heavy yield does
         deadline = time.monotonic() + timeout
-        while not MPI.Request.Testall(requests):
-            if time.monotonic() >= deadline:
-                # Test completes what has finished; the rest are pending
-                return [i for i, request in enumerate(requests) if not request.Test()]
-            os.sched_yield()
+        try:
+            while not MPI.Request.Testall(requests):
+                if time.monotonic() >= deadline:
+                    # Test completes what has finished; the rest are pending
+                    return [i for i, request in enumerate(requests) if not request.Test()]
+                os.sched_yield()
+        except MPI.Exception as error:
+            raise _failed(error, "waiting") from error
         return []
 
     def probe(self, tag: int, timeout: float) -> tuple[int, int] | None:
@@ -223,20 +244,28 @@ class MPITransport(Transport):
         deadline = time.monotonic() + 1.0
         while not MPI.Request.Testall(receives) and time.monotonic() < deadline:
             time.sleep(1e-3)
-        if not self._stuck:
-            atexit.register(self._abort_if_stuck)  # runs before mpi4py's own MPI_Finalize
+        self._register_at_exit()
         self._stuck.extend(sends)
 
-    def _abort_if_stuck(self) -> None:
-        if MPI.Is_finalized() or MPI.Request.Testall(self._stuck):
+    def drain_at_exit(self) -> None:
+        self._draining = True
+        self._register_at_exit()
+
+    def _register_at_exit(self) -> None:
+        if not self._at_exit:
+            self._at_exit = True
+            if not _AT_EXIT:
+                atexit.register(_end_at_exit)  # runs before mpi4py's own MPI_Finalize
+            _AT_EXIT.append(self)
+
+    def _drain(self) -> None:
+        """Take and drop every message that has come (a broken communicator's late messages)."""
+        if not self._draining or self._comm == MPI.COMM_NULL:
             return
-        print(
-            "collectives: a timed-out collective left sends that never completed; "
-            "MPI_Finalize would wait for them forever, so the job is aborted",
-            file=sys.stderr,
-            flush=True,
-        )
-        MPI.COMM_WORLD.Abort(1)
+        status = MPI.Status()
+        while self._comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
+            dropped = bytearray(status.Get_count(MPI.BYTE))
+            self._comm.Recv([dropped, MPI.BYTE], status.Get_source(), status.Get_tag())
 
     def close(self) -> None:
         if self._shared is not None and not MPI.Is_finalized():
@@ -248,6 +277,39 @@ class MPITransport(Transport):
             self._nodes = None
         if self._comm != MPI.COMM_NULL and not MPI.Is_finalized():
             self._comm.Free()
+
+
+_AT_EXIT: list["MPITransport"] = []  # transports with sends left behind, or broken ones to drain
+
+
+def _end_at_exit() -> None:
+    """Let the sends left behind end, or abort the job, so that MPI_Finalize cannot wait forever.
+
+    Where a communicator broke, every rank takes the messages its peers still send, for
+    :data:`_DRAIN_S` (all communicators at once, as the ranks' exits are ordered alike by no one).
+    """
+    if MPI.Is_finalized():
+        return
+    if any(t._draining for t in _AT_EXIT):
+        deadline = time.monotonic() + _DRAIN_S
+        while time.monotonic() < deadline:
+            for transport in _AT_EXIT:
+                transport._drain()
+            time.sleep(1e-3)
+    if all(MPI.Request.Testall(t._stuck) for t in _AT_EXIT):
+        return
+    print(
+        "collectives: a timed-out collective left sends that never completed; "
+        "MPI_Finalize would wait for them forever, so the job is aborted",
+        file=sys.stderr,
+        flush=True,
+    )
+    MPI.COMM_WORLD.Abort(1)
+
+
+def _failed(error: "MPI.Exception", doing: str) -> TransportError:
+    """MPI's ``error`` while ``doing`` something, as the library's error (the caller names the call)."""
+    return TransportError(f"MPI failed {doing}: {error.Get_error_string()}")
 
 
 @cache
@@ -351,8 +413,10 @@ class MPISharedMemory(SharedMemory):
         for slot in self._slots:  # inline: most waits find everyone there, in a few microseconds a call
             if numbers[slot] < number:
                 deadline = time.monotonic() + timeout
+                polls = 0
                 while missing := self._missing(number):
-                    if time.monotonic() >= deadline:
+                    polls += 1
+                    if time.monotonic() >= deadline or (polls & 255 == 0 and self.broken_by() is not None):
                         return missing
                     os.sched_yield()
                 break
@@ -377,6 +441,13 @@ class MPISharedMemory(SharedMemory):
         self._windows.append(win)
         return [memoryview(win.Shared_query(r)[0]).cast("B") for r in range(self._node.Get_size())]  # type: ignore[arg-type]
 
+    def break_off(self, rank: int) -> None:
+        self._numbers[self._rank * self._stride + _BROKEN_INT] = rank + 1
+
+    def broken_by(self) -> int | None:
+        numbers, stride = self._numbers, self._stride
+        return next((numbers[at] - 1 for r in self._others if numbers[at := r * stride + _BROKEN_INT]), None)
+
     def abandon(self) -> None:
         # the ranks that never arrived would leave MPI_Finalize waiting for them forever
         # (measured: a survivor's exit hangs while a peer sleeps), so end the job at exit
@@ -398,8 +469,9 @@ class MPISharedMemory(SharedMemory):
     def free(self) -> None:
         """Release the windows and the node's communicator; collective."""
         self._regions = []
-        for win in (self._win, self._control, *self._windows):
+        for win in (self._win, self._control):
             win.Unlock_all()
             win.Free()
-        self._windows = []
+        # the allocations' windows stay: arrays from Communicator.alloc may still point into them
+        # (every rank keeps them alike, as every rank allocated them); they go with the process
         self._node.Free()

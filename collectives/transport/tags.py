@@ -42,3 +42,6 @@ class Tag(IntEnum):
 
     KV_REPLY = 16
     """The key-value store: a server's answer to a worker."""
+
+    BROKEN = 17
+    """"A call of mine did not finish: the communicator is broken", to every peer, found by probing."""

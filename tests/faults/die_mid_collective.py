@@ -1,6 +1,6 @@
 """Run under mpiexec: the last rank dies in the middle of its second allreduce; the job must end, not hang.
 
-Usage: ``python -m tests.faults.die_mid_collective exit|kill|hang [ring|shared_memory]``.
+Usage: ``python -m tests.faults.die_mid_collective exit|kill|hang [ring|shared_memory] [TIMEOUT_S]``.
 ``exit`` leaves by ``os._exit(3)``, ``kill`` by SIGKILL, and ``hang`` sleeps for
 good without dying, so the others can only end by their own timeout. With
 ``shared_memory`` the rank dies on arriving at the shared-memory executor's second
@@ -24,13 +24,15 @@ def _die(rank: int, how: str) -> None:
     print(f"rank {rank}: dying ({how})", flush=True)
     if how == "exit":
         os._exit(3)
+    if how == "exit0":  # a clean exit: the launcher does not end the job for it
+        os._exit(0)
     if how == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(3600)
 
 
-def main(how: str, algorithm: str = "ring") -> None:
-    comm = collectives.Communicator(timeout=TIMEOUT_S)
+def main(how: str, algorithm: str = "ring", timeout: str = str(TIMEOUT_S)) -> None:
+    comm = collectives.Communicator(timeout=float(timeout))  # 0: no timeout
     rank, last = comm.rank, comm.size - 1
     x = np.ones(1 << 20, np.float32)  # past one segment of the shared-memory executor
     collectives.allreduce(x, algorithm=algorithm, comm=comm)
@@ -66,4 +68,4 @@ def main(how: str, algorithm: str = "ring") -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:4])

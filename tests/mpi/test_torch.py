@@ -58,6 +58,33 @@ def test_distributed_optimizer(compression: str | None, threshold: int, world: M
     problems.check()
 
 
+def test_the_users_calls_between_backward_and_synchronize_never_meet_the_optimizers(
+    world: MPI.Intracomm,
+) -> None:
+    """A Horovod-style metric: the main thread's allreduce on the default communicator while
+    DistributedOptimizer's thread reduces buckets; the buckets go over a communicator of their own."""
+    problems = Problems(world)
+    metric = np.full(100_000, world.rank + 1, np.float32)  # the shared-memory path, long enough to overlap
+    expected = world.size * (world.size + 1) / 2
+    with problems.guard("training with a metric"):
+        net = training.model()
+        sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+        optimizer = ti.DistributedOptimizer(sgd, net.named_parameters(), fusion_threshold_bytes=0)
+
+        def reduce_a_metric() -> None:
+            # the communication thread is busy for certain: a large reduction on the default communicator
+            busy = ti.allreduce_async_(torch.ones(4_000_000))
+            for _ in range(3):
+                result = collectives.allreduce(metric)
+                problems.expect(bool((result == expected).all()), f"the metric's sum is {result[:4]}")
+            busy.wait()
+            optimizer.synchronize()
+
+        params = training.train(net, optimizer, world.rank, world.size, before_step=reduce_a_metric)
+        _check_training(problems, "with a metric", params, COMPRESSION_TOLERANCE[None])
+    problems.check()
+
+
 @contextmanager
 def _process_group(backend: str) -> Iterator[None]:
     """torch.distributed's default group on ``backend``, rank and world size from MPI (``mpi://``)."""

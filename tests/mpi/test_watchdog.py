@@ -97,3 +97,39 @@ def test_a_rank_late_to_a_cold_auto_call_times_every_rank_out(world: MPI.Intraco
     outcomes = world.allgather(outcome)
     problems.expect(outcomes == ["timed out"] * world.size, f"outcomes by rank: {outcomes}")
     problems.check()
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_a_rank_late_to_the_first_device_call_times_every_rank_out(
+    world: MPI.Intracomm, check: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first call on device arrays asks MPI which ranks share a node (``Split_type``): under the timeout.
+
+    With CUDA IPC allowed, choosing the device path splits the communicator by node,
+    which MPI cannot bound; the ranks meet by bounded messages first.
+    """
+    if world.size == 1:
+        pytest.skip("needs a rank to come late")
+    from collectives import backends
+    from collectives.backends.numpy_backend import NumpyBackend
+    from tests.fake_device import DeviceArray, FakeDeviceBackend
+
+    monkeypatch.delenv("COLLECTIVES_CUDA_IPC", raising=False)  # allowed: the path asks for the nodes
+    monkeypatch.setattr(backends, "_BACKENDS", [FakeDeviceBackend(), NumpyBackend()])
+    problems = Problems(world)
+    late = world.size - 1
+    timeout = 1.0
+    comm = collectives.Communicator(world, timeout=timeout, check=check)
+    if world.rank == late:
+        time.sleep(3 * timeout)
+    outcome = "ok"
+    try:
+        collectives.allreduce(np.ones(16, np.float32).view(DeviceArray), algorithm="ring", comm=comm)
+    except CollectiveTimeout as error:
+        outcome = "timed out"
+        problems.expect(error.collective == "allreduce" and error.sequence == 0, str(error))
+        if world.rank == late:
+            problems.expect(error.step == "the device path", str(error))
+    outcomes = world.allgather(outcome)
+    problems.expect(outcomes == ["timed out"] * world.size, f"outcomes by rank: {outcomes}")
+    problems.check()
