@@ -263,9 +263,13 @@ class MPITransport(Transport):
         if not self._draining or self._comm == MPI.COMM_NULL:
             return
         status = MPI.Status()
-        while self._comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
+        # a matched probe: the message probed is the one received, whatever else is pending
+        while (message := self._comm.Improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)) is not None:
             dropped = bytearray(status.Get_count(MPI.BYTE))
-            self._comm.Recv([dropped, MPI.BYTE], status.Get_source(), status.Get_tag())
+            try:
+                message.Recv([dropped, MPI.BYTE])
+            except MPI.Exception:
+                return  # the process is ending: what it cannot take, MPI_Finalize's abort handles
 
     def close(self) -> None:
         if self._shared is not None and not MPI.Is_finalized():
@@ -275,6 +279,8 @@ class MPITransport(Transport):
             cast(MPISharedMemory, self._nodes.shared).free()
             self._nodes.rail.close()
             self._nodes = None
+        if self._draining:
+            return  # a broken communicator's peers may still send: kept to take them at exit
         if self._comm != MPI.COMM_NULL and not MPI.Is_finalized():
             self._comm.Free()
 
