@@ -110,6 +110,11 @@ class FakeDeviceBackend(NumpyBackend):
         self.fake.log.append(("reduce", src.nbytes))
         super().combine(op, dst, src)
 
+    def combine_after(self, op: Any, dst: Any, src: Any) -> None:
+        self.reduced.append(src.tobytes())
+        self.fake.log.append(("reduce", src.nbytes))
+        super().combine_after(op, dst, src)
+
     def reduce_into(self, op: Any, dst: Any, a: Any, b: Any) -> None:
         self.reduced.append(b.tobytes())
         self.fake.log.append(("reduce", b.nbytes))

@@ -42,7 +42,10 @@ def test_a_rank_lost_mid_collective_ends_the_job_without_a_timeout(how: str) -> 
     except subprocess.TimeoutExpired as expired:
         pytest.fail(f"the job hung after a rank was lost ({how}) with no timeout; output:\n{expired.output}")
     output = finished.stdout
-    assert finished.returncode != 0, output
+    if how != "exit0":
+        # a rank that leaves with status 0 and no MPI_Finalize makes MPICH's launcher SIGKILL the
+        # survivors, waiting for it with no deadline; the job's status is then 0 or 9 by who ends first
+        assert finished.returncode != 0, output
     assert "completed without rank 2" not in output
     # a survivor that saw MPI's error says which call and peer, as the library's error
     assert "See the MPI_ERROR field" not in output, output
