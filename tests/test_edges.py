@@ -4,10 +4,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 import collectives as C
-import collectives.torch_integration as ti
 from collectives.errors import ConfigurationError, InvalidBufferError, InvalidRootError, MismatchError
 from collectives.transport.loopback import LoopbackWorld
 from tests.conftest import run_ranks
@@ -71,8 +69,20 @@ def test_bool_or_other_non_integer_counts_are_refused(counts: Any) -> None:
         C.allgather(np.ones(1), counts=counts, comm=comm)
 
 
+def _torch_integration() -> tuple[Any, Any]:
+    """torch and collectives.torch_integration, or a skip where torch is not installed."""
+    torch = pytest.importorskip(
+        "torch", reason="the torch integration needs torch (pip install torch==2.13.0)"
+    )
+    import collectives.torch_integration as ti
+
+    return torch, ti
+
+
 def test_broadcast_parameters_matches_names_not_order() -> None:
-    def run(comm: C.Communicator) -> dict[str, torch.Tensor]:
+    torch, ti = _torch_integration()
+
+    def run(comm: C.Communicator) -> dict[str, Any]:
         params = {"a": torch.full((2,), 1.0 + comm.rank), "b": torch.full((2,), 10.0 + comm.rank)}
         if comm.rank == 1:
             params = dict(reversed(list(params.items())))
@@ -84,6 +94,8 @@ def test_broadcast_parameters_matches_names_not_order() -> None:
 
 
 def test_broadcast_parameters_with_other_names_raises_on_every_rank() -> None:
+    torch, ti = _torch_integration()
+
     def run(comm: C.Communicator) -> str:
         params = {"a": torch.zeros(2), ("b" if comm.rank == 0 else "c"): torch.zeros(2)}
         try:
