@@ -25,10 +25,11 @@ def test_a_rank_lost_mid_collective_ends_the_job(how: str, algorithm: str) -> No
     assert f"rank 2: dying ({how})" in output
     assert "completed without rank 2" not in output
     if how == "hang":
-        # nothing died, so only the survivors' timeout can end it
-        # (on a loaded machine a survivor may time out waiting for the other survivor, so the
-        # rank and step named vary; the barrier's message is checked in tests/test_shared_memory.py)
-        assert "CollectiveTimeout" in output and "waiting for rank" in output, output
+        # nothing died, so only the survivors' timeout (5 s) can end it. The first survivor to
+        # raise ends the job, and the launcher may drop the tail of the others' output then (even
+        # its own error's last line), so the time it took is the proof; the rank and step named
+        # vary on a loaded machine; the barrier's message is checked in tests/test_shared_memory.py
+        assert took >= 5.0 and "for rank 2" in output, output
     print(f"{how} in {algorithm}: the job ended in {took:.1f} s with exit status {finished.returncode}")
 
 
