@@ -39,18 +39,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from collectives.algorithms import ALGORITHMS, build_schedule, hierarchical, multi_ring
-from collectives.algorithms.base import builder, implements
-from collectives.chunking import even_split
+from collectives.algorithms.base import implements
 from collectives.errors import CollectivesError, TopologyError
 from collectives.ops import DTYPES
+from collectives.prediction import predict_algorithm
 from collectives.schedule import Schedule
 from collectives.simulate import simulate
-from collectives.specs import COLLECTIVES, get_spec
+from collectives.specs import COLLECTIVES
 from collectives.topology import Topology, multi_node, pack_rings
 from collectives.topology.cost_model import Prediction, predict_fast
 from collectives.topology.presets import PRESETS
+from collectives.topology.programs import ALL_RANKS_BUDGET, predict_programs
 from collectives.topology.rings import RingPacking
-from collectives.topology.strategies import aggregate_on, split_aggregation
+from collectives.topology.strategies import aggregate_on, split_aggregation, split_star_program
 
 from .patterns import numpy_dtype
 
@@ -64,7 +65,7 @@ at 512 ranks; the tests check every algorithm at the world sizes they use, and
 past this size the table trusts them.
 """
 
-_MAX_TRANSFERS = 2_000_000  # a sweep's line stops before a schedule this big: seconds to build and time
+_FITTED = "hierarchical (nodes)"  # the sweep's line for the hierarchical allreduce fitted to the machines
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,8 @@ class Row:
 
     Attributes:
         label: the algorithm or strategy, in words.
-        schedule: what runs.
+        schedule: the name of what runs.
+        steps: its steps.
         prediction: the cost model's prediction; ``None`` when the topology
             cannot carry the schedule.
         envelope_s: the seeds' back-of-the-envelope time; ``None`` where they have none.
@@ -81,7 +83,8 @@ class Row:
     """
 
     label: str
-    schedule: Schedule
+    schedule: str
+    steps: int
     prediction: Prediction | None
     envelope_s: float | None
     problem: str = ""
@@ -130,7 +133,9 @@ def rows(
     aggregation on one GPU, on the CPU, and split over the GPUs. Each schedule
     is checked against its contract first (``check``; by default up to
     :data:`CHECK_RANKS` ranks) and timed by
-    :func:`~collectives.topology.cost_model.predict_fast`, which equals ``predict``.
+    :func:`~collectives.topology.cost_model.predict_fast`, which equals ``predict``,
+    or past :data:`CHECK_RANKS` ranks by :func:`collectives.prediction.predict_algorithm`
+    (from the ranks' programs where the schedule is large).
     """
     gpus = topology.gpus
     count = size // itemsize
@@ -142,16 +147,33 @@ def rows(
     ) -> None:
         if checking:
             simulate(schedule)  # only schedules that meet their contract are timed
+        name = schedule.name
         try:
             found.append(
-                Row(label, schedule, predict_fast(schedule, topology, itemsize, placement), envelope)
+                Row(
+                    label,
+                    name,
+                    len(schedule.steps),
+                    predict_fast(schedule, topology, itemsize, placement),
+                    envelope,
+                )
             )
         except TopologyError as error:  # e.g. GPUs that do not forward, between two that talk
-            found.append(Row(label, schedule, None, envelope, str(error)))
+            found.append(Row(label, name, len(schedule.steps), None, envelope, str(error)))
+
+    def add_algorithm(label: str, name: str, fitted: bool = False) -> None:
+        if checking:
+            simulate(build_schedule(collective, name, len(gpus), count))
+        try:
+            prediction = predict_algorithm(collective, name, count, itemsize, topology, fitted=fitted)
+        except TopologyError as error:
+            found.append(Row(label, name, 0, None, None, str(error)))
+            return
+        found.append(Row(label, prediction.schedule, len(prediction.per_step), prediction, None))
 
     for name, module in ALGORITHMS.items():
         if implements(module, collective):
-            add(name, build_schedule(collective, name, len(gpus), count))
+            add_algorithm(name, name)
     packing = pack_rings(topology)
     if packing.rings:
         rings, weights = packing.rank_rings(gpus), packing.bandwidths
@@ -161,8 +183,10 @@ def rows(
             add(label, _multi_ring(collective, len(gpus), count, rings, weights, both), envelope=envelope)
     nodes = topology.nodes
     if collective == "allreduce" and len(nodes) > 1 and len({len(node) for node in nodes}) == 1:
-        local = len(nodes[0])
-        add(f"hierarchical, nodes of {local}", hierarchical.allreduce(len(gpus), count, local))
+        label = f"hierarchical, nodes of {len(nodes[0])}"
+        if checking:
+            simulate(hierarchical.allreduce(len(gpus), count, len(nodes[0])))
+        add_algorithm(label, "hierarchical", fitted=True)
     if collective == "allreduce":
         cpus = [d.name for d in topology.devices if d.kind == "cpu"]
         for device in (gpus[0], *cpus[:1]):
@@ -174,9 +198,24 @@ def rows(
                 strategy.placement,
                 _envelope(topology, [device], 2 * senders * size),
             )
-        split = split_aggregation(topology, count)
         p = len(gpus)
-        add(split.name, split.schedule, split.placement, _envelope(topology, gpus, 2 * (p - 1) / p * size))
+        envelope = _envelope(topology, gpus, 2 * (p - 1) / p * size)
+        if p <= CHECK_RANKS:
+            split = split_aggregation(topology, count)
+            add(split.name, split.schedule, split.placement, envelope)
+        else:  # p squared transfers: predicted from the ranks' own parts
+            split_prediction = predict_programs(
+                lambda rank: split_star_program(p, count, rank), p, topology, itemsize
+            )
+            found.append(
+                Row(
+                    "split aggregation over the GPUs",
+                    split_prediction.schedule,
+                    2,
+                    split_prediction,
+                    envelope,
+                )
+            )
     return found
 
 
@@ -188,8 +227,8 @@ class Sweep:
         topology: the nodes' shape in words, e.g. ``multi_node(P/8, 8, 100)``.
         ranks: the world sizes, 2, 4, 8, ...
         times: per algorithm, the predicted seconds at each world size; ``None``
-            past the point where its schedule would exceed the transfer budget.
-        stopped: per algorithm cut short, why.
+            where it has none (see ``stopped``).
+        stopped: per algorithm without a prediction at some size, why.
     """
 
     topology: str
@@ -206,45 +245,48 @@ def sweep(
     gpus_per_node: int,
     nic_gbps: float,
     max_ranks: int,
-    max_transfers: int = _MAX_TRANSFERS,
+    budget: int = ALL_RANKS_BUDGET,
 ) -> Sweep:
     """Predict every registered algorithm on ``multi_node`` machines of 2, 4, ... ``max_ranks`` ranks.
 
     P ranks below ``gpus_per_node`` are one node of P GPUs, otherwise P /
     ``gpus_per_node`` nodes (a world size the nodes do not divide is left out).
-    A line stops before a schedule that, at four times its last one's transfers
-    (P doubles; no algorithm grows faster than P squared), would pass
-    ``max_transfers``: the global schedule is built to be timed.
+    Each point is :func:`collectives.prediction.predict_algorithm`: the global
+    schedule while it is small, the ranks' programs past that, a sample of
+    machines past ``budget`` (see :func:`collectives.topology.programs.predict_programs`).
+    Where the machines are several, a line ``hierarchical (nodes)`` adds the
+    hierarchical allreduce fitted to them.
     """
     count = size // itemsize
-    spec = get_spec(collective)
     ranks = tuple(
         p
         for p in (2**k for k in range(1, max(max_ranks, 2).bit_length()))
         if p <= max_ranks and (p < gpus_per_node or p % gpus_per_node == 0)
     )
-    times: dict[str, list[float | None]] = {}
+    names = [name for name, module in ALGORITHMS.items() if implements(module, collective)]
+    fitted = collective == "allreduce" and ranks and ranks[-1] > gpus_per_node
+    times: dict[str, list[float | None]] = {name: [] for name in names}
+    if fitted:
+        times[_FITTED] = []
     stopped: dict[str, str] = {}
-    last: dict[str, int] = {}
     for p in ranks:
         topology = multi_node(max(p // gpus_per_node, 1), min(p, gpus_per_node), nic_gbps)
-        for name, module in ALGORITHMS.items():
-            build = builder(module, collective)
-            if build is None:
+        # alltoall takes whole rows per rank
+        total = count - count % p if collective == "alltoall" else count
+        for name in [*names, *([_FITTED] if fitted else [])]:
+            if name == _FITTED and p <= gpus_per_node:
+                times[name].append(None)
                 continue
-            line = times.setdefault(name, [])
-            if name in stopped or 4 * last.get(name, 0) > max_transfers:
-                stopped.setdefault(name, f"stops before {p} ranks: over {max_transfers:,} transfers")
-                line.append(None)
+            algorithm = "hierarchical" if name == _FITTED else name
+            try:
+                prediction = predict_algorithm(
+                    collective, algorithm, total, itemsize, topology, fitted=name == _FITTED, budget=budget
+                )
+            except (CollectivesError, ValueError) as error:
+                stopped.setdefault(name, f"none at {p} ranks: {error}")
+                times[name].append(None)
                 continue
-            # built here, not through build_schedule, whose cache would keep the big ones
-            total = count - count % p if collective == "alltoall" else count
-            args: tuple[object, ...] = (p,) if not spec.carries_data else (p, total)
-            if spec.shared:
-                args = (tuple(even_split(total, p)),)
-            schedule = build(*args, 0) if spec.rooted else build(*args)
-            last[name] = sum(len(step.transfers) for step in schedule.steps)
-            line.append(predict_fast(schedule, topology, itemsize).time_s)
+            times[name].append(prediction.time_s)
     name = f"multi_node(P/{gpus_per_node}, {gpus_per_node}, {nic_gbps:g})"
     return Sweep(name, ranks, {k: tuple(v) for k, v in times.items()}, stopped)
 
@@ -317,7 +359,7 @@ def format_table(topology: Topology, collective: str, size: int, dtype: str, fou
     )
     for row, link in zip(found, links, strict=True):
         p = row.prediction
-        head = f"  {row.label:<{label_width}}  {len(row.schedule.steps):>5}  "
+        head = f"  {row.label:<{label_width}}  {row.steps:>5}  "
         if p is None:
             lines.append(f"{head}{'-':>9}  {row.problem}")
             continue
@@ -404,11 +446,12 @@ def _parser() -> argparse.ArgumentParser:
         "multi_node topology's shape",
     )
     add(
-        "--max-transfers",
+        "--budget",
         type=int,
-        default=_MAX_TRANSFERS,
+        default=ALL_RANKS_BUDGET,
         metavar="N",
-        help=f"with --sweep-ranks, stop a line before a schedule of N transfers (default {_MAX_TRANSFERS:,})",
+        help="follow every machine's ranks while their programs hold at most N sends and receives, "
+        f"else a sample of machines (default {ALL_RANKS_BUDGET:,})",
     )
     return parser
 
@@ -455,7 +498,7 @@ def _sweep(
         gpus_per_node=len(topology.nodes[0]),
         nic_gbps=network[0].bandwidth * 8 / 1e9,
         max_ranks=args.sweep_ranks,
-        max_transfers=args.max_transfers,
+        budget=args.budget,
     )
     print(format_sweep(found, args.collective, size, args.datatype))
     if args.plot is not None:

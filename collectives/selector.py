@@ -14,12 +14,11 @@ __all__ = [
 
 from functools import lru_cache
 
-from . import algorithms
+from . import algorithms, prediction
 from .algorithms.base import (
     implements,
     required_feature,
     requirements_text,
-    topology_builder,
     traffic_counter,
     unsupported_reasons,
 )
@@ -34,7 +33,7 @@ from .explanation import Rejected as Rejected
 from .ops import ReduceOp, get_op
 from .ops import itemsize as itemsize
 from .specs import get_spec
-from .topology import Prediction, Topology, predict
+from .topology import Prediction, Topology
 from .topology.cost_model import DEFAULT_MODEL as DEFAULT_MODEL
 from .topology.cost_model import NETWORK_ALPHA as NETWORK_ALPHA
 from .topology.cost_model import CostModel as CostModel
@@ -51,17 +50,16 @@ _CHOICES_KEPT = 4096  # distinct (collective, world size, count, itemsize) choic
 def _on_topology(
     collective: str, algorithm: str, world_size: int, count: int, itemsize: int, topology: Topology
 ) -> tuple[str, Traffic, Prediction]:
-    """A registered algorithm's schedule as built for ``topology``, its traffic and its predicted time.
+    """A registered algorithm's schedule as run on ``topology``, its traffic and its predicted time.
 
-    A module with ``for_topology(collective, world_size, count, topology)`` builds
-    what fits the machine (e.g. multi_ring on its packed rings); any other is
-    built as for MPI, rank r on GPU r.
+    A module with ``for_topology(collective, world_size, count, topology)`` runs
+    what fits the machine (e.g. multi_ring on its packed rings, hierarchical by
+    its nodes); any other runs as for MPI, rank r on GPU r. Neither is built
+    where it is large: the counts come by formula or from rank programs, the
+    time from the ranks' programs (:mod:`collectives.prediction`).
     """
-    build = topology_builder(algorithms.ALGORITHMS[algorithm])
-    schedule = None if build is None else build(collective, world_size, count, topology)
-    if schedule is None:
-        schedule = algorithms.build_schedule(collective, algorithm, world_size, count)
-    return schedule.name, traffic(schedule), predict(schedule, topology, itemsize)
+    name, counted = prediction.traffic_on(collective, algorithm, count, topology)
+    return name, counted, prediction.predict_algorithm(collective, algorithm, count, itemsize, topology)
 
 
 @lru_cache(maxsize=1024)

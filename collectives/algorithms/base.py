@@ -44,6 +44,7 @@ __all__ = [
     "NotSupportedReasons",
     "RankProgramBuilder",
     "TopologyBuilder",
+    "TopologyProgramBuilder",
     "TrafficCounter",
     "TrafficFormula",
     "builder",
@@ -53,6 +54,7 @@ __all__ = [
     "requirements_text",
     "requires",
     "topology_builder",
+    "topology_program_builder",
     "traffic_counter",
     "traffic_formula",
     "unsupported_reasons",
@@ -118,6 +120,11 @@ class Algorithm(Protocol):
         rank's transfers, equal to the projection of the global schedule;
         ``None`` for a case it does not cover, which is then projected
         (:class:`RankProgramBuilder`, :func:`rank_program_builder`).
+    ``for_topology_program(collective, world_size, count, topology, rank) -> RankProgram | None``
+        Rank ``rank``'s part of ``for_topology``'s schedule, from its rank number,
+        so a prediction on a machine of thousands of GPUs need not build it;
+        ``None`` where ``for_topology`` gives none (:class:`TopologyProgramBuilder`,
+        :func:`topology_program_builder`).
     ``schedule_traffic(collective, world_size, count) -> tuple[str, Traffic] | None``
         The name and :func:`collectives.topology.cost_model.traffic` of the
         schedule the builder makes of ``count`` elements evenly shared, by
@@ -148,6 +155,16 @@ class TopologyBuilder(Protocol):
 
     def __call__(self, collective: str, world_size: int, count: int, topology: "Topology") -> Schedule | None:
         """The schedule fitted to ``topology``, one GPU per rank; ``None`` to build it as for MPI."""
+        ...
+
+
+class TopologyProgramBuilder(Protocol):
+    """The optional ``for_topology_program`` hook."""
+
+    def __call__(
+        self, collective: str, world_size: int, count: int, topology: "Topology", rank: int
+    ) -> RankProgram | None:
+        """Rank ``rank``'s part of the schedule fitted to ``topology``; ``None`` where none is fitted."""
         ...
 
 
@@ -222,6 +239,12 @@ def unsupported_reasons(
 def topology_builder(algorithm: object) -> TopologyBuilder | None:
     """The algorithm's ``for_topology``; ``None`` where it builds the same schedule on every machine."""
     found: TopologyBuilder | None = getattr(algorithm, "for_topology", None)
+    return found
+
+
+def topology_program_builder(algorithm: object) -> TopologyProgramBuilder | None:
+    """The algorithm's ``for_topology_program``; ``None`` where a fitted schedule is built to be predicted."""
+    found: TopologyProgramBuilder | None = getattr(algorithm, "for_topology_program", None)
     return found
 
 

@@ -32,7 +32,15 @@ no greater than its square root (P = 32 gives 8 nodes of 4); give the
 machines' real G with ``local_size``.
 """
 
-__all__ = ["allreduce", "cost", "default_local_size", "for_topology", "rank_program", "schedule_traffic"]
+__all__ = [
+    "allreduce",
+    "cost",
+    "default_local_size",
+    "for_topology",
+    "for_topology_program",
+    "rank_program",
+    "schedule_traffic",
+]
 
 from collections.abc import Sequence
 from math import isqrt
@@ -139,8 +147,26 @@ def rank_program(collective: str, shares: tuple[int, ...], root: int | None, ran
     """Rank ``rank``'s part of the default allreduce, from its node and rail neighbours (see ``base``)."""
     if collective != "allreduce":
         return None
-    size, count = len(shares), sum(shares)
-    g, m = _shape(size, None)
+    return _program(len(shares), sum(shares), None, rank)
+
+
+def for_topology_program(
+    collective: str, world_size: int, count: int, topology: Topology, rank: int
+) -> RankProgram | None:
+    """Rank ``rank``'s part of :func:`for_topology`'s schedule, unbuilt; ``None`` where it gives none."""
+    sizes = {len(node) for node in topology.nodes}
+    if (
+        collective != "allreduce"
+        or len(topology.nodes) < 2
+        or len(sizes) != 1
+        or len(topology.gpus) != world_size
+    ):
+        return None
+    return _program(world_size, count, sizes.pop(), rank)
+
+
+def _program(size: int, count: int, local_size: int | None, rank: int) -> RankProgram:
+    g, m = _shape(size, local_size)
     k, j = divmod(rank, g)
     parts = even_split(count, g)
     right, left = k * g + (j + 1) % g, k * g + (j - 1) % g

@@ -46,9 +46,11 @@ __all__ = [
     "DEFAULT_MODEL",
     "NETWORK_ALPHA",
     "CostModel",
+    "HubRoutes",
     "Prediction",
     "StepPrediction",
     "Traffic",
+    "hub_of",
     "predict",
     "predict_fast",
     "traffic",
@@ -272,6 +274,9 @@ class Prediction:
         busiest_link_s: the seconds it is busy.
         link_bytes: bytes each link direction carries over the schedule.
         per_step: each step's prediction.
+        sampled_nodes: where a sample of machines stood for all
+            (:func:`collectives.topology.programs.predict_programs`), the
+            machines whose links were followed; ``None`` where every link was.
     """
 
     schedule: str
@@ -284,6 +289,7 @@ class Prediction:
     busiest_link_s: float
     link_bytes: dict[LinkId, int]
     per_step: tuple[StepPrediction, ...]
+    sampled_nodes: tuple[int, ...] | None = None
 
 
 def predict(
@@ -329,31 +335,55 @@ def predict_fast(
     if itemsize < 1:
         raise TopologyError(f"itemsize must be at least 1, got {itemsize}")
     devices = _placement(schedule, topology, placement)
-    hub = _hub(topology)
+    hub = hub_of(topology)
     if hub is None:
         return _predict(schedule, topology, itemsize, devices, topology.route)
-    node = {d.name: d.node for d in topology.devices}
-    latency = {hop: link.latency for link in topology.links for hop in ((link.a, link.b), (link.b, link.a))}
-    up: dict[str, Route] = {}
+    return _predict(schedule, topology, itemsize, devices, HubRoutes(topology, hub).route)
 
-    def to_hub(device: str) -> Route:
-        found = up.get(device)
+
+class HubRoutes:
+    """Routes on a topology whose nodes meet only at one switch (the hub), joined there instead of searched.
+
+    Every route between nodes runs through the hub, so it is the way from the
+    sender up to the hub followed by the way from the hub down to the receiver;
+    each is searched once per device. Routes within a node are searched as
+    before (a search that ends inside the node never leaves it).
+    """
+
+    def __init__(self, topology: Topology, hub: str) -> None:
+        self.topology = topology
+        self.hub = hub
+        self.node = {d.name: d.node for d in topology.devices}
+        self._latency = {
+            hop: link.latency for link in topology.links for hop in ((link.a, link.b), (link.b, link.a))
+        }
+        self._up: dict[str, Route] = {}
+        self._down: dict[str, tuple[LinkId, ...]] = {}
+
+    def up(self, device: str) -> Route:
+        """The route from ``device`` to the hub (memoized)."""
+        found = self._up.get(device)
         if found is None:
-            found = up[device] = topology.route(device, hub)
+            found = self._up[device] = self.topology.route(device, self.hub)
         return found
 
-    def route(src: str, dst: str) -> Route:
-        if node[src] == node[dst]:
-            return topology.route(src, dst)
-        there, back = to_hub(src), to_hub(dst)
-        hops = there.hops + tuple((b, a) for a, b in reversed(back.hops))
+    def down(self, device: str) -> tuple[LinkId, ...]:
+        """The hops from the hub to ``device``: the way up reversed, as links carry the same both ways."""
+        found = self._down.get(device)
+        if found is None:
+            found = self._down[device] = tuple((b, a) for a, b in reversed(self.up(device).hops))
+        return found
+
+    def route(self, src: str, dst: str) -> Route:
+        """The route from ``src`` to ``dst``: searched within a node, joined at the hub between nodes."""
+        if self.node[src] == self.node[dst]:
+            return self.topology.route(src, dst)
+        hops = self.up(src).hops + self.down(dst)
         # summed hop by hop, as the search sums it, so the two agree to the last bit
-        return Route(hops, sum(latency[hop] for hop in hops))
-
-    return _predict(schedule, topology, itemsize, devices, route)
+        return Route(hops, sum(self._latency[hop] for hop in hops))
 
 
-def _hub(topology: Topology) -> str | None:
+def hub_of(topology: Topology) -> str | None:
     """The one device outside every node, where every link between nodes ends; ``None`` if there is none."""
     shared = [d.name for d in topology.devices if d.node is None]
     if len(shared) != 1 or len(topology.nodes) < 2:
@@ -375,6 +405,7 @@ def _predict(
     sizes = schedule.chunk_sizes
     # a step's transfers between the same two ranks share one route; look it up once per pair
     routes: dict[tuple[int, int], Route] = {}
+    widths: dict[LinkId, float] = {}
     total: dict[LinkId, int] = {}
     busy: dict[LinkId, float] = {}
     steps: list[StepPrediction] = []
@@ -393,7 +424,9 @@ def _predict(
             moved += size
             for hop in route.hops:
                 load[hop] = load.get(hop, 0) + size
-        times = {hop: size / topology.bandwidth(hop) for hop, size in load.items()}
+        for hop in load.keys() - widths.keys():
+            widths[hop] = topology.bandwidth(hop)
+        times = {hop: size / widths[hop] for hop, size in load.items()}
         for hop, size in load.items():
             total[hop] = total.get(hop, 0) + size
             busy[hop] = busy.get(hop, 0.0) + times[hop]

@@ -17,20 +17,36 @@ star           2      (P - 1) S by the root, S by every other rank
 split_star     2      S - S_r + (P - 1) S_r by rank r; 2 (P - 1) / P * S when P divides S
 =============  =====  ===================================================================
 
-(no steps for one rank). On the seeds' PCIe server every link carries 16 GB/s:
+(no steps for one rank). The parameter server's round, a push and a pull,
+moves the same as split aggregation, with the chunks' aggregators (its servers)
+either the ranks themselves (colocated, as :mod:`collectives.kvstore` places
+them by default: :func:`split_star`) or ``n`` ranks of their own, after the
+workers (:func:`server_program`): each server then receives the m workers'
+1/n of the buffer and sends its sum back to all, m S / n each way, the seeds'
+O(m / n); with one server, O(m).
+
+On the seeds' PCIe server every link carries 16 GB/s:
 aggregating 160 MB on a GPU moves 3 x 160 MB through its link each way, 60 ms;
 on the CPU 4 x 160 MB, 80 ms; split, every link carries 3 x 40 MB each way,
 15 ms.
 """
 
-__all__ = ["Strategy", "aggregate_on", "split_aggregation", "split_star", "star"]
+__all__ = [
+    "Strategy",
+    "aggregate_on",
+    "server_program",
+    "split_aggregation",
+    "split_star",
+    "split_star_program",
+    "star",
+]
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..chunking import even_split
 from ..errors import TopologyError
-from ..schedule import Schedule, Step, Transfer
+from ..schedule import RankProgram, RankStep, Schedule, Step, Transfer
 from .graph import Topology
 
 
@@ -81,6 +97,60 @@ def split_star(world_size: int, count: int) -> Schedule:
         world_size=size,
         chunk_sizes=even_split(count, size),
         steps=steps if pairs else (),
+    )
+
+
+def split_star_program(world_size: int, count: int, rank: int) -> RankProgram:
+    """Rank ``rank``'s part of :func:`split_star`, without the other ranks' transfers."""
+    others = [r for r in range(world_size) if r != rank]
+    steps = (
+        RankStep(
+            tuple(Transfer(rank, c, c, reduce=True) for c in others),
+            tuple(Transfer(r, rank, rank, reduce=True) for r in others),
+        ),
+        RankStep(tuple(Transfer(rank, r, rank) for r in others), tuple(Transfer(c, rank, c) for c in others)),
+    )
+    return RankProgram(
+        name=f"allreduce-split_star(n={world_size})",
+        collective="allreduce",
+        world_size=world_size,
+        rank=rank,
+        chunk_sizes=even_split(count, world_size),
+        steps=steps if others else (),
+    )
+
+
+def server_program(workers: int, servers: int, count: int, rank: int) -> RankProgram:
+    """A parameter server's round: ``workers`` push to ``servers`` ranks of their own, then pull.
+
+    Ranks ``0 .. workers - 1`` are workers, the next ``servers`` ranks servers,
+    as :mod:`collectives.kvstore` places dedicated servers last. Server ``k``
+    holds chunk ``k`` of an even split of ``count`` elements: in the first step
+    every worker sends it that chunk (reduced there), in the second it sends
+    the sum back to every worker. Rank ``rank``'s part, for
+    :func:`~collectives.topology.programs.predict_programs`.
+    """
+    if workers < 1 or servers < 1 or not 0 <= rank < workers + servers:
+        raise ValueError(f"rank {rank} of {workers} workers and {servers} servers does not exist")
+    first = range(workers, workers + servers)
+    if rank < workers:
+        steps = (
+            RankStep(tuple(Transfer(rank, s, s - workers, reduce=True) for s in first), ()),
+            RankStep((), tuple(Transfer(s, rank, s - workers) for s in first)),
+        )
+    else:
+        chunk = rank - workers
+        steps = (
+            RankStep((), tuple(Transfer(w, rank, chunk, reduce=True) for w in range(workers))),
+            RankStep(tuple(Transfer(rank, w, chunk) for w in range(workers)), ()),
+        )
+    return RankProgram(
+        name=f"pushpull-servers(workers={workers},servers={servers})",
+        collective="allreduce",
+        world_size=workers + servers,
+        rank=rank,
+        chunk_sizes=even_split(count, servers),
+        steps=steps,
     )
 
 
