@@ -1,18 +1,23 @@
-"""The fast link-model prediction (``predict_fast``) against the exact one, and the bench's rank sweep."""
+"""Fast link-model predictions (``predict_fast``, from rank programs) against the exact one; the sweep."""
 
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
+import collectives
 from bench.simulate import main, sweep
-from collectives.algorithms import ALGORITHMS, build_schedule, hierarchical
+from collectives import algorithms
+from collectives.algorithms import ALGORITHMS, build_schedule, hierarchical, rank_program
 from collectives.algorithms.base import implements
-from collectives.schedule import Schedule
+from collectives.errors import TopologyError
+from collectives.prediction import predict_algorithm, predicts_by_sample, traffic_on
+from collectives.schedule import RankProgram, Schedule
 from collectives.specs import COLLECTIVES
-from collectives.topology import Topology, dgx1
-from collectives.topology.cost_model import predict, predict_fast
+from collectives.topology import Device, Link, Topology, dgx1
+from collectives.topology.cost_model import predict, predict_fast, traffic
 from collectives.topology.presets import multi_node
+from collectives.topology.programs import predict_programs
 from collectives.topology.strategies import aggregate_on, split_aggregation
 
 SHAPES = [(2, 1), (2, 4), (3, 2), (4, 8), (8, 8), (5, 3), (16, 4)]
@@ -97,3 +102,94 @@ def test_sweep_ranks_prints_the_curve_and_plots_it(
 def test_sweep_ranks_needs_a_multi_node_topology() -> None:
     with pytest.raises(SystemExit):
         main(["--topology", "dgx1", "--sweep-ranks", "16"])
+
+
+# --- predictions from ranks' programs (collectives.prediction), as bench simulate makes them at 4,096 ranks
+
+BIG = multi_node(512, 8, 100)  # 4,096 ranks; only rank 0's programs are built here
+ALLREDUCE = [name for name, module in ALGORITHMS.items() if implements(module, "allreduce")]
+
+
+@pytest.mark.parametrize(("nodes", "gpus"), [(2, 4), (3, 2), (4, 8)])
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather", "broadcast"])
+def test_following_every_machine_is_the_exact_prediction(nodes: int, gpus: int, collective: str) -> None:
+    topology = multi_node(nodes, gpus, 100)
+    world = nodes * gpus
+    for name, module in ALGORITHMS.items():
+        if not implements(module, collective):
+            continue
+        exact = predict(build_schedule(collective, name, world, 10**5 + 3), topology, 4)
+        found = predict_programs(
+            lambda r, name=name: rank_program(collective, name, world, 10**5 + 3, rank=r), world, topology, 4
+        )
+        assert found.sampled_nodes is None
+        assert found.time_s == pytest.approx(exact.time_s, rel=1e-12)
+        assert [s.bandwidth_s for s in found.per_step] == pytest.approx(
+            [s.bandwidth_s for s in exact.per_step]
+        )
+        assert found.link_bytes == exact.link_bytes
+
+
+@pytest.mark.parametrize("name", ALLREDUCE)
+@pytest.mark.parametrize(("nodes", "gpus"), [(8, 8), (16, 4), (4, 8)])
+@pytest.mark.parametrize("count", [10**6, 2**20 + 3])
+def test_the_fast_prediction_agrees_within_one_percent(name: str, nodes: int, gpus: int, count: int) -> None:
+    # as at 4,096 ranks: where bench simulate samples machines there, sample them here too
+    sampled = predicts_by_sample("allreduce", name, count, BIG)
+    topology = multi_node(nodes, gpus, 100)
+    found = predict_algorithm(
+        "allreduce", name, count, 4, topology, fitted=False, budget=0 if sampled else 10**6
+    )
+    exact = predict(build_schedule("allreduce", name, nodes * gpus, count), topology, 4)
+    assert (found.sampled_nodes is not None) == sampled
+    assert found.time_s == pytest.approx(exact.time_s, rel=0.01)
+
+
+def test_at_four_thousand_ranks_the_large_schedules_are_sampled_and_the_trees_are_not() -> None:
+    sampled = {name for name in ALLREDUCE if predicts_by_sample("allreduce", name, 2**24, BIG)}
+    assert {"ring", "halving_doubling", "multi_ring", "hierarchical", "shared_memory"} <= sampled
+    assert not {"tree", "double_tree", "butterfly"} & sampled
+
+
+def test_the_fitted_hierarchical_allreduce_agrees_with_its_schedule() -> None:
+    topology = multi_node(8, 4, 100)
+    exact = predict(hierarchical.allreduce(32, 10**6, 4), topology, 4)
+    for budget in (10**6, 0):
+        found = predict_algorithm("allreduce", "hierarchical", 10**6, 4, topology, budget=budget)
+        assert found.schedule == "allreduce-hierarchical(n=32,local=4)"
+        assert found.time_s == pytest.approx(exact.time_s, rel=0.01)
+    assert traffic_on("allreduce", "hierarchical", 10**6, topology) == (
+        exact.schedule,
+        traffic(hierarchical.allreduce(32, 10**6, 4)),
+    )
+
+
+def test_a_sample_needs_one_network_switch() -> None:
+    def program(rank: int) -> RankProgram:
+        return rank_program("allreduce", "ring", 2, 100, rank=rank)
+
+    two = Topology("two", (Device("gpu0", "gpu", 0), Device("gpu1", "gpu", 1)), (Link("gpu0", "gpu1", 1e9),))
+    with pytest.raises(TopologyError, match="no one network switch"):
+        predict_programs(program, 2, two, 4, nodes=[0])
+    with pytest.raises(TopologyError, match="no rank runs on machine 5"):
+        predict_programs(program, 2, two, 4, nodes=[5])
+    assert (
+        predict_programs(program, 2, two, 4).time_s
+        == predict(build_schedule("allreduce", "ring", 2, 100), two, 4).time_s
+    )
+
+
+def test_explain_on_many_machines_builds_no_large_schedule(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 512 ranks: the ring's schedule would hold 523,264 transfers, past GLOBAL_TRANSFERS
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"built a schedule: {args[:3]}")
+
+    for name in ("ring", "hierarchical"):
+        monkeypatch.setattr(ALGORITHMS[name], "allreduce", refuse)
+    monkeypatch.setattr(algorithms, "_cached", refuse)
+    machines = multi_node(64, 8, 100)
+    explanation = collectives.explain("allreduce", 2**24, world_size=512, topology=machines)
+    found = {c.algorithm: c for c in explanation.candidates}
+    assert found["hierarchical"].schedule == "allreduce-hierarchical(n=512,local=8)"
+    assert found["ring"].traffic.steps == 2 * 511
+    assert explanation.choice == "hierarchical"
