@@ -112,7 +112,7 @@ def draw_sweep(found: "Sweep", what: str, path: Path) -> None:
             ax.plot(*zip(*points, strict=True), marker="o", markersize=3, label=name)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("ranks")
+    ax.set_xlabel(found.axis)
     ax.set_ylabel("predicted time (ms)")
     ax.set_title(f"{what} on {found.topology}", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)

@@ -225,16 +225,18 @@ class Sweep:
 
     Attributes:
         topology: the nodes' shape in words, e.g. ``multi_node(P/8, 8, 100)``.
-        ranks: the world sizes, 2, 4, 8, ...
+        ranks: the world sizes, 2, 4, 8, ... (or what ``axis`` names).
         times: per algorithm, the predicted seconds at each world size; ``None``
             where it has none (see ``stopped``).
         stopped: per algorithm without a prediction at some size, why.
+        axis: what ``ranks`` counts, in words (``machines`` for the parameter servers').
     """
 
     topology: str
     ranks: tuple[int, ...]
     times: dict[str, tuple[float | None, ...]]
     stopped: dict[str, str]
+    axis: str = "ranks"
 
 
 def sweep(
@@ -291,21 +293,20 @@ def sweep(
     return Sweep(name, ranks, {k: tuple(v) for k, v in times.items()}, stopped)
 
 
-def format_sweep(found: Sweep, collective: str, size: int, dtype: str) -> str:
-    """The sweep as a table: a row per world size, a column of milliseconds per algorithm."""
+def format_sweep(found: Sweep, what: str, dtype: str) -> str:
+    """The sweep as a table: a row per world size (or machines), a column of milliseconds per line."""
     names = list(found.times)
     widths = [max(9, len(name)) for name in names]
     lines = [
-        f"# collectives simulate: {collective} of {_bytes(size)} ({dtype}) on {found.topology}, "
-        "predicted ms against ranks",
-        "# " + f"{'ranks':>6}  " + "  ".join(f"{n:>{w}}" for n, w in zip(names, widths, strict=True)),
+        f"# collectives simulate: {what} ({dtype}) on {found.topology}, predicted ms against {found.axis}",
+        "# " + f"{found.axis:>8}  " + "  ".join(f"{n:>{w}}" for n, w in zip(names, widths, strict=True)),
     ]
     for i, p in enumerate(found.ranks):
         cells = [
             f"{'-':>{w}}" if (t := found.times[n][i]) is None else f"{t * 1e3:>{w}.3f}"
             for n, w in zip(names, widths, strict=True)
         ]
-        lines.append(f"  {p:>6}  " + "  ".join(cells))
+        lines.append(f"  {p:>8}  " + "  ".join(cells))
     lines += [f"# {name}: {why}" for name, why in found.stopped.items()]
     return "\n".join(lines)
 
@@ -446,6 +447,20 @@ def _parser() -> argparse.ArgumentParser:
         "multi_node topology's shape",
     )
     add(
+        "--parameter-servers",
+        action="store_true",
+        help="instead of the table, a parameter server's push and pull on 1, 2, 4, ... machines of the "
+        "multi_node topology's shape (up to its machines): one central server, --servers sharded ones, "
+        "colocated ones, and allreduce for comparison",
+    )
+    add(
+        "--servers",
+        type=int,
+        default=8,
+        metavar="N",
+        help="sharded servers for --parameter-servers (default 8)",
+    )
+    add(
         "--budget",
         type=int,
         default=ALL_RANKS_BUDGET,
@@ -470,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     itemsize = numpy_dtype(args.datatype).itemsize
     if size < itemsize:
         parser.error(f"size {size} is less than one {args.datatype}")
-    if args.sweep_ranks is not None:
+    if args.sweep_ranks is not None or args.parameter_servers:
         return _sweep(parser, args, topology, size, itemsize)
     print(
         format_table(
@@ -489,22 +504,30 @@ def _sweep(
     parser: argparse.ArgumentParser, args: argparse.Namespace, topology: Topology, size: int, itemsize: int
 ) -> int:
     network = [link for link in topology.links if link.kind == "network"]
-    if not network or args.sweep_ranks < 2:
-        parser.error("--sweep-ranks needs a multi_node topology and at least 2 ranks")
-    found = sweep(
-        args.collective,
-        size,
-        itemsize,
-        gpus_per_node=len(topology.nodes[0]),
-        nic_gbps=network[0].bandwidth * 8 / 1e9,
-        max_ranks=args.sweep_ranks,
-        budget=args.budget,
-    )
-    print(format_sweep(found, args.collective, size, args.datatype))
+    if not network or (args.sweep_ranks is not None and args.sweep_ranks < 2):
+        parser.error(
+            "--sweep-ranks and --parameter-servers need a multi_node topology (and at least 2 ranks)"
+        )
+    shape = {"gpus_per_node": len(topology.nodes[0]), "nic_gbps": network[0].bandwidth * 8 / 1e9}
+    if args.parameter_servers:
+        from .parameter_servers import parameter_server_sweep
+
+        if args.servers < 1:
+            parser.error(f"--servers must be at least 1, got {args.servers}")
+        found = parameter_server_sweep(
+            size, itemsize, **shape, max_machines=len(topology.nodes), servers=args.servers
+        )
+        what = f"a push and pull of {_bytes(size)} per GPU"
+    else:
+        found = sweep(
+            args.collective, size, itemsize, **shape, max_ranks=args.sweep_ranks, budget=args.budget
+        )
+        what = f"{args.collective} of {_bytes(size)}"
+    print(format_sweep(found, what, args.datatype))
     if args.plot is not None:
         from .plot import draw_sweep
 
-        draw_sweep(found, f"{args.collective} of {_bytes(size)}", args.plot)
+        draw_sweep(found, what, args.plot)
         print(f"# drew the scaling curve in {args.plot}")
     return 0
 
