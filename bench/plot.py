@@ -106,10 +106,12 @@ def draw_sweep(found: "Sweep", what: str, path: Path) -> None:
 
     figure = Figure(figsize=(9, 6))
     ax = figure.add_subplot()
-    for name, times in found.times.items():
+    for index, (name, times) in enumerate(found.times.items()):
         points = [(p, t * 1e3) for p, t in zip(found.ranks, times, strict=True) if t is not None and t > 0]
         if points:
-            ax.plot(*zip(*points, strict=True), marker="o", markersize=3, label=name)
+            # the colour cycle has 10 colours: the lines after them are dashed
+            style = "-" if index < 10 else "--"
+            ax.plot(*zip(*points, strict=True), style, marker="o", markersize=3, label=name)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel(found.axis)
