@@ -181,8 +181,9 @@ class Selector:
             op: the reduction, checked against the dtype; ignored by collectives that do not reduce.
             features: what the transport offers, as for :meth:`choose`.
             topology: a machine with one GPU per rank: transfers are then predicted on its
-                links (:func:`collectives.topology.predict`) and algorithms that know how
-                build for it (multi_ring on its packed rings, hierarchical by its nodes).
+                links (:func:`collectives.prediction.predict_algorithm`: the link model, from
+                the ranks' programs where the schedule is large) and algorithms that know how
+                run what fits it (multi_ring on its packed rings, hierarchical by its nodes).
         """
         name = str(getattr(dtype, "name", dtype))
         size = itemsize(name)
