@@ -9,7 +9,7 @@ import collectives
 from bench.simulate import main, sweep
 from collectives import algorithms
 from collectives.algorithms import ALGORITHMS, build_schedule, hierarchical, rank_program
-from collectives.algorithms.base import implements
+from collectives.algorithms.base import implements, topology_program_builder
 from collectives.errors import TopologyError
 from collectives.prediction import predict_algorithm, predicts_by_sample, traffic_on
 from collectives.schedule import RankProgram, Schedule
@@ -193,3 +193,21 @@ def test_explain_on_many_machines_builds_no_large_schedule(monkeypatch: pytest.M
     assert found["hierarchical"].schedule == "allreduce-hierarchical(n=512,local=8)"
     assert found["ring"].traffic.steps == 2 * 511
     assert explanation.choice == "hierarchical"
+
+
+@pytest.mark.parametrize(("nodes", "gpus"), [(2, 4), (3, 2), (4, 1), (2, 3)])
+def test_the_fitted_hierarchical_programs_are_the_projections_of_its_schedule(nodes: int, gpus: int) -> None:
+    topology = multi_node(nodes, gpus, 100)
+    world = nodes * gpus
+    assert topology_program_builder(hierarchical) is hierarchical.for_topology_program
+    assert topology_program_builder(ALGORITHMS["ring"]) is None
+    for count in (0, 5, 1001):
+        schedule = hierarchical.for_topology("allreduce", world, count, topology)
+        assert schedule is not None
+        for rank in range(world):
+            program = hierarchical.for_topology_program("allreduce", world, count, topology, rank)
+            assert program is not None and program.name == schedule.name
+            assert program.steps == schedule.program(rank)
+            assert program.chunk_sizes == schedule.chunk_sizes
+    assert hierarchical.for_topology_program("allreduce", 8, 10, multi_node(1, 8, 100), 0) is None
+    assert hierarchical.for_topology_program("broadcast", world, 10, topology, 0) is None
