@@ -123,7 +123,13 @@ def parse_topology(text: str) -> Topology:
 
 
 def rows(
-    topology: Topology, collective: str, size: int, itemsize: int, *, check: bool | None = None
+    topology: Topology,
+    collective: str,
+    size: int,
+    itemsize: int,
+    *,
+    check: bool | None = None,
+    budget: int = ALL_RANKS_BUDGET,
 ) -> list[Row]:
     """Every registered algorithm, then the topology's own strategies, predicted for ``size`` bytes.
 
@@ -165,7 +171,9 @@ def rows(
         if checking:
             simulate(build_schedule(collective, name, len(gpus), count))
         try:
-            prediction = predict_algorithm(collective, name, count, itemsize, topology, fitted=fitted)
+            prediction = predict_algorithm(
+                collective, name, count, itemsize, topology, fitted=fitted, budget=budget
+            )
         except TopologyError as error:
             found.append(Row(label, name, 0, None, None, str(error)))
             return
@@ -205,7 +213,7 @@ def rows(
             add(split.name, split.schedule, split.placement, envelope)
         else:  # p squared transfers: predicted from the ranks' own parts
             split_prediction = predict_programs(
-                lambda rank: split_star_program(p, count, rank), p, topology, itemsize
+                lambda rank: split_star_program(p, count, rank), p, topology, itemsize, budget=budget
             )
             found.append(
                 Row(
@@ -369,6 +377,13 @@ def format_table(topology: Topology, collective: str, size: int, dtype: str, fou
             f"{head}{p.time_s * 1e3:>9.3f}  {p.bandwidth_s * 1e3:>9.3f}  {p.latency_s * 1e3:>8.3f}  "
             f"{link:<{link_width}}  {p.busiest_link_s * 1e3:>9.3f}  {envelope:>11}"
         )
+    sampled = [row for row in found if row.prediction is not None and row.prediction.sampled_nodes]
+    if sampled:
+        machines = sampled[0].prediction.sampled_nodes if sampled[0].prediction else ()
+        lines.append(
+            f"# from machines {', '.join(map(str, machines or ()))}'s ranks' programs, standing for all "
+            f"(alike machines): {', '.join(row.label for row in sampled)}"
+        )
     timed = [(row.prediction.time_s, row.label) for row in found if row.prediction is not None]
     if timed:
         time_s, label = min(timed, key=lambda pair: pair[0])
@@ -465,8 +480,8 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=ALL_RANKS_BUDGET,
         metavar="N",
-        help="follow every machine's ranks while their programs hold at most N sends and receives, "
-        f"else a sample of machines (default {ALL_RANKS_BUDGET:,})",
+        help="for large schedules, follow every machine's ranks while their programs hold at most N sends "
+        f"and receives, else the first and last machines' (default {ALL_RANKS_BUDGET:,}; 0 samples always)",
     )
     return parser
 
@@ -489,7 +504,11 @@ def main(argv: list[str] | None = None) -> int:
         return _sweep(parser, args, topology, size, itemsize)
     print(
         format_table(
-            topology, args.collective, size, args.datatype, rows(topology, args.collective, size, itemsize)
+            topology,
+            args.collective,
+            size,
+            args.datatype,
+            rows(topology, args.collective, size, itemsize, budget=args.budget),
         )
     )
     if args.plot is not None:

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from bench.simulate import format_table, main, parse_bytes, parse_topology, rows
-from collectives.algorithms import ALGORITHMS
-from collectives.topology import dgx1, pcie_switch
+from collectives.algorithms import ALGORITHMS, build_schedule
+from collectives.topology import dgx1, multi_node, pcie_switch, predict
+from collectives.topology.strategies import split_star
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -130,3 +131,23 @@ def test_plot_draws_the_topology_and_its_rings(tmp_path: Path, capsys: pytest.Ca
     assert main(["--plot", str(picture)]) == 0
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"drew dgx1 and its rings in {picture}" in capsys.readouterr().out
+
+
+def test_past_the_checked_ranks_the_rows_come_from_programs_and_say_so() -> None:
+    machines = multi_node(9, 8, 100)  # 72 ranks: past CHECK_RANKS, nothing is simulated
+    count = 2**24
+    found = {row.label: row for row in rows(machines, "allreduce", 4 * count, 4)}
+    ring = build_schedule("allreduce", "ring", 72, count)
+    prediction = found["ring"].prediction
+    assert prediction is not None and prediction.sampled_nodes is None
+    assert prediction.time_s == pytest.approx(predict(ring, machines, 4).time_s, rel=1e-9)
+    assert found["ring"].steps == len(ring.steps) and found["ring"].schedule == ring.name
+    split = found["split aggregation over the GPUs"].prediction
+    assert split is not None
+    assert split.time_s == pytest.approx(predict(split_star(72, count), machines, 4).time_s, rel=1e-9)
+    sampled = rows(machines, "allreduce", 4 * count, 4, budget=0)
+    ring_sampled = next(row for row in sampled if row.label == "ring").prediction
+    assert ring_sampled is not None and ring_sampled.sampled_nodes == (0, 8)
+    assert ring_sampled.time_s == pytest.approx(prediction.time_s, rel=0.01)
+    table = format_table(machines, "allreduce", 4 * count, "float32", sampled)
+    assert "# from machines 0, 8's ranks' programs, standing for all (alike machines): ring," in table
