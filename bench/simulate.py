@@ -481,7 +481,7 @@ def _parser() -> argparse.ArgumentParser:
         default=ALL_RANKS_BUDGET,
         metavar="N",
         help="for large schedules, follow every machine's ranks while their programs hold at most N sends "
-        f"and receives, else the first and last machines' (default {ALL_RANKS_BUDGET:,}; 0 samples always)",
+        f"and receives, else the first, middle and last machines' (default {ALL_RANKS_BUDGET:,}; 0: always)",
     )
     return parser
 

@@ -9,7 +9,7 @@ and otherwise sums the link loads of the ranks' own programs
 while they are few enough, a sample of machines past that. Trees and the
 butterfly stay exact at 4,096 ranks (their schedules are small); the ring,
 halving-doubling, multi-ring, hierarchical, direct and shared-memory schedules
-are predicted from the first and last machines' ranks, which on machines of
+are predicted from the first, middle and last machines' ranks, which on machines of
 equal size is the exact figure (the tests compare both, forcing the sample,
 at up to 64 ranks).
 """
@@ -130,7 +130,10 @@ def _fitted_program(
 
 
 def predicts_by_sample(collective: str, algorithm: str, count: int, topology: Topology) -> bool:
-    """Whether :func:`predict_algorithm` (unfitted) follows a sample of machines; builds rank 0's program."""
+    """Whether :func:`predict_algorithm` (unfitted) starts from a sample of machines; builds rank 0's program.
+
+    It follows every machine after all where the sample's machines are not alike.
+    """
     size = len(topology.gpus)
     first = algorithms.rank_program(collective, algorithm, size, count, rank=0)
     transfers = _transfers(first, size)

@@ -14,21 +14,25 @@ prediction can be summed from the programs of the ranks of some machines:
   :data:`ALL_RANKS_BUDGET` sends and receives together, and on any topology
   without a hub;
 * **a sample of machines** (the first, holding rank 0, the root of rooted
-  collectives, and the last, its neighbour where ranks wrap around): each step is
+  collectives, the middle one, and the last, its neighbour where ranks wrap around): each step is
   timed by the busiest link of those machines and the longest route their
   ranks use. Where the machines are alike, as they are for the ring,
   halving-doubling, multi-ring, hierarchical and shared-memory schedules on
   machines of equal size, this is the exact figure (chunks an element apart
   aside); where one machine works harder (a tree's root), it may be less.
-  The prediction says which machines it followed (``sampled_nodes``).
+  So the sample checks itself: where the machines followed are not alike (each
+  one's busiest link and longest route, summed over the steps, more than 1%
+  apart), every machine is followed instead. The prediction says which machines it followed
+  (``sampled_nodes``).
 
 A rank's program (:class:`~collectives.schedule.RankProgram`) costs time and
-memory proportional to its own transfers, so a sample of 16 ranks' programs at
-4,096 ranks costs what 16 ranks do, not the 33 million transfers.
+memory proportional to its own transfers, so a sample of 24 ranks' programs at
+4,096 ranks costs what 24 ranks do, not the 33 million transfers.
 """
 
 __all__ = ["ALL_RANKS_BUDGET", "predict_programs", "program_traffic"]
 
+import sys
 from collections.abc import Callable, Iterable, Sequence
 
 from ..errors import TopologyError
@@ -67,8 +71,9 @@ def predict_programs(
         itemsize: bytes per element.
         placement: the device of each rank; by default rank ``r`` on the ``r``-th GPU.
         nodes: the machines (``Device.node``) whose ranks to follow; by default
-            every machine while the programs fit ``budget``, else the first
-            and the last. A topology without a hub needs every machine.
+            every machine while the programs fit ``budget``, else the first,
+            the middle and the last (every one where those are not alike). A
+            topology without a hub needs every machine.
         budget: see :data:`ALL_RANKS_BUDGET`.
 
     Raises:
@@ -81,7 +86,12 @@ def predict_programs(
     hub = hub_of(topology)
     followed, sampled = _follow(program_of, world_size, topology, devices, nodes, budget)
     hubs = None if hub is None else HubRoutes(topology, hub)
-    return _sum_steps(followed, topology, itemsize, devices, hubs, sampled)
+    prediction, alike = _sum_steps(followed, topology, itemsize, devices, hubs, sampled)
+    if sampled is not None and nodes is None and not alike:
+        # the machines sampled differ, so they cannot stand for the others: follow every one
+        followed, _ = _follow(program_of, world_size, topology, devices, None, sys.maxsize)
+        prediction, _ = _sum_steps(followed, topology, itemsize, devices, hubs, None)
+    return prediction
 
 
 def program_traffic(
@@ -139,7 +149,7 @@ def _follow(
         keys = list(groups)
         entries = sum(len(step.sends) + len(step.recvs) for step in first.steps)
         if entries * world_size > budget and hub is not None and len(keys) > 2:
-            keys = [keys[0], keys[-1]]
+            keys = [keys[0], keys[len(keys) // 2], keys[-1]]
     else:
         keys = list(dict.fromkeys(nodes))
         unknown = [key for key in keys if key not in groups]
@@ -159,7 +169,12 @@ def _sum_steps(
     devices: tuple[str, ...],
     hub: HubRoutes | None,
     sampled: tuple[int, ...] | None,
-) -> Prediction:
+) -> tuple[Prediction, bool]:
+    """The prediction from the followed ranks' programs, and whether their machines are alike.
+
+    Alike: each machine's time, per step its busiest link and its longest route,
+    summed over the steps, is within 1% of the same on every machine followed.
+    """
     lengths = {len(program.steps) for _, program in followed}
     if len(lengths) > 1:
         raise TopologyError(f"the ranks' programs differ in their number of steps: {sorted(lengths)}")
@@ -179,6 +194,9 @@ def _sum_steps(
         return (hub.down(there), full.latency) if receiver else (hub.up(here).hops, full.latency)
 
     widths: dict[LinkId, float] = {}
+    hub_name = None if hub is None else hub.hub
+    owners = {rank: machine[devices[rank]] for rank in ranks}
+    machine_busy: dict[int | None, float] = {}
     total: dict[LinkId, int] = {}
     busy: dict[LinkId, float] = {}
     steps: list[StepPrediction] = []
@@ -186,8 +204,10 @@ def _sum_steps(
         carried: dict[tuple[LinkId, ...], int] = {}
         latency = 0.0
         moved = 0
+        peak: dict[int | None, float] = {}  # per machine: its longest route, then its busiest link
         for rank, program in followed:
             sizes, step = program.chunk_sizes, program.steps[index]
+            mine = 0.0
             for t in step.sends:
                 size = sizes[t.chunk] * itemsize
                 if size == 0:
@@ -196,12 +216,10 @@ def _sum_steps(
                 if found is None:
                     found = sending[(rank, t.dst)] = way(rank, t.dst, False)
                 hops, seconds = found
-                latency = max(latency, seconds)
+                mine = max(mine, seconds)
                 moved += size
                 carried[hops] = carried.get(hops, 0) + size
-            if hub is None:
-                continue  # every rank is followed, and its sends loaded whole routes
-            for t in step.recvs:
+            for t in step.recvs if hub is not None else ():  # without a hub, sends loaded whole routes
                 size = sizes[t.chunk] * itemsize
                 if size == 0:
                     continue
@@ -209,10 +227,13 @@ def _sum_steps(
                 if found is None:
                     found = receiving[(t.src, rank)] = way(t.src, rank, True)
                 hops, seconds = found
-                latency = max(latency, seconds)
+                mine = max(mine, seconds)
                 if t.src not in ranks:
                     moved += size
                 carried[hops] = carried.get(hops, 0) + size
+            owner = owners[rank]
+            peak[owner] = max(peak.get(owner, 0.0), mine)
+            latency = max(latency, mine)
         load: dict[LinkId, int] = {}
         for hops, size in carried.items():
             for hop in hops:
@@ -220,12 +241,21 @@ def _sum_steps(
         for hop in load.keys() - widths.keys():
             widths[hop] = topology.bandwidth(hop)
         times = {hop: size / widths[hop] for hop, size in load.items()}
+        links: dict[int | None, float] = {}
+        for hop, seconds in times.items():
+            owner = machine[hop[0]] if hop[0] != hub_name else machine[hop[1]]
+            links[owner] = max(links.get(owner, 0.0), seconds)
+        for owner in peak.keys() | links.keys():
+            machine_busy[owner] = machine_busy.get(owner, 0.0) + peak.get(owner, 0.0) + links.get(owner, 0.0)
         for hop, size in load.items():
             total[hop] = total.get(hop, 0) + size
             busy[hop] = busy.get(hop, 0.0) + times[hop]
         worst = max(times, key=times.__getitem__, default=None)
         bandwidth = 0.0 if worst is None else times[worst]
         steps.append(StepPrediction(bandwidth + latency, bandwidth, latency, worst, moved))
+    followed_machines = {machine[devices[rank]] for rank in ranks}
+    per_machine = [machine_busy.get(owner, 0.0) for owner in followed_machines]
+    alike = not per_machine or max(per_machine) <= 1.01 * min(per_machine)
     busiest = max(busy, key=busy.__getitem__, default=None)
     bandwidth_s = sum(s.bandwidth_s for s in steps)
     latency_s = sum(s.latency_s for s in steps)
@@ -241,7 +271,7 @@ def _sum_steps(
         link_bytes=total,
         per_step=tuple(steps),
         sampled_nodes=sampled,
-    )
+    ), alike
 
 
 def _placement(world_size: int, topology: Topology, placement: Sequence[str] | None) -> tuple[str, ...]:
