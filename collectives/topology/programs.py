@@ -180,9 +180,9 @@ def _sum_steps(
         raise TopologyError(f"the ranks' programs differ in their number of steps: {sorted(lengths)}")
     ranks = {rank for rank, _ in followed}
     machine = {d.name: d.node for d in topology.devices}
-    # per (rank, peer): the hops a transfer loads on the followed machines and its route's latency
-    sending: dict[tuple[int, int], tuple[tuple[LinkId, ...], float]] = {}
-    receiving: dict[tuple[int, int], tuple[tuple[LinkId, ...], float]] = {}
+    # per rank, per peer: the hops a transfer loads on the followed machines and its route's latency
+    sending: dict[int, dict[int, tuple[tuple[LinkId, ...], float]]] = {}
+    receiving: dict[int, dict[int, tuple[tuple[LinkId, ...], float]]] = {}
 
     def way(src: int, dst: int, receiver: bool) -> tuple[tuple[LinkId, ...], float]:
         here, there = devices[src], devices[dst]
@@ -200,40 +200,55 @@ def _sum_steps(
     total: dict[LinkId, int] = {}
     busy: dict[LinkId, float] = {}
     steps: list[StepPrediction] = []
+    # per followed rank: its machine, steps, chunk sizes in bytes, and its ways to and from each peer
+    tracks = [
+        (
+            rank,
+            owners[rank],
+            program.steps,
+            [size * itemsize for size in program.chunk_sizes],
+            sending.setdefault(rank, {}),
+            receiving.setdefault(rank, {}),
+        )
+        for rank, program in followed
+    ]
     for index in range(lengths.pop() if lengths else 0):
         carried: dict[tuple[LinkId, ...], int] = {}
         latency = 0.0
         moved = 0
         peak: dict[int | None, float] = {}  # per machine: its longest route, then its busiest link
-        for rank, program in followed:
-            sizes, step = program.chunk_sizes, program.steps[index]
+        for rank, owner, program_steps, sizes, to, come in tracks:
+            step = program_steps[index]
             mine = 0.0
             for t in step.sends:
-                size = sizes[t.chunk] * itemsize
+                size = sizes[t.chunk]
                 if size == 0:
                     continue
-                found = sending.get((rank, t.dst))
+                found = to.get(t.dst)
                 if found is None:
-                    found = sending[(rank, t.dst)] = way(rank, t.dst, False)
+                    found = to[t.dst] = way(rank, t.dst, False)
                 hops, seconds = found
-                mine = max(mine, seconds)
+                if seconds > mine:
+                    mine = seconds
                 moved += size
                 carried[hops] = carried.get(hops, 0) + size
             for t in step.recvs if hub is not None else ():  # without a hub, sends loaded whole routes
-                size = sizes[t.chunk] * itemsize
+                size = sizes[t.chunk]
                 if size == 0:
                     continue
-                found = receiving.get((t.src, rank))
+                found = come.get(t.src)
                 if found is None:
-                    found = receiving[(t.src, rank)] = way(t.src, rank, True)
+                    found = come[t.src] = way(t.src, rank, True)
                 hops, seconds = found
-                mine = max(mine, seconds)
+                if seconds > mine:
+                    mine = seconds
                 if t.src not in ranks:
                     moved += size
                 carried[hops] = carried.get(hops, 0) + size
-            owner = owners[rank]
-            peak[owner] = max(peak.get(owner, 0.0), mine)
-            latency = max(latency, mine)
+            if mine > peak.get(owner, 0.0):
+                peak[owner] = mine
+            if mine > latency:
+                latency = mine
         load: dict[LinkId, int] = {}
         for hops, size in carried.items():
             for hop in hops:
