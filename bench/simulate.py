@@ -174,7 +174,7 @@ def rows(
             prediction = predict_algorithm(
                 collective, name, count, itemsize, topology, fitted=fitted, budget=budget
             )
-        except TopologyError as error:
+        except (TopologyError, ValueError) as error:  # ValueError: too large a program to build
             found.append(Row(label, name, 0, None, None, str(error)))
             return
         found.append(Row(label, prediction.schedule, len(prediction.per_step), prediction, None))

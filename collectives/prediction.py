@@ -14,7 +14,7 @@ equal size is the exact figure (the tests compare both, forcing the sample,
 at up to 64 ranks).
 """
 
-__all__ = ["GLOBAL_TRANSFERS", "predict_algorithm", "predicts_by_sample", "traffic_on"]
+__all__ = ["GLOBAL_TRANSFERS", "PROGRAM_ENTRIES", "predict_algorithm", "predicts_by_sample", "traffic_on"]
 
 from collections.abc import Callable
 
@@ -34,6 +34,10 @@ GLOBAL_TRANSFERS = 500_000
 Building and routing half a million transfers takes about a second; past it,
 the ranks' programs are summed instead.
 """
+
+
+PROGRAM_ENTRIES = 4_000_000
+"""The most sends and receives rank 0's program may hold to be predicted (about 5 s and 1 GB to build)."""
 
 
 def predict_algorithm(
@@ -65,7 +69,8 @@ def predict_algorithm(
 
     Raises:
         TopologyError: the topology cannot carry the schedule.
-        UnknownAlgorithmError, ValueError: as for ``build_schedule``.
+        ValueError: rank 0's program would pass :data:`PROGRAM_ENTRIES`; and as for ``build_schedule``.
+        UnknownAlgorithmError: as for ``build_schedule``.
     """
     size = len(topology.gpus)
     module = algorithms.ALGORITHMS.get(algorithm)
@@ -80,9 +85,34 @@ def predict_algorithm(
     def default_program(rank: int) -> RankProgram:
         return algorithms.rank_program(collective, algorithm, size, count, root=root, rank=rank)
 
+    expected = _rank_zero_entries(collective, algorithm, size, count, root)
+    if expected > PROGRAM_ENTRIES:
+        raise ValueError(
+            f"{algorithm}'s {collective} gives rank 0 about {expected:,} transfers at {size} ranks "
+            f"(more than {PROGRAM_ENTRIES:,}): not predicted"
+        )
     if budget > 0 and _transfers(default_program(0), size) <= GLOBAL_TRANSFERS:
         return predict_fast(_build(collective, algorithm, size, count, root), topology, itemsize)
     return predict_programs(default_program, size, topology, itemsize, budget=budget)
+
+
+def _rank_zero_entries(collective: str, algorithm: str, world_size: int, count: int, root: int) -> int:
+    """Rank 0's sends and receives at ``world_size``, foreseen from its programs at a quarter and an eighth.
+
+    An algorithm that gives one rank work growing as P squared (direct's
+    reduce-scatter: 16 M transfers at 4,096 ranks) would take minutes and
+    gigabytes to build; below 1,024 ranks it is built and counted.
+    """
+    if world_size < 1024:
+        return 0
+
+    def entries(size: int) -> int:
+        program = algorithms.rank_program(collective, algorithm, size, count, root=root, rank=0)
+        return sum(len(step.sends) + len(step.recvs) for step in program.steps)
+
+    eighth, quarter = entries(world_size // 8), entries(world_size // 4)
+    growth = max(quarter / max(eighth, 1), 1.0)
+    return int(quarter * growth * growth)
 
 
 def _transfers(first: RankProgram, world_size: int) -> int:

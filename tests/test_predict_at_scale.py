@@ -7,7 +7,7 @@ import pytest
 
 import collectives
 from bench.simulate import main, sweep
-from collectives import algorithms
+from collectives import algorithms, prediction
 from collectives.algorithms import ALGORITHMS, build_schedule, hierarchical, rank_program
 from collectives.algorithms.base import implements, topology_program_builder
 from collectives.errors import TopologyError
@@ -240,3 +240,22 @@ def test_machines_unlike_the_others_are_not_sampled() -> None:
         found = predict_algorithm(collective, name, 2**20, 4, topology, fitted=False, budget=0)
         assert found.sampled_nodes is None
         assert found.time_s == pytest.approx(exact.time_s, rel=1e-12)
+
+
+def test_a_rank_given_quadratic_work_is_refused_before_it_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    # direct's reduce-scatter gives rank 0 P squared transfers: foreseen from P/8 and P/4 ranks
+    monkeypatch.setattr(prediction, "PROGRAM_ENTRIES", 200_000)
+    machines = multi_node(128, 8, 100)
+    built: list[int] = []
+    real = algorithms.rank_program
+
+    def spy(*args: object, **kwargs: object) -> object:
+        built.append(int(str(args[2])))
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(algorithms, "rank_program", spy)
+    with pytest.raises(ValueError, match=r"gives rank 0 about 1,04\d,\d{3} transfers at 1024 ranks"):
+        predict_algorithm("reduce_scatter", "direct", 2**20, 4, machines)
+    assert built == [128, 256]  # never at 1,024
+    found = predict_algorithm("reduce_scatter", "ring", 2**20, 4, machines)
+    assert found.time_s > 0
