@@ -18,6 +18,7 @@ __all__ = [
     "KVStoreTimeout",
     "KeyMismatchError",
     "MismatchError",
+    "Op",
     "PeerFailedError",
     "PeerInputError",
     "ReduceOp",
@@ -77,7 +78,7 @@ from .errors import (
     UnsupportedDtypeError,
     UnsupportedOpError,
 )
-from .ops import OPS, ReduceOp
+from .ops import OPS, Op, ReduceOp
 from .specs import COLLECTIVES
 
 __version__ = "0.1.0.dev0"

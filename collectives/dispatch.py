@@ -12,15 +12,17 @@ from collections.abc import Callable, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from .algorithms import ALGORITHMS, rank_program
-from .algorithms.base import required_feature
+from .algorithms.base import implements, required_feature
 from .backends import ArrayBackend
 from .call import Call
 from .chunking import even_split
 from .communicator import Communicator
+from .errors import CollectivesError, UnsupportedOpError
 from .execute import execute
 from .execute import run as run_plan
 from .execute_shared import SharedExecutor
 from .ops import ReduceOp, get_op, itemsize
+from .ordering import keeps_rank_order
 from .prepared import Opening, Prepared, allreduce_plan, remember
 from .selector import AUTO
 from .transport.base import SharedMemory
@@ -182,9 +184,12 @@ def run(group: Communicator, job: Job, check: bool | None) -> Any:
         with watchdog.watch(guard, check, first_barrier=opening is not None and opening.plan is None) as call:
             device = _on_device(group, call, job.backend)
             if opening is None:
-                call.algorithm = _choose(
-                    group, call, job.collective, job.algorithm, job.count, job.item_bytes, device
-                )
+                if job.op is not None and not job.op.commutative and group.size > 1:
+                    call.algorithm = _choose_ordered(group, call, job, device)
+                else:
+                    call.algorithm = _choose(
+                        group, call, job.collective, job.algorithm, job.count, job.item_bytes, device
+                    )
                 shared = _shared(group, call, job)
             else:
                 call.algorithm = opening.algorithm
@@ -204,7 +209,7 @@ def run(group: Communicator, job: Job, check: bool | None) -> Any:
 def _guard(group: Communicator, job: Job) -> Guard:
     """The packed signature of ``job``'s call."""
     counts = None if job.counts is None else tuple(int(c) for c in job.counts)
-    op = "" if job.op is None else job.op.name
+    op = "" if job.op is None else job.op.agreed_name
     backend = job.backend.name if job.dtype else ""
     return group.watchdog.guard(
         job.collective, job.algorithm, job.count, job.dtype, op, job.root, counts, backend=backend
@@ -237,6 +242,71 @@ def _choose(
         return algorithm
     features = frozenset() if device else group.features_in(call)
     return group.agreed_selector(call).choose(collective, group.size, count, item_bytes, features)
+
+
+def _choose_ordered(group: Communicator, call: Call, job: Job, device: bool) -> str:
+    """As :func:`_choose`, for a non-commutative op: only an algorithm that keeps the ranks' order.
+
+    ``"auto"`` takes the fastest of those; a named one that does not raises, on
+    every rank alike (the ranks agreed on the call), naming those that do.
+
+    Raises:
+        UnsupportedOpError: no algorithm asked for or available keeps the order.
+    """
+    op, collective = job.op, job.collective
+    assert op is not None  # only called for calls that reduce
+    if job.algorithm != AUTO:
+        if _keeps_order(group, call, job, job.algorithm, device):
+            return job.algorithm
+        ordered = [name for name in ALGORITHMS if _keeps_order(group, call, job, name, device, quiet=True)]
+        raise UnsupportedOpError(
+            f"op {op.name!r} is not commutative, and algorithm {job.algorithm!r} combines the ranks' "
+            f"contributions out of rank order in {collective} of {job.count} elements over {group.size} "
+            f"ranks; algorithms that keep the order there: {', '.join(ordered) or 'none'} (or 'auto')"
+        )
+    features = frozenset() if device else group.features_in(call)
+    explanation = group.agreed_selector(call).explain(
+        collective, job.count, job.dtype, world_size=group.size, op=op, features=features
+    )
+    for candidate in explanation.candidates:  # fastest first
+        if _keeps_order(group, call, job, candidate.algorithm, device):
+            return candidate.algorithm
+    raise UnsupportedOpError(
+        f"op {op.name!r} is not commutative, and no algorithm available for {collective} of {job.count} "
+        f"elements over {group.size} ranks combines the ranks' contributions in rank order"
+    )
+
+
+def _keeps_order(
+    group: Communicator, call: Call, job: Job, algorithm: str, device: bool, *, quiet: bool = False
+) -> bool:
+    """Whether ``algorithm`` runs ``job`` combining the ranks' contributions in rank order.
+
+    The shared-memory executor reduces every element in rank order; the node
+    hierarchy does not (a node's ranks need not be consecutive); a schedule is
+    checked by running its plans on symbolic chunks (:func:`keeps_rank_order`).
+    ``quiet``: a name that does not implement the collective is no error, just not one.
+    """
+    module = ALGORITHMS[algorithm]
+    if not implements(module, job.collective):
+        return False
+    needs = required_feature(module)
+    if needs is not None and not device and job.backend.name == "numpy":
+        if needs == "shared_memory" and job.on_shared and needs in group.features_in(call):
+            return True
+        if (
+            needs == "shared_memory_nodes"
+            and job.collective == "allreduce"
+            and needs in group.features_in(call)
+        ):
+            return False
+    shares = job.shares if job.collective == "reduce_scatter" else None
+    try:
+        return keeps_rank_order(job.collective, algorithm, group.size, job.count, shares, max(job.root, 0))
+    except (CollectivesError, ValueError):
+        if quiet:
+            return False
+        raise
 
 
 def _needs(group: Communicator, call: Call, algorithm: str, backend: ArrayBackend, feature: str) -> bool:
