@@ -22,6 +22,7 @@ __all__ = [
     "PeerFailedError",
     "PeerInputError",
     "ReduceOp",
+    "Request",
     "ScheduleError",
     "TransportError",
     "UnknownAlgorithmError",
@@ -36,9 +37,20 @@ __all__ = [
     "broadcast",
     "explain",
     "gather",
+    "iallgather",
+    "iallreduce",
+    "ialltoall",
+    "ibarrier",
+    "ibroadcast",
+    "igather",
+    "ireduce",
+    "ireduce_scatter",
+    "iscatter",
     "reduce",
     "reduce_scatter",
     "scatter",
+    "test_all",
+    "wait_all",
 ]
 
 from .api import (
@@ -78,7 +90,19 @@ from .errors import (
     UnsupportedDtypeError,
     UnsupportedOpError,
 )
+from .nonblocking import (
+    iallgather,
+    iallreduce,
+    ialltoall,
+    ibarrier,
+    ibroadcast,
+    igather,
+    ireduce,
+    ireduce_scatter,
+    iscatter,
+)
 from .ops import OPS, Op, ReduceOp
+from .requests import Request, test_all, wait_all
 from .specs import COLLECTIVES
 
 __version__ = "0.1.0.dev0"

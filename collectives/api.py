@@ -73,6 +73,8 @@ from .prepared import (
     reduce_scatter_prepared,
     shares_key,
 )
+from .requests import busy as _busy
+from .requests import settle
 from .selector import AUTO, default_selector
 
 if TYPE_CHECKING:
@@ -108,6 +110,8 @@ def allreduce(
     Returns:
         The result, ``out`` when given.
     """
+    if _busy:  # started calls on some communicator: those on this one go first
+        settle(comm)
     if op == "avg" or op.__class__ is ReduceOp:
         wide = widened(x, op, out)
         if wide is not None:
@@ -157,6 +161,8 @@ def reduce_scatter(
     Returns:
         This rank's share of the result, ``out`` when given.
     """
+    if _busy:  # started calls on some communicator: those on this one go first
+        settle(comm)
     if op == "avg" or op.__class__ is ReduceOp:
         wide = widened(x, op, out)
         if wide is not None:
@@ -206,6 +212,8 @@ def allgather(
     Returns:
         The concatenation, ``out`` when given.
     """
+    if _busy:  # started calls on some communicator: those on this one go first
+        settle(comm)
     key = shares_key("allgather", x, None, counts, out, algorithm, check)
     known = comm if isinstance(comm, Communicator) else _communicators.default if comm is None else None
     if key is not None and known is not None:
@@ -249,6 +257,8 @@ def broadcast(
     Raises:
         InvalidRootError: ``root`` is not a rank of the communicator.
     """
+    if _busy:  # started calls on some communicator: those on this one go first
+        settle(comm)
     group = communicator_of(comm)
     job = checked(group, "broadcast", algorithm, check, broadcast_job, x, root, out)
     work = run(group, job, check)
@@ -285,6 +295,8 @@ def reduce(
     Raises:
         InvalidRootError: ``root`` is not a rank of the communicator.
     """
+    if _busy:  # started calls on some communicator: those on this one go first
+        settle(comm)
     wide = widened(x, op, out)
     if wide is not None:
         return narrowed(reduce(wide, op, root, algorithm=algorithm, comm=comm, check=check), out)
@@ -331,6 +343,8 @@ def gather(
     Raises:
         InvalidRootError: ``root`` is not a rank of the communicator.
     """
+    if _busy:  # started calls on some communicator: those on this one go first
+        settle(comm)
     group = communicator_of(comm)
     job = checked(group, "gather", algorithm, check, gather_job, "gather", x, root, counts, out)
     work = run(group, job, check)
@@ -378,6 +392,8 @@ def scatter(
         InvalidBufferError: the root has no ``x``, or another rank has
             neither ``x`` nor ``out``.
     """
+    if _busy:  # started calls on some communicator: those on this one go first
+        settle(comm)
     group = communicator_of(comm)
     job = checked(group, "scatter", algorithm, check, scatter_job, x, root, counts, out)
     work = run(group, job, check)
@@ -416,6 +432,8 @@ def alltoall(
     Returns:
         The shares from every rank, ``out`` when given.
     """
+    if _busy:  # started calls on some communicator: those on this one go first
+        settle(comm)
     group = communicator_of(comm)
     job = checked(group, "alltoall", algorithm, check, alltoall_job, x, out)
     work = run(group, job, check)
@@ -436,6 +454,8 @@ def barrier(
         algorithm: the algorithm's name, or ``"auto"``; see :mod:`collectives.api`.
         check: whether the ranks agree on the call first; see :mod:`collectives.api`.
     """
+    if _busy:  # started calls on some communicator: those on this one go first
+        settle(comm)
     group = communicator_of(comm)
     run(group, checked(group, "barrier", algorithm, check, barrier_job), check)
 
