@@ -1,4 +1,4 @@
-"""Non-blocking collectives over loopback ranks: results, order with blocking calls, errors, progress, exit."""
+"""Non-blocking collectives on loopback ranks: results, order with blocking calls, errors, progress, exit."""
 
 import subprocess
 import sys
