@@ -23,6 +23,10 @@ raises, and unless checking is off the other ranks raise
 call waits longer than the communicator's timeout
 (:class:`~collectives.CollectiveTimeout`; see :mod:`collectives.watchdog`).
 
+Each has a non-blocking twin (:mod:`collectives.nonblocking`: ``iallreduce`` ...)
+that starts it and returns a :class:`~collectives.Request`; a blocking call on a
+communicator waits for the calls started on it first (:mod:`collectives.requests`).
+
 Each function checks its arguments into a :class:`~collectives.dispatch.Job` and
 hands it to :func:`collectives.dispatch.run`, the one path that agrees on the
 call, chooses its algorithm and runs it; repeated calls of the same shapes and
@@ -99,7 +103,9 @@ def allreduce(
         op: ``sum``, ``prod``, ``min``, ``max``, ``avg`` (floating types) or
             ``band``, ``bor``, ``bxor`` (integers). ``avg`` divides the sum by the
             world size; float16 is summed and divided in float32 and rounded once,
-            so that a sum past float16's largest, 65504, cannot overflow.
+            so that a sum past float16's largest, 65504, cannot overflow. Or a
+            :class:`~collectives.Op` of the user's; a non-commutative one only on the
+            algorithms that keep the ranks' order (``"auto"`` picks among them).
         out: where to put the result, of ``x``'s shape and dtype; ``out=x``
             reduces in place.
         algorithm: the algorithm's name, e.g. ``"ring"``; ``"auto"`` (the default)

@@ -29,7 +29,7 @@ DTYPES = FLOAT_DTYPES + INTEGER_DTYPES
 
 @dataclass(frozen=True)
 class ReduceOp:
-    """An associative, commutative element-wise reduction.
+    """A built-in element-wise reduction, associative and commutative; :class:`Op` makes the user's.
 
     Attributes:
         name: the name users pass (``"sum"``, ``"max"``, ...).
