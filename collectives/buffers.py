@@ -52,7 +52,7 @@ def _try_custom(backend: ArrayBackend, op: ReduceOp, x: Any, dtype: str) -> None
     """
     if backend.name != "numpy":
         raise UnsupportedOpError(
-            f"custom op {op.name!r} runs on numpy arrays (and CPU tensors) only, not on {backend.name} arrays"
+            f"custom op {op.name!r} runs on numpy arrays only, not on {backend.name} arrays"
         )
     a, b, out = (backend.empty(2, x) for _ in range(3))
     a[:] = 1

@@ -105,7 +105,7 @@ class Op(ReduceOp):
     build it alike: a ufunc is named by itself (``"logaddexp"``), a function by
     its module, qualified name and line. A rank passing another op raises
     :class:`~collectives.MismatchError` on every rank. Custom ops run on numpy
-    arrays (and CPU tensors) only.
+    arrays only (the device backends reduce with their own kernels).
 
     Args:
         combine: a numpy ufunc of two inputs (``np.maximum``, ``np.logaddexp``),
