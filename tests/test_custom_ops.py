@@ -211,3 +211,24 @@ def test_repeated_calls_and_in_place_take_the_custom_op() -> None:
 
     for results in run_ranks(3, body):
         assert [r.tolist() for r in results] == [[2.0] * 5, [3.0] * 5, [4.0] * 5]
+
+
+def test_device_backends_refuse_custom_ops(monkeypatch: pytest.MonkeyPatch) -> None:
+    from collectives import buffers
+    from collectives.backends.numpy_backend import NumpyBackend
+
+    class Elsewhere(NumpyBackend):
+        name = "cupy"  # a stand-in: the device backends reduce with their own kernels
+
+    monkeypatch.setattr(buffers, "backend_for", lambda array: Elsewhere())
+    op = Op(np.logaddexp, name="logaddexp_device")
+
+    def body(comm: C.Communicator) -> Any:
+        try:
+            return C.allreduce(np.ones(3), op, comm=comm)
+        except UnsupportedOpError as error:
+            return error
+
+    (result,) = run_ranks(1, body)
+    assert isinstance(result, UnsupportedOpError)
+    assert "numpy arrays only, not on cupy arrays" in str(result)
