@@ -106,7 +106,8 @@ class _Lane:
     def __init__(self, name: str) -> None:
         self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = queue.SimpleQueue()
         self._unfinished = 0
-        self.last: Future[Any] | None = None
+        # no future is kept here: a failed call's traceback would hold its communicator alive
+        self._idle = threading.Condition()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -116,12 +117,17 @@ class _Lane:
 
     def submit(self, job: Callable[[], Any]) -> "Future[Any]":
         future: Future[Any] = Future()
-        with _lock:
+        with self._idle:
             self._unfinished += 1
             busy.add(self)
-            self.last = future
         self._jobs.put((job, future))
         return future
+
+    def wait_idle(self) -> None:
+        """Wait until every call submitted so far has completed."""
+        with self._idle:
+            while self._unfinished:
+                self._idle.wait()
 
     def stop(self) -> None:
         """End the thread once the calls before have run."""
@@ -131,10 +137,11 @@ class _Lane:
         while (item := self._jobs.get()) is not None:
             job, future = item
             _run_job(job, future)
-            with _lock:
+            with self._idle:
                 self._unfinished -= 1
                 if not self._unfinished:
                     busy.discard(self)
+                    self._idle.notify_all()
             # hold no array while idle
             del item, job, future
 
@@ -188,17 +195,12 @@ def settle(comm: "Communicator | MPI.Comm | None") -> None:
     """
     group = communicator_of(comm)
     lane = _lanes.get(group)
-    if lane is None or lane.ident == threading.get_ident():
-        return
-    last = lane.last
-    if last is not None:
-        wait_futures([last])
+    if lane is not None and lane.ident != threading.get_ident():
+        lane.wait_idle()
 
 
 def _finish_at_exit() -> None:
     """Let the calls started and never waited for complete before MPI is finalized."""
     for lane in list(busy):
-        last = lane.last
-        if last is not None:
-            with contextlib.suppress(BaseException):
-                wait_futures([last])
+        with contextlib.suppress(BaseException):
+            lane.wait_idle()

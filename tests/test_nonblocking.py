@@ -191,3 +191,20 @@ def test_without_threads_a_started_call_runs_at_once(level: str, monkeypatch: py
 
     for done, result in run_ranks(2, body):
         assert done and result.tolist() == [2.0] * 3
+
+
+def test_a_communicator_with_finished_requests_can_be_collected() -> None:
+    import gc
+    import weakref
+
+    from collectives.transport.loopback import LoopbackWorld
+
+    comm = C.Communicator(LoopbackWorld(1).transport(0))
+    ref = weakref.ref(comm)
+    assert C.iallreduce(np.ones(3), comm=comm).wait().tolist() == [1.0] * 3
+    failed = C.iallreduce(np.ones(3), "no such op", comm=comm)
+    with pytest.raises(C.UnsupportedOpError):
+        failed.wait()
+    del comm, failed
+    gc.collect()
+    assert ref() is None  # its lane holds neither it nor a call's traceback
