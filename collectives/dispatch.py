@@ -247,8 +247,11 @@ def _choose(
 def _choose_ordered(group: Communicator, call: Call, job: Job, device: bool) -> str:
     """As :func:`_choose`, for a non-commutative op: only an algorithm that keeps the ranks' order.
 
-    ``"auto"`` takes the fastest of those; a named one that does not raises, on
-    every rank alike (the ranks agreed on the call), naming those that do.
+    ``"auto"`` takes the fastest of those; where no reduce algorithm keeps the
+    order at the call's root, the fastest allreduce that does runs instead (the
+    root keeps its result; ``job`` becomes an allreduce). A named algorithm that
+    does not keep the order raises, on every rank alike (the ranks agreed on the
+    call), naming those that do.
 
     Raises:
         UnsupportedOpError: no algorithm asked for or available keeps the order.
@@ -265,12 +268,15 @@ def _choose_ordered(group: Communicator, call: Call, job: Job, device: bool) -> 
             f"ranks; algorithms that keep the order there: {', '.join(ordered) or 'none'} (or 'auto')"
         )
     features = frozenset() if device else group.features_in(call)
-    explanation = group.agreed_selector(call).explain(
-        collective, job.count, job.dtype, world_size=group.size, op=op, features=features
-    )
-    for candidate in explanation.candidates:  # fastest first
-        if _keeps_order(group, call, job, candidate.algorithm, device):
-            return candidate.algorithm
+    selector = group.agreed_selector(call)
+    for collective in (job.collective, "allreduce") if job.collective == "reduce" else (job.collective,):
+        job.collective = collective
+        explanation = selector.explain(
+            collective, job.count, job.dtype, world_size=group.size, op=op, features=features
+        )
+        for candidate in explanation.candidates:  # fastest first
+            if _keeps_order(group, call, job, candidate.algorithm, device):
+                return candidate.algorithm
     raise UnsupportedOpError(
         f"op {op.name!r} is not commutative, and no algorithm available for {collective} of {job.count} "
         f"elements over {group.size} ranks combines the ranks' contributions in rank order"

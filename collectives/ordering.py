@@ -1,18 +1,16 @@
-"""Whether an algorithm's executed plans combine the ranks' contributions in rank order."""
+"""Whether an algorithm combines the ranks' contributions in rank order, as a non-commutative op needs."""
 
 __all__ = ["keeps_rank_order"]
 
 import bisect
-from collections import defaultdict, deque
 from collections.abc import Sequence
 from functools import lru_cache
 
 from .algorithms import rank_program
-from .execute import Plan, program_plan
+from .schedule import RankProgram
 
-# A chunk's value, symbolically: the ranks ``lo:hi`` combined in order, or None where
-# contributions met out of order (or garbage was read). Combining two is O(1), so the
-# check costs the plans' messages, whatever the count.
+# A chunk's value, symbolically: the ranks lo:hi combined in order, or None where contributions met
+# out of order. Joining two is O(1), so the check costs the schedule's transfers, whatever the count.
 _Value = tuple[int, int] | None
 
 
@@ -33,107 +31,81 @@ def keeps_rank_order(
 ) -> bool:
     """Whether ``algorithm`` reduces ``x0 op x1 op ... op x(P-1)`` in rank order (for non-commutative ops).
 
-    Runs every rank's plan of the schedule, as :func:`collectives.execute.run`
-    runs it (the lower rank's operand first), on symbolic chunks that record
-    which ranks they combine, and checks that each result holds all of them in
-    order: the allreduce on every rank, the reduce-scatter's shares, the reduce's
-    root. Memoized; the cost is the plans' messages, whatever the count.
+    Runs the schedule's transfers on symbolic chunks that record which ranks they
+    combine, reducing as the executor does (:func:`collectives.execute.run`: within
+    a step in schedule order, the lower rank's operand first), and checks that each
+    result holds every rank in order: the allreduce on every rank, the
+    reduce-scatter's shares, the reduce's root. It stops at the first reduction of
+    two partial results that are not neighbours in rank order: nothing can put
+    such a result back in order. Built from the ranks' programs (bounded memos,
+    never the global schedule) and memoized; the cost is the transfers, whatever
+    the count, and an algorithm out of order is found at its first such reduction.
     """
-    return _ordered(collective, algorithm, world_size, count, None if shares is None else tuple(shares), root)
+    kept = None if shares is None else tuple(shares)
+    return _ordered(collective, algorithm, world_size, count, kept, root)
 
 
 @lru_cache(maxsize=256)
 def _ordered(
-    collective: str, algorithm: str, world_size: int, count: int, shares: tuple[int, ...] | None, root: int
+    collective: str, algorithm: str, size: int, count: int, shares: tuple[int, ...] | None, root: int
 ) -> bool:
-    if world_size == 1 or count == 0:
+    if size == 1 or count == 0:
         return True
-    # a separate source or not changes which buffer a reduction reads, never the order
-    return all(
-        _runs_in_order(collective, algorithm, world_size, count, shares, root, separate)
-        for separate in (False, True)
-    )
+    programs: list[RankProgram | None] = [None] * size
+
+    def program(rank: int) -> RankProgram:
+        made = programs[rank]
+        if made is None:
+            made = programs[rank] = rank_program(
+                collective, algorithm, size, count, shares, root=root, rank=rank
+            )
+        return made
+
+    sizes = program(0).chunk_sizes
+    state: list[list[_Value]] = [[(r, r + 1)] * len(sizes) for r in range(size)]
+    for index in range(len(program(0).steps)):
+        # every send reads the chunk as the step began; receives land in schedule order
+        landed: dict[tuple[int, int], _Value] = {}
+        for rank in range(size):
+            for t in program(rank).steps[index].recvs:
+                if not sizes[t.chunk]:
+                    continue
+                value = state[t.src][t.chunk]
+                if t.reduce:
+                    own = landed.get((rank, t.into), state[rank][t.into])
+                    value = _join(value, own) if t.src < rank else _join(own, value)
+                    if value is None:
+                        return False
+                landed[(rank, t.into)] = value
+        for (rank, chunk), value in landed.items():
+            state[rank][chunk] = value
+    return _results_in_order(collective, state, sizes, size, count, shares, root)
 
 
-def _runs_in_order(
+def _results_in_order(
     collective: str,
-    algorithm: str,
+    state: list[list[_Value]],
+    sizes: tuple[int, ...],
     size: int,
     count: int,
     shares: tuple[int, ...] | None,
     root: int,
-    separate: bool,
 ) -> bool:
-    programs = [
-        rank_program(collective, algorithm, size, count, shares, root=root, rank=r) for r in range(size)
-    ]
-    plans: list[Plan] = [program_plan(p, 0, separate) for p in programs]
-    bounds = programs[0].chunk_bounds
-    chunks = len(bounds) - 1
-
-    def span(lo: int, hi: int) -> range:
-        """The chunks of elements ``lo:hi`` (plans move whole chunks when unsegmented)."""
-        first = bisect.bisect_right(bounds, lo) - 1
-        last = bisect.bisect_left(bounds, hi)
-        return range(max(first, 0), min(last, chunks))
-
-    source: list[list[_Value]] = [[(r, r + 1)] * chunks for r in range(size)]
-    buffer: list[list[_Value]] = [[None if separate else (r, r + 1)] * chunks for r in range(size)]
-    queues: dict[tuple[int, int], deque[list[_Value]]] = defaultdict(deque)
-    at = [0] * size
-    posted = [False] * size
-    while True:
-        moved = False
-        for r in range(size):
-            steps = plans[r].steps
-            if at[r] == len(steps):
-                continue
-            step = steps[at[r]]
-            src, buf = source[r], buffer[r]
-            if not posted[r]:
-                for lo, hi in step.prefill:
-                    for c in span(lo, hi):
-                        buf[c] = src[c]
-                for m in step.sends:
-                    queues[(r, m.peer)].append([(src if m.fresh else buf)[c] for c in span(m.lo, m.hi)])
-                posted[r] = moved = True
-            wanted: dict[int, int] = defaultdict(int)
-            for m in step.recvs:
-                wanted[m.peer] += 1
-            if any(len(queues[(peer, r)]) < n for peer, n in wanted.items()):
-                continue
-            for m in step.recvs:
-                came = queues[(m.peer, r)].popleft()
-                for c, value in zip(span(m.lo, m.hi), came, strict=False):
-                    if m.landing < 0:
-                        buf[c] = value
-                        continue
-                    own = src[c] if m.fresh else buf[c]
-                    buf[c] = _join(value, own) if m.first else _join(own, value)
-            at[r] += 1
-            posted[r] = False
-            moved = True
-        if not moved:
-            break
-    if at != [len(p.steps) for p in plans]:
-        return False  # the plans did not pair up: not something to run an op on
-    for r in range(size):
-        for lo, hi in plans[r].untouched:
-            for c in span(lo, hi):
-                buffer[r][c] = source[r][c]
+    """Whether the chunks the collective's result is made of hold every rank, in order."""
     whole = (0, size)
-    nonempty = [c for c in range(chunks) if bounds[c] < bounds[c + 1]]
+    chunks = [c for c in range(len(sizes)) if sizes[c]]
     if collective == "allreduce":
-        return all(buffer[r][c] == whole for r in range(size) for c in nonempty)
+        return all(state[r][c] == whole for r in range(size) for c in chunks)
     if collective == "reduce":
-        return all(buffer[root][c] == whole for c in nonempty)
+        return all(state[root][c] == whole for c in chunks)
     if collective == "reduce_scatter":
-        per_rank = shares if shares is not None else tuple(count // size for _ in range(size))
+        per_rank = shares if shares is not None else (count // size,) * size
+        starts = [sum(sizes[:c]) for c in range(len(sizes) + 1)]
         edges = [sum(per_rank[:r]) for r in range(size + 1)]
-        return all(
-            buffer[r][c] == whole
-            for r in range(size)
-            for c in span(edges[r], edges[r + 1])
-            if bounds[c] < bounds[c + 1]
-        )
-    return True  # collectives that do not reduce
+        for r in range(size):
+            first = bisect.bisect_right(starts, edges[r]) - 1
+            last = bisect.bisect_left(starts, edges[r + 1])
+            if any(state[r][c] != whole for c in range(max(first, 0), min(last, len(sizes))) if sizes[c]):
+                return False
+        return True
+    return True  # the collectives that do not reduce

@@ -172,6 +172,30 @@ def test_the_order_check_agrees_with_the_executor(size: int) -> None:
         assert exact == keeps_rank_order("allreduce", algorithm, size, count), algorithm
 
 
+def test_the_order_check_scales_to_many_ranks() -> None:
+    """From the ranks' programs, stopping at the first reduction out of order: cheap at hundreds of ranks."""
+    assert keeps_rank_order("allreduce", "tree", 256, 1 << 20)
+    assert keeps_rank_order("reduce", "direct", 256, 1000, root=0)
+    assert not keeps_rank_order("reduce", "direct", 256, 1000, root=255)  # the root's own comes first
+    assert not keeps_rank_order("allreduce", "ring", 256, 1 << 20)
+    assert not keeps_rank_order("reduce_scatter", "ring", 256, 256 * 4)
+
+
+@pytest.mark.parametrize("size", [2, 3, 5])
+def test_a_non_commutative_reduce_reaches_every_root_in_order(size: int) -> None:
+    """Where no reduce algorithm keeps the order at a root, auto runs an allreduce that does."""
+    xs = _matrices(size, 7, 3)
+    whole = _in_order(xs)
+    for root in range(size):
+
+        def body(comm: C.Communicator, root: int = root) -> Any:
+            return C.reduce(xs[comm.rank], MATMUL, root=root, comm=comm)
+
+        results = run_ranks(size, body)
+        assert np.array_equal(results[root], whole), root
+        assert all(r is None for k, r in enumerate(results) if k != root)
+
+
 def test_ranks_passing_different_ops_raise_a_mismatch() -> None:
     def body(comm: C.Communicator) -> Any:
         x = np.arange(4.0)

@@ -84,3 +84,19 @@ def test_non_blocking_calls_overlap_and_keep_their_order(world: MPI.Intracomm) -
         problems.expect(bool(np.array_equal(got, reference)), "iallreduce differs from MPI's")
     comm.free()
     problems.check()
+
+
+def test_a_non_commutative_reduce_at_every_root(world: MPI.Intracomm) -> None:
+    comm = collectives.Communicator(world)
+    problems = Problems(world)
+    matrices = np.random.default_rng(7 + world.rank).integers(0, 2**32, 33, dtype=np.uint64).astype(np.uint32)
+    product = _in_order(world.allgather(matrices))
+    for root in range(world.size):
+        with problems.guard(f"reduce root={root}"):
+            got = collectives.reduce(matrices, MATMUL, root=root, comm=comm)
+            if world.rank == root:
+                problems.expect(bool(np.array_equal(got, product)), f"root {root}: out of order")
+            else:
+                problems.expect(got is None, f"root {root}: a result off the root")
+    comm.free()
+    problems.check()
