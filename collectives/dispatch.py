@@ -17,7 +17,7 @@ from .backends import ArrayBackend
 from .call import Call
 from .chunking import even_split
 from .communicator import Communicator
-from .errors import CollectivesError, UnsupportedOpError
+from .errors import CollectivesError, MismatchError, UnsupportedOpError
 from .execute import execute
 from .execute import run as run_plan
 from .execute_shared import SharedExecutor
@@ -200,9 +200,12 @@ def run(group: Communicator, job: Job, check: bool | None) -> Any:
                 _allreduce(group, call, guard, job)
                 return job.work
             return _schedule(group, call, job)
-    except BaseException:
+    except BaseException as error:
         if watchdog.broken is not None:  # receives posted into the job's arrays may still land
             watchdog.kept.append(job)
+        if isinstance(error, MismatchError) and job.op is not None and job.op.custom:
+            op = job.op
+            error.add_note(f"rank {group.rank}'s op {op.name!r} is {op.agreed_name!r} in the signature")
         raise
 
 

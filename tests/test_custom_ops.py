@@ -207,6 +207,8 @@ def test_ranks_passing_different_ops_raise_a_mismatch() -> None:
     results = run_ranks(3, body)
     assert all(isinstance(r, MismatchError) for r in results)
     assert "op" in str(results[0])
+    # each rank's note says which op its signature's short name stands for
+    assert "'logaddexp' is" in results[0].__notes__[-1] and "'max_plus' is" in results[1].__notes__[-1]
 
 
 def test_an_op_that_fails_on_the_dtype_is_refused_before_the_call() -> None:
