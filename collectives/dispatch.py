@@ -9,6 +9,7 @@ chooses its algorithm and runs it under the watchdog.
 __all__ = ["Job", "checked", "refuse", "run"]
 
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from .algorithms import ALGORITHMS, rank_program
@@ -24,7 +25,7 @@ from .execute_shared import SharedExecutor
 from .ops import ReduceOp, get_op, itemsize
 from .ordering import keeps_rank_order
 from .prepared import Opening, Prepared, allreduce_plan, remember
-from .selector import AUTO
+from .selector import AUTO, Selector
 from .transport.base import SharedMemory
 from .watchdog import Guard
 
@@ -259,59 +260,98 @@ def _choose_ordered(group: Communicator, call: Call, job: Job, device: bool) -> 
     Raises:
         UnsupportedOpError: no algorithm asked for or available keeps the order.
     """
-    op, collective = job.op, job.collective
+    op, collective, size = job.op, job.collective, group.size
     assert op is not None  # only called for calls that reduce
+    shares = job.shares if collective == "reduce_scatter" else None
+    root = max(job.root, 0)
+    numpy = not device and job.backend.name == "numpy"
     if job.algorithm != AUTO:
-        if _keeps_order(group, call, job, job.algorithm, device):
+        needs = required_feature(ALGORITHMS[job.algorithm])
+        features = group.features_in(call) if needs is not None and numpy else frozenset()
+        route = (job.on_shared and numpy, features)
+        if _keeps_order(collective, job.algorithm, size, job.count, shares, root, *route):
             return job.algorithm
-        ordered = [name for name in ALGORITHMS if _keeps_order(group, call, job, name, device, quiet=True)]
+        ordered = [
+            name
+            for name in ALGORITHMS
+            if _keeps_order(collective, name, size, job.count, shares, root, *route, quiet=True)
+        ]
         raise UnsupportedOpError(
             f"op {op.name!r} is not commutative, and algorithm {job.algorithm!r} combines the ranks' "
-            f"contributions out of rank order in {collective} of {job.count} elements over {group.size} "
+            f"contributions out of rank order in {collective} of {job.count} elements over {size} "
             f"ranks; algorithms that keep the order there: {', '.join(ordered) or 'none'} (or 'auto')"
         )
     features = frozenset() if device else group.features_in(call)
     selector = group.agreed_selector(call)
-    for collective in (job.collective, "allreduce") if job.collective == "reduce" else (job.collective,):
-        job.collective = collective
-        explanation = selector.explain(
-            collective, job.count, job.dtype, world_size=group.size, op=op, features=features
-        )
-        for candidate in explanation.candidates:  # fastest first
-            if _keeps_order(group, call, job, candidate.algorithm, device):
-                return candidate.algorithm
-    raise UnsupportedOpError(
-        f"op {op.name!r} is not commutative, and no algorithm available for {collective} of {job.count} "
-        f"elements over {group.size} ranks combines the ranks' contributions in rank order"
+    on_shared = job.on_shared and numpy
+    choice = _fastest_ordered(
+        selector, collective, size, job.count, job.dtype, shares, root, on_shared, features
     )
+    if choice is None:
+        raise UnsupportedOpError(
+            f"op {op.name!r} is not commutative, and no algorithm available for {collective} of {job.count} "
+            f"elements over {size} ranks combines the ranks' contributions in rank order"
+        )
+    job.collective, algorithm = choice
+    return algorithm
+
+
+@lru_cache(maxsize=1024)
+def _fastest_ordered(
+    selector: Selector,
+    collective: str,
+    size: int,
+    count: int,
+    dtype: str,
+    shares: tuple[int, ...] | None,
+    root: int,
+    on_shared: bool,
+    features: frozenset[str],
+) -> tuple[str, str] | None:
+    """The collective and fastest algorithm ``selector`` offers that keep the ranks' order (memoized).
+
+    A reduce no reduce algorithm keeps in order at ``root`` runs as an allreduce.
+    """
+    for chosen in (collective, "allreduce") if collective == "reduce" else (collective,):
+        explanation = selector.explain(chosen, count, dtype, world_size=size, features=features)
+        for candidate in explanation.candidates:  # fastest first
+            on = on_shared and chosen == collective
+            if _keeps_order(chosen, candidate.algorithm, size, count, shares, root, on, features):
+                return chosen, candidate.algorithm
+    return None
 
 
 def _keeps_order(
-    group: Communicator, call: Call, job: Job, algorithm: str, device: bool, *, quiet: bool = False
+    collective: str,
+    algorithm: str,
+    size: int,
+    count: int,
+    shares: tuple[int, ...] | None,
+    root: int,
+    on_shared: bool,
+    features: frozenset[str],
+    *,
+    quiet: bool = False,
 ) -> bool:
-    """Whether ``algorithm`` runs ``job`` combining the ranks' contributions in rank order.
+    """Whether ``algorithm`` runs the call combining the ranks' contributions in rank order.
 
-    The shared-memory executor reduces every element in rank order; the node
-    hierarchy does not (a node's ranks need not be consecutive); a schedule is
-    checked by running its plans on symbolic chunks (:func:`keeps_rank_order`).
+    The shared-memory executor (where the call runs on it: ``on_shared``, numpy
+    arrays, with the feature in ``features``) reduces every element in rank
+    order; the node hierarchy does not (a node's ranks need not be consecutive);
+    a schedule is checked on symbolic chunks (:func:`keeps_rank_order`).
     ``quiet``: a name that does not implement the collective is no error, just not one.
     """
     module = ALGORITHMS[algorithm]
-    if not implements(module, job.collective):
+    if not implements(module, collective):
         return False
     needs = required_feature(module)
-    if needs is not None and not device and job.backend.name == "numpy":
-        if needs == "shared_memory" and job.on_shared and needs in group.features_in(call):
+    if needs is not None and needs in features:
+        if needs == "shared_memory" and on_shared:
             return True
-        if (
-            needs == "shared_memory_nodes"
-            and job.collective == "allreduce"
-            and needs in group.features_in(call)
-        ):
+        if needs == "shared_memory_nodes" and collective == "allreduce":
             return False
-    shares = job.shares if job.collective == "reduce_scatter" else None
     try:
-        return keeps_rank_order(job.collective, algorithm, group.size, job.count, shares, max(job.root, 0))
+        return keeps_rank_order(collective, algorithm, size, count, shares, root)
     except (CollectivesError, ValueError):
         if quiet:
             return False
