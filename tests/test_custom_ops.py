@@ -196,6 +196,42 @@ def test_a_non_commutative_reduce_reaches_every_root_in_order(size: int) -> None
         assert all(r is None for k, r in enumerate(results) if k != root)
 
 
+@pytest.mark.parametrize(("op", "pick"), [(MIN_PLUS, np.min), (MAX_PLUS, np.max)])
+def test_a_tropical_matrix_vector_product_across_ranks(op: Op, pick: Any) -> None:
+    """One Bellman-Ford step in the (min, +) semiring (and its (max, +) twin), rows spread over ranks.
+
+    Rank r holds rows ``r::P`` of the weights and their distances; its partial
+    product is reduced by the semiring's addition, which must give the whole one.
+    """
+    size, n = 4, 9
+    rng = np.random.default_rng(5)
+    weights = rng.integers(1, 20, (n, n)).astype(np.float64)
+    distances = rng.integers(0, 50, n).astype(np.float64)
+    whole = pick(distances[:, None] + weights, axis=0)
+
+    def body(comm: C.Communicator) -> np.ndarray:
+        mine = slice(comm.rank, n, size)
+        partial = pick(distances[mine, None] + weights[mine], axis=0)
+        return C.allreduce(partial, op, comm=comm)
+
+    for result in run_ranks(size, body):
+        assert np.array_equal(result, whole)
+
+
+def test_a_non_commutative_reduce_scatter_with_uneven_counts() -> None:
+    size = 4
+    counts = [3, 0, 5, 1]
+    xs = _matrices(size, sum(counts), 11)
+    whole = _in_order(xs)
+
+    def body(comm: C.Communicator) -> np.ndarray:
+        return C.reduce_scatter(xs[comm.rank], MATMUL, counts=counts, comm=comm)
+
+    starts = np.cumsum([0, *counts])
+    for rank, result in enumerate(run_ranks(size, body)):
+        assert np.array_equal(result, whole[starts[rank] : starts[rank + 1]])
+
+
 def test_ranks_passing_different_ops_raise_a_mismatch() -> None:
     def body(comm: C.Communicator) -> Any:
         x = np.arange(4.0)
