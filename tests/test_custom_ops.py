@@ -2,6 +2,7 @@
 
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -10,6 +11,7 @@ from collectives import MismatchError, Op, PeerInputError, UnsupportedOpError
 from collectives.algorithms import ALGORITHMS, rank_program
 from collectives.algorithms.base import implements
 from collectives.execute import execute
+from collectives.ops import DTYPES, FLOAT_DTYPES
 from collectives.ordering import keeps_rank_order
 from collectives.transport.loopback import LoopbackWorld
 
@@ -230,6 +232,27 @@ def test_a_non_commutative_reduce_scatter_with_uneven_counts() -> None:
     starts = np.cumsum([0, *counts])
     for rank, result in enumerate(run_ranks(size, body)):
         assert np.array_equal(result, whole[starts[rank] : starts[rank + 1]])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_dtype_reduces_as_the_built_in_op_or_is_refused_by_name(dtype: str) -> None:
+    kind = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+
+    def body(comm: C.Communicator) -> Any:
+        x = (np.arange(6) * (comm.rank + 1) % 7).astype(kind)
+        mine = C.allreduce(x, MAX_PLUS, comm=comm)
+        try:
+            smooth = C.allreduce(x, LOGSUMEXP, comm=comm)
+        except UnsupportedOpError as error:
+            smooth = error
+        return mine, C.allreduce(x, "max", comm=comm), smooth
+
+    for mine, builtin, smooth in run_ranks(3, body):
+        assert mine.dtype == kind and mine.tobytes() == builtin.tobytes()
+        if dtype in FLOAT_DTYPES:
+            assert smooth.dtype == kind
+        else:
+            assert isinstance(smooth, UnsupportedOpError) and f"failed on two {dtype} arrays" in str(smooth)
 
 
 def test_ranks_passing_different_ops_raise_a_mismatch() -> None:
