@@ -271,6 +271,8 @@ def _choose_ordered(group: Communicator, call: Call, job: Job, device: bool) -> 
         route = (job.on_shared and numpy, features)
         if _keeps_order(collective, job.algorithm, size, job.count, shares, root, *route):
             return job.algorithm
+        # every rank is here alike, so asking for the features (collective, the first time) is safe
+        route = (job.on_shared and numpy, group.features_in(call) if numpy else frozenset())
         ordered = [
             name
             for name in ALGORITHMS
