@@ -65,7 +65,7 @@ from .buffers import (
     widened,
 )
 from .communicator import Communicator, communicator_of
-from .dispatch import checked, run
+from .dispatch import checked, keeps_order, run
 from .explanation import Explanation
 from .ops import ReduceOp
 from .prepared import (
@@ -519,12 +519,36 @@ def explain(
     explanation = (selector or default_selector(world_size)).explain(
         collective, count, dtype, world_size=world_size, op=op, features=features, topology=topology
     )
+    from dataclasses import replace
+
+    if isinstance(op, ReduceOp) and not op.commutative and explanation.op is not None and world_size > 1:
+        explanation = _in_rank_order(explanation, features)
     path = None if group is None else group.chosen_device_path
     if path is None and not device:
         return explanation
-    from dataclasses import replace
-
     from .transport.device_path import foresee
 
     route = path.describe() if path is not None else foresee(None if group is None else group.transport)
     return replace(explanation, device=route)
+
+
+def _in_rank_order(explanation: Explanation, features: frozenset[str]) -> Explanation:
+    """``explanation`` for a non-commutative op: the candidates that combine out of rank order, rejected.
+
+    As a call of contiguous numpy arrays chooses (see :func:`collectives.dispatch.keeps_order`).
+    """
+    from dataclasses import replace
+
+    from .explanation import Candidate, Rejected
+
+    collective, size, count = explanation.collective, explanation.world_size, explanation.count
+    on_shared = collective in ("allreduce", "reduce_scatter")
+    kept: list[Candidate] = []
+    dropped: list[Candidate] = []
+    for candidate in explanation.candidates:
+        ordered = keeps_order(collective, candidate.algorithm, size, count, None, 0, on_shared, features)
+        (kept if ordered else dropped).append(candidate)
+    reason = ("combines the ranks' contributions out of rank order, which a non-commutative op needs",)
+    rejected = explanation.rejected + tuple(Rejected(c.algorithm, reason) for c in dropped)
+    choice = kept[0].algorithm if kept else None
+    return replace(explanation, candidates=tuple(kept), rejected=rejected, choice=choice)

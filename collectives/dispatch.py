@@ -6,7 +6,7 @@ the checks fail), then :func:`run` agrees on the call with the other ranks,
 chooses its algorithm and runs it under the watchdog.
 """
 
-__all__ = ["Job", "checked", "refuse", "run"]
+__all__ = ["Job", "checked", "keeps_order", "refuse", "run"]
 
 from collections.abc import Callable, Sequence
 from functools import lru_cache
@@ -269,14 +269,14 @@ def _choose_ordered(group: Communicator, call: Call, job: Job, device: bool) -> 
         needs = required_feature(ALGORITHMS[job.algorithm])
         features = group.features_in(call) if needs is not None and numpy else frozenset()
         route = (job.on_shared and numpy, features)
-        if _keeps_order(collective, job.algorithm, size, job.count, shares, root, *route):
+        if keeps_order(collective, job.algorithm, size, job.count, shares, root, *route):
             return job.algorithm
         # every rank is here alike, so asking for the features (collective, the first time) is safe
         route = (job.on_shared and numpy, group.features_in(call) if numpy else frozenset())
         ordered = [
             name
             for name in ALGORITHMS
-            if _keeps_order(collective, name, size, job.count, shares, root, *route, quiet=True)
+            if keeps_order(collective, name, size, job.count, shares, root, *route, quiet=True)
         ]
         raise UnsupportedOpError(
             f"op {op.name!r} is not commutative, and algorithm {job.algorithm!r} combines the ranks' "
@@ -318,12 +318,12 @@ def _fastest_ordered(
         explanation = selector.explain(chosen, count, dtype, world_size=size, features=features)
         for candidate in explanation.candidates:  # fastest first
             on = on_shared and chosen == collective
-            if _keeps_order(chosen, candidate.algorithm, size, count, shares, root, on, features):
+            if keeps_order(chosen, candidate.algorithm, size, count, shares, root, on, features):
                 return chosen, candidate.algorithm
     return None
 
 
-def _keeps_order(
+def keeps_order(
     collective: str,
     algorithm: str,
     size: int,

@@ -317,3 +317,12 @@ def test_device_backends_refuse_custom_ops(monkeypatch: pytest.MonkeyPatch) -> N
     (result,) = run_ranks(1, body)
     assert isinstance(result, UnsupportedOpError)
     assert "numpy arrays only, not on cupy arrays" in str(result)
+
+
+def test_explain_rejects_the_algorithms_out_of_rank_order_for_a_non_commutative_op() -> None:
+    explanation = C.explain("allreduce", 1 << 20, "uint32", world_size=5, op=MATMUL)
+    reasons = {r.algorithm: r.reasons for r in explanation.rejected}
+    assert "out of rank order" in reasons["ring"][0]
+    assert explanation.choice is not None and keeps_rank_order("allreduce", explanation.choice, 5, 1 << 20)
+    commutative = C.explain("allreduce", 1 << 20, world_size=5, op=LOGSUMEXP)
+    assert "ring" not in {r.algorithm for r in commutative.rejected}
