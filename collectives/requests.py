@@ -98,6 +98,7 @@ busy: set["_Lane"] = set()
 
 _lanes: "weakref.WeakKeyDictionary[Communicator, _Lane]" = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
+_at_exit: list[bool] = []  # whether the handler is registered (once per process)
 
 
 class _Lane:
@@ -163,7 +164,8 @@ def _lane(group: Communicator) -> "_Lane | None":
     with _lock:
         lane = _lanes.get(group)
         if lane is None:
-            if not _lanes:
+            if not _at_exit:
+                _at_exit.append(True)
                 atexit.register(_finish_at_exit)  # runs before mpi4py's own MPI_Finalize
             lane = _lanes[group] = _Lane(f"collectives-requests-{group.rank}")
             weakref.finalize(group, lane.stop)
