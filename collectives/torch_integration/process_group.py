@@ -40,6 +40,7 @@ from .process_group_base import (
     _staged,
     _write,
 )
+from .process_group_ops import route_to
 from .process_group_p2p import _PointToPoint
 from .process_group_rooted import _RootedCollectives
 from .tensors import _host_view
@@ -295,6 +296,19 @@ class _ProcessGroup(_PointToPoint, _RootedCollectives):
         # device_ids name GPUs for NCCL to sync on; a cpu group has none to sync, so they are ignored
         return self._run(lambda communicator: api.barrier(comm=communicator), [])
 
+    # c10d's coalescing: the calls inside run one by one, each in order, so there is nothing to group
+    def _start_coalescing(self, device: torch.device) -> None:
+        pass
+
+    def _end_coalescing(self, device: torch.device) -> dist.Work:
+        return self._run(lambda communicator: None, [])
+
+    def split_group(self, *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError("the collectives backend cannot split_group; make groups with new_group")
+
+    def merge_remote_group(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        raise NotImplementedError("the collectives backend cannot merge_remote_group")
+
     def shutdown(self) -> None:
         """Free the communicator after its calls; ``destroy_process_group`` calls it on every rank."""
         self._worker.submit(self._communicator.free).result()
@@ -321,7 +335,7 @@ def _sparse_sum(tensor: torch.Tensor, communicator: api.Communicator) -> torch.T
     )
     found_i = torch.cat([pieces_i[r, :, : int(n)] for r, n in enumerate(counts)], dim=1)
     found_v = torch.cat([pieces_v[r, : int(n)] for r, n in enumerate(counts)])
-    return torch.sparse_coo_tensor(found_i, found_v, tensor.shape).coalesce()
+    return torch.sparse_coo_tensor(found_i, found_v, tensor.shape, check_invariants=False).coalesce()
 
 
 def _create_process_group(options: _DistributedBackendOptions, backend_options: object) -> _ProcessGroup:
@@ -406,6 +420,7 @@ def _mpi_rendezvous(
 
 
 def _register() -> None:
+    route_to(_ProcessGroup)
     dist.Backend.register_backend(BACKEND, _create_process_group, extended_api=True, devices=["cpu"])
     with contextlib.suppress(RuntimeError):  # registered already, by an earlier import of this module
         register_rendezvous_handler(RENDEZVOUS, _mpi_rendezvous)  # type: ignore[no-untyped-call]

@@ -72,18 +72,20 @@ def _outcomes(results_dir: Path) -> dict[str, tuple[str, str]]:
     return combined
 
 
-def run_cases(backend: str, cases: list[str], job_timeout: float) -> dict[str, tuple[str, str]]:
+def run_cases(
+    backend: str, cases: list[str], job_timeout: float, keep: Path | None = None
+) -> dict[str, tuple[str, str]]:
     """Each case's outcome on ``backend`` at 2 ranks: ``(passed|failed|skipped, detail)``.
 
     Cases run in as few mpiexec jobs as they can; a job that ends early (a case
     timed out or crashed) is started again from the case after the last one done.
     All jobs together run at most ``job_timeout`` seconds; cases not reached are
-    left out of the answer.
+    left out of the answer. ``keep``: a folder to leave the ranks' result lines in.
     """
     deadline = time.monotonic() + job_timeout
     outcomes: dict[str, tuple[str, str]] = {}
     with tempfile.TemporaryDirectory(prefix="torch-suite-results-") as scratch:
-        results = Path(scratch)
+        results = keep or Path(scratch)
         while (left := [c for c in cases if c not in outcomes]) and (
             budget := deadline - time.monotonic()
         ) > 5:
@@ -99,7 +101,9 @@ def run_cases(backend: str, cases: list[str], job_timeout: float) -> dict[str, t
 def main(argv: list[str]) -> None:
     backend, out, *cases = argv
     start = time.monotonic()
-    outcomes = run_cases(backend, cases or all_cases(), job_timeout=3600)
+    keep = Path(out).with_suffix(".ranks")
+    keep.mkdir(exist_ok=True)
+    outcomes = run_cases(backend, cases or all_cases(), job_timeout=3600, keep=keep)
     counts = {kind: sum(o == kind for o, _ in outcomes.values()) for kind in ("passed", "failed", "skipped")}
     Path(out).write_text(json.dumps({"counts": counts, "cases": outcomes}, indent=1))
     print(backend, counts, f"{time.monotonic() - start:.0f} s")

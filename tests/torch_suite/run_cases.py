@@ -14,6 +14,7 @@ launcher (tests/torch_suite/cases.py) goes on with the cases after it.
 
 import json
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -147,6 +148,9 @@ def main(argv: list[str]) -> None:
             line = {"case": case, "outcome": outcome, "seconds": round(time.monotonic() - start, 2)}
             results.write(json.dumps({**line, "detail": detail[-3000:]}) + "\n")
             results.flush()
+    WORLD.Barrier()
+    if WORLD.rank == 0:
+        shutil.rmtree(os.environ["TEMP_DIR"], ignore_errors=True)
 
 
 if __name__ == "__main__":
