@@ -5,7 +5,10 @@ Usage (under ``mpiexec -n 2``)::
     python tests/torch_suite/run_cases.py BACKEND RESULTS_DIR CASE [CASE ...]
 
 Each case gets a fresh default process group of ``BACKEND`` (``init_method="mpi://"``),
-as torch's own harness gives each case a fresh process. Every rank appends to
+as torch's own harness gives each case a fresh process. ``collectives:as-gloo`` runs
+the cases torch's decorators keep for gloo alone: the test module is told its backend is
+gloo while every group is a collectives one (a case that makes a group of another backend
+fails, as it would not test this one). Every rank appends to
 ``RESULTS_DIR/rank<r>.jsonl`` a ``started`` line, then the case's outcome
 (``passed``, ``failed`` or ``skipped``). A case that runs longer than
 ``$CASE_TIMEOUT_S`` ends the job (the rank writes ``timeout`` first), so the
@@ -95,6 +98,14 @@ def _watch(case: str, results: Any, done: threading.Event) -> None:
         os._exit(3)
 
 
+def _other_backends() -> list[str]:
+    """The backends of the groups alive now other than collectives (a case may make its own)."""
+    import torch.distributed as dist
+
+    found = {str(backend) for backend, _ in dist.distributed_c10d._world.pg_map.values()}
+    return sorted(found - {"collectives"})
+
+
 def _run(case_class: Any, backend: str, case: str, skips: dict[int, str]) -> tuple[str, str]:
     import torch.distributed as dist
     from torch.testing._internal.distributed.distributed_test import Barrier
@@ -104,6 +115,9 @@ def _run(case_class: Any, backend: str, case: str, skips: dict[int, str]) -> tup
         Barrier.init()
     WORLD.Barrier()
     Barrier.barrier_id = 0
+    method = getattr(case_class, case)
+    if getattr(method, "__unittest_skip__", False):  # unittest's runner would skip it, not call it
+        return "skipped", str(getattr(method, "__unittest_skip_why__", ""))
     try:
         test = case_class(case)
     except Exception:
@@ -115,6 +129,8 @@ def _run(case_class: Any, backend: str, case: str, skips: dict[int, str]) -> tup
         test.setUp()
         getattr(test, case)()
         outcome, detail = "passed", ""
+        if backend == "collectives" and (others := _other_backends()):
+            outcome, detail = "failed", f"the case made groups of {others}, not of the collectives backend"
     except unittest.SkipTest as skip:
         outcome, detail = "skipped", str(skip)
     except SystemExit as exit_:
@@ -132,8 +148,9 @@ def _run(case_class: Any, backend: str, case: str, skips: dict[int, str]) -> tup
 
 
 def main(argv: list[str]) -> None:
-    backend, results_dir, *cases = argv
-    _environment(backend)
+    spec, results_dir, *cases = argv
+    backend, _, mode = spec.partition(":")
+    _environment("gloo" if mode == "as-gloo" else backend)
     case_class = _case_class(backend)
     skips = _skip_codes()
     with open(Path(results_dir) / f"rank{WORLD.rank}.jsonl", "a") as results:
