@@ -15,6 +15,11 @@ from tests.mpi.helpers import Problems  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 
+# importing DTensor and FSDP costs seconds a process, and they do not depend on the world size
+at_two_ranks = pytest.mark.skipif(
+    MPI.COMM_WORLD.size != 2, reason="runs at 2 ranks, the MPI suite's others skip it"
+)
+
 
 @pytest.fixture
 def group(world: MPI.Intracomm) -> Iterator[int]:
@@ -174,6 +179,7 @@ def test_bool_strided_and_sparse_tensors_as_gloo_takes_them(group: int, world: M
     problems.check()
 
 
+@at_two_ranks
 def test_groups_have_names_for_functional_collectives_dtensor_and_destroy(
     group: int, world: MPI.Intracomm
 ) -> None:
@@ -219,6 +225,7 @@ def test_groups_have_names_for_functional_collectives_dtensor_and_destroy(
     problems.check()
 
 
+@at_two_ranks
 def test_a_group_times_out_by_its_timeout_and_a_new_group_works(world: MPI.Intracomm) -> None:
     if world.size < 2:
         pytest.skip("a timeout needs a rank that does not come")
@@ -240,4 +247,35 @@ def test_a_group_times_out_by_its_timeout_and_a_new_group_works(world: MPI.Intra
             _same(problems, "after the timeout", total, torch.full((2,), float(world.size)))
     finally:
         dist.destroy_process_group()
+    problems.check()
+
+
+@at_two_ranks
+def test_fsdp2_trains_as_it_does_on_gloo(group: int, world: MPI.Intracomm) -> None:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    problems = Problems(world)
+    with problems.guard("FSDP2 on both backends"):
+        gloo = dist.new_group(list(range(group)), backend="gloo")
+        trained = {}
+        for backend, process_group in (("collectives", dist.group.WORLD), ("gloo", gloo)):
+            mesh = DeviceMesh.from_group(process_group, "cpu")
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+            for layer in model:
+                if isinstance(layer, torch.nn.Linear):
+                    fully_shard(layer, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            data = torch.Generator().manual_seed(world.rank)
+            for _ in range(3):
+                loss = model(torch.randn(4, 6, generator=data)).square().mean()
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+            trained[backend] = [p.full_tensor().detach() for p in model.parameters()]  # type: ignore[attr-defined]
+        for ours, theirs in zip(trained["collectives"], trained["gloo"], strict=True):
+            problems.expect(torch.allclose(ours, theirs, rtol=1e-6, atol=1e-7), f"{ours} != {theirs}")
+        dist.destroy_process_group(gloo)
     problems.check()
