@@ -230,8 +230,9 @@ class _ProcessGroup(_PointToPoint, _RootedCollectives):
     def all_gather_single_coalesced(
         self, outputs: list[torch.Tensor], tensors: list[torch.Tensor], opts: AllgatherOptions | None = None
     ) -> dist.Work:
+        _pairs(outputs, tensors, "outputs", "inputs")
         works = [self.all_gather_single(o, t, opts) for o, t in zip(outputs, tensors, strict=True)]
-        return works[-1] if works else self.barrier()
+        return self._together(works, outputs)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced  # type: ignore[assignment]
 
@@ -287,8 +288,9 @@ class _ProcessGroup(_PointToPoint, _RootedCollectives):
         tensors: list[torch.Tensor],
         opts: ReduceScatterOptions | None = None,
     ) -> dist.Work:
+        _pairs(outputs, tensors, "outputs", "inputs")
         works = [self.reduce_scatter_single(o, t, opts) for o, t in zip(outputs, tensors, strict=True)]
-        return works[-1] if works else self.barrier()
+        return self._together(works, outputs)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # type: ignore[assignment]
 

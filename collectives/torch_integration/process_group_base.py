@@ -239,6 +239,10 @@ class _GroupBase(dist.ProcessGroup):
         """Tell the other ranks that this rank's checks of ``collective`` failed, after the jobs before."""
         _tell_refusal(self._communicator, collective, error)
 
+    def _together(self, works: list[dist.Work], result: Any) -> dist.Work:
+        """One work for ``works`` (already submitted): it ends after them, raising the first one's error."""
+        return self._run(lambda communicator: [work.wait() for work in works], result)
+
     def _checks(self, collective: str, check: Callable[[], T]) -> T:
         """``check()``'s answer; if it raises, the other ranks are told first (see :meth:`_refuse`)."""
         try:

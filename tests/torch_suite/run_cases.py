@@ -37,9 +37,9 @@ CASE_TIMEOUT_S = float(os.environ.get("CASE_TIMEOUT_S", "30"))
 PG_TIMEOUT_S = 20.0  # a collective stuck on a failed peer raises before the case's own bound
 
 
-def _environment(backend: str) -> None:
+def _environment(backend: str, results_dir: str) -> None:
     """What distributed_test reads at import: its backend, world size and a directory every rank shares."""
-    shared = tempfile.mkdtemp(prefix="torch-suite-") if WORLD.rank == 0 else None
+    shared = tempfile.mkdtemp(prefix="shared-", dir=results_dir) if WORLD.rank == 0 else None
     shared = WORLD.bcast(shared)
     if WORLD.rank == 0:
         for sub in ("barrier", "test_dir", "init_dir"):
@@ -150,7 +150,7 @@ def _run(case_class: Any, backend: str, case: str, skips: dict[int, str]) -> tup
 def main(argv: list[str]) -> None:
     spec, results_dir, *cases = argv
     backend, _, mode = spec.partition(":")
-    _environment("gloo" if mode == "as-gloo" else backend)
+    _environment("gloo" if mode == "as-gloo" else backend, results_dir)
     case_class = _case_class(backend)
     skips = _skip_codes()
     with open(Path(results_dir) / f"rank{WORLD.rank}.jsonl", "a") as results:
