@@ -9,6 +9,8 @@ batched sends, objects, DDP's futures ...) run again with the test module told i
 is gloo while every group is a collectives one (``collectives:as-gloo``).
 """
 
+import time
+
 import pytest
 
 pytest.importorskip("torch", reason="torch's own test cases need torch (pip install torch==2.13.0)")
@@ -16,7 +18,7 @@ pytest.importorskip("torch", reason="torch's own test cases need torch (pip inst
 from tests.mpirun import mpiexec
 from tests.torch_suite.cases import all_cases, listed, run_cases
 
-JOB_TIMEOUT_S = 300  # every job together; measured about 60 s on 2 busy cores
+JOB_TIMEOUT_S = 300  # every job together; measured 90 to 100 s on 2 cores shared with other jobs
 
 
 @pytest.mark.skipif(mpiexec() is None, reason="no mpiexec (install the mpich extra)")
@@ -29,10 +31,12 @@ def test_every_case_gloo_passes_passes_on_collectives_or_is_listed() -> None:
     assert set(exceptions) <= set(listed("gloo_passes.txt")), "a listed case is not one gloo passes"
     assert all(exceptions.values()), "every listed case needs its reason"
     cases = [case for case in passes_on_gloo if case not in exceptions]
-    outcomes = run_cases("collectives", cases, job_timeout=JOB_TIMEOUT_S / 2)
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    outcomes = run_cases("collectives", cases, job_timeout=JOB_TIMEOUT_S * 0.75)
     kept_for_gloo = [case for case, (outcome, _) in outcomes.items() if outcome == "skipped"]
     if kept_for_gloo:
-        outcomes.update(run_cases("collectives:as-gloo", kept_for_gloo, job_timeout=JOB_TIMEOUT_S / 2))
+        left = deadline - time.monotonic()
+        outcomes.update(run_cases("collectives:as-gloo", kept_for_gloo, job_timeout=left))
     missing = [case for case in cases if case not in outcomes]
     failed = {case: detail for case, (outcome, detail) in outcomes.items() if outcome != "passed"}
     report = "\n\n".join(f"{case}:\n{detail[-1500:]}" for case, detail in failed.items())
