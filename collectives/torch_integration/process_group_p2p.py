@@ -25,7 +25,12 @@ class _PointToPoint(_GroupBase):
     and ``irecv`` never wait for each other, as in gloo), and waited for on the
     group's point-to-point thread, no longer than the group's timeout. The
     messages travel on a duplicate of the communicator's transport, made with
-    the group (collectively), so they never meet a collective's.
+    the group (collectively), so they never meet a collective's. A receive from
+    any rank probes for the tag on that thread, then receives from the rank
+    found; a receive from that rank with the same tag posted meanwhile may take
+    the message first, so mix the two on one tag only in an order that cannot.
+    Where MPI allows no concurrent calls, each send and receive completes in its
+    call instead (then an ``irecv`` must not wait for a later ``isend``).
     """
 
     def __init__(self, communicator: api.Communicator) -> None:
@@ -33,8 +38,9 @@ class _PointToPoint(_GroupBase):
         duplicate = communicator.transport.duplicate()
         self._p2p_owned = duplicate is not None
         self._p2p: Transport = duplicate if duplicate is not None else communicator.transport
-        # where MPI lets only one thread call it, each send and receive completes in its call
-        self._p2p_waiter = _Worker(self._p2p.thread_level in ("funneled", "single"), communicator)
+        # where MPI allows no concurrent calls, each send and receive completes in its call
+        inline = self._p2p.thread_level in ("funneled", "serialized", "single")
+        self._p2p_waiter = _Worker(inline, communicator)
 
     def _close_point_to_point(self) -> None:
         self._p2p_waiter.stop()
