@@ -23,6 +23,7 @@ from torch._C._distributed_c10d import (
     TCPStore,
     _DistributedBackendOptions,
 )
+from torch.distributed.constants import default_pg_timeout
 from torch.distributed.rendezvous import register_rendezvous_handler
 
 from .. import api
@@ -350,8 +351,9 @@ def _create_process_group(options: _DistributedBackendOptions, backend_options: 
     MPI's, as ``init_method="mpi://"`` makes them.
     """
     ranks = list(options.global_ranks_in_group)
-    # init_process_group(timeout=) and new_group(timeout=): every call of the group is bounded so
-    timeout = options.timeout.total_seconds()
+    # init_process_group(timeout=) and new_group(timeout=) bound every call of the group; torch's
+    # default (given when the user gave none) leaves $COLLECTIVES_TIMEOUT or the library's own
+    timeout = None if options.timeout == default_pg_timeout else options.timeout.total_seconds()
     if ranks and len(ranks) < dist.get_world_size():
         communicator = _subgroup_communicator(ranks, timeout)
     else:
@@ -367,7 +369,7 @@ def _create_process_group(options: _DistributedBackendOptions, backend_options: 
     return _ProcessGroup(communicator)
 
 
-def _subgroup_communicator(ranks: list[int], timeout: float) -> api.Communicator:
+def _subgroup_communicator(ranks: list[int], timeout: float | None) -> api.Communicator:
     """A communicator over ``ranks`` of ``MPI.COMM_WORLD``; this process is one of them."""
     from ..transport.mpi import MPITransport
 
