@@ -1,7 +1,7 @@
 """Collectives matched across ranks by name, as Horovod matches them, whatever order each rank starts them in.
 
-Each rank keeps the named collectives it has started and not yet run. Every
-start queues a *drive* on the communicator's thread; a drive that finds
+Each rank keeps the named collectives it has started and not yet run. A start
+queues a *drive* on the communicator's thread, unless one is queued; a drive that finds
 something pending runs rounds until nothing is pending on any rank. A round
 is one small allgather of each rank's pending names (a count and a digest;
 the names themselves only where the ranks differ); the collectives pending on
@@ -57,6 +57,7 @@ class NamedOps:
         self._worker = _worker(communicator)
         self._lock = threading.Lock()
         self._pending: dict[str, _Op] = {}
+        self._drive_queued = False  # a drive is on the worker's queue and has not looked at _pending yet
         self.rounds = 0  # rounds run so far (for tests and the curious)
 
     def submit(self, name: str, job: Callable[[api.Communicator], T]) -> "Future[T]":
@@ -73,7 +74,9 @@ class NamedOps:
                 )
             op = _Op(name, job)
             self._pending[name] = op
-        self._worker.submit(self._drive)
+            queued, self._drive_queued = self._drive_queued, True
+        if not queued:  # a drive queued and not yet started will find this one too
+            self._worker.submit(self._drive)
         return op.future
 
     def refuse(self, name: str, collective: str, error: Exception) -> None:
@@ -92,6 +95,7 @@ class NamedOps:
     def _drive(self) -> None:
         """Run rounds until nothing is pending on any rank; nothing at all if nothing is pending here."""
         with self._lock:
+            self._drive_queued = False
             if not self._pending:
                 return
         communicator = self._worker.communicator
