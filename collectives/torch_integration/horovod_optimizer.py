@@ -77,6 +77,10 @@ class _Distributed(torch.optim.Optimizer):
         """Finish reducing this step's gradients; ``.grad`` then holds the results (nothing for Adasum)."""
         if self._hvd_engine is None:
             return
+        scaled = self._hvd_op == "avg" and self._hvd_predivide != 1.0
+        for param, seen in zip(self._hvd_params, self._hvd_seen, strict=True):
+            if scaled and seen < self._hvd_passes and param.grad is not None:
+                param.grad.div_(self._hvd_predivide)  # fewer passes than expected: its bucket starts now
         self._hvd_engine.synchronize()
         if self._hvd_op == "avg" and self._hvd_predivide != 1.0:
             size = _communicator_of(self._hvd_comm).size

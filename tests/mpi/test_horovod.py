@@ -141,9 +141,9 @@ def _single_process_sgd() -> list[torch.Tensor]:
     return training.train(net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9))
 
 
-@pytest.mark.parametrize("predivide", [1.0, 4.0])
+@pytest.mark.parametrize(("predivide", "passes"), [(1.0, 1), (4.0, 2)])
 def test_distributed_optimizer_trains_as_one_process_on_the_whole_batch(
-    predivide: float, world: MPI.Intracomm
+    predivide: float, passes: int, world: MPI.Intracomm
 ) -> None:
     problems = Problems(world)
     with problems.guard("training"):
@@ -152,7 +152,10 @@ def test_distributed_optimizer_trains_as_one_process_on_the_whole_batch(
         hvd.broadcast_parameters(net.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(sgd, root_rank=0)
         optimizer = hvd.DistributedOptimizer(
-            sgd, named_parameters=net.named_parameters(), gradient_predivide_factor=predivide
+            sgd,
+            named_parameters=net.named_parameters(),
+            gradient_predivide_factor=predivide,
+            backward_passes_per_step=passes,  # one pass per step here: step() reduces what is there
         )
         problems.expect(isinstance(optimizer, torch.optim.SGD), f"{type(optimizer).__mro__}")
         params = training.train(net, optimizer, world.rank, world.size)
@@ -160,6 +163,28 @@ def test_distributed_optimizer_trains_as_one_process_on_the_whole_batch(
         problems.expect(error < 1e-5, f"relative error {error:.3g} against one process")
         flat = torch.cat([p.reshape(-1) for p in params]).numpy()
         problems.expect(bool(np.array_equal(flat, world.bcast(flat))), "parameters differ between ranks")
+    problems.check()
+
+
+def test_adasum_optimizer_combines_the_ranks_steps_by_the_formula(world: MPI.Intracomm) -> None:
+    if world.size & (world.size - 1):
+        pytest.skip("Adasum takes a power of two of ranks")
+    problems = Problems(world)
+    with problems.guard("Adasum optimizer"):
+        net = training.model()
+        start = [p.detach().clone() for p in net.parameters()]
+        optimizer = hvd.DistributedOptimizer(
+            torch.optim.SGD(net.parameters(), lr=0.1), named_parameters=net.named_parameters(), op=hvd.Adasum
+        )
+        x, y = training.batch(0)
+        x, y = training.shard(x, world.rank, world.size), training.shard(y, world.rank, world.size)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(net(x), y).backward()
+        grads = hvd.allgather_object([p.grad.clone() for p in net.parameters()])
+        optimizer.step()
+        for i, (param, before) in enumerate(zip(net.parameters(), start, strict=True)):
+            expected = before.double() + adasum_tree([-0.1 * grads[r][i].double() for r in range(world.size)])
+            _close(problems, f"parameter {i}", param.detach(), expected.float())
     problems.check()
 
 
