@@ -239,3 +239,33 @@ def test_one_rank_api_and_the_optimizer_is_the_wrapped_class() -> None:
     with pytest.raises(ValueError, match="Average"):
         hvd.DistributedOptimizer(sgd, gradient_predivide_factor=2.0, op=hvd.Sum)
     assert math.isclose(float(hvd.allreduce(torch.tensor(2.0), op=hvd.Adasum)), 2.0)
+
+
+def test_optimizer_groups_are_checked_and_num_groups_taken() -> None:
+    from collectives.errors import InvalidBufferError
+
+    hvd.init()
+    for grouping in ("num_groups", "groups", "explicit"):
+        net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))  # its own hooks each time
+        params = list(net.parameters())
+        chosen = {"num_groups": {"num_groups": 2}, "groups": {"groups": 2}}.get(grouping)
+        optimizer = hvd.DistributedOptimizer(
+            torch.optim.SGD(params, lr=0.1), **(chosen or {"groups": [params[:2], params[2:]]})
+        )
+        net(torch.ones(2, 3)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    with pytest.raises(InvalidBufferError, match="not one of the optimizer's parameters"):
+        hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.1), groups=[[torch.zeros(1)]])
+    with pytest.raises(InvalidBufferError, match="twice"):
+        hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.1), groups=[params[:1], params[:1]])
+
+
+def test_sync_batch_norm_alone_is_batch_norm() -> None:
+    hvd.init()
+    sync, plain = hvd.SyncBatchNorm(3), torch.nn.BatchNorm2d(3)
+    x = torch.randn(4, 3, 2, 2, generator=torch.Generator().manual_seed(3))
+    assert torch.allclose(sync(x), plain(x))
+    assert torch.allclose(sync.running_var, plain.running_var)
+    with pytest.raises(ValueError, match="2D"):
+        sync(torch.ones(3))

@@ -167,6 +167,8 @@ def distributed_optimizer(
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be at least 1, got {backward_passes_per_step}")
     owned = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    if isinstance(groups, int):  # Horovod's older spelling of num_groups
+        num_groups, groups = groups, None
     threshold = _DEFAULT_FUSION_BYTES
     if num_groups < 0:
         raise ValueError(f"num_groups must be non-negative, got {num_groups}")
@@ -193,10 +195,6 @@ def distributed_optimizer(
 
 
 def _check_groups(groups: Any, owned: list[torch.Tensor]) -> None:
-    if isinstance(groups, int):
-        if groups < 0:
-            raise ValueError(f"groups must be non-negative, got {groups}")
-        return
     known = {id(p) for p in owned}
     seen: set[int] = set()
     for group in groups:
