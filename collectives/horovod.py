@@ -621,7 +621,9 @@ def DistributedOptimizer(
     if compression not in _COMPRESSIONS:
         raise ValueError("compression must be hvd.Compression.none or hvd.Compression.fp16")
     del sparse_as_dense  # gradients are made dense in any case
-    _communicator()
+    world = size()
+    if op == Adasum and world & (world - 1):
+        raise NotImplementedError("Running Adasum with non-power of 2 ranks is not supported yet.")
     return distributed_optimizer(
         optimizer, named_parameters, op=_OPS.get(op, str(op)), compression=_COMPRESSIONS[compression],
         backward_passes_per_step=backward_passes_per_step,

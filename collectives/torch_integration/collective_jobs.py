@@ -20,8 +20,6 @@ import torch
 from .. import api
 from ..errors import InvalidBufferError
 from .adasum import adasum_allreduce_
-from .mpi_ops import _check_layouts
-from .process_group import _broadcast_bytes
 from .tensors import _DTYPES, _device_of, _reduce_in_place, _view
 
 
@@ -80,7 +78,11 @@ def _layouts(rows: torch.Tensor, communicator: api.Communicator) -> np.ndarray:
     """Every rank's (rows, elements per row, dimensions, dtype), one row per rank; the same on every rank."""
     layout = [rows.shape[0], int(np.prod(rows.shape[1:])), rows.dim(), list(_DTYPES).index(rows.dtype)]
     table = np.asarray(api.allgather(np.array(layout, np.int64), comm=communicator)).reshape(-1, 4)
-    _check_layouts(table, tuple(rows.shape[1:]))
+    if (table[:, 1:] != table[0, 1:]).any():  # the same on every rank, so every rank raises
+        raise InvalidBufferError(
+            "the ranks' tensors differ in (elements per row, dimensions, dtype): "
+            f"{[tuple(int(v) for v in row[1:]) for row in table]}; only the first dimension may differ"
+        )
     return table
 
 
@@ -176,8 +178,15 @@ def barrier(communicator: api.Communicator) -> None:
 
 
 def broadcast_bytes(payload: bytes, root_rank: int, communicator: api.Communicator) -> bytes:
-    """The root's ``payload`` on every rank."""
-    return _broadcast_bytes(payload, root_rank, communicator)
+    """The root's ``payload`` on every rank (the others pass anything): its length, then its bytes."""
+    length = np.array([len(payload)], np.int64)
+    api.broadcast(length, root_rank, out=length, comm=communicator)
+    if communicator.rank == root_rank:
+        data = np.frombuffer(payload, np.uint8).copy()
+    else:
+        data = np.empty(int(length[0]), np.uint8)
+    api.broadcast(data, root_rank, out=data, comm=communicator)
+    return data.tobytes()
 
 
 def allgather_bytes(payload: bytes, communicator: api.Communicator) -> list[bytes]:
