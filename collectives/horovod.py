@@ -91,7 +91,6 @@ from .torch_integration.worker import _worker
 Average, Sum, Adasum, Min, Max, Product = range(6)
 """The reduction ops, as Horovod's constants."""
 _OPS = {Average: "avg", Sum: "sum", Adasum: "adasum", Min: "min", Max: "max", Product: "prod"}
-_OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max", Product: "Product"}
 
 HorovodInternalError = CollectivesError
 """What a failed collective raises: every error of this library is one."""
