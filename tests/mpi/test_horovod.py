@@ -125,6 +125,24 @@ def test_gather_broadcast_alltoall_reducescatter_objects(world: MPI.Intracomm) -
     problems.check()
 
 
+def test_gradients_flow_as_horovod_defines_them(world: MPI.Intracomm) -> None:
+    problems, r, n = Problems(world), world.rank, world.size
+    with problems.guard("autograd"):
+        x = torch.full((2,), float(r + 1), requires_grad=True)
+        hvd.allreduce(x, op=hvd.Sum).sum().backward()  # backward: the gradients summed too
+        _close(problems, "allreduce grad", x.grad, torch.full((2,), float(n)))
+        rows = torch.ones(r + 1, 2, requires_grad=True)
+        weights = torch.arange(2.0 * sum(q + 1 for q in range(n))).reshape(-1, 2)
+        (hvd.allgather(rows) * weights).sum().backward()  # backward: the average, then this rank's rows
+        start = sum(q + 1 for q in range(r))
+        _close(problems, "allgather grad", rows.grad, weights[start : start + r + 1])
+        b = torch.ones(3, requires_grad=True)
+        (hvd.broadcast(b, root_rank=0) * (r + 1)).sum().backward()  # backward: the average, on the root
+        mean = sum(q + 1 for q in range(n)) / n
+        _close(problems, "broadcast grad", b.grad, torch.full((3,), mean if r == 0 else 0.0))
+    problems.check()
+
+
 def test_adasum_is_its_formula_on_powers_of_two_and_refused_elsewhere(world: MPI.Intracomm) -> None:
     problems, r, n = Problems(world), world.rank, world.size
     inputs = [
