@@ -210,6 +210,7 @@ def test_one_rank_api_and_the_optimizer_is_the_wrapped_class() -> None:
         0,
         1,
     )
+    assert (hvd.cross_rank(), hvd.cross_size()) == (0, 1)
     t = torch.tensor([2.0, 4.0])
     assert torch.equal(hvd.allreduce(t, prescale_factor=3.0, postscale_factor=0.5), torch.tensor([3.0, 6.0]))
     handle = hvd.allreduce_async(t, name="one")

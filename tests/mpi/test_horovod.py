@@ -66,6 +66,34 @@ def test_allreduce_averages_by_default_and_takes_every_op_and_scaling(world: MPI
     problems.check()
 
 
+def test_ranks_nodes_in_place_groups_and_optimizer_state(world: MPI.Intracomm) -> None:
+    problems, r, n = Problems(world), world.rank, world.size
+    with problems.guard("ranks, groups, optimizer state"):
+        same_host = len(set(world.allgather(MPI.Get_processor_name()))) == 1
+        if same_host:  # the test runs on one machine
+            seen = (
+                hvd.rank(),
+                hvd.size(),
+                hvd.local_rank(),
+                hvd.local_size(),
+                hvd.cross_rank(),
+                hvd.cross_size(),
+            )
+            problems.expect(seen == (r, n, r, n, 0, 1), f"rank, size, local and cross: {seen}")
+        group = [torch.full((2,), float(r)), torch.full((3,), 2.0 * r)]
+        returned = hvd.grouped_allreduce_(group)
+        problems.expect(all(a is b for a, b in zip(returned, group, strict=True)), "not in place")
+        _close(problems, "grouped_allreduce_", group[1], torch.full((3,), float(n - 1)))
+        net = torch.nn.Linear(2, 1)
+        sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+        net(torch.full((1, 2), float(r))).sum().backward()
+        sgd.step()  # momentum buffers now differ between ranks
+        hvd.broadcast_optimizer_state(sgd, root_rank=0)
+        buffer = sgd.state_dict()["state"][0]["momentum_buffer"]
+        _close(problems, "momentum after broadcast", buffer, hvd.broadcast(buffer, root_rank=0))
+    problems.check()
+
+
 def test_names_match_collectives_started_in_other_orders(world: MPI.Intracomm) -> None:
     problems, r, n = Problems(world), world.rank, world.size
     names = ["w", "x", "y", "z"]
