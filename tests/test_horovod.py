@@ -270,3 +270,16 @@ def test_sync_batch_norm_alone_is_batch_norm() -> None:
     assert torch.allclose(sync.running_var, plain.running_var)
     with pytest.raises(ValueError, match="2D"):
         sync(torch.ones(3))
+
+
+def test_names_no_other_rank_starts_fail_on_every_rank_after_the_timeout() -> None:
+    from collectives.errors import MismatchError
+    from collectives.transport.loopback import LoopbackWorld
+
+    def body(comm: Communicator) -> BaseException | None:
+        queue = NamedOps(comm)
+        future = queue.submit(f"only-on-rank-{comm.rank}", lambda c: None)
+        return future.exception(timeout=30)
+
+    errors = LoopbackWorld(2, timeout=30).run(lambda transport: body(Communicator(transport, timeout=0.5)))
+    assert all(isinstance(e, MismatchError) and "no named collective could run" in str(e) for e in errors)

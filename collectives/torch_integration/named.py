@@ -8,8 +8,9 @@ the names themselves only where the ranks differ); the collectives pending on
 every rank then run, in rank 0's order, on every rank alike. A drive that
 finds nothing pending returns without a message, so every rank runs the same
 rounds: each name pending on one rank is pending on the others by the time
-they start it, and a name no other rank ever starts waits until the
-communicator's timeout.
+they start it. Where no collective can run for the communicator's timeout (a
+name no other rank ever starts), every pending one fails with
+:class:`~collectives.MismatchError` on every rank.
 """
 
 __all__ = ["NamedOps", "named_ops"]
@@ -26,7 +27,7 @@ import numpy as np
 
 from .. import api
 from ..dispatch import refuse
-from ..errors import CollectivesError
+from ..errors import CollectivesError, MismatchError
 from ..selector import AUTO
 from .worker import _worker
 
@@ -100,34 +101,55 @@ class NamedOps:
                 return
         communicator = self._worker.communicator
         pause = 0.0
+        progress = time.monotonic()
         try:
             while True:
-                ready, done = self._round(communicator)
+                stalled = time.monotonic() - progress > communicator.timeout
+                ready, done = self._round(communicator, stalled)
                 for op in ready:
                     _run(op, communicator)
                 if done:
                     return
-                if not ready:  # another rank has not started these yet
+                if ready:
+                    progress, pause = time.monotonic(), 0.0
+                else:  # another rank has not started these yet
                     time.sleep(pause)
                     pause = min(_MOST_IDLE_S, pause * 2 or 0.0005)
         except BaseException as error:
-            # the rounds themselves failed (a timeout, a peer gone): every pending collective fails
+            # the rounds themselves failed (a timeout, a peer gone, a stall): every pending collective fails
             with self._lock:
                 failed, self._pending = list(self._pending.values()), {}
             for op in failed:
                 op.future.set_exception(
-                    CollectivesError(f"{op.name}: matching collectives by name across ranks failed: {error}")
+                    error
+                    if isinstance(error, MismatchError)
+                    else CollectivesError(
+                        f"{op.name}: matching collectives by name across ranks failed: {error}"
+                    )
                 )
 
-    def _round(self, communicator: api.Communicator) -> tuple[list[_Op], bool]:
-        """One round: the collectives pending on every rank, to run now, and whether that is all of them."""
+    def _round(self, communicator: api.Communicator, stalled: bool) -> tuple[list[_Op], bool]:
+        """One round: the collectives pending on every rank, to run now, and whether that is all of them.
+
+        Raises:
+            MismatchError: on every rank, once a rank saw no collective run for the
+                communicator's timeout (the ranks wait for names the others never start).
+        """
         self.rounds += 1
         with self._lock:
             mine = list(self._pending.values())
         keys = np.array([op.key for op in mine], np.int64)
         digest = int.from_bytes(hashlib.blake2b(keys.tobytes(), digest_size=8).digest(), "little") >> 1
-        summary = np.array([len(mine), digest], np.int64)
-        every = np.asarray(api.allgather(summary, comm=communicator)).reshape(-1, 2)
+        summary = np.array([len(mine), digest, int(stalled)], np.int64)
+        every = np.asarray(api.allgather(summary, comm=communicator)).reshape(-1, 3)
+        if every[:, 2].any():
+            pending: dict[str, tuple[int, ...]] = {f"rank {r}": (int(n),) for r, n in enumerate(every[:, 0])}
+            raise MismatchError(
+                f"no named collective could run for {communicator.timeout:g} s: the ranks wait for names "
+                f"the others have not started; pending here: {[op.name for op in mine][:8]}",
+                {"pending collectives": pending},
+            )
+        every = every[:, :2]
         if (every == every[0]).all():
             ready = mine  # the same names in the same order on every rank
         else:
