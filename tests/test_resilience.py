@@ -1,0 +1,170 @@
+"""Fault injection and in-memory checkpoints on the loopback transport (ranks as threads)."""
+
+import pickle
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from collectives import BrokenCommunicatorError, Communicator, ConfigurationError, allreduce
+from collectives.faults import PLAN, Fault, InjectedFault, arm, disarm, parse
+from collectives.resilience import Checkpointer, CheckpointError, holders_of
+
+from .conftest import run_ranks
+
+
+@pytest.fixture(autouse=True)
+def _no_faults_left() -> Iterator[None]:
+    disarm()
+    yield
+    disarm()
+
+
+def test_the_fault_syntax_reads_every_form() -> None:
+    assert parse("1:5") == (Fault(1, 5, "kill"),)
+    assert parse(" 0:3:exit , 2:checkpoint:1:hang") == (
+        Fault(0, 3, "exit"),
+        Fault(2, 1, "hang", "checkpoint"),
+    )
+    assert str(Fault(2, 1, "hang", "checkpoint")) == "2:checkpoint:1:hang"
+
+
+@pytest.mark.parametrize("bad", ["1", "a:2", "1:2:explode", "1:checkpoint", "1:2:kill:3", "-1:2"])
+def test_a_fault_that_does_not_parse_is_named(bad: str) -> None:
+    with pytest.raises(ConfigurationError, match="COLLECTIVES_FAULT"):
+        parse(bad)
+
+
+def test_nothing_is_armed_unless_asked() -> None:
+    assert not PLAN.armed
+    arm("1:2:raise")
+    assert PLAN.armed
+    disarm()
+    assert not PLAN.armed
+
+
+def test_an_injected_fault_fails_the_chosen_rank_at_the_chosen_call_and_the_others_hear_of_it() -> None:
+    arm("1:2:raise")
+    calls: list[list[int]] = [[], [], []]
+
+    def body(comm: Communicator) -> str:
+        x = np.ones(4, np.float32)
+        try:
+            for i in range(5):
+                allreduce(x, comm=comm)
+                calls[comm.rank].append(i)
+        except InjectedFault as error:
+            return f"injected: {error}"
+        except BrokenCommunicatorError as error:
+            return f"broken by {error.rank}"
+        return "done"
+
+    outcomes = run_ranks(3, body, timeout=20.0)
+    assert outcomes[1].startswith("injected: collectives: rank 1: injected fault 1:2:raise")
+    assert "allreduce #2" in outcomes[1]
+    assert outcomes[0] == outcomes[2] == "broken by 1"
+    assert calls[1] == [0, 1]  # calls #0 and #1 ran, #2 failed
+    assert PLAN.fired == [Fault(1, 2, "raise")]
+
+
+def test_the_count_covers_the_repeat_call_path_and_other_collectives() -> None:
+    # calls 0..3: allreduce (first: full path), allreduce (repeat path), broadcast, allreduce
+    arm("0:3:raise")
+
+    def body(comm: Communicator) -> int:
+        x = np.ones(8, np.float64)
+        done = 0
+        try:
+            allreduce(x, comm=comm)
+            done += 1
+            allreduce(x, comm=comm)
+            done += 1
+            from collectives import broadcast
+
+            broadcast(x, comm=comm)
+            done += 1
+            allreduce(x, comm=comm)
+            done += 1
+        except (InjectedFault, BrokenCommunicatorError):
+            pass
+        return done
+
+    assert run_ranks(2, body, timeout=20.0) == [3, 3]
+
+
+def _state(rank: int, step: int) -> dict[str, Any]:
+    return {"rank": rank, "step": step, "weights": np.arange(10, dtype=np.float64) * (rank + 1) + step}
+
+
+@pytest.mark.parametrize(("size", "replicas"), [(1, 1), (2, 1), (3, 1), (4, 2)])
+def test_every_rank_keeps_its_state_and_its_neighbours_copies(size: int, replicas: int) -> None:
+    def body(comm: Communicator) -> tuple[int, Any, dict[int, Any], tuple[int, ...]]:
+        ck = Checkpointer(comm, replicas=replicas)
+        assert ck.load() is None and ck.version == 0
+        for step in range(3):
+            version = ck.checkpoint(_state(comm.rank, step))
+        copies = {r: ck.replica_of(r) for r in ck.held}
+        return version, ck.load(), copies, ck.held
+
+    results = run_ranks(size, body)
+    kept = min(replicas, size - 1)
+    for rank, (version, mine, copies, held) in enumerate(results):
+        assert version == 3
+        assert mine["rank"] == rank and mine["step"] == 2
+        np.testing.assert_array_equal(mine["weights"], _state(rank, 2)["weights"])
+        assert set(held) == {rank, *((rank - j) % size for j in range(1, kept + 1))}
+        for owner, copy in copies.items():
+            assert copy["rank"] == owner and copy["step"] == 2
+            np.testing.assert_array_equal(copy["weights"], _state(owner, 2)["weights"])
+            assert rank == owner or rank in holders_of(owner, size, kept)
+
+
+def test_a_lost_ranks_state_is_found_on_its_holder_and_a_missing_copy_is_named() -> None:
+    def body(comm: Communicator) -> Any:
+        ck = Checkpointer(comm)
+        ck.checkpoint({"w": np.full(3, comm.rank)})
+        if comm.rank == 2:
+            with pytest.raises(CheckpointError, match="keeps no copy of rank 0's state"):
+                ck.replica_of(0)
+            moved = Checkpointer(comm, version=ck.version)  # a replacement adopting a lost rank's copy
+            moved.adopt(1, ck.replica_bytes(1))
+            return moved.replica_of(1)
+        return None
+
+    found = run_ranks(3, body)[2]
+    np.testing.assert_array_equal(found["w"], np.full(3, 1))
+
+
+def test_ranks_at_different_versions_are_refused_on_every_rank() -> None:
+    def body(comm: Communicator) -> str:
+        ck = Checkpointer(comm, version=comm.rank)  # rank 1 thinks it is one version ahead
+        with pytest.raises(CheckpointError, match="rank 0 at 0, rank 1 at 1") as caught:
+            ck.checkpoint(1)
+        return str(caught.value)
+
+    assert all("versions differ" in text for text in run_ranks(2, body))
+
+
+def test_an_unpicklable_state_and_bad_settings_are_named() -> None:
+    def body(comm: Communicator) -> None:
+        with pytest.raises(ConfigurationError, match="replicas"):
+            Checkpointer(comm, replicas=-1)
+        ck = Checkpointer(comm)
+        with pytest.raises(CheckpointError, match="does not pickle"):
+            ck.checkpoint(lambda: None)
+
+    run_ranks(1, body)
+
+
+def test_the_checkpoint_is_a_snapshot_of_the_state_when_taken() -> None:
+    def body(comm: Communicator) -> Any:
+        ck = Checkpointer(comm)
+        state = {"w": np.zeros(2)}
+        ck.checkpoint(state)
+        state["w"] += 5
+        return ck.load(), pickle.loads(ck.replica_bytes(comm.rank))
+
+    loaded, raw = run_ranks(2, body)[0]
+    np.testing.assert_array_equal(loaded["w"], np.zeros(2))
+    np.testing.assert_array_equal(raw["w"], np.zeros(2))
