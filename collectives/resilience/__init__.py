@@ -13,11 +13,12 @@ In memory, Rabit style (:mod:`.checkpoint`)
     from the copy a survivor keeps); ``ck.adopt(rank, data)``;
     ``holders_of(rank, size, replicas)``; :class:`CheckpointError`.
 In a directory, for relaunching a job (:mod:`.directory`)
-    ``save(directory, state, version, *, comm=None, keep=2) -> Path`` (collective:
-    every rank's file written atomically, then a manifest once every rank's is
-    durable); ``load(directory, *, comm=None) -> (version, state) | None`` (the
-    newest complete version, agreed by every rank); ``complete_versions(directory,
-    size=None)``; a version cut off mid-write is never loaded.
+    ``save(directory, state, version, *, comm=None, keep=2, before_manifest=None) -> Path``
+    (collective: every rank's file written atomically, then ``before_manifest(folder)``,
+    then a manifest once every rank's is durable); ``load(directory, *, comm=None)
+    -> (version, state) | None`` (the newest complete version, agreed by every
+    rank); ``complete_versions(directory, size=None)``; ``folder_of(directory,
+    version)``; a version cut off mid-write is never loaded.
 Fault injection (:mod:`collectives.faults`, imported by the watchdog, so it sits low)
     ``$COLLECTIVES_FAULT=RANK:NUMBER[:HOW]`` or ``RANK:checkpoint:NUMBER[:HOW]``
     (comma-separated; HOW = ``kill`` | ``exit`` | ``hang`` | ``raise``); in process:
@@ -34,6 +35,7 @@ __all__ = [
     "arm",
     "complete_versions",
     "disarm",
+    "folder_of",
     "holders_of",
     "load",
     "save",
@@ -41,4 +43,4 @@ __all__ = [
 
 from ..faults import Fault, InjectedFault, arm, disarm
 from .checkpoint import Checkpointer, CheckpointError, holders_of
-from .directory import complete_versions, load, save
+from .directory import complete_versions, folder_of, load, save

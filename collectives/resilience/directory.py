@@ -8,13 +8,15 @@ one, so a save cut off anywhere (a rank killed mid-write leaves only a temporary
 file, and no manifest) is never loaded, and the one before it is.
 """
 
-__all__ = ["FORMAT", "MANIFEST", "complete_versions", "load", "save"]
+__all__ = ["FORMAT", "MANIFEST", "complete_versions", "folder_of", "load", "save"]
 
 import contextlib
 import json
 import os
 import pickle
+import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +39,11 @@ _DIGITS = 8
 
 def _folder(directory: Path, version: int) -> Path:
     return directory / f"v{version:0{_DIGITS}d}"
+
+
+def folder_of(directory: "str | os.PathLike[str]", version: int) -> Path:
+    """The folder of ``version`` in ``directory`` (where :func:`save`'s ``before_manifest`` writes)."""
+    return _folder(Path(directory), version)
 
 
 def _rank_file(folder: Path, rank: int) -> Path:
@@ -132,6 +139,7 @@ def save(
     *,
     comm: "Communicator | MPI.Comm | None" = None,
     keep: int = 2,
+    before_manifest: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write this rank's ``state`` as ``version`` of the checkpoints in ``directory``; collective.
 
@@ -147,6 +155,9 @@ def save(
         version: a number larger than any complete version's there (the step, say).
         comm: the communicator; the default one when ``None``.
         keep: complete versions kept, this one included.
+        before_manifest: collective work that writes more into the version's
+            folder (given) before the version is marked complete, on every rank:
+            e.g. ``lambda folder: kv.save(folder / "kvstore")``.
 
     Returns:
         The version's folder.
@@ -172,6 +183,8 @@ def save(
     except Exception as failure:
         error = failure
     _agree_ok(group, error, f"writing checkpoint version {version} to {folder}")
+    if before_manifest is not None:
+        before_manifest(folder)
     # every rank lists before any rank prunes (pruning follows the barrier), so all prune alike
     older = [v for v in complete_versions(root, size) if v < version]
     doomed = older[: max(len(older) - (keep - 1), 0)]
@@ -199,6 +212,9 @@ def _prune(root: Path, doomed: list[int], version: int, rank: int) -> None:
         folder = _folder(root, v)
         if rank == 0:  # first, so a version losing its files is never taken for complete
             (folder / MANIFEST).unlink(missing_ok=True)
+            for inner in folder.glob("*"):
+                if inner.is_dir():  # what before_manifest wrote
+                    shutil.rmtree(inner, ignore_errors=True)
         _rank_file(folder, rank).unlink(missing_ok=True)
         for leftover in folder.glob(f".rank-{rank}.pkl.*"):  # a write cut off there
             leftover.unlink(missing_ok=True)
