@@ -179,6 +179,8 @@ def save(
         folder.mkdir(parents=True, exist_ok=True)
         if rank == 0:  # a manifest of an earlier run's save of this version: not this one's
             (folder / MANIFEST).unlink(missing_ok=True)
+        for leftover in folder.glob(f".rank-{rank}.pkl.*"):  # an earlier write of this rank's, cut off
+            leftover.unlink(missing_ok=True)
         _write_atomic(_rank_file(folder, rank), data, rank, f"checkpoint version {version} in {folder}")
     except Exception as failure:
         error = failure
@@ -242,11 +244,18 @@ def load(
     if all(v < 0 for v in newest):
         return None
     version = int(min(newest))
+    seen = ", ".join(f"rank {r}: {v if v >= 0 else 'none'}" for r, v in enumerate(newest))
+    if version < 0:  # every rank knows it: all raise alike
+        lacking = [r for r, v in enumerate(newest) if v < 0]
+        raise CheckpointError(
+            f"rank {rank}: rank{'s' if len(lacking) > 1 else ''} {', '.join(map(str, lacking))} "
+            f"found no complete checkpoint in {root}, the others did (newest complete: {seen})"
+        )
     error: BaseException | None = None
     state: Any = None
     try:
-        if version < 0 or version not in mine:
-            raise CheckpointError(f"rank {rank} has no complete checkpoint version {version} in {root}")
+        if version not in mine:
+            raise CheckpointError(f"rank {rank} lacks version {version} in {root} (newest complete: {seen})")
         with open(_rank_file(_folder(root, version), rank), "rb") as file:
             state = pickle.load(file)
     except Exception as failure:
