@@ -1,6 +1,5 @@
 """Fault injection and in-memory checkpoints on the loopback transport (ranks as threads)."""
 
-import pickle
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,6 +9,7 @@ import pytest
 from collectives import BrokenCommunicatorError, Communicator, ConfigurationError, allreduce
 from collectives.faults import PLAN, Fault, InjectedFault, arm, disarm, parse
 from collectives.resilience import Checkpointer, CheckpointError, holders_of
+from collectives.resilience.serial import dumps, loads
 
 from .conftest import run_ranks
 
@@ -163,8 +163,33 @@ def test_the_checkpoint_is_a_snapshot_of_the_state_when_taken() -> None:
         state = {"w": np.zeros(2)}
         ck.checkpoint(state)
         state["w"] += 5
-        return ck.load(), pickle.loads(ck.replica_bytes(comm.rank))
+        return ck.load(), loads(ck.replica_bytes(comm.rank))
 
     loaded, raw = run_ranks(2, body)[0]
     np.testing.assert_array_equal(loaded["w"], np.zeros(2))
     np.testing.assert_array_equal(raw["w"], np.zeros(2))
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        None,
+        {"a": np.arange(7, dtype=np.float64), "b": [np.ones((3, 5), np.int16), "text"], "c": 3},
+        {"fortran": np.asfortranarray(np.arange(12.0).reshape(3, 4)), "empty": np.zeros(0, np.float32)},
+    ],
+)
+def test_a_state_comes_back_from_its_bytes_with_arrays_aligned_and_writable(state: Any) -> None:
+    data = dumps(state)
+    for copy in (True, False):
+        back = loads(data, copy=copy)
+        if state is None:
+            assert back is None
+            continue
+        for key, value in state.items():
+            if isinstance(value, np.ndarray):
+                np.testing.assert_array_equal(back[key], value)
+                assert back[key].flags.writeable and back[key].flags.aligned
+    with pytest.raises(ValueError, match="not a checkpoint"):
+        loads(b"garbage")
+    with pytest.raises(ValueError, match="cut short"):
+        loads(dumps({"a": np.ones(100)})[:200])

@@ -2,7 +2,6 @@
 
 __all__ = ["CheckpointError", "Checkpointer", "holders_of"]
 
-import pickle
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -14,6 +13,7 @@ from ..errors import CollectivesError, ConfigurationError
 from ..faults import CHECKPOINT
 from ..faults import PLAN as _FAULTS
 from ..transport.tags import Tag
+from .serial import dumps, loads
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -41,8 +41,9 @@ class Checkpointer:
     ``replicas`` consecutive ranks leaves a copy of each lost state on a
     survivor (:meth:`replica_of`).
 
-    The state is pickled once, when taken: later changes to the objects passed
-    do not reach the checkpoint. Two collectives of the communicator carry it
+    The state is pickled when taken (numpy arrays' memory copied once, out of
+    band: see :mod:`.serial`): later changes to the objects passed do not reach
+    the checkpoint. Two collectives of the communicator carry it
     (the sizes and versions, then the copies), under its watchdog: a rank that
     dies or never comes makes the others raise within the timeout, naming it.
 
@@ -68,7 +69,9 @@ class Checkpointer:
         self.comm = communicator_of(comm)
         self.replicas = min(replicas, self.comm.size - 1)
         self.version = version
-        self._held: dict[int, bytes] = {}  # rank -> that rank's pickled state at self.version
+        self._held: dict[
+            int, bytes | bytearray | memoryview
+        ] = {}  # rank -> its state's bytes at self.version
 
     @property
     def rank(self) -> int:
@@ -86,7 +89,7 @@ class Checkpointer:
             CollectiveTimeout, PeerFailedError: a rank died or never came (the communicator is unusable).
         """
         try:
-            data = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+            data = dumps(state)
         except Exception as error:
             raise CheckpointError(f"rank {self.rank}: the state does not pickle: {error}") from error
         comm = self.comm
@@ -106,7 +109,7 @@ class Checkpointer:
         self._held = {rank: data, **received}
         return self.version
 
-    def _exchange(self, data: bytes, sizes: list[int]) -> dict[int, bytes]:
+    def _exchange(self, data: bytearray, sizes: list[int]) -> dict[int, memoryview]:
         """Send ``data`` to this rank's holders, receive the states it holds; one watched call."""
         comm = self.comm
         rank, size, replicas = comm.rank, comm.size, self.replicas
@@ -114,7 +117,7 @@ class Checkpointer:
             return {}
         sources = [(rank - j) % size for j in range(1, replicas + 1)]
         buffers = {src: np.empty(sizes[src], np.uint8) for src in sources}
-        mine = np.frombuffer(bytearray(data), np.uint8)  # writable: a transport may ask for it
+        mine = np.frombuffer(data, np.uint8)
         watchdog = comm.watchdog
         guard = watchdog.guard("checkpoint", f"ring(replicas={replicas})", sum(sizes), "uint8")
         transport = comm.transport
@@ -125,12 +128,12 @@ class Checkpointer:
                 requests.append(transport.isend(mine, dst, Tag.DATA))
                 peers.append(Tracked(None, dst, True))
             call.wait(requests, "checkpoint copies", peers, transport)
-        return {src: buffers[src].tobytes() for src in sources}
+        return {src: buffers[src].data for src in sources}  # kept as received: no copy
 
     def load(self) -> Any:
         """This rank's state of the last checkpoint (a new copy each call); ``None`` before the first."""
         data = self._held.get(self.comm.rank)
-        return None if data is None else pickle.loads(data)
+        return None if data is None else loads(data)
 
     @property
     def held(self) -> tuple[int, ...]:
@@ -142,11 +145,22 @@ class Checkpointer:
         return holders_of(rank, self.comm.size, self.replicas)
 
     def replica_bytes(self, rank: int) -> bytes:
-        """``rank``'s state of the last checkpoint, pickled, as this rank keeps it (to send to a replacement).
+        """``rank``'s state of the last checkpoint as bytes (:mod:`.serial`'s), as kept here.
 
         Raises:
             CheckpointError: this rank keeps no copy of ``rank``'s state.
         """
+        return bytes(self._kept(rank))
+
+    def replica_of(self, rank: int) -> Any:
+        """``rank``'s state of the last checkpoint, from the copy this rank keeps (e.g. of a lost rank).
+
+        Raises:
+            CheckpointError: this rank keeps no copy of ``rank``'s state.
+        """
+        return loads(self._kept(rank))
+
+    def _kept(self, rank: int) -> "bytes | bytearray | memoryview":
         data = self._held.get(rank)
         if data is None:
             holders = ", ".join(map(str, self.holders_of(rank))) or "no rank"
@@ -156,16 +170,8 @@ class Checkpointer:
             )
         return data
 
-    def replica_of(self, rank: int) -> Any:
-        """``rank``'s state of the last checkpoint, from the copy this rank keeps (e.g. of a lost rank).
-
-        Raises:
-            CheckpointError: this rank keeps no copy of ``rank``'s state.
-        """
-        return pickle.loads(self.replica_bytes(rank))
-
     def adopt(self, rank: int, data: bytes) -> None:
-        """Keep ``data`` (pickled, from :meth:`replica_bytes`) as ``rank``'s state of this version.
+        """Keep ``data`` (from :meth:`replica_bytes`) as ``rank``'s state of this version.
 
         For a replacement rank taking over a lost rank's state before the next checkpoint.
         """

@@ -13,7 +13,6 @@ __all__ = ["FORMAT", "MANIFEST", "complete_versions", "folder_of", "load", "save
 import contextlib
 import json
 import os
-import pickle
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from ..errors import ConfigurationError
 from ..faults import CHECKPOINT
 from ..faults import PLAN as _FAULTS
 from .checkpoint import CheckpointError
+from .serial import loads, pieces, write_pieces
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -69,20 +69,20 @@ def _sync_folder(folder: Path) -> None:
         os.close(handle)
 
 
-def _write_atomic(path: Path, data: bytes, rank: int | None = None, what: str = "") -> None:
-    """Write ``data`` to a temporary file beside ``path``, sync it, rename it over ``path``.
+def _write_atomic(path: Path, parts: list[memoryview], rank: int | None = None, what: str = "") -> None:
+    """Write ``parts`` to a temporary file beside ``path``, sync it, rename it over ``path``.
 
     With ``rank``, an armed checkpoint fault of that rank fires halfway through.
     """
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+
+    def halfway() -> None:
+        assert rank is not None  # only then is it given
+        _FAULTS.reached(rank, what, CHECKPOINT)
+
     try:
         with os.fdopen(handle, "wb") as file:
-            half = len(data) // 2
-            file.write(data[:half])
-            if rank is not None and _FAULTS.armed:
-                file.flush()
-                _FAULTS.reached(rank, what, CHECKPOINT)
-            file.write(data[half:])
+            write_pieces(file, parts, halfway if rank is not None and _FAULTS.armed else None)
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, path)
@@ -175,13 +175,13 @@ def save(
     rank, size = group.rank, group.size
     error: BaseException | None = None
     try:
-        data = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+        parts = pieces(state)
         folder.mkdir(parents=True, exist_ok=True)
         if rank == 0:  # a manifest of an earlier run's save of this version: not this one's
             (folder / MANIFEST).unlink(missing_ok=True)
         for leftover in folder.glob(f".rank-{rank}.pkl.*"):  # an earlier write of this rank's, cut off
             leftover.unlink(missing_ok=True)
-        _write_atomic(_rank_file(folder, rank), data, rank, f"checkpoint version {version} in {folder}")
+        _write_atomic(_rank_file(folder, rank), parts, rank, f"checkpoint version {version} in {folder}")
     except Exception as failure:
         error = failure
     _agree_ok(group, error, f"writing checkpoint version {version} to {folder}")
@@ -194,7 +194,7 @@ def save(
     if rank == 0:
         text = json.dumps({"format": FORMAT, "version": version, "size": size}, sort_keys=True)
         try:
-            _write_atomic(folder / MANIFEST, text.encode())
+            _write_atomic(folder / MANIFEST, [memoryview(text.encode())])
         except Exception as failure:
             error = failure
     _agree_ok(group, error, f"writing the manifest of checkpoint version {version}")
@@ -256,8 +256,11 @@ def load(
     try:
         if version not in mine:
             raise CheckpointError(f"rank {rank} lacks version {version} in {root} (newest complete: {seen})")
-        with open(_rank_file(_folder(root, version), rank), "rb") as file:
-            state = pickle.load(file)
+        path = _rank_file(_folder(root, version), rank)
+        with open(path, "rb") as file:
+            data = bytearray(os.fstat(file.fileno()).st_size)
+            file.readinto(data)
+        state = loads(data, copy=False)  # the arrays keep the bytes just read
     except Exception as failure:
         error = failure
     _agree_ok(group, error, f"loading checkpoint version {version} from {root}")
