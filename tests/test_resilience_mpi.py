@@ -26,11 +26,13 @@ def _run(ranks: int, args: list[str], monkeypatch: pytest.MonkeyPatch, fault: st
     return finished.returncode, finished.stdout
 
 
-@pytest.mark.parametrize("how", ["exit", "kill", "hang"])
+@pytest.mark.parametrize("how", ["exit", "kill", "hang", "kill:0"])
 def test_an_injected_fault_ends_the_job_naming_the_rank(how: str, monkeypatch: pytest.MonkeyPatch) -> None:
     status, output = _run(3, ["-m", "tests.faults.injected", "calls"], monkeypatch, f"1:4:{how}")
     assert status != 0, output
-    said = f"collectives: rank 1: injected fault 1:4:{how} (COLLECTIVES_FAULT): {how} at allreduce #4"
+    # kill:0: in the call, at its first barrier of shared memory (the ranks' small allreduce path)
+    where = "allreduce #4, step 0" if how == "kill:0" else "allreduce #4"
+    said = f"collectives: rank 1: injected fault 1:4:{how} (COLLECTIVES_FAULT): {how[:4]} at {where}"
     assert said in output
     assert "rank 1: all calls completed" not in output
     if how == "hang":  # only the survivors' timeout ends it: they name the rank they wait for
