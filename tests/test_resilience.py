@@ -249,3 +249,20 @@ def test_a_state_comes_back_from_its_bytes_with_arrays_aligned_and_writable(stat
         loads(b"garbage")
     with pytest.raises(ValueError, match="cut short"):
         loads(dumps({"a": np.ones(100)})[:200])
+
+
+def test_buffers_reused_across_versions_of_changing_sizes_hold_each_version_whole() -> None:
+    def body(comm: Communicator) -> list[bool]:
+        ck = Checkpointer(comm)
+        good = []
+        for step, n in enumerate([10, 5, 20, 5, 5, 30]):
+            ck.checkpoint({"w": np.full(n * (comm.rank + 1), step, np.int64)})
+            previous = (comm.rank - 1) % comm.size
+            mine, theirs = ck.load()["w"], ck.replica_of(previous)["w"]
+            good.append(
+                bool(np.array_equal(mine, np.full(n * (comm.rank + 1), step)))
+                and bool(np.array_equal(theirs, np.full(n * (previous + 1), step)))
+            )
+        return good
+
+    assert all(all(flags) for flags in run_ranks(3, body))

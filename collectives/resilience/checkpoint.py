@@ -23,6 +23,11 @@ class CheckpointError(CollectivesError):
     """A checkpoint cannot be taken or restored: ranks out of step, a copy not held, a partial version."""
 
 
+def _fitting(buffer: np.ndarray | None, nbytes: int) -> np.ndarray:
+    """The first ``nbytes`` of ``buffer`` where it is that large, else new memory."""
+    return buffer[:nbytes] if buffer is not None and buffer.nbytes >= nbytes else np.empty(nbytes, np.uint8)
+
+
 def holders_of(rank: int, size: int, replicas: int) -> tuple[int, ...]:
     """The ranks that keep a copy of ``rank``'s state: the next ``replicas`` ranks around the ring."""
     return tuple((rank + j) % size for j in range(1, replicas + 1))
@@ -69,9 +74,8 @@ class Checkpointer:
         self.comm = communicator_of(comm)
         self.replicas = min(replicas, self.comm.size - 1)
         self.version = version
-        self._held: dict[
-            int, bytes | bytearray | memoryview
-        ] = {}  # rank -> its state's bytes at self.version
+        self._held: dict[int, bytes | np.ndarray] = {}  # rank -> its state's bytes at self.version
+        self._spare: dict[int, np.ndarray] = {}  # the version before's, for the next checkpoint to reuse
 
     @property
     def rank(self) -> int:
@@ -88,12 +92,13 @@ class Checkpointer:
             CheckpointError: the ranks' versions differ (on every rank), or ``state`` does not pickle.
             CollectiveTimeout, PeerFailedError: a rank died or never came (the communicator is unusable).
         """
-        try:
-            data = dumps(state)
-        except Exception as error:
-            raise CheckpointError(f"rank {self.rank}: the state does not pickle: {error}") from error
         comm = self.comm
         rank, size = comm.rank, comm.size
+        spare, self._spare = self._spare, {}  # a failed checkpoint's buffers may still be written into
+        try:
+            data = dumps(state, into=spare.pop(rank, None))
+        except Exception as error:
+            raise CheckpointError(f"rank {rank}: the state does not pickle: {error}") from error
         info = allgather(np.array([len(data), self.version], np.int64), comm=comm).reshape(size, 2)
         versions = [int(v) for v in info[:, 1]]
         if len(set(versions)) > 1:
@@ -104,20 +109,24 @@ class Checkpointer:
         if _FAULTS.armed:  # after the sizes, before the copies: a checkpoint cut off mid-way
             _FAULTS.reached(rank, f"checkpoint version {self.version + 1}", CHECKPOINT)
         sizes = [int(n) for n in info[:, 0]]
-        received = self._exchange(data, sizes)
+        received = self._exchange(data, sizes, spare)
         self.version += 1
+        # the last version's buffers take the next one: no new memory, and its page faults, each step
+        self._spare = {r: b for r, b in self._held.items() if isinstance(b, np.ndarray)}
         self._held = {rank: data, **received}
         return self.version
 
-    def _exchange(self, data: bytearray, sizes: list[int]) -> dict[int, memoryview]:
+    def _exchange(
+        self, data: np.ndarray, sizes: list[int], spare: dict[int, np.ndarray]
+    ) -> dict[int, np.ndarray]:
         """Send ``data`` to this rank's holders, receive the states it holds; one watched call."""
         comm = self.comm
         rank, size, replicas = comm.rank, comm.size, self.replicas
         if replicas == 0:
             return {}
         sources = [(rank - j) % size for j in range(1, replicas + 1)]
-        buffers = {src: np.empty(sizes[src], np.uint8) for src in sources}
-        mine = np.frombuffer(data, np.uint8)
+        buffers = {src: _fitting(spare.get(src), sizes[src]) for src in sources}
+        mine = data
         watchdog = comm.watchdog
         guard = watchdog.guard("checkpoint", f"ring(replicas={replicas})", sum(sizes), "uint8")
         transport = comm.transport
@@ -128,7 +137,7 @@ class Checkpointer:
                 requests.append(transport.isend(mine, dst, Tag.DATA))
                 peers.append(Tracked(None, dst, True))
             call.wait(requests, "checkpoint copies", peers, transport)
-        return {src: buffers[src].data for src in sources}  # kept as received: no copy
+        return buffers  # kept as received: no copy
 
     def load(self) -> Any:
         """This rank's state of the last checkpoint (a new copy each call); ``None`` before the first."""
@@ -160,7 +169,7 @@ class Checkpointer:
         """
         return loads(self._kept(rank))
 
-    def _kept(self, rank: int) -> "bytes | bytearray | memoryview":
+    def _kept(self, rank: int) -> "bytes | np.ndarray":
         data = self._held.get(rank)
         if data is None:
             holders = ", ".join(map(str, self.holders_of(rank))) or "no rank"

@@ -204,24 +204,31 @@ def save(
 
 
 def _prune(root: Path, doomed: list[int], version: int, rank: int) -> None:
-    """Remove this rank's files of ``doomed`` versions and of incomplete ones older than ``version``."""
+    """Remove this rank's files of ``doomed`` versions and of incomplete ones older than ``version``.
+
+    The other ranks prune at the same time, and the last one out removes a folder:
+    anything may be gone already.
+    """
     incomplete = []
     for entry in root.iterdir():
         v = _version_of(entry.name)
-        if v is not None and v < version and entry.is_dir() and _manifest(entry) is None:
+        if v is not None and v < version and v not in doomed and _manifest(entry) is None:
             incomplete.append(v)
     for v in [*doomed, *incomplete]:
-        folder = _folder(root, v)
-        if rank == 0:  # first, so a version losing its files is never taken for complete
-            (folder / MANIFEST).unlink(missing_ok=True)
-            for inner in folder.glob("*"):
-                if inner.is_dir():  # what before_manifest wrote
-                    shutil.rmtree(inner, ignore_errors=True)
-        _rank_file(folder, rank).unlink(missing_ok=True)
-        for leftover in folder.glob(f".rank-{rank}.pkl.*"):  # a write cut off there
-            leftover.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
-            folder.rmdir()  # the last rank out removes it
+            _remove_files(_folder(root, v), rank)
+
+
+def _remove_files(folder: Path, rank: int) -> None:
+    if rank == 0:  # first, so a version losing its files is never taken for complete
+        (folder / MANIFEST).unlink(missing_ok=True)
+        for inner in folder.glob("*"):
+            if inner.is_dir():  # what before_manifest wrote
+                shutil.rmtree(inner, ignore_errors=True)
+    _rank_file(folder, rank).unlink(missing_ok=True)
+    for leftover in folder.glob(f".rank-{rank}.pkl.*"):  # a write cut off there
+        leftover.unlink(missing_ok=True)
+    folder.rmdir()  # the last rank out removes it; the others fail here, as it is not empty yet
 
 
 def load(

@@ -7,6 +7,8 @@ import struct
 from collections.abc import Callable
 from typing import IO, Any
 
+import numpy as np
+
 _MAGIC = b"collect1"
 _HEAD = struct.Struct("<8sq")  # the magic, the number of out-of-band buffers
 _ALIGN = 64  # every buffer starts at a multiple of this in the run, so arrays loaded from it are aligned
@@ -38,11 +40,16 @@ def pieces(state: Any) -> list[memoryview]:
     return parts
 
 
-def dumps(state: Any) -> bytearray:
-    """``state`` as one run of bytes (one copy of its arrays)."""
+def dumps(state: Any, into: "np.ndarray | None" = None) -> "np.ndarray":
+    """``state`` as one run of bytes (one copy of its arrays): uint8, the start of ``into`` if it fits.
+
+    Reusing ``into`` (say, the buffer of the checkpoint before last) spares the
+    new memory's page faults, which cost more than the copy for a large state.
+    """
     parts = pieces(state)
-    out = bytearray(sum(p.nbytes for p in parts))
-    view, offset = memoryview(out), 0
+    total = sum(p.nbytes for p in parts)
+    out = into[:total] if into is not None and into.nbytes >= total else np.empty(total, np.uint8)
+    view, offset = out.data, 0
     for part in parts:
         view[offset : offset + part.nbytes] = part
         offset += part.nbytes
@@ -64,7 +71,7 @@ def write_pieces(file: IO[bytes], parts: list[memoryview], halfway: Callable[[],
         written += part.nbytes
 
 
-def loads(data: "bytes | bytearray | memoryview", *, copy: bool = True) -> Any:
+def loads(data: "bytes | bytearray | memoryview | np.ndarray", *, copy: bool = True) -> Any:
     """The state :func:`dumps` made ``data`` of; its arrays are new memory unless ``copy`` is off.
 
     With ``copy`` off the arrays are views of ``data`` (writable where ``data`` is).
@@ -72,7 +79,7 @@ def loads(data: "bytes | bytearray | memoryview", *, copy: bool = True) -> Any:
     Raises:
         ValueError: ``data`` is not of :func:`dumps`.
     """
-    view = memoryview(data).cast("B")
+    view = (data.data if isinstance(data, np.ndarray) else memoryview(data)).cast("B")
     if view.nbytes < _HEAD.size or bytes(view[:8]) != _MAGIC:
         raise ValueError("not a checkpoint's bytes (no header)")
     _, count = _HEAD.unpack_from(view, 0)
