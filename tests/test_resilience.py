@@ -266,3 +266,31 @@ def test_buffers_reused_across_versions_of_changing_sizes_hold_each_version_whol
         return good
 
     assert all(all(flags) for flags in run_ranks(3, body))
+
+
+def test_a_rank_failing_mid_checkpoint_leaves_every_survivor_a_version_they_all_hold() -> None:
+    arm("1:checkpoint:1:raise")  # rank 1's second checkpoint: sizes agreed, no copy sent
+
+    def body(comm: Communicator) -> tuple[str, int, Any]:
+        ck = Checkpointer(comm)
+        ck.checkpoint({"rank": comm.rank, "step": 0})
+        try:
+            ck.checkpoint({"rank": comm.rank, "step": 1})
+            outcome = "done"  # rank 0 may finish: it needs only rank 2's copy
+        except InjectedFault:
+            outcome = "injected"
+        except BrokenCommunicatorError as error:
+            outcome = f"broken by {error.rank}"
+        if ck.version == 2:
+            assert ck.roll_back() == 1
+            with pytest.raises(CheckpointError, match="keeps no version before 1"):
+                ck.roll_back()
+        lost = ck.replica_of(1) if comm.rank == 2 else None
+        return outcome, ck.version, (ck.load(), lost)
+
+    outcomes = run_ranks(3, body, timeout=20.0)
+    assert outcomes[1][0] == "injected" and outcomes[2][0] == "broken by 1"
+    assert outcomes[0][0] in ("done", "broken by 1")
+    for rank, (_, version, (mine, _)) in enumerate(outcomes):
+        assert version == 1 and mine == {"rank": rank, "step": 0}
+    assert outcomes[2][2][1] == {"rank": 1, "step": 0}  # rank 1's last state, on its holder
