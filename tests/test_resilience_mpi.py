@@ -112,3 +112,11 @@ def test_a_killed_store_run_relaunched_resumes_its_servers_and_ends_bitwise(
     # parameter) and 3 a checkpoint: call 40 is in step 3, after the checkpoint of step 2
     _fails("ps-sync", "1:40:exit", tmp_path, monkeypatch)
     _resumes_bitwise("ps-sync", tmp_path, monkeypatch, _digest(output))
+
+
+def test_the_checkpoint_bench_prints_a_row_a_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    args = ["-m", "bench.checkpoint", "-b", "1K", "-e", "8K", "-n", "1"]
+    status, output = _run(2, args, monkeypatch, None)
+    assert status == 0, output
+    rows = [line.split() for line in output.splitlines() if line.strip()[:1].isdigit()]
+    assert [row[0] for row in rows] == ["1024", "8192"] and all(len(row) == 7 for row in rows), output
