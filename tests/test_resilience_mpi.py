@@ -109,7 +109,7 @@ def test_a_killed_store_run_relaunched_resumes_its_servers_and_ends_bitwise(
     status, output = _train("ps-sync", None, monkeypatch)
     assert status == 0, output
     # the process's calls: 1 to load, then 12 a step (a reduce-scatter and an all-gather per
-    # parameter) and 3 a checkpoint: call 40 is in step 3, after the checkpoint of step 2
+    # parameter) and 2 a checkpoint: call 40 is in step 3, after the checkpoint of step 2
     _fails("ps-sync", "1:40:exit", tmp_path, monkeypatch)
     _resumes_bitwise("ps-sync", tmp_path, monkeypatch, _digest(output))
 
