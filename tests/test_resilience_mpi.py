@@ -1,5 +1,6 @@
 """Under MPICH: an injected fault ends the job naming the rank; a relaunch resumes bitwise; replicas hold."""
 
+import importlib.util
 import re
 import subprocess
 from pathlib import Path
@@ -52,7 +53,7 @@ def test_in_memory_checkpoints_keep_each_state_on_its_next_ranks(monkeypatch: py
 
 
 torch_needed = pytest.mark.skipif(
-    __import__("importlib").util.find_spec("torch") is None,
+    importlib.util.find_spec("torch") is None,
     reason="the training example needs torch (pip install torch==2.13.0)",
 )
 
