@@ -6,7 +6,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from collectives import BrokenCommunicatorError, Communicator, ConfigurationError, allreduce
+from collectives import BrokenCommunicatorError, CollectivesError, Communicator, ConfigurationError, allreduce
 from collectives.faults import PLAN, Fault, InjectedFault, arm, disarm, parse
 from collectives.resilience import Checkpointer, CheckpointError, holders_of
 from collectives.resilience.serial import dumps, loads
@@ -294,3 +294,23 @@ def test_a_rank_failing_mid_checkpoint_leaves_every_survivor_a_version_they_all_
     for rank, (_, version, (mine, _)) in enumerate(outcomes):
         assert version == 1 and mine == {"rank": rank, "step": 0}
     assert outcomes[2][2][1] == {"rank": 1, "step": 0}  # rank 1's last state, on its holder
+
+
+def test_a_call_whose_own_checks_failed_counts_as_the_flight_recorder_numbers_it() -> None:
+    arm("0:2:raise")  # call 0 fails its checks on rank 0; call 1 runs; call 2 is the fault's
+
+    def body(comm: Communicator) -> str:
+        x = np.ones(4, np.float32)
+        with pytest.raises(CollectivesError):  # rank 0's own error; rank 1's PeerInputError
+            allreduce(x, out=np.ones(3, np.float32) if comm.rank == 0 else None, comm=comm)
+        allreduce(x, comm=comm)
+        try:
+            allreduce(x, comm=comm)
+        except InjectedFault as error:
+            return str(error)
+        except BrokenCommunicatorError as error:
+            return f"broken by {error.rank}"
+        return "done"
+
+    outcomes = run_ranks(2, body, timeout=20.0)
+    assert outcomes[0].endswith("raise at allreduce #2") and outcomes[1] == "broken by 0"
