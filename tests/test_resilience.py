@@ -1,5 +1,8 @@
 """Fault injection and in-memory checkpoints on the loopback transport (ranks as threads)."""
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -314,3 +317,16 @@ def test_a_call_whose_own_checks_failed_counts_as_the_flight_recorder_numbers_it
 
     outcomes = run_ranks(2, body, timeout=20.0)
     assert outcomes[0].endswith("raise at allreduce #2") and outcomes[1] == "broken by 0"
+
+
+def _import_with(fault: str) -> subprocess.CompletedProcess[str]:
+    code = "from collectives.faults import PLAN; print(PLAN.armed, *PLAN.faults)"
+    env = {**os.environ, "COLLECTIVES_FAULT": fault}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_the_variable_is_read_at_import_and_a_bad_one_stops_the_import_naming_it() -> None:
+    armed = _import_with("1:3:exit,0:checkpoint:2")
+    assert armed.returncode == 0 and armed.stdout.split() == ["True", "1:3:exit", "0:checkpoint:2:kill"]
+    bad = _import_with("1:three")
+    assert bad.returncode != 0 and "COLLECTIVES_FAULT: '1:three' is not RANK:NUMBER" in bad.stderr
