@@ -205,15 +205,16 @@ def test_ranks_at_different_versions_are_refused_on_every_rank() -> None:
     assert all("versions differ" in text for text in run_ranks(2, body))
 
 
-def test_an_unpicklable_state_and_bad_settings_are_named() -> None:
-    def body(comm: Communicator) -> None:
+def test_an_unpicklable_state_and_bad_settings_are_named_on_every_rank() -> None:
+    def body(comm: Communicator) -> int:
         with pytest.raises(ConfigurationError, match="replicas"):
             Checkpointer(comm, replicas=-1)
         ck = Checkpointer(comm)
-        with pytest.raises(CheckpointError, match="does not pickle"):
-            ck.checkpoint(lambda: None)
+        with pytest.raises(CheckpointError, match="the state of rank 1 does not pickle"):
+            ck.checkpoint((lambda: None) if comm.rank == 1 else {"fine": 1})
+        return ck.checkpoint({"fine": comm.rank})  # nothing broke: the next one is version 1
 
-    run_ranks(1, body)
+    assert run_ranks(2, body) == [1, 1]
 
 
 def test_the_checkpoint_is_a_snapshot_of_the_state_when_taken() -> None:

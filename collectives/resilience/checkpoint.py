@@ -98,11 +98,22 @@ class Checkpointer:
         # step; the version before is lost with them, even if this checkpoint fails
         spare = {r: b for r, b in self._previous.items() if isinstance(b, np.ndarray)}
         self._previous = {}
+        data: np.ndarray | None = None
+        failure: Exception | None = None
         try:
             data = dumps(state, into=spare.pop(rank, None))
         except Exception as error:
-            raise CheckpointError(f"rank {rank}: the state does not pickle: {error}") from error
-        info = allgather(np.array([len(data), self.version], np.int64), comm=comm).reshape(size, 2)
+            failure = error
+        mine = -1 if data is None else len(data)  # -1: the others raise too, naming this rank
+        info = allgather(np.array([mine, self.version], np.int64), comm=comm).reshape(size, 2)
+        unpickled = [r for r, n in enumerate(info[:, 0]) if n < 0]
+        if unpickled:
+            raise CheckpointError(
+                f"rank {rank}: the state of rank{'s' if len(unpickled) > 1 else ''} "
+                f"{', '.join(map(str, unpickled))} does not pickle"
+                + ("" if failure is None else f": {failure}")
+            ) from failure
+        assert data is not None  # its size went to the others
         versions = [int(v) for v in info[:, 1]]
         if len(set(versions)) > 1:
             raise CheckpointError(
