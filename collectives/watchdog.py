@@ -60,7 +60,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from ._env import env_flag
-from .call import NOTICE, Call, Tracked, WatchedTransport
+from .call import NOTICE, Call, SteppedCall, Tracked, WatchedTransport
 from .errors import (
     BrokenCommunicatorError,
     CollectivesError,
@@ -72,6 +72,7 @@ from .errors import (
     PeerInputError,
     TransportError,
 )
+from .faults import PLAN as _FAULTS
 from .signature import SIGNATURE_BYTES, Signature, disagreement, problem_of
 from .transport.base import SharedMemory, Transport
 from .transport.tags import Tag
@@ -303,6 +304,8 @@ class Watchdog:
         self.sequence = sequence + 1
         call = Call(self, guard.signature, sequence)
         self.recorder.append(call)
+        if _FAULTS.armed:  # $COLLECTIVES_FAULT: see collectives.faults
+            self._inject(call)
         if (self.check if check is None else check) and self._size > 1:
             try:
                 if self.shared is not None and first_barrier:
@@ -314,6 +317,14 @@ class Watchdog:
                 self.end(call, error)
                 raise
         return call
+
+    def _inject(self, call: Call) -> None:
+        try:
+            if _FAULTS.reached(self._rank, f"{call.signature.collective} #{call.sequence}", call=call):
+                call.__class__ = SteppedCall  # the fault is due at one of its steps: count them
+        except BaseException as error:
+            self.end(call, error)
+            raise
 
     def poison(
         self, collective: str, algorithm: object, error: BaseException, check: bool | None = None
@@ -343,6 +354,8 @@ class Watchdog:
         signature = Signature(0, collective, str(algorithm), problem=problem_of(error))
         call = Call(self, signature, sequence)
         self.recorder.append(call)
+        if _FAULTS.armed:  # counted as every call the watchdog numbers
+            self._inject(call)
         try:
             if (self.check if check is None else check) and self._size > 1:
                 self._agree(call, Guard(signature), sequence)

@@ -1,6 +1,7 @@
 """torch through collectives: Horovod-style API, DDP hooks, a torch.distributed backend, KVStoreOptimizer."""
 
 from . import functional
+from .checkpoint import load_training, restore_training, save_training, training_state
 from .hooks import allreduce_bf16_hook, allreduce_fp16_hook, allreduce_hook
 from .kvstore_optimizer import KVStoreOptimizer, server_optimizer_of
 from .mpi_ops import (
@@ -41,8 +42,12 @@ __all__ = [
     "explain_path",
     "functional",
     "fusion_buckets",
+    "load_training",
     "rank",
     "reduce_scatter",
+    "restore_training",
+    "save_training",
     "server_optimizer_of",
     "size",
+    "training_state",
 ]

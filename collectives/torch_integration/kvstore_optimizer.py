@@ -82,6 +82,8 @@ class KVStoreOptimizer(torch.optim.Optimizer):
         average: divide each gradient by the number of workers before pushing,
             so the servers see the gradient of the mean loss; ``False`` pushes
             each gradient as it is (the servers see their sum).
+        loaded: the store was loaded from a checkpoint (``kv.load``): its keys,
+            values and optimizer state are kept, and the parameters pulled from it.
     """
 
     def __init__(
@@ -92,6 +94,7 @@ class KVStoreOptimizer(torch.optim.Optimizer):
         *,
         server_optimizer: Optimizer | None = None,
         average: bool = True,
+        loaded: bool = False,
     ) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             if server_optimizer is None:
@@ -109,9 +112,11 @@ class KVStoreOptimizer(torch.optim.Optimizer):
         self._params = params
         self._average = average
         views = [_host_view(p) for p in params]
-        kv.init(names, views)
-        kv.pull(names, out=views)  # worker 0's values everywhere
-        kv.set_optimizer(chosen)
+        if not loaded:
+            kv.init(names, views)
+        kv.pull(names, out=views)  # worker 0's values everywhere, or the checkpoint's
+        if not loaded:  # a loaded store keeps its optimizer and that optimizer's state
+            kv.set_optimizer(chosen)
 
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
         """Push every gradient, then pull every parameter, as the store's mode says; a closure runs first.

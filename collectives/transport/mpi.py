@@ -81,6 +81,7 @@ class MPITransport(Transport):
         self._stuck: list[MPI.Request] = []  # sends a timeout left behind
         self._at_exit = False  # whether it is in _AT_EXIT
         self._draining = False  # whether messages still coming are received and dropped at exit
+        self._kept = False  # whether a timeout left messages unreceived, so the communicator is never freed
 
     @classmethod
     def of_world_ranks(cls, ranks: Sequence[int], rank: int) -> "MPITransport":
@@ -239,6 +240,9 @@ class MPITransport(Transport):
     def abandon(self, receives: list[Request], sends: list[Request]) -> None:
         # a receive can be cancelled; a send cannot (MPI-4 deprecates it), and MPI_Finalize
         # waits for it, so a process left with one aborts the job at exit rather than hang
+        # the messages of the abandoned call may still arrive (or sit unreceived at a peer): freed, the
+        # communicator's context would go to the next one made, where they would be taken as its own
+        self._kept = True
         for request in receives:
             request.Cancel()
         deadline = time.monotonic() + 1.0
@@ -279,7 +283,7 @@ class MPITransport(Transport):
             cast(MPISharedMemory, self._nodes.shared).free()
             self._nodes.rail.close()
             self._nodes = None
-        if self._draining:
+        if self._draining or self._kept:
             return  # a broken communicator's peers may still send: kept to take them at exit
         if self._comm != MPI.COMM_NULL and not MPI.Is_finalized():
             self._comm.Free()

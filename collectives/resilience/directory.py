@@ -1,0 +1,275 @@
+"""Checkpoints in a directory: a file per rank written atomically, then a manifest once all are durable.
+
+A version's folder ``v<version>`` (zero-padded) holds ``rank-<r>.pkl`` for every
+rank and, once every rank's file is written and synced to disk, ``manifest.json``
+naming the version and the world size. A version is complete when its manifest
+is there and it is of this world size; :func:`load` takes the newest complete
+one, so a save cut off anywhere (a rank killed mid-write leaves only a temporary
+file, and no manifest) is never loaded, and the one before it is.
+"""
+
+__all__ = ["FORMAT", "MANIFEST", "complete_versions", "folder_of", "load", "save"]
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..api import allgather
+from ..communicator import Communicator, communicator_of
+from ..errors import ConfigurationError
+from ..faults import CHECKPOINT
+from ..faults import PLAN as _FAULTS
+from .checkpoint import CheckpointError
+from .serial import loads, pieces, write_pieces
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+FORMAT = "collectives.resilience/1"
+MANIFEST = "manifest.json"
+_DIGITS = 8
+
+
+def _folder(directory: Path, version: int) -> Path:
+    return directory / f"v{version:0{_DIGITS}d}"
+
+
+def folder_of(directory: "str | os.PathLike[str]", version: int) -> Path:
+    """The folder of ``version`` in ``directory`` (where :func:`save`'s ``before_manifest`` writes)."""
+    return _folder(Path(directory), version)
+
+
+def _rank_file(folder: Path, rank: int) -> Path:
+    return folder / f"rank-{rank}.pkl"
+
+
+def _version_of(name: str) -> int | None:
+    digits = name[1:]
+    return int(digits) if name.startswith("v") and digits.isdigit() else None
+
+
+def _sync_folder(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (where the platform can open a folder)."""
+    try:
+        handle = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(handle)
+    except OSError:
+        pass
+    finally:
+        os.close(handle)
+
+
+def _write_atomic(path: Path, parts: list[memoryview], rank: int | None = None, what: str = "") -> None:
+    """Write ``parts`` to a temporary file beside ``path``, sync it, rename it over ``path``.
+
+    With ``rank``, an armed checkpoint fault of that rank fires halfway through.
+    """
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+
+    def halfway() -> None:
+        assert rank is not None  # only then is it given
+        _FAULTS.reached(rank, what, CHECKPOINT)
+
+    try:
+        with os.fdopen(handle, "wb") as file:
+            write_pieces(file, parts, halfway if rank is not None and _FAULTS.armed else None)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    _sync_folder(path.parent)
+
+
+def _manifest(folder: Path) -> dict[str, Any] | None:
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) and manifest.get("format") == FORMAT else None
+
+
+def complete_versions(directory: "str | os.PathLike[str]", size: int | None = None) -> list[int]:
+    """The versions in ``directory`` with a manifest (of world size ``size`` if given), oldest first."""
+    root = Path(directory)
+    if not root.is_dir():
+        return []
+    versions = []
+    for entry in root.iterdir():
+        version = _version_of(entry.name)
+        if version is None or not entry.is_dir():
+            continue
+        manifest = _manifest(entry)
+        if manifest is None or manifest.get("version") != version:
+            continue
+        if size is not None and manifest.get("size") != size:
+            continue
+        versions.append(version)
+    return sorted(versions)
+
+
+def _agree_ok(group: Communicator, error: BaseException | None, what: str) -> None:
+    """Raise on every rank if ``error`` happened on any (one collective)."""
+    failed = allgather(np.array([error is not None], np.int8), comm=group)
+    bad = [r for r, flag in enumerate(failed.reshape(-1)) if flag]
+    if not bad:
+        return
+    mine = f": {error}" if error is not None else ""
+    raise CheckpointError(
+        f"rank {group.rank}: {what} failed on rank{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))}"
+        f"{mine}"
+    ) from error
+
+
+def save(
+    directory: "str | os.PathLike[str]",
+    state: Any,
+    version: int,
+    *,
+    comm: "Communicator | MPI.Comm | None" = None,
+    keep: int = 2,
+    before_manifest: Callable[[Path], None] | None = None,
+) -> Path:
+    """Write this rank's ``state`` as ``version`` of the checkpoints in ``directory``; collective.
+
+    Every rank writes its file atomically (a temporary file, synced, renamed);
+    once every rank has (one ``allgather`` says so), rank 0 writes the manifest,
+    and every rank returns once the version is complete (another). Then the
+    complete versions beyond the newest ``keep`` and the incomplete ones older
+    than ``version`` lose their files.
+
+    Args:
+        directory: the checkpoints' folder, made if missing (shared by the ranks,
+            or the same path on each node).
+        state: this rank's state: any picklable object.
+        version: a number larger than any complete version's there (the step, say).
+        comm: the communicator; the default one when ``None``.
+        keep: complete versions kept, this one included.
+        before_manifest: collective work that writes more into the version's
+            folder (given) before the version is marked complete, on every rank:
+            e.g. ``lambda folder: kv.save(folder / "kvstore")``.
+
+    Returns:
+        The version's folder.
+
+    Raises:
+        CheckpointError: a rank could not write its file (on every rank, naming it).
+    """
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise ConfigurationError(f"a checkpoint's version must be a non-negative integer, got {version!r}")
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise ConfigurationError(f"keep must be a positive number of versions, got {keep!r}")
+    group = communicator_of(comm)
+    root = Path(directory)
+    folder = _folder(root, version)
+    rank, size = group.rank, group.size
+    error: BaseException | None = None
+    try:
+        parts = pieces(state)
+        folder.mkdir(parents=True, exist_ok=True)
+        if rank == 0:  # a manifest of an earlier run's save of this version: not this one's
+            (folder / MANIFEST).unlink(missing_ok=True)
+        for leftover in folder.glob(f".rank-{rank}.pkl.*"):  # an earlier write of this rank's, cut off
+            leftover.unlink(missing_ok=True)
+        _write_atomic(_rank_file(folder, rank), parts, rank, f"checkpoint version {version} in {folder}")
+    except Exception as failure:
+        error = failure
+    _agree_ok(group, error, f"writing checkpoint version {version} to {folder}")
+    if before_manifest is not None:
+        before_manifest(folder)
+    # every rank lists before any rank prunes (after the last agreement below), so all prune alike
+    older = [v for v in complete_versions(root, size) if v < version]
+    doomed = older[: max(len(older) - (keep - 1), 0)]
+    error = None
+    if rank == 0:
+        text = json.dumps({"format": FORMAT, "version": version, "size": size}, sort_keys=True)
+        try:
+            _write_atomic(folder / MANIFEST, [memoryview(text.encode())])
+        except Exception as failure:
+            error = failure
+    # also the barrier: no rank returns before the version is complete
+    _agree_ok(group, error, f"writing the manifest of checkpoint version {version}")
+    _prune(root, doomed, version, rank)
+    return folder
+
+
+def _prune(root: Path, doomed: list[int], version: int, rank: int) -> None:
+    """Remove this rank's files of ``doomed`` versions and of incomplete ones older than ``version``.
+
+    The other ranks prune at the same time, and the last one out removes a folder:
+    anything may be gone already.
+    """
+    incomplete = []
+    for entry in root.iterdir():
+        v = _version_of(entry.name)
+        if v is not None and v < version and v not in doomed and _manifest(entry) is None:
+            incomplete.append(v)
+    for v in [*doomed, *incomplete]:
+        with contextlib.suppress(OSError):
+            _remove_files(_folder(root, v), rank)
+
+
+def _remove_files(folder: Path, rank: int) -> None:
+    if rank == 0:  # first, so a version losing its files is never taken for complete
+        (folder / MANIFEST).unlink(missing_ok=True)
+        for inner in folder.glob("*"):
+            if inner.is_dir():  # what before_manifest wrote
+                shutil.rmtree(inner, ignore_errors=True)
+    _rank_file(folder, rank).unlink(missing_ok=True)
+    for leftover in folder.glob(f".rank-{rank}.pkl.*"):  # a write cut off there
+        leftover.unlink(missing_ok=True)
+    folder.rmdir()  # the last rank out removes it; the others fail here, as it is not empty yet
+
+
+def load(
+    directory: "str | os.PathLike[str]", *, comm: "Communicator | MPI.Comm | None" = None
+) -> tuple[int, Any] | None:
+    """The newest complete version in ``directory`` and this rank's state of it; collective.
+
+    ``None`` where there is none (a first run, or a missing folder). The ranks
+    agree on the version: each finds the newest complete one it sees, and they
+    take the oldest of those, which every rank must have.
+
+    Raises:
+        CheckpointError: on every rank, when a rank lacks the agreed version or cannot read its file.
+    """
+    group = communicator_of(comm)
+    rank, size = group.rank, group.size
+    root = Path(directory)
+    mine = [v for v in complete_versions(root, size) if _rank_file(_folder(root, v), rank).is_file()]
+    newest = allgather(np.array([mine[-1] if mine else -1], np.int64), comm=group).reshape(-1)
+    if all(v < 0 for v in newest):
+        return None
+    version = int(min(newest))
+    seen = ", ".join(f"rank {r}: {v if v >= 0 else 'none'}" for r, v in enumerate(newest))
+    if version < 0:  # every rank knows it: all raise alike
+        lacking = [r for r, v in enumerate(newest) if v < 0]
+        raise CheckpointError(
+            f"rank {rank}: rank{'s' if len(lacking) > 1 else ''} {', '.join(map(str, lacking))} "
+            f"found no complete checkpoint in {root}, the others did (newest complete: {seen})"
+        )
+    error: BaseException | None = None
+    state: Any = None
+    try:
+        if version not in mine:
+            raise CheckpointError(f"rank {rank} lacks version {version} in {root} (newest complete: {seen})")
+        path = _rank_file(_folder(root, version), rank)
+        with open(path, "rb") as file:
+            data = bytearray(os.fstat(file.fileno()).st_size)
+            file.readinto(data)
+        state = loads(data, copy=False)  # the arrays keep the bytes just read
+    except Exception as failure:
+        error = failure
+    _agree_ok(group, error, f"loading checkpoint version {version} from {root}")
+    return version, state
