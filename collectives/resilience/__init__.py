@@ -27,7 +27,8 @@ Fault injection (:mod:`collectives.faults`, imported by the watchdog, so it sits
 Surviving a death under Open MPI with ULFM (:mod:`.recovery`)
     ``shrink(comm) -> Shrunk`` (communicator over the survivors, ``lost``, ``survivors``);
     ``recover(checkpointer) -> Recovery`` (shrink, go back to the last checkpoint, take
-    over the lost ranks' states: ``adopted``); ``fault_tolerance_missing()``.
+    over the lost ranks' states: ``adopted``; ``hung=hung_ranks(error)`` kills ranks
+    that hung past the timeout so they count as dead); ``fault_tolerance_missing()``.
 
 torch models and optimizers go through :mod:`collectives.torch_integration.checkpoint`.
 """
@@ -45,6 +46,7 @@ __all__ = [
     "fault_tolerance_missing",
     "folder_of",
     "holders_of",
+    "hung_ranks",
     "load",
     "recover",
     "save",
@@ -54,4 +56,4 @@ __all__ = [
 from ..faults import Fault, InjectedFault, arm, disarm
 from .checkpoint import Checkpointer, CheckpointError, holders_of
 from .directory import complete_versions, folder_of, load, save
-from .recovery import Recovery, Shrunk, fault_tolerance_missing, recover, shrink
+from .recovery import Recovery, Shrunk, fault_tolerance_missing, hung_ranks, recover, shrink

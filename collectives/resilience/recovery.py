@@ -5,11 +5,16 @@ __all__ = [
     "Shrunk",
     "adopter_of",
     "fault_tolerance_missing",
+    "hung_ranks",
     "recover",
     "require_fault_tolerance",
     "shrink",
 ]
 
+import contextlib
+import os
+import signal
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -18,11 +23,13 @@ import numpy as np
 from .. import communicator as _communicator
 from ..api import allgather
 from ..communicator import Communicator, communicator_of
-from ..errors import ConfigurationError
+from ..errors import BrokenCommunicatorError, CollectiveTimeout, ConfigurationError
 from .checkpoint import Checkpointer, CheckpointError, holders_of
 
 if TYPE_CHECKING:
     from mpi4py import MPI
+
+    from ..transport.mpi import MPITransport
 
 
 def fault_tolerance_missing() -> str | None:
@@ -58,7 +65,19 @@ class Shrunk:
     survivors: tuple[int, ...]
 
 
-def shrink(comm: "Communicator | MPI.Comm | None" = None) -> Shrunk:
+def hung_ranks(error: BaseException) -> tuple[int, ...]:
+    """The ranks ``error`` shows hung: those a :class:`~collectives.CollectiveTimeout` waited for
+    before its call started (they never came to it); ``()`` for other errors.
+
+    Ranks a timeout waited for later in a call may only be waiting for others, so
+    they are not taken for hung.
+    """
+    if not isinstance(error, CollectiveTimeout) or error.step not in ("signature", "barrier 0"):
+        return ()
+    return tuple(error.peers)
+
+
+def shrink(comm: "Communicator | MPI.Comm | None" = None, *, hung: Sequence[int] = ()) -> Shrunk:
     """After a rank died, a communicator over the survivors; collective over them.
 
     Call it on every surviving rank once a collective raised
@@ -71,8 +90,14 @@ def shrink(comm: "Communicator | MPI.Comm | None" = None) -> Shrunk:
     one refuses every later call. Where ``comm`` was the default communicator the
     new one becomes the default.
 
+    Args:
+        comm: the communicator a rank died in.
+        hung: ranks to treat as dead although they live (hung past the timeout; see
+            :func:`hung_ranks`): their processes on this node are killed first.
+
     Raises:
-        ConfigurationError: the MPI cannot survive a death (no ULFM), saying why.
+        ConfigurationError: the MPI cannot survive a death (no ULFM), saying why,
+            or a hung rank runs on another node.
     """
     require_fault_tolerance()
     from ..transport.mpi import MPITransport
@@ -84,6 +109,8 @@ def shrink(comm: "Communicator | MPI.Comm | None" = None) -> Shrunk:
     watchdog = old.watchdog
     if watchdog.broken is None:
         watchdog.break_off("the survivors shrank it after a rank died")
+    if hung:
+        _end_hung(transport, hung)
     smaller, lost = transport.shrink()
     new = Communicator(
         smaller, timeout=watchdog.timeout, stall_warning=watchdog.stall_warning, check=watchdog.check
@@ -92,6 +119,44 @@ def shrink(comm: "Communicator | MPI.Comm | None" = None) -> Shrunk:
         _communicator.default = new
     survivors = tuple(r for r in range(old.size) if r not in lost)
     return Shrunk(new, lost, survivors)
+
+
+def _end_hung(transport: "MPITransport", ranks: Sequence[int], timeout: float = 10.0) -> None:
+    """Kill the processes of ``ranks`` (hung) on this node, and wait until MPI sees them dead.
+
+    ``MPI_Comm_shrink`` waits for every rank MPI thinks alive, so a hung rank would
+    stop the recovery. The processes are found by their launch: ``$PMIX_NAMESPACE``
+    and ``$PMIX_RANK`` in their environment.
+    """
+    launched = transport.world_ranks(ranks)
+    namespace = os.environ.get("PMIX_NAMESPACE", "")
+    found = _launched_here(namespace, set(launched)) if namespace else {}
+    for pid in found.values():
+        with contextlib.suppress(ProcessLookupError):  # another survivor may have killed it first
+            os.kill(pid, signal.SIGKILL)
+    if not transport.await_failed(ranks, timeout):
+        raise ConfigurationError(
+            f"rank(s) {', '.join(map(str, launched))} of MPI.COMM_WORLD hang and could not be ended "
+            f"within {timeout:g} s (on another node, or outside this launch), so the survivors "
+            "cannot shrink past them"
+        )
+
+
+def _launched_here(namespace: str, ranks: set[int]) -> dict[int, int]:
+    """The process ids on this node of the ``ranks`` of launch ``namespace``, by rank (from /proc)."""
+    found: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as environ:
+                variables = dict(v.split(b"=", 1) for v in environ.read().split(b"\0") if b"=" in v)
+        except OSError:
+            continue
+        rank = variables.get(b"PMIX_RANK", b"")
+        if variables.get(b"PMIX_NAMESPACE") == namespace.encode() and rank.isdigit() and int(rank) in ranks:
+            found[int(rank)] = int(entry)
+    return found
 
 
 @dataclass(frozen=True)
@@ -126,7 +191,7 @@ def adopter_of(lost_rank: int, size: int, replicas: int, lost: tuple[int, ...]) 
     return next((r for r in holders_of(lost_rank, size, replicas) if r not in lost), None)
 
 
-def recover(checkpointer: Checkpointer) -> Recovery:
+def recover(checkpointer: Checkpointer, *, hung: Sequence[int] = ()) -> Recovery:
     """Shrink after a death, go back to the last checkpoint, and take over the lost ranks' states.
 
     Collective over the survivors. Every survivor goes back to its own state of
@@ -135,7 +200,9 @@ def recover(checkpointer: Checkpointer) -> Recovery:
     state they share); each lost rank's state comes from the copy a survivor
     keeps (:class:`~collectives.resilience.Checkpointer` ``replicas``), and that
     survivor takes it over (:attr:`Recovery.adopted`). Checkpoints go on at the
-    same version on the new communicator.
+    same version on the new communicator. A rank that dies while the survivors
+    recover makes them shrink the old communicator again, past both. ``hung``:
+    ranks to treat as dead (see :func:`shrink`).
 
     Raises:
         ConfigurationError: the MPI cannot survive a death (no ULFM).
@@ -144,8 +211,19 @@ def recover(checkpointer: Checkpointer) -> Recovery:
             or a lost rank's state has no surviving copy (more consecutive ranks
             died than there are ``replicas``).
     """
+    size = checkpointer.size
+    for _ in range(size):
+        shrunk = shrink(checkpointer.comm, hung=hung)
+        try:
+            return _go_back(checkpointer, shrunk)
+        except (BrokenCommunicatorError, CollectiveTimeout):
+            _give_up(shrunk.communicator, checkpointer.comm)
+    raise CheckpointError(f"rank {checkpointer.rank}: every rank but this one died while recovering")
+
+
+def _go_back(checkpointer: Checkpointer, shrunk: Shrunk) -> Recovery:
+    """The survivors agree on the version to go back to; each takes over the lost states it holds."""
     old_size, replicas = checkpointer.size, checkpointer.replicas
-    shrunk = shrink(checkpointer.comm)
     new = shrunk.communicator
     versions = allgather(np.array([checkpointer.version], np.int64), comm=new)
     version = int(versions.min())
@@ -170,3 +248,15 @@ def recover(checkpointer: Checkpointer) -> Recovery:
     going_on = Checkpointer(new, replicas=replicas, version=version)
     going_on.adopt(new.rank, checkpointer.replica_bytes(mine))
     return Recovery(new, shrunk.lost, shrunk.survivors, going_on, version, adopted)
+
+
+def _give_up(failed: Communicator, old: Communicator) -> None:
+    """Leave ``failed`` (a rank died while recovering on it) as the old one was; the default goes back."""
+    from ..transport.mpi import MPITransport
+
+    if failed.watchdog.broken is None:
+        failed.watchdog.break_off("a rank died while the survivors recovered on it")
+    if isinstance(failed.transport, MPITransport):
+        failed.transport.forsake()
+    if _communicator.default is failed:
+        _communicator.default = old

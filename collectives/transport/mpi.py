@@ -278,37 +278,26 @@ class MPITransport(Transport):
             return
         status = MPI.Status()
         # a matched probe: the message probed is the one received, whatever else is pending
-        while (message := self._comm.Improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)) is not None:
-            dropped = bytearray(status.Get_count(MPI.BYTE))
-            try:
+        try:
+            while (message := self._comm.Improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)) is not None:
+                dropped = bytearray(status.Get_count(MPI.BYTE))
                 message.Recv([dropped, MPI.BYTE])
-            except MPI.Exception:
-                return  # the process is ending: what it cannot take, MPI_Finalize's abort handles
+        except MPI.Exception:
+            return  # a dead peer (ULFM), or the process is ending: MPI_Finalize's abort handles the rest
 
     # ULFM (Open MPI 5 under mpiexec --with-ft ulfm): the survivors of a dead rank go on
     def revoke(self) -> None:
-        """Interrupt every operation on the library's communicator, on every rank, now and later (ULFM).
-
-        Ranks waiting on a live peer that will never send (it saw the failure and
-        stopped) get ``MPI_ERR_REVOKED`` instead of waiting for the timeout.
-        """
+        """Interrupt every operation on the library's communicator, on every rank, now and later (ULFM)."""
         _need_ulfm()
         if not self._comm.Is_revoked():
             self._comm.Revoke()
 
-    def failed_ranks(self) -> tuple[int, ...]:
-        """The ranks MPI knows to have died (ULFM); ``()`` where it cannot say."""
-        return _failed_ranks(self._comm)
-
     def shrink(self) -> tuple["MPITransport", tuple[int, ...]]:
         """A transport over the ranks still alive, and the ranks of this one that are gone (ULFM).
 
-        Collective over the survivors: revokes this communicator, then
-        ``MPI_Comm_shrink`` (which agrees on who is gone, tolerating deaths
-        during it). A rank that dies while the new communicator is made makes
-        the survivors agree (``MPI_Comm_agree``) to shrink again. The survivors
-        keep their order. This transport is left behind: its at-exit checks for
-        late messages and abandoned barriers, which would abort the job, are off.
+        Collective over the survivors: revoke, ``MPI_Comm_shrink`` (it agrees on who
+        is gone), and shrink again if the survivors' ``MPI_Comm_agree`` says a rank
+        died meanwhile. This transport is given up (:meth:`forsake`).
         """
         _need_ulfm()
         everyone = self._comm.Get_group()
@@ -321,16 +310,11 @@ class MPITransport(Transport):
             smaller = cast(MPI.Intracomm, comm.Shrink())
             made.append(smaller)
             transport: MPITransport | None = None
-            try:
+            with contextlib.suppress(MPI.Exception):
                 transport = MPITransport(smaller)
                 smaller.Ack_failed()
-                ok = smaller.Agree(1)
-            except MPI.Exception:
-                ok = 0
-            if ok and transport is not None:
-                break
-            if transport is not None:
-                transport._comm.Free()
+                if smaller.Agree(1) and transport is not None:
+                    break
             comm = smaller
         for old in made:
             with contextlib.suppress(MPI.Exception):
@@ -340,12 +324,25 @@ class MPITransport(Transport):
         self.forsake()
         return transport, tuple(r for r in range(self._size) if r not in kept)
 
-    def agree(self, flag: int) -> int:
-        """The bitwise AND of every surviving rank's ``flag`` (``MPI_Comm_agree``; ULFM), dead ranks or not.
+    def world_ranks(self, ranks: Sequence[int]) -> list[int]:
+        """The ranks of ``MPI.COMM_WORLD`` that ``ranks`` of this transport are."""
+        return list(
+            MPI.Group.Translate_ranks(self._comm.Get_group(), list(ranks), MPI.COMM_WORLD.Get_group())
+        )
 
-        Raises:
-            TransportError: a rank died during the agreement; ask again.
-        """
+    def await_failed(self, ranks: Sequence[int], timeout: float) -> bool:
+        """Wait until MPI knows ``ranks`` died (ULFM), at most ``timeout`` s; whether it does."""
+        deadline = time.monotonic() + timeout
+        while not set(ranks) <= set(_failed_ranks(self._comm)):
+            if time.monotonic() >= deadline:
+                return False
+            # MPI learns of a death only inside its calls; a revoked communicator's probe fails at once
+            MPI.COMM_SELF.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+            time.sleep(1e-3)
+        return True
+
+    def agree(self, flag: int) -> int:
+        """The bitwise AND of the surviving ranks' ``flag`` (``MPI_Comm_agree``; ULFM); raises if one died."""
         _need_ulfm()
         self._comm.Ack_failed()
         try:
@@ -427,8 +424,7 @@ _FT_ENABLE_ENV = "OMPI_MCA_mpi_ft_enable"  # set by Open MPI's mpiexec --with-ft
 def ulfm_missing() -> str | None:
     """``None`` where MPI lets the survivors of a dead rank go on (ULFM), else why it does not.
 
-    Open MPI 5 has ULFM, enabled at run time by ``mpiexec --with-ft ulfm`` (which sets
-    ``$OMPI_MCA_mpi_ft_enable``); MPICH's wheel ends the job when a rank dies.
+    Open MPI 5 has ULFM, on under ``mpiexec --with-ft ulfm`` (``$OMPI_MCA_mpi_ft_enable``).
     """
     library = MPI.Get_library_version()
     if "Open MPI" not in library:
@@ -439,14 +435,11 @@ def ulfm_missing() -> str | None:
         )
     if os.environ.get(_FT_ENABLE_ENV, "").strip().lower() not in ("1", "true", "yes"):
         return "Open MPI's fault tolerance (ULFM) is off: launch with mpiexec --with-ft ulfm"
-    if not hasattr(MPI.Comm, "Shrink"):
-        return "this mpi4py has no ULFM calls (Comm.Shrink): install mpi4py 4 or later"
-    return None
+    return None if hasattr(MPI.Comm, "Shrink") else "this mpi4py has no ULFM calls: install mpi4py 4 or later"
 
 
 def _need_ulfm() -> None:
-    reason = ulfm_missing()
-    if reason is not None:
+    if (reason := ulfm_missing()) is not None:
         raise ConfigurationError(reason)
 
 
@@ -578,8 +571,26 @@ class MPISharedMemory(SharedMemory):
         return []
 
     def _given_up(self) -> bool:
-        """Whether a peer broke off, or (ULFM) MPI knows a rank of the node died: no use waiting."""
-        return self.broken_by() is not None or (self._ulfm and bool(_failed_ranks(self._node)))
+        """Whether a peer broke off: no use waiting.
+
+        Raises:
+            TransportError: (ULFM) MPI knows a rank of the node died, naming it.
+        """
+        if self.broken_by() is not None:
+            return True
+        if not self._ulfm:
+            return False
+        with contextlib.suppress(MPI.Exception):  # MPI learns of a death only inside its calls
+            self._node.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+        dead = _failed_ranks(self._node)
+        if not dead:
+            return False
+        world = MPI.COMM_WORLD.Get_group()
+        named = MPI.Group.Translate_ranks(self._node.Get_group(), list(dead), world)
+        raise TransportError(
+            f"MPI says rank {', '.join(map(str, named))} of MPI.COMM_WORLD died (ULFM), "
+            "so a shared-memory barrier cannot be passed"
+        )
 
     def post(self, message: bytes | bytearray | memoryview) -> None:
         self._messages[self._rank][(self._number + 1) & 1][: len(message)] = message

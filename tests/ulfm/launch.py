@@ -7,6 +7,7 @@ does), or from ``$COLLECTIVES_OPENMPI`` (a prefix), or is the venv's own where t
 it: mpi4py 4 loads the MPI library ``$MPI4PY_LIBMPI`` names.
 """
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -58,4 +59,7 @@ def run_ulfm(
             output, _ = process.communicate()
             expired.output = output
             raise
+        finally:  # survivors of a job the launcher gave up on may still run
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
     return subprocess.CompletedProcess(command, process.returncode, output, None)
