@@ -119,3 +119,26 @@ def test_without_ulfm_recovery_says_why_and_checkpoints_still_work() -> None:
         assert isinstance(why, str) and "no fault tolerance (ULFM)" in why and "--with-ft ulfm" in why
         assert seen["refused"] == [f"cannot survive a rank's death: {why}"] * 2
         assert seen["sum"] == [2.0] * 4
+
+
+@needs_openmpi
+def test_training_that_loses_a_rank_ends_with_the_unfailed_runs_weights() -> None:
+    # 4 ranks, 12 steps, a checkpoint every 4; rank 3 is killed in its allreduce of step 9 (its
+    # call #15: two per checkpoint); the 3 survivors go back to step 8, rank 0 takes over shard 3,
+    # and the weights end bitwise equal to an unfailed run's: no step's update lost or applied twice
+    def train(fault: str) -> list[dict[str, object]]:
+        env = {"COLLECTIVES_FAULT": fault} if fault else {}
+        result = run_ulfm(4, ["-m", "tests.ulfm.train", "12", "4"], timeout=90, env=env)
+        return _lines(result.stdout, "TRAINED ")
+
+    unfailed, survived = train(""), train("3:15:kill")
+    assert sorted(s["rank"] for s in unfailed) == [0, 1, 2, 3]  # type: ignore[type-var]
+    assert sorted(s["rank"] for s in survived) == [0, 1, 2], survived  # type: ignore[type-var]
+    weights = {s["weights"] for s in unfailed}
+    assert len(weights) == 1
+    for survivor in survived:
+        assert survivor["step"] == 12 and survivor["size"] == 3
+        assert survivor["weights"] in weights, survivor
+        (recovery,) = survivor["recoveries"]  # type: ignore[misc]
+        assert recovery["lost"] == [3] and recovery["back_to_step"] == 8, recovery
+    assert next(s for s in survived if s["rank"] == 0)["shards"] == [0, 3]
