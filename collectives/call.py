@@ -1,6 +1,6 @@
 """One collective under its watchdog: the transport it runs on, its deadlines, its flight-recorder entry."""
 
-__all__ = ["NOTICE", "Call", "Tracked", "WatchedTransport"]
+__all__ = ["NOTICE", "Call", "SteppedCall", "Tracked", "WatchedTransport"]
 
 import logging
 import struct
@@ -10,6 +10,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from .errors import BrokenCommunicatorError, CollectiveTimeout, PeerFailedError, TransportError
+from .faults import PLAN as _FAULTS
 from .signature import Signature
 from .transport.base import Request, SharedMemory, Transport, WrappedTransport
 from .transport.tags import Tag
@@ -359,6 +360,32 @@ class Call:
             step=step,
             peers=peers,
         )
+
+
+class SteppedCall(Call):
+    """A call that an injected fault fails mid-way (see :mod:`collectives.faults`): it counts its waits.
+
+    Only such a call becomes one (its class is swapped as it opens), so no other call pays for counting.
+    """
+
+    __slots__ = ()
+
+    def wait(
+        self,
+        requests: list[Request],
+        step: int | str,
+        peers: Sequence[Any],
+        transport: Transport | None = None,
+    ) -> None:
+        if isinstance(step, int):  # a schedule's step, its messages posted; not the signature check
+            _FAULTS.stepped(self.watchdog.transport.rank, self)
+        super().wait(requests, step, peers, transport)
+
+    def barrier(
+        self, shared: SharedMemory, note: Sequence[int] = (), ranks: tuple[int, ...] | None = None
+    ) -> None:
+        _FAULTS.stepped(self.watchdog.transport.rank, self)
+        super().barrier(shared, note, ranks)
 
 
 def _ranks(peers: Iterator[int] | tuple[int, ...]) -> str:

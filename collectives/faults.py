@@ -20,6 +20,12 @@ faults, comma-separated, each ``RANK:NUMBER[:HOW]`` or ``RANK:checkpoint:NUMBER[
     ``kill`` (SIGKILL, the default), ``exit`` (``os._exit(3)``), ``hang``
     (sleep for good: the others end by their timeout), or ``raise``
     (:class:`InjectedFault`, for tests on threads).
+``STEP`` (``RANK:NUMBER:HOW:STEP``, optional)
+    fail in the middle of the call rather than as it begins: at its wait number
+    ``STEP`` (from 0), counting the waits of its schedule's steps, once that
+    step's messages are posted, and its barriers of shared memory, before
+    arriving; the signature check's own wait is not counted. A call that ends
+    before that step fails the rank as its next call begins.
 
 Before it fails the rank writes one line naming itself and the call to stderr.
 Nothing is checked on any call when the variable is unset: the watchdog tests one
@@ -46,6 +52,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import ConfigurationError
 
@@ -69,10 +76,12 @@ class Fault:
     number: int
     how: str = "kill"
     kind: str = "collective"
+    step: int | None = None
 
     def __str__(self) -> str:
         middle = f"{CHECKPOINT}:" if self.kind == CHECKPOINT else ""
-        return f"{self.rank}:{middle}{self.number}:{self.how}"
+        step = "" if self.step is None else f":{self.step}"
+        return f"{self.rank}:{middle}{self.number}:{self.how}{step}"
 
 
 def parse(text: str) -> tuple[Fault, ...]:
@@ -91,13 +100,19 @@ def parse(text: str) -> tuple[Fault, ...]:
         if len(fields) >= 2 and fields[1] == CHECKPOINT:
             kind = CHECKPOINT
             del fields[1]
-        how = fields[2] if len(fields) == 3 else "kill"
-        if len(fields) not in (2, 3) or not all(f.isdigit() for f in fields[:2]) or how not in HOWS:
+        how = fields[2] if len(fields) >= 3 else "kill"
+        step = fields[3] if len(fields) == 4 else None
+        if (
+            len(fields) not in ((2, 3) if kind == CHECKPOINT else (2, 3, 4))
+            or not all(f.isdigit() for f in fields[:2])
+            or how not in HOWS
+            or (step is not None and not step.isdigit())
+        ):
             raise ConfigurationError(
-                f"{FAULT_ENV}: {item!r} is not RANK:NUMBER[:HOW] or RANK:checkpoint:NUMBER[:HOW] "
+                f"{FAULT_ENV}: {item!r} is not RANK:NUMBER[:HOW[:STEP]] or RANK:checkpoint:NUMBER[:HOW] "
                 f"(HOW one of {', '.join(HOWS)})"
             )
-        faults.append(Fault(int(fields[0]), int(fields[1]), how, kind))
+        faults.append(Fault(int(fields[0]), int(fields[1]), how, kind, None if step is None else int(step)))
     return tuple(faults)
 
 
@@ -125,6 +140,8 @@ class FaultPlan:
         self.fired: list[Fault] = []
         self._launch_rank: int | None = None
         self._counts: dict[tuple[str, int], int] = {}
+        # per rank, a fault due at a step of a call under way: [the call, the fault, what, waits seen]
+        self._stepping: dict[int, list[Any]] = {}
         self._lock = threading.Lock()  # loopback ranks are threads of one process
 
     def set(self, faults: tuple[Fault, ...]) -> None:
@@ -132,25 +149,50 @@ class FaultPlan:
             self.faults = faults
             self.fired = []
             self._counts = {}
+            self._stepping = {}
             self._launch_rank = launch_rank()
             self.armed = bool(faults)
 
-    def reached(self, rank: int, what: str, kind: str = "collective") -> None:
+    def reached(self, rank: int, what: str, kind: str = "collective", call: object = None) -> bool:
         """A call of ``kind`` (``what`` names it, e.g. ``allreduce #5``) begins on communicator rank ``rank``.
 
-        Fails here if a fault names this rank's call.
+        Fails here if a fault names this rank's call, or if a fault was due at a
+        step of this rank's last call, which ended first. True when a fault is due
+        at a step of this ``call``: the call must then report its waits to :meth:`stepped`.
         """
         me = rank if self._launch_rank is None else self._launch_rank
         with self._lock:
+            late = self._stepping.pop(me, None)
             number = self._counts.get((kind, me), 0)
             self._counts[(kind, me)] = number + 1
             fault = next(
                 (f for f in self.faults if f.rank == me and f.number == number and f.kind == kind), None
             )
-            if fault is None:
-                return
+            if late is not None:
+                fault, what = late[1], f"{late[2]}, which ended before step {late[1].step}; as {what} began"
+            elif fault is None:
+                return False
+            elif fault.step is not None:
+                self._stepping[me] = [call, fault, what, 0]
+                return True
             self.fired.append(fault)
         _fail(fault, me, what)
+        return False
+
+    def stepped(self, rank: int, call: object) -> None:
+        """``call`` (on communicator rank ``rank``) waits once more: fail if this is its fault's step."""
+        me = rank if self._launch_rank is None else self._launch_rank
+        with self._lock:
+            entry = self._stepping.get(me)
+            if entry is None or entry[0] is not call:
+                return
+            _, fault, what, seen = entry
+            if seen < fault.step:
+                entry[3] = seen + 1
+                return
+            del self._stepping[me]
+            self.fired.append(fault)
+        _fail(fault, me, f"{what}, step {seen}")
 
 
 def _fail(fault: Fault, rank: int, what: str) -> None:

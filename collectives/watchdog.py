@@ -60,7 +60,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from ._env import env_flag
-from .call import NOTICE, Call, Tracked, WatchedTransport
+from .call import NOTICE, Call, SteppedCall, Tracked, WatchedTransport
 from .errors import (
     BrokenCommunicatorError,
     CollectivesError,
@@ -320,7 +320,8 @@ class Watchdog:
 
     def _inject(self, call: Call) -> None:
         try:
-            _FAULTS.reached(self._rank, f"{call.signature.collective} #{call.sequence}")
+            if _FAULTS.reached(self._rank, f"{call.signature.collective} #{call.sequence}", call=call):
+                call.__class__ = SteppedCall  # the fault is due at one of its steps: count them
         except BaseException as error:
             self.end(call, error)
             raise

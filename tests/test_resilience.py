@@ -1,6 +1,5 @@
 """Fault injection and in-memory checkpoints on the loopback transport (ranks as threads)."""
 
-import pickle
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,6 +9,7 @@ import pytest
 from collectives import BrokenCommunicatorError, Communicator, ConfigurationError, allreduce
 from collectives.faults import PLAN, Fault, InjectedFault, arm, disarm, parse
 from collectives.resilience import Checkpointer, CheckpointError, holders_of
+from collectives.resilience.serial import dumps, loads
 
 from .conftest import run_ranks
 
@@ -28,9 +28,13 @@ def test_the_fault_syntax_reads_every_form() -> None:
         Fault(2, 1, "hang", "checkpoint"),
     )
     assert str(Fault(2, 1, "hang", "checkpoint")) == "2:checkpoint:1:hang"
+    assert parse("1:2:exit:3") == (Fault(1, 2, "exit", step=3),)
+    assert str(Fault(1, 2, "exit", step=3)) == "1:2:exit:3"
 
 
-@pytest.mark.parametrize("bad", ["1", "a:2", "1:2:explode", "1:checkpoint", "1:2:kill:3", "-1:2"])
+@pytest.mark.parametrize(
+    "bad", ["1", "a:2", "1:2:explode", "1:checkpoint", "1:2:kill:x", "1:checkpoint:2:kill:3", "-1:2"]
+)
 def test_a_fault_that_does_not_parse_is_named(bad: str) -> None:
     with pytest.raises(ConfigurationError, match="COLLECTIVES_FAULT"):
         parse(bad)
@@ -91,6 +95,58 @@ def test_the_count_covers_the_repeat_call_path_and_other_collectives() -> None:
         return done
 
     assert run_ranks(2, body, timeout=20.0) == [3, 3]
+
+
+@pytest.mark.parametrize("step", [0, 2])
+def test_a_fault_at_a_step_fails_the_rank_mid_collective_after_its_messages_of_that_step(step: int) -> None:
+    arm(f"2:1:raise:{step}")  # rank 2's second call, at its wait of the ring's step `step`
+    waits: list[int] = []
+
+    def body(comm: Communicator) -> str:
+        x = np.ones(12, np.float32)
+        try:
+            allreduce(x, algorithm="ring", comm=comm)
+            if comm.rank == 2:  # count this rank's waits from here on, as the fault does
+                comm.watchdog.watched.waitall = _counting(comm.watchdog.watched.waitall, waits)  # type: ignore
+            allreduce(x, algorithm="ring", comm=comm)
+        except InjectedFault as error:
+            return str(error)
+        except BrokenCommunicatorError as error:
+            return f"broken by {error.rank}"
+        return "done"
+
+    outcomes = run_ranks(3, body, timeout=20.0)
+    assert outcomes[2].endswith(f"raise at allreduce #1, step {step}")
+    # rank 0 waits on rank 2's later messages; rank 1 may finish, having all it needs by then
+    assert outcomes[0] == "broken by 2" and outcomes[1] in ("broken by 2", "done")
+    assert len(waits) == step + 1  # it failed in the wait of that step, not before
+
+
+def _counting(waitall: Any, seen: list[int]) -> Any:
+    def counted(requests: Any) -> None:
+        seen.append(len(requests))
+        waitall(requests)
+
+    return counted
+
+
+def test_a_fault_at_a_step_the_call_never_reaches_fails_the_rank_as_its_next_call_begins() -> None:
+    arm("0:0:raise:99")
+
+    def body(comm: Communicator) -> str:
+        x = np.ones(4, np.float32)
+        allreduce(x, algorithm="ring", comm=comm)  # 2 (P - 1) = 2 steps: the fault is late
+        try:
+            allreduce(x, algorithm="ring", comm=comm)
+        except InjectedFault as error:
+            return str(error)
+        except BrokenCommunicatorError as error:
+            return f"broken by {error.rank}"
+        return "done"
+
+    outcomes = run_ranks(2, body, timeout=20.0)
+    assert "allreduce #0, which ended before step 99; as allreduce #1 began" in outcomes[0]
+    assert outcomes[1] == "broken by 0"
 
 
 def _state(rank: int, step: int) -> dict[str, Any]:
@@ -163,8 +219,50 @@ def test_the_checkpoint_is_a_snapshot_of_the_state_when_taken() -> None:
         state = {"w": np.zeros(2)}
         ck.checkpoint(state)
         state["w"] += 5
-        return ck.load(), pickle.loads(ck.replica_bytes(comm.rank))
+        return ck.load(), loads(ck.replica_bytes(comm.rank))
 
     loaded, raw = run_ranks(2, body)[0]
     np.testing.assert_array_equal(loaded["w"], np.zeros(2))
     np.testing.assert_array_equal(raw["w"], np.zeros(2))
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        None,
+        {"a": np.arange(7, dtype=np.float64), "b": [np.ones((3, 5), np.int16), "text"], "c": 3},
+        {"fortran": np.asfortranarray(np.arange(12.0).reshape(3, 4)), "empty": np.zeros(0, np.float32)},
+    ],
+)
+def test_a_state_comes_back_from_its_bytes_with_arrays_aligned_and_writable(state: Any) -> None:
+    data = dumps(state)
+    for copy in (True, False):
+        back = loads(data, copy=copy)
+        if state is None:
+            assert back is None
+            continue
+        for key, value in state.items():
+            if isinstance(value, np.ndarray):
+                np.testing.assert_array_equal(back[key], value)
+                assert back[key].flags.writeable and back[key].flags.aligned
+    with pytest.raises(ValueError, match="not a checkpoint"):
+        loads(b"garbage")
+    with pytest.raises(ValueError, match="cut short"):
+        loads(dumps({"a": np.ones(100)})[:200])
+
+
+def test_buffers_reused_across_versions_of_changing_sizes_hold_each_version_whole() -> None:
+    def body(comm: Communicator) -> list[bool]:
+        ck = Checkpointer(comm)
+        good = []
+        for step, n in enumerate([10, 5, 20, 5, 5, 30]):
+            ck.checkpoint({"w": np.full(n * (comm.rank + 1), step, np.int64)})
+            previous = (comm.rank - 1) % comm.size
+            mine, theirs = ck.load()["w"], ck.replica_of(previous)["w"]
+            good.append(
+                bool(np.array_equal(mine, np.full(n * (comm.rank + 1), step)))
+                and bool(np.array_equal(theirs, np.full(n * (previous + 1), step)))
+            )
+        return good
+
+    assert all(all(flags) for flags in run_ranks(3, body))

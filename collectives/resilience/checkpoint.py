@@ -2,7 +2,6 @@
 
 __all__ = ["CheckpointError", "Checkpointer", "holders_of"]
 
-import pickle
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -14,6 +13,7 @@ from ..errors import CollectivesError, ConfigurationError
 from ..faults import CHECKPOINT
 from ..faults import PLAN as _FAULTS
 from ..transport.tags import Tag
+from .serial import dumps, loads
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -21,6 +21,11 @@ if TYPE_CHECKING:
 
 class CheckpointError(CollectivesError):
     """A checkpoint cannot be taken or restored: ranks out of step, a copy not held, a partial version."""
+
+
+def _fitting(buffer: np.ndarray | None, nbytes: int) -> np.ndarray:
+    """The first ``nbytes`` of ``buffer`` where it is that large, else new memory."""
+    return buffer[:nbytes] if buffer is not None and buffer.nbytes >= nbytes else np.empty(nbytes, np.uint8)
 
 
 def holders_of(rank: int, size: int, replicas: int) -> tuple[int, ...]:
@@ -41,8 +46,9 @@ class Checkpointer:
     ``replicas`` consecutive ranks leaves a copy of each lost state on a
     survivor (:meth:`replica_of`).
 
-    The state is pickled once, when taken: later changes to the objects passed
-    do not reach the checkpoint. Two collectives of the communicator carry it
+    The state is pickled when taken (numpy arrays' memory copied once, out of
+    band: see :mod:`.serial`): later changes to the objects passed do not reach
+    the checkpoint. Two collectives of the communicator carry it
     (the sizes and versions, then the copies), under its watchdog: a rank that
     dies or never comes makes the others raise within the timeout, naming it.
 
@@ -68,7 +74,8 @@ class Checkpointer:
         self.comm = communicator_of(comm)
         self.replicas = min(replicas, self.comm.size - 1)
         self.version = version
-        self._held: dict[int, bytes] = {}  # rank -> that rank's pickled state at self.version
+        self._held: dict[int, bytes | np.ndarray] = {}  # rank -> its state's bytes at self.version
+        self._spare: dict[int, np.ndarray] = {}  # the version before's, for the next checkpoint to reuse
 
     @property
     def rank(self) -> int:
@@ -85,12 +92,13 @@ class Checkpointer:
             CheckpointError: the ranks' versions differ (on every rank), or ``state`` does not pickle.
             CollectiveTimeout, PeerFailedError: a rank died or never came (the communicator is unusable).
         """
-        try:
-            data = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as error:
-            raise CheckpointError(f"rank {self.rank}: the state does not pickle: {error}") from error
         comm = self.comm
         rank, size = comm.rank, comm.size
+        spare, self._spare = self._spare, {}  # a failed checkpoint's buffers may still be written into
+        try:
+            data = dumps(state, into=spare.pop(rank, None))
+        except Exception as error:
+            raise CheckpointError(f"rank {rank}: the state does not pickle: {error}") from error
         info = allgather(np.array([len(data), self.version], np.int64), comm=comm).reshape(size, 2)
         versions = [int(v) for v in info[:, 1]]
         if len(set(versions)) > 1:
@@ -101,20 +109,24 @@ class Checkpointer:
         if _FAULTS.armed:  # after the sizes, before the copies: a checkpoint cut off mid-way
             _FAULTS.reached(rank, f"checkpoint version {self.version + 1}", CHECKPOINT)
         sizes = [int(n) for n in info[:, 0]]
-        received = self._exchange(data, sizes)
+        received = self._exchange(data, sizes, spare)
         self.version += 1
+        # the last version's buffers take the next one: no new memory, and its page faults, each step
+        self._spare = {r: b for r, b in self._held.items() if isinstance(b, np.ndarray)}
         self._held = {rank: data, **received}
         return self.version
 
-    def _exchange(self, data: bytes, sizes: list[int]) -> dict[int, bytes]:
+    def _exchange(
+        self, data: np.ndarray, sizes: list[int], spare: dict[int, np.ndarray]
+    ) -> dict[int, np.ndarray]:
         """Send ``data`` to this rank's holders, receive the states it holds; one watched call."""
         comm = self.comm
         rank, size, replicas = comm.rank, comm.size, self.replicas
         if replicas == 0:
             return {}
         sources = [(rank - j) % size for j in range(1, replicas + 1)]
-        buffers = {src: np.empty(sizes[src], np.uint8) for src in sources}
-        mine = np.frombuffer(bytearray(data), np.uint8)  # writable: a transport may ask for it
+        buffers = {src: _fitting(spare.get(src), sizes[src]) for src in sources}
+        mine = data
         watchdog = comm.watchdog
         guard = watchdog.guard("checkpoint", f"ring(replicas={replicas})", sum(sizes), "uint8")
         transport = comm.transport
@@ -125,12 +137,12 @@ class Checkpointer:
                 requests.append(transport.isend(mine, dst, Tag.DATA))
                 peers.append(Tracked(None, dst, True))
             call.wait(requests, "checkpoint copies", peers, transport)
-        return {src: buffers[src].tobytes() for src in sources}
+        return buffers  # kept as received: no copy
 
     def load(self) -> Any:
         """This rank's state of the last checkpoint (a new copy each call); ``None`` before the first."""
         data = self._held.get(self.comm.rank)
-        return None if data is None else pickle.loads(data)
+        return None if data is None else loads(data)
 
     @property
     def held(self) -> tuple[int, ...]:
@@ -142,11 +154,22 @@ class Checkpointer:
         return holders_of(rank, self.comm.size, self.replicas)
 
     def replica_bytes(self, rank: int) -> bytes:
-        """``rank``'s state of the last checkpoint, pickled, as this rank keeps it (to send to a replacement).
+        """``rank``'s state of the last checkpoint as bytes (:mod:`.serial`'s), as kept here.
 
         Raises:
             CheckpointError: this rank keeps no copy of ``rank``'s state.
         """
+        return bytes(self._kept(rank))
+
+    def replica_of(self, rank: int) -> Any:
+        """``rank``'s state of the last checkpoint, from the copy this rank keeps (e.g. of a lost rank).
+
+        Raises:
+            CheckpointError: this rank keeps no copy of ``rank``'s state.
+        """
+        return loads(self._kept(rank))
+
+    def _kept(self, rank: int) -> "bytes | np.ndarray":
         data = self._held.get(rank)
         if data is None:
             holders = ", ".join(map(str, self.holders_of(rank))) or "no rank"
@@ -156,16 +179,8 @@ class Checkpointer:
             )
         return data
 
-    def replica_of(self, rank: int) -> Any:
-        """``rank``'s state of the last checkpoint, from the copy this rank keeps (e.g. of a lost rank).
-
-        Raises:
-            CheckpointError: this rank keeps no copy of ``rank``'s state.
-        """
-        return pickle.loads(self.replica_bytes(rank))
-
     def adopt(self, rank: int, data: bytes) -> None:
-        """Keep ``data`` (pickled, from :meth:`replica_bytes`) as ``rank``'s state of this version.
+        """Keep ``data`` (from :meth:`replica_bytes`) as ``rank``'s state of this version.
 
         For a replacement rank taking over a lost rank's state before the next checkpoint.
         """

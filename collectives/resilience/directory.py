@@ -13,7 +13,6 @@ __all__ = ["FORMAT", "MANIFEST", "complete_versions", "folder_of", "load", "save
 import contextlib
 import json
 import os
-import pickle
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from ..errors import ConfigurationError
 from ..faults import CHECKPOINT
 from ..faults import PLAN as _FAULTS
 from .checkpoint import CheckpointError
+from .serial import loads, pieces, write_pieces
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -69,20 +69,20 @@ def _sync_folder(folder: Path) -> None:
         os.close(handle)
 
 
-def _write_atomic(path: Path, data: bytes, rank: int | None = None, what: str = "") -> None:
-    """Write ``data`` to a temporary file beside ``path``, sync it, rename it over ``path``.
+def _write_atomic(path: Path, parts: list[memoryview], rank: int | None = None, what: str = "") -> None:
+    """Write ``parts`` to a temporary file beside ``path``, sync it, rename it over ``path``.
 
     With ``rank``, an armed checkpoint fault of that rank fires halfway through.
     """
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+
+    def halfway() -> None:
+        assert rank is not None  # only then is it given
+        _FAULTS.reached(rank, what, CHECKPOINT)
+
     try:
         with os.fdopen(handle, "wb") as file:
-            half = len(data) // 2
-            file.write(data[:half])
-            if rank is not None and _FAULTS.armed:
-                file.flush()
-                _FAULTS.reached(rank, what, CHECKPOINT)
-            file.write(data[half:])
+            write_pieces(file, parts, halfway if rank is not None and _FAULTS.armed else None)
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, path)
@@ -175,11 +175,13 @@ def save(
     rank, size = group.rank, group.size
     error: BaseException | None = None
     try:
-        data = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+        parts = pieces(state)
         folder.mkdir(parents=True, exist_ok=True)
         if rank == 0:  # a manifest of an earlier run's save of this version: not this one's
             (folder / MANIFEST).unlink(missing_ok=True)
-        _write_atomic(_rank_file(folder, rank), data, rank, f"checkpoint version {version} in {folder}")
+        for leftover in folder.glob(f".rank-{rank}.pkl.*"):  # an earlier write of this rank's, cut off
+            leftover.unlink(missing_ok=True)
+        _write_atomic(_rank_file(folder, rank), parts, rank, f"checkpoint version {version} in {folder}")
     except Exception as failure:
         error = failure
     _agree_ok(group, error, f"writing checkpoint version {version} to {folder}")
@@ -192,7 +194,7 @@ def save(
     if rank == 0:
         text = json.dumps({"format": FORMAT, "version": version, "size": size}, sort_keys=True)
         try:
-            _write_atomic(folder / MANIFEST, text.encode())
+            _write_atomic(folder / MANIFEST, [memoryview(text.encode())])
         except Exception as failure:
             error = failure
     _agree_ok(group, error, f"writing the manifest of checkpoint version {version}")
@@ -202,24 +204,31 @@ def save(
 
 
 def _prune(root: Path, doomed: list[int], version: int, rank: int) -> None:
-    """Remove this rank's files of ``doomed`` versions and of incomplete ones older than ``version``."""
+    """Remove this rank's files of ``doomed`` versions and of incomplete ones older than ``version``.
+
+    The other ranks prune at the same time, and the last one out removes a folder:
+    anything may be gone already.
+    """
     incomplete = []
     for entry in root.iterdir():
         v = _version_of(entry.name)
-        if v is not None and v < version and entry.is_dir() and _manifest(entry) is None:
+        if v is not None and v < version and v not in doomed and _manifest(entry) is None:
             incomplete.append(v)
     for v in [*doomed, *incomplete]:
-        folder = _folder(root, v)
-        if rank == 0:  # first, so a version losing its files is never taken for complete
-            (folder / MANIFEST).unlink(missing_ok=True)
-            for inner in folder.glob("*"):
-                if inner.is_dir():  # what before_manifest wrote
-                    shutil.rmtree(inner, ignore_errors=True)
-        _rank_file(folder, rank).unlink(missing_ok=True)
-        for leftover in folder.glob(f".rank-{rank}.pkl.*"):  # a write cut off there
-            leftover.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
-            folder.rmdir()  # the last rank out removes it
+            _remove_files(_folder(root, v), rank)
+
+
+def _remove_files(folder: Path, rank: int) -> None:
+    if rank == 0:  # first, so a version losing its files is never taken for complete
+        (folder / MANIFEST).unlink(missing_ok=True)
+        for inner in folder.glob("*"):
+            if inner.is_dir():  # what before_manifest wrote
+                shutil.rmtree(inner, ignore_errors=True)
+    _rank_file(folder, rank).unlink(missing_ok=True)
+    for leftover in folder.glob(f".rank-{rank}.pkl.*"):  # a write cut off there
+        leftover.unlink(missing_ok=True)
+    folder.rmdir()  # the last rank out removes it; the others fail here, as it is not empty yet
 
 
 def load(
@@ -242,13 +251,23 @@ def load(
     if all(v < 0 for v in newest):
         return None
     version = int(min(newest))
+    seen = ", ".join(f"rank {r}: {v if v >= 0 else 'none'}" for r, v in enumerate(newest))
+    if version < 0:  # every rank knows it: all raise alike
+        lacking = [r for r, v in enumerate(newest) if v < 0]
+        raise CheckpointError(
+            f"rank {rank}: rank{'s' if len(lacking) > 1 else ''} {', '.join(map(str, lacking))} "
+            f"found no complete checkpoint in {root}, the others did (newest complete: {seen})"
+        )
     error: BaseException | None = None
     state: Any = None
     try:
-        if version < 0 or version not in mine:
-            raise CheckpointError(f"rank {rank} has no complete checkpoint version {version} in {root}")
-        with open(_rank_file(_folder(root, version), rank), "rb") as file:
-            state = pickle.load(file)
+        if version not in mine:
+            raise CheckpointError(f"rank {rank} lacks version {version} in {root} (newest complete: {seen})")
+        path = _rank_file(_folder(root, version), rank)
+        with open(path, "rb") as file:
+            data = bytearray(os.fstat(file.fileno()).st_size)
+            file.readinto(data)
+        state = loads(data, copy=False)  # the arrays keep the bytes just read
     except Exception as failure:
         error = failure
     _agree_ok(group, error, f"loading checkpoint version {version} from {root}")
