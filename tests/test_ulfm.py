@@ -14,7 +14,15 @@ needs_openmpi = pytest.mark.skipif(
 
 
 def _lines(output: str, tag: str) -> list[dict[str, object]]:
-    return [json.loads(line.split(tag, 1)[1]) for line in output.splitlines() if line.startswith(tag)]
+    """Every ``TAG {json}`` record in ``output``, also where the launcher ran two ranks' lines together."""
+    decoder = json.JSONDecoder()
+    records = []
+    at = output.find(tag)
+    while at >= 0:
+        record, end = decoder.raw_decode(output, at + len(tag))
+        records.append(record)
+        at = output.find(tag, end)
+    return records
 
 
 @needs_openmpi
