@@ -9,9 +9,11 @@ it: mpi4py 4 loads the MPI library ``$MPI4PY_LIBMPI`` names.
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -46,6 +48,12 @@ def run_ulfm(
     environment.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_osc="^ucx")
     for name in ("COLLECTIVES_FAULT", "OMPI_MCA_mpi_ft_enable"):
         environment.pop(name, None)
+    # the shared-memory files of ranks that died (or of survivors that skip MPI_Finalize) stay
+    # behind: each job keeps them in a folder of its own, removed at its end
+    backing = tempfile.mkdtemp(
+        prefix="collectives-ulfm-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
+    )
+    environment.update(OMPI_MCA_btl_sm_backing_directory=backing, OMPI_MCA_osc_sm_backing_directory=backing)
     environment.update(env or {})
     launcher = [str(prefix / "bin" / "mpiexec"), "--oversubscribe", *(["--with-ft", "ulfm"] if ft else [])]
     command = [*launcher, "-n", str(ranks), sys.executable, *args]
@@ -63,4 +71,5 @@ def run_ulfm(
         finally:  # survivors of a job the launcher gave up on may still run
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
+            shutil.rmtree(backing, ignore_errors=True)
     return subprocess.CompletedProcess(command, process.returncode, output, None)
