@@ -6,9 +6,9 @@ reduce, gather and scatter in turn, with roots that move). Each rank owns one pi
 state (its own launch rank), checkpointed in memory with ``REPLICAS`` copies. When a
 collective raises, the survivors recover (shrink, go back to the checkpoint, take over
 the lost ranks' pieces, checkpoint again) and go on until ``ROUNDS`` calls succeeded
-on every survivor. Then every family runs on the last communicator, and each survivor
-prints one ``SURVIVED {json}`` line: its launch rank, the pieces it owns, the errors it
-saw, and whether each family's results were right.
+on every survivor. Then every family, and a key-value store, run on the last
+communicator, and each survivor prints one ``SURVIVED {json}`` line: its launch rank,
+the pieces it owns, the errors it saw, and whether each family's results were right.
 """
 
 import json
@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 import collectives
+from collectives import kvstore
 from collectives.errors import BrokenCommunicatorError, CollectiveTimeout
 from collectives.resilience import Checkpointer, hung_ranks, recover
 
@@ -55,6 +56,11 @@ def _every_family(comm: collectives.Communicator) -> dict[str, bool]:
     got = collectives.reduce_scatter(np.ones(2 * size, np.float64), comm=comm)
     right["reduce_scatter"] = bool(np.all(got == size))
     collectives.barrier(comm=comm)
+    store = kvstore.create("sync", comm=comm, timeout=TIMEOUT_S)
+    store.init("w", np.zeros(100, np.float32))
+    pulled = store.pushpull("w", np.ones(100, np.float32))
+    right["kvstore"] = bool(np.all(pulled == size))  # no updater: the servers keep the pushes' sum
+    store.close()
     return right
 
 
