@@ -99,11 +99,11 @@ class Shrunk:
 
 
 def hung_ranks(error: BaseException) -> tuple[int, ...]:
-    """The ranks ``error`` shows hung: those a :class:`~collectives.CollectiveTimeout` waited for
-    before its call started (they never came to it); ``()`` for other errors.
+    """The ranks ``error`` shows hung (never came to the call it timed out in); ``()`` if none.
 
-    Ranks a timeout waited for later in a call may only be waiting for others, so
-    they are not taken for hung.
+    Those a :class:`~collectives.CollectiveTimeout` waited for before its call
+    started; ranks a timeout waited for later in a call may only be waiting for
+    others, so they are not taken for hung.
     """
     if not isinstance(error, CollectiveTimeout) or error.step not in ("signature", "barrier 0"):
         return ()
