@@ -131,15 +131,16 @@ def test_without_ulfm_recovery_says_why_and_checkpoints_still_work() -> None:
 
 @needs_openmpi
 def test_training_that_loses_a_rank_ends_with_the_unfailed_runs_weights() -> None:
+    # without a replacement on 3 ranks, and with one spawned in the lost rank's place
     # 4 ranks, 12 steps, a checkpoint every 4; rank 3 is killed in its allreduce of step 9 (its
     # call #15: two per checkpoint); the 3 survivors go back to step 8, rank 0 takes over shard 3,
     # and the weights end bitwise equal to an unfailed run's: no step's update lost or applied twice
-    def train(fault: str) -> list[dict[str, object]]:
+    def train(fault: str, *mode: str) -> list[dict[str, object]]:
         env = {"COLLECTIVES_FAULT": fault} if fault else {}
-        result = run_ulfm(4, ["-m", "tests.ulfm.train", "12", "4"], timeout=90, env=env)
+        result = run_ulfm(4, ["-m", "tests.ulfm.train", "12", "4", "ring", *mode], timeout=90, env=env)
         return _lines(result.stdout, "TRAINED ")
 
-    unfailed, survived = train(""), train("3:15:kill")
+    unfailed, survived, replaced = train(""), train("3:15:kill"), train("1:15:kill", "replace")
     assert sorted(s["rank"] for s in unfailed) == [0, 1, 2, 3]  # type: ignore[type-var]
     assert sorted(s["rank"] for s in survived) == [0, 1, 2], survived  # type: ignore[type-var]
     weights = {s["weights"] for s in unfailed}
@@ -150,3 +151,8 @@ def test_training_that_loses_a_rank_ends_with_the_unfailed_runs_weights() -> Non
         (recovery,) = survivor["recoveries"]  # type: ignore[misc]
         assert recovery["lost"] == [3] and recovery["back_to_step"] == 8, recovery
     assert next(s for s in survived if s["rank"] == 0)["shards"] == [0, 3]
+    # with a replacement (spawned in rank 1's place, printed as rank -2) the world size stays 4
+    assert sorted(s["rank"] for s in replaced) == [-2, 0, 2, 3], replaced  # type: ignore[type-var]
+    for rank in replaced:
+        assert rank["step"] == 12 and rank["size"] == 4 and rank["weights"] in weights, rank
+    assert next(s for s in replaced if s["rank"] == -2)["shards"] == [1]

@@ -28,7 +28,8 @@ Surviving a death under Open MPI with ULFM (:mod:`.recovery`)
     ``shrink(comm) -> Shrunk`` (communicator over the survivors, ``lost``, ``survivors``);
     ``recover(checkpointer) -> Recovery`` (shrink, go back to the last checkpoint, take
     over the lost ranks' states: ``adopted``; ``hung=hung_ranks(error)`` kills ranks
-    that hung past the timeout so they count as dead); ``fault_tolerance_missing()``.
+    that hung past the timeout so they count as dead); ``replace(recovery, argv) -> Recovery``
+    (a new process in each lost rank's place, which calls ``join()``); ``fault_tolerance_missing()``.
 
 torch models and optimizers go through :mod:`collectives.torch_integration.checkpoint`.
 """
@@ -47,8 +48,10 @@ __all__ = [
     "folder_of",
     "holders_of",
     "hung_ranks",
+    "join",
     "load",
     "recover",
+    "replace",
     "save",
     "shrink",
 ]
@@ -56,4 +59,4 @@ __all__ = [
 from ..faults import Fault, InjectedFault, arm, disarm
 from .checkpoint import Checkpointer, CheckpointError, holders_of
 from .directory import complete_versions, folder_of, load, save
-from .recovery import Recovery, Shrunk, fault_tolerance_missing, hung_ranks, recover, shrink
+from .recovery import Recovery, Shrunk, fault_tolerance_missing, hung_ranks, join, recover, replace, shrink

@@ -6,7 +6,9 @@ __all__ = [
     "adopter_of",
     "fault_tolerance_missing",
     "hung_ranks",
+    "join",
     "recover",
+    "replace",
     "require_fault_tolerance",
     "shrink",
 ]
@@ -23,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import communicator as _communicator
-from ..api import allgather
+from ..api import allgather, broadcast
 from ..communicator import Communicator, communicator_of
 from ..errors import BrokenCommunicatorError, CollectiveTimeout, ConfigurationError
 from .checkpoint import Checkpointer, CheckpointError, holders_of
@@ -296,3 +298,78 @@ def _give_up(failed: Communicator, old: Communicator) -> None:
         failed.transport.forsake()
     if _communicator.default is failed:
         _communicator.default = old
+
+
+def replace(recovery: Recovery, argv: Sequence[str]) -> Recovery:
+    """Start a process in each lost rank's place, so that the world size stays; collective over the survivors.
+
+    Each new process runs ``argv`` (``MPI_Comm_spawn``; e.g. ``[sys.executable, "train.py"]``)
+    and calls :func:`join` there. The new communicator numbers the ranks as before the
+    death: a replacement takes its lost rank's number. The survivor that adopted a lost
+    rank's state sends it to the replacement (the result's ``adopted`` is empty), and
+    checkpoints go on at the agreed version.
+    """
+    from ..transport.mpi import MPITransport
+
+    survivors, lost, version = recovery.survivors, recovery.lost, recovery.version
+    old = recovery.communicator
+    transport = old.transport
+    if not isinstance(transport, MPITransport):
+        raise ConfigurationError(f"replace needs an MPI communicator, got {type(transport).__name__}")
+    merged = transport.spawn_merge(argv, lost, survivors[old.rank])
+    dog = old.watchdog
+    comm = Communicator(merged, timeout=dog.timeout, stall_warning=dog.stall_warning, check=dog.check)
+    replicas = recovery.checkpointer.replicas
+    header = np.full(3 + comm.size, -1, np.int64)
+    header[:3] = (1, version, replicas)
+    header[3 : 3 + len(lost)] = lost
+    allgather(header, comm=comm)  # the replacements learn who they are and the version
+    for d in lost:
+        _pass_state(comm, d, adopter_of(d, comm.size, replicas, lost), recovery.adopted.get(d))
+    going_on = Checkpointer(comm, replicas=replicas, version=version)
+    going_on.adopt(comm.rank, recovery.checkpointer.replica_bytes(recovery.checkpointer.rank))
+    return Recovery(comm, lost, tuple(range(comm.size)), going_on, version)
+
+
+def join() -> Recovery | None:
+    """In a process :func:`replace` started: its place among the survivors, with the lost rank's state.
+
+    ``None`` in any other process (the job's own ranks). Faults injected by
+    ``$COLLECTIVES_FAULT`` are disarmed here: the replacement inherited them.
+    """
+    from ..faults import disarm
+    from ..transport.mpi import MPITransport
+
+    if fault_tolerance_missing() is not None:
+        return None
+    merged = MPITransport.join_parent()
+    if merged is None:
+        return None
+    disarm()
+    _ended.append(1)  # it ends as the survivors do, without MPI_Finalize
+    comm = Communicator(merged)
+    rows = allgather(np.full(3 + comm.size, 0, np.int64), comm=comm).reshape(comm.size, -1)
+    header = rows[int(np.argmax(rows[:, 0]))]  # a survivor's
+    version, replicas = int(header[1]), int(header[2])
+    lost = tuple(int(r) for r in header[3:] if r >= 0)
+    mine = b""
+    for d in lost:
+        data = _pass_state(comm, d, adopter_of(d, comm.size, replicas, lost), None)
+        if d == comm.rank:
+            mine = data
+    checkpointer = Checkpointer(comm, replicas=replicas, version=version)
+    checkpointer.adopt(comm.rank, mine)
+    return Recovery(comm, lost, tuple(range(comm.size)), checkpointer, version)
+
+
+def _pass_state(comm: Communicator, lost: int, adopter: int | None, state: Any) -> bytes:
+    """The adopter's copy of ``lost``'s state, broadcast (collective): its bytes, on every rank."""
+    from .serial import dumps
+
+    if adopter is None:
+        raise CheckpointError(f"rank {comm.rank}: no survivor keeps a copy of rank {lost}")
+    data = dumps(state) if comm.rank == adopter else np.zeros(0, np.uint8)
+    size = broadcast(np.array([data.size], np.int64), root=adopter, comm=comm)
+    if comm.rank != adopter:
+        data = np.empty(int(size[0]), np.uint8)
+    return bytes(broadcast(data, root=adopter, comm=comm))

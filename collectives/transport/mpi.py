@@ -286,18 +286,11 @@ class MPITransport(Transport):
             return  # a dead peer (ULFM), or the process is ending: MPI_Finalize's abort handles the rest
 
     # ULFM (Open MPI 5 under mpiexec --with-ft ulfm): the survivors of a dead rank go on
-    def revoke(self) -> None:
-        """Interrupt every operation on the library's communicator, on every rank, now and later (ULFM)."""
-        _need_ulfm()
-        if not self._comm.Is_revoked():
-            self._comm.Revoke()
-
     def shrink(self) -> tuple["MPITransport", tuple[int, ...]]:
         """A transport over the ranks still alive, and the ranks of this one that are gone (ULFM).
 
-        Collective over the survivors: revoke, ``MPI_Comm_shrink`` (it agrees on who
-        is gone), and shrink again if the survivors' ``MPI_Comm_agree`` says a rank
-        died meanwhile. This transport is given up (:meth:`forsake`).
+        Collective over the survivors: revoke, ``MPI_Comm_shrink``, and again if ``MPI_Comm_agree``
+        says a rank died meanwhile. This transport is given up (:meth:`forsake`).
         """
         _need_ulfm()
         everyone = self._comm.Get_group()
@@ -326,9 +319,8 @@ class MPITransport(Transport):
 
     def world_ranks(self, ranks: Sequence[int]) -> list[int]:
         """The ranks of ``MPI.COMM_WORLD`` that ``ranks`` of this transport are."""
-        return list(
-            MPI.Group.Translate_ranks(self._comm.Get_group(), list(ranks), MPI.COMM_WORLD.Get_group())
-        )
+        group, world = self._comm.Get_group(), MPI.COMM_WORLD.Get_group()
+        return list(MPI.Group.Translate_ranks(group, list(ranks), world))
 
     def await_failed(self, ranks: Sequence[int], timeout: float) -> bool:
         """Wait until MPI knows ``ranks`` died (ULFM), at most ``timeout`` s; whether it does."""
@@ -341,14 +333,24 @@ class MPITransport(Transport):
             time.sleep(1e-3)
         return True
 
-    def agree(self, flag: int) -> int:
-        """The bitwise AND of the surviving ranks' ``flag`` (``MPI_Comm_agree``; ULFM); raises if one died."""
-        _need_ulfm()
-        self._comm.Ack_failed()
-        try:
-            return int(self._comm.Agree(int(flag)))
-        except MPI.Exception as error:
-            raise _failed(error, "agreeing", self._comm) from error
+    def spawn_merge(self, argv: Sequence[str], keys: Sequence[int], key: int) -> "MPITransport":
+        """Start ``len(keys)`` processes running ``argv``; a transport over all, ordered by key (collective).
+
+        This rank's key is ``key``, new rank ``i``'s ``keys[i]``; they call :meth:`join_parent`.
+        """
+        merged = self._comm.Spawn(argv[0], args=list(argv[1:]), maxprocs=len(keys), root=0).Merge(high=False)
+        merged.bcast(list(keys), root=0)
+        return _ordered(merged, key)
+
+    @staticmethod
+    def join_parent() -> "MPITransport | None":
+        """In a process :meth:`spawn_merge` started: the transport over its spawners and it; else ``None``."""
+        parent = MPI.Comm.Get_parent()
+        if parent == MPI.COMM_NULL:
+            return None
+        merged = parent.Merge(high=True)
+        keys = merged.bcast(None, root=0)
+        return _ordered(merged, keys[merged.Get_rank() - (merged.Get_size() - len(keys))])
 
     def forsake(self) -> None:
         """Give up this transport after a failure: no draining nor aborting at exit, no freeing (ULFM)."""
@@ -408,10 +410,7 @@ def _end_at_exit() -> None:
 
 
 def _failed(error: "MPI.Exception", doing: str, comm: MPI.Comm | None = None) -> TransportError:
-    """MPI's ``error`` while ``doing`` something, as the library's error (the caller names the call).
-
-    Where MPI knows of dead ranks (ULFM), the message names them.
-    """
+    """MPI's ``error`` while ``doing`` something as the library's, naming the dead ranks MPI knows of."""
     failed = _failed_ranks(comm) if comm is not None else ()
     dead = f" (failed ranks: {', '.join(map(str, failed))})" if failed else ""
     return TransportError(f"MPI failed {doing}: {error.Get_error_string()}{dead}")
@@ -420,12 +419,17 @@ def _failed(error: "MPI.Exception", doing: str, comm: MPI.Comm | None = None) ->
 _FT_ENABLE_ENV = "OMPI_MCA_mpi_ft_enable"  # set by Open MPI's mpiexec --with-ft ulfm (lower case: its name)
 
 
+def _ordered(merged: MPI.Intracomm, key: int) -> MPITransport:
+    ordered = merged.Split(0, key)
+    try:
+        return MPITransport(ordered)
+    finally:
+        ordered.Free()
+
+
 @cache
 def ulfm_missing() -> str | None:
-    """``None`` where MPI lets the survivors of a dead rank go on (ULFM), else why it does not.
-
-    Open MPI 5 has ULFM, on under ``mpiexec --with-ft ulfm`` (``$OMPI_MCA_mpi_ft_enable``).
-    """
+    """``None`` where the survivors of a dead rank can go on (Open MPI 5's ULFM, on), else why not."""
     library = MPI.Get_library_version()
     if "Open MPI" not in library:
         name = library.split(",")[0].split("\n")[0].strip() or "this MPI"
@@ -571,11 +575,7 @@ class MPISharedMemory(SharedMemory):
         return []
 
     def _given_up(self) -> bool:
-        """Whether a peer broke off: no use waiting.
-
-        Raises:
-            TransportError: (ULFM) MPI knows a rank of the node died, naming it.
-        """
+        """Whether a peer broke off: no use waiting. Raises TransportError if a rank died (ULFM)."""
         if self.broken_by() is not None:
             return True
         if not self._ulfm:
