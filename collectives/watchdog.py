@@ -354,6 +354,8 @@ class Watchdog:
         signature = Signature(0, collective, str(algorithm), problem=problem_of(error))
         call = Call(self, signature, sequence)
         self.recorder.append(call)
+        if _FAULTS.armed:  # counted as every call the watchdog numbers
+            self._inject(call)
         try:
             if (self.check if check is None else check) and self._size > 1:
                 self._agree(call, Guard(signature), sequence)

@@ -1,12 +1,15 @@
 """Fault injection and in-memory checkpoints on the loopback transport (ranks as threads)."""
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 
-from collectives import BrokenCommunicatorError, Communicator, ConfigurationError, allreduce
+from collectives import BrokenCommunicatorError, CollectivesError, Communicator, ConfigurationError, allreduce
 from collectives.faults import PLAN, Fault, InjectedFault, arm, disarm, parse
 from collectives.resilience import Checkpointer, CheckpointError, holders_of
 from collectives.resilience.serial import dumps, loads
@@ -202,15 +205,16 @@ def test_ranks_at_different_versions_are_refused_on_every_rank() -> None:
     assert all("versions differ" in text for text in run_ranks(2, body))
 
 
-def test_an_unpicklable_state_and_bad_settings_are_named() -> None:
-    def body(comm: Communicator) -> None:
+def test_an_unpicklable_state_and_bad_settings_are_named_on_every_rank() -> None:
+    def body(comm: Communicator) -> int:
         with pytest.raises(ConfigurationError, match="replicas"):
             Checkpointer(comm, replicas=-1)
         ck = Checkpointer(comm)
-        with pytest.raises(CheckpointError, match="does not pickle"):
-            ck.checkpoint(lambda: None)
+        with pytest.raises(CheckpointError, match="the state of rank 1 does not pickle"):
+            ck.checkpoint((lambda: None) if comm.rank == 1 else {"fine": 1})
+        return ck.checkpoint({"fine": comm.rank})  # nothing broke: the next one is version 1
 
-    run_ranks(1, body)
+    assert run_ranks(2, body) == [1, 1]
 
 
 def test_the_checkpoint_is_a_snapshot_of_the_state_when_taken() -> None:
@@ -266,3 +270,64 @@ def test_buffers_reused_across_versions_of_changing_sizes_hold_each_version_whol
         return good
 
     assert all(all(flags) for flags in run_ranks(3, body))
+
+
+def test_a_rank_failing_mid_checkpoint_leaves_every_survivor_a_version_they_all_hold() -> None:
+    arm("1:checkpoint:1:raise")  # rank 1's second checkpoint: sizes agreed, no copy sent
+
+    def body(comm: Communicator) -> tuple[str, int, Any]:
+        ck = Checkpointer(comm)
+        ck.checkpoint({"rank": comm.rank, "step": 0})
+        try:
+            ck.checkpoint({"rank": comm.rank, "step": 1})
+            outcome = "done"  # rank 0 may finish: it needs only rank 2's copy
+        except InjectedFault:
+            outcome = "injected"
+        except BrokenCommunicatorError as error:
+            outcome = f"broken by {error.rank}"
+        if ck.version == 2:
+            assert ck.roll_back() == 1
+            with pytest.raises(CheckpointError, match="keeps no version before 1"):
+                ck.roll_back()
+        lost = ck.replica_of(1) if comm.rank == 2 else None
+        return outcome, ck.version, (ck.load(), lost)
+
+    outcomes = run_ranks(3, body, timeout=20.0)
+    assert outcomes[1][0] == "injected" and outcomes[2][0] == "broken by 1"
+    assert outcomes[0][0] in ("done", "broken by 1")
+    for rank, (_, version, (mine, _)) in enumerate(outcomes):
+        assert version == 1 and mine == {"rank": rank, "step": 0}
+    assert outcomes[2][2][1] == {"rank": 1, "step": 0}  # rank 1's last state, on its holder
+
+
+def test_a_call_whose_own_checks_failed_counts_as_the_flight_recorder_numbers_it() -> None:
+    arm("0:2:raise")  # call 0 fails its checks on rank 0; call 1 runs; call 2 is the fault's
+
+    def body(comm: Communicator) -> str:
+        x = np.ones(4, np.float32)
+        with pytest.raises(CollectivesError):  # rank 0's own error; rank 1's PeerInputError
+            allreduce(x, out=np.ones(3, np.float32) if comm.rank == 0 else None, comm=comm)
+        allreduce(x, comm=comm)
+        try:
+            allreduce(x, comm=comm)
+        except InjectedFault as error:
+            return str(error)
+        except BrokenCommunicatorError as error:
+            return f"broken by {error.rank}"
+        return "done"
+
+    outcomes = run_ranks(2, body, timeout=20.0)
+    assert outcomes[0].endswith("raise at allreduce #2") and outcomes[1] == "broken by 0"
+
+
+def _import_with(fault: str) -> subprocess.CompletedProcess[str]:
+    code = "from collectives.faults import PLAN; print(PLAN.armed, *PLAN.faults)"
+    env = {**os.environ, "COLLECTIVES_FAULT": fault}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_the_variable_is_read_at_import_and_a_bad_one_stops_the_import_naming_it() -> None:
+    armed = _import_with("1:3:exit,0:checkpoint:2")
+    assert armed.returncode == 0 and armed.stdout.split() == ["True", "1:3:exit", "0:checkpoint:2:kill"]
+    bad = _import_with("1:three")
+    assert bad.returncode != 0 and "COLLECTIVES_FAULT: '1:three' is not RANK:NUMBER" in bad.stderr

@@ -1,5 +1,6 @@
 """Under MPICH: an injected fault ends the job naming the rank; a relaunch resumes bitwise; replicas hold."""
 
+import importlib.util
 import re
 import subprocess
 from pathlib import Path
@@ -52,7 +53,7 @@ def test_in_memory_checkpoints_keep_each_state_on_its_next_ranks(monkeypatch: py
 
 
 torch_needed = pytest.mark.skipif(
-    __import__("importlib").util.find_spec("torch") is None,
+    importlib.util.find_spec("torch") is None,
     reason="the training example needs torch (pip install torch==2.13.0)",
 )
 
@@ -109,6 +110,14 @@ def test_a_killed_store_run_relaunched_resumes_its_servers_and_ends_bitwise(
     status, output = _train("ps-sync", None, monkeypatch)
     assert status == 0, output
     # the process's calls: 1 to load, then 12 a step (a reduce-scatter and an all-gather per
-    # parameter) and 3 a checkpoint: call 40 is in step 3, after the checkpoint of step 2
+    # parameter) and 2 a checkpoint: call 40 is in step 3, after the checkpoint of step 2
     _fails("ps-sync", "1:40:exit", tmp_path, monkeypatch)
     _resumes_bitwise("ps-sync", tmp_path, monkeypatch, _digest(output))
+
+
+def test_the_checkpoint_bench_prints_a_row_a_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    args = ["-m", "bench.checkpoint", "-b", "1K", "-e", "8K", "-n", "1"]
+    status, output = _run(2, args, monkeypatch, None)
+    assert status == 0, output
+    rows = [line.split() for line in output.splitlines() if line.strip()[:1].isdigit()]
+    assert [row[0] for row in rows] == ["1024", "8192"] and all(len(row) == 7 for row in rows), output

@@ -10,7 +10,8 @@ In memory, Rabit style (:mod:`.checkpoint`)
     the last checkpoint, or ``None``); ``ck.version``; ``ck.held`` (the ranks
     whose states this rank keeps); ``ck.holders_of(rank)``;
     ``ck.replica_of(rank)`` / ``ck.replica_bytes(rank)`` (a lost rank's state
-    from the copy a survivor keeps); ``ck.adopt(rank, data)``;
+    from the copy a survivor keeps); ``ck.adopt(rank, data)``; ``ck.roll_back()``
+    (to the version before the last, kept until the next checkpoint begins);
     ``holders_of(rank, size, replicas)``; :class:`CheckpointError`.
 In a directory, for relaunching a job (:mod:`.directory`)
     ``save(directory, state, version, *, comm=None, keep=2, before_manifest=None) -> Path``

@@ -75,7 +75,7 @@ class Checkpointer:
         self.replicas = min(replicas, self.comm.size - 1)
         self.version = version
         self._held: dict[int, bytes | np.ndarray] = {}  # rank -> its state's bytes at self.version
-        self._spare: dict[int, np.ndarray] = {}  # the version before's, for the next checkpoint to reuse
+        self._previous: dict[int, bytes | np.ndarray] = {}  # the version before, until the next begins
 
     @property
     def rank(self) -> int:
@@ -94,26 +94,54 @@ class Checkpointer:
         """
         comm = self.comm
         rank, size = comm.rank, comm.size
-        spare, self._spare = self._spare, {}  # a failed checkpoint's buffers may still be written into
+        # the version before last's buffers take this one: no new memory (and its page faults) each
+        # step; the version before is lost with them, even if this checkpoint fails
+        spare = {r: b for r, b in self._previous.items() if isinstance(b, np.ndarray)}
+        self._previous = {}
+        data: np.ndarray | None = None
+        failure: Exception | None = None
         try:
             data = dumps(state, into=spare.pop(rank, None))
         except Exception as error:
-            raise CheckpointError(f"rank {rank}: the state does not pickle: {error}") from error
-        info = allgather(np.array([len(data), self.version], np.int64), comm=comm).reshape(size, 2)
+            failure = error
+        mine = -1 if data is None else len(data)  # -1: the others raise too, naming this rank
+        info = allgather(np.array([mine, self.version], np.int64), comm=comm).reshape(size, 2)
+        unpickled = [r for r, n in enumerate(info[:, 0]) if n < 0]
+        if unpickled:
+            raise CheckpointError(
+                f"rank {rank}: the state of rank{'s' if len(unpickled) > 1 else ''} "
+                f"{', '.join(map(str, unpickled))} does not pickle"
+                + ("" if failure is None else f": {failure}")
+            ) from failure
+        assert data is not None  # its size went to the others
         versions = [int(v) for v in info[:, 1]]
         if len(set(versions)) > 1:
             raise CheckpointError(
                 f"rank {rank}: the ranks' checkpoint versions differ: "
                 + ", ".join(f"rank {r} at {v}" for r, v in enumerate(versions))
             )
-        if _FAULTS.armed:  # after the sizes, before the copies: a checkpoint cut off mid-way
-            _FAULTS.reached(rank, f"checkpoint version {self.version + 1}", CHECKPOINT)
         sizes = [int(n) for n in info[:, 0]]
         received = self._exchange(data, sizes, spare)
         self.version += 1
-        # the last version's buffers take the next one: no new memory, and its page faults, each step
-        self._spare = {r: b for r, b in self._held.items() if isinstance(b, np.ndarray)}
-        self._held = {rank: data, **received}
+        self._previous, self._held = self._held, {rank: data, **received}
+        return self.version
+
+    def roll_back(self) -> int:
+        """Go back to the version before the last, kept until the next checkpoint begins; that version.
+
+        Not collective. For ranks that finished a checkpoint that others did not
+        (a rank died while the copies travelled): all go back to the version every
+        survivor holds.
+
+        Raises:
+            CheckpointError: no earlier version is kept (none taken, or a checkpoint began since).
+        """
+        if not self._previous:
+            raise CheckpointError(
+                f"rank {self.comm.rank} keeps no version before {self.version} (a checkpoint began since)"
+            )
+        self._held, self._previous = self._previous, {}
+        self.version -= 1
         return self.version
 
     def _exchange(
@@ -122,7 +150,10 @@ class Checkpointer:
         """Send ``data`` to this rank's holders, receive the states it holds; one watched call."""
         comm = self.comm
         rank, size, replicas = comm.rank, comm.size, self.replicas
+        what = f"checkpoint version {self.version + 1}"
         if replicas == 0:
+            if _FAULTS.armed:
+                _FAULTS.reached(rank, what, CHECKPOINT)
             return {}
         sources = [(rank - j) % size for j in range(1, replicas + 1)]
         buffers = {src: _fitting(spare.get(src), sizes[src]) for src in sources}
@@ -131,6 +162,8 @@ class Checkpointer:
         guard = watchdog.guard("checkpoint", f"ring(replicas={replicas})", sum(sizes), "uint8")
         transport = comm.transport
         with watchdog.watch(guard) as call:
+            if _FAULTS.armed:  # sizes agreed, no copy sent: a checkpoint cut off mid-way
+                _FAULTS.reached(rank, what, CHECKPOINT)
             requests = [transport.irecv(buffers[src], src, Tag.DATA) for src in sources]
             peers = [Tracked(None, src, False) for src in sources]
             for dst in holders_of(rank, size, replicas):

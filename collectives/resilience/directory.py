@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..api import allgather, barrier
+from ..api import allgather
 from ..communicator import Communicator, communicator_of
 from ..errors import ConfigurationError
 from ..faults import CHECKPOINT
@@ -144,9 +144,10 @@ def save(
     """Write this rank's ``state`` as ``version`` of the checkpoints in ``directory``; collective.
 
     Every rank writes its file atomically (a temporary file, synced, renamed);
-    once every rank has, rank 0 writes the manifest, and every rank returns once
-    the version is complete. Then the complete versions beyond the newest ``keep``
-    and the incomplete ones older than ``version`` lose their files.
+    once every rank has (one ``allgather`` says so), rank 0 writes the manifest,
+    and every rank returns once the version is complete (another). Then the
+    complete versions beyond the newest ``keep`` and the incomplete ones older
+    than ``version`` lose their files.
 
     Args:
         directory: the checkpoints' folder, made if missing (shared by the ranks,
@@ -187,7 +188,7 @@ def save(
     _agree_ok(group, error, f"writing checkpoint version {version} to {folder}")
     if before_manifest is not None:
         before_manifest(folder)
-    # every rank lists before any rank prunes (pruning follows the barrier), so all prune alike
+    # every rank lists before any rank prunes (after the last agreement below), so all prune alike
     older = [v for v in complete_versions(root, size) if v < version]
     doomed = older[: max(len(older) - (keep - 1), 0)]
     error = None
@@ -197,8 +198,8 @@ def save(
             _write_atomic(folder / MANIFEST, [memoryview(text.encode())])
         except Exception as failure:
             error = failure
+    # also the barrier: no rank returns before the version is complete
     _agree_ok(group, error, f"writing the manifest of checkpoint version {version}")
-    barrier(comm=group)
     _prune(root, doomed, version, rank)
     return folder
 
