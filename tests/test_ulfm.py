@@ -141,6 +141,9 @@ def test_training_that_loses_a_rank_ends_with_the_unfailed_runs_weights() -> Non
         return _lines(result.stdout, "TRAINED ")
 
     unfailed, survived, replaced = train(""), train("3:15:kill"), train("1:15:kill", "replace")
+    # rank 3 dies in the middle of the checkpoint of step 4 (version 2): the survivors that finished
+    # its copies roll back to version 1, and all go back to step 0
+    mid_checkpoint = train("3:checkpoint:1:kill")
     assert sorted(s["rank"] for s in unfailed) == [0, 1, 2, 3]  # type: ignore[type-var]
     assert sorted(s["rank"] for s in survived) == [0, 1, 2], survived  # type: ignore[type-var]
     weights = {s["weights"] for s in unfailed}
@@ -156,3 +159,8 @@ def test_training_that_loses_a_rank_ends_with_the_unfailed_runs_weights() -> Non
     for rank in replaced:
         assert rank["step"] == 12 and rank["size"] == 4 and rank["weights"] in weights, rank
     assert next(s for s in replaced if s["rank"] == -2)["shards"] == [1]
+    assert sorted(s["rank"] for s in mid_checkpoint) == [0, 1, 2], mid_checkpoint  # type: ignore[type-var]
+    for survivor in mid_checkpoint:
+        assert survivor["step"] == 12 and survivor["weights"] in weights, survivor
+        (recovery,) = survivor["recoveries"]  # type: ignore[misc]
+        assert recovery["lost"] == [3] and recovery["back_to_step"] == 0, recovery

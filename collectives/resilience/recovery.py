@@ -242,12 +242,14 @@ def recover(checkpointer: Checkpointer, *, hung: Sequence[int] = ()) -> Recovery
     recover makes them shrink the old communicator again, past both. ``hung``:
     ranks to treat as dead (see :func:`shrink`).
 
+    A rank that died while a checkpoint's copies travelled may leave some survivors
+    one version ahead: they go back to the version before (``Checkpointer.roll_back``).
+
     Raises:
         ConfigurationError: the MPI cannot survive a death (no ULFM).
         CheckpointError: on every survivor: no checkpoint was taken yet, the
-            survivors' versions differ (a rank died during a checkpoint's copies),
-            or a lost rank's state has no surviving copy (more consecutive ranks
-            died than there are ``replicas``).
+            survivors cannot meet at one version, or a lost rank's state has no
+            surviving copy (more consecutive ranks died than there are ``replicas``).
     """
     size = checkpointer.size
     for _ in range(size):
@@ -265,7 +267,15 @@ def _go_back(checkpointer: Checkpointer, shrunk: Shrunk) -> Recovery:
     new = shrunk.communicator
     versions = allgather(np.array([checkpointer.version], np.int64), comm=new)
     version = int(versions.min())
-    if version == 0 or int(versions.max()) != version:
+    if int(versions.max()) == version + 1:  # a rank died while a checkpoint's copies travelled
+        went_back = 1
+        if checkpointer.version > version:
+            try:
+                checkpointer.roll_back()
+            except CheckpointError:
+                went_back = 0
+        versions = allgather(np.array([checkpointer.version if went_back else -1], np.int64), comm=new)
+    if version == 0 or int(versions.max()) != version or int(versions.min()) != version:
         said = ", ".join(f"rank {old} at {int(v)}" for old, v in zip(shrunk.survivors, versions, strict=True))
         raise CheckpointError(
             f"rank {new.rank}: cannot go back to a checkpoint every survivor holds: {said}"

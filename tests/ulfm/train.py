@@ -54,23 +54,19 @@ def main(steps: int, every: int, algorithm: str = "ring", replacing: bool = Fals
     recovered: dict[str, Any] = {}
     while state["step"] < steps:
         began = time.perf_counter()
-        try:
+        try:  # a step, and the checkpoint after it: a death in either goes back to the last checkpoint
             local = sum(gradient(s, state["step"], state["weights"]) for s in state["shards"])
             total = collectives.allreduce(local, algorithm=algorithm, comm=comm)
+            state["weights"] = state["weights"] - total / 4
+            state["step"] += 1
+            if state["step"] % every == 0:
+                checkpointer.checkpoint(state)
         except (BrokenCommunicatorError, CollectiveTimeout) as error:
             failed_at = time.perf_counter()
             recovery = recover(checkpointer, hung=hung_ranks(error))
             if replacing:  # a new process in each lost rank's place: the world size stays
-                argv = [
-                    sys.executable,
-                    "-m",
-                    "tests.ulfm.train",
-                    str(steps),
-                    str(every),
-                    algorithm,
-                    "replace",
-                ]
-                recovery = replace(recovery, argv)
+                argv = [sys.executable, "-m", "tests.ulfm.train", str(steps), str(every), algorithm]
+                recovery = replace(recovery, [*argv, "replace"])
             comm, checkpointer = recovery.communicator, recovery.checkpointer
             state = recovery.state()
             for lost in recovery.adopted.values():
@@ -84,14 +80,10 @@ def main(steps: int, every: int, algorithm: str = "ring", replacing: bool = Fals
                 "recover_s": time.perf_counter() - failed_at,
             }
             continue
-        state["weights"] = state["weights"] - total / 4
-        state["step"] += 1
         if failed_at is not None:  # the first step completed since the failure
             recovered["to_next_step_s"] = time.perf_counter() - failed_at
             recoveries.append(recovered)
             failed_at = None
-        if state["step"] % every == 0:
-            checkpointer.checkpoint(state)
     seen = {
         "rank": launch,
         "size": comm.size,
