@@ -18,9 +18,11 @@ __all__ = [
     "KVStoreTimeout",
     "KeyMismatchError",
     "MismatchError",
+    "Op",
     "PeerFailedError",
     "PeerInputError",
     "ReduceOp",
+    "Request",
     "ScheduleError",
     "TransportError",
     "UnknownAlgorithmError",
@@ -35,9 +37,20 @@ __all__ = [
     "broadcast",
     "explain",
     "gather",
+    "iallgather",
+    "iallreduce",
+    "ialltoall",
+    "ibarrier",
+    "ibroadcast",
+    "igather",
+    "ireduce",
+    "ireduce_scatter",
+    "iscatter",
     "reduce",
     "reduce_scatter",
     "scatter",
+    "test_all",
+    "wait_all",
 ]
 
 from .api import (
@@ -77,7 +90,19 @@ from .errors import (
     UnsupportedDtypeError,
     UnsupportedOpError,
 )
-from .ops import OPS, ReduceOp
+from .nonblocking import (
+    iallgather,
+    iallreduce,
+    ialltoall,
+    ibarrier,
+    ibroadcast,
+    igather,
+    ireduce,
+    ireduce_scatter,
+    iscatter,
+)
+from .ops import OPS, Op, ReduceOp
+from .requests import Request, test_all, wait_all
 from .specs import COLLECTIVES
 
 __version__ = "0.1.0.dev0"

@@ -23,6 +23,10 @@ raises, and unless checking is off the other ranks raise
 call waits longer than the communicator's timeout
 (:class:`~collectives.CollectiveTimeout`; see :mod:`collectives.watchdog`).
 
+Each has a non-blocking twin (:mod:`collectives.nonblocking`: ``iallreduce`` ...)
+that starts it and returns a :class:`~collectives.Request`; a blocking call on a
+communicator waits for the calls started on it first (:mod:`collectives.requests`).
+
 Each function checks its arguments into a :class:`~collectives.dispatch.Job` and
 hands it to :func:`collectives.dispatch.run`, the one path that agrees on the
 call, chooses its algorithm and runs it; repeated calls of the same shapes and
@@ -61,7 +65,7 @@ from .buffers import (
     widened,
 )
 from .communicator import Communicator, communicator_of
-from .dispatch import checked, run
+from .dispatch import checked, keeps_order, run
 from .explanation import Explanation
 from .ops import ReduceOp
 from .prepared import (
@@ -73,6 +77,8 @@ from .prepared import (
     reduce_scatter_prepared,
     shares_key,
 )
+from .requests import busy as _busy
+from .requests import settle
 from .selector import AUTO, default_selector
 
 if TYPE_CHECKING:
@@ -97,7 +103,9 @@ def allreduce(
         op: ``sum``, ``prod``, ``min``, ``max``, ``avg`` (floating types) or
             ``band``, ``bor``, ``bxor`` (integers). ``avg`` divides the sum by the
             world size; float16 is summed and divided in float32 and rounded once,
-            so that a sum past float16's largest, 65504, cannot overflow.
+            so that a sum past float16's largest, 65504, cannot overflow. Or a
+            :class:`~collectives.Op` of the user's; a non-commutative one only on the
+            algorithms that keep the ranks' order (``"auto"`` picks among them).
         out: where to put the result, of ``x``'s shape and dtype; ``out=x``
             reduces in place.
         algorithm: the algorithm's name, e.g. ``"ring"``; ``"auto"`` (the default)
@@ -108,6 +116,8 @@ def allreduce(
     Returns:
         The result, ``out`` when given.
     """
+    if _busy:  # started calls on some communicator: those on this one go first
+        settle(comm)
     if op == "avg" or op.__class__ is ReduceOp:
         wide = widened(x, op, out)
         if wide is not None:
@@ -157,6 +167,8 @@ def reduce_scatter(
     Returns:
         This rank's share of the result, ``out`` when given.
     """
+    if _busy:  # started calls on some communicator: those on this one go first
+        settle(comm)
     if op == "avg" or op.__class__ is ReduceOp:
         wide = widened(x, op, out)
         if wide is not None:
@@ -206,6 +218,8 @@ def allgather(
     Returns:
         The concatenation, ``out`` when given.
     """
+    if _busy:  # started calls on some communicator: those on this one go first
+        settle(comm)
     key = shares_key("allgather", x, None, counts, out, algorithm, check)
     known = comm if isinstance(comm, Communicator) else _communicators.default if comm is None else None
     if key is not None and known is not None:
@@ -249,6 +263,8 @@ def broadcast(
     Raises:
         InvalidRootError: ``root`` is not a rank of the communicator.
     """
+    if _busy:  # started calls on some communicator: those on this one go first
+        settle(comm)
     group = communicator_of(comm)
     job = checked(group, "broadcast", algorithm, check, broadcast_job, x, root, out)
     work = run(group, job, check)
@@ -285,6 +301,8 @@ def reduce(
     Raises:
         InvalidRootError: ``root`` is not a rank of the communicator.
     """
+    if _busy:  # started calls on some communicator: those on this one go first
+        settle(comm)
     wide = widened(x, op, out)
     if wide is not None:
         return narrowed(reduce(wide, op, root, algorithm=algorithm, comm=comm, check=check), out)
@@ -331,6 +349,8 @@ def gather(
     Raises:
         InvalidRootError: ``root`` is not a rank of the communicator.
     """
+    if _busy:  # started calls on some communicator: those on this one go first
+        settle(comm)
     group = communicator_of(comm)
     job = checked(group, "gather", algorithm, check, gather_job, "gather", x, root, counts, out)
     work = run(group, job, check)
@@ -378,6 +398,8 @@ def scatter(
         InvalidBufferError: the root has no ``x``, or another rank has
             neither ``x`` nor ``out``.
     """
+    if _busy:  # started calls on some communicator: those on this one go first
+        settle(comm)
     group = communicator_of(comm)
     job = checked(group, "scatter", algorithm, check, scatter_job, x, root, counts, out)
     work = run(group, job, check)
@@ -416,6 +438,8 @@ def alltoall(
     Returns:
         The shares from every rank, ``out`` when given.
     """
+    if _busy:  # started calls on some communicator: those on this one go first
+        settle(comm)
     group = communicator_of(comm)
     job = checked(group, "alltoall", algorithm, check, alltoall_job, x, out)
     work = run(group, job, check)
@@ -436,6 +460,8 @@ def barrier(
         algorithm: the algorithm's name, or ``"auto"``; see :mod:`collectives.api`.
         check: whether the ranks agree on the call first; see :mod:`collectives.api`.
     """
+    if _busy:  # started calls on some communicator: those on this one go first
+        settle(comm)
     group = communicator_of(comm)
     run(group, checked(group, "barrier", algorithm, check, barrier_job), check)
 
@@ -493,12 +519,36 @@ def explain(
     explanation = (selector or default_selector(world_size)).explain(
         collective, count, dtype, world_size=world_size, op=op, features=features, topology=topology
     )
+    from dataclasses import replace
+
+    if isinstance(op, ReduceOp) and not op.commutative and explanation.op is not None and world_size > 1:
+        explanation = _in_rank_order(explanation, features)
     path = None if group is None else group.chosen_device_path
     if path is None and not device:
         return explanation
-    from dataclasses import replace
-
     from .transport.device_path import foresee
 
     route = path.describe() if path is not None else foresee(None if group is None else group.transport)
     return replace(explanation, device=route)
+
+
+def _in_rank_order(explanation: Explanation, features: frozenset[str]) -> Explanation:
+    """``explanation`` for a non-commutative op: the candidates that combine out of rank order, rejected.
+
+    As a call of contiguous numpy arrays chooses (see :func:`collectives.dispatch.keeps_order`).
+    """
+    from dataclasses import replace
+
+    from .explanation import Candidate, Rejected
+
+    collective, size, count = explanation.collective, explanation.world_size, explanation.count
+    on_shared = collective in ("allreduce", "reduce_scatter")
+    kept: list[Candidate] = []
+    dropped: list[Candidate] = []
+    for candidate in explanation.candidates:
+        ordered = keeps_order(collective, candidate.algorithm, size, count, None, 0, on_shared, features)
+        (kept if ordered else dropped).append(candidate)
+    reason = ("combines the ranks' contributions out of rank order, which a non-commutative op needs",)
+    rejected = explanation.rejected + tuple(Rejected(c.algorithm, reason) for c in dropped)
+    choice = kept[0].algorithm if kept else None
+    return replace(explanation, candidates=tuple(kept), rejected=rejected, choice=choice)

@@ -21,7 +21,7 @@ from typing import Any
 from .backends import ArrayBackend, adopt, backend_for
 from .communicator import Communicator
 from .dispatch import Job
-from .errors import CollectivesError, InvalidBufferError
+from .errors import CollectivesError, InvalidBufferError, UnsupportedOpError
 from .ops import ReduceOp, get_op, itemsize
 from .prepared import opening_of
 from .selector import check_algorithm
@@ -39,7 +39,31 @@ def _inspect(
         return backend, None, itemsize(dtype)
     reduce_op = get_op(op)
     reduce_op.check_dtype(dtype)
+    if reduce_op.custom and dtype not in reduce_op.checked:  # type: ignore[attr-defined]
+        _try_custom(backend, reduce_op, x, dtype)
     return backend, reduce_op, itemsize(dtype)
+
+
+def _try_custom(backend: ArrayBackend, op: ReduceOp, x: Any, dtype: str) -> None:
+    """Raise unless the user's ``op`` runs on numpy arrays of ``dtype``: a trial on two elements, once.
+
+    A function that fails mid-collective would break the communicator; failing
+    here, before the ranks agree, tells the others instead.
+    """
+    if backend.name != "numpy":
+        raise UnsupportedOpError(
+            f"custom op {op.name!r} runs on numpy arrays only, not on {backend.name} arrays"
+        )
+    a, b, out = (backend.empty(2, x) for _ in range(3))
+    a[:] = 1
+    b[:] = 2
+    try:
+        backend.reduce_into(op, out, a, b)
+    except Exception as error:
+        raise UnsupportedOpError(
+            f"custom op {op.name!r} failed on two {dtype} arrays: {type(error).__name__}: {error}"
+        ) from error
+    op.checked.add(dtype)  # type: ignore[attr-defined]
 
 
 def _check_out(backend: ArrayBackend, out: Any, x: Any, shape: tuple[int, ...]) -> None:

@@ -6,23 +6,26 @@ the checks fail), then :func:`run` agrees on the call with the other ranks,
 chooses its algorithm and runs it under the watchdog.
 """
 
-__all__ = ["Job", "checked", "refuse", "run"]
+__all__ = ["Job", "checked", "keeps_order", "refuse", "run"]
 
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from .algorithms import ALGORITHMS, rank_program
-from .algorithms.base import required_feature
+from .algorithms.base import implements, required_feature
 from .backends import ArrayBackend
 from .call import Call
 from .chunking import even_split
 from .communicator import Communicator
+from .errors import CollectivesError, MismatchError, UnsupportedOpError
 from .execute import execute
 from .execute import run as run_plan
 from .execute_shared import SharedExecutor
 from .ops import ReduceOp, get_op, itemsize
+from .ordering import keeps_rank_order
 from .prepared import Opening, Prepared, allreduce_plan, remember
-from .selector import AUTO
+from .selector import AUTO, Selector
 from .transport.base import SharedMemory
 from .watchdog import Guard
 
@@ -182,9 +185,12 @@ def run(group: Communicator, job: Job, check: bool | None) -> Any:
         with watchdog.watch(guard, check, first_barrier=opening is not None and opening.plan is None) as call:
             device = _on_device(group, call, job.backend)
             if opening is None:
-                call.algorithm = _choose(
-                    group, call, job.collective, job.algorithm, job.count, job.item_bytes, device
-                )
+                if job.op is not None and not job.op.commutative and group.size > 1:
+                    call.algorithm = _choose_ordered(group, call, job, device)
+                else:
+                    call.algorithm = _choose(
+                        group, call, job.collective, job.algorithm, job.count, job.item_bytes, device
+                    )
                 shared = _shared(group, call, job)
             else:
                 call.algorithm = opening.algorithm
@@ -195,16 +201,19 @@ def run(group: Communicator, job: Job, check: bool | None) -> Any:
                 _allreduce(group, call, guard, job)
                 return job.work
             return _schedule(group, call, job)
-    except BaseException:
+    except BaseException as error:
         if watchdog.broken is not None:  # receives posted into the job's arrays may still land
             watchdog.kept.append(job)
+        if isinstance(error, MismatchError) and job.op is not None and job.op.custom:
+            op = job.op
+            error.add_note(f"rank {group.rank}'s op {op.name!r} is {op.agreed_name!r} in the signature")
         raise
 
 
 def _guard(group: Communicator, job: Job) -> Guard:
     """The packed signature of ``job``'s call."""
     counts = None if job.counts is None else tuple(int(c) for c in job.counts)
-    op = "" if job.op is None else job.op.name
+    op = "" if job.op is None else job.op.agreed_name
     backend = job.backend.name if job.dtype else ""
     return group.watchdog.guard(
         job.collective, job.algorithm, job.count, job.dtype, op, job.root, counts, backend=backend
@@ -237,6 +246,118 @@ def _choose(
         return algorithm
     features = frozenset() if device else group.features_in(call)
     return group.agreed_selector(call).choose(collective, group.size, count, item_bytes, features)
+
+
+def _choose_ordered(group: Communicator, call: Call, job: Job, device: bool) -> str:
+    """As :func:`_choose`, for a non-commutative op: only an algorithm that keeps the ranks' order.
+
+    ``"auto"`` takes the fastest of those; where no reduce algorithm keeps the
+    order at the call's root, the fastest allreduce that does runs instead (the
+    root keeps its result; ``job`` becomes an allreduce). A named algorithm that
+    does not keep the order raises, on every rank alike (the ranks agreed on the
+    call), naming those that do.
+
+    Raises:
+        UnsupportedOpError: no algorithm asked for or available keeps the order.
+    """
+    op, collective, size = job.op, job.collective, group.size
+    assert op is not None  # only called for calls that reduce
+    shares = job.shares if collective == "reduce_scatter" else None
+    root = max(job.root, 0)
+    numpy = not device and job.backend.name == "numpy"
+    if job.algorithm != AUTO:
+        needs = required_feature(ALGORITHMS[job.algorithm])
+        features = group.features_in(call) if needs is not None and numpy else frozenset()
+        route = (job.on_shared and numpy, features)
+        if keeps_order(collective, job.algorithm, size, job.count, shares, root, *route):
+            return job.algorithm
+        # every rank is here alike, so asking for the features (collective, the first time) is safe
+        route = (job.on_shared and numpy, group.features_in(call) if numpy else frozenset())
+        ordered = [
+            name
+            for name in ALGORITHMS
+            if keeps_order(collective, name, size, job.count, shares, root, *route, quiet=True)
+        ]
+        raise UnsupportedOpError(
+            f"op {op.name!r} is not commutative, and algorithm {job.algorithm!r} combines the ranks' "
+            f"contributions out of rank order in {collective} of {job.count} elements over {size} "
+            f"ranks; algorithms that keep the order there: {', '.join(ordered) or 'none'} (or 'auto')"
+        )
+    features = frozenset() if device else group.features_in(call)
+    selector = group.agreed_selector(call)
+    on_shared = job.on_shared and numpy
+    choice = _fastest_ordered(
+        selector, collective, size, job.count, job.dtype, shares, root, on_shared, features
+    )
+    if choice is None:
+        raise UnsupportedOpError(
+            f"op {op.name!r} is not commutative, and no algorithm available for {collective} of {job.count} "
+            f"elements over {size} ranks combines the ranks' contributions in rank order"
+        )
+    job.collective, algorithm = choice
+    return algorithm
+
+
+@lru_cache(maxsize=1024)
+def _fastest_ordered(
+    selector: Selector,
+    collective: str,
+    size: int,
+    count: int,
+    dtype: str,
+    shares: tuple[int, ...] | None,
+    root: int,
+    on_shared: bool,
+    features: frozenset[str],
+) -> tuple[str, str] | None:
+    """The collective and fastest algorithm ``selector`` offers that keep the ranks' order (memoized).
+
+    A reduce no reduce algorithm keeps in order at ``root`` runs as an allreduce.
+    """
+    for chosen in (collective, "allreduce") if collective == "reduce" else (collective,):
+        explanation = selector.explain(chosen, count, dtype, world_size=size, features=features)
+        for candidate in explanation.candidates:  # fastest first
+            on = on_shared and chosen == collective
+            if keeps_order(chosen, candidate.algorithm, size, count, shares, root, on, features):
+                return chosen, candidate.algorithm
+    return None
+
+
+def keeps_order(
+    collective: str,
+    algorithm: str,
+    size: int,
+    count: int,
+    shares: tuple[int, ...] | None,
+    root: int,
+    on_shared: bool,
+    features: frozenset[str],
+    *,
+    quiet: bool = False,
+) -> bool:
+    """Whether ``algorithm`` runs the call combining the ranks' contributions in rank order.
+
+    The shared-memory executor (where the call runs on it: ``on_shared``, numpy
+    arrays, with the feature in ``features``) reduces every element in rank
+    order; the node hierarchy does not (a node's ranks need not be consecutive);
+    a schedule is checked on symbolic chunks (:func:`keeps_rank_order`).
+    ``quiet``: a name that does not implement the collective is no error, just not one.
+    """
+    module = ALGORITHMS[algorithm]
+    if not implements(module, collective):
+        return False
+    needs = required_feature(module)
+    if needs is not None and needs in features:
+        if needs == "shared_memory" and on_shared:
+            return True
+        if needs == "shared_memory_nodes" and collective == "allreduce":
+            return False
+    try:
+        return keeps_rank_order(collective, algorithm, size, count, shares, root)
+    except (CollectivesError, ValueError):
+        if quiet:
+            return False
+        raise
 
 
 def _needs(group: Communicator, call: Call, algorithm: str, backend: ArrayBackend, feature: str) -> bool:

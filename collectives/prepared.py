@@ -262,6 +262,8 @@ def opening_of(
     Small calls' first messages travel with the signature (see :func:`_fuses`),
     packed here from ``source`` (``work`` where ``None``).
     """
+    if not op.commutative:
+        return None  # its algorithm is chosen among those that keep the ranks' order, once agreed
     count = work.size
     early = _plan_early(group, algorithm, count, item_bytes, source is not None, backend)
     if early is None:
@@ -273,7 +275,7 @@ def opening_of(
     watchdog = group.watchdog
     dtype = backend.dtype_name(work)
     guard = watchdog.guard(
-        "allreduce", algorithm, count, dtype, op.name, backend=backend.name, payloads=payloads
+        "allreduce", algorithm, count, dtype, op.agreed_name, backend=backend.name, payloads=payloads
     )
     outgoing = {peer: backend.from_bytes(view, work) for peer, view in guard.outgoing.items()}
     arrived = None

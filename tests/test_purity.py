@@ -22,6 +22,7 @@ PURE = [
     "collectives.algorithms.dissemination",
     "collectives.simulate",
     "collectives.selector",
+    "collectives.ordering",
     "collectives.calibration",
     "collectives.explanation",
     "collectives.topology",

@@ -661,8 +661,8 @@ def test_the_process_group_runs_c10d_collectives(ranks: Ranks) -> None:
         unsupported = types.SimpleNamespace(reduceOp=torch.distributed._make_nccl_premul_sum(2.0))
         with pytest.raises(UnsupportedOpError, match="cannot reduce with"):
             group.allreduce([torch.ones(1)], unsupported)
-        with pytest.raises(InvalidBufferError, match="not contiguous"):
-            group.allreduce([torch.ones(2, 2).t()], AllreduceOptions())
+        out["strided"] = torch.arange(6.0).reshape(2, 3).t()  # through a contiguous copy, as gloo takes it
+        group.allreduce([out["strided"]], AllreduceOptions()).wait()
         return out
 
     p = 3
@@ -676,6 +676,7 @@ def test_the_process_group_runs_c10d_collectives(ranks: Ranks) -> None:
         assert torch.equal(out["all_gather_single"], torch.arange(float(p)).repeat_interleave(2))
         assert torch.equal(out["reduce_scatter"], torch.full((2,), float(3 * r + 3)))
         assert torch.equal(out["reduce_scatter_single"], torch.arange(2.0 * r, 2.0 * r + 2) * p)
+        assert torch.equal(out["strided"], torch.arange(6.0).reshape(2, 3).t() * p)
 
 
 def _options(kind: str, op: Any = None, root: int = 0) -> Any:
@@ -706,10 +707,10 @@ SUM, AVG, BAND = (
 # (collective, the call on a good rank, on the bad rank, the bad rank's error); each returns a Work
 C10D_CASES: list[tuple[str, Callable[[Group], Any], Callable[[Group], Any], type]] = [
     ("allreduce", lambda g: g.allreduce([torch.ones(4)], _options("allreduce", SUM)),
-     lambda g: g.allreduce([torch.ones(4, dtype=torch.bool)], _options("allreduce", SUM)),
+     lambda g: g.allreduce([torch.ones(4, dtype=torch.complex64)], _options("allreduce", SUM)),
      UnsupportedDtypeError),
     ("allreduce", lambda g: g.allreduce([torch.ones(4), torch.ones(2)], _options("allreduce", SUM)),
-     lambda g: g.allreduce([torch.ones(4), torch.ones(4, 2).t()], _options("allreduce", SUM)),
+     lambda g: g.allreduce([torch.ones(4), torch.ones(2, device="meta")], _options("allreduce", SUM)),
      InvalidBufferError),
     ("allreduce", lambda g: g.allreduce([torch.ones(4)], _options("allreduce", SUM)),
      lambda g: g.allreduce([torch.ones(4)], _options("allreduce", BAND)), UnsupportedOpError),
@@ -747,7 +748,7 @@ C10D_CASES: list[tuple[str, Callable[[Group], Any], Callable[[Group], Any], type
 
 
 C10D_IDS = [
-    "allreduce-bool", "allreduce-non-contiguous", "allreduce-band-float", "allreduce-premul-sum",
+    "allreduce-complex", "allreduce-meta", "allreduce-band-float", "allreduce-premul-sum",
     "allreduce_coalesced-avg-int", "broadcast-root", "broadcast-meta", "allgather-outputs",
     "allgather-output-lists", "all_gather_single-size", "reduce_scatter-inputs",
     "reduce_scatter_single-dtype",

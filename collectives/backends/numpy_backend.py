@@ -85,17 +85,24 @@ class NumpyBackend(ArrayBackend):
             np.copyto(dst, src.reshape(dst.shape))
 
     def combine(self, op: ReduceOp, dst: np.ndarray, src: np.ndarray) -> None:
-        if dst.shape[0] == 1:
+        if op.custom:  # the user's function (collectives.Op)
+            _quiet().run(op.apply, dst, dst, src)
+        elif dst.shape[0] == 1:
             # numpy runs a one-element ``add(a, b, out=a)`` as ``b + a``: another NaN's payload
             dst[0] = _quiet().run(UFUNCS[op.combine], dst[0], src[0])
         else:
             _quiet().run(UFUNCS[op.combine], dst, src, out=dst)
 
     def combine_after(self, op: ReduceOp, dst: np.ndarray, src: np.ndarray) -> None:
-        _quiet().run(UFUNCS[op.combine], src, dst, out=dst)
+        if op.custom:
+            _quiet().run(op.apply, dst, src, dst)
+        else:
+            _quiet().run(UFUNCS[op.combine], src, dst, out=dst)
 
     def reduce_into(self, op: ReduceOp, dst: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
-        if dst.shape[0] == 1:
+        if op.custom:
+            _quiet().run(op.apply, dst, a, b)
+        elif dst.shape[0] == 1:
             dst[0] = _quiet().run(UFUNCS[op.combine], a[0], b[0])  # see combine
         else:
             _quiet().run(UFUNCS[op.combine], a, b, out=dst)

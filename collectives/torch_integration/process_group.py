@@ -5,10 +5,9 @@ __all__ = ["BACKEND", "RENDEZVOUS"]
 import contextlib
 import os
 import socket
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future
+from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any, TypeVar, cast
+from typing import Any
 from urllib.parse import parse_qsl, urlparse
 
 import numpy as np
@@ -24,15 +23,29 @@ from torch._C._distributed_c10d import (
     TCPStore,
     _DistributedBackendOptions,
 )
+from torch.distributed.constants import default_pg_timeout
 from torch.distributed.rendezvous import register_rendezvous_handler
 
 from .. import api
-from ..errors import CollectivesError, InvalidBufferError, InvalidRootError, UnsupportedOpError
-from ..ops import get_op
-from .tensors import _TORCH_OPS, _check, _host_view, _reduce_in_place
-from .worker import _api_communicator, _tell_refusal, _worker
-
-T = TypeVar("T")
+from ..errors import CollectivesError, InvalidBufferError, UnsupportedOpError
+from .process_group_base import (
+    _c10d_op,
+    _checked,
+    _host_tensors,
+    _like,
+    _op_for,
+    _pairs,
+    _root,
+    _sized,
+    _Staged,
+    _staged,
+    _write,
+)
+from .process_group_ops import route_to
+from .process_group_p2p import _PointToPoint
+from .process_group_rooted import _RootedCollectives
+from .tensors import _host_view
+from .worker import _api_communicator, _worker
 
 BACKEND = "collectives"
 """The name ``torch.distributed.init_process_group`` knows this library's backend by."""
@@ -40,151 +53,39 @@ RENDEZVOUS = "mpi"
 """``init_method="mpi://"``: rank and world size from MPI, and a store rank 0 opens for the others."""
 
 
-def _c10d_op(opts: AllreduceOptions | AllreduceCoalescedOptions | ReduceScatterOptions | None) -> str:
-    """Our name of the c10d op in ``opts`` (a sum without them)."""
-    if opts is None:
-        return "sum"
-    for name, torch_op in _TORCH_OPS.items():
-        if cast(object, opts.reduceOp) == torch_op:  # a ReduceOp equals its RedOpType
-            return name
-    raise UnsupportedOpError(f"the collectives backend cannot reduce with {opts.reduceOp}")
-
-
-def _flat(tensor: torch.Tensor) -> np.ndarray:
-    return _host_view(tensor).reshape(-1)
-
-
-def _reduce_all(tensors: list[torch.Tensor], op: str, communicator: api.Communicator) -> None:
-    for tensor in tensors:
-        _reduce_in_place(tensor, op, communicator)
-
-
-def _host_tensors(tensors: Iterable[torch.Tensor], op: str | None = None) -> list[torch.Tensor]:
-    """``tensors``, each checked to be a cpu tensor the library can take, before any rank communicates."""
-    checked = list(tensors)
-    for tensor in checked:
-        name = _check(tensor)
-        if tensor.device.type != "cpu":
-            raise InvalidBufferError(f"the collectives backend takes cpu tensors, not {tensor.device} ones")
-        if op is not None:
-            get_op(op).check_dtype(name)
-    return checked
-
-
-def _pairs(first: Sequence[object], second: Sequence[object], names: str, others: str) -> None:
-    """Raise unless c10d's per-tensor lists ``first`` and ``second`` (``names``, ``others``) pair up."""
-    if len(first) != len(second):
-        raise InvalidBufferError(f"{len(first)} {names} for {len(second)} {others}; c10d pairs them up")
-
-
-def _like(tensors: Sequence[torch.Tensor], size: int, like: torch.Tensor, message: str) -> None:
-    """Raise ``message`` (formatted with size, shape, dtype) unless ``tensors`` are ``size`` like ``like``."""
-    if len(tensors) != size or any((t.shape, t.dtype) != (like.shape, like.dtype) for t in tensors):
-        raise InvalidBufferError(message.format(size, tuple(like.shape), like.dtype))
-
-
-def _sized(tensor: torch.Tensor, count: int, dtype: torch.dtype, name: str) -> None:
-    """Raise unless ``tensor`` (the call's ``name``) holds ``count`` elements of ``dtype``."""
-    if (tensor.numel(), tensor.dtype) != (count, dtype):
-        raise InvalidBufferError(
-            f"the {name} has {tensor.numel()} elements of {tensor.dtype}, expected {count} of {dtype}"
-        )
-
-
-class _Work(dist.Work):
-    """A c10d collective in flight on the communicator's thread; :meth:`wait` raises its error.
-
-    c10d's own work made from a future (``_create_work_from_future``) cannot
-    carry an error: its ``wait()`` returns ``True`` and its future's value is
-    the exception, so a collective that failed (another rank's bad input, a
-    mismatch, a timeout) looked like one that ran. This one raises the
-    collective's own error from :meth:`wait`, in Python as from C++ (DDP).
-    """
-
-    def __init__(self, future: "Future[None]", result: Any) -> None:
-        super().__init__()
-        self._future = future
-        self._result = result
-        self._torch_future: torch.futures.Future[Any] | None = None
-
-    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
-        """Block until the collective finishes; raise its error if it failed.
-
-        Args:
-            timeout: the most time to wait (then ``TimeoutError``); zero, c10d's
-                default, waits as long as it takes.
-        """
-        seconds = timeout.total_seconds() or None
-        error = self._future.exception(seconds)
-        if error is not None:
-            raise error
-        return True
-
-    def is_completed(self) -> bool:
-        """Whether the collective has finished, successfully or not."""
-        return self._future.done()
-
-    def result(self) -> Any:
-        """The collective's outputs, once it has finished; its error if it failed."""
-        self.wait()
-        return self._result
-
-    def get_future(self) -> "torch.futures.Future[Any]":
-        """A torch future of the collective's outputs, failed (a ``RuntimeError`` naming the error) if it did.
-
-        Made on first ask, as only DDP and users of ``get_future`` want one.
-        The error goes through a ``then`` so that c10d's C++ side sees the
-        future fail, rather than succeed with the exception as its value, as
-        ``Future.set_exception`` alone would make it.
-        """
-        if self._torch_future is None:
-            outcome: torch.futures.Future[Any] = torch.futures.Future()
-            result = self._result
-
-            def finish(done: "Future[None]") -> None:
-                error = done.exception()
-                if error is None:
-                    outcome.set_result(result)
-                else:
-                    outcome.set_exception(error)
-
-            self._torch_future = outcome.then(_value_of)
-            self._future.add_done_callback(finish)
-        return self._torch_future
-
-
-def _value_of(future: "torch.futures.Future[T]") -> T:
-    """``future``'s value; raises the error it was given with ``set_exception``."""
-    return future.value()
-
-
-class _ProcessGroup(dist.ProcessGroup):
+class _ProcessGroup(_PointToPoint, _RootedCollectives):
     """torch.distributed's face of a :class:`~collectives.Communicator`: the ``collectives`` backend.
 
     Each collective runs on the communicator's thread, in the order it was
-    called, and returns a :class:`_Work` that raises the collective's error,
-    if any, from ``wait()``. Its arguments are checked on the caller's thread
-    first; where the checks fail the other ranks are told (see :meth:`_refuse`)
-    and their collective raises :class:`~collectives.PeerInputError`.
+    called, and returns a work that raises the collective's error, if any,
+    from ``wait()``. Its arguments are checked on the caller's thread first;
+    where the checks fail the other ranks are told and their collective raises
+    :class:`~collectives.PeerInputError`. Strided tensors go through a
+    contiguous copy and bools as their bytes, as gloo takes both. The rooted
+    collectives and all-to-all are in :mod:`.process_group_rooted`, sends and
+    receives in :mod:`.process_group_p2p`.
     """
 
     def __init__(self, communicator: api.Communicator) -> None:
-        # a Python subclass must take (rank, size), the constructor torch's stubs leave out
-        super().__init__(communicator.rank, communicator.size)  # type: ignore[call-arg]
-        self._communicator = communicator
-        self._worker = _worker(communicator)
+        super().__init__(communicator)
+        self._group_name = ""
+        self._group_desc = ""
 
     def getBackendName(self) -> str:
         return BACKEND
 
-    def _run(self, job: Callable[[api.Communicator], None], result: Any) -> dist.Work:
-        """Submit ``job``; the work completes with ``result`` (what c10d expects of the collective)."""
-        communicator = self._worker.communicator
-        return _Work(self._worker.submit(lambda: job(communicator)), result)
+    # c10d keeps a group's name in its backends, and this group has none: it keeps its own
+    def setGroupName(self, name: str) -> None:
+        self._group_name = name
 
-    def _refuse(self, collective: str, error: Exception) -> None:
-        """Tell the other ranks that this rank's checks of ``collective`` failed, after the jobs before."""
-        _tell_refusal(self._communicator, collective, error)
+    def getGroupName(self) -> str:
+        return self._group_name
+
+    def setGroupDesc(self, description: str) -> None:
+        self._group_desc = description
+
+    def getGroupDesc(self) -> str:
+        return self._group_desc
 
     # c10d calls each collective in its first form, (tensors, options); the others are Python sugar
     def allreduce(  # type: ignore[override]
@@ -196,13 +97,44 @@ class _ProcessGroup(dist.ProcessGroup):
         self, tensors: list[torch.Tensor], opts: AllreduceOptions | AllreduceCoalescedOptions | None
     ) -> dist.Work:
         """Both allreduce forms: the tensors, each reduced in place, in one job."""
-        try:
+        if any(isinstance(t, torch.Tensor) and t.layout == torch.sparse_coo for t in tensors):
+            return self._sparse_allreduce(tensors, opts)
+
+        def check() -> tuple[str, list[_Staged]]:
             op = _c10d_op(opts)
-            tensors = _host_tensors(tensors, op)
-        except Exception as error:
-            self._refuse("allreduce", error)
-            raise
-        return self._run(lambda communicator: _reduce_all(tensors, op, communicator), tensors)
+            return op, _staged(_host_tensors(tensors, op))
+
+        op, staged = self._checks("allreduce", check)
+
+        def job(communicator: api.Communicator) -> None:
+            for stage in staged:
+                view = stage.view
+                api.allreduce(view, _op_for(op, stage.tensor), out=view, comm=communicator)
+                stage.finish()
+
+        return self._run(job, tensors)
+
+    def _sparse_allreduce(
+        self, tensors: list[torch.Tensor], opts: AllreduceOptions | AllreduceCoalescedOptions | None
+    ) -> dist.Work:
+        """A sum of sparse COO tensors, as gloo's: every rank's entries gathered, then coalesced."""
+
+        def check() -> list[torch.Tensor]:
+            if _c10d_op(opts) != "sum":
+                raise UnsupportedOpError("sparse tensors are only summed")
+            for tensor in tensors:
+                if tensor.layout != torch.sparse_coo or tensor.device.type != "cpu":
+                    raise InvalidBufferError("a sparse allreduce takes cpu sparse COO tensors only")
+                _checked(tensor._values())
+            return tensors
+
+        self._checks("allreduce", check)
+
+        def job(communicator: api.Communicator) -> None:
+            for tensor in tensors:
+                tensor.copy_(_sparse_sum(tensor, communicator))
+
+        return self._run(job, tensors)
 
     def allreduce_coalesced(
         self, tensors: list[torch.Tensor], opts: AllreduceCoalescedOptions | None = None
@@ -212,19 +144,16 @@ class _ProcessGroup(dist.ProcessGroup):
     def broadcast(  # type: ignore[override]
         self, tensors: list[torch.Tensor], opts: BroadcastOptions | None = None
     ) -> dist.Work:
-        try:
-            root = 0 if opts is None else opts.rootRank
-            tensors = _host_tensors(tensors)
-            if not 0 <= root < self.size():
-                raise InvalidRootError(f"root {root} is not a rank of a group of {self.size()}")
-        except Exception as error:
-            self._refuse("broadcast", error)
-            raise
+        root = 0 if opts is None else opts.rootRank
+        staged = self._checks(
+            "broadcast", lambda: (_root(root, self.size()), _staged(_host_tensors(tensors)))[1]
+        )
 
         def job(communicator: api.Communicator) -> None:
-            for tensor in tensors:
-                view = _host_view(tensor)
+            for stage in staged:
+                view = stage.view
                 api.broadcast(view, root, out=view, comm=communicator)
+                stage.finish()
 
         return self._run(job, tensors)
 
@@ -234,38 +163,79 @@ class _ProcessGroup(dist.ProcessGroup):
         tensors: list[torch.Tensor],
         opts: AllgatherOptions | None = None,
     ) -> dist.Work:
-        try:
-            tensors = _host_tensors(tensors)
-            _pairs(output_lists, tensors, "output lists", "inputs")
-            for outputs, tensor in zip(output_lists, tensors, strict=True):
+        def check() -> list[_Staged]:
+            inputs = _host_tensors(tensors)
+            _pairs(output_lists, inputs, "output lists", "inputs")
+            for outputs, tensor in zip(output_lists, inputs, strict=True):
                 _host_tensors(outputs)
                 _like(outputs, self.size(), tensor, "allgather needs {} outputs of shape {}, {}")
-        except Exception as error:
-            self._refuse("allgather", error)
-            raise
+            return _staged(inputs)
+
+        staged = self._checks("allgather", check)
 
         def job(communicator: api.Communicator) -> None:
-            for outputs, tensor in zip(output_lists, tensors, strict=True):
-                whole = api.allgather(_flat(tensor), comm=communicator)
+            for outputs, stage in zip(output_lists, staged, strict=True):
+                whole = api.allgather(stage.view, comm=communicator)
                 for output, piece in zip(outputs, np.split(whole, communicator.size), strict=True):
-                    _flat(output)[...] = piece
+                    _write(output, piece)
+
+        return self._run(job, output_lists)
+
+    def allgather_coalesced(
+        self,
+        output_lists: list[list[torch.Tensor]],
+        tensors: list[torch.Tensor],
+        opts: AllgatherOptions | None = None,
+    ) -> dist.Work:
+        """c10d's ``all_gather_coalesced``: one output list per rank, each of every input's shape."""
+
+        def check() -> list[_Staged]:
+            inputs = _host_tensors(tensors)
+            if len(output_lists) != self.size() or any(len(outs) != len(inputs) for outs in output_lists):
+                raise InvalidBufferError(
+                    f"all_gather_coalesced needs {self.size()} output lists of {len(inputs)} tensors"
+                )
+            for outputs in output_lists:
+                for output, tensor in zip(_host_tensors(outputs), inputs, strict=True):
+                    _sized(output, tensor.numel(), tensor.dtype, "output")
+            return _staged(inputs)
+
+        staged = self._checks("allgather", check)
+
+        def job(communicator: api.Communicator) -> None:
+            for i, stage in enumerate(staged):
+                whole = api.allgather(stage.view, comm=communicator)
+                for outputs, piece in zip(output_lists, np.split(whole, communicator.size), strict=True):
+                    _write(outputs[i], piece)
 
         return self._run(job, output_lists)
 
     def all_gather_single(
         self, output: torch.Tensor, tensor: torch.Tensor, opts: AllgatherOptions | None = None
     ) -> dist.Work:
-        try:
-            output, tensor = _host_tensors([output, tensor])
-            _sized(output, tensor.numel() * self.size(), tensor.dtype, "output")
-        except Exception as error:
-            self._refuse("allgather", error)
-            raise
+        def check() -> tuple[_Staged, _Staged]:
+            out, mine = _host_tensors([output, tensor])
+            _sized(out, mine.numel() * self.size(), mine.dtype, "output")
+            return _Staged(out, read=False), _Staged(mine)
+
+        staged_out, staged_in = self._checks("allgather", check)
 
         def job(communicator: api.Communicator) -> None:
-            api.allgather(_flat(tensor), out=_flat(output), comm=communicator)
+            api.allgather(staged_in.view, out=staged_out.view, comm=communicator)
+            staged_out.finish()
 
         return self._run(job, [output])
+
+    _allgather_base = all_gather_single  # type: ignore[assignment]
+
+    def all_gather_single_coalesced(
+        self, outputs: list[torch.Tensor], tensors: list[torch.Tensor], opts: AllgatherOptions | None = None
+    ) -> dist.Work:
+        _pairs(outputs, tensors, "outputs", "inputs")
+        works = [self.all_gather_single(o, t, opts) for o, t in zip(outputs, tensors, strict=True)]
+        return self._together(works, outputs)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced  # type: ignore[assignment]
 
     def reduce_scatter(  # type: ignore[override]
         self,
@@ -273,46 +243,102 @@ class _ProcessGroup(dist.ProcessGroup):
         input_lists: list[list[torch.Tensor]],
         opts: ReduceScatterOptions | None = None,
     ) -> dist.Work:
-        try:
+        def check() -> tuple[str, list[_Staged]]:
             op = _c10d_op(opts)
-            outputs = _host_tensors(outputs, op)
-            _pairs(outputs, input_lists, "outputs", "input lists")
-            for output, inputs in zip(outputs, input_lists, strict=True):
+            outs = _host_tensors(outputs, op)
+            _pairs(outs, input_lists, "outputs", "input lists")
+            for output, inputs in zip(outs, input_lists, strict=True):
                 _host_tensors(inputs, op)
                 _like(inputs, self.size(), output, "reduce_scatter needs {} inputs of shape {}, {}")
-        except Exception as error:
-            self._refuse("reduce_scatter", error)
-            raise
+            return op, _staged(outs, read=False)
+
+        op, staged = self._checks("reduce_scatter", check)
 
         def job(communicator: api.Communicator) -> None:
-            for output, inputs in zip(outputs, input_lists, strict=True):
-                whole = torch.cat([t.reshape(-1) for t in inputs])
-                api.reduce_scatter(_host_view(whole), op, out=_flat(output), comm=communicator)
+            for stage, inputs in zip(staged, input_lists, strict=True):
+                whole = _Staged(torch.cat([t.reshape(-1) for t in inputs]))
+                reduction = _op_for(op, stage.tensor)
+                api.reduce_scatter(whole.view, reduction, out=stage.view, comm=communicator)
+                stage.finish()
 
         return self._run(job, outputs)
 
     def reduce_scatter_single(
         self, output: torch.Tensor, tensor: torch.Tensor, opts: ReduceScatterOptions | None = None
     ) -> dist.Work:
-        try:
+        def check() -> tuple[str, _Staged, _Staged]:
             op = _c10d_op(opts)
-            output, tensor = _host_tensors([output, tensor], op)
-            _sized(tensor, output.numel() * self.size(), output.dtype, "input")
-        except Exception as error:
-            self._refuse("reduce_scatter", error)
-            raise
+            out, whole = _host_tensors([output, tensor], op)
+            _sized(whole, out.numel() * self.size(), out.dtype, "input")
+            return op, _Staged(out, read=False), _Staged(whole)
+
+        op, staged_out, staged_in = self._checks("reduce_scatter", check)
 
         def job(communicator: api.Communicator) -> None:
-            api.reduce_scatter(_flat(tensor), op, out=_flat(output), comm=communicator)
+            reduction = _op_for(op, output)
+            api.reduce_scatter(staged_in.view, reduction, out=staged_out.view, comm=communicator)
+            staged_out.finish()
 
         return self._run(job, [output])
 
+    _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]
+
+    def reduce_scatter_single_coalesced(
+        self,
+        outputs: list[torch.Tensor],
+        tensors: list[torch.Tensor],
+        opts: ReduceScatterOptions | None = None,
+    ) -> dist.Work:
+        _pairs(outputs, tensors, "outputs", "inputs")
+        works = [self.reduce_scatter_single(o, t, opts) for o, t in zip(outputs, tensors, strict=True)]
+        return self._together(works, outputs)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # type: ignore[assignment]
+
     def barrier(self, opts: BarrierOptions | None = None) -> dist.Work:  # type: ignore[override]
+        # device_ids name GPUs for NCCL to sync on; a cpu group has none to sync, so they are ignored
         return self._run(lambda communicator: api.barrier(comm=communicator), [])
 
+    # c10d's coalescing: the calls inside run one by one, each in order, so there is nothing to group
+    def _start_coalescing(self, device: torch.device) -> None:
+        pass
+
+    def _end_coalescing(self, device: torch.device) -> dist.Work:
+        return self._run(lambda communicator: None, [])
+
+    def split_group(self, *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError("the collectives backend cannot split_group; make groups with new_group")
+
+    def merge_remote_group(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        raise NotImplementedError("the collectives backend cannot merge_remote_group")
+
     def shutdown(self) -> None:
-        """Free the communicator after its collectives; ``destroy_process_group`` calls it on every rank."""
+        """Free the communicator after its calls; ``destroy_process_group`` calls it on every rank."""
         self._worker.submit(self._communicator.free).result()
+        self._close_point_to_point()
+
+
+def _sparse_sum(tensor: torch.Tensor, communicator: api.Communicator) -> torch.Tensor:
+    """The sum over the ranks of the sparse COO ``tensor``: each rank's entries, gathered and coalesced."""
+    mine = tensor.coalesce()
+    indices, values = mine._indices().contiguous(), mine._values().contiguous()
+    counts = api.allgather(np.array([indices.shape[1]], np.int64), comm=communicator)
+    most = int(counts.max())
+    padded_indices = torch.zeros((indices.shape[0], most), dtype=torch.int64)
+    padded_indices[:, : indices.shape[1]] = indices
+    padded_values = torch.zeros((most, *values.shape[1:]), dtype=values.dtype)
+    padded_values[: values.shape[0]] = values
+    all_indices = api.allgather(_host_view(padded_indices.reshape(-1)), comm=communicator)
+    all_values = api.allgather(_host_view(padded_values.reshape(-1)), comm=communicator)
+    pieces_i = torch.from_numpy(all_indices.copy()).reshape(communicator.size, indices.shape[0], most)
+    pieces_v = (
+        torch.from_numpy(np.asarray(all_values).copy())
+        .view(values.dtype)
+        .reshape(communicator.size, most, *values.shape[1:])
+    )
+    found_i = torch.cat([pieces_i[r, :, : int(n)] for r, n in enumerate(counts)], dim=1)
+    found_v = torch.cat([pieces_v[r, : int(n)] for r, n in enumerate(counts)])
+    return torch.sparse_coo_tensor(found_i, found_v, tensor.shape, check_invariants=False).coalesce()
 
 
 def _create_process_group(options: _DistributedBackendOptions, backend_options: object) -> _ProcessGroup:
@@ -325,11 +351,14 @@ def _create_process_group(options: _DistributedBackendOptions, backend_options: 
     MPI's, as ``init_method="mpi://"`` makes them.
     """
     ranks = list(options.global_ranks_in_group)
+    # init_process_group(timeout=) and new_group(timeout=) bound every call of the group; torch's
+    # default (given when the user gave none) leaves $COLLECTIVES_TIMEOUT or the library's own
+    timeout = None if options.timeout == default_pg_timeout else options.timeout.total_seconds()
     if ranks and len(ranks) < dist.get_world_size():
-        communicator = _subgroup_communicator(ranks)
+        communicator = _subgroup_communicator(ranks, timeout)
     else:
         # its own duplicate of COMM_WORLD: collective, as creating a group is
-        communicator = api.Communicator()
+        communicator = api.Communicator(timeout=timeout)
     if (options.group_rank, options.group_size) != (communicator.rank, communicator.size):
         rank, size = communicator.rank, communicator.size
         communicator.free()
@@ -340,12 +369,12 @@ def _create_process_group(options: _DistributedBackendOptions, backend_options: 
     return _ProcessGroup(communicator)
 
 
-def _subgroup_communicator(ranks: list[int]) -> api.Communicator:
+def _subgroup_communicator(ranks: list[int], timeout: float | None) -> api.Communicator:
     """A communicator over ``ranks`` of ``MPI.COMM_WORLD``; this process is one of them."""
     from ..transport.mpi import MPITransport
 
     # torch's global rank is the rank in the default group, which mpi:// numbers as MPI does
-    return api.Communicator(MPITransport.of_world_ranks(ranks, dist.get_rank()))
+    return api.Communicator(MPITransport.of_world_ranks(ranks, dist.get_rank()), timeout=timeout)
 
 
 def _broadcast_bytes(payload: bytes, root: int, communicator: api.Communicator) -> bytes:
@@ -395,6 +424,7 @@ def _mpi_rendezvous(
 
 
 def _register() -> None:
+    route_to(_ProcessGroup)
     dist.Backend.register_backend(BACKEND, _create_process_group, extended_api=True, devices=["cpu"])
     with contextlib.suppress(RuntimeError):  # registered already, by an earlier import of this module
         register_rendezvous_handler(RENDEZVOUS, _mpi_rendezvous)  # type: ignore[no-untyped-call]

@@ -91,6 +91,7 @@ class MPITransport(Transport):
         self._draining = False  # whether messages still coming are received and dropped at exit
         self._forsaken = False  # given up after a rank died (ULFM): never freed
         self._ulfm = ulfm_missing() is None
+        self._kept = False  # whether a timeout left messages unreceived, so the communicator is never freed
 
     @classmethod
     def of_world_ranks(cls, ranks: Sequence[int], rank: int) -> "MPITransport":
@@ -253,6 +254,9 @@ class MPITransport(Transport):
     def abandon(self, receives: list[Request], sends: list[Request]) -> None:
         # a receive can be cancelled; a send cannot (MPI-4 deprecates it), and MPI_Finalize
         # waits for it, so a process left with one aborts the job at exit rather than hang
+        # the messages of the abandoned call may still arrive (or sit unreceived at a peer): freed, the
+        # communicator's context would go to the next one made, where they would be taken as its own
+        self._kept = True
         for request in receives:
             request.Cancel()
         deadline = time.monotonic() + 1.0
@@ -361,8 +365,7 @@ class MPITransport(Transport):
         for shared in (self._shared, self._nodes.shared if self._nodes is not None else None):
             if isinstance(shared, MPISharedMemory):
                 shared.forsake()
-        self._shared = None
-        self._nodes = None
+        self._shared = self._nodes = None
         self._forsaken = True
 
     def close(self) -> None:
@@ -375,7 +378,7 @@ class MPITransport(Transport):
             cast(MPISharedMemory, self._nodes.shared).free()
             self._nodes.rail.close()
             self._nodes = None
-        if self._draining:
+        if self._draining or self._kept:
             return  # a broken communicator's peers may still send: kept to take them at exit
         if self._comm != MPI.COMM_NULL and not MPI.Is_finalized():
             self._comm.Free()
@@ -421,10 +424,9 @@ _FT_ENABLE_ENV = "OMPI_MCA_mpi_ft_enable"  # set by Open MPI's mpiexec --with-ft
 
 def _ordered(merged: MPI.Intracomm, key: int) -> MPITransport:
     ordered = merged.Split(0, key)
-    try:
-        return MPITransport(ordered)
-    finally:
-        ordered.Free()
+    transport = MPITransport(ordered)
+    ordered.Free()
+    return transport
 
 
 @cache
@@ -576,17 +578,15 @@ class MPISharedMemory(SharedMemory):
 
     def _given_up(self) -> bool:
         """Whether a peer broke off: no use waiting. Raises TransportError if a rank died (ULFM)."""
-        if self.broken_by() is not None:
-            return True
-        if not self._ulfm:
-            return False
+        broken = self.broken_by() is not None
+        if broken or not self._ulfm:
+            return broken
         with contextlib.suppress(MPI.Exception):  # MPI learns of a death only inside its calls
             self._node.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
         dead = _failed_ranks(self._node)
         if not dead:
             return False
-        world = MPI.COMM_WORLD.Get_group()
-        named = MPI.Group.Translate_ranks(self._node.Get_group(), list(dead), world)
+        named = MPI.Group.Translate_ranks(self._node.Get_group(), list(dead), MPI.COMM_WORLD.Get_group())
         raise TransportError(
             f"MPI says rank {', '.join(map(str, named))} of MPI.COMM_WORLD died (ULFM), "
             "so a shared-memory barrier cannot be passed"

@@ -45,3 +45,11 @@ class Tag(IntEnum):
 
     BROKEN = 17
     """"A call of mine did not finish: the communicator is broken", to every peer, found by probing."""
+
+    POINT_TO_POINT = 1024
+    """torch.distributed's ``send``/``recv``: a user's tag ``t`` travels as ``POINT_TO_POINT + t``.
+
+    On the process group's own duplicate where the transport has one (MPI), so
+    the user's messages never meet the library's; far above the other tags where
+    it shares the library's (a loopback transport).
+    """

@@ -57,18 +57,18 @@ def _all_reduce(tensor: Any, op: Any = ReduceOp.SUM) -> Call:
 
 # (collective, call on a good rank, call on the bad rank, the bad rank's error)
 CASES: list[tuple[str, Call, Call, type]] = [
-    ("allreduce", _all_reduce(torch.ones(4)), _all_reduce(torch.ones(4, dtype=torch.bool)),
+    ("allreduce", _all_reduce(torch.ones(4)), _all_reduce(torch.ones(4, dtype=torch.float8_e4m3fn)),
      UnsupportedDtypeError),
-    ("allreduce", _all_reduce(torch.ones(4)), _all_reduce(torch.ones(2, 2).t()), InvalidBufferError),
+    ("allreduce", _all_reduce(torch.ones(4)), _all_reduce(torch.ones(2, device="meta")), InvalidBufferError),
     ("allreduce", _all_reduce(torch.ones(4)), _all_reduce(torch.ones(4), ReduceOp.BAND), UnsupportedOpError),
     ("allreduce", _all_reduce(torch.ones(4, dtype=torch.int32), ReduceOp.MAX),
      _all_reduce(torch.ones(4, dtype=torch.int32), ReduceOp.AVG), UnsupportedOpError),
     ("allreduce", _all_reduce(torch.ones(4)), _all_reduce(torch.ones(4), dist._make_nccl_premul_sum(2.0)),
      UnsupportedOpError),
     ("allreduce", lambda size: dist.all_reduce(torch.ones(4), async_op=True).wait(),
-     _all_reduce(torch.ones(4, dtype=torch.bool)), UnsupportedDtypeError),
+     _all_reduce(torch.ones(4, dtype=torch.float8_e4m3fn)), UnsupportedDtypeError),
     ("broadcast", lambda size: dist.broadcast(torch.ones(4), src=0),
-     lambda size: dist.broadcast(torch.ones(4, dtype=torch.bool), src=0), UnsupportedDtypeError),
+     lambda size: dist.broadcast(torch.ones(4, dtype=torch.float8_e4m3fn), src=0), UnsupportedDtypeError),
     ("allgather", lambda size: dist.all_gather([torch.empty(2) for _ in range(size)], torch.ones(2)),
      lambda size: dist.all_gather([torch.empty(2) for _ in range(size + 1)], torch.ones(2)),
      InvalidBufferError),
@@ -82,8 +82,8 @@ CASES: list[tuple[str, Call, Call, type]] = [
 ]  # fmt: skip
 
 IDS = [
-    "all_reduce-bool", "all_reduce-non-contiguous", "all_reduce-band-float", "all_reduce-avg-int",
-    "all_reduce-premul-sum", "all_reduce-async", "broadcast-bool", "all_gather-outputs",
+    "all_reduce-float8", "all_reduce-meta", "all_reduce-band-float", "all_reduce-avg-int",
+    "all_reduce-premul-sum", "all_reduce-async", "broadcast-float8", "all_gather-outputs",
     "all_gather_single-size", "reduce_scatter-inputs", "reduce_scatter_single-dtype",
 ]  # fmt: skip
 
@@ -143,7 +143,7 @@ def test_the_good_ranks_future_fails_naming_the_bad_rank(world: MPI.Intracomm) -
     before = dist.all_reduce(queued, async_op=True)  # still queued when the bad rank's checks fail
     try:
         if world.rank == last:
-            dist.all_reduce(torch.ones(4, dtype=torch.bool), async_op=True)
+            dist.all_reduce(torch.ones(4, dtype=torch.float8_e4m3fn), async_op=True)
         else:
             work = dist.all_reduce(torch.ones(4), async_op=True)
             work.get_future().wait()

@@ -1,0 +1,214 @@
+"""The ``collectives`` c10d backend's rooted collectives (reduce, gather, scatter) and all-to-all."""
+
+__all__: list[str] = []
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import AllToAllOptions, GatherOptions, ReduceOptions, ScatterOptions
+
+from .. import api
+from ..errors import InvalidBufferError
+from .process_group_base import (
+    _c10d_op,
+    _checked,
+    _GroupBase,
+    _host_tensors,
+    _like,
+    _op_for,
+    _root,
+    _Staged,
+    _staged,
+    _write,
+)
+
+
+def _one(tensors: list[torch.Tensor], collective: str) -> torch.Tensor:
+    if len(tensors) != 1:
+        raise InvalidBufferError(f"{collective} takes one tensor per rank, got {len(tensors)}")
+    return tensors[0]
+
+
+class _RootedCollectives(_GroupBase):
+    """c10d's ``reduce``, ``gather``, ``scatter``, ``alltoall`` and ``all_to_all_single`` (with splits)."""
+
+    def reduce(  # type: ignore[override]
+        self, tensors: list[torch.Tensor], opts: ReduceOptions | None = None
+    ) -> dist.Work:
+        root = 0 if opts is None else opts.rootRank
+
+        def check() -> tuple[str, _Staged]:
+            op = _c10d_op(opts)
+            _root(root, self.size())
+            return op, _Staged(_checked(_one(tensors, "reduce"), op))
+
+        op, stage = self._checks("reduce", check)
+
+        def job(communicator: api.Communicator) -> None:
+            view = stage.view
+            api.reduce(view, _op_for(op, stage.tensor), root, out=view, comm=communicator)
+            if communicator.rank == root:
+                stage.finish()
+
+        return self._run(job, tensors)
+
+    def gather(  # type: ignore[override]
+        self,
+        output_lists: list[list[torch.Tensor]],
+        tensors: list[torch.Tensor],
+        opts: GatherOptions | None = None,
+    ) -> dist.Work:
+        root = 0 if opts is None else opts.rootRank
+
+        def check() -> _Staged:
+            _root(root, self.size())
+            mine = _checked(_one(tensors, "gather"))
+            if self.rank() == root:
+                outputs = _host_tensors(_one(output_lists, "gather"))  # type: ignore[arg-type]
+                _like(outputs, self.size(), mine, "gather needs {} outputs of shape {}, {} at the root")
+            elif output_lists and any(output_lists):
+                raise InvalidBufferError("gather takes outputs at the root only")
+            return _Staged(mine)
+
+        stage = self._checks("gather", check)
+
+        def job(communicator: api.Communicator) -> None:
+            whole = api.gather(stage.view, root, comm=communicator)
+            if communicator.rank == root:
+                for output, piece in zip(
+                    output_lists[0], np.split(whole.reshape(-1), communicator.size), strict=True
+                ):
+                    _write(output, piece)
+
+        return self._run(job, output_lists)
+
+    def scatter(  # type: ignore[override]
+        self,
+        tensors: list[torch.Tensor],
+        input_lists: list[list[torch.Tensor]],
+        opts: ScatterOptions | None = None,
+    ) -> dist.Work:
+        root = 0 if opts is None else opts.rootRank
+
+        def check() -> tuple[_Staged, _Staged | None]:
+            _root(root, self.size())
+            out = _Staged(_checked(_one(tensors, "scatter")), read=False)
+            if self.rank() == root:
+                inputs = _host_tensors(_one(input_lists, "scatter"))  # type: ignore[arg-type]
+                _like(inputs, self.size(), out.tensor, "scatter needs {} inputs of shape {}, {} at the root")
+                return out, _Staged(torch.cat([t.reshape(-1) for t in inputs]))
+            if input_lists and any(input_lists):
+                raise InvalidBufferError("scatter takes inputs at the root only")
+            return out, None
+
+        out, whole = self._checks("scatter", check)
+
+        def job(communicator: api.Communicator) -> None:
+            source = whole.view if whole is not None else None
+            api.scatter(
+                source, root, counts=[out.tensor.numel()] * communicator.size, out=out.view, comm=communicator
+            )
+            out.finish()
+
+        return self._run(job, tensors)
+
+    def alltoall(  # type: ignore[override]
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: AllToAllOptions | None = None
+    ) -> dist.Work:
+        """c10d's ``all_to_all``: input ``j`` goes to rank ``j``; output ``i`` comes from rank ``i``."""
+
+        def check() -> tuple[list[_Staged], list[int], list[int]]:
+            ins, outs = _host_tensors(inputs), _host_tensors(outputs)
+            if len(ins) != self.size() or len(outs) != self.size():
+                raise InvalidBufferError(f"all_to_all needs {self.size()} inputs and outputs")
+            if len({t.dtype for t in ins + outs}) > 1:
+                raise InvalidBufferError("all_to_all needs every input and output of one dtype")
+            return _staged(ins), [t.numel() for t in ins], [t.numel() for t in outs]
+
+        staged, sends, receives = self._checks("alltoall", check)
+
+        def job(communicator: api.Communicator) -> None:
+            whole = np.concatenate([stage.view for stage in staged]) if staged else np.empty(0)
+            pieces = _exchange(whole, sends, receives, communicator)
+            for output, piece in zip(outputs, pieces, strict=True):
+                _write(output, piece)
+
+        return self._run(job, outputs)
+
+    def all_to_all_single(  # type: ignore[override]
+        self,
+        output: torch.Tensor,
+        tensor: torch.Tensor,
+        output_splits: list[int],
+        input_splits: list[int],
+        opts: AllToAllOptions | None = None,
+    ) -> dist.Work:
+        """c10d's ``all_to_all_single``: equal shares along dim 0, or the rows ``input_splits`` says."""
+
+        def check() -> tuple[_Staged, list[int], list[int]]:
+            out, whole = _host_tensors([output, tensor])
+            if out.dtype != whole.dtype:
+                raise InvalidBufferError(
+                    f"all_to_all_single's output is {out.dtype}, its input {whole.dtype}"
+                )
+            return (
+                _Staged(whole),
+                _splits(whole, input_splits, self.size()),
+                _splits(out, output_splits, self.size()),
+            )
+
+        stage, sends, receives = self._checks("alltoall", check)
+        # without splits every rank's shares are equal (and alike, which the call's checks confirm)
+        equal = not input_splits and not output_splits and sends == receives
+
+        def job(communicator: api.Communicator) -> None:
+            if equal:
+                _write(output, api.alltoall(stage.view, comm=communicator))
+                return
+            pieces = _exchange(stage.view, sends, receives, communicator)
+            _write(output, np.concatenate(pieces) if pieces else stage.view[:0])
+
+        return self._run(job, [output])
+
+    alltoall_base = all_to_all_single  # type: ignore[assignment]
+
+
+def _splits(tensor: torch.Tensor, splits: list[int], size: int) -> list[int]:
+    """Elements of each rank's share of ``tensor``: its rows ``splits`` says, or equal shares without."""
+    row = tensor[0].numel() if tensor.dim() and tensor.shape[0] else 1
+    if not splits:
+        rows = tensor.shape[0] if tensor.dim() else 1
+        if rows % size:
+            raise InvalidBufferError(f"all_to_all_single splits {rows} rows into {size} equal shares")
+        return [rows // size * row] * size
+    if (
+        len(splits) != size
+        or any(s < 0 for s in splits)
+        or sum(splits) != (tensor.shape[0] if tensor.dim() else 1)
+    ):
+        raise InvalidBufferError(f"splits {list(splits)} do not cut {tuple(tensor.shape)} into {size} shares")
+    return [s * row for s in splits]
+
+
+def _exchange(
+    whole: np.ndarray, sends: list[int], receives: list[int], communicator: api.Communicator
+) -> list[np.ndarray]:
+    """Send share ``j`` of ``whole`` (``sends[j]`` elements) to rank ``j``; get ``receives[i]`` from ``i``.
+
+    Shares of one size are one ``alltoall``; of several, every share is padded to
+    the largest any rank sends (agreed by an allreduce first), then cut back.
+    """
+    size = communicator.size
+    most = np.array([max(sends + receives, default=0)], np.int64)
+    api.allreduce(most, "max", out=most, comm=communicator)
+    width = int(most[0])
+    if width == 0:
+        return [whole[:0]] * size
+    if all(n == width for n in sends + receives):
+        return list(np.split(api.alltoall(whole, comm=communicator), size))
+    padded = np.zeros(size * width, whole.dtype)
+    offsets = np.cumsum([0, *sends])
+    for j in range(size):
+        padded[j * width : j * width + sends[j]] = whole[offsets[j] : offsets[j] + sends[j]]
+    result = api.alltoall(padded, comm=communicator)
+    return [result[i * width : i * width + receives[i]] for i in range(size)]

@@ -1,0 +1,1 @@
+"""Scripts of the project's own that make the calls Horovod's PyTorch examples make, run under mpiexec."""
