@@ -25,6 +25,13 @@ Fault injection (:mod:`collectives.faults`, imported by the watchdog, so it sits
     (comma-separated; HOW = ``kill`` | ``exit`` | ``hang`` | ``raise``); in process:
     ``arm(text)``, ``disarm()``, :class:`InjectedFault`, :class:`Fault`.
 
+Surviving a death under Open MPI with ULFM (:mod:`.recovery`)
+    ``shrink(comm) -> Shrunk`` (communicator over the survivors, ``lost``, ``survivors``);
+    ``recover(checkpointer) -> Recovery`` (shrink, go back to the last checkpoint, take
+    over the lost ranks' states: ``adopted``; ``hung=hung_ranks(error)`` kills ranks
+    that hung past the timeout so they count as dead); ``replace(recovery, argv) -> Recovery``
+    (a new process in each lost rank's place, which calls ``join()``); ``fault_tolerance_missing()``.
+
 torch models and optimizers go through :mod:`collectives.torch_integration.checkpoint`.
 """
 
@@ -33,15 +40,24 @@ __all__ = [
     "Checkpointer",
     "Fault",
     "InjectedFault",
+    "Recovery",
+    "Shrunk",
     "arm",
     "complete_versions",
     "disarm",
+    "fault_tolerance_missing",
     "folder_of",
     "holders_of",
+    "hung_ranks",
+    "join",
     "load",
+    "recover",
+    "replace",
     "save",
+    "shrink",
 ]
 
 from ..faults import Fault, InjectedFault, arm, disarm
 from .checkpoint import Checkpointer, CheckpointError, holders_of
 from .directory import complete_versions, folder_of, load, save
+from .recovery import Recovery, Shrunk, fault_tolerance_missing, hung_ranks, join, recover, replace, shrink

