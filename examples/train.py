@@ -19,18 +19,40 @@ With ``--checkpoint-dir`` every rank saves model, optimizer and step there every
 ``--checkpoint-every`` steps (in the ps modes the store's servers save their shards with it),
 and a run started again with the same command resumes from the newest complete checkpoint;
 at the end rank 0 prints a digest of the final parameters, to compare runs bitwise.
+
+    mpiexec --with-ft ulfm -n 4 python examples/train.py --survive [--replace]  # Open MPI 5
+
+``--survive`` (mode optimizer) survives the death of a rank, under an MPI with fault
+tolerance (Open MPI's ULFM; docs/fault_tolerance.md): rank ``r`` trains on data shard
+``r``, and model, optimizer state, step and the shards each rank owns are checkpointed
+in memory every ``--checkpoint-every`` steps (a copy on the next rank). When a step or
+checkpoint fails because a rank died (or hung past ``--timeout``), the survivors shrink
+to a communicator of their own, go back to the last checkpoint, and the holder of the
+lost rank's copy takes over its shards: it computes their gradients too. Gradients are
+summed over the ranks and divided by the number of shards, so every step still averages
+over all shards. With ``--replace`` a new process takes the lost rank's place instead
+(the world size stays, and so does the arithmetic: the final parameters equal an
+unfailed run's bitwise). Every rank prints one ``SURVIVED {json}`` line at the end.
+``--save-parameters FILE`` has rank 0 write the final parameters there (numpy ``.npz``).
 """
 
 import argparse
 import hashlib
+import json
+import os
 import statistics
+import sys
 import time
+from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
-from collectives import kvstore
+import collectives
+from collectives import kvstore, resilience
 from collectives import torch_integration as ti
+from collectives.errors import BrokenCommunicatorError, CollectiveTimeout
 
 MODES = ("optimizer", "hook", "backend", "gloo", "ps-sync", "ps-async", "ps-ssp")
 SMOOTHING = 5  # the last losses averaged for --target-loss (fewer in the first steps)
@@ -52,16 +74,22 @@ def main() -> None:
     parser.add_argument("--target-loss", type=float, help="report when rank 0's smoothed loss reaches it")
     parser.add_argument("--checkpoint-dir", help="save there, and resume from the newest complete checkpoint")
     parser.add_argument("--checkpoint-every", type=int, default=10, help="steps between checkpoints")
+    parser.add_argument("--survive", action="store_true", help="survive a rank's death (ULFM; optimizer)")
+    parser.add_argument("--replace", action="store_true", help="with --survive: replace a lost rank")
+    parser.add_argument("--timeout", type=float, default=30.0, help="with --survive: a hung rank's limit, s")
+    parser.add_argument("--save-parameters", help="rank 0 writes the final parameters to this .npz file")
     args = parser.parse_args()
+    if (args.survive or args.replace) and (args.mode != "optimizer" or args.checkpoint_dir):
+        parser.error("--survive works in mode optimizer, without --checkpoint-dir")
+    if args.replace and not args.survive:
+        parser.error("--replace needs --survive")
     torch.set_num_threads(args.threads)
 
-    torch.manual_seed(0)  # the same initial model everywhere; broadcast below makes sure of it
-    model = torch.nn.Sequential(
-        torch.nn.Linear(128, args.width), torch.nn.ReLU(),
-        torch.nn.Linear(args.width, args.width), torch.nn.ReLU(),
-        torch.nn.Linear(args.width, 10),
-    )  # fmt: skip
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    model = build_model(args.width)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
+    if args.survive:
+        _train_surviving(args, model, optimizer)
+        return
     net, kv, start = model, None, 0  # the plain module (DDP wraps it), the store, the first step
 
     # ---- the change from one-process training, per mode
@@ -124,8 +152,9 @@ def main() -> None:
             f"median step {1e3 * statistics.median(timed):.2f} ms over {len(timed)} steps",
             flush=True,
         )
-        digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in net.parameters()))
-        print(f"parameters sha256 {digest.hexdigest()}", flush=True)
+        print(f"parameters sha256 {_digest(net)}", flush=True)
+        if args.save_parameters:
+            _save_parameters(args.save_parameters, net)
     if isinstance(optimizer, ti.KVStoreOptimizer):
         optimizer.kv.close()  # returns once every worker has closed: the servers serve until then
     if dist.is_initialized():
@@ -133,6 +162,125 @@ def main() -> None:
         # reducer frees can hang the exit (torch joins gloo's threads while holding the GIL)
         del model, optimizer
         dist.destroy_process_group()
+
+
+LEARNING_RATE, MOMENTUM = 0.05, 0.9
+
+
+def build_model(width: int) -> torch.nn.Module:
+    """The MLP every mode trains, its initial weights the same in every process (seeded)."""
+    torch.manual_seed(0)  # the same initial model everywhere; broadcast_parameters makes sure of it
+    return torch.nn.Sequential(
+        torch.nn.Linear(128, width), torch.nn.ReLU(),
+        torch.nn.Linear(width, width), torch.nn.ReLU(),
+        torch.nn.Linear(width, 10),
+    )  # fmt: skip
+
+
+def shards_loss(model: torch.nn.Module, step: int, shards: list[int], batch: int) -> torch.Tensor:
+    """The sum over ``shards`` of each shard's mean loss at ``step``: its gradient is the shards' sum."""
+    losses = []
+    for shard in shards:
+        x, y = _batch(step, shard, batch)
+        losses.append(torch.nn.functional.cross_entropy(model(x), y))
+    return torch.stack(losses).sum()
+
+
+def _train_surviving(args: argparse.Namespace, model: torch.nn.Module, sgd: torch.optim.Optimizer) -> None:
+    """``--survive``: train to ``--steps`` whatever ranks die on the way (see the module's docstring)."""
+    joined = resilience.join()  # in a replacement a survivors' replace() started; None in the job's ranks
+    if joined is None:
+        comm = collectives.Communicator(timeout=args.timeout)
+        ti.broadcast_parameters(model.state_dict(), root_rank=0, comm=comm)
+        launch, checkpointer = comm.rank, resilience.Checkpointer(comm, replicas=1)
+        state: dict[str, Any] = {"step": 0, "shards": [comm.rank], "of": comm.size}
+    else:
+        comm, checkpointer, launch = joined.communicator, joined.checkpointer, -1 - joined.communicator.rank
+        state = joined.state()
+        _restore(state, model, sgd)
+    optimizer = ti.DistributedOptimizer(sgd, model.named_parameters(), op="sum", comm=comm)
+    checkpointer.checkpoint(_snapshot(state, model, sgd))  # the survivors do the same after recovering
+    recoveries: list[dict[str, Any]] = []
+    failed_at: float | None = None
+    recovered: dict[str, Any] = {}
+    while state["step"] < args.steps:
+        step = state["step"]
+        try:  # a step, and the checkpoint after it: a death in either goes back to the last checkpoint
+            optimizer.zero_grad()
+            loss = shards_loss(model, step, state["shards"], args.batch)
+            loss.backward()
+            optimizer.synchronize()  # the gradients summed over the ranks, so over all the shards
+            for param in model.parameters():
+                assert param.grad is not None
+                param.grad.div_(state["of"])  # the average over the shards, however many ranks hold them
+            optimizer.step()
+            state["step"] = step + 1
+            if state["step"] % args.checkpoint_every == 0:
+                checkpointer.checkpoint(_snapshot(state, model, sgd))
+        except (BrokenCommunicatorError, CollectiveTimeout) as error:
+            failed_at = time.perf_counter()
+            recovery = resilience.recover(checkpointer, hung=resilience.hung_ranks(error))
+            if args.replace:  # a new process in each lost rank's place: the world size stays
+                argv = [sys.executable, os.path.abspath(__file__), *sys.argv[1:]]
+                recovery = resilience.replace(recovery, argv)
+            comm, checkpointer = recovery.communicator, recovery.checkpointer
+            state = recovery.state()
+            for lost in recovery.adopted.values():  # the lost ranks' shards, now this rank's to compute
+                state["shards"] = sorted(state["shards"] + lost["shards"])
+            _restore(state, model, sgd)
+            optimizer.remove_hooks()  # the new wrapper reduces on the survivors' communicator
+            optimizer = ti.DistributedOptimizer(sgd, model.named_parameters(), op="sum", comm=comm)
+            checkpointer.checkpoint(_snapshot(state, model, sgd))  # adopted shards' copies, on the new ring
+            recovered = {
+                "error": f"{type(error).__name__}: {str(error).splitlines()[0]}",
+                "lost": list(recovery.lost),
+                "failed_in_step": step,
+                "back_to_step": state["step"],
+                "recover_s": round(time.perf_counter() - failed_at, 4),
+            }
+            if comm.rank == 0:
+                gone = ", ".join(map(str, recovery.lost))
+                print(f"lost rank(s) {gone} in step {step}; back to step {state['step']}", flush=True)
+            continue
+        if failed_at is not None:  # the first step completed since the failure
+            recovered["to_next_step_s"] = round(time.perf_counter() - failed_at, 4)
+            recoveries.append(recovered)
+            failed_at = None
+        if comm.rank == 0:
+            print(f"step {step:3d}  loss {loss.item() / len(state['shards']):.6f}", flush=True)
+    seen = {
+        "rank": launch,
+        "size": comm.size,
+        "step": state["step"],
+        "shards": state["shards"],
+        "sha256": _digest(model),
+        "recoveries": recoveries,
+    }
+    print("SURVIVED " + json.dumps(seen), flush=True)
+    if comm.rank == 0:
+        print(f"parameters sha256 {seen['sha256']}", flush=True)
+        if args.save_parameters:
+            _save_parameters(args.save_parameters, model)
+
+
+def _snapshot(state: dict[str, Any], model: torch.nn.Module, sgd: torch.optim.Optimizer) -> dict[str, Any]:
+    """What a checkpoint keeps: step, shards, model and optimizer state (pickled, so copied, when taken)."""
+    return {**state, "model": model.state_dict(), "optimizer": sgd.state_dict()}
+
+
+def _restore(state: dict[str, Any], model: torch.nn.Module, sgd: torch.optim.Optimizer) -> None:
+    """Model and optimizer back to a checkpoint's, in place (the optimizer keeps its parameters)."""
+    model.load_state_dict(state.pop("model"))
+    sgd.load_state_dict(state.pop("optimizer"))
+
+
+def _digest(model: torch.nn.Module) -> str:
+    """The sha256 of the parameters' bytes, to compare runs bitwise."""
+    return hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
+
+
+def _save_parameters(path: str, model: torch.nn.Module) -> None:
+    np.savez(path, *(p.detach().numpy() for p in model.parameters()))
 
 
 def _batch(step: int, rank: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -249,6 +249,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 )
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
+    def remove_hooks(self) -> None:
+        """Stop handing gradients over: remove the hooks on the parameters; this wrapper is done with.
+
+        A new :class:`DistributedOptimizer` may then wrap the same optimizer, on
+        another communicator (the survivors' after a rank died, say); the old
+        hooks would go on reducing on the old one.
+        """
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Only while wrapping: the buckets are fixed once the wrapper exists."""
         if hasattr(self, "_buckets"):
