@@ -10,8 +10,10 @@ steps 8 and 9.
 import importlib.util
 import json
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,13 +22,14 @@ from tests.ulfm.launch import INSTALL, ROOT, openmpi_prefix, run_ulfm
 
 torch = pytest.importorskip("torch", reason="examples/train.py needs torch")
 
-pytestmark = pytest.mark.skipif(
+needs_openmpi = pytest.mark.skipif(
     openmpi_prefix() is None, reason=f"no Open MPI for the ULFM tests (bash .ci/run installs it: {INSTALL})"
 )
 
 STEPS, EVERY, WIDTH, BATCH = 12, 4, 32, 16
 TRAIN = ["examples/train.py", "--survive", "--steps", str(STEPS), "--checkpoint-every", str(EVERY)]
 TRAIN += ["--width", str(WIDTH), "--batch", str(BATCH)]
+Ranks = Callable[..., list[Any]]
 STEP_10 = 23  # the call the fault kills: step 10's gradient allreduce (see the module's docstring)
 
 
@@ -74,6 +77,7 @@ def _distance(a: list[np.ndarray], b: list[np.ndarray]) -> float:
     return max(float(np.abs(x - y).max()) for x, y in zip(a, b, strict=True))
 
 
+@needs_openmpi
 def test_a_replacement_rank_ends_with_the_unfailed_runs_parameters_bitwise() -> None:
     # rank 1 dies in step 10; a process spawned in its place (printed as rank -2) loads its
     # checkpoint, the world size and so every sum's order stay, and the parameters end equal
@@ -92,6 +96,7 @@ def test_a_replacement_rank_ends_with_the_unfailed_runs_parameters_bitwise() -> 
     assert next(r for r in replaced if r["rank"] == -2)["shards"] == [1]
 
 
+@needs_openmpi
 def test_three_survivors_finish_every_step_none_lost_nor_applied_twice(tmp_path: Path) -> None:
     # Rank 3 dies in step 10 and rank 0 takes over its shard. The survivors sum 3 partial
     # gradients where the unfailed run summed 4 (rank 0 adds shards 0 and 3 first), so float32
@@ -115,3 +120,22 @@ def test_three_survivors_finish_every_step_none_lost_nor_applied_twice(tmp_path:
     assert _distance(parameters, reference) < 1e-6
     for wrong in (_one_process(skipped=(10,)), _one_process(twice=(8, 9))):
         assert _distance(wrong, reference) > 1e-3
+
+
+def test_a_new_wrapper_takes_over_once_the_old_ones_hooks_are_removed(ranks: Ranks) -> None:
+    # as the survivors do after recovering: the old wrapper (op "sum") would still reduce the
+    # gradients in place beside the new one (op "avg"), making the step -3 rather than -1.5
+    from collectives import Communicator
+    from collectives import torch_integration as ti
+
+    def run(comm: Communicator) -> torch.Tensor:
+        weight = torch.nn.Parameter(torch.zeros(3))
+        sgd = torch.optim.SGD([weight], lr=1.0)
+        old = ti.DistributedOptimizer(sgd, op="sum", comm=comm)
+        old.remove_hooks()
+        new = ti.DistributedOptimizer(sgd, op="avg", comm=comm)
+        (weight * (comm.rank + 1)).sum().backward()
+        new.step()
+        return weight.detach()
+
+    assert all(torch.equal(w, torch.full((3,), -1.5)) for w in ranks(2, run))
