@@ -198,7 +198,7 @@ def _train_surviving(args: argparse.Namespace, model: torch.nn.Module, sgd: torc
         comm, checkpointer, launch = joined.communicator, joined.checkpointer, -1 - joined.communicator.rank
         state = joined.state()
         _restore(state, model, sgd)
-    optimizer = ti.DistributedOptimizer(sgd, model.named_parameters(), op="sum", comm=comm)
+    optimizer = _wrap(sgd, model, args, comm)
     checkpointer.checkpoint(_snapshot(state, model, sgd))  # the survivors do the same after recovering
     recoveries: list[dict[str, Any]] = []
     failed_at: float | None = None
@@ -229,7 +229,7 @@ def _train_surviving(args: argparse.Namespace, model: torch.nn.Module, sgd: torc
                 state["shards"] = sorted(state["shards"] + lost["shards"])
             _restore(state, model, sgd)
             optimizer.remove_hooks()  # the new wrapper reduces on the survivors' communicator
-            optimizer = ti.DistributedOptimizer(sgd, model.named_parameters(), op="sum", comm=comm)
+            optimizer = _wrap(sgd, model, args, comm)
             checkpointer.checkpoint(_snapshot(state, model, sgd))  # adopted shards' copies, on the new ring
             recovered = {
                 "error": f"{type(error).__name__}: {str(error).splitlines()[0]}",
@@ -261,6 +261,17 @@ def _train_surviving(args: argparse.Namespace, model: torch.nn.Module, sgd: torc
         print(f"parameters sha256 {seen['sha256']}", flush=True)
         if args.save_parameters:
             _save_parameters(args.save_parameters, model)
+
+
+def _wrap(
+    sgd: torch.optim.Optimizer,
+    model: torch.nn.Module,
+    args: argparse.Namespace,
+    comm: collectives.Communicator,
+) -> ti.DistributedOptimizer:
+    """``sgd`` wrapped to sum the gradients over ``comm``'s ranks (the caller divides by the shards)."""
+    named = model.named_parameters()
+    return ti.DistributedOptimizer(sgd, named, compression=args.compression, op="sum", comm=comm)
 
 
 def _snapshot(state: dict[str, Any], model: torch.nn.Module, sgd: torch.optim.Optimizer) -> dict[str, Any]:
