@@ -32,7 +32,8 @@ lost rank's copy takes over its shards: it computes their gradients too. Gradien
 summed over the ranks and divided by the number of shards, so every step still averages
 over all shards. With ``--replace`` a new process takes the lost rank's place instead
 (the world size stays, and so does the arithmetic: the final parameters equal an
-unfailed run's bitwise). Every rank prints one ``SURVIVED {json}`` line at the end.
+unfailed run's bitwise). Every rank prints one ``SURVIVED {json}`` line at the end (a
+replacement's ``rank`` as ``-1 - rank``), with its recoveries and how long each took.
 ``--save-parameters FILE`` has rank 0 write the final parameters there (numpy ``.npz``).
 """
 
