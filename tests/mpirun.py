@@ -1,5 +1,6 @@
 """Launching time-bounded mpiexec runs from the test suite."""
 
+import contextlib
 import os
 import shutil
 import signal
@@ -31,7 +32,18 @@ def run_mpi(ranks: int, args: list[str], timeout: float) -> subprocess.Completed
     if launcher is None:
         raise FileNotFoundError("no mpiexec found; install the mpich extra or set COLLECTIVES_MPIEXEC")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    command = [launcher, "-n", str(ranks), sys.executable, *args]
+    return run_bounded([launcher, "-n", str(ranks), sys.executable, *args], env, timeout)
+
+
+def run_bounded(command: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` from the repository root in a session of its own; kill it after ``timeout`` s.
+
+    Whatever the session still runs when the launcher returns (ranks a launcher gave up on) is
+    killed too.
+
+    Raises:
+        subprocess.TimeoutExpired: the job ran too long (a deadlock); its output so far is attached.
+    """
     with subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, start_new_session=True,
@@ -43,4 +55,7 @@ def run_mpi(ranks: int, args: list[str], timeout: float) -> subprocess.Completed
             output, _ = process.communicate()
             expired.output = output
             raise
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
     return subprocess.CompletedProcess(command, process.returncode, output, None)

@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.ulfm.launch import INSTALL, ROOT, openmpi_prefix, run_ulfm
+from tests.mpirun import ROOT
+from tests.ulfm.launch import INSTALL, openmpi_prefix, run_ulfm
 
 torch = pytest.importorskip("torch", reason="examples/train.py needs torch")
 

@@ -12,7 +12,6 @@ __all__ = [
 
 import json
 import os
-import tempfile
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import KVStoreError
+from ..files import atomic_write
 from ._wire import Kind, key_bytes, parse_key
 from .handles import Handle, KeyInfo
 from .updaters import optimizer_from_spec
@@ -35,20 +35,6 @@ _MANIFEST = "manifest.json"
 
 def _shard_name(index: int) -> str:
     return f"shard-{index}.npz"
-
-
-def _atomic_write(path: Path, write: Any) -> None:
-    """``write(file)`` into a temporary file beside ``path``, then rename it over ``path``."""
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(handle, "wb") as file:
-            write(file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def write_shard(server: "Server", directory: Path, index: int, checkpoint: str) -> None:
@@ -72,13 +58,13 @@ def write_shard(server: "Server", directory: Path, index: int, checkpoint: str) 
     meta = {"id": checkpoint, "parts": parts}
     arrays["meta"] = np.array(json.dumps(meta))
     directory.mkdir(parents=True, exist_ok=True)
-    _atomic_write(directory / _shard_name(index), lambda file: np.savez(file, allow_pickle=False, **arrays))
+    atomic_write(directory / _shard_name(index), lambda file: np.savez(file, allow_pickle=False, **arrays))
 
 
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
     """Write the manifest last: a checkpoint is whole once it names shards that carry its id."""
     text = json.dumps({"format": FORMAT, **manifest}, indent=1, sort_keys=True).encode()
-    _atomic_write(directory / _MANIFEST, lambda file: file.write(text))
+    atomic_write(directory / _MANIFEST, lambda file: file.write(text))
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:

