@@ -348,8 +348,34 @@ def shares_key(
 
 
 def fits_shares(prepared: Prepared, x: Any, out: Any) -> bool:
-    """Whether the arrays of a reduce-scatter or all-gather whose key matched pass its first call's checks."""
-    return bool(x.flags.c_contiguous) and (out is None or _separate_out(prepared, x, out))
+    """Whether a reduce-scatter or all-gather whose key matched can run on its first call's decisions.
+
+    Only what would make the call an error sends it down the full path (which
+    names it): an ``out`` of another type, shape or dtype, or read-only. Strides
+    and overlap are this rank's alone, so they are met here with a copy instead:
+    ranks whose record matched all run the prepared path, whatever their arrays.
+    """
+    return out is None or (
+        type(out) is type(x)
+        and out.shape == prepared.shape
+        and out.dtype == x.dtype
+        and bool(out.flags.writeable)
+    )
+
+
+def _apart(backend: ArrayBackend, x: Any, out: Any) -> Any:
+    """``x`` flat and contiguous, and apart from ``out``: itself where it is, else a copy."""
+    flat = backend.flat_view(x)
+    if flat is None or (out is not None and backend.shares_memory(flat, out)):
+        flat = backend.empty(x.size, x)
+        backend.copy(flat, x)
+    return flat
+
+
+def _target(backend: ArrayBackend, out: Any, count: int, like: Any) -> Any:
+    """Where the executor writes: ``out`` flat where it is contiguous, else a new buffer to copy into it."""
+    flat = None if out is None else backend.flat_view(out)
+    return backend.empty(count, like) if flat is None else flat
 
 
 def reduce_scatter_prepared(
@@ -358,13 +384,18 @@ def reduce_scatter_prepared(
     """reduce_scatter by decisions an earlier call of the same key made and checked."""
     backend, shared, op = prepared.backend, prepared.shared, prepared.op
     assert shared is not None and op is not None  # only reductions run on shared memory are prepared
-    if out is None:
-        out = backend.empty(prepared.shares[group.rank], x).reshape(prepared.shape)
-    target = out.reshape(-1)
+    flat = backend.flat_view(x)
+    if flat is None:
+        flat = _apart(backend, x, None)
+    target = _target(backend, out, prepared.shares[group.rank], x)
     with group.watchdog.watch(prepared.guard, check, first_barrier=True) as call:
-        shared.reduce_scatter(backend, target, x.reshape(-1), prepared.shares, op, call.barrier)
+        shared.reduce_scatter(backend, target, flat, prepared.shares, op, call.barrier)
     if prepared.averages:
         backend.divide(target, group.size)
+    if out is None:
+        return target.reshape(prepared.shape)
+    if not backend.shares_memory(target, out):
+        backend.copy(out, target)
     return out
 
 
@@ -374,8 +405,20 @@ def allgather_prepared(
     """allgather by decisions an earlier call of the same key made and checked."""
     backend, shared, shares = prepared.backend, prepared.shared, prepared.shares
     assert shared is not None  # only calls run on the shared-memory executor are prepared
-    work = backend.empty(sum(shares), x) if out is None else out.reshape(-1)
+    work = _target(backend, out, sum(shares), x)
+    lo = sum(shares[: group.rank])
+    mine = backend.flat_view(x)
+    # x may be this rank's own part of work (in place); anywhere else in work it is copied first
+    if mine is None or (
+        backend.shares_memory(mine, work)
+        and (backend.shares_memory(mine, work[:lo]) or backend.shares_memory(mine, work[lo + mine.size :]))
+    ):
+        mine = _apart(backend, x, work)
     # the executor copies this rank's part into work as it copies the others'
     with group.watchdog.watch(prepared.guard, check, first_barrier=True) as call:
-        shared.allgather(backend, work, x.reshape(-1), shares, call.barrier)
-    return work.reshape(prepared.shape) if out is None else out
+        shared.allgather(backend, work, mine, shares, call.barrier)
+    if out is None:
+        return work.reshape(prepared.shape)
+    if not backend.shares_memory(work, out):
+        backend.copy(out, work)
+    return out

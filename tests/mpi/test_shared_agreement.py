@@ -185,3 +185,51 @@ def test_a_mismatch_after_prepared_reduce_scatters_or_allgathers_fails_every_ran
     _all_right(problems, comm, world, f"a mismatch in {field}")
     comm.free()
     problems.check()
+
+
+def _strided(x: np.ndarray) -> np.ndarray:
+    """``x``'s values in a view that is not contiguous."""
+    room = np.zeros(2 * x.size, x.dtype)
+    room[::2] = x
+    return room[::2]
+
+
+@pytest.mark.parametrize("per_rank", [1, 1000, 100_003])
+def test_repeats_whose_arrays_differ_on_one_rank_keep_step_with_the_others(
+    world: MPI.Intracomm, per_rank: int
+) -> None:
+    """Strides and overlap are one rank's own business: a repeat with them must not leave the prepared path.
+
+    The last rank's third call of each kind passes a strided ``x``, a strided
+    ``out``, or (all-gather with counts) its ``x`` inside ``out``; the others
+    repeat the first call's arrays. A rank that took another path than the
+    others would leave them waiting until the timeout.
+    """
+    problems = Problems(world)
+    comm = _sharing(world)
+    p, r = world.size, world.rank
+    counts = [per_rank * (k % 2) + (k == 0) for k in range(p)]  # uneven, some ranks empty
+    edge = sum(counts[:r])
+    for i in range(3):
+        odd = i == 2 and r == p - 1
+        rng = np.random.default_rng([r, i, per_rank])
+        x = rng.integers(-100, 100, per_rank * p).astype(np.float32)
+        with problems.guard(f"call {i} of {per_rank} per rank"):
+            expected = mpi_reference("allreduce", x, "sum", world)
+            y = np.empty_like(x)
+            collectives.allreduce(_strided(x) if odd else x, out=y, comm=comm)
+            problems.expect_equal(f"allreduce {i}", y, expected)
+
+            expected = mpi_reference("reduce_scatter", x, "sum", world)
+            out = _strided(np.empty(per_rank, np.float32)) if odd else np.empty(per_rank, np.float32)
+            collectives.reduce_scatter(_strided(x) if odd else x, out=out, comm=comm)
+            problems.expect_equal(f"reduce_scatter {i}", out, expected)
+
+            gathered = np.zeros(sum(counts), np.float32)
+            mine = gathered[edge : edge + counts[r]]
+            mine[...] = r + i
+            expected = np.concatenate([np.full(c, k + i, np.float32) for k, c in enumerate(counts)])
+            collectives.allgather(_strided(mine) if odd else mine, counts=counts, out=gathered, comm=comm)
+            problems.expect_equal(f"allgather in place {i}", gathered, expected)
+    comm.free()
+    problems.check()
