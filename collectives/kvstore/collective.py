@@ -37,17 +37,18 @@ def collective_pushpull(
             counts = [0] * channel.size
             for p in parts:
                 counts[p.server] += p.hi - p.lo
-            mine = api.reduce_scatter(value, op, counts=counts, comm=comm)
             held = [p for p in parts if p.server == rank]
             start = held[0].lo if held else 0
-            updated = server.apply_round(raw, held, mine, start)
-            api.allgather(updated, counts=counts, out=target, comm=comm)
+            share = target[start : start + counts[rank]]  # reduced, updated and gathered in place
+            api.reduce_scatter(value, op, counts=counts, out=share, comm=comm)
+            server.apply_round(raw, held, share, start)
+            api.allgather(share, counts=counts, out=target, comm=comm)
             return
         for p in parts:
             piece = target[p.lo : p.hi]
-            aggregate = api.reduce(value[p.lo : p.hi], op, root=p.server, comm=comm)
+            api.reduce(value[p.lo : p.hi], op, root=p.server, out=piece, comm=comm)
             if rank == p.server:
-                piece[...] = server.apply_round(raw, [p], aggregate, p.lo)
+                server.apply_round(raw, [p], piece, p.lo)
             api.broadcast(piece, root=p.server, out=piece, comm=comm)
     except CollectiveTimeout as error:
         if isinstance(error, KVStoreTimeout):

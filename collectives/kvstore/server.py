@@ -212,7 +212,8 @@ class Server:
             ),
         )
 
-    def _update(self, key: Any, index: int, received: np.ndarray, part: _Part) -> None:
+    def _update(self, key: Any, index: int, received: np.ndarray, part: _Part) -> bool:
+        """Run the updater on one partition; whether its stored value is now ``received`` itself."""
         if self.optimizer is not None:
             update = self.optimizer.updater(index)
         elif self.updater is not None:
@@ -222,6 +223,7 @@ class Server:
         new = update(key, received, part.value)
         if new is not part.value:
             part.value[...] = np.asarray(new).reshape(-1)
+        return update is assign
 
     def _push(self, m: Message) -> None:
         part = self.parts.get((m.key, m.part))
@@ -273,12 +275,13 @@ class Server:
             self._update(parse_key(key), index, total, part)
             part.round += 1
 
-    def apply_round(self, key: bytes, held: list[Any], aggregate: np.ndarray, start: int) -> np.ndarray:
-        """Apply a round aggregated by collectives to the partitions ``held`` here; their new values, joined.
+    def apply_round(self, key: bytes, held: list[Any], aggregate: np.ndarray, start: int) -> None:
+        """Apply a round aggregated by collectives to the partitions ``held`` here, in place.
 
-        ``aggregate`` holds the partitions' elements from element ``start`` of the key on.
+        ``aggregate`` holds the partitions' elements from element ``start`` of the
+        key on; each partition's new value is written back over its aggregate
+        (a copy spared where the stored value simply becomes the aggregate).
         """
-        values = []
         with self.lock:
             for p in held:
                 part = self.parts[(key, p.index)]
@@ -288,11 +291,11 @@ class Server:
                         f"from workers {sorted(part.pending[part.round])} and a pushpull by collectives; "
                         "in sync mode every worker uses one or the other for a round"
                     )
-                self._update(parse_key(key), p.index, aggregate[p.lo - start : p.hi - start], part)
+                received = aggregate[p.lo - start : p.hi - start]
+                if not self._update(parse_key(key), p.index, received, part):
+                    received[...] = part.value
                 part.round += 1
-                values.append(part.value)
             self._settle()  # pulls waiting for this round
-        return np.concatenate(values) if values else aggregate[:0].copy()
 
     def _combine_rows(self, part: _Part, pushes: "list[np.ndarray | _Rows]") -> _Rows:
         """A round's sparse pushes combined in worker order: the rows any worker pushed, and their sum."""
