@@ -10,10 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError
 from ..transport.base import Request, Transport
-from ._wire import Message, decode
+from ._wire import REPLY_TAG, REQUEST_TAG, Message, decode
 
 if TYPE_CHECKING:
     from ..communicator import Communicator
+
+_FIRST_PAUSE_S = 1e-5
+_PAUSE_S = 5e-4  # the longest sleep between probes: a message waits at most this long unseen
 
 
 @dataclass
@@ -34,6 +37,7 @@ class Channel:
     def __post_init__(self) -> None:
         self._sends: list[tuple[Request, Any]] = []  # (request, buffer kept alive until it completes)
         self._lock = threading.Lock()  # a colocated rank's worker and server thread both send
+        self._taking: dict[int, threading.Lock] = {tag: threading.Lock() for tag in (REQUEST_TAG, REPLY_TAG)}
 
     @property
     def transport(self) -> Transport:
@@ -79,17 +83,41 @@ class Channel:
             time.sleep(1e-4)
         return True
 
-    def receive(self, tag: int, timeout: float) -> Message | None:
-        """The next message with ``tag`` from any rank, waiting at most ``timeout`` s; ``None`` if none."""
-        self.progress()
-        found = self.transport.probe(tag, timeout)
-        if found is None:
-            return None
-        src, nbytes = found
-        buffer = bytearray(nbytes)
-        request = self.transport.irecv(buffer, src, tag)
-        self.transport.waitall([request])  # probed: it has arrived
+    def take(self, tag: int) -> Message | None:
+        """The next message with ``tag`` from any rank if one has come, else ``None``; never waits.
+
+        A colocated rank's worker and server thread may both take requests, so a
+        probe and the receive of what it found happen under one lock: another
+        thread cannot receive the probed message in between.
+        """
+        with self._taking[tag]:
+            found = self.transport.probe(tag, 0.0)
+            if found is None:
+                return None
+            src, nbytes = found
+            buffer = bytearray(nbytes)
+            request = self.transport.irecv(buffer, src, tag)
+            self.transport.waitall([request])  # probed: it has arrived
         return decode(buffer)
+
+    def receive(self, tag: int, timeout: float) -> Message | None:
+        """The next message with ``tag``, waiting at most ``timeout`` s; ``None`` if none came.
+
+        Sleeps between probes, a little longer each time up to ``_PAUSE_S``, so
+        that a thread waiting here does not take a core from its rank's worker.
+        """
+        self.progress()
+        deadline = time.monotonic() + timeout
+        pause = _FIRST_PAUSE_S
+        while True:
+            message = self.take(tag)
+            if message is not None:
+                return message
+            now = time.monotonic()
+            if now >= deadline:
+                return None
+            time.sleep(min(pause, deadline - now))
+            pause = min(2 * pause, _PAUSE_S)
 
     def close(self) -> None:
         if self.owned:

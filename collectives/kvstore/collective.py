@@ -21,18 +21,26 @@ def collective_pushpull(
 ) -> None:  # fmt: skip
     """One round of ``key``: every worker's flat ``value`` combined, updated on its servers, into ``target``.
 
-    Where the partitions lie in runs in rank order (a value cut into at least as
-    many partitions as servers), each server's run is its share of a
-    reduce-scatter, and the updated runs come back by an all-gather. A smaller
-    value, on one server, is a reduce to it and a broadcast from it. Either way
-    each element is combined once, on its server, so the result has the same
-    bits on every rank. Collective over the workers, who are all the ranks.
+    Where the servers keep the aggregate as it is (``sync`` with no updater or
+    optimizer), this is one allreduce, after which each server stores its
+    partitions of the result. Otherwise, where the partitions lie in runs in
+    rank order (a value cut into at least as many partitions as servers, or
+    one partition), each server's run is its share of a reduce-scatter, updated
+    there, and the updated runs come back by an all-gather; partitions out of
+    rank order go one by one, a reduce to their server and a broadcast from it.
+    The collectives combine in a fixed order, so the result has the same bits
+    on every rank and every run. Collective over the workers, who are all the ranks.
     """
     from .. import api
 
     comm, rank = channel.comm, channel.rank
     raw = key_bytes(key)
     try:
+        if server.assigns:
+            # the stored value simply becomes the aggregate: one allreduce, and each server keeps its part
+            api.allreduce(value, op, out=target, comm=comm)
+            server.apply_round(raw, [p for p in parts if p.server == rank], target, 0)
+            return
         if all(a.server <= b.server for a, b in itertools.pairwise(parts)):
             counts = [0] * channel.size
             for p in parts:

@@ -100,14 +100,23 @@ class Server:
                 message = self.channel.receive(
                     REQUEST_TAG, max(0.0, min(_IDLE_WAKE_S, wake - time.monotonic()))
                 )
-                with self.lock:
-                    if message is not None:
-                        self.handle(message)
-                    self._settle()
+                self.take(message)
             self.channel.flush(max(1.0, min(self.channel.timeout, 30.0)))
         except BaseException as error:
             self.error = error
             raise
+
+    @property
+    def assigns(self) -> bool:
+        """Whether a round's aggregate is stored as it is (``sync``, no updater or optimizer)."""
+        return self.mode == "sync" and self.updater is None and self.optimizer is None
+
+    def take(self, message: Message | None) -> None:
+        """Handle ``message`` (if any) and answer the waits it made ready; from either thread of the rank."""
+        with self.lock:
+            if message is not None:
+                self.handle(message)
+            self._settle()
 
     def handle(self, m: Message) -> None:
         handler = {

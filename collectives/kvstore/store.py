@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 MODES = ("sync", "async", "ssp")
 """The consistency modes (see :func:`create`)."""
 
+_SPIN_S = 2e-3  # a worker waiting for an answer polls this long since the last message before it sleeps
 _GRACE_S = 5.0  # a worker waits this much past the timeout, so that a server's own error reaches it first
 
 
@@ -459,6 +460,16 @@ class KVStore:
         self._channel.send(message, dst, REQUEST_TAG)
         return request
 
+    def _take(self) -> bool:
+        """Take a reply, and a request to this rank's server, if either has come; whether any did."""
+        took = False
+        if self._server is not None and self._thread is not None:
+            message = self._channel.take(REQUEST_TAG)
+            if message is not None:
+                self._server.take(message)
+                took = True
+        return self._pump(0.0) or took
+
     def _pump(self, timeout: float) -> bool:
         """Take one reply, waiting at most ``timeout`` seconds; whether one came."""
         message = self._channel.receive(REPLY_TAG, timeout)
@@ -481,7 +492,16 @@ class KVStore:
     def _wait_for(self, requests: list[Request]) -> None:
         limit = self._channel.timeout + _GRACE_S
         deadline = time.monotonic() + limit
+        busy = time.monotonic() + _SPIN_S
         while not all(r.done for r in requests):
+            if time.monotonic() < busy:
+                # the answer is likely near: poll without sleeping, and serve this rank's
+                # requests meanwhile, so that they need not wait for its server thread to wake
+                if self._take():
+                    busy = time.monotonic() + _SPIN_S
+                else:
+                    os.sched_yield()  # where ranks outnumber cores, the one to answer may need this one's
+                continue
             if self._server is not None and self._server.error is not None:
                 raise KVStoreError(f"the server on rank {self.rank} failed: {self._server.error!r}")
             left = deadline - time.monotonic()
