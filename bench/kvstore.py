@@ -11,7 +11,8 @@ sizes are timed ``BATCH_BYTES / size`` calls at a time, up to ``MAX_BATCH``); th
 table gives the median over the iterations and the ratios of the medians to the
 allreduce's. GB/s is the key's bytes over the time. Every value pushed while
 timing is zeros, so sums stay finite in every mode; each size is first checked
-once on exact integers (each worker pushes ``rank + 1``; the pull must be the sum).
+once on exact integers (each worker pushes ``rank + 1``; the pull must be the sum), before
+``--optimizer`` (if any) is set on the servers for the timed calls.
 In ``ssp`` every worker calls ``clock()`` after each iteration, untimed.
 """
 
@@ -71,6 +72,12 @@ def _parser() -> argparse.ArgumentParser:
     add("-m", "--modes", default=",".join(kvstore.MODES), help="comma-separated (default all)")
     add("-s", "--servers", default="colocated,1", help="colocated, dedicated counts (default colocated,1)")
     add("--staleness", type=int, default=2, help="ssp's bound (default 2)")
+    add(
+        "--optimizer",
+        choices=("none", "sgd", "adam"),
+        default="none",
+        help="run this optimizer on the servers (after each size's check; default none)",
+    )
     add("-n", "--iters", type=int, default=10, help="timed iterations per size (default 10)")
     add("-w", "--warmup", type=int, default=2, help="untimed iterations first (default 2)")
     add("--json", type=Path, metavar="PATH", help="also save every row as JSON")
@@ -118,9 +125,8 @@ def _measure(
     size: int,
     iters: int,
     warmup: int,
-) -> tuple[dict[str, float], int]:
+) -> dict[str, float]:
     count = size // 4
-    wrong = _check(kv, f"check{size}", count)
     key = f"bench{size}"
     value, out, reduced = (np.zeros(count, np.float32) for _ in range(3))
     kv.init(key, value)
@@ -140,7 +146,7 @@ def _measure(
                 samples[name].append(seconds * 1e6)
         if kv.mode == "ssp":
             kv.clock()
-    return {name: statistics.median(values) for name, values in samples.items()}, wrong
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def _header(
@@ -160,6 +166,7 @@ def _header(
         "# dtype       : float32",
         f"# modes       : {', '.join(modes)}" + (f" (staleness {args.staleness})" if "ssp" in modes else ""),
         f"# servers     : {', '.join(named(k) for k in servers)}",
+        f"# optimizer   : {args.optimizer} (on the servers)",
         f"# iterations  : {args.iters} timed after {args.warmup} warmup; the slowest worker's time, median",
         "#",
         f"#{keys} | {times} | {rates} | #wrong",
@@ -214,8 +221,11 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             communicator = collectives.Communicator(workers)
             with kv:
-                for size in sizes:
-                    times, wrong = _measure(kv, workers, communicator, size, args.iters, args.warmup)
+                wrongs = [_check(kv, f"check{size}", size // 4) for size in sizes]
+                if args.optimizer != "none":
+                    kv.set_optimizer(kvstore.SGD(momentum=0.9) if args.optimizer == "sgd" else kvstore.Adam())
+                for size, wrong in zip(sizes, wrongs, strict=True):
+                    times = _measure(kv, workers, communicator, size, args.iters, args.warmup)
                     label = "colocated" if k is None else str(k)
                     rows.append(Row(size // 4 * 4, size // 4, mode, label, times, wrong))
                     if printing:
