@@ -1,6 +1,6 @@
 """A server of the store: holds partitions, applies pushes by the consistency mode, answers pulls."""
 
-__all__ = ["Server"]
+__all__ = ["Server", "take_parts"]
 
 import json
 import math
@@ -457,7 +457,18 @@ def _restore(server: Server, request: dict[str, Any]) -> None:
         raise KVStoreError(f"server rank {server.rank} holds keys already; load into a new store")
     saved = restore_shards(directory, manifest)
     optimizer = None if manifest["optimizer"] is None else optimizer_from_spec(manifest["optimizer"])
-    for text, index, lo, hi in request["parts"]:
+    take_parts(server, saved, optimizer, int(manifest["clock"]), request["parts"])
+
+
+def take_parts(
+    server: Server,
+    saved: dict[bytes, dict[str, Any]],
+    optimizer: Optimizer | None,
+    clock: int,
+    parts: list[tuple[str, int, int, int]],
+) -> None:
+    """Hold ``parts`` (key, index, lo, hi) of the whole keys ``saved`` (as ``restore_shards`` gives them)."""
+    for text, index, lo, hi in parts:
         raw = text.encode()
         whole = saved[raw]
         server.parts[(raw, index)] = _Part(whole["value"][lo:hi].copy(), whole["shape"], whole["round"])
@@ -465,4 +476,4 @@ def _restore(server: Server, request: dict[str, Any]) -> None:
             state = {name: array[lo:hi].copy() for name, array in whole["state"].items()}
             optimizer._state[(parse_key(raw), index)] = {**state, **whole["scalars"]}
     server.optimizer = optimizer
-    server.clocks = dict.fromkeys(server.workers, int(manifest["clock"]))
+    server.clocks = dict.fromkeys(server.workers, clock)

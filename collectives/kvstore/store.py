@@ -25,6 +25,7 @@ from .checkpoint import load_store, save_store
 from .collective import collective_pushpull
 from .handles import Handle, KeyInfo, Pulled, Request, filler
 from .layout import DEFAULT_PARTITION_BYTES, Partition, Roles, partition
+from .replicas import restore_states, state_of
 from .rows import pull_rows, push_rows
 from .server import Server
 from .updaters import Optimizer, Updater
@@ -342,6 +343,32 @@ class KVStore:
                 another format or mode, or this store has keys already.
         """
         load_store(self, directory)
+
+    def state(self) -> dict[str, Any]:
+        """This rank's shards as a picklable dict, for in-memory replicas; colocated servers only.
+
+        Holds the partitions this rank's server keeps (values, rounds, optimizer
+        state) and the keys' layout, as of this worker's completed requests. Take
+        it at the same point on every rank (after a round, before
+        ``Checkpointer.checkpoint``), and keep it with the checkpoint: its
+        replica is what :meth:`restore` gives the survivors of this rank's death.
+        """
+        return state_of(self)
+
+    def restore(self, states: list[dict[str, Any]]) -> None:
+        """Take every key back from :meth:`state` dicts, cut anew over this store's servers; collective.
+
+        Call it on a new store (colocated, no keys yet) over the survivors of a
+        death, each rank passing its own state first and then those it adopted
+        (:attr:`~collectives.resilience.Recovery.adopted`): the lost servers'
+        partitions come from their replicas. Rounds, clock and optimizer state
+        come back too, so training goes on as from the states' point.
+
+        Raises:
+            KVStoreError: (on every rank) a key that no state passed holds whole,
+                or states of another mode; ConfigurationError: dedicated servers.
+        """
+        restore_states(self, states)
 
     def close(self) -> None:
         """Leave the store; the others carry on without this worker (a ``sync`` round no longer waits for it).
