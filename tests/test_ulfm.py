@@ -164,3 +164,26 @@ def test_training_that_loses_a_rank_ends_with_the_unfailed_runs_weights() -> Non
         assert survivor["step"] == 12 and survivor["weights"] in weights, survivor
         (recovery,) = survivor["recoveries"]  # type: ignore[misc]
         assert recovery["lost"] == [3] and recovery["back_to_step"] == 0, recovery
+
+
+@needs_openmpi
+@pytest.mark.parametrize("fault", ["2:12:kill", "0:21:kill"])
+def test_a_key_value_server_dies_and_the_survivors_restore_partitions_from_its_replica(fault: str) -> None:
+    # every rank serves part of the store; the dead rank's partitions (values and momentum) come
+    # back from the copy its ring neighbour keeps, cut anew over the three survivors
+    dead = int(fault.split(":")[0])
+    try:
+        result = run_ulfm(4, ["-m", "tests.ulfm.store", "8"], timeout=90, env={"COLLECTIVES_FAULT": fault})
+    except subprocess.TimeoutExpired as expired:
+        pytest.fail(f"the job hung; its output:\n{str(expired.output)[-4000:]}")
+    seen = _lines(result.stdout, "STORE ")
+    assert sorted(s["rank"] for s in seen) == sorted(set(range(4)) - {dead}), result.stdout[-4000:]
+    survivors = sorted(set(range(4)) - {dead})
+    for survivor in seen:
+        assert survivor["size"] == 3 and survivor["errors"], survivor
+        pushers = survivor["pushers"]
+        assert isinstance(pushers, list) and len(pushers) == 8
+        # every step applied once: with all four ranks before the death, the survivors after it
+        assert pushers[0] == [0, 1, 2, 3] and pushers[-1] == survivors, pushers
+        assert survivor["right"] and survivor["last_pushpull_right"], survivor
+    assert len({s["sha256"] for s in seen}) == 1
