@@ -5,7 +5,7 @@ __all__ = ["Communicator", "communicator_of", "default"]
 import math
 import struct
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .backends import ArrayBackend
@@ -74,6 +74,7 @@ class Communicator:
         self._features: frozenset[str] | None = None  # what the transport offers, asked once
         self._device_paths: dict[str, DevicePath] = {}  # by backend: made on the first device call
         self._sibling: Communicator | None = None
+        self._before_free: list[Callable[[], None]] = []
         # plain attributes, not properties: a repeated small call reads them in a few microseconds
         self.scratch = Scratch()
         self.prepared: dict[tuple[Any, ...], Prepared] = {}
@@ -308,6 +309,10 @@ class Communicator:
         """This rank's last collectives on the communicator, oldest first, one line each."""
         return self.watchdog.flight_record()
 
+    def before_free(self, finish: Callable[[], None]) -> None:
+        """Run ``finish`` when :meth:`free` begins (the lane of non-blocking calls waits for them there)."""
+        self._before_free.append(finish)
+
     def free(self) -> None:
         """Release the library's duplicate communicator; collective, like creating it.
 
@@ -317,6 +322,8 @@ class Communicator:
         watchdog = self.watchdog
         if watchdog.freed:
             return
+        for finish in self._before_free:  # calls started on it complete first, as MPI's would
+            finish()
         if watchdog.broken is not None:  # receives of a call that did not finish may still land in them
             watchdog.kept.append((self.scratch, list(self.prepared.values())))
             self.scratch = Scratch()

@@ -130,6 +130,11 @@ class _Lane:
             while self._unfinished:
                 self._idle.wait()
 
+    def finish(self) -> None:
+        """Wait for the calls submitted so far, unless called from the lane's own thread (which runs them)."""
+        if self.ident != threading.get_ident():
+            self.wait_idle()
+
     def stop(self) -> None:
         """End the thread once the calls before have run."""
         self._jobs.put(None)
@@ -169,6 +174,7 @@ def _lane(group: Communicator) -> "_Lane | None":
                 atexit.register(_finish_at_exit)  # runs before mpi4py's own MPI_Finalize
             lane = _lanes[group] = _Lane(f"collectives-requests-{group.rank}")
             weakref.finalize(group, lane.stop)
+            group.before_free(lane.finish)
         return lane
 
 
@@ -197,8 +203,8 @@ def settle(comm: "Communicator | MPI.Comm | None") -> None:
     """
     group = communicator_of(comm)
     lane = _lanes.get(group)
-    if lane is not None and lane.ident != threading.get_ident():
-        lane.wait_idle()
+    if lane is not None:
+        lane.finish()
 
 
 def _finish_at_exit() -> None:

@@ -72,6 +72,20 @@ def test_a_request_completes_while_the_caller_computes() -> None:
         assert np.array_equal(x, np.arange(1000.0) * 6)  # the buffer passed is the one written
 
 
+def test_freeing_a_communicator_lets_its_started_calls_complete_first() -> None:
+    """As MPI_Comm_free lets pending operations complete: free right after starting, then wait."""
+
+    def body(comm: C.Communicator) -> list[Any]:
+        x = np.arange(100_000.0) * (comm.rank + 1)
+        requests = [C.iallreduce(x, comm=comm), C.iallgather(np.array([comm.rank]), comm=comm)]
+        comm.free()
+        return C.wait_all(requests)
+
+    for total, ranks in run_ranks(3, body):
+        assert np.array_equal(total, np.arange(100_000.0) * 6)
+        assert ranks.tolist() == [0, 1, 2]
+
+
 def test_blocking_calls_follow_the_started_ones_in_program_order() -> None:
     def body(comm: C.Communicator) -> list[Any]:
         r = comm.rank
