@@ -22,7 +22,7 @@ at the end rank 0 prints a digest of the final parameters, to compare runs bitwi
 
     mpiexec --with-ft ulfm -n 4 python examples/train.py --survive [--replace]  # Open MPI 5
 
-``--survive`` (mode optimizer) survives the death of a rank, under an MPI with fault
+``--survive`` (modes optimizer and ps-sync) survives the death of a rank, under an MPI with fault
 tolerance (Open MPI's ULFM; docs/fault_tolerance.md): rank ``r`` trains on data shard
 ``r``, and model, optimizer state, step and the shards each rank owns are checkpointed
 in memory every ``--checkpoint-every`` steps (a copy on the next rank). When a step or
@@ -32,7 +32,9 @@ lost rank's copy takes over its shards: it computes their gradients too. Gradien
 summed over the ranks and divided by the number of shards, so every step still averages
 over all shards. With ``--replace`` a new process takes the lost rank's place instead
 (the world size stays, and so does the arithmetic: the final parameters equal an
-unfailed run's bitwise). Every rank prints one ``SURVIVED {json}`` line at the end (a
+unfailed run's bitwise). In ps-sync the store's shards (parameters and momentum on
+each rank's server) go into the same checkpoint, and the survivors restore them on a
+new store, the lost server's from its copy. Every rank prints one ``SURVIVED {json}`` line at the end (a
 replacement's ``rank`` as ``-1 - rank``), with its recoveries and how long each took.
 ``--save-parameters FILE`` has rank 0 write the final parameters there (numpy ``.npz``).
 """
@@ -75,13 +77,13 @@ def main() -> None:
     parser.add_argument("--target-loss", type=float, help="report when rank 0's smoothed loss reaches it")
     parser.add_argument("--checkpoint-dir", help="save there, and resume from the newest complete checkpoint")
     parser.add_argument("--checkpoint-every", type=int, default=10, help="steps between checkpoints")
-    parser.add_argument("--survive", action="store_true", help="survive a rank's death (ULFM; optimizer)")
+    parser.add_argument("--survive", action="store_true", help="survive a rank's death (ULFM)")
     parser.add_argument("--replace", action="store_true", help="with --survive: replace a lost rank")
     parser.add_argument("--timeout", type=float, default=30.0, help="with --survive: a hung rank's limit, s")
     parser.add_argument("--save-parameters", help="rank 0 writes the final parameters to this .npz file")
     args = parser.parse_args()
-    if (args.survive or args.replace) and (args.mode != "optimizer" or args.checkpoint_dir):
-        parser.error("--survive works in mode optimizer, without --checkpoint-dir")
+    if (args.survive or args.replace) and (args.mode not in ("optimizer", "ps-sync") or args.checkpoint_dir):
+        parser.error("--survive works in modes optimizer and ps-sync, without --checkpoint-dir")
     if args.replace and not args.survive:
         parser.error("--replace needs --survive")
     torch.set_num_threads(args.threads)
@@ -199,8 +201,9 @@ def _train_surviving(args: argparse.Namespace, model: torch.nn.Module, sgd: torc
         comm, checkpointer, launch = joined.communicator, joined.checkpointer, -1 - joined.communicator.rank
         state = joined.state()
         _restore(state, model, sgd)
-    optimizer = _wrap(sgd, model, args, comm)
-    checkpointer.checkpoint(_snapshot(state, model, sgd))  # the survivors do the same after recovering
+    shards = [state.pop("kv")] if "kv" in state else None  # a replacement's: the lost rank's store shards
+    optimizer = _wrap(sgd, model, args, comm, shards)
+    checkpointer.checkpoint(_snapshot(state, model, sgd, optimizer))  # as the survivors do after recovering
     recoveries: list[dict[str, Any]] = []
     failed_at: float | None = None
     recovered: dict[str, Any] = {}
@@ -210,14 +213,15 @@ def _train_surviving(args: argparse.Namespace, model: torch.nn.Module, sgd: torc
             optimizer.zero_grad()
             loss = shards_loss(model, step, state["shards"], args.batch)
             loss.backward()
-            optimizer.synchronize()  # the gradients summed over the ranks, so over all the shards
+            if isinstance(optimizer, ti.DistributedOptimizer):
+                optimizer.synchronize()  # the gradients summed over the ranks, so over all the shards
             for param in model.parameters():
                 assert param.grad is not None
                 param.grad.div_(state["of"])  # the average over the shards, however many ranks hold them
-            optimizer.step()
+            optimizer.step()  # ps-sync: the store's servers sum the pushes and step
             state["step"] = step + 1
             if state["step"] % args.checkpoint_every == 0:
-                checkpointer.checkpoint(_snapshot(state, model, sgd))
+                checkpointer.checkpoint(_snapshot(state, model, sgd, optimizer))
         except (BrokenCommunicatorError, CollectiveTimeout) as error:
             failed_at = time.perf_counter()
             recovery = resilience.recover(checkpointer, hung=resilience.hung_ranks(error))
@@ -229,9 +233,14 @@ def _train_surviving(args: argparse.Namespace, model: torch.nn.Module, sgd: torc
             for lost in recovery.adopted.values():  # the lost ranks' shards, now this rank's to compute
                 state["shards"] = sorted(state["shards"] + lost["shards"])
             _restore(state, model, sgd)
-            optimizer.remove_hooks()  # the new wrapper reduces on the survivors' communicator
-            optimizer = _wrap(sgd, model, args, comm)
-            checkpointer.checkpoint(_snapshot(state, model, sgd))  # adopted shards' copies, on the new ring
+            if isinstance(optimizer, ti.DistributedOptimizer):
+                optimizer.remove_hooks()  # the new wrapper reduces on the survivors' communicator
+            # ps-sync: a new store on the survivors, the lost servers' partitions from their replicas
+            shards = None
+            if "kv" in state:
+                shards = [state.pop("kv")] + [lost["kv"] for lost in recovery.adopted.values()]
+            optimizer = _wrap(sgd, model, args, comm, shards)
+            checkpointer.checkpoint(_snapshot(state, model, sgd, optimizer))  # adopted ones on the new ring
             recovered = {
                 "error": f"{type(error).__name__}: {str(error).splitlines()[0]}",
                 "lost": list(recovery.lost),
@@ -269,15 +278,36 @@ def _wrap(
     model: torch.nn.Module,
     args: argparse.Namespace,
     comm: collectives.Communicator,
-) -> ti.DistributedOptimizer:
-    """``sgd`` wrapped to sum the gradients over ``comm``'s ranks (the caller divides by the shards)."""
+    shards: list[dict[str, Any]] | None = None,
+) -> ti.DistributedOptimizer | ti.KVStoreOptimizer:
+    """``sgd`` wrapped to sum the gradients over ``comm``'s ranks (the caller divides by the shards).
+
+    ps-sync: a store over ``comm`` whose servers sum and step, restored from
+    ``shards`` (``KVStore.state()`` dicts) where given.
+    """
     named = model.named_parameters()
-    return ti.DistributedOptimizer(sgd, named, compression=args.compression, op="sum", comm=comm)
+    if args.mode != "ps-sync":
+        return ti.DistributedOptimizer(sgd, named, compression=args.compression, op="sum", comm=comm)
+    kv = kvstore.create("sync", comm=comm, timeout=args.timeout)
+    if shards is not None:
+        kv.restore(shards)
+    return ti.KVStoreOptimizer(sgd, kv, named, average=False, loaded=shards is not None)
 
 
-def _snapshot(state: dict[str, Any], model: torch.nn.Module, sgd: torch.optim.Optimizer) -> dict[str, Any]:
-    """What a checkpoint keeps: step, shards, model and optimizer state (pickled, so copied, when taken)."""
-    return {**state, "model": model.state_dict(), "optimizer": sgd.state_dict()}
+def _snapshot(
+    state: dict[str, Any],
+    model: torch.nn.Module,
+    sgd: torch.optim.Optimizer,
+    optimizer: ti.DistributedOptimizer | ti.KVStoreOptimizer,
+) -> dict[str, Any]:
+    """What a checkpoint keeps: step, shards, model and optimizer state (pickled, so copied, when taken).
+
+    ps-sync: the store's shards on this rank's server too (their values and momentum).
+    """
+    kept = {**state, "model": model.state_dict(), "optimizer": sgd.state_dict()}
+    if isinstance(optimizer, ti.KVStoreOptimizer):
+        kept["kv"] = optimizer.kv.state()
+    return kept
 
 
 def _restore(state: dict[str, Any], model: torch.nn.Module, sgd: torch.optim.Optimizer) -> None:

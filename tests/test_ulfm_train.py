@@ -140,3 +140,32 @@ def test_a_new_wrapper_takes_over_once_the_old_ones_hooks_are_removed(ranks: Ran
         return weight.detach()
 
     assert all(torch.equal(w, torch.full((3,), -1.5)) for w in ranks(2, run))
+
+
+PS_STEP_5 = 80  # in ps-sync, the call the fault kills: one of step 5's all-gathers (back to step 4)
+
+
+@needs_openmpi
+def test_ps_sync_survives_a_server_with_a_replacement_bitwise_and_without_one_within_rounding(
+    tmp_path: Path,
+) -> None:
+    # every rank is also a server of the store; the lost rank's partitions (parameters and
+    # momentum) come back from the copy its neighbour keeps in the in-memory checkpoint
+    unfailed = _train(None, "--mode", "ps-sync")
+    replaced = _train(f"1:{PS_STEP_5}:kill", "--mode", "ps-sync", "--replace")
+    digests = {r["sha256"] for r in unfailed}
+    assert len(digests) == 1 and len(unfailed) == 4, unfailed
+    assert sorted(r["rank"] for r in replaced) == [-2, 0, 2, 3], replaced  # type: ignore[type-var]
+    assert all(r["sha256"] in digests and r["step"] == STEPS for r in replaced), replaced
+    saved = tmp_path / "parameters.npz"
+    survived = _train(f"3:{PS_STEP_5}:kill", "--mode", "ps-sync", "--save-parameters", str(saved))
+    assert sorted(r["rank"] for r in survived) == [0, 1, 2], survived  # type: ignore[type-var]
+    for survivor in survived:
+        (recovery,) = survivor["recoveries"]  # type: ignore[misc]
+        assert recovery["lost"] == [3] and recovery["failed_in_step"] == 5, recovery
+        assert recovery["back_to_step"] == 4 and survivor["step"] == STEPS, recovery
+    with np.load(saved) as stored:
+        parameters = [stored[name] for name in stored.files]
+    reference = _one_process()
+    assert _distance(parameters, reference) < 1e-6
+    assert _distance(_one_process(skipped=(5,)), reference) > 1e-3  # a lost step would show
