@@ -378,6 +378,12 @@ def _target(backend: ArrayBackend, out: Any, count: int, like: Any) -> Any:
     return backend.empty(count, like) if flat is None else flat
 
 
+def _own_part(backend: ArrayBackend, mine: Any, work: Any, shares: Any, rank: int) -> bool:
+    """Whether ``mine``, which overlaps ``work``, lies within ``rank``'s part of it (and so is that part)."""
+    lo = sum(shares[:rank])
+    return not (backend.shares_memory(mine, work[:lo]) or backend.shares_memory(mine, work[lo + mine.size :]))
+
+
 def reduce_scatter_prepared(
     group: "Communicator", prepared: Prepared, x: Any, out: Any, check: bool | None
 ) -> Any:
@@ -406,12 +412,10 @@ def allgather_prepared(
     backend, shared, shares = prepared.backend, prepared.shared, prepared.shares
     assert shared is not None  # only calls run on the shared-memory executor are prepared
     work = _target(backend, out, sum(shares), x)
-    lo = sum(shares[: group.rank])
     mine = backend.flat_view(x)
     # x may be this rank's own part of work (in place); anywhere else in work it is copied first
     if mine is None or (
-        backend.shares_memory(mine, work)
-        and (backend.shares_memory(mine, work[:lo]) or backend.shares_memory(mine, work[lo + mine.size :]))
+        backend.shares_memory(mine, work) and not _own_part(backend, mine, work, shares, group.rank)
     ):
         mine = _apart(backend, x, work)
     # the executor copies this rank's part into work as it copies the others'
