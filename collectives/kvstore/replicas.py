@@ -59,8 +59,6 @@ def state_of(store: "KVStore") -> dict[str, Any]:
 
 def restore_states(store: "KVStore", states: list[dict[str, Any]]) -> None:
     """The body of :meth:`KVStore.restore`: collective over the new store's ranks."""
-    from .. import api
-
     server = _server_of(store, "restore()")
     if not states:
         raise KVStoreError(f"restore on rank {store.rank}: pass at least this rank's own state")
@@ -85,8 +83,8 @@ def restore_states(store: "KVStore", states: list[dict[str, Any]]) -> None:
                 table.append([part["key"], name, array.dtype.name, lo, int(array.size), part["round"],
                               part["shape"], scalars])  # fmt: skip
                 chunks.append(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
-    everyone_table = _gather_bytes(api, store, json.dumps(table).encode())
-    everyone_data = _gather_bytes(api, store, np.concatenate(chunks) if chunks else np.zeros(0, np.uint8))
+    everyone_table = _gather_bytes(store, json.dumps(table).encode())
+    everyone_data = _gather_bytes(store, np.concatenate(chunks) if chunks else np.zeros(0, np.uint8))
     keys_meta, clock, spec = states[0]["keys"], states[0]["clock"], states[0]["optimizer"]
     saved: dict[bytes, dict[str, Any]] = {}
     covered: dict[bytes, np.ndarray] = {}
@@ -101,7 +99,7 @@ def restore_states(store: "KVStore", states: list[dict[str, Any]]) -> None:
         for key, name, dtype, lo, size, round_, shape, scalars in json.loads(bytes(rows)):
             raw = key.encode()
             whole = saved[raw]
-            piece = np.frombuffer(bytes(data[at : at + size * np.dtype(dtype).itemsize]), dtype)
+            piece = data[at : at + size * np.dtype(dtype).itemsize].view(dtype)
             at += piece.nbytes
             if name:
                 whole["state"].setdefault(name, np.zeros(whole["value"].size, dtype))[lo : lo + size] = piece
@@ -131,8 +129,10 @@ def restore_states(store: "KVStore", states: list[dict[str, Any]]) -> None:
     store.barrier()
 
 
-def _gather_bytes(api: Any, store: "KVStore", mine: Any) -> list[np.ndarray]:
+def _gather_bytes(store: "KVStore", mine: Any) -> list[np.ndarray]:
     """Every rank's bytes, by rank."""
+    from .. import api
+
     buffer = np.frombuffer(mine, np.uint8) if isinstance(mine, bytes) else mine
     comm = store._channel.comm
     counts = [int(c) for c in api.allgather(np.array([buffer.size], np.int64), comm=comm).reshape(-1)]
