@@ -1,7 +1,8 @@
 """The command line: ``mpiexec -n 4 python -m bench allreduce -b 8 -e 64M -a ring,mpi``, and more.
 
 ``calibrate`` measures the cost model; ``compare`` times our allreduce against
-the MPI library's and gloo's (see :mod:`bench.compare`); ``kernels`` times the CUDA
+the MPI library's and gloo's (see :mod:`bench.compare`); ``floor`` against the
+machine's single-copy floor and the MPI library's (see :mod:`bench.floor`); ``kernels`` times the CUDA
 reduction kernels on one GPU, without MPI (see :mod:`bench.kernel_bench`); ``kvstore``
 times the key-value store's push and pull beside allreduce (see :mod:`bench.kvstore`).
 
@@ -104,6 +105,9 @@ def _parser() -> argparse.ArgumentParser:
         "plans", add_help=False, help="one rank's plan and explain at 4,096 ranks, without MPI"
     )
     commands.add_parser("compare", add_help=False, help="allreduce against MPI's and gloo's, interleaved")
+    commands.add_parser(
+        "floor", add_help=False, help="allreduce against the single-copy floor and MPI's, interleaved"
+    )
     commands.add_parser("kernels", add_help=False, help="GB/s of the CUDA reduction kernels on one GPU")
     commands.add_parser("kvstore", add_help=False, help="the key-value store beside allreduce")
     return parser
@@ -193,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         from .compare import main as compare
 
         return compare(argv[1:])
+    if argv[:1] == ["floor"]:
+        from .floor import main as floor
+
+        return floor(argv[1:])
     if argv[:1] == ["kvstore"]:
         from .kvstore import main as kvstore
 

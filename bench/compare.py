@@ -36,9 +36,10 @@ from collectives.specs import get_spec
 from .collective import library_version, mpi_datatype
 from .compare_report import SizeResult, format_table, plot, ratio, to_json
 from .config import plan_sizes, size_argument, size_sweep
+from .floor import CROSS_MEMORY, SHARED_WINDOW, Floor, cross_memory_error
 from .patterns import ExactData, count_wrong, numpy_dtype
 
-PEERS = ("mpi", "gloo")
+PEERS = ("mpi", "gloo", "floor")
 BATCH_BYTES = 1 << 20
 """A batch of small-message calls moves about this many bytes (see :func:`calls_per_sample`)."""
 MAX_BATCH = 200
@@ -57,7 +58,12 @@ def _parser() -> argparse.ArgumentParser:
     add("-f", "--stepfactor", type=int, default=4, help="size multiplier per step (default 4)")
     add("-d", "--datatype", choices=DTYPES, default="float32", metavar="DTYPE", help="default float32")
     add("-a", "--algorithm", default=",".join(ours), help=f"ours, comma-separated (default {','.join(ours)})")
-    add("-p", "--peers", default=",".join(PEERS), help="peers: mpi, gloo (default both; gloo needs torch)")
+    add(
+        "-p",
+        "--peers",
+        default=",".join(PEERS),
+        help="peers: mpi, gloo, floor (default all three; gloo needs torch; floor: see bench/floor.py)",
+    )
     add("-n", "--iters", type=int, default=20, help="timed rounds per size (default 20)")
     add("-w", "--warmup", type=int, default=3, help="untimed calls of each contender per size (default 3)")
     add("--alloc", action="store_true", help="our buffers from Communicator.alloc (shared memory, no copy)")
@@ -91,6 +97,8 @@ def _caller(
     if name == "mpi":
         spec = [x.view(np.uint8), mpi_datatype(str(x.dtype))]
         return lambda: world.Allreduce(MPI.IN_PLACE, spec, op=MPI.SUM)
+    if name == "floor":
+        return Floor(x, world)
     if name == "gloo":
         import torch
 
@@ -138,6 +146,9 @@ def main(argv: list[str]) -> int:
     emit(f"# batches     : up to {MAX_BATCH} calls timed as one sample, 1 from {BATCH_BYTES} B up")
     if args.alloc:
         emit("# buffers     : ours from Communicator.alloc")
+    if "floor" in peers:
+        why = cross_memory_error(world)
+        emit(f"# floor       : {CROSS_MEMORY if why is None else f'{SHARED_WINDOW} ({why})'}")
     for note in notes:
         emit(f"# {note}")
     contenders = (*ours, *peers)
@@ -221,6 +232,9 @@ def _measure(
                 call()
             times[j, i] = (MPI.Wtime() - start) / batch
     world.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
+    for call in calls.values():
+        if isinstance(call, Floor):
+            call.free()
     medians = {name: float(np.median(times[j])) for j, name in enumerate(contenders)}
     index = {name: j for j, name in enumerate(contenders)}
     ratios = {(a, b): ratio(list(times[index[a]]), list(times[index[b]])) for a in ours for b in peers}
