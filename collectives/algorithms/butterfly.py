@@ -52,7 +52,29 @@ and all-gather, as for the ring but in log2 P steps instead of P - 1, and
 log2 P * S for allreduce.
 """
 
-__all__ = ["allgather", "allreduce", "cost", "rank_program", "reduce_scatter", "schedule_traffic"]
+# beside the algorithm's interface, its building blocks, which halving_doubling.py shares
+__all__ = [
+    "aligned_group",
+    "allgather",
+    "allreduce",
+    "butterfly_distances",
+    "butterfly_traffic",
+    "cost",
+    "doubling_part",
+    "doubling_steps",
+    "fold_in_part",
+    "fold_in_steps",
+    "fold_out_part",
+    "fold_out_steps",
+    "fold_traffic",
+    "halving_part",
+    "halving_steps",
+    "power_of_two_base",
+    "rank_program",
+    "reduce_scatter",
+    "schedule_traffic",
+    "total_traffic",
+]
 
 from collections.abc import Callable, Iterable, Sequence
 
@@ -62,40 +84,44 @@ from ..topology.cost_model import Traffic
 from .base import Cost
 
 
-def _base(world_size: int) -> int:
-    # the largest power of two not above the world size: the ranks the butterfly runs on
+def power_of_two_base(world_size: int) -> int:
+    """The largest power of two not above ``world_size``: the ranks the butterfly runs on."""
     return 1 << (world_size.bit_length() - 1)
 
 
-def _distances(base: int) -> list[int]:
-    # 1, 2, ..., base / 2: one step each
+def butterfly_distances(base: int) -> list[int]:
+    """The peers' distances over ``base`` ranks, 1, 2, ..., base / 2: one step each."""
     return [1 << k for k in range(base.bit_length() - 1)]
 
 
-def _group(rank: int, distance: int) -> range:
+def aligned_group(rank: int, distance: int) -> range:
+    """The ``distance`` ranks of ``rank``'s aligned group (starting at a multiple of ``distance``)."""
     start = rank - rank % distance
     return range(start, start + distance)
 
 
 def _chunks_per_rank(world_size: int) -> list[tuple[int, ...]]:
     # with one chunk per rank's share, butterfly rank v handles its own and that of extra rank P' + v
-    base = _base(world_size)
+    base = power_of_two_base(world_size)
     return [(v, base + v) if base + v < world_size else (v,) for v in range(base)]
 
 
-def _fold_in(world_size: int, chunks: Callable[[int], Iterable[int]], reduce: bool) -> list[Step]:
-    base = _base(world_size)
+def fold_in_steps(world_size: int, chunks: Callable[[int], Iterable[int]], reduce: bool) -> list[Step]:
+    """The step in which each rank beyond the base sends ``chunks(rank)`` to its partner in the base."""
+    base = power_of_two_base(world_size)
     extras = range(base, world_size)
     return [Step(Transfer(e, e - base, c, reduce) for e in extras for c in chunks(e))] if extras else []
 
 
-def _fold_out(world_size: int, chunks: Callable[[int], Iterable[int]]) -> list[Step]:
-    base = _base(world_size)
+def fold_out_steps(world_size: int, chunks: Callable[[int], Iterable[int]]) -> list[Step]:
+    """The step in which each rank beyond the base receives ``chunks(rank)`` from its partner."""
+    base = power_of_two_base(world_size)
     extras = range(base, world_size)
     return [Step(Transfer(e - base, e, c) for e in extras for c in chunks(e))] if extras else []
 
 
-def _halving_steps(chunks_of: Sequence[Sequence[int]]) -> list[Step]:
+def halving_steps(chunks_of: Sequence[Sequence[int]]) -> list[Step]:
+    """Recursive halving over the base, butterfly rank v handling ``chunks_of[v]``."""
     # rank r is responsible for the chunks of its aligned group of 2d ranks; it keeps its own half
     # and hands its peer, reduced, the half the peer's group of d ranks is responsible for
     base = len(chunks_of)
@@ -103,19 +129,20 @@ def _halving_steps(chunks_of: Sequence[Sequence[int]]) -> list[Step]:
         Step(
             Transfer(r, r ^ d, c, reduce=True)
             for r in range(base)
-            for v in _group(r ^ d, d)
+            for v in aligned_group(r ^ d, d)
             for c in chunks_of[v]
         )
-        for d in reversed(_distances(base))
+        for d in reversed(butterfly_distances(base))
     ]
 
 
-def _doubling_steps(chunks_of: Sequence[Sequence[int]]) -> list[Step]:
+def doubling_steps(chunks_of: Sequence[Sequence[int]]) -> list[Step]:
+    """Recursive doubling over the base, butterfly rank v handling ``chunks_of[v]``."""
     # rank r holds the chunks of its aligned group of d ranks and sends them all to its peer
     base = len(chunks_of)
     return [
-        Step(Transfer(r, r ^ d, c) for r in range(base) for v in _group(r, d) for c in chunks_of[v])
-        for d in _distances(base)
+        Step(Transfer(r, r ^ d, c) for r in range(base) for v in aligned_group(r, d) for c in chunks_of[v])
+        for d in butterfly_distances(base)
     ]
 
 
@@ -123,9 +150,9 @@ def reduce_scatter(shares: Sequence[int]) -> Schedule:
     """Recursive-halving reduce-scatter; rank ``r`` ends with its share of ``shares[r]`` elements reduced."""
     size = len(shares)
     steps = [
-        *_fold_in(size, lambda e: range(size), reduce=True),
-        *_halving_steps(_chunks_per_rank(size)),
-        *_fold_out(size, lambda e: (e,)),
+        *fold_in_steps(size, lambda e: range(size), reduce=True),
+        *halving_steps(_chunks_per_rank(size)),
+        *fold_out_steps(size, lambda e: (e,)),
     ]
     return Schedule(
         name=f"reduce_scatter-butterfly(n={size})",
@@ -141,9 +168,9 @@ def allgather(shares: Sequence[int]) -> Schedule:
     """Recursive-doubling all-gather; rank ``r`` contributes ``shares[r]`` elements and ends with them all."""
     size = len(shares)
     steps = [
-        *_fold_in(size, lambda e: (e,), reduce=False),
-        *_doubling_steps(_chunks_per_rank(size)),
-        *_fold_out(size, lambda e: (c for c in range(size) if c != e)),
+        *fold_in_steps(size, lambda e: (e,), reduce=False),
+        *doubling_steps(_chunks_per_rank(size)),
+        *fold_out_steps(size, lambda e: (c for c in range(size) if c != e)),
     ]
     return Schedule(
         name=f"allgather-butterfly(n={size})",
@@ -157,13 +184,16 @@ def allgather(shares: Sequence[int]) -> Schedule:
 
 def allreduce(world_size: int, count: int) -> Schedule:
     """Recursive-doubling allreduce of ``count`` elements over ``world_size`` ranks, as one chunk."""
-    base = _base(world_size)
+    base = power_of_two_base(world_size)
     whole = (0,)
     steps = [
-        *_fold_in(world_size, lambda e: whole, reduce=True),
+        *fold_in_steps(world_size, lambda e: whole, reduce=True),
         # farthest peers first, the order of the halving, so both allreduces round alike
-        *(Step(Transfer(r, r ^ d, 0, reduce=True) for r in range(base)) for d in reversed(_distances(base))),
-        *_fold_out(world_size, lambda e: whole),
+        *(
+            Step(Transfer(r, r ^ d, 0, reduce=True) for r in range(base))
+            for d in reversed(butterfly_distances(base))
+        ),
+        *fold_out_steps(world_size, lambda e: whole),
     ]
     return Schedule(
         name=f"allreduce-butterfly(n={world_size})",
@@ -177,15 +207,15 @@ def allreduce(world_size: int, count: int) -> Schedule:
 def cost(collective: str, shares: Sequence[int]) -> Cost:
     """Steps and elements sent per rank, from the table above."""
     size, total = len(shares), sum(shares)
-    base = _base(size)
-    distances = _distances(base)
+    base = power_of_two_base(size)
+    distances = butterfly_distances(base)
     folds = [base + r < size for r in range(base)]
     extra = [shares[base + r] if folds[r] else 0 for r in range(base)]
     handled = [shares[r] + extra[r] for r in range(base)]
     steps = len(distances) + (2 if size > base else 0)
 
     def group(rank: int, d: int) -> int:
-        return sum(handled[v] for v in _group(rank, d))
+        return sum(handled[v] for v in aligned_group(rank, d))
 
     if collective == "reduce_scatter":
         sent = [sum(group(r ^ d, d) for d in distances) + extra[r] for r in range(base)]
@@ -207,14 +237,15 @@ ChunksOf = Callable[[int], Sequence[int]]
 
 
 def _shared_chunks(world_size: int) -> ChunksOf:
-    base = _base(world_size)
+    base = power_of_two_base(world_size)
     return lambda v: (v, base + v) if base + v < world_size else (v,)
 
 
-def _fold_in_part(
+def fold_in_part(
     size: int, rank: int, chunks: Callable[[int], Iterable[int]], reduce: bool
 ) -> list[RankStep]:
-    base = _base(size)
+    """``rank``'s part of :func:`fold_in_steps`."""
+    base = power_of_two_base(size)
     if size == base:
         return []
     if rank >= base:
@@ -224,8 +255,9 @@ def _fold_in_part(
     return [RankStep((), got)]
 
 
-def _fold_out_part(size: int, rank: int, chunks: Callable[[int], Iterable[int]]) -> list[RankStep]:
-    base = _base(size)
+def fold_out_part(size: int, rank: int, chunks: Callable[[int], Iterable[int]]) -> list[RankStep]:
+    """``rank``'s part of :func:`fold_out_steps`."""
+    base = power_of_two_base(size)
     if size == base:
         return []
     if rank >= base:
@@ -234,58 +266,62 @@ def _fold_out_part(size: int, rank: int, chunks: Callable[[int], Iterable[int]])
     return [RankStep(tuple(Transfer(rank, extra, c) for c in chunks(extra)) if extra < size else (), ())]
 
 
-def _halving_part(base: int, rank: int, chunks_of: ChunksOf) -> list[RankStep]:
+def halving_part(base: int, rank: int, chunks_of: ChunksOf) -> list[RankStep]:
+    """``rank``'s part of :func:`halving_steps` (idle steps beyond the base)."""
     if rank >= base:
         return [RankStep((), ())] * (base.bit_length() - 1)
     return [
         RankStep(
-            tuple(Transfer(rank, rank ^ d, c, True) for v in _group(rank ^ d, d) for c in chunks_of(v)),
-            tuple(Transfer(rank ^ d, rank, c, True) for v in _group(rank, d) for c in chunks_of(v)),
+            tuple(
+                Transfer(rank, rank ^ d, c, True) for v in aligned_group(rank ^ d, d) for c in chunks_of(v)
+            ),
+            tuple(Transfer(rank ^ d, rank, c, True) for v in aligned_group(rank, d) for c in chunks_of(v)),
         )
-        for d in reversed(_distances(base))
+        for d in reversed(butterfly_distances(base))
     ]
 
 
-def _doubling_part(base: int, rank: int, chunks_of: ChunksOf) -> list[RankStep]:
+def doubling_part(base: int, rank: int, chunks_of: ChunksOf) -> list[RankStep]:
+    """``rank``'s part of :func:`doubling_steps` (idle steps beyond the base)."""
     if rank >= base:
         return [RankStep((), ())] * (base.bit_length() - 1)
     return [
         RankStep(
-            tuple(Transfer(rank, rank ^ d, c) for v in _group(rank, d) for c in chunks_of(v)),
-            tuple(Transfer(rank ^ d, rank, c) for v in _group(rank ^ d, d) for c in chunks_of(v)),
+            tuple(Transfer(rank, rank ^ d, c) for v in aligned_group(rank, d) for c in chunks_of(v)),
+            tuple(Transfer(rank ^ d, rank, c) for v in aligned_group(rank ^ d, d) for c in chunks_of(v)),
         )
-        for d in _distances(base)
+        for d in butterfly_distances(base)
     ]
 
 
 def rank_program(collective: str, shares: tuple[int, ...], root: int | None, rank: int) -> RankProgram | None:
     """Rank ``rank``'s part of the butterfly's schedule, from its peers alone (see ``base``)."""
     size = len(shares)
-    base = _base(size)
+    base = power_of_two_base(size)
     every = range(size)
     if collective == "reduce_scatter":
         steps = [
-            *_fold_in_part(size, rank, lambda e: every, reduce=True),
-            *_halving_part(base, rank, _shared_chunks(size)),
-            *_fold_out_part(size, rank, lambda e: (e,)),
+            *fold_in_part(size, rank, lambda e: every, reduce=True),
+            *halving_part(base, rank, _shared_chunks(size)),
+            *fold_out_part(size, rank, lambda e: (e,)),
         ]
     elif collective == "allgather":
         steps = [
-            *_fold_in_part(size, rank, lambda e: (e,), reduce=False),
-            *_doubling_part(base, rank, _shared_chunks(size)),
-            *_fold_out_part(size, rank, lambda e: [c for c in every if c != e]),
+            *fold_in_part(size, rank, lambda e: (e,), reduce=False),
+            *doubling_part(base, rank, _shared_chunks(size)),
+            *fold_out_part(size, rank, lambda e: [c for c in every if c != e]),
         ]
     elif collective == "allreduce":
         whole = (0,)
         steps = [
-            *_fold_in_part(size, rank, lambda e: whole, reduce=True),
+            *fold_in_part(size, rank, lambda e: whole, reduce=True),
             *(
                 RankStep((Transfer(rank, rank ^ d, 0, True),), (Transfer(rank ^ d, rank, 0, True),))
                 if rank < base
                 else RankStep((), ())
-                for d in reversed(_distances(base))
+                for d in reversed(butterfly_distances(base))
             ),
-            *_fold_out_part(size, rank, lambda e: whole),
+            *fold_out_part(size, rank, lambda e: whole),
         ]
         return RankProgram(
             f"allreduce-butterfly(n={size})", "allreduce", size, rank, (sum(shares),), tuple(steps)
@@ -319,7 +355,7 @@ def butterfly_traffic(
     """
     nonzero = [sum(1 for n in sizes_v if n) for sizes_v in handled]
     elements = [sum(sizes_v) for sizes_v in handled]
-    distances = _distances(len(handled))
+    distances = butterfly_distances(len(handled))
     counted = []
     if halving:
         for d in reversed(distances):
@@ -331,14 +367,15 @@ def butterfly_traffic(
     return counted
 
 
-def _folds(moved: Iterable[tuple[int, int]], reduce: bool) -> tuple[int, int, int]:
-    # a fold step: each extra pair moves (chunks of any elements, elements)
+def fold_traffic(moved: Iterable[tuple[int, int]], reduce: bool) -> tuple[int, int, int]:
+    """(messages, elements, reduced) of a fold step whose pairs move ``moved`` (chunks, elements)."""
     pairs = list(moved)
     elements = max(n for _, n in pairs)
     return max(m for m, _ in pairs), elements, elements if reduce else 0
 
 
-def _total(counted: Iterable[tuple[int, int, int]]) -> Traffic:
+def total_traffic(counted: Iterable[tuple[int, int, int]]) -> Traffic:
+    """The traffic of the steps ``counted`` (messages, elements, reduced); steps moving nothing left out."""
     moving = [c for c in counted if c[1]]
     return Traffic(
         len(moving), sum(c[0] for c in moving), sum(c[1] for c in moving), sum(c[2] for c in moving)
@@ -348,25 +385,26 @@ def _total(counted: Iterable[tuple[int, int, int]]) -> Traffic:
 def schedule_traffic(collective: str, world_size: int, count: int) -> tuple[str, Traffic] | None:
     """The name and counted traffic of the butterfly's schedule of an even split (see ``base``)."""
     size = world_size
-    base = _base(size)
+    base = power_of_two_base(size)
     extras = range(base, size)
     name = f"{collective}-butterfly(n={size})"
     if collective == "allreduce":
         steps = [(1, count, count)] * (base.bit_length() - 1)
         folds = [(1, count, count), (1, count, 0)] if extras else []
-        return name, _total([*folds[:1], *steps, *folds[1:]])
+        return name, total_traffic([*folds[:1], *steps, *folds[1:]])
     shares = even_split(count, size)
     handled = [[shares[c] for c in _shared_chunks(size)(v)] for v in range(base)]
     nonzero = sum(1 for n in shares if n)
     alone = [(int(shares[e] > 0), shares[e]) for e in extras]  # an extra rank's own chunk
     if collective == "reduce_scatter":
-        fold_in = [_folds([(nonzero, count)], reduce=True)] if extras else []
-        fold_out = [_folds(alone, reduce=False)] if extras else []
+        fold_in = [fold_traffic([(nonzero, count)], reduce=True)] if extras else []
+        fold_out = [fold_traffic(alone, reduce=False)] if extras else []
         middle = butterfly_traffic(handled, halving=True, doubling=False)
     elif collective == "allgather":
-        fold_in = [_folds(alone, reduce=False)] if extras else []
-        fold_out = [_folds(((nonzero - m, count - n) for m, n in alone), reduce=False)] if extras else []
+        fold_in = [fold_traffic(alone, reduce=False)] if extras else []
+        gathered = ((nonzero - m, count - n) for m, n in alone)
+        fold_out = [fold_traffic(gathered, reduce=False)] if extras else []
         middle = butterfly_traffic(handled, halving=False, doubling=True)
     else:
         return None
-    return name, _total([*fold_in, *middle, *fold_out])
+    return name, total_traffic([*fold_in, *middle, *fold_out])

@@ -13,8 +13,8 @@ from ..schedule import RankProgram, Schedule
 from ..topology.cost_model import Traffic
 from .base import Cost
 from .tree import (
-    _relabelled_place,
     double_binary_tree,
+    relabelled_place,
     trees_allreduce,
     trees_cost,
     trees_rank_program,
@@ -44,7 +44,7 @@ def rank_program(collective: str, shares: tuple[int, ...], root: int | None, ran
     if collective != "allreduce":
         return None
     size = len(shares)
-    places = [_relabelled_place(size, rank, second) for second in (False, True)]
+    places = [relabelled_place(size, rank, second) for second in (False, True)]
     return trees_rank_program(places, size, sum(shares), None, "allreduce-double_tree")
 
 

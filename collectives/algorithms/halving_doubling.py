@@ -43,33 +43,33 @@ from ..schedule import RankProgram, Schedule
 from ..topology.cost_model import Traffic
 from .base import Cost
 from .butterfly import (
-    _base,
-    _distances,
-    _doubling_part,
-    _doubling_steps,
-    _fold_in,
-    _fold_in_part,
-    _fold_out,
-    _fold_out_part,
-    _folds,
-    _group,
-    _halving_part,
-    _halving_steps,
-    _total,
+    aligned_group,
+    butterfly_distances,
     butterfly_traffic,
+    doubling_part,
+    doubling_steps,
+    fold_in_part,
+    fold_in_steps,
+    fold_out_part,
+    fold_out_steps,
+    fold_traffic,
+    halving_part,
+    halving_steps,
+    power_of_two_base,
+    total_traffic,
 )
 
 
 def allreduce(world_size: int, count: int) -> Schedule:
     """Halving-doubling allreduce of ``count`` elements over ``world_size`` ranks."""
-    base = _base(world_size)
+    base = power_of_two_base(world_size)
     every = range(base)
     chunks_of = [(v,) for v in every]
     steps = [
-        *_fold_in(world_size, lambda e: every, reduce=True),
-        *_halving_steps(chunks_of),
-        *_doubling_steps(chunks_of),
-        *_fold_out(world_size, lambda e: every),
+        *fold_in_steps(world_size, lambda e: every, reduce=True),
+        *halving_steps(chunks_of),
+        *doubling_steps(chunks_of),
+        *fold_out_steps(world_size, lambda e: every),
     ]
     return Schedule(
         name=f"allreduce-halving_doubling(n={world_size})",
@@ -85,12 +85,12 @@ def cost(collective: str, shares: Sequence[int]) -> Cost:
     if collective != "allreduce":
         raise ValueError(f"halving_doubling has no {collective!r}; the butterfly's is the same schedule")
     size, total = len(shares), sum(shares)
-    base = _base(size)
+    base = power_of_two_base(size)
     chunks = even_split(total, base)
-    distances = _distances(base)
+    distances = butterfly_distances(base)
 
     def group(rank: int, d: int) -> int:
-        return sum(chunks[v] for v in _group(rank, d))
+        return sum(chunks[v] for v in aligned_group(rank, d))
 
     sent = [
         sum(group(r ^ d, d) + group(r, d) for d in distances) + (total if r + base < size else 0)
@@ -105,17 +105,17 @@ def rank_program(collective: str, shares: tuple[int, ...], root: int | None, ran
     if collective != "allreduce":
         return None
     size, count = len(shares), sum(shares)
-    base = _base(size)
+    base = power_of_two_base(size)
     every = range(base)
 
     def own(v: int) -> tuple[int, ...]:
         return (v,)
 
     steps = (
-        *_fold_in_part(size, rank, lambda e: every, reduce=True),
-        *_halving_part(base, rank, own),
-        *_doubling_part(base, rank, own),
-        *_fold_out_part(size, rank, lambda e: every),
+        *fold_in_part(size, rank, lambda e: every, reduce=True),
+        *halving_part(base, rank, own),
+        *doubling_part(base, rank, own),
+        *fold_out_part(size, rank, lambda e: every),
     )
     name = f"allreduce-halving_doubling(n={size})"
     return RankProgram(name, "allreduce", size, rank, even_split(count, base), steps)
@@ -125,9 +125,10 @@ def schedule_traffic(collective: str, world_size: int, count: int) -> tuple[str,
     """The name and counted traffic, by the butterfly's formulas (see ``base``)."""
     if collective != "allreduce":
         return None
-    base = _base(world_size)
+    base = power_of_two_base(world_size)
     chunks = even_split(count, base)
     nonzero = sum(1 for n in chunks if n)
-    folds = [_folds([(nonzero, count)], True), _folds([(nonzero, count)], False)] if world_size > base else []
+    moved = [(nonzero, count)]
+    folds = [fold_traffic(moved, True), fold_traffic(moved, False)] if world_size > base else []
     middle = butterfly_traffic([[n] for n in chunks], halving=True, doubling=True)
-    return f"allreduce-halving_doubling(n={world_size})", _total([*folds[:1], *middle, *folds[1:]])
+    return f"allreduce-halving_doubling(n={world_size})", total_traffic([*folds[:1], *middle, *folds[1:]])

@@ -57,6 +57,7 @@ __all__ = [
     "double_binary_tree",
     "pipeline_chunks",
     "rank_program",
+    "relabelled_place",
     "schedule_traffic",
     "trees_allreduce",
     "trees_cost",
@@ -397,7 +398,7 @@ def _in_order_place(world_size: int, rank: int) -> tuple[int | None, tuple[int, 
         lo, hi = (lo, key - 1) if target < key else (key + 1, hi)
 
 
-def _relabelled_place(world_size: int, rank: int, second: bool) -> Place:
+def relabelled_place(world_size: int, rank: int, second: bool) -> Place:
     """``rank``'s place in :func:`double_binary_tree`'s first tree, or its second (root ``None``)."""
     size = world_size
     if not second:
@@ -477,7 +478,7 @@ def rank_program(collective: str, shares: tuple[int, ...], root: int | None, ran
         return None
     size = len(shares)
     return trees_rank_program(
-        [_relabelled_place(size, rank, False)], size, sum(shares), None, "allreduce-tree"
+        [relabelled_place(size, rank, False)], size, sum(shares), None, "allreduce-tree"
     )
 
 
