@@ -148,7 +148,10 @@ def main(argv: list[str]) -> int:
         emit("# buffers     : ours from Communicator.alloc")
     if "floor" in peers:
         why = cross_memory_error(world)
-        emit(f"# floor       : {CROSS_MEMORY if why is None else f'{SHARED_WINDOW} ({why})'}")
+        methods = (
+            f"the faster of {CROSS_MEMORY} and {SHARED_WINDOW}" if why is None else f"{SHARED_WINDOW} ({why})"
+        )
+        emit(f"# floor       : {methods}, at each size")
     for note in notes:
         emit(f"# {note}")
     contenders = (*ours, *peers)
@@ -164,6 +167,8 @@ def main(argv: list[str]) -> int:
             )
             for line in format_table(results[-1:], ours, peers)[(1 if len(results) > 1 else 0) :]:
                 emit(line)
+            if results[-1].floor is not None:
+                emit(f"# floor at {size} B: {results[-1].floor}")
     finally:
         comm.free()
         if dist is not None:
@@ -232,9 +237,9 @@ def _measure(
                 call()
             times[j, i] = (MPI.Wtime() - start) / batch
     world.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
-    for call in calls.values():
-        if isinstance(call, Floor):
-            call.free()
+    floor = calls.get("floor")
+    if isinstance(floor, Floor):
+        floor.free()
     medians = {name: float(np.median(times[j])) for j, name in enumerate(contenders)}
     index = {name: j for j, name in enumerate(contenders)}
     ratios = {(a, b): ratio(list(times[index[a]]), list(times[index[b]])) for a in ours for b in peers}
@@ -249,6 +254,7 @@ def _measure(
         chosen=chosen,
         ratios=ratios,
         wrong=wrong,
+        floor=floor.method if isinstance(floor, Floor) else None,
     )
 
 

@@ -62,6 +62,7 @@ class SizeResult:
         chosen: for ``auto``, the algorithm the selector chose.
         ratios: per (ours, peer), e.g. ``("auto", "mpi")``, the comparison of their times.
         wrong: per contender, elements that came out wrong on a checked call, over all ranks.
+        floor: how the floor peer reduced at this size (see :mod:`bench.floor`), if it ran.
     """
 
     size: int
@@ -71,6 +72,7 @@ class SizeResult:
     chosen: str | None
     ratios: Mapping[tuple[str, str], Ratio]
     wrong: Mapping[str, int]
+    floor: str | None = None
 
 
 def _bytes(size: int) -> str:

@@ -49,5 +49,9 @@ def test_bench_floor_prints_ours_against_the_floor_and_mpi() -> None:
     result = run_mpi(2, ["-m", "bench", "floor", "-b", "64K", "-e", "256K", "-n", "3", "-w", "1"], timeout=90)
     assert result.returncode == 0, result.stdout
     assert "# floor       : " in result.stdout
-    assert "ours/floor" in result.stdout and "ours/mpi" in result.stdout
+    assert (
+        "ours/floor" in result.stdout
+        and "ours/mpi" in result.stdout
+        and "# floor at 65536 B: " in result.stdout
+    )
     assert "# wrong elements: 0 OK" in result.stdout
