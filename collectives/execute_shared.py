@@ -19,7 +19,7 @@ part it reads where it is), each owner reduces its part into a result slot of it
 region, and every rank copies the results out. Measured at 2 ranks on a 2-core
 machine (``bench/README.md``), whole halves of the region per segment went
 through main memory three times and ran 1.3-1.5x slower than MPI at 16 MiB;
-256 KiB segments ran at 0.6x. The regions are double-buffered: segment ``k`` uses
+256 KiB segments ran at 0.6x (512 KiB since, measured below). The regions are double-buffered: segment ``k`` uses
 half ``k mod 2`` of each region, and the two barriers of a segment also order a
 half's reuse two segments later, so a call needs no barrier at its end.
 
@@ -71,8 +71,14 @@ at 256 KiB and lost at 512 KiB (63 against 76 us); at 4 ranks it won up to 64 Ki
 (61 against 102 us), tied at 128 KiB and lost at 256 KiB.
 """
 
-SEGMENT_BYTES = 1 << 18
-"""Bytes of each rank's share that one segment takes through the window (measured, see the module)."""
+SEGMENT_BYTES = 1 << 19
+"""Bytes of each rank's share that one segment takes through the window (measured, see the module).
+
+Measured again at 2 ranks on 2 cores with a 480 MiB L3 (allreduce in place, the sizes
+alternating in one launch, medians): 512 KiB against 256 KiB took 65-73 against 72-76 us
+at 1 MiB, 249-265 against 276-289 us at 4 MiB, 1.26-2.34 against 1.27-2.50 ms at 16 MiB and
+5.38-5.41 against 5.87-5.91 ms at 64 MiB; 128 KiB and 2 MiB lost at every size.
+"""
 
 OVERSUBSCRIBED_SEGMENT_BYTES = 1 << 20
 """The same where a node's ranks outnumber its cores, so that a barrier may wait for a rank to be scheduled.

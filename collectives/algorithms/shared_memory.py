@@ -53,7 +53,7 @@ REQUIRES = "shared_memory"
 REQUIRES_TEXT = "ranks on one node"
 """How the selector says what is missing."""
 
-SEGMENT_ELEMENTS = 1 << 16
+SEGMENT_ELEMENTS = 1 << 17
 """float32 elements of each share per segment of the executor (its ``SEGMENT_BYTES``)."""
 
 OVERSUBSCRIBED_SEGMENT_ELEMENTS = 1 << 18
