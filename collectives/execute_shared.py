@@ -19,9 +19,10 @@ part it reads where it is), each owner reduces its part into a result slot of it
 region, and every rank copies the results out. Measured at 2 ranks on a 2-core
 machine (``bench/README.md``), whole halves of the region per segment went
 through main memory three times and ran 1.3-1.5x slower than MPI at 16 MiB;
-256 KiB segments ran at 0.6x (512 KiB since, measured below). The regions are double-buffered: segment ``k`` uses
-half ``k mod 2`` of each region, and the two barriers of a segment also order a
-half's reuse two segments later, so a call needs no barrier at its end.
+256 KiB segments ran at 0.6x (512 KiB since: see :data:`SEGMENT_BYTES`). The
+regions are double-buffered: segment ``k`` uses half ``k mod 2`` of each region,
+and the two barriers of a segment also order a half's reuse two segments later,
+so a call needs no barrier at its end.
 
 Buffers from :meth:`SharedExecutor.alloc` (``Communicator.alloc``) already lie in
 shared memory, so with them the copy into the window is skipped: each owner
