@@ -1,0 +1,33 @@
+"""``python -m collectives info`` (what this machine and job offer) and ``check`` (a self-test of the job)."""
+
+import sys
+
+_USAGE = """usage: python -m collectives {info,check} [options]
+
+  info   what this machine and job offer: versions, MPI and its thread level, nodes,
+         shared memory, calibration, torch/CuPy/GPU, fault tolerance (--json for bug reports)
+  check  run every collective with every algorithm on this job (under mpiexec -n N),
+         checked against exact results and the MPI library's own; exit 1 on any failure
+"""
+
+
+def main(argv: list[str]) -> int:
+    """Run the sub-command named first in ``argv``."""
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_USAGE, end="")
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command == "info":
+        from .doctor import main as info
+
+        return info(rest)
+    if command == "check":
+        from .selfcheck import main as check
+
+        return check(rest)
+    print(f"unknown command {command!r}\n{_USAGE}", end="", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
