@@ -46,10 +46,12 @@ def library(comm: "MPI.Intracomm | None" = None) -> dict[str, Any]:
         node.Free()
     nodes = comm.allreduce(1 if node_rank == 0 else 0)
     major, minor = MPI.Get_version()
+    first_line = (MPI.Get_library_version().strip().splitlines() or [""])[0]
     import mpi4py  # its version: the module above has none
 
     return {
-        "library": " ".join(MPI.Get_library_version().strip().splitlines()[0].split()),
+        # the first line, its runs of spaces (and Open MPI's trailing NUL) made one space
+        "library": " ".join("".join(c if c.isprintable() else " " for c in first_line).split()),
         "standard": f"{major}.{minor}",
         "mpi4py": mpi4py.__version__,
         "thread_level": _THREAD_LEVELS.get(MPI.Query_thread(), str(MPI.Query_thread())),
