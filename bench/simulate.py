@@ -496,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         parser.error(str(error))
     if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
-        parser.error("--plot needs matplotlib: pip install 'collectives[plot]'")
+        parser.error("--plot needs matplotlib: pip install 'collectives-mpi[plot]'")
     itemsize = numpy_dtype(args.datatype).itemsize
     if size < itemsize:
         parser.error(f"size {size} is less than one {args.datatype}")

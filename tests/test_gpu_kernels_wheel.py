@@ -23,7 +23,7 @@ def test_the_installed_wheel_holds_and_finds_the_kernel_sources(tmp_path: Path) 
     if importlib.util.find_spec("hatchling") is not None:
         command.insert(-1, "--no-build-isolation")  # else pip fetches hatchling from PyPI first: slower
     subprocess.run(command, check=True, timeout=150)
-    (wheel,) = wheels.glob("collectives-*.whl")
+    (wheel,) = wheels.glob("collectives_mpi-*.whl")
 
     sources = gpu_kernels.kernel_sources()
     with zipfile.ZipFile(wheel) as archive:
