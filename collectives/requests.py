@@ -53,7 +53,7 @@ class Request:
         Bounded by the communicator's timeout, as every call is.
 
         Raises:
-            The call's error, if it failed.
+            Exception: the call's error, if it failed.
         """
         return self._future.result()
 
@@ -61,7 +61,7 @@ class Request:
         """Whether the call has completed, without waiting.
 
         Raises:
-            The call's error, if it completed by failing.
+            Exception: the call's error, if it completed by failing.
         """
         if not self._future.done():
             return False
@@ -77,7 +77,7 @@ def wait_all(requests: Iterable[Request]) -> list[Any]:
     """Wait for every request; their results in order.
 
     Raises:
-        The first failed request's error, once all have completed.
+        Exception: the first failed request's error, once all have completed.
     """
     requests = list(requests)
     wait_futures([r._future for r in requests])
@@ -88,7 +88,7 @@ def test_all(requests: Iterable[Request]) -> bool:
     """Whether every request has completed, without waiting.
 
     Raises:
-        The first completed request's error, if one failed.
+        Exception: the first completed request's error, if one failed.
     """
     return all([r.test() for r in requests])  # a list: test each, so every error can surface
 
