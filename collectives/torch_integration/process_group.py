@@ -29,6 +29,7 @@ from torch.distributed.rendezvous import register_rendezvous_handler
 from .. import api
 from ..errors import CollectivesError, InvalidBufferError, UnsupportedOpError
 from .collective_jobs import broadcast_bytes
+from .launch import launcher_mismatch
 from .process_group_base import (
     _c10d_op,
     _checked,
@@ -364,7 +365,8 @@ def _create_process_group(options: _DistributedBackendOptions, backend_options: 
         rank, size = communicator.rank, communicator.size
         communicator.free()
         raise CollectivesError(
-            f"torch.distributed says rank {options.group_rank} of {options.group_size}, MPI says rank "
+            launcher_mismatch(size)
+            or f"torch.distributed says rank {options.group_rank} of {options.group_size}, MPI says rank "
             f"{rank} of {size}; launch with mpiexec and init_method='mpi://'"
         )
     return _ProcessGroup(communicator)
@@ -388,6 +390,8 @@ def _mpi_rendezvous(
     query = dict(parse_qsl(urlparse(url).query))
     communicator = _api_communicator(None)
     rank, size = communicator.rank, communicator.size
+    if (mismatch := launcher_mismatch(size)) is not None:  # each process would train alone
+        raise CollectivesError(f"mpi://: {mismatch}")
     given = (int(query.get("rank", -1)), int(query.get("world_size", -1)))
     if given[0] not in (-1, rank) or given[1] not in (-1, size):
         raise CollectivesError(f"mpi:// was given rank {given[0]} of {given[1]}; MPI says {rank} of {size}")
