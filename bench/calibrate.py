@@ -32,6 +32,7 @@ from collectives.transport.mpi import MPITransport
 
 from .collective import library_version
 from .fitting import Measurement, Timed, fit_exchange, fit_per_byte
+from .progress import progress
 
 _ITEMSIZE = 4  # float32, the default dtype
 # (bytes per message, steps per schedule) of the exchanges timed; the step counts tell
@@ -176,7 +177,7 @@ def _fit_collectives(
         selector = Selector(model)
         timed: list[Timed] = []
         emit(f"# {'algorithm':>13} {'bytes':>10} {'median(us)':>12}")
-        for nbytes in sizes:
+        for nbytes in progress(sizes, len(sizes), "sizes", shown=world.rank == 0):
             count = nbytes // _ITEMSIZE
             explanation = selector.explain(
                 "allreduce", count, "float32", world_size=world.size, features=features

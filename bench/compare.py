@@ -38,6 +38,7 @@ from .compare_report import SizeResult, format_table, plot, ratio, to_json
 from .config import plan_sizes, size_argument, size_sweep
 from .floor import CROSS_MEMORY, SHARED_WINDOW, Floor, cross_memory_error
 from .patterns import ExactData, count_wrong, numpy_dtype
+from .progress import progress
 
 PEERS = ("mpi", "gloo", "floor")
 BATCH_BYTES = 1 << 20
@@ -161,7 +162,8 @@ def main(argv: list[str]) -> int:
     comm = collectives.Communicator(world)
     results: list[SizeResult] = []
     try:
-        for size, count in plan_sizes("allreduce", sizes, dtype.itemsize, world.size):
+        planned = plan_sizes("allreduce", sizes, dtype.itemsize, world.size)
+        for size, count in progress(planned, len(planned), "sizes", shown=world.rank == 0):
             results.append(
                 _measure(args, world, comm, dist, contenders, ours, peers, size, count, data, factor)
             )

@@ -54,6 +54,7 @@ from collectives.topology.rings import RingPacking
 from collectives.topology.strategies import aggregate_on, split_aggregation, split_star_program
 
 from .patterns import numpy_dtype
+from .progress import progress
 
 _DECIMAL = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9}
 
@@ -279,7 +280,7 @@ def sweep(
     if fitted:
         times[_FITTED] = []
     stopped: dict[str, str] = {}
-    for p in ranks:
+    for p in progress(ranks, len(ranks), "world sizes"):
         topology = multi_node(max(p // gpus_per_node, 1), min(p, gpus_per_node), nic_gbps)
         # alltoall takes whole rows per rank
         total = count - count % p if collective == "alltoall" else count
