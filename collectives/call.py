@@ -348,7 +348,7 @@ class Call:
         if isinstance(step, int):
             where = f"in step {step}"
         message = (
-            f"rank {watchdog.transport.rank}: {collective} #{sequence} did not complete in "
+            f"rank {watchdog.transport.rank}: {collective} #{sequence} timed out after "
             f"{watchdog.timeout:g} s; stuck {where} waiting for {_ranks(peers)}; "
             "this communicator is unusable now"
         )

@@ -111,7 +111,7 @@ def test_a_hung_rank_is_timed_out_then_treated_as_dead() -> None:
     # rank 3 hangs at its call #4: the others time out waiting for it to come, kill it, and shrink
     survived = _survive("ring", "3:4:hang", timeout=3.0)
     _check(survived, [3])
-    assert all("did not complete in 3 s" in s["errors"][0] for s in survived)  # type: ignore[index]
+    assert all("timed out after 3 s" in s["errors"][0] for s in survived)  # type: ignore[index]
 
 
 @pytest.mark.skipif(mpiexec() is None, reason="no mpiexec (install the mpich extra)")

@@ -132,7 +132,7 @@ def test_a_missing_rank_times_out_naming_the_collective_step_and_peers() -> None
             "signature",
             (2,),
         )
-        assert f"rank {rank}: allreduce #0 did not complete in 0.3 s" in str(error)
+        assert f"rank {rank}: allreduce #0 timed out after 0.3 s" in str(error)
         assert "waiting for rank 2; this communicator is unusable now" in str(error)
         assert f"collectives rank {rank} #0 allreduce count=8 dtype=float64" in str(error)  # the recorder
 
