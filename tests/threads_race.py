@@ -133,7 +133,8 @@ def _allreduce_run(run: int) -> list[Any]:
 def _store_run(run: int) -> list[Any]:
     """One run: a new ``sync`` store with keys a and b, then thread 0 pushpulls a and thread 1 b at once."""
     count = COUNTS[run % len(COUNTS)]
-    store = collectives.kvstore.create("sync", comm=WORLD, timeout=TIMEOUT_S)
+    # short: a round one thread ran alone on one rank waits for the timeout
+    store = collectives.kvstore.create("sync", comm=WORLD, timeout=2.0)
     for key in ("a", "b"):
         store.init(key, np.zeros(count, np.float64))
     data = [np.full(count, _value(WORLD.rank, t), np.float64) for t in (0, 1)]
