@@ -45,7 +45,7 @@ _GRACE_S = 5.0  # a worker waits this much past the timeout, so that a server's 
 class KVStore:
     """A sharded key-value store over the ranks of a communicator; made by :func:`create`.
 
-    Keys are ints or strs; values are numpy arrays. Every worker calls
+    Keys are ints (not bools) or non-empty strs; values are numpy arrays. Every worker calls
     :meth:`init` for each key with a value of the same shape and dtype;
     afterwards any worker may push to and pull from it. See :func:`create` for
     the modes' exact guarantees.
