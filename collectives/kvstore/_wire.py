@@ -6,6 +6,7 @@ __all__ = [
     "Fault",
     "Kind",
     "Message",
+    "check_key",
     "decode",
     "encode",
     "key_bytes",
@@ -19,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import KVStoreError
 from ..transport.tags import Tag
 
 REQUEST_TAG = Tag.KV_REQUEST
@@ -66,6 +68,16 @@ class Message:
     key: bytes
     text: str
     data: memoryview
+
+
+def check_key(key: object) -> None:
+    """Refuse what is not a key: an int (not a bool, which would alias 0 and 1) or a non-empty str.
+
+    Raises:
+        KVStoreError: naming the key and its type.
+    """
+    if isinstance(key, bool) or not isinstance(key, int | str) or key == "":
+        raise KVStoreError(f"a key is an int or a non-empty str, got {type(key).__name__} {key!r}")
 
 
 def key_bytes(key: object) -> bytes:

@@ -1,18 +1,52 @@
 """``sync`` pushpull over colocated servers as collectives: reduce-scatter by partition, all-gather."""
 
-__all__ = ["collective_pushpull"]
+__all__ = ["agree_key", "collective_pushpull"]
 
+import hashlib
 import itertools
 from typing import Any
 
 import numpy as np
 
-from ..errors import CollectiveTimeout, KVStoreTimeout
+from ..errors import CollectiveTimeout, KeyMismatchError, KVStoreTimeout
 from ..ops import ReduceOp
 from ._adapter import Channel
 from ._wire import key_bytes
 from .layout import Partition
 from .server import Server
+
+
+def agree_key(channel: Channel, key: Any) -> None:
+    """Check that every worker pushpulls ``key`` in this round: else one key's data would meet another's.
+
+    One small all-gather of each worker's key digest and type. Collective over the workers.
+
+    Raises:
+        KeyMismatchError: on every worker, naming this worker's key and the workers whose keys differ.
+    """
+    from .. import api
+
+    raw = key_bytes(key)
+    mine = np.array(
+        [int.from_bytes(hashlib.blake2b(raw, digest_size=7).digest(), "little"), raw[0]], np.int64
+    )
+    try:
+        every = api.allgather(mine, comm=channel.comm).reshape(-1, 2)
+    except CollectiveTimeout as error:
+        raise KVStoreTimeout(
+            f"pushpull of key {key!r} on rank {channel.rank}: workers {list(error.peers)} did not take part "
+            f"within the timeout ({error})",
+            key=key,
+            workers=error.peers,
+        ) from error
+    others = [r for r in range(len(every)) if (every[r] != mine).any()]
+    if others:
+        kinds = {"i": "int", "s": "str"}
+        theirs = sorted({kinds.get(chr(int(every[r][1])), "?") for r in others})
+        raise KeyMismatchError(
+            f"pushpull of key {key!r} ({type(key).__name__}) on rank {channel.rank}: workers {others} "
+            f"pushpulled another key in the same round (of type {', '.join(theirs)})"
+        )
 
 
 def collective_pushpull(

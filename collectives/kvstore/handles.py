@@ -1,11 +1,24 @@
 """What a worker keeps of its keys and requests: key layouts, requests in flight, handles, pulled values."""
 
-__all__ = ["Handle", "KeyInfo", "Pulled", "Request", "error_from", "filler", "row_filler"]
+__all__ = [
+    "Claim",
+    "Handle",
+    "KeyInfo",
+    "Pulled",
+    "Request",
+    "checked_value",
+    "claimed",
+    "error_from",
+    "filler",
+    "row_filler",
+]
 
+import functools
 import math
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 
@@ -15,6 +28,54 @@ from .layout import Partition
 
 if TYPE_CHECKING:
     from .store import KVStore
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class Claim:
+    """Which thread's call runs on a store: one at a time, so no call's messages meet another's.
+
+    Taken without waiting (a lock, atomic with or without the GIL) before a call
+    checks or sends anything; a call the store makes inside one of the same
+    thread's holds it already.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.owner = 0  # the thread holding it; only this thread ever finds its own number here
+
+
+def claimed(method: Callable[Concatenate["KVStore", P], T]) -> Callable[Concatenate["KVStore", P], T]:
+    """``method`` of the store, run only while this thread holds the store's :class:`Claim`.
+
+    Raises:
+        KVStoreError: another thread's call on the store is running; nothing of this one was sent.
+    """
+
+    @functools.wraps(method)
+    def call(store: "KVStore", /, *args: P.args, **kwargs: P.kwargs) -> T:
+        claim, me = store.claim, threading.get_ident()
+        if claim.owner == me:
+            return method(store, *args, **kwargs)
+        if not claim.lock.acquire(False):
+            raise KVStoreError(
+                f"rank {store.rank}: {_thread_name(me)} called {method.__name__} on a store while "
+                f"{_thread_name(claim.owner)}'s call on it was running; order the threads' calls on one store"
+            )
+        claim.owner = me
+        try:
+            return method(store, *args, **kwargs)
+        finally:
+            claim.owner = 0
+            claim.lock.release()
+
+    return call
+
+
+def _thread_name(ident: int) -> str:
+    thread = next((t for t in threading.enumerate() if t.ident == ident), None)
+    return f"thread {thread.name!r}" if thread is not None else "another thread"
 
 
 @dataclass
@@ -96,6 +157,24 @@ class Handle:
                 if request.error is not None:
                     raise error_from(request)
         return self._result()
+
+
+def checked_value(key: Any, meta: KeyInfo, value: Any, rank: int, out: bool = False) -> np.ndarray:
+    """``value`` (or an ``out``) of ``key`` as a flat array, checked against the key's shape and dtype."""
+    array = value if out else np.ascontiguousarray(value)
+    if not isinstance(array, np.ndarray) or array.shape != meta.shape or array.dtype != meta.dtype:
+        what = (
+            f"{array.dtype.name}{list(array.shape)}"
+            if isinstance(array, np.ndarray)
+            else type(value).__name__
+        )
+        raise KeyMismatchError(
+            f"{'out' if out else 'value'} for key {key!r} on rank {rank} is {what}; "
+            f"the key is {meta.dtype.name}{list(meta.shape)}"
+        )
+    if out and not array.flags.c_contiguous:
+        raise KeyMismatchError(f"out for key {key!r} on rank {rank} is not C-contiguous")
+    return array.reshape(-1)
 
 
 def error_from(request: Request) -> KVStoreError:

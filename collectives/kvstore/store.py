@@ -13,17 +13,16 @@ import numpy as np
 
 from ..errors import (
     ConfigurationError,
-    KeyMismatchError,
     KVStoreError,
     KVStoreTimeout,
     UnknownKeyError,
 )
 from ..ops import ReduceOp, get_op
 from ._adapter import Channel, open_channel
-from ._wire import REPLY_TAG, REQUEST_TAG, Fault, Kind, Message, encode, key_bytes
+from ._wire import REPLY_TAG, REQUEST_TAG, Fault, Kind, Message, check_key, encode, key_bytes
 from .checkpoint import load_store, save_store
-from .collective import collective_pushpull
-from .handles import Handle, KeyInfo, Pulled, Request, filler
+from .collective import agree_key, collective_pushpull
+from .handles import Claim, Handle, KeyInfo, Pulled, Request, checked_value, claimed, filler
 from .layout import DEFAULT_PARTITION_BYTES, Partition, Roles, partition
 from .replicas import restore_states, state_of
 from .rows import pull_rows, push_rows
@@ -46,7 +45,7 @@ _GRACE_S = 5.0  # a worker waits this much past the timeout, so that a server's 
 class KVStore:
     """A sharded key-value store over the ranks of a communicator; made by :func:`create`.
 
-    Keys are ints or strs; values are numpy arrays. Every worker calls
+    Keys are ints (not bools) or non-empty strs; values are numpy arrays. Every worker calls
     :meth:`init` for each key with a value of the same shape and dtype;
     afterwards any worker may push to and pull from it. See :func:`create` for
     the modes' exact guarantees.
@@ -78,6 +77,7 @@ class KVStore:
         self._collective = collective and mode == "sync" and not roles.dedicated
         self._optimizer: Optimizer | None = None  # the one set, for checkpoints
         self._thread: threading.Thread | None = None
+        self.claim = Claim()  # one thread's call at a time
 
     # what the store is
 
@@ -121,6 +121,7 @@ class KVStore:
 
     # keys
 
+    @claimed
     def init(self, key: Any, value: Any = None) -> None:
         """Make ``key`` (or each of a list of keys) with rank 0's value; returns once its servers hold it.
 
@@ -149,6 +150,7 @@ class KVStore:
                 self._keys.pop(k, None)
             raise
 
+    @claimed
     def push(self, key: Any, value: Any = None, *, rows: Any = None, block: bool = True) -> Any:
         """Push ``value`` to ``key`` (or values to a list of keys).
 
@@ -171,7 +173,7 @@ class KVStore:
         requests = []
         for k, v in zip(keys, values, strict=True):
             meta = self._meta(k)
-            array = self._checked(k, meta, v)
+            array = checked_value(k, meta, v, self.rank)
             stamp = meta.pushes if self.mode == "sync" else self._clock
             meta.pushes += 1
             for p in meta.parts:
@@ -179,6 +181,7 @@ class KVStore:
         handle = Handle(self, requests, lambda: None)
         return handle if not block else handle.wait()
 
+    @claimed
     def pull(
         self, key: Any, out: Any = None, *, rows: Any = None, block: bool = True, report: bool = False
     ) -> Any:
@@ -199,16 +202,17 @@ class KVStore:
         if rows is not None:
             handle = pull_rows(self, key, out, rows, report)
             return handle if not block else handle.wait()
-        keys = list(key) if isinstance(key, list | tuple) else [key]
-        outs = list(out) if isinstance(out, list | tuple) else [out] * len(keys)
-        if len(outs) != len(keys):
-            raise KVStoreError(f"pull of {len(keys)} keys got {len(outs)} outs")
+        keys, outs = self._outs("pull", key, out)
         requests: list[Request] = []
         results: list[np.ndarray] = []
         stamps: list[list[int]] = []
         for k, o in zip(keys, outs, strict=True):
             meta = self._meta(k)
-            target = np.empty(meta.shape, meta.dtype) if o is None else self._checked(k, meta, o, out=True)
+            target = (
+                np.empty(meta.shape, meta.dtype)
+                if o is None
+                else checked_value(k, meta, o, self.rank, out=True)
+            )
             flat = target.reshape(-1)
             results.append(target if o is None else o)
             seen = [0] * len(meta.parts)
@@ -228,6 +232,7 @@ class KVStore:
         handle = Handle(self, requests, result)
         return handle if not block else handle.wait()
 
+    @claimed
     def pushpull(
         self, key: Any, value: Any = None, out: Any = None, *, rows: Any = None, block: bool = True
     ) -> Any:
@@ -242,6 +247,8 @@ class KVStore:
         """
         if self._collective and rows is None:
             return self._collective_pushpull(key, value, out, block)
+        if rows is None:
+            self._outs("pushpull", key, out)  # a bad out raises before the push goes, which would be applied
         first = self.push(key, value, rows=rows, block=False)
         second = self.pull(key, out, rows=rows, block=False)
         handle = Handle(self, first._requests + second._requests, second._result)
@@ -249,16 +256,15 @@ class KVStore:
 
     def _collective_pushpull(self, key: Any, value: Any, out: Any, block: bool) -> Any:
         keys, values = self._pairs(key, value)
-        outs = list(out) if isinstance(out, list | tuple) else [out] * len(keys)
-        if len(outs) != len(keys):
-            raise KVStoreError(f"pushpull of {len(keys)} keys got {len(outs)} outs")
+        _, outs = self._outs("pushpull", key, out)
         assert self._server is not None
         results = []
         for k, v, o in zip(keys, values, outs, strict=True):
             meta = self._meta(k)
-            flat = self._checked(k, meta, v)
+            flat = checked_value(k, meta, v, self.rank)
             target = np.empty(meta.shape, meta.dtype) if o is None else o
-            flat_target = self._checked(k, meta, target, out=True)
+            flat_target = checked_value(k, meta, target, self.rank, out=True)
+            agree_key(self._channel, k)  # so that no worker's round of one key meets another key's
             meta.pushes += 1
             collective_pushpull(self._channel, self._server, k, meta.parts, self._op, flat, flat_target)
             results.append(target)
@@ -267,6 +273,7 @@ class KVStore:
 
     # server-side updates
 
+    @claimed
     def set_updater(self, fn: Updater) -> None:
         """Run ``fn(key, received, stored) -> new stored`` on the servers for each push; collective.
 
@@ -281,6 +288,7 @@ class KVStore:
         self._server.updater = fn
         self.barrier()
 
+    @claimed
     def set_optimizer(self, optimizer: Optimizer) -> None:
         """Run ``optimizer`` (:class:`~collectives.kvstore.SGD` or ``Adam``) on the servers.
 
@@ -295,12 +303,14 @@ class KVStore:
 
     # synchronisation
 
+    @claimed
     def clock(self) -> None:
         """End this worker's iteration (``ssp``; allowed in every mode): its clock goes up by one."""
         self._clock += 1
         Handle(self, [self._send(Kind.CLOCK, None, server=s, stamp=self._clock)
                       for s in self._roles.server_ranks], lambda: None).wait()  # fmt: skip
 
+    @claimed
     def barrier(self) -> None:
         """Return once every open worker has called it."""
         self._barrier(False)
@@ -315,6 +325,7 @@ class KVStore:
 
     # checkpoints
 
+    @claimed
     def save(self, directory: "str | os.PathLike[str]") -> None:
         """Write every server's shard, and its optimizer state, to ``directory``; collective over workers.
 
@@ -331,6 +342,7 @@ class KVStore:
         """
         save_store(self, directory)
 
+    @claimed
     def load(self, directory: "str | os.PathLike[str]") -> None:
         """Restore a checkpoint :meth:`save` wrote, onto any number of servers; collective over workers.
 
@@ -355,6 +367,7 @@ class KVStore:
         """
         return state_of(self)
 
+    @claimed
     def restore(self, states: list[dict[str, Any]]) -> None:
         """Take every key back from :meth:`state` dicts, cut anew over this store's servers; collective.
 
@@ -415,12 +428,26 @@ class KVStore:
     def _pairs(self, key: Any, value: Any) -> tuple[list[Any], list[Any]]:
         if self._closed:
             raise KVStoreError(f"the store is closed on rank {self.rank}")
+        keys = list(key) if isinstance(key, list | tuple) else [key]
+        for k in keys:  # every key checked before any is sent
+            check_key(k)
         if isinstance(key, list | tuple):
             values = list(value) if isinstance(value, list | tuple) else []
             if len(values) != len(key):
                 raise KVStoreError(f"{len(key)} keys need as many values, got {len(values)}")
-            return list(key), values
-        return [key], [value]
+            return keys, values
+        return keys, [value]
+
+    def _outs(self, what: str, key: Any, out: Any) -> tuple[list[Any], list[Any]]:
+        """The keys of a pull and their outs (``None`` for a new array), every out checked."""
+        keys = list(key) if isinstance(key, list | tuple) else [key]
+        outs = list(out) if isinstance(out, list | tuple) else [out] * len(keys)
+        if len(outs) != len(keys):
+            raise KVStoreError(f"{what} of {len(keys)} keys got {len(outs)} outs")
+        for k, o in zip(keys, outs, strict=True):
+            if o is not None:
+                checked_value(k, self._meta(k), o, self.rank, out=True)
+        return keys, outs
 
     def _layout(self, key: Any, shape: tuple[int, ...], dtype: np.dtype[Any], pushes: int = 0) -> KeyInfo:
         meta = KeyInfo(shape, dtype, (), pushes)
@@ -433,26 +460,11 @@ class KVStore:
     def _meta(self, key: Any) -> KeyInfo:
         if self._closed:
             raise KVStoreError(f"the store is closed on rank {self.rank}")
+        check_key(key)
         meta = self._keys.get(key)
         if meta is None:
             raise UnknownKeyError(f"key {key!r} was never initialised (rank {self.rank}); call init first")
         return meta
-
-    def _checked(self, key: Any, meta: KeyInfo, value: Any, out: bool = False) -> np.ndarray:
-        array = value if out else np.ascontiguousarray(value)
-        if not isinstance(array, np.ndarray) or array.shape != meta.shape or array.dtype != meta.dtype:
-            what = (
-                f"{array.dtype.name}{list(array.shape)}"
-                if isinstance(array, np.ndarray)
-                else type(value).__name__
-            )
-            raise KeyMismatchError(
-                f"{'out' if out else 'value'} for key {key!r} on rank {self.rank} is {what}; "
-                f"the key is {meta.dtype.name}{list(meta.shape)}"
-            )
-        if out and not array.flags.c_contiguous:
-            raise KeyMismatchError(f"out for key {key!r} on rank {self.rank} is not C-contiguous")
-        return array.reshape(-1)
 
     def _send(
         self,
@@ -516,6 +528,7 @@ class KVStore:
         request.done = True
         return True
 
+    @claimed
     def _wait_for(self, requests: list[Request]) -> None:
         limit = self._channel.timeout + _GRACE_S
         deadline = time.monotonic() + limit
