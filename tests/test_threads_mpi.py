@@ -18,9 +18,13 @@ def _race(mode: str, runs: int, clean_exit: bool = True) -> list[dict[str, objec
         pytest.fail(f"the race hung: no end after {TIMEOUT_S} s; output:\n{expired.output}")
     # the store's close after a timed-out round may still crash at exit (issue 30, item 4, fixed apart)
     assert finished.returncode == 0 or not clean_exit, finished.stdout
-    results = [
-        json.loads(line.split("RESULT ", 1)[1]) for line in finished.stdout.splitlines() if "RESULT " in line
-    ]
+    # every RESULT record, also where the launcher ran the two ranks' lines together
+    decoder, results, output = json.JSONDecoder(), [], finished.stdout
+    at = output.find("RESULT ")
+    while at >= 0:
+        record, end = decoder.raw_decode(output, at + len("RESULT "))
+        results.append(record)
+        at = output.find("RESULT ", end)
     assert len(results) == 2, finished.stdout
     return results
 
