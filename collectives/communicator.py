@@ -316,6 +316,9 @@ class Communicator:
     def free(self) -> None:
         """Release the library's duplicate communicator; collective, like creating it.
 
+        Waits at most :attr:`timeout` for the other ranks (a few seconds where the
+        communicator broke): where they do not all come, the shared memory is kept
+        until the process ends instead of freed, so that no rank waits for ever.
         Every later collective on it raises :class:`~collectives.FreedCommunicatorError`;
         freeing it again does nothing.
         """
@@ -336,7 +339,8 @@ class Communicator:
             path.close()
         self._device_paths.clear()
         self.prepared.clear()
-        self._transport.close()
+        # freeing shared windows is MPI's collective: bounded, as peers of a broken one may never come
+        self._transport.close(self.timeout)
 
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, size={self.size}, transport={type(self._transport).__name__})"

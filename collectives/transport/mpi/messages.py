@@ -5,6 +5,7 @@ __all__ = ["CUDA_AWARE_ENV", "RANKS_PER_NODE_ENV", "MPITransport"]
 import atexit
 import contextlib
 import ctypes
+import math
 import os
 import sys
 import time
@@ -348,17 +349,24 @@ class MPITransport(Transport):
         self._shared = self._nodes = None
         self._forsaken = True
 
-    def close(self) -> None:
+    def close(self, timeout: float = math.inf) -> None:
+        """Release the communicator and its shared windows; waits at most ``timeout`` s for the others.
+
+        The windows are freed only where every rank of the node comes to free them
+        in time (:meth:`MPISharedMemory.free`), else kept until the process ends; a
+        broken communicator waits for its peers only briefly, as they may never come.
+        """
         if self._forsaken:
             return  # its windows and communicators span dead ranks: freeing them would wait for those
+        broken = self._draining or self._kept
         if self._shared is not None and not MPI.Is_finalized():
-            self._shared.free()
+            self._shared.free(timeout, broken)
             self._shared = None
         if self._nodes is not None and not MPI.Is_finalized():
-            cast(MPISharedMemory, self._nodes.shared).free()
-            self._nodes.rail.close()
+            cast(MPISharedMemory, self._nodes.shared).free(timeout, broken)
+            self._nodes.rail.close(timeout)
             self._nodes = None
-        if self._draining or self._kept:
+        if broken:
             return  # a broken communicator's peers may still send: kept to take them at exit
         if self._comm != MPI.COMM_NULL and not MPI.Is_finalized():
             self._comm.Free()

@@ -8,6 +8,8 @@ import math
 import os
 import sys
 import time
+import weakref
+from array import array
 from collections.abc import Sequence
 
 from mpi4py import MPI
@@ -26,9 +28,23 @@ small enough for a core's cache.
 """
 
 _HEADER_BYTES = 128  # of a rank's slot in the control window: its barrier number, then its notes by parity
+_LEAVING_INT = 13  # the header's integer set once the rank came to free the windows
+_DECISION_INT = 14  # rank 0's header only: whether the windows are freed, decided once by compare-and-swap
 _BROKEN_INT = 15  # the header's last integer: nonzero once the rank broke off (see MPISharedMemory.break_off)
 _MESSAGE_BYTES = 256
 _SLOT_BYTES = _HEADER_BYTES + 2 * _MESSAGE_BYTES  # then its messages by parity; its own cache lines
+
+EXIT_WAIT_S = 5.0
+"""How long a rank whose barrier timed out waits at exit for the missing ranks to be leaving too."""
+
+_FREE, _KEEP = 1, 2  # the decision on the windows (0: not yet decided)
+BROKEN_FREE_WAIT_S = 2.0
+"""How long a rank whose communicator broke (or whose peer broke it) waits for the others in :meth:`free`.
+
+A broken communicator's peers may never come to free it (dead, hung, or gone on
+elsewhere), so such a rank waits only this long, not the whole timeout, before
+keeping the windows.
+"""
 
 
 class MPISharedMemory(SharedMemory):
@@ -75,6 +91,10 @@ class MPISharedMemory(SharedMemory):
         node.Barrier()  # the slots are zero before anyone arrives
         self._windows: list[MPI.Win] = []
         self._abandoned = False
+        self._freed = False  # the windows are gone: nothing may read them, at exit neither
+        if not _LIVE:
+            atexit.register(_leave_all)  # before mpi4py's MPI_Finalize
+        _LIVE.add(self)
         self._ulfm = ulfm_missing() is None  # then a dead rank ends a barrier's wait at once
 
     @property
@@ -169,7 +189,23 @@ class MPISharedMemory(SharedMemory):
             atexit.register(self._abort_if_missing)  # runs before mpi4py's own MPI_Finalize
 
     def _abort_if_missing(self) -> None:
-        if MPI.Is_finalized() or not self._missing(self._number):
+        """At exit, after a barrier timed out: abort the job unless every rank is leaving too.
+
+        This rank is in no barrier any more, so it says it is leaving; the ranks that
+        never came to the barrier get :data:`EXIT_WAIT_S` to be leaving as well (an
+        early exit, or a :meth:`free`), as only a rank stuck for good would leave
+        MPI_Finalize waiting.
+        """
+        if self._freed or MPI.Is_finalized():
+            return  # freed windows cannot be read; and every rank came to free them
+        self.leave()
+        deadline = time.monotonic() + EXIT_WAIT_S
+        while self._missing(self._number) and not self._all_leaving():
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(1e-3)
+            self._control.Sync()
+        else:
             return
         print(
             "collectives: a shared-memory barrier timed out waiting for ranks that never came; "
@@ -179,18 +215,98 @@ class MPISharedMemory(SharedMemory):
         )
         MPI.COMM_WORLD.Abort(1)
 
+    def leave(self) -> None:
+        """Say this rank leaves without freeing the windows (the process ends): a peer's free keeps them."""
+        if self._freed:
+            return
+        self._decide(_KEEP)  # first: a peer's free() must not take this rank's leaving for its coming
+        self._numbers[self._rank * self._stride + _LEAVING_INT] = 1
+        self._control.Sync()
+
     def forsake(self) -> None:
         """Drop the at-exit abort for ranks that never came: they died, and the survivors went on (ULFM)."""
+        _LIVE.discard(self)
         if self._abandoned:
             atexit.unregister(self._abort_if_missing)
         self._abandoned = True
 
-    def free(self) -> None:
-        """Release the windows and the node's communicator; collective."""
+    def free(self, timeout: float = math.inf, broken: bool = False) -> bool:
+        """Release the windows and the node's communicator where every rank comes to do so in time.
+
+        ``MPI_Win_free`` is collective and cannot be bounded: a rank that never
+        calls it (dead, hung, gone on after a timeout) would leave the others in it
+        for good. So the ranks first meet through the control window, and the
+        first rank to decide, by an atomic compare-and-swap on one word, decides
+        for all: free (every rank came) or keep (one gave up waiting). A rank that
+        came goes on to do what was decided, so either every rank frees the windows
+        or none does; kept, they are leaked until the process ends (MPICH and Open
+        MPI release them at exit), which costs memory, never a hang.
+
+        Args:
+            timeout: the longest wait for the other ranks, in seconds.
+            broken: whether this rank's communicator broke; then (as where a peer
+                broke it) it waits at most :data:`BROKEN_FREE_WAIT_S`.
+
+        Returns:
+            Whether the windows were freed.
+        """
+        if self._freed:
+            return True
+        numbers, stride = self._numbers, self._stride
+        numbers[self._rank * stride + _LEAVING_INT] = 1
+        self._control.Sync()
+        start = time.monotonic()
+        wait = min(timeout, BROKEN_FREE_WAIT_S) if broken else timeout
+        pause = 1e-5
+        while not (everyone := self._all_leaving()):
+            now = time.monotonic()
+            if self.broken_by() is not None:
+                wait = min(wait, BROKEN_FREE_WAIT_S)
+            if now - start >= wait:
+                break
+            time.sleep(pause)  # waits up to seconds for ranks still finishing: no core taken
+            pause = min(2 * pause, 1e-3)
+            self._control.Sync()
+        if self._decide(_FREE if everyone else _KEEP) != _FREE:
+            return False
+        self._freed = True
+        _LIVE.discard(self)
+        if self._abandoned:
+            atexit.unregister(self._abort_if_missing)
         self._regions = []
+        self._messages = []
+        self._numbers = memoryview(bytearray(0)).cast("q")
         for win in (self._win, self._control):
             win.Unlock_all()
             win.Free()
         # the allocations' windows stay: arrays from Communicator.alloc may still point into them
         # (every rank keeps them alike, as every rank allocated them); they go with the process
         self._node.Free()
+        return True
+
+    def _all_leaving(self) -> bool:
+        numbers, stride = self._numbers, self._stride
+        return all(numbers[r * stride + _LEAVING_INT] for r in self._others)
+
+    def _decide(self, proposal: int) -> int:
+        """``proposal`` if this rank decides first, else what was decided (one atomic compare-and-swap)."""
+        mine, unset, found = array("q", [proposal]), array("q", [0]), array("q", [0])
+        try:
+            self._control.Compare_and_swap(
+                [mine, MPI.INT64_T], [unset, MPI.INT64_T], [found, MPI.INT64_T], 0, _DECISION_INT * 8
+            )
+            self._control.Flush(0)
+        except MPI.Exception:  # a dead rank (ULFM): no collective free is possible
+            return _KEEP
+        return found[0] or proposal
+
+
+_LIVE: "weakref.WeakSet[MPISharedMemory]" = weakref.WeakSet()  # windows not yet freed nor forsaken
+
+
+def _leave_all() -> None:
+    """At exit, every window still held says its rank is leaving, so the peers' free() keeps it."""
+    if not MPI.Is_finalized():
+        for shared in list(_LIVE):
+            with contextlib.suppress(MPI.Exception):
+                shared.leave()
