@@ -115,7 +115,12 @@ class Communicator:
         signature through a barrier of that memory instead of messages.
         """
         features = self._features
-        return self._find_features() if features is None else features
+        if features is not None:
+            return features
+        # a call of its own, so that a rank that never asks makes the others time out, not hang in MPI
+        watchdog = self.watchdog
+        with watchdog.watch(watchdog.guard("features", "-", 0)) as call:
+            return self.features_in(call)
 
     def features_in(self, call: Call) -> frozenset[str]:
         """:attr:`features`, asked inside ``call``: the first time, under its deadline.
@@ -261,7 +266,8 @@ class Communicator:
         :class:`~collectives.MismatchError` says so otherwise).
 
         Collective: every rank of the communicator calls it, in the same order
-        (each gets its own array; shapes may differ). The memory lives until
+        (each gets its own array; shapes may differ); a rank that does not makes the
+        others raise :class:`~collectives.CollectiveTimeout` within the timeout. The memory lives until
         :meth:`free`, so the array must not be used after it. Where the transport
         has no shared memory (a loopback transport, ranks on several nodes) it is
         a plain ``numpy.empty`` array, and the collectives copy as usual.
@@ -280,12 +286,15 @@ class Communicator:
         if any(not isinstance(d, int | np.integer) or d < 0 for d in dims):
             raise InvalidBufferError(f"alloc needs a shape of non-negative integers, got {shape!r}")
         nbytes = math.prod(dims) * kind.itemsize
-        if self.watchdog.freed:
-            self.watchdog.watch(self.watchdog.guard("alloc", "-", 0))  # raises FreedCommunicatorError
-        if "shared_memory" not in self.features or self._shared is None:
-            return np.empty(dims, kind)
-        # padded, so every allocation starts on a cache line and a zero-size one still exists
-        memory = self._shared.alloc(max(-(-nbytes // 64) * 64, 64))
+        watchdog = self.watchdog
+        # a call: raises FreedCommunicatorError once freed; and the ranks meet under its deadline before
+        # MPI's collectives (the node split, the shared window), which a rank that never comes would hang
+        with watchdog.watch(watchdog.guard("alloc", "-", 0)) as call:
+            if "shared_memory" not in self.features_in(call) or self._shared is None:
+                return np.empty(dims, kind)
+            self._meet(call, "alloc's shared window")
+            # padded, so every allocation starts on a cache line and a zero-size one still exists
+            memory = self._shared.alloc(max(-(-nbytes // 64) * 64, 64))
         return np.frombuffer(memory, np.uint8, nbytes).view(kind).reshape(dims)
 
     def sibling(self) -> "Communicator":
@@ -316,6 +325,9 @@ class Communicator:
     def free(self) -> None:
         """Release the library's duplicate communicator; collective, like creating it.
 
+        Waits at most :attr:`timeout` for the other ranks (a few seconds where the
+        communicator broke): where they do not all come, the shared memory is kept
+        until the process ends instead of freed, so that no rank waits for ever.
         Every later collective on it raises :class:`~collectives.FreedCommunicatorError`;
         freeing it again does nothing.
         """
@@ -336,7 +348,8 @@ class Communicator:
             path.close()
         self._device_paths.clear()
         self.prepared.clear()
-        self._transport.close()
+        # freeing shared windows is MPI's collective: bounded, as peers of a broken one may never come
+        self._transport.close(self.timeout)
 
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, size={self.size}, transport={type(self._transport).__name__})"

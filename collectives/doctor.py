@@ -108,7 +108,7 @@ def gather() -> dict[str, Any]:
     """Everything ``info`` reports, as JSON-ready data; collective over ``MPI.COMM_WORLD``."""
     from .communicator import Communicator
     from .transport.mpi import ulfm_missing
-    from .transport.mpi_about import library
+    from .transport.mpi.about import library
 
     mpi = library()
     comm = Communicator()

@@ -203,7 +203,7 @@ def main(argv: list[str]) -> int:
     unknown = [c for c in chosen if c not in CHECKED]
     if unknown:
         parser.error(f"unknown collective(s) {', '.join(unknown)}; choose from {', '.join(CHECKED)}")
-    from .transport.mpi_about import reference
+    from .transport.mpi.about import reference
 
     world = Communicator()
     try:

@@ -87,7 +87,7 @@ def _imports_of(name: str) -> set[str]:
 
 def test_the_checker_sees_imports() -> None:
     # relative imports of modules and of names, and "from .. import module"
-    assert {"errors", "transport.base"} <= _imports_of("transport.mpi")
+    assert {"errors", "transport.base"} <= _imports_of("transport.mpi.messages")
     assert "algorithms.base" in _imports_of("algorithms.ring")
     assert "communicator" in _imports_of("dispatch")
     assert "api" in _imports_of("torch_integration.functional")

@@ -43,6 +43,7 @@ from .process_group_base import (
     _staged,
     _write,
 )
+from .process_group_members import agree_on_members
 from .process_group_ops import route_to
 from .process_group_p2p import _PointToPoint
 from .process_group_rooted import _RootedCollectives
@@ -356,6 +357,9 @@ def _create_process_group(options: _DistributedBackendOptions, backend_options: 
     # init_process_group(timeout=) and new_group(timeout=) bound every call of the group; torch's
     # default (given when the user gave none) leaves $COLLECTIVES_TIMEOUT or the library's own
     timeout = None if options.timeout == default_pg_timeout else options.timeout.total_seconds()
+    if ranks and dist.is_initialized():
+        # new_group: MPI's group creation cannot be bounded, so the members agree on it first
+        agree_on_members(_api_communicator(None), ranks, timeout)
     if ranks and len(ranks) < dist.get_world_size():
         communicator = _subgroup_communicator(ranks, timeout)
     else:

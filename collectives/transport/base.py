@@ -121,8 +121,11 @@ class Transport(ABC):
         """A transport over the same ranks whose messages never meet these (collective); ``None`` if none."""
         return None
 
-    def close(self) -> None:  # noqa: B027 - most transports have nothing to release
-        """Release what the transport holds; it is not used afterwards."""
+    def close(self, timeout: float = math.inf) -> None:  # noqa: B027 - most transports have nothing to release
+        """Release what the transport holds; it is not used afterwards.
+
+        What is collective in it waits at most ``timeout`` seconds for the other ranks.
+        """
 
 
 class WrappedTransport(Transport):

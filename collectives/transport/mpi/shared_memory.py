@@ -1,0 +1,312 @@
+"""One node's shared memory over MPI-3 shared windows: regions, a bounded barrier, notes and messages."""
+
+__all__ = ["SHARED_REGION_BYTES", "MPISharedMemory"]
+
+import atexit
+import contextlib
+import math
+import os
+import sys
+import time
+import weakref
+from array import array
+from collections.abc import Sequence
+
+from mpi4py import MPI
+
+from ...errors import TransportError
+from ..base import SharedMemory
+from .failures import failed_ranks, ulfm_missing
+
+SHARED_REGION_BYTES = 1 << 24
+"""Bytes of each rank's region of the shared window: two segments of 8 MiB, double-buffered.
+
+Each segment is a barrier or two, and on a busy node a barrier costs as much as
+moving megabytes (measured: 1 MiB segments made a 16 MiB allreduce 3.7 times
+slower than 8 MiB ones on 2 loaded cores), so segments are large rather than
+small enough for a core's cache.
+"""
+
+_HEADER_BYTES = 128  # of a rank's slot in the control window: its barrier number, then its notes by parity
+_LEAVING_INT = 13  # the header's integer set once the rank came to free the windows
+_DECISION_INT = 14  # rank 0's header only: whether the windows are freed, decided once by compare-and-swap
+_BROKEN_INT = 15  # the header's last integer: nonzero once the rank broke off (see MPISharedMemory.break_off)
+_MESSAGE_BYTES = 256
+_SLOT_BYTES = _HEADER_BYTES + 2 * _MESSAGE_BYTES  # then its messages by parity; its own cache lines
+
+EXIT_WAIT_S = 5.0
+"""How long a rank whose barrier timed out waits at exit for the missing ranks to be leaving too."""
+
+_FREE, _KEEP = 1, 2  # the decision on the windows (0: not yet decided)
+BROKEN_FREE_WAIT_S = 2.0
+"""How long a rank whose communicator broke (or whose peer broke it) waits for the others in :meth:`free`.
+
+A broken communicator's peers may never come to free it (dead, hung, or gone on
+elsewhere), so such a rank waits only this long, not the whole timeout, before
+keeping the windows.
+"""
+
+
+class MPISharedMemory(SharedMemory):
+    """An MPI-3 shared window (``Win.Allocate_shared``) over the ranks of one node.
+
+    Ranks keep a passive epoch open on the windows for their whole life. The
+    barrier is not ``MPI_Barrier`` (which cannot be bounded, and measured 150 to
+    400 us on a busy node against 2 to 15 us for this): each rank has a slot in
+    a small control window, and arriving is ``Win.Sync`` (so the rank's stores are
+    visible), writing its note, ``Win.Sync``, then writing the barrier's number
+    into its slot; waiting polls the others' numbers, yielding the core, and ends
+    with a ``Win.Sync`` so loads see what the others stored. Notes and posted
+    messages alternate between two places by the barrier's parity, so a rank that
+    is a barrier ahead does not overwrite what a slower one is still reading.
+    """
+
+    MESSAGE_BYTES = _MESSAGE_BYTES
+
+    def __init__(self, node: MPI.Intracomm, region_bytes: int) -> None:
+        self._node = node
+        self._bytes = region_bytes
+        size, rank = node.Get_size(), node.Get_rank()
+        self._win = MPI.Win.Allocate_shared(region_bytes, 1, comm=node)
+        self._regions = [memoryview(self._win.Shared_query(r)[0]).cast("B") for r in range(size)]  # type: ignore[arg-type]
+        # rank 0 holds every slot, one cache line each, so arrivals do not contend for a line
+        self._control = MPI.Win.Allocate_shared(_SLOT_BYTES * size if rank == 0 else 0, 1, comm=node)
+        control = memoryview(self._control.Shared_query(0)[0]).cast("B")  # type: ignore[arg-type]
+        self._messages = [
+            [control[r * _SLOT_BYTES + _HEADER_BYTES + p * _MESSAGE_BYTES :][:_MESSAGE_BYTES] for p in (0, 1)]
+            for r in range(size)
+        ]
+        self._rank = rank
+        # barrier numbers and notes as Python ints: reading and writing them costs less than through numpy
+        self._numbers = control.cast("q")
+        self._stride = _SLOT_BYTES // 8
+        self._others = [r for r in range(size) if r != rank]
+        self._slots = [r * self._stride for r in self._others]  # where each other rank's number is
+        self._number = 0
+        self._passed = 0
+        if rank == 0:
+            control[:] = bytes(len(control))
+        self._win.Lock_all(MPI.MODE_NOCHECK)
+        self._control.Lock_all(MPI.MODE_NOCHECK)
+        node.Barrier()  # the slots are zero before anyone arrives
+        self._windows: list[MPI.Win] = []
+        self._abandoned = False
+        self._freed = False  # the windows are gone: nothing may read them, at exit neither
+        if not _LIVE:
+            atexit.register(_leave_all)  # before mpi4py's MPI_Finalize
+        _LIVE.add(self)
+        self._ulfm = ulfm_missing() is None  # then a dead rank ends a barrier's wait at once
+
+    @property
+    def region_bytes(self) -> int:
+        return self._bytes
+
+    def region(self, rank: int) -> memoryview:
+        return self._regions[rank]
+
+    def arrive(self, note: Sequence[int] = ()) -> None:
+        if self._passed != self._number:
+            raise RuntimeError("arrive called before the previous barrier was passed")
+        self._number += 1
+        self._win.Sync()
+        if note:
+            # by the barrier's parity: a peer may still read the note of the barrier before this one
+            at = self._rank * self._stride + 1 + (self._number & 1) * self.NOTE_INTS
+            numbers = self._numbers
+            for i, value in enumerate(note):
+                numbers[at + i] = value
+            for i in range(len(note), self.NOTE_INTS):
+                numbers[at + i] = 0
+        self._control.Sync()
+        self._numbers[self._rank * self._stride] = self._number
+
+    def _missing(self, number: int) -> list[int]:
+        numbers, stride = self._numbers, self._stride
+        return [r for r in self._others if numbers[r * stride] < number]
+
+    def wait(self, timeout: float = math.inf) -> list[int]:
+        number = self._number
+        numbers = self._numbers
+        for slot in self._slots:  # inline: most waits find everyone there, in a few microseconds a call
+            if numbers[slot] < number:
+                deadline = time.monotonic() + timeout
+                polls = 0
+                while missing := self._missing(number):
+                    polls += 1
+                    if time.monotonic() >= deadline or (polls & 255 == 0 and self._given_up()):
+                        return missing
+                    os.sched_yield()
+                break
+        self._control.Sync()
+        self._win.Sync()
+        self._passed = number
+        return []
+
+    def _given_up(self) -> bool:
+        """Whether a peer broke off: no use waiting. Raises TransportError if a rank died (ULFM)."""
+        broken = self.broken_by() is not None
+        if broken or not self._ulfm:
+            return broken
+        with contextlib.suppress(MPI.Exception):  # MPI learns of a death only inside its calls
+            self._node.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+        dead = failed_ranks(self._node)
+        if not dead:
+            return False
+        named = MPI.Group.Translate_ranks(self._node.Get_group(), list(dead), MPI.COMM_WORLD.Get_group())
+        raise TransportError(
+            f"MPI says rank {', '.join(map(str, named))} of MPI.COMM_WORLD died (ULFM), "
+            "so a shared-memory barrier cannot be passed"
+        )
+
+    def post(self, message: bytes | bytearray | memoryview) -> None:
+        self._messages[self._rank][(self._number + 1) & 1][: len(message)] = message
+
+    def message(self, rank: int) -> memoryview:
+        return self._messages[rank][self._passed & 1]
+
+    def note(self, rank: int) -> tuple[int, ...]:
+        at = rank * self._stride + 1 + (self._passed & 1) * self.NOTE_INTS
+        return tuple(self._numbers[at : at + self.NOTE_INTS])
+
+    def allocate(self, nbytes: int) -> list[memoryview]:
+        win = MPI.Win.Allocate_shared(nbytes, 1, comm=self._node)
+        win.Lock_all(MPI.MODE_NOCHECK)
+        self._windows.append(win)
+        return [memoryview(win.Shared_query(r)[0]).cast("B") for r in range(self._node.Get_size())]  # type: ignore[arg-type]
+
+    def break_off(self, rank: int) -> None:
+        self._numbers[self._rank * self._stride + _BROKEN_INT] = rank + 1
+
+    def broken_by(self) -> int | None:
+        numbers, stride = self._numbers, self._stride
+        return next((numbers[at] - 1 for r in self._others if numbers[at := r * stride + _BROKEN_INT]), None)
+
+    def abandon(self) -> None:
+        # the ranks that never arrived would leave MPI_Finalize waiting for them forever
+        # (measured: a survivor's exit hangs while a peer sleeps), so end the job at exit
+        if not self._abandoned:
+            self._abandoned = True
+            atexit.register(self._abort_if_missing)  # runs before mpi4py's own MPI_Finalize
+
+    def _abort_if_missing(self) -> None:
+        """At exit, after a barrier timed out: abort the job unless every rank is leaving too.
+
+        This rank is in no barrier any more, so it says it is leaving; the ranks that
+        never came to the barrier get :data:`EXIT_WAIT_S` to be leaving as well (an
+        early exit, or a :meth:`free`), as only a rank stuck for good would leave
+        MPI_Finalize waiting.
+        """
+        if self._freed or MPI.Is_finalized():
+            return  # freed windows cannot be read; and every rank came to free them
+        self.leave()
+        deadline = time.monotonic() + EXIT_WAIT_S
+        while self._missing(self._number) and not self._all_leaving():
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(1e-3)
+            self._control.Sync()
+        else:
+            return
+        print(
+            "collectives: a shared-memory barrier timed out waiting for ranks that never came; "
+            "MPI_Finalize would wait for them forever, so the job is aborted",
+            file=sys.stderr,
+            flush=True,
+        )
+        MPI.COMM_WORLD.Abort(1)
+
+    def leave(self) -> None:
+        """Say this rank leaves without freeing the windows (the process ends): a peer's free keeps them."""
+        if self._freed:
+            return
+        self._decide(_KEEP)  # first: a peer's free() must not take this rank's leaving for its coming
+        self._numbers[self._rank * self._stride + _LEAVING_INT] = 1
+        self._control.Sync()
+
+    def forsake(self) -> None:
+        """Drop the at-exit abort for ranks that never came: they died, and the survivors went on (ULFM)."""
+        _LIVE.discard(self)
+        if self._abandoned:
+            atexit.unregister(self._abort_if_missing)
+        self._abandoned = True
+
+    def free(self, timeout: float = math.inf, broken: bool = False) -> bool:
+        """Release the windows and the node's communicator where every rank comes to do so in time.
+
+        ``MPI_Win_free`` is collective and cannot be bounded: a rank that never
+        calls it (dead, hung, gone on after a timeout) would leave the others in it
+        for good. So the ranks first meet through the control window, and the
+        first rank to decide, by an atomic compare-and-swap on one word, decides
+        for all: free (every rank came) or keep (one gave up waiting). A rank that
+        came goes on to do what was decided, so either every rank frees the windows
+        or none does; kept, they are leaked until the process ends (MPICH and Open
+        MPI release them at exit), which costs memory, never a hang.
+
+        Args:
+            timeout: the longest wait for the other ranks, in seconds.
+            broken: whether this rank's communicator broke; then (as where a peer
+                broke it) it waits at most :data:`BROKEN_FREE_WAIT_S`.
+
+        Returns:
+            Whether the windows were freed.
+        """
+        if self._freed:
+            return True
+        numbers, stride = self._numbers, self._stride
+        numbers[self._rank * stride + _LEAVING_INT] = 1
+        self._control.Sync()
+        start = time.monotonic()
+        wait = min(timeout, BROKEN_FREE_WAIT_S) if broken else timeout
+        pause = 1e-5
+        while not (everyone := self._all_leaving()):
+            now = time.monotonic()
+            if self.broken_by() is not None:
+                wait = min(wait, BROKEN_FREE_WAIT_S)
+            if now - start >= wait:
+                break
+            time.sleep(pause)  # waits up to seconds for ranks still finishing: no core taken
+            pause = min(2 * pause, 1e-3)
+            self._control.Sync()
+        if self._decide(_FREE if everyone else _KEEP) != _FREE:
+            return False
+        self._freed = True
+        _LIVE.discard(self)
+        if self._abandoned:
+            atexit.unregister(self._abort_if_missing)
+        self._regions = []
+        self._messages = []
+        self._numbers = memoryview(bytearray(0)).cast("q")
+        for win in (self._win, self._control):
+            win.Unlock_all()
+            win.Free()
+        # the allocations' windows stay: arrays from Communicator.alloc may still point into them
+        # (every rank keeps them alike, as every rank allocated them); they go with the process
+        self._node.Free()
+        return True
+
+    def _all_leaving(self) -> bool:
+        numbers, stride = self._numbers, self._stride
+        return all(numbers[r * stride + _LEAVING_INT] for r in self._others)
+
+    def _decide(self, proposal: int) -> int:
+        """``proposal`` if this rank decides first, else what was decided (one atomic compare-and-swap)."""
+        mine, unset, found = array("q", [proposal]), array("q", [0]), array("q", [0])
+        try:
+            self._control.Compare_and_swap(
+                [mine, MPI.INT64_T], [unset, MPI.INT64_T], [found, MPI.INT64_T], 0, _DECISION_INT * 8
+            )
+            self._control.Flush(0)
+        except MPI.Exception:  # a dead rank (ULFM): no collective free is possible
+            return _KEEP
+        return found[0] or proposal
+
+
+_LIVE: "weakref.WeakSet[MPISharedMemory]" = weakref.WeakSet()  # windows not yet freed nor forsaken
+
+
+def _leave_all() -> None:
+    """At exit, every window still held says its rank is leaving, so the peers' free() keeps it."""
+    if not MPI.Is_finalized():
+        for shared in list(_LIVE):
+            with contextlib.suppress(MPI.Exception):
+                shared.leave()
