@@ -184,8 +184,8 @@ def _check_shards(directory: Path, manifest: dict[str, Any], outline: bool) -> l
         for p in range(len(entry["bounds"])):
             if (key, p) not in found:
                 raise KVStoreError(
-                    f"checkpoint {str(directory)!r}: partition {p} of key {key!r}, which the manifest lists, "
-                    f"is in none of its {manifest['servers']} shards"
+                    f"{str(directory / _MANIFEST)!r} lists partition {p} of key {key!r}, "
+                    f"which none of its {manifest['servers']} shards holds"
                 )
     return shards
 
