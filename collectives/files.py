@@ -5,7 +5,9 @@ __all__ = [
     "Codec",
     "Outline",
     "atomic_write",
+    "check_json",
     "decode_state",
+    "dump_json",
     "read_outline",
     "read_state",
     "register_codec",
@@ -83,6 +85,29 @@ def sync_folder(folder: Path) -> None:
         pass
     finally:
         os.close(handle)
+
+
+def _json_crc(value: dict[str, Any]) -> int:
+    return zlib.crc32(json.dumps(value, sort_keys=True, separators=(",", ":")).encode())
+
+
+def dump_json(value: dict[str, Any]) -> bytes:
+    """``value`` as JSON text with a ``"crc32"`` of the rest (canonical JSON), for :func:`check_json`."""
+    return json.dumps({**value, "crc32": _json_crc(value)}, indent=1, sort_keys=True).encode()
+
+
+def check_json(value: Any, name: str) -> dict[str, Any]:
+    """``value`` (a JSON object :func:`dump_json` wrote, parsed) without its ``"crc32"``, checked.
+
+    Raises:
+        CheckpointError: not an object, no checksum, or one that does not match (naming ``name``).
+    """
+    if not isinstance(value, dict) or type(value.get("crc32")) is not int:
+        raise _bad(name, "not a JSON object with its crc32")
+    rest = {k: v for k, v in value.items() if k != "crc32"}
+    if _json_crc(rest) != value["crc32"]:
+        raise _bad(name, f"checksum mismatch (stored {value['crc32']:08x}): the file is damaged")
+    return rest
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import pytest
 
 from collectives import Communicator, KVStoreError
 from collectives.errors import CheckpointError
-from collectives.files import read_state, state_pieces
+from collectives.files import check_json, dump_json, read_state, state_pieces
 from collectives.resilience import folder_of, load, save
 from collectives.resilience.serial import pieces
 
@@ -193,10 +193,11 @@ def _load_store(directory: Path) -> list[Any]:
 
 
 def _edit_manifest(directory: Path, edit: Any) -> None:
+    """Edit the manifest and write it with a matching checksum: as a tool could, not as damage."""
     path = directory / "manifest.json"
-    manifest = json.loads(path.read_text())
+    manifest = check_json(json.loads(path.read_text()), str(path))
     edit(manifest)
-    path.write_text(json.dumps(manifest))
+    path.write_bytes(dump_json(manifest))
 
 
 def _key(manifest: dict[str, Any], key: str) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import CheckpointError, KVStoreError
-from ..files import Outline, atomic_write, read_outline, read_state, state_pieces
+from ..files import Outline, atomic_write, check_json, dump_json, read_outline, read_state, state_pieces
 from ._wire import Kind, key_bytes, parse_key
 from .handles import Handle, KeyInfo
 from .updaters import optimizer_from_spec
@@ -66,7 +66,7 @@ def write_shard(server: "Server", directory: Path, index: int, checkpoint: str) 
 
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
     """Write the manifest last: a checkpoint is whole once it names shards that carry its id."""
-    text = json.dumps({"format": FORMAT, **manifest}, indent=1, sort_keys=True).encode()
+    text = dump_json({"format": FORMAT, **manifest})
     atomic_write(directory / _MANIFEST, lambda file: file.write(text))
 
 
@@ -82,7 +82,12 @@ def _check_manifest(path: Path, manifest: Any) -> dict[str, Any]:
 
     if not isinstance(manifest, dict):
         raise bad(f"a JSON {type(manifest).__name__}, not an object")
-    if manifest.get("format") not in (FORMAT, _LEGACY):
+    if manifest.get("format") == FORMAT:
+        try:
+            manifest = check_json(manifest, str(path))
+        except CheckpointError as error:
+            raise KVStoreError(str(error)) from None
+    elif manifest.get("format") != _LEGACY:
         raise KVStoreError(f"{str(path)!r} is of format {manifest.get('format')!r}, expected {FORMAT!r}")
     for name, kind in _FIELDS.items():
         if type(manifest.get(name)) is not kind:

@@ -29,7 +29,7 @@ from ..communicator import Communicator, communicator_of
 from ..errors import CheckpointError, ConfigurationError
 from ..faults import CHECKPOINT
 from ..faults import PLAN as _FAULTS
-from ..files import atomic_write, read_state, state_pieces, sync_folder
+from ..files import atomic_write, check_json, dump_json, read_state, state_pieces, sync_folder
 from .serial import loads, write_pieces
 
 if TYPE_CHECKING:
@@ -75,17 +75,31 @@ def _write_atomic(path: Path, parts: list[memoryview], rank: int | None = None, 
 
 
 def _manifest(folder: Path) -> dict[str, Any] | None:
+    """The manifest in ``folder``, ``None`` if none; a damaged one raises (naming it)."""
+    path = folder / MANIFEST
     try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-    except (OSError, ValueError):
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
         return None
-    if not isinstance(manifest, dict) or manifest.get("format") not in (FORMAT, LEGACY_FORMAT):
-        return None
+    except (OSError, ValueError) as error:  # written atomically: a manifest there but unreadable is damage
+        raise CheckpointError(f"{path}: not a manifest ({error})") from None
+    if isinstance(manifest, dict) and manifest.get("format") == LEGACY_FORMAT:
+        return manifest  # written before manifests carried a checksum
+    manifest = check_json(manifest, str(path))
+    if manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a manifest of format {FORMAT} or {LEGACY_FORMAT}")
     return manifest
 
 
-def _complete(root: Path) -> dict[int, dict[str, Any]]:
-    """The manifests of the complete versions in ``root``, by version."""
+def _readable(folder: Path) -> dict[str, Any] | None:
+    try:
+        return _manifest(folder)
+    except CheckpointError:
+        return None
+
+
+def _complete(root: Path, damaged: list[Path] | None = None) -> dict[int, dict[str, Any]]:
+    """The manifests of the complete versions in ``root``, by version; damaged manifests into ``damaged``."""
     found: dict[int, dict[str, Any]] = {}
     if not root.is_dir():
         return found
@@ -93,10 +107,15 @@ def _complete(root: Path) -> dict[int, dict[str, Any]]:
         version = _version_of(entry.name)
         if version is None or not entry.is_dir():
             continue
-        manifest = _manifest(entry)
+        try:
+            manifest = _manifest(entry)
+        except CheckpointError:
+            manifest = {}
         size = None if manifest is None else manifest.get("size")
         if manifest is not None and manifest.get("version") == version and type(size) is int and size > 0:
             found[version] = manifest
+        elif manifest is not None and damaged is not None:  # there, whole, yet not a version's: damage
+            damaged.append(entry / MANIFEST)
     return found
 
 
@@ -188,9 +207,9 @@ def save(
     doomed = older[: max(len(older) - (keep - 1), 0)]
     error = None
     if rank == 0:
-        text = json.dumps({"format": FORMAT, "version": version, "size": size}, sort_keys=True)
+        text = dump_json({"format": FORMAT, "version": version, "size": size})
         try:
-            _write_atomic(folder / MANIFEST, [memoryview(text.encode())])
+            _write_atomic(folder / MANIFEST, [memoryview(text)])
         except Exception as failure:
             error = failure
     # also the barrier: no rank returns before the version is complete
@@ -208,7 +227,7 @@ def _prune(root: Path, doomed: list[int], version: int, rank: int) -> None:
     incomplete = []
     for entry in root.iterdir():
         v = _version_of(entry.name)
-        if v is not None and v < version and v not in doomed and _manifest(entry) is None:
+        if v is not None and v < version and v not in doomed and _readable(entry) is None:
             incomplete.append(v)
     for v in [*doomed, *incomplete]:
         with contextlib.suppress(OSError):
@@ -263,15 +282,24 @@ def load(
     group = communicator_of(comm)
     rank, size = group.rank, group.size
     root = Path(directory)
-    found = _complete(root)
+    damaged: list[Path] = []
+    found = _complete(root, damaged)
 
     def file_of(version: int, r: int) -> Path:
         return _rank_file(_folder(root, version), r, found.get(version, {}).get("format") == LEGACY_FORMAT)
 
     mine = [v for v in sorted(found) if found[v]["size"] == size and file_of(v, rank).is_file()]
     other = [v for v in sorted(found) if found[v]["size"] != size]
-    rows = allgather(np.array([mine[-1] if mine else -1, other[-1] if other else -1], np.int64), comm=group)
-    newest, others = rows.reshape(-1, 2)[:, 0], rows.reshape(-1, 2)[:, 1]
+    newest_damaged = max((_version_of(p.parent.name) or 0 for p in damaged), default=-1)
+    row = [mine[-1] if mine else -1, other[-1] if other else -1, newest_damaged]
+    rows = allgather(np.array(row, np.int64), comm=group).reshape(-1, 3)
+    newest, others = rows[:, 0], rows[:, 1]
+    bad = [r for r, (n, d) in enumerate(zip(newest, rows[:, 2], strict=True)) if d > n]
+    if bad:  # a newer version's manifest damaged: loading the one before would be silently older
+        named = ", ".join(str(p) for p in damaged) or f"rank {bad[0]}'s"
+        raise CheckpointError(
+            f"rank {rank}: a damaged manifest newer than the newest complete version: {named}"
+        )
     if other_sizes == "raise" and any(o > n for n, o in zip(newest, others, strict=True)):
         raise CheckpointError(_other_size(root, rank, size, found, mine))
     if all(v < 0 for v in newest):
