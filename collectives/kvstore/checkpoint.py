@@ -124,7 +124,8 @@ def _check_manifest(path: Path, manifest: Any) -> dict[str, Any]:
             or any(a > b for a, b in zip(bounds, [*bounds[1:], count], strict=True))
         ):  # fmt: skip
             raise bad(f"key {key!r}: partition bounds {bounds!r} do not cover its {count} elements in order")
-    return manifest
+    checked: dict[str, Any] = manifest
+    return checked
 
 
 def _shard(directory: Path, index: int, manifest: dict[str, Any], outline: bool) -> dict[str, Any]:
