@@ -290,15 +290,20 @@ def load(
 
     mine = [v for v in sorted(found) if found[v]["size"] == size and file_of(v, rank).is_file()]
     other = [v for v in sorted(found) if found[v]["size"] != size]
+    # a version complete (its manifest written after every rank's file) yet without this rank's file
+    damaged += [file_of(v, rank) for v in sorted(found) if found[v]["size"] == size and v not in mine]
     newest_damaged = max((_version_of(p.parent.name) or 0 for p in damaged), default=-1)
     row = [mine[-1] if mine else -1, other[-1] if other else -1, newest_damaged]
     rows = allgather(np.array(row, np.int64), comm=group).reshape(-1, 3)
     newest, others = rows[:, 0], rows[:, 1]
     bad = [r for r, (n, d) in enumerate(zip(newest, rows[:, 2], strict=True)) if d > n]
-    if bad:  # a newer version's manifest damaged: loading the one before would be silently older
-        named = ", ".join(str(p) for p in damaged) or f"rank {bad[0]}'s"
+    if bad:  # loading the version before would be silently older: name what is damaged
+        named = ", ".join(str(p) for p in damaged) or ", ".join(
+            f"rank {r}'s file or the manifest of {_folder(root, int(rows[r, 2]))}" for r in bad
+        )
         raise CheckpointError(
-            f"rank {rank}: a damaged manifest newer than the newest complete version: {named}"
+            f"rank {rank}: a version newer than the newest whole one is damaged (a file missing or "
+            f"unreadable): {named}"
         )
     if other_sizes == "raise" and any(o > n for n, o in zip(newest, others, strict=True)):
         raise CheckpointError(_other_size(root, rank, size, found, mine))
