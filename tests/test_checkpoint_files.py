@@ -237,3 +237,41 @@ def test_a_damaged_shard_is_refused_naming_it(tmp_path: Path, damage: str) -> No
     outcomes = _load_store(directory)
     assert all(isinstance(outcome, KVStoreError) for outcome in outcomes), outcomes
     assert "shard-1.state" in str(outcomes[0]), str(outcomes[0])
+
+
+def _to_format_1(directory: Path) -> None:
+    """Rewrite a store checkpoint as the format before state files: .npz shards, no checksums."""
+    manifest = check_json(json.loads((directory / "manifest.json").read_text()), "manifest")
+    for index in range(manifest["servers"]):
+        shard = directory / f"shard-{index}.state"
+        tree = read_state(shard)
+        arrays: dict[str, np.ndarray] = {}
+        for part in tree["parts"]:
+            arrays[name := f"a{len(arrays)}"] = part["value"]
+            part["value"] = name
+            for field, value in list(part["state"].items()):
+                if isinstance(value, np.ndarray):
+                    arrays[name := f"a{len(arrays)}"] = value
+                    part["state"][field] = {"array": name}
+                else:
+                    part["state"][field] = {"scalar": value}
+        np.savez(directory / f"shard-{index}.npz", meta=np.array(json.dumps(tree)), **arrays)
+        shard.unlink()
+    (directory / "manifest.json").write_text(json.dumps({**manifest, "format": "collectives.kvstore/1"}))
+
+
+def test_a_store_checkpoint_of_format_1_still_loads_and_is_checked_alike(tmp_path: Path) -> None:
+    directory = _store_checkpoint(tmp_path / "kv")
+    expected = _load_store(directory)
+    _to_format_1(directory)
+    for got, want in zip(_load_store(directory), expected, strict=True):
+        assert not isinstance(got, Exception), got
+        assert all(_same(got[k], want[k]) for k in want)
+    text = (directory / "manifest.json").read_text()
+    manifest = json.loads(text)
+    _key(manifest, "sw").update(shape=[80])
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    assert "shard-0.npz" in str(_load_store(directory)[0])  # shard 0 holds 'sw', of another shape
+    (directory / "manifest.json").write_text(text)
+    (directory / "shard-1.npz").write_bytes(b"")
+    assert "shard-1.npz" in str(_load_store(directory)[0])
