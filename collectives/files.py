@@ -16,6 +16,7 @@ __all__ = [
 ]
 
 import json
+import math
 import os
 import struct
 import tempfile
@@ -412,13 +413,13 @@ class _Decoder:
             if len(raw) != dtype.itemsize:
                 raise _bad(self.name, f"a {dtype} scalar of {len(raw)} bytes")
             return np.frombuffer(raw, dtype)[0]
+        if tag not in ("a", "b", "x"):
+            raise _bad(self.name, f"a value of unknown tag {tag!r}")
         buffer = self.buffer(node)
         if tag == "a":
             return self.array(node, buffer)
         if buffer is None:  # an outline: the data is not read
             return None
-        if tag == "b":
-            return bytes(buffer)
         if tag == "x":
             codec = _CODECS.get(node["codec"])
             if codec is None:
@@ -430,7 +431,7 @@ class _Decoder:
                 return codec.decode(memoryview(bytearray(buffer)) if self.copy else buffer, node["fields"])
             except (TypeError, ValueError, RuntimeError) as error:
                 raise _bad(self.name, f"a {codec.name} value: {error}") from None
-        raise _bad(self.name, f"a value of unknown tag {tag!r}")
+        return bytes(buffer)
 
     def mapping(self, node: dict[str, Any]) -> Any:
         keys, values = node["k"], node["v"]
@@ -452,7 +453,7 @@ class _Decoder:
         dtype, shape = self.dtype(node["dtype"]), node["shape"]
         if not isinstance(shape, list) or not all(_is_count(n) for n in shape):
             raise _bad(self.name, f"an array of shape {shape!r}")
-        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        count = math.prod(shape)
         if buffer is None:
             return Outline(dtype, tuple(shape))
         if count * dtype.itemsize != buffer.nbytes:

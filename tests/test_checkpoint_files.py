@@ -3,6 +3,7 @@
 import json
 import os
 import pickle
+import zlib
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -275,3 +276,71 @@ def test_a_store_checkpoint_of_format_1_still_loads_and_is_checked_alike(tmp_pat
     (directory / "manifest.json").write_text(text)
     (directory / "shard-1.npz").write_bytes(b"")
     assert "shard-1.npz" in str(_load_store(directory)[0])
+
+
+def _craft(header: Any, data: bytes = b"") -> bytes:
+    """A state file of ``header`` and ``data``, checksum right (the layout docs/fault_tolerance.md gives)."""
+    text = json.dumps(header).encode()
+    head = b"CLSTATE\x00" + len(text).to_bytes(8, "little") + text
+    head += bytes(-len(head) % 64)
+    body = head + data
+    return body + b"CLS\x00" + zlib.crc32(body).to_bytes(4, "little")
+
+
+def _header(tree: Any, buffers: Any = (), size: int = 0) -> dict[str, Any]:
+    return {"format": "collectives.state/1", "size": size, "buffers": list(buffers), "tree": tree}
+
+
+CRAFTED = {
+    "an object dtype": (
+        _header({"t": "a", "dtype": "|O", "shape": [1], "b": 0}, [[0, 8]], 8),
+        "holds Python",
+    ),
+    "a shape too large": (
+        _header({"t": "a", "dtype": "<f8", "shape": [2**40, 2**40], "b": 0}, [[0, 8]], 8),
+        "buffer of 8",
+    ),
+    "a buffer out of range": (
+        _header({"t": "a", "dtype": "<f8", "shape": [1], "b": 3}, [[0, 8]], 8),
+        "names buffer 3",
+    ),
+    "an offset past the data": (_header({"t": "b", "b": 0}, [[4, 8]], 8), "runs past"),
+    "an unknown tag": (_header({"t": "pickle", "v": "cos\nsystem\n"}), "unknown tag"),
+    "no tree": ({"format": "collectives.state/1", "size": 0, "buffers": []}, "lacks"),
+    "a wrong size": (_header(None, [], 64), "cut short"),
+    "an untagged list": (_header(json.loads("[" * 50 + "]" * 50)), "not a tagged value"),
+    "an unknown codec": (
+        _header({"t": "x", "codec": "os.system", "fields": {}, "b": 0}, [[0, 0]]),
+        "not registered",
+    ),
+    "a field of the wrong type": (_header({"t": "l", "v": 3}), "malformed"),
+    "an unhashable key": (_header({"t": "d", "k": [{"t": "l", "v": []}], "v": [1]}), "mapping key"),
+    "another format": ({"format": "pickle/5"}, "format 'pickle/5'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CRAFTED))
+def test_a_crafted_header_raises_naming_the_file_and_what_is_wrong(tmp_path: Path, case: str) -> None:
+    header, why = CRAFTED[case]
+    data = (
+        bytes(header.get("size", 0))
+        if isinstance(header.get("size"), int) and case != "a wrong size"
+        else b""
+    )
+    path = tmp_path / "rank-0.state"
+    path.write_bytes(_craft(header, data))
+    with pytest.raises(CheckpointError, match=why) as caught:
+        read_state(path)
+    assert str(path) in str(caught.value)
+
+
+def test_a_header_nested_past_the_recursion_limit_raises_naming_the_file(tmp_path: Path) -> None:
+    deep = '{"t":"l","v":[' * 100_000 + "]}" * 100_000
+    text = ('{"format":"collectives.state/1","size":0,"buffers":[],"tree":' + deep + "}").encode()
+    head = b"CLSTATE\x00" + len(text).to_bytes(8, "little") + text
+    body = head + bytes(-len(head) % 64)
+    path = tmp_path / "rank-0.state"
+    path.write_bytes(body + b"CLS\x00" + zlib.crc32(body).to_bytes(4, "little"))
+    with pytest.raises(CheckpointError, match=r"not JSON|nested too deep") as caught:
+        read_state(path)
+    assert str(path) in str(caught.value)

@@ -22,6 +22,7 @@ __all__ = [
 ]
 
 import json
+import math
 import os
 import uuid
 import zipfile
@@ -117,7 +118,7 @@ def _check_manifest(path: Path, manifest: Any) -> dict[str, Any]:
             raise bad(f"key {key!r}: key text or dtype {entry.get('dtype')!r}") from None
         if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None:
             raise bad(f"key {key!r}: dtype {dtype} is not allowed")
-        count = int(np.prod(shape, dtype=np.int64))
+        count = math.prod(shape)
         if (
             not isinstance(bounds, list) or not bounds or bounds[0] != 0
             or not all(_count(b) for b in bounds)
@@ -204,7 +205,7 @@ def _check_part(name: str, part: Any, keys: dict[str, dict[str, Any]]) -> tuple[
     entry = keys.get(key)
     if entry is None:
         raise KVStoreError(f"{name!r} holds key {key!r}, which its manifest does not list")
-    bounds, count = entry["bounds"], int(np.prod(entry["shape"], dtype=np.int64))
+    bounds, count = entry["bounds"], math.prod(entry["shape"])
     if index >= len(bounds):
         raise KVStoreError(f"{name!r}: partition {index} of key {key!r}, the manifest lists {len(bounds)}")
     size = [*bounds[1:], count][index] - bounds[index]
@@ -221,7 +222,7 @@ def _check_part(name: str, part: Any, keys: dict[str, dict[str, Any]]) -> tuple[
         )
     for what, value in [("value", part.get("value")), *part["state"].items()]:
         if isinstance(value, np.ndarray | Outline):
-            if (what == "value" and value.dtype != dtype) or int(np.prod(value.shape)) != size:
+            if (what == "value" and value.dtype != dtype) or math.prod(value.shape) != size:
                 raise KVStoreError(
                     f"{name!r}: partition {index} of key {key!r}: {what} is {value.dtype} "
                     f"{tuple(value.shape)}, the manifest says {dtype} of {size} elements"
@@ -269,7 +270,7 @@ def restore_shards(directory: Path, manifest: dict[str, Any]) -> dict[bytes, dic
     shards = _check_shards(directory, manifest, outline=False)
     keys: dict[bytes, dict[str, Any]] = {}
     for entry in manifest["keys"]:
-        count = int(np.prod(entry["shape"], dtype=np.int64))
+        count = math.prod(entry["shape"])
         keys[entry["key"].encode()] = {
             "value": np.empty(count, entry["dtype"]), "round": 0, "shape": None, "state": {}, "scalars": {},
             "bounds": entry["bounds"],

@@ -2,6 +2,7 @@
 
 __all__ = ["load_training", "restore_training", "save_training", "training_state"]
 
+import math
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -40,7 +41,7 @@ def _tensor_of(buffer: memoryview, fields: dict[str, Any]) -> torch.Tensor:
         raise ValueError(f"dtype {name!r} is not a torch dtype")
     if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
         raise ValueError(f"a tensor of shape {shape!r}")
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    count = math.prod(shape)
     if count * dtype.itemsize != buffer.nbytes:
         raise ValueError(f"a {name} tensor of shape {tuple(shape)} in a buffer of {buffer.nbytes} bytes")
     if buffer.nbytes == 0:
