@@ -215,6 +215,8 @@ MANIFEST_EDITS = {
     "a missing field": lambda m: m.pop("keys"),
     "a wrong type": lambda m: m.update(clock="7"),
     "a bad dtype": lambda m: _key(m, "i3").update(dtype="object"),
+    "a bad optimizer": lambda m: m.update(optimizer='{"name": "sgd", "evil": 1}'),
+    "an optimizer of another type": lambda m: m.update(optimizer=["sgd"]),
 }
 
 

@@ -95,8 +95,15 @@ def _check_manifest(path: Path, manifest: Any) -> dict[str, Any]:
             raise bad(f"field {name!r} is {manifest.get(name)!r}, not a {kind.__name__}")
     if manifest["servers"] < 1 or manifest["workers"] < 1 or manifest["clock"] < 0:
         raise bad(f"{manifest['servers']} servers, {manifest['workers']} workers, clock {manifest['clock']}")
-    if manifest.get("optimizer") is not None and not isinstance(manifest["optimizer"], str):
-        raise bad(f"field 'optimizer' is {manifest['optimizer']!r}, not a string or null")
+    if manifest.get("optimizer") is not None:
+        try:  # made by Optimizer.spec; checked here, before a server takes it
+            optimizer_from_spec(manifest["optimizer"])
+        except Exception as error:
+            raise bad(
+                f"field 'optimizer' is {manifest['optimizer']!r} ({type(error).__name__}: {error})"
+            ) from None
+    elif "optimizer" not in manifest:
+        raise bad("field 'optimizer' is missing")
     seen = set()
     for entry in manifest["keys"]:
         if (
