@@ -114,9 +114,13 @@ def test_a_damaged_store_checkpoint_loads_as_saved_or_raises_naming_a_file(tmp_p
 
 
 @pytest.mark.skipif(mpiexec() is None, reason="no mpiexec (install the mpich extra)")
-def test_a_file_damaged_on_one_rank_raises_on_every_rank_under_mpiexec(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["flip", "pickle"])
+def test_a_file_damaged_or_crafted_on_one_rank_raises_on_every_rank_under_mpiexec(
+    tmp_path: Path, how: str
+) -> None:
     try:
-        result = run_mpi(2, ["-m", "tests.faults.damaged_checkpoint", str(tmp_path)], timeout=120)
+        result = run_mpi(2, ["-m", "tests.faults.damaged_checkpoint", str(tmp_path), how], timeout=120)
     except subprocess.TimeoutExpired as expired:
         pytest.fail(f"the load hung:\n{expired.output}")
     assert result.returncode == 0 and "OK" in result.stdout, result.stdout
+    assert not (tmp_path / "pwned").exists()

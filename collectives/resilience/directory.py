@@ -134,7 +134,8 @@ def _agree_ok(
     if not bad:
         return
     mine = f": {error}" if error is not None else ""
-    files = "" if file is None or error is not None else f" ({', '.join(str(file(r)) for r in bad)})"
+    others = [str(file(r)) for r in bad if r != group.rank] if file is not None else []
+    files = f" ({', '.join(others)})" if others else ""  # this rank's own error names its file
     raise CheckpointError(
         f"rank {group.rank}: {what} failed on rank{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))}"
         f"{files}{mine}"
