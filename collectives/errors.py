@@ -3,6 +3,7 @@
 __all__ = [
     "BrokenCommunicatorError",
     "CalibrationError",
+    "CheckpointError",
     "CollectiveTimeout",
     "CollectivesError",
     "ConcurrentCallError",
@@ -212,6 +213,13 @@ class ConfigurationError(CollectivesError, ValueError):
 
 class CalibrationError(CollectivesError, ValueError):
     """A calibration file cannot be read or does not hold the cost model's constants."""
+
+
+class CheckpointError(CollectivesError):
+    """A checkpoint cannot be taken or restored: ranks out of step, a copy not held, a partial version.
+
+    Also a checkpoint file that is damaged, not of this library's format, or would run code to load.
+    """
 
 
 class KVStoreError(CollectivesError):

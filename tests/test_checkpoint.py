@@ -40,7 +40,12 @@ def test_a_first_run_finds_nothing_and_later_ones_the_newest_complete_version(tm
     assert complete_versions(tmp_path) == [4, 6]  # keep=2: the oldest lost its files
     assert not folder_of(tmp_path, 2).exists()
     manifest = json.loads((folder_of(tmp_path, 6) / "manifest.json").read_text())
-    assert manifest == {"format": "collectives.resilience/1", "size": 3, "version": 6}
+    assert manifest == {
+        "format": "collectives.resilience/2",
+        "size": 3,
+        "version": 6,
+        "crc32": manifest["crc32"],
+    }
 
 
 def test_a_write_cut_off_fails_every_rank_naming_it_and_the_version_before_is_loaded(tmp_path: Path) -> None:
@@ -58,7 +63,7 @@ def test_a_write_cut_off_fails_every_rank_naming_it_and_the_version_before_is_lo
         assert version == 1 and state == {**state, "rank": rank, "version": 1}
     assert complete_versions(tmp_path) == [1]
     assert not (folder_of(tmp_path, 2) / "manifest.json").exists()
-    assert not (folder_of(tmp_path, 2) / "rank-1.pkl").exists()
+    assert not (folder_of(tmp_path, 2) / "rank-1.state").exists()
 
 
 def test_a_version_without_its_manifest_or_of_another_world_size_is_not_loaded(tmp_path: Path) -> None:
@@ -67,22 +72,23 @@ def test_a_version_without_its_manifest_or_of_another_world_size_is_not_loaded(t
     killed = folder_of(tmp_path, 7)  # every rank's file, but the manifest never came
     killed.mkdir()
     for rank in range(2):
-        (killed / f"rank-{rank}.pkl").write_bytes(b"partial")
-    found = run_ranks(2, lambda comm: load(tmp_path, comm=comm))
+        (killed / f"rank-{rank}.state").write_bytes(b"partial")
+    found = run_ranks(2, lambda comm: load(tmp_path, comm=comm, other_sizes="skip"))
     assert [version for version, _ in found] == [3, 3]
     assert complete_versions(tmp_path, 3) == [5]
 
 
 def test_a_rank_missing_the_agreed_version_fails_every_rank(tmp_path: Path) -> None:
     run_ranks(2, lambda comm: save(tmp_path, _state(comm.rank, 1), 1, comm=comm))
-    (folder_of(tmp_path, 1) / "rank-1.pkl").unlink()
+    (folder_of(tmp_path, 1) / "rank-1.state").unlink()
 
     def body(comm: Communicator) -> str:
-        with pytest.raises(CheckpointError, match="rank 1 found no complete checkpoint") as failed:
+        with pytest.raises(CheckpointError, match="is damaged") as failed:
             load(tmp_path, comm=comm)
         return str(failed.value)
 
-    assert all("(newest complete: rank 0: 1, rank 1: none)" in text for text in run_ranks(2, body))
+    # rank 1's file of a complete version is gone: named on every rank, not taken for "no checkpoint"
+    assert all("rank 1" in text and "v00000001" in text for text in run_ranks(2, body))
 
 
 def test_bad_versions_and_keeps_are_named(tmp_path: Path) -> None:

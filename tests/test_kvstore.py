@@ -485,12 +485,12 @@ def test_partial_missing_and_foreign_checkpoints_are_refused(tmp_path: Any) -> N
         kv.save(tmp_path / "b")
 
     run_store(2, save, mode="async")
-    (tmp_path / "a" / "shard-1.npz").replace(tmp_path / "b" / "shard-1.npz")  # b is now a mix of two saves
-    (tmp_path / "a" / "shard-0.npz").unlink()
+    (tmp_path / "a" / "shard-1.state").replace(tmp_path / "b" / "shard-1.state")  # b: a mix of two saves
+    (tmp_path / "a" / "shard-0.state").unlink()
     cases = [
         (tmp_path / "missing", "no checkpoint directory"),
-        (tmp_path / "a", "is partial: shard-0.npz is missing or unreadable"),
-        (tmp_path / "b", "is partial: shard-1.npz belongs to checkpoint"),
+        (tmp_path / "a", "is partial or damaged: .*shard-0.state: cannot read it"),
+        (tmp_path / "b", "is partial: shard-1.state belongs to checkpoint"),
     ]
     for directory, message in cases:
 

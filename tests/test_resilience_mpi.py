@@ -98,7 +98,7 @@ def test_a_run_killed_mid_checkpoint_relaunched_resumes_from_the_one_before_and_
     # killed halfway through writing its file of the second checkpoint (step 4): only a temporary
     # file of it is left, and the relaunch resumes from the first (step 2)
     _fails("optimizer", "1:checkpoint:1:kill", tmp_path, monkeypatch)
-    assert any(p.name.startswith(".rank-1.pkl.") for p in (tmp_path / "v00000004").iterdir())
+    assert any(p.name.startswith(".rank-1.state.") for p in (tmp_path / "v00000004").iterdir())
     _resumes_bitwise("optimizer", tmp_path, monkeypatch, _digest(output))
     assert not any(p.name.startswith(".") for p in (tmp_path / "v00000004").iterdir())  # cleaned up
 

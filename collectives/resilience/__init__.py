@@ -16,9 +16,12 @@ In memory, Rabit style (:mod:`.checkpoint`)
 In a directory, for relaunching a job (:mod:`.directory`)
     ``save(directory, state, version, *, comm=None, keep=2, before_manifest=None) -> Path``
     (collective: every rank's file written atomically, then ``before_manifest(folder)``,
-    then a manifest once every rank's is durable); ``load(directory, *, comm=None)
-    -> (version, state) | None`` (the newest complete version, agreed by every
-    rank); ``complete_versions(directory, size=None)``; ``folder_of(directory,
+    then a manifest once every rank's is durable; a rank's file is a state file of
+    :mod:`collectives.files`: allowed values only, checksummed); ``load(directory, *,
+    comm=None, trusted=False, other_sizes="raise") -> (version, state) | None`` (the
+    newest complete version, agreed by every rank; loading runs no code: the old
+    pickled format only with ``trusted=True``; damage and another world size are
+    named); ``complete_versions(directory, size=None)``; ``folder_of(directory,
     version)``; a version cut off mid-write is never loaded.
 Fault injection (:mod:`collectives.faults`, imported by the watchdog, so it sits low)
     ``$COLLECTIVES_FAULT=RANK:NUMBER[:HOW]`` or ``RANK:checkpoint:NUMBER[:HOW]``

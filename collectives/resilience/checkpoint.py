@@ -9,7 +9,7 @@ import numpy as np
 from ..api import allgather
 from ..call import Tracked
 from ..communicator import Communicator, communicator_of
-from ..errors import CollectivesError, ConfigurationError
+from ..errors import CheckpointError, ConfigurationError
 from ..faults import CHECKPOINT
 from ..faults import PLAN as _FAULTS
 from ..transport.tags import Tag
@@ -17,10 +17,6 @@ from .serial import dumps, loads
 
 if TYPE_CHECKING:
     from mpi4py import MPI
-
-
-class CheckpointError(CollectivesError):
-    """A checkpoint cannot be taken or restored: ranks out of step, a copy not held, a partial version."""
 
 
 def _fitting(buffer: np.ndarray | None, nbytes: int) -> np.ndarray:
@@ -48,7 +44,11 @@ class Checkpointer:
 
     The state is pickled when taken (numpy arrays' memory copied once, out of
     band: see :mod:`.serial`): later changes to the objects passed do not reach
-    the checkpoint. Two collectives of the communicator carry it
+    the checkpoint. Pickle, unlike the files of :func:`~collectives.resilience.save`,
+    as these bytes never come from a file: they are made by this job's ranks and
+    travel only between them (as the job's other messages do), and any picklable
+    state stays allowed; unpickling what a peer of the same job made runs no code
+    the job did not already trust. Two collectives of the communicator carry it
     (the sizes and versions, then the copies), under its watchdog: a rank that
     dies or never comes makes the others raise within the timeout, naming it.
 

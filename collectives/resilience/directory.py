@@ -1,14 +1,18 @@
 """Checkpoints in a directory: a file per rank written atomically, then a manifest once all are durable.
 
-A version's folder ``v<version>`` (zero-padded) holds ``rank-<r>.pkl`` for every
+A version's folder ``v<version>`` (zero-padded) holds ``rank-<r>.state`` for every
 rank and, once every rank's file is written and synced to disk, ``manifest.json``
 naming the version and the world size. A version is complete when its manifest
-is there and it is of this world size; :func:`load` takes the newest complete
-one, so a save cut off anywhere (a rank killed mid-write leaves only a temporary
-file, and no manifest) is never loaded, and the one before it is.
+is there; :func:`load` takes the newest complete one, so a save cut off anywhere
+(a rank killed mid-write leaves only a temporary file, and no manifest) is never
+loaded, and the one before it is.
+
+A rank's file is a state file (:mod:`collectives.files`): JSON naming values of
+an allow-list, the arrays' raw bytes, a checksum; loading it runs no code. The
+old format (``rank-<r>.pkl``, pickled) is read only with ``trusted=True``.
 """
 
-__all__ = ["FORMAT", "MANIFEST", "complete_versions", "folder_of", "load", "save"]
+__all__ = ["FORMAT", "LEGACY_FORMAT", "MANIFEST", "complete_versions", "folder_of", "load", "save"]
 
 import contextlib
 import json
@@ -16,23 +20,23 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from ..api import allgather
 from ..communicator import Communicator, communicator_of
-from ..errors import ConfigurationError
+from ..errors import CheckpointError, ConfigurationError
 from ..faults import CHECKPOINT
 from ..faults import PLAN as _FAULTS
-from ..files import atomic_write, sync_folder
-from .checkpoint import CheckpointError
-from .serial import loads, pieces, write_pieces
+from ..files import atomic_write, check_json, dump_json, read_state, state_pieces, sync_folder
+from .serial import loads, write_pieces
 
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-FORMAT = "collectives.resilience/1"
+FORMAT = "collectives.resilience/2"
+LEGACY_FORMAT = "collectives.resilience/1"  # rank files pickled: read only when trusted
 MANIFEST = "manifest.json"
 _DIGITS = 8
 
@@ -46,8 +50,8 @@ def folder_of(directory: "str | os.PathLike[str]", version: int) -> Path:
     return _folder(Path(directory), version)
 
 
-def _rank_file(folder: Path, rank: int) -> Path:
-    return folder / f"rank-{rank}.pkl"
+def _rank_file(folder: Path, rank: int, legacy: bool = False) -> Path:
+    return folder / f"rank-{rank}.{'pkl' if legacy else 'state'}"
 
 
 def _version_of(name: str) -> int | None:
@@ -71,42 +75,70 @@ def _write_atomic(path: Path, parts: list[memoryview], rank: int | None = None, 
 
 
 def _manifest(folder: Path) -> dict[str, Any] | None:
+    """The manifest in ``folder``, ``None`` if none; a damaged one raises (naming it)."""
+    path = folder / MANIFEST
     try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-    except (OSError, ValueError):
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
         return None
-    return manifest if isinstance(manifest, dict) and manifest.get("format") == FORMAT else None
+    except (OSError, ValueError) as error:  # written atomically: a manifest there but unreadable is damage
+        raise CheckpointError(f"{path}: not a manifest ({error})") from None
+    if isinstance(manifest, dict) and manifest.get("format") == LEGACY_FORMAT:
+        return manifest  # written before manifests carried a checksum
+    manifest = check_json(manifest, str(path))
+    if manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a manifest of format {FORMAT} or {LEGACY_FORMAT}")
+    return manifest
 
 
-def complete_versions(directory: "str | os.PathLike[str]", size: int | None = None) -> list[int]:
-    """The versions in ``directory`` with a manifest (of world size ``size`` if given), oldest first."""
-    root = Path(directory)
+def _readable(folder: Path) -> dict[str, Any] | None:
+    try:
+        return _manifest(folder)
+    except CheckpointError:
+        return None
+
+
+def _complete(root: Path, damaged: list[Path] | None = None) -> dict[int, dict[str, Any]]:
+    """The manifests of the complete versions in ``root``, by version; damaged manifests into ``damaged``."""
+    found: dict[int, dict[str, Any]] = {}
     if not root.is_dir():
-        return []
-    versions = []
+        return found
     for entry in root.iterdir():
         version = _version_of(entry.name)
         if version is None or not entry.is_dir():
             continue
-        manifest = _manifest(entry)
-        if manifest is None or manifest.get("version") != version:
-            continue
-        if size is not None and manifest.get("size") != size:
-            continue
-        versions.append(version)
-    return sorted(versions)
+        try:
+            manifest = _manifest(entry)
+        except CheckpointError:
+            manifest = {}
+        size = None if manifest is None else manifest.get("size")
+        if manifest is not None and manifest.get("version") == version and type(size) is int and size > 0:
+            found[version] = manifest
+        elif manifest is not None and damaged is not None:  # there, whole, yet not a version's: damage
+            damaged.append(entry / MANIFEST)
+    return found
 
 
-def _agree_ok(group: Communicator, error: BaseException | None, what: str) -> None:
-    """Raise on every rank if ``error`` happened on any (one collective)."""
+def complete_versions(directory: "str | os.PathLike[str]", size: int | None = None) -> list[int]:
+    """The versions in ``directory`` with a manifest (of world size ``size`` if given), oldest first."""
+    found = _complete(Path(directory))
+    return sorted(v for v, m in found.items() if size is None or m["size"] == size)
+
+
+def _agree_ok(
+    group: Communicator, error: BaseException | None, what: str, file: Callable[[int], Path] | None = None
+) -> None:
+    """Raise on every rank if ``error`` happened on any (one collective), naming ``file(rank)`` of those."""
     failed = allgather(np.array([error is not None], np.int8), comm=group)
     bad = [r for r, flag in enumerate(failed.reshape(-1)) if flag]
     if not bad:
         return
     mine = f": {error}" if error is not None else ""
+    others = [str(file(r)) for r in bad if r != group.rank] if file is not None else []
+    files = f" ({', '.join(others)})" if others else ""  # this rank's own error names its file
     raise CheckpointError(
         f"rank {group.rank}: {what} failed on rank{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))}"
-        f"{mine}"
+        f"{files}{mine}"
     ) from error
 
 
@@ -130,7 +162,10 @@ def save(
     Args:
         directory: the checkpoints' folder, made if missing (shared by the ranks,
             or the same path on each node).
-        state: this rank's state: any picklable object.
+        state: this rank's state, of None, bool, int, float, str, bytes, list,
+            tuple, dict, OrderedDict (torch's ``state_dict``), numpy arrays and
+            scalars, and torch tensors (once ``collectives.torch_integration``
+            is imported); written as a state file (:mod:`collectives.files`).
         version: a number larger than any complete version's there (the step, say).
         comm: the communicator; the default one when ``None``.
         keep: complete versions kept, this one included.
@@ -142,7 +177,9 @@ def save(
         The version's folder.
 
     Raises:
-        CheckpointError: a rank could not write its file (on every rank, naming it).
+        CheckpointError: a rank could not write its file, or its state holds a
+            value outside the allow-list (on every rank, naming the rank, and
+            there where in the state).
     """
     if isinstance(version, bool) or not isinstance(version, int) or version < 0:
         raise ConfigurationError(f"a checkpoint's version must be a non-negative integer, got {version!r}")
@@ -154,11 +191,11 @@ def save(
     rank, size = group.rank, group.size
     error: BaseException | None = None
     try:
-        parts = pieces(state)
+        parts = state_pieces(state)
         folder.mkdir(parents=True, exist_ok=True)
         if rank == 0:  # a manifest of an earlier run's save of this version: not this one's
             (folder / MANIFEST).unlink(missing_ok=True)
-        for leftover in folder.glob(f".rank-{rank}.pkl.*"):  # an earlier write of this rank's, cut off
+        for leftover in folder.glob(f".rank-{rank}.*"):  # an earlier write of this rank's, cut off
             leftover.unlink(missing_ok=True)
         _write_atomic(_rank_file(folder, rank), parts, rank, f"checkpoint version {version} in {folder}")
     except Exception as failure:
@@ -171,9 +208,9 @@ def save(
     doomed = older[: max(len(older) - (keep - 1), 0)]
     error = None
     if rank == 0:
-        text = json.dumps({"format": FORMAT, "version": version, "size": size}, sort_keys=True)
+        text = dump_json({"format": FORMAT, "version": version, "size": size})
         try:
-            _write_atomic(folder / MANIFEST, [memoryview(text.encode())])
+            _write_atomic(folder / MANIFEST, [memoryview(text)])
         except Exception as failure:
             error = failure
     # also the barrier: no rank returns before the version is complete
@@ -191,7 +228,7 @@ def _prune(root: Path, doomed: list[int], version: int, rank: int) -> None:
     incomplete = []
     for entry in root.iterdir():
         v = _version_of(entry.name)
-        if v is not None and v < version and v not in doomed and _manifest(entry) is None:
+        if v is not None and v < version and v not in doomed and _readable(entry) is None:
             incomplete.append(v)
     for v in [*doomed, *incomplete]:
         with contextlib.suppress(OSError):
@@ -205,28 +242,72 @@ def _remove_files(folder: Path, rank: int) -> None:
             if inner.is_dir():  # what before_manifest wrote
                 shutil.rmtree(inner, ignore_errors=True)
     _rank_file(folder, rank).unlink(missing_ok=True)
-    for leftover in folder.glob(f".rank-{rank}.pkl.*"):  # a write cut off there
+    _rank_file(folder, rank, legacy=True).unlink(missing_ok=True)
+    for leftover in folder.glob(f".rank-{rank}.*"):  # a write cut off there
         leftover.unlink(missing_ok=True)
     folder.rmdir()  # the last rank out removes it; the others fail here, as it is not empty yet
 
 
 def load(
-    directory: "str | os.PathLike[str]", *, comm: "Communicator | MPI.Comm | None" = None
+    directory: "str | os.PathLike[str]",
+    *,
+    comm: "Communicator | MPI.Comm | None" = None,
+    trusted: bool = False,
+    other_sizes: Literal["raise", "skip"] = "raise",
 ) -> tuple[int, Any] | None:
     """The newest complete version in ``directory`` and this rank's state of it; collective.
 
     ``None`` where there is none (a first run, or a missing folder). The ranks
     agree on the version: each finds the newest complete one it sees, and they
-    take the oldest of those, which every rank must have.
+    take the oldest of those, which every rank must have. A rank's file is read
+    and its checksum checked; loading it runs no code.
+
+    Args:
+        directory: the checkpoints' folder.
+        comm: the communicator; the default one when ``None``.
+        trusted: also read a version of the old format (``rank-<r>.pkl``, pickled),
+            which RUNS CODE the file chooses as it loads: only for files you made
+            or trust. Without it such a version raises, naming its file.
+        other_sizes: where the newest checkpoint is of another world size (a
+            relaunch with another ``-n``): ``"raise"`` (naming the sizes), or
+            ``"skip"``: take the newest of this world size, ``None`` if none.
 
     Raises:
-        CheckpointError: on every rank, when a rank lacks the agreed version or cannot read its file.
+        CheckpointError: on every rank, when a rank lacks the agreed version or
+            cannot read its file (damaged, cut short, not of this format, the old
+            format without ``trusted``: naming the file), or the newest
+            checkpoint is of another world size.
     """
+    if other_sizes not in ("raise", "skip"):
+        raise ConfigurationError(f"other_sizes must be 'raise' or 'skip', got {other_sizes!r}")
     group = communicator_of(comm)
     rank, size = group.rank, group.size
     root = Path(directory)
-    mine = [v for v in complete_versions(root, size) if _rank_file(_folder(root, v), rank).is_file()]
-    newest = allgather(np.array([mine[-1] if mine else -1], np.int64), comm=group).reshape(-1)
+    damaged: list[Path] = []
+    found = _complete(root, damaged)
+
+    def file_of(version: int, r: int) -> Path:
+        return _rank_file(_folder(root, version), r, found.get(version, {}).get("format") == LEGACY_FORMAT)
+
+    mine = [v for v in sorted(found) if found[v]["size"] == size and file_of(v, rank).is_file()]
+    other = [v for v in sorted(found) if found[v]["size"] != size]
+    # a version complete (its manifest written after every rank's file) yet without this rank's file
+    damaged += [file_of(v, rank) for v in sorted(found) if found[v]["size"] == size and v not in mine]
+    newest_damaged = max((_version_of(p.parent.name) or 0 for p in damaged), default=-1)
+    row = [mine[-1] if mine else -1, other[-1] if other else -1, newest_damaged]
+    rows = allgather(np.array(row, np.int64), comm=group).reshape(-1, 3)
+    newest, others = rows[:, 0], rows[:, 1]
+    bad = [r for r, (n, d) in enumerate(zip(newest, rows[:, 2], strict=True)) if d > n]
+    if bad:  # loading the version before would be silently older: name what is damaged
+        named = ", ".join(str(p) for p in damaged) or ", ".join(
+            f"rank {r}'s file or the manifest of {_folder(root, int(rows[r, 2]))}" for r in bad
+        )
+        raise CheckpointError(
+            f"rank {rank}: a version newer than the newest whole one is damaged (a file missing or "
+            f"unreadable): {named}"
+        )
+    if other_sizes == "raise" and any(o > n for n, o in zip(newest, others, strict=True)):
+        raise CheckpointError(_other_size(root, rank, size, found, mine))
     if all(v < 0 for v in newest):
         return None
     version = int(min(newest))
@@ -242,12 +323,42 @@ def load(
     try:
         if version not in mine:
             raise CheckpointError(f"rank {rank} lacks version {version} in {root} (newest complete: {seen})")
-        path = _rank_file(_folder(root, version), rank)
+        state = _read(file_of(version, rank), trusted)
+    except Exception as failure:
+        error = failure
+    what = f"loading checkpoint version {version} from {root}"
+    _agree_ok(group, error, what, lambda r: file_of(version, r))
+    return version, state
+
+
+def _other_size(root: Path, rank: int, size: int, found: dict[int, dict[str, Any]], mine: list[int]) -> str:
+    """Why a load stops: the newest checkpoint is of another world size."""
+    newer = {v: m["size"] for v, m in found.items() if m["size"] != size and (not mine or v > mine[-1])}
+    if not newer:
+        return f"rank {rank}: a rank found a newer checkpoint of another world size than {size} in {root}"
+    newest = {s: max(v for v in newer if newer[v] == s) for s in sorted(set(newer.values()))}
+    sizes = ", ".join(f"{s} (version {v})" for s, v in newest.items())
+    ours = f"newest of size {size}: version {mine[-1]}" if mine else f"none of size {size}"
+    return (
+        f"rank {rank}: the newest checkpoint in {root} is of world size {sizes}, "
+        f"this run has {size} ({ours}); relaunch with that size, or pass other_sizes='skip' "
+        "to take the newest of this size"
+    )
+
+
+def _read(path: Path, trusted: bool) -> Any:
+    """This rank's state from its file ``path``: a state file, or the old pickled one if ``trusted``."""
+    if path.suffix != ".pkl":
+        return read_state(path)  # the arrays keep the bytes just read
+    if not trusted:
+        raise CheckpointError(
+            f"{path}: a checkpoint of the old pickled format ({LEGACY_FORMAT}), which runs code as it "
+            "loads; pass trusted=True only for files you trust"
+        )
+    try:
         with open(path, "rb") as file:
             data = bytearray(os.fstat(file.fileno()).st_size)
             file.readinto(data)
-        state = loads(data, copy=False)  # the arrays keep the bytes just read
-    except Exception as failure:
-        error = failure
-    _agree_ok(group, error, f"loading checkpoint version {version} from {root}")
-    return version, state
+        return loads(data, copy=False)  # runs code: the caller said it trusts the file
+    except Exception as error:
+        raise CheckpointError(f"{path}: cannot read the old-format checkpoint ({error})") from error

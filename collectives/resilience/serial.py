@@ -1,4 +1,10 @@
-"""A state as one run of bytes: pickled, with its arrays' memory out of band, so it is copied once."""
+"""A state as one run of bytes: pickled, with its arrays' memory out of band, so it is copied once.
+
+For the in-memory checkpoints, whose bytes only this job's ranks make and read.
+:func:`loads` unpickles, which runs code the bytes choose: never give it bytes
+from a file or from outside the job (directory checkpoints read old-format files
+with it only when the caller passes ``trusted=True``).
+"""
 
 __all__ = ["dumps", "loads", "pieces", "write_pieces"]
 
@@ -74,6 +80,7 @@ def write_pieces(file: IO[bytes], parts: list[memoryview], halfway: Callable[[],
 def loads(data: "bytes | bytearray | memoryview | np.ndarray", *, copy: bool = True) -> Any:
     """The state :func:`dumps` made ``data`` of; its arrays are new memory unless ``copy`` is off.
 
+    Unpickles: runs code of ``data``'s choosing; only for bytes this job made.
     With ``copy`` off the arrays are views of ``data`` (writable where ``data`` is).
 
     Raises:
