@@ -49,6 +49,9 @@ def test_signatures_go_through_shared_memory_and_results_stay_right(world: MPI.I
         watchdog.shared is not None and comm.shared is not None and watchdog.shared is comm.shared._shared,
         "the watchdog does not agree through the communicator's shared memory",
     )
+    # setting the shared memory up is itself a watched call, agreed by message: forget those
+    for received in watchdog._received:
+        received[:] = bytes(len(received))
     _all_right(problems, comm, world, "the switch")
     # no signature went by message: the buffers the exchange receives into were never written
     problems.expect(not any(any(r) for r in watchdog._received), "a signature came by message")
