@@ -111,7 +111,7 @@ class _State:
 
 _state = _State()
 _unnamed: dict[str, "itertools.count[int]"] = {}  # each kind's unnamed collectives, counted in program order
-_handles: dict[int, tuple["Future[Any]", Callable[[Any], Any]]] = {}
+_handles: dict[int, tuple["Future[Any]", Callable[[Any], Any], str]] = {}  # and each one's full name
 _handle_ids = itertools.count(1)
 
 
@@ -266,6 +266,8 @@ def _start(
     """
     communicator = _communicator()
     full = _name(kind, name)
+    if name is not None and any(entry[2] == full for entry in _handles.values()):  # as Horovod refuses
+        raise ConfigurationError(f"a {kind} named {name!r} is in flight already: synchronize it first")
     try:
         for tensor in tensors:
             _check(tensor)
@@ -276,7 +278,7 @@ def _start(
         raise
     future = named_ops(communicator).submit(full, job)
     handle = next(_handle_ids)
-    _handles[handle] = (future, finish)
+    _handles[handle] = (future, finish, full)
     return handle
 
 
@@ -292,7 +294,7 @@ def synchronize(handle: int) -> Any:
     entry = _handles.pop(handle, None)
     if entry is None:
         return None
-    future, finish = entry
+    future, finish, _ = entry
     return finish(future.result())
 
 

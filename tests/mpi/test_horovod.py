@@ -277,3 +277,34 @@ def test_a_bad_tensor_on_one_rank_is_an_error_on_every_rank(world: MPI.Intracomm
     with problems.guard("a collective after"):
         _close(problems, "after", hvd.allreduce(torch.ones(1)), torch.ones(1))
     problems.check()
+
+
+def test_a_name_in_flight_reused_on_one_rank_is_refused_there_and_later_calls_go_on(
+    world: MPI.Intracomm,
+) -> None:
+    # rank 0 starts "reused" twice before synchronizing: the second is refused at once, on rank 0 alone
+    # and before anything is sent, so the other ranks' calls and every later call pair up as before
+    from collectives.errors import ConfigurationError
+
+    problems = Problems(world)
+    mine = torch.full((3,), float(world.rank + 1))
+    with problems.guard("a reused name"):
+        handle = hvd.allreduce_async(mine, name="reused", op=hvd.Sum)
+        if world.rank == 0:
+            with pytest.raises(ConfigurationError, match="named 'reused' is in flight"):
+                hvd.allreduce_async(mine, name="reused", op=hvd.Sum)
+        total = float(sum(range(1, world.size + 1)))
+        _close(problems, "the first", hvd.synchronize(handle), torch.full((3,), total))
+        _close(
+            problems,
+            "reused once done",
+            hvd.allreduce(mine, name="reused", op=hvd.Sum),
+            torch.full((3,), total),
+        )
+        _close(
+            problems,
+            "an unrelated call",
+            hvd.allreduce(mine, name="other", op=hvd.Max),
+            torch.full((3,), float(world.size)),
+        )
+    problems.check()
