@@ -1,12 +1,14 @@
 """Launching time-bounded mpiexec runs from the test suite."""
 
 import contextlib
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -59,3 +61,14 @@ def run_bounded(command: list[str], env: dict[str, str], timeout: float) -> subp
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
     return subprocess.CompletedProcess(command, process.returncode, output, None)
+
+
+def records(output: str, tag: str) -> list[Any]:
+    """Every ``TAG {json}`` record the ranks printed, also where the launcher ran two lines together."""
+    decoder, found = json.JSONDecoder(), []
+    at = output.find(tag)
+    while at >= 0:
+        record, end = decoder.raw_decode(output, at + len(tag))
+        found.append(record)
+        at = output.find(tag, end)
+    return found

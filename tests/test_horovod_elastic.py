@@ -1,12 +1,11 @@
 """Horovod Elastic on MPI: a lost rank survived from the last commit (ULFM), or a named end without it."""
 
-import json
 import subprocess
 from typing import Any
 
 import pytest
 
-from tests.mpirun import mpiexec, run_mpi
+from tests.mpirun import mpiexec, records, run_mpi
 from tests.ulfm.launch import INSTALL, openmpi_prefix, run_ulfm
 
 torch = pytest.importorskip("torch")
@@ -22,14 +21,7 @@ needs_mpiexec = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec (instal
 
 
 def _records(output: str, tag: str = "ELASTIC ") -> list[dict[str, Any]]:
-    """Every ``TAG {json}`` record, also where the launcher ran two ranks' lines together."""
-    decoder, records = json.JSONDecoder(), []
-    at = output.find(tag)
-    while at >= 0:
-        record, end = decoder.raw_decode(output, at + len(tag))
-        records.append(record)
-        at = output.find(tag, end)
-    return records
+    return records(output, tag)
 
 
 def _replay(

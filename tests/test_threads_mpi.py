@@ -1,11 +1,10 @@
 """Two threads calling at once on one communicator or one store, under mpiexec: never a wrong result."""
 
-import json
 import subprocess
 
 import pytest
 
-from tests.mpirun import mpiexec, run_mpi
+from tests.mpirun import mpiexec, records, run_mpi
 
 TIMEOUT_S = 180
 RUNS = 180  # a run takes about 15 ms; before the claim was atomic, one in 60 to 180 gave wrong sums
@@ -18,13 +17,7 @@ def _race(mode: str, runs: int, clean_exit: bool = True) -> list[dict[str, objec
         pytest.fail(f"the race hung: no end after {TIMEOUT_S} s; output:\n{expired.output}")
     # the store's close after a timed-out round may still crash at exit (issue 30, item 4, fixed apart)
     assert finished.returncode == 0 or not clean_exit, finished.stdout
-    # every RESULT record, also where the launcher ran the two ranks' lines together
-    decoder, results, output = json.JSONDecoder(), [], finished.stdout
-    at = output.find("RESULT ")
-    while at >= 0:
-        record, end = decoder.raw_decode(output, at + len("RESULT "))
-        results.append(record)
-        at = output.find("RESULT ", end)
+    results = records(finished.stdout, "RESULT ")
     assert len(results) == 2, finished.stdout
     return results
 

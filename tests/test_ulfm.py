@@ -1,11 +1,10 @@
 """Surviving a rank's death under Open MPI with ULFM: the MPI's own behaviour, then the library's."""
 
-import json
 import subprocess
 
 import pytest
 
-from tests.mpirun import mpiexec, run_mpi
+from tests.mpirun import mpiexec, records, run_mpi
 from tests.ulfm.launch import INSTALL, openmpi_prefix, run_ulfm
 
 needs_openmpi = pytest.mark.skipif(
@@ -14,15 +13,7 @@ needs_openmpi = pytest.mark.skipif(
 
 
 def _lines(output: str, tag: str) -> list[dict[str, object]]:
-    """Every ``TAG {json}`` record in ``output``, also where the launcher ran two ranks' lines together."""
-    decoder = json.JSONDecoder()
-    records = []
-    at = output.find(tag)
-    while at >= 0:
-        record, end = decoder.raw_decode(output, at + len(tag))
-        records.append(record)
-        at = output.find(tag, end)
-    return records
+    return records(output, tag)
 
 
 @needs_openmpi
