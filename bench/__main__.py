@@ -198,9 +198,10 @@ def main(argv: list[str] | None = None) -> int:
 
         return compare(argv[1:])
     if argv[:1] == ["floor"]:
-        from .floor import main as floor
+        from .compare import main as compare
+        from .floor import DEFAULTS
 
-        return floor(argv[1:])
+        return compare([*DEFAULTS, *argv[1:]])
     if argv[:1] == ["kvstore"]:
         from .kvstore import main as kvstore
 

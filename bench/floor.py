@@ -19,58 +19,23 @@ copies cost less than the kernel's page pinning): ``Floor.method`` says which.
 MPI library's allreduce as the peers, from 64 KiB up.
 """
 
-__all__ = ["CROSS_MEMORY", "PIECE", "SHARED_WINDOW", "Floor", "cross_memory_error", "main"]
+__all__ = ["CROSS_MEMORY", "DEFAULTS", "PIECE", "SHARED_WINDOW", "Floor", "cross_memory_error"]
 
-import ctypes
 import itertools
 import os
-import sys
 from collections.abc import Callable
 
 import numpy as np
 from mpi4py import MPI
 
+from collectives.transport.cross_memory import available, read
+
 PIECE = 256 * 1024
 """Bytes read from a peer and added before the next read: well inside any L2."""
 CROSS_MEMORY = "cross-memory attach (process_vm_readv)"
 SHARED_WINDOW = "one copy through a shared-memory window"
-
-
-class _Iovec(ctypes.Structure):
-    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
-
-
-def _process_vm_readv() -> Callable[..., int] | None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        function = libc.process_vm_readv
-    except (OSError, AttributeError):
-        return None
-    pointer = ctypes.POINTER(_Iovec)
-    function.argtypes = [ctypes.c_int, pointer, ctypes.c_ulong, pointer, ctypes.c_ulong, ctypes.c_ulong]
-    function.restype = ctypes.c_ssize_t
-    return function  # type: ignore[no-any-return]
-
-
-_READV = _process_vm_readv()
-
-
-def _read(pid: int, remote: int, local: int, nbytes: int) -> None:
-    """Copy ``nbytes`` from address ``remote`` of process ``pid`` to ``local`` here.
-
-    Raises:
-        OSError: the kernel refused (or the process is gone).
-    """
-    assert _READV is not None
-    done = 0
-    while done < nbytes:  # the kernel may copy less than asked
-        here = _Iovec(local + done, nbytes - done)
-        there = _Iovec(remote + done, nbytes - done)
-        got = _READV(pid, ctypes.byref(here), 1, ctypes.byref(there), 1, 0)
-        if got <= 0:
-            errno = ctypes.get_errno()
-            raise OSError(errno, f"process_vm_readv from pid {pid}: {os.strerror(errno)}")
-        done += got
+DEFAULTS = ("-b", "64K", "-e", "64M", "-f", "4", "-a", "auto", "-p", "floor,mpi")
+"""``bench floor`` is ``bench compare`` with these options first (any option of compare may follow)."""
 
 
 def cross_memory_error(world: MPI.Intracomm) -> str | None:
@@ -81,7 +46,7 @@ def cross_memory_error(world: MPI.Intracomm) -> str | None:
     probe = np.array([world.rank + 1], np.int64)
     where = world.allgather((os.getpid(), probe.ctypes.data, MPI.Get_processor_name()))
     why = ""
-    if _READV is None:
+    if not available():
         why = "this C library has no process_vm_readv"
     elif len({host for _, _, host in where}) > 1:
         why = "the ranks are on more than one node"
@@ -91,7 +56,7 @@ def cross_memory_error(world: MPI.Intracomm) -> str | None:
             if peer == world.rank:
                 continue
             try:
-                _read(pid, address, scratch.ctypes.data, scratch.nbytes)
+                read(pid, address, scratch.ctypes.data, scratch.nbytes)
             except OSError as error:
                 why = str(error)
                 break
@@ -186,13 +151,13 @@ class Floor:
             end = min(start + scratch.nbytes, hi)
             for peer, (pid, address) in enumerate(self.peers):
                 if peer != rank:
-                    _read(pid, address + start, scratch.ctypes.data, end - start)
+                    read(pid, address + start, scratch.ctypes.data, end - start)
                     self._add(own[start:end], scratch[: end - start])
         world.Barrier()  # every part is reduced
         for peer, (pid, address) in enumerate(self.peers):
             start, end = self.parts[peer]
             if peer != rank and end > start:
-                _read(pid, address + start, base + start, end - start)
+                read(pid, address + start, base + start, end - start)
         world.Barrier()  # no rank changes its buffer while another still reads it
 
     def _shared_window(self) -> None:
@@ -209,15 +174,3 @@ class Floor:
             start, end = self.parts[peer]
             np.copyto(self.bytes[start:end], view[start:end])
         world.Barrier()
-
-
-def main(argv: list[str]) -> int:
-    """``bench compare`` with the floor and MPI as peers, from 64 KiB up (any option of compare works)."""
-    from .compare import main as compare
-
-    defaults = ["-b", "64K", "-e", "64M", "-f", "4", "-a", "auto", "-p", "floor,mpi"]
-    return compare([*defaults, *argv])
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

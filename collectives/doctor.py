@@ -25,6 +25,7 @@ import numpy as np
 from . import __version__
 from .calibration import calibration_path, load_model
 from .errors import CollectivesError
+from .transport import cross_memory
 
 _PTRACE_SCOPE = Path("/proc/sys/kernel/yama/ptrace_scope")
 
@@ -49,21 +50,17 @@ def _shared_memory() -> dict[str, Any]:
 
 
 def _cross_memory() -> str:
-    """Whether this process may read a process's memory as the shared-memory paths could (its own here)."""
-    try:
-        readv = ctypes.CDLL(None, use_errno=True).process_vm_readv
-    except (OSError, AttributeError):
+    """Whether this process may read a process's memory as cross-memory attach does (its own here)."""
+    if not cross_memory.available():
         return "no: this C library has no process_vm_readv"
-    scope = _PTRACE_SCOPE.read_text().strip() if _PTRACE_SCOPE.exists() else None
     word, seen = ctypes.c_int64(12345), ctypes.c_int64(0)
-
-    class Iovec(ctypes.Structure):
-        _fields_ = [("base", ctypes.c_void_p), ("length", ctypes.c_size_t)]
-
-    here, there = Iovec(ctypes.addressof(seen), 8), Iovec(ctypes.addressof(word), 8)
-    got = readv(os.getpid(), ctypes.byref(here), 1, ctypes.byref(there), 1, 0)
-    if got != 8 or seen.value != word.value:
-        return f"no: process_vm_readv failed ({os.strerror(ctypes.get_errno())})"
+    try:
+        cross_memory.read(os.getpid(), ctypes.addressof(word), ctypes.addressof(seen), 8)
+    except OSError as error:
+        return f"no: {error.strerror}"
+    scope = _PTRACE_SCOPE.read_text().strip() if _PTRACE_SCOPE.exists() else None
+    if seen.value != word.value:
+        return "no: process_vm_readv read another value"
     if scope not in (None, "0"):
         return f"own memory only (Yama ptrace_scope {scope}: ranks cannot read each other's)"
     return "yes (process_vm_readv)"
@@ -110,12 +107,12 @@ def gather() -> dict[str, Any]:
     from .transport.mpi import ulfm_missing
     from .transport.mpi.about import library
 
-    mpi = library()
     comm = Communicator()
     try:
-        features = sorted(comm.features)
+        features = sorted(comm.features)  # under the timeout: a rank that never comes is named
     finally:
         comm.free()
+    mpi = library()  # its node split is MPI's own, unbounded: only once every rank has come
     missing = ulfm_missing()
     return {
         "collectives": __version__,

@@ -20,8 +20,13 @@ needs_openmpi = pytest.mark.skipif(openmpi_prefix() is None, reason=f"no Open MP
 needs_mpiexec = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec (install the mpich extra)")
 
 
-def _records(output: str, tag: str = "ELASTIC ") -> list[dict[str, Any]]:
-    return records(output, tag)
+def _killed(script: str, rounds: str, fault: str, tag: str) -> tuple[list[dict[str, Any]], str]:
+    """The survivors' records of ``script`` under ULFM at 3 ranks with ``fault``, and the job's output."""
+    try:
+        done = run_ulfm(3, ["-m", script, rounds], timeout=120, env={"COLLECTIVES_FAULT": fault})
+    except subprocess.TimeoutExpired as expired:
+        pytest.fail(f"the elastic run hung:\n{str(expired.output)[-3000:]}")
+    return records(done.stdout, tag), done.stdout[-3000:]
 
 
 def _replay(
@@ -56,9 +61,9 @@ def _close(a: list[Any], b: list[Any], tolerance: float) -> bool:
 def test_an_elastic_run_without_failure_trains_as_the_plain_loop() -> None:
     done = run_mpi(2, ["-m", SCRIPT, "5"], timeout=90)
     assert done.returncode == 0, done.stdout
-    records = _records(done.stdout)
-    assert sorted(r["rank"] for r in records) == [0, 1]
-    for record in records:
+    ranks = records(done.stdout, "ELASTIC ")
+    assert sorted(r["rank"] for r in ranks) == [0, 1]
+    for record in ranks:
         assert record["sizes"] == [2] * 5 and record["resets"] == []
         assert _close(record["params"], _replay([2] * 5, [0, 1], [0, 1]), 1e-6)
 
@@ -67,16 +72,12 @@ def test_an_elastic_run_without_failure_trains_as_the_plain_loop() -> None:
 def test_a_rank_killed_mid_training_is_survived_from_the_last_commit() -> None:
     # rank 2 dies as its 14th collective call begins (batch 2's gradient allreduce); the two
     # survivors go back to their last commit, shrink, call the reset callbacks and go on at size 2
-    try:
-        done = run_ulfm(3, ["-m", SCRIPT, "8"], timeout=120, env={"COLLECTIVES_FAULT": "2:13:kill"})
-    except subprocess.TimeoutExpired as expired:
-        pytest.fail(f"the elastic run hung:\n{str(expired.output)[-3000:]}")
-    records = _records(done.stdout)
-    assert sorted(r["launch_rank"] for r in records) == [0, 1], done.stdout[-3000:]
-    sizes = records[0]["sizes"]
+    survivors, output = _killed(SCRIPT, "8", "2:13:kill", "ELASTIC ")
+    assert sorted(r["launch_rank"] for r in survivors) == [0, 1], output
+    sizes = survivors[0]["sizes"]
     assert len(sizes) == 8 and 3 in sizes and sizes[-1] == 2 and sizes == sorted(sizes, reverse=True)
     replayed = _replay(sizes, [0, 1, 2], [0, 1])
-    for record in records:
+    for record in survivors:
         assert record["sizes"] == sizes and record["size"] == 2 and record["resets"] == [2]
         # every committed batch applied once: the replay matches; without one batch it would not
         assert _close(record["params"], replayed, 1e-6), record
@@ -87,16 +88,12 @@ def test_a_rank_killed_mid_training_is_survived_from_the_last_commit() -> None:
 def test_the_mnist_example_loses_a_rank_mid_epoch_and_finishes_its_epochs() -> None:
     # rank 1 dies as its 13th collective call begins (a gradient allreduce of epoch 1); launch
     # rank 2 becomes rank 1, both finish epoch 2 and the test's named allreduces
-    try:
-        done = run_ulfm(3, ["-m", MNIST, "2"], timeout=120, env={"COLLECTIVES_FAULT": "1:12:kill"})
-    except subprocess.TimeoutExpired as expired:
-        pytest.fail(f"the elastic run hung:\n{str(expired.output)[-3000:]}")
-    records = _records(done.stdout, "MNIST ")
-    assert sorted(r["launch_rank"] for r in records) == [0, 2], done.stdout[-3000:]
-    assert sorted(r["rank"] for r in records) == [0, 1]
-    for record in records:
+    survivors, output = _killed(MNIST, "2", "1:12:kill", "MNIST ")
+    assert sorted(r["launch_rank"] for r in survivors) == [0, 2], output
+    assert sorted(r["rank"] for r in survivors) == [0, 1]
+    for record in survivors:
         assert record["size"] == 2 and record["epoch"] == 2 and record["resets"] == [2]
-    assert len({r["digest"] for r in records}) == 1 and len({r["loss"] for r in records}) == 1
+    assert len({r["digest"] for r in survivors}) == 1 and len({r["loss"] for r in survivors}) == 1
 
 
 @needs_mpiexec
@@ -110,7 +107,7 @@ def test_without_fault_tolerance_a_lost_rank_ends_the_run_in_bounded_time(
     except subprocess.TimeoutExpired as expired:
         pytest.fail(f"the run hung after a rank died:\n{str(expired.output)[-3000:]}")
     assert done.returncode != 0
-    assert _records(done.stdout) == []  # no survivor went on as if nothing happened
+    assert records(done.stdout, "ELASTIC ") == []  # no survivor went on as if nothing happened
     assert "KILLED" in done.stdout or "killed" in done.stdout or "TERMINATION" in done.stdout, done.stdout[
         -2000:
     ]

@@ -75,9 +75,9 @@ def reference(
     """
     comm = MPI.COMM_WORLD if comm is None else comm
     size, rank = comm.Get_size(), comm.Get_rank()
-    mpi_op = MPI_OPS.get(op, MPI.OP_NULL)
     if x.dtype.kind == "V" or x.dtype.name in ("float16", "bfloat16") or op not in MPI_OPS:
         return None
+    mpi_op = MPI_OPS[op]
     x = np.ascontiguousarray(x)
     if collective == "allreduce":
         out = np.empty_like(x)
