@@ -145,6 +145,11 @@ class Communicator:
         waiting in MPI.
         """
         if self.size > 1 and self._transport.FINDS_NODES_TOGETHER:
+            self._meet_by_messages(call, step)
+
+    def _meet_by_messages(self, call: Call, step: str) -> None:
+        """Meet the other ranks under ``call``'s deadline: every rank has sent, and heard every other."""
+        if self.size > 1:
             # twice: a late rank finds the first messages of ranks that sent them and then timed
             # out; a rank sends its second only once it has every first, so the late one times out too
             transport = self._transport
@@ -305,14 +310,31 @@ class Communicator:
         transport) it is this communicator itself.
         """
         if self._sibling is None:
-            transport = self._transport.duplicate()
-            if transport is None:
+            sibling = self.duplicate()
+            if sibling is None:
                 return self
-            dog = self.watchdog
-            self._sibling = Communicator(
-                transport, timeout=dog.timeout, stall_warning=dog.stall_warning, check=dog.check
-            )
+            self._sibling = sibling
         return self._sibling
+
+    def duplicate(self) -> "Communicator | None":
+        """A new communicator over the same ranks, with the same settings and messages of its own; collective.
+
+        The ranks first meet by messages under this communicator's timeout, so a rank
+        that never calls makes the others raise :class:`~collectives.CollectiveTimeout`
+        instead of waiting in MPI's ``Comm_dup``. The caller frees the new one.
+        ``None`` where the transport cannot be duplicated (a loopback transport).
+        """
+        if not self._transport.DUPLICATES:
+            return None
+        watchdog = self.watchdog
+        with watchdog.watch(watchdog.guard("duplicate", "-", 0)) as call:
+            self._meet_by_messages(call, "the duplicate")
+            transport = self._transport.duplicate()
+        if transport is None:
+            return None
+        return Communicator(
+            transport, timeout=watchdog.timeout, stall_warning=watchdog.stall_warning, check=watchdog.check
+        )
 
     def flight_record(self) -> list[str]:
         """This rank's last collectives on the communicator, oldest first, one line each."""

@@ -41,6 +41,15 @@ def test_alloc_without_a_peer_times_out(case: str) -> None:
 
 
 @needs_mpiexec
+def test_sibling_without_a_peer_times_out() -> None:
+    # MPI's Comm_dup cannot be bounded: the ranks meet by messages first
+    output, raised = _run("sibling", 2)
+    kind, seconds, message = raised[0]
+    assert kind == "CollectiveTimeout" and "duplicate" in message and "rank 1" in message, output
+    assert seconds <= TIMEOUT_S + 1, output
+
+
+@needs_mpiexec
 def test_new_group_with_other_members_on_other_ranks_raises_on_every_member() -> None:
     pytest.importorskip("torch", reason="the torch integration needs torch")
     output, raised = _run("new_group", 3)

@@ -24,9 +24,12 @@ class Transport(ABC):
         FINDS_NODES_TOGETHER: whether :meth:`shared_memory` and :meth:`node_split`
             wait for every rank the first time (MPI's do, and cannot be bounded);
             then a collective meets the other ranks first, under its deadline.
+        DUPLICATES: whether :meth:`duplicate` gives a transport (collective,
+            unbounded in MPI, so the ranks meet first under a deadline).
     """
 
     FINDS_NODES_TOGETHER = False
+    DUPLICATES = False
 
     @property
     @abstractmethod

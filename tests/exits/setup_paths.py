@@ -4,6 +4,7 @@ Usage: ``python -m tests.exits.setup_paths CASE``, CASE one of:
 
 * ``alloc_first`` (2 ranks): rank 0's first ``comm.alloc`` (the node split), rank 1 never calls it.
 * ``alloc_second`` (2 ranks): both allocate once; rank 0's second ``alloc`` (a window) is alone.
+* ``sibling`` (2 ranks): rank 0 asks for ``comm.sibling()`` (MPI's ``Comm_dup``), rank 1 never does.
 * ``new_group`` (3 ranks): rank 0 asks torch for the group [0, 1], ranks 1 and 2 for [0, 1, 2].
 
 Each rank prints ``RAISED <rank> <error type> <seconds>: <message>`` or ``MADE <rank>``, then ``DONE <rank>``.
@@ -24,12 +25,12 @@ LATE_S = 4.0
 """How long the rank that never calls waits before it ends (after the others' timeout)."""
 
 
-def _alloc(case: str) -> None:
+def _alone(case: str) -> None:
     comm = collectives.Communicator(timeout=TIMEOUT_S)
     if case == "alloc_second":
         comm.alloc(10)
     if comm.rank == 0:
-        _attempt(0, lambda: comm.alloc(10))
+        _attempt(0, comm.sibling if case == "sibling" else lambda: comm.alloc(10))
     else:
         time.sleep(TIMEOUT_S + LATE_S)
 
@@ -56,8 +57,8 @@ def _attempt(rank: int, setup: object) -> None:
 
 
 def main(case: str) -> None:
-    if case.startswith("alloc_"):
-        _alloc(case)
+    if case in ("alloc_first", "alloc_second", "sibling"):
+        _alone(case)
     elif case == "new_group":
         _new_group()
     else:

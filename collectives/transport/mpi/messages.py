@@ -55,6 +55,7 @@ class MPITransport(Transport):
     """
 
     FINDS_NODES_TOGETHER = True  # Split_type, allgathers and shared windows
+    DUPLICATES = True  # Comm_dup
 
     def __init__(self, comm: MPI.Comm | None = None) -> None:
         base = MPI.COMM_WORLD if comm is None else comm
