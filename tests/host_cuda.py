@@ -316,6 +316,7 @@ def installed() -> Iterator[ModuleType]:
     The backend's module is imported afresh against it, and forgotten after.
     """
     from collectives import backends
+    from collectives.backends import choice
 
     module = sys.modules[__name__]
     backend_module = "collectives.backends.cupy_backend"
@@ -324,7 +325,7 @@ def installed() -> Iterator[ModuleType]:
         patch.setitem(sys.modules, "cupyx", cupyx)
         patch.delitem(sys.modules, backend_module, raising=False)
         patch.delattr(backends, "cupy_backend", raising=False)
-        patch.setattr(backends, "_CUPY", [])
+        patch.setattr(choice, "_CUPY", [])
         patch.setattr(gpu_kernels, "_cupy", lambda: module)
         for cache in ("_modules", "_functions", "_max_blocks"):
             patch.setattr(gpu_kernels, cache, {})

@@ -238,3 +238,25 @@ def test_the_checkers_see_circles_and_private_names() -> None:
     assert _circles(graph) == {frozenset("abc")}
     assert _circles({**graph, "d": {"e"}, "e": {"d"}}) == {frozenset("abc"), frozenset("de")}
     assert "_worker" in _private_imports()["torch_integration.named"]  # a name from a sibling module
+
+
+def _work_in(tree: ast.Module) -> list[str]:
+    """What a module's top level does besides its docstring, ``__all__``, ``__version__`` and imports."""
+    plain = (ast.Import, ast.ImportFrom, ast.Expr)
+    named = {"__all__", "__version__"}
+    return [
+        f"line {node.lineno}: {type(node).__name__}"
+        for node in tree.body
+        if not isinstance(node, plain)
+        and not (isinstance(node, ast.Assign) and {getattr(t, "id", "") for t in node.targets} <= named)
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(n for n, p in MODULES.items() if p.name == "__init__.py"))
+def test_a_package_init_hands_names_on_and_does_no_work(name: str) -> None:
+    assert _work_in(ast.parse(MODULES[name].read_text())) == []
+
+
+def test_the_init_checker_sees_work() -> None:
+    tree = ast.parse('"""Doc."""\n__all__ = ["f"]\nfrom .a import f\n_cache = {}\ndef g():\n    pass\n')
+    assert _work_in(tree) == ["line 4: Assign", "line 5: FunctionDef"]

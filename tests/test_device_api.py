@@ -10,7 +10,6 @@ import pytest
 
 import collectives as C
 from collectives import backends
-from collectives.backends.numpy_backend import NumpyBackend
 from collectives.errors import CollectiveTimeout, ConfigurationError, UnsupportedDtypeError
 from collectives.transport import staging
 from collectives.transport.base import SharedMemory, Transport
@@ -25,11 +24,8 @@ class _NoSharedMemory(HostOnly):
 
 @pytest.fixture
 def fake() -> Iterator[FakeDeviceBackend]:
-    backend = FakeDeviceBackend()
-    saved = list(backends._BACKENDS)
-    backends._BACKENDS[:] = [backend, NumpyBackend()]
-    yield backend
-    backends._BACKENDS[:] = saved
+    with backends.trying_first(FakeDeviceBackend()) as backend:
+        yield backend
 
 
 def _world(size: int, fn: Any) -> list[Any]:

@@ -20,7 +20,6 @@ from collectives import (
     UnsupportedOpError,
     backends,
 )
-from collectives.backends.numpy_backend import NumpyBackend
 from collectives.signature import PROBLEM_BYTES, SIGNATURE_BYTES, Signature, disagreement, problem_of
 from collectives.transport.loopback import LoopbackWorld
 from tests.fake_device import DeviceArray, FakeDeviceBackend
@@ -206,11 +205,8 @@ def test_with_checking_off_a_bad_call_on_one_rank_leaves_the_others_to_time_out(
 
 @pytest.fixture
 def fake() -> Any:
-    backend = FakeDeviceBackend()
-    saved = list(backends._BACKENDS)
-    backends._BACKENDS[:] = [backend, NumpyBackend()]
-    yield backend
-    backends._BACKENDS[:] = saved
+    with backends.trying_first(FakeDeviceBackend()) as backend:
+        yield backend
 
 
 @pytest.mark.parametrize("collective", ["allreduce", "broadcast", "allgather"])

@@ -8,7 +8,7 @@ import pytest
 import collectives
 from bench.simulate import main, sweep
 from collectives import algorithms, prediction
-from collectives.algorithms import ALGORITHMS, build_schedule, hierarchical, rank_program
+from collectives.algorithms import ALGORITHMS, build_schedule, hierarchical, rank_program, registry
 from collectives.algorithms.base import implements, topology_program_builder
 from collectives.errors import TopologyError
 from collectives.prediction import predict_algorithm, predicts_by_sample, traffic_on
@@ -187,7 +187,7 @@ def test_explain_on_many_machines_builds_no_large_schedule(monkeypatch: pytest.M
 
     for name in ("ring", "hierarchical"):
         monkeypatch.setattr(ALGORITHMS[name], "allreduce", refuse)
-    monkeypatch.setattr(algorithms, "_cached", refuse)
+    monkeypatch.setattr(registry, "_cached", refuse)
     machines = multi_node(64, 8, 100)
     explanation = collectives.explain("allreduce", 2**24, world_size=512, topology=machines)
     found = {c.algorithm: c for c in explanation.candidates}

@@ -8,7 +8,7 @@ import pytest
 
 import collectives as C
 from collectives import algorithms, execute
-from collectives.algorithms import ALGORITHMS, base, build_schedule, rank_program
+from collectives.algorithms import ALGORITHMS, base, build_schedule, rank_program, registry
 from collectives.memo import Bounded
 from collectives.schedule import Schedule
 from collectives.specs import COLLECTIVES, get_spec
@@ -59,8 +59,8 @@ def _call(comm: C.Communicator, collective: str, algorithm: str, in_place: bool)
 def test_the_call_path_builds_no_global_schedule(
     ranks: Ranks, monkeypatch: pytest.MonkeyPatch, collective: str, world_size: int
 ) -> None:
-    algorithms._programs.cache_clear()  # every program built afresh, from the rank number
-    monkeypatch.setattr(algorithms, "_cached", _refuse)
+    registry._programs.cache_clear()  # every program built afresh, from the rank number
+    monkeypatch.setattr(registry, "_cached", _refuse)
     monkeypatch.setattr(Schedule, "__post_init__", _refuse)
 
     def run(comm: C.Communicator) -> list[bool]:
@@ -100,7 +100,7 @@ def test_a_plan_is_memoized_by_its_program() -> None:
 def test_a_rank_plan_at_thousands_of_ranks_is_built_without_the_schedule(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(algorithms, "_cached", _refuse)
+    monkeypatch.setattr(registry, "_cached", _refuse)
     program = rank_program("allreduce", "ring", 4096, 1 << 20, rank=17)
     made = execute.program_plan(program, 1 << 18, True)
     assert len(made.steps) == 2 * 4095
@@ -119,12 +119,12 @@ def test_a_bounded_memo_keeps_no_more_than_its_budget() -> None:
 
 
 def test_the_memos_of_the_call_path_stay_flat_at_thousands_of_ranks() -> None:
-    algorithms._programs.cache_clear()
+    registry._programs.cache_clear()
     for count in range(1000, 1040):  # forty shapes of a ring allreduce at 4,096 ranks
         execute.program_plan(rank_program("allreduce", "ring", 4096, count, rank=5), 1 << 18, False)
-    assert algorithms._programs.weight <= algorithms.PROGRAMS_BUDGET
+    assert registry._programs.weight <= algorithms.PROGRAMS_BUDGET
     assert execute._programs_planned.weight <= execute.PLANS_BUDGET
-    assert len(algorithms._programs) < 40
+    assert len(registry._programs) < 40
 
 
 def test_the_repeat_call_cache_holds_plans_within_the_budget() -> None:

@@ -8,7 +8,6 @@ from mpi4py import MPI
 
 import collectives
 from collectives import backends
-from collectives.backends.numpy_backend import NumpyBackend
 from collectives.errors import ConfigurationError
 from collectives.transport import staging
 from collectives.transport.mpi import MPITransport
@@ -22,11 +21,8 @@ pytestmark = pytest.mark.mpi
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDeviceBackend]:
     monkeypatch.setenv("COLLECTIVES_CUDA_IPC", "0")  # the fake's IPC handles do not cross processes
     monkeypatch.setenv("COLLECTIVES_CUDA_AWARE", "0")
-    backend = FakeDeviceBackend()
-    saved = list(backends._BACKENDS)
-    backends._BACKENDS[:] = [backend, NumpyBackend()]
-    yield backend
-    backends._BACKENDS[:] = saved
+    with backends.trying_first(FakeDeviceBackend()) as backend:
+        yield backend
 
 
 @pytest.mark.parametrize("piece_bytes", [None, 1000])  # the default, and every message in several pieces

@@ -85,14 +85,14 @@ def test_auto_chooses_the_nodes_for_large_messages(
 def test_the_node_path_builds_no_global_schedule(
     world: MPI.Intracomm, nodes: collectives.Communicator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from collectives import algorithms
+    from collectives.algorithms import registry
     from collectives.schedule import Schedule
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("the node path built a global schedule")
 
-    algorithms._programs.cache_clear()  # the rails' programs built afresh, from the rank number
-    monkeypatch.setattr(algorithms, "_cached", refuse)
+    registry._programs.cache_clear()  # the rails' programs built afresh, from the rank number
+    monkeypatch.setattr(registry, "_cached", refuse)
     monkeypatch.setattr(Schedule, "__post_init__", refuse)
     problems = Problems(world)
     r, p = world.rank, world.size

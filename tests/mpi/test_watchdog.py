@@ -110,12 +110,12 @@ def test_a_rank_late_to_the_first_device_call_times_every_rank_out(
     """
     if world.size == 1:
         pytest.skip("needs a rank to come late")
-    from collectives import backends
+    from collectives.backends import choice
     from collectives.backends.numpy_backend import NumpyBackend
     from tests.fake_device import DeviceArray, FakeDeviceBackend
 
     monkeypatch.delenv("COLLECTIVES_CUDA_IPC", raising=False)  # allowed: the path asks for the nodes
-    monkeypatch.setattr(backends, "_BACKENDS", [FakeDeviceBackend(), NumpyBackend()])
+    monkeypatch.setattr(choice, "_BACKENDS", [FakeDeviceBackend(), NumpyBackend()])
     problems = Problems(world)
     late = world.size - 1
     timeout = 1.0
