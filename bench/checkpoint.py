@@ -32,8 +32,14 @@ from collectives.resilience import Checkpointer, load, save
 from collectives.resilience.serial import dumps
 
 from .config import parse_size
+from .table import Column, Table
 
 _MIB = 1 << 20
+_TIMED = ("serialize", "memory", "directory", "load", "allreduce")
+_TABLE = Table(
+    [Column("size", width=10), *(Column(t, ".3f", width=9) for t in _TIMED), Column("memory/MiB", ".3f")]
+)
+"""Times in ms; a row printed per size as it is measured."""
 
 
 def _time(world: MPI.Intracomm, body: Callable[[], object], rounds: int) -> float:
@@ -83,15 +89,13 @@ def main(argv: list[str] | None = None) -> None:
     if world.rank == 0:
         print(f"# ranks: {world.size}, one replica; directory: {folder}")
         print(f"# median of {args.rounds} rounds, slowest rank; times in ms")
-        print(f"{'size':>10} {'serialize':>9} {'memory':>9} {'directory':>10} {'load':>9} {'allreduce':>10} "
-              f"{'memory/MiB':>11}")  # fmt: skip
+        print(_TABLE.header())
     size, version = parse_size(args.minbytes), 1
     while size <= parse_size(args.maxbytes):
         ms = _row(world, comm, checkpointer, folder, size, args.rounds, version)
         version += args.rounds
         if world.rank == 0:
-            print(f"{size:>10} " + " ".join(f"{t:>9.3f}" for t in ms[:2]) + f" {ms[2]:>10.3f} {ms[3]:>9.3f}"
-                  f" {ms[4]:>10.3f} {ms[1] * _MIB / size:>11.3f}", flush=True)  # fmt: skip
+            print(_TABLE.row(size, *ms[:5], ms[1] * _MIB / size), flush=True)
         size *= args.stepfactor
     world.Barrier()
     if world.rank == 0 and args.dir is None:

@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .table import Column, Table, human_bytes
+
 
 @dataclass(frozen=True)
 class Ratio:
@@ -75,41 +77,37 @@ class SizeResult:
     floor: str | None = None
 
 
-def _bytes(size: int) -> str:
-    for unit, scale in (("G", 1024**3), ("M", 1024**2), ("K", 1024)):
-        if size >= scale and size % scale == 0:
-            return f"{size // scale}{unit}"
-    return str(size)
-
-
 def format_table(results: Sequence[SizeResult], ours: Sequence[str], peers: Sequence[str]) -> list[str]:
     """One line per size and contender of ours: its time and its ratio to each peer with the IQR."""
-    titles = ["size", "algorithm", "time(us)", "busbw(GB/s)"]
+    columns = [Column("size", left=True), Column("algorithm", left=True)]
+    columns += [Column("time(us)", ".1f"), Column("busbw(GB/s)", ".2f")]
     for peer in peers:
-        titles += [f"{peer}(us)", f"ours/{peer}", "IQR", "min-max"]
-    rows: list[list[str]] = []
+        columns += [
+            Column(f"{peer}(us)", ".1f"),
+            Column(f"ours/{peer}", ".2f"),
+            Column("IQR"),
+            Column("min-max"),
+        ]
+    rows: list[list[object]] = []
     for result in results:
         for name in ours:
             label = f"auto:{result.chosen}" if name == "auto" and result.chosen else name
             wrong = result.wrong.get(name, 0)
-            row = [_bytes(result.size), label + (f" ({wrong} WRONG)" if wrong else "")]
-            row += [f"{result.times_us[name]:.1f}", f"{result.busbw[name]:.2f}"]
+            row: list[object] = [human_bytes(result.size), label + (f" ({wrong} WRONG)" if wrong else "")]
+            row += [result.times_us[name], result.busbw[name]]
             for peer in peers:
                 r = result.ratios.get((name, peer))
                 if r is None:
-                    row += ["-", "-", "-", "-"]
+                    row += [None] * 4
                     continue
-                row += [f"{result.times_us[peer]:.1f}", f"{r.median:.2f}"]
-                row += [f"{r.q25:.2f}-{r.q75:.2f}", f"{r.low:.2f}-{r.high:.2f}"]
+                row += [
+                    result.times_us[peer],
+                    r.median,
+                    f"{r.q25:.2f}-{r.q75:.2f}",
+                    f"{r.low:.2f}-{r.high:.2f}",
+                ]
             rows.append(row)
-    widths = [max(len(line[i]) for line in (titles, *rows)) for i in range(len(titles))]
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(
-            c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        )
-
-    return [line(titles), *(line(row) for row in rows)]
+    return Table(columns).lines(rows)
 
 
 def to_json(results: Sequence[SizeResult], metadata: Mapping[str, Any]) -> dict[str, Any]:

@@ -29,6 +29,7 @@ import numpy as np
 from collectives.ops import DTYPES, OPS, get_op
 
 from .config import size_argument, size_sweep
+from .table import Column, Table, human_bytes
 
 INPUTS = 8
 """Inputs of the ``reduce_many`` row, and one more than the number of combines it is set against."""
@@ -61,7 +62,13 @@ _TORCH_OPS = {
     "bor": "bitwise_or_",
     "bxor": "bitwise_xor_",
 }
-_COLUMNS = (("size", 10), ("kernel", 18), ("time(us)", 11), ("GB/s", 9), ("of copy", 8))
+_COLUMNS = (
+    Column("size", width=10),
+    Column("kernel", width=18, left=True),
+    Column("time(us)", ".1f", width=11),
+    Column("GB/s", ".1f", width=9),
+    Column("of copy", ".2f", width=8),
+)
 
 
 @dataclass(frozen=True)
@@ -95,38 +102,21 @@ def bytes_moved(kernel: str, size: int) -> int:
     return _BUFFERS.get(kernel, _BUFFERS["combine"]) * size
 
 
-def _human(size: int) -> str:
-    for unit, scale in (("G", 1024**3), ("M", 1024**2), ("K", 1024)):
-        if size >= scale and size % scale == 0:
-            return f"{size // scale}{unit}"
-    return str(size)
-
-
 def format_table(measurements: Sequence[Measurement]) -> list[str]:
     """The table's lines: a header, a row per measurement, and per size the reduce_many speedup."""
-    lines = [
-        "  ".join(
-            f"{title:>{width}}" if i != 1 else f"{title:<{width}}"
-            for i, (title, width) in enumerate(_COLUMNS)
-        )
-    ]
+    table = Table(_COLUMNS)
+    lines = [table.header()]
     copies = {m.size: m.gbps for m in measurements if m.kernel == "copy"}
     by_size: dict[int, dict[str, Measurement]] = {}
     for m in measurements:
         by_size.setdefault(m.size, {})[m.kernel] = m
-        of_copy = f"{m.gbps / copies[m.size]:.2f}" if m.size in copies else "-"
-        cells = (_human(m.size), m.kernel, f"{m.median_us:.1f}", f"{m.gbps:.1f}", of_copy)
-        lines.append(
-            "  ".join(
-                f"{c:>{w}}" if i != 1 else f"{c:<{w}}"
-                for i, (c, (_, w)) in enumerate(zip(cells, _COLUMNS, strict=True))
-            )
-        )
+        of_copy = m.gbps / copies[m.size] if m.size in copies else None
+        lines.append(table.row(human_bytes(m.size), m.kernel, m.median_us, m.gbps, of_copy))
     for size, row in by_size.items():
         many, combines = row.get(f"reduce_many({INPUTS})"), row.get(f"{INPUTS - 1}x combine")
         if many is not None and combines is not None:
             lines.append(
-                f"# {_human(size)}: reduce_many({INPUTS}) {many.median_us:.1f} us, "
+                f"# {human_bytes(size)}: reduce_many({INPUTS}) {many.median_us:.1f} us, "
                 f"{INPUTS - 1} combines {combines.median_us:.1f} us: "
                 f"speedup {combines.median_us / many.median_us:.2f}x"
             )

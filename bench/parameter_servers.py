@@ -26,7 +26,7 @@ from collectives.topology import multi_node
 from collectives.topology.programs import predict_programs
 from collectives.topology.strategies import server_program, split_star_program
 
-from .simulate import Sweep
+from .sweep import Sweep
 
 LINES = ("central server", "{n} sharded servers", "colocated (every rank a server)", "ring allreduce",
          "hierarchical allreduce")  # fmt: skip

@@ -19,6 +19,9 @@ from collections.abc import Sequence
 
 import collectives
 from collectives import algorithms, execute, selector
+from collectives.algorithms import registry
+
+from .table import Column, Table
 
 ALGORITHMS_TIMED = ("ring", "tree", "double_tree", "butterfly", "halving_doubling", "hierarchical")
 """The allreduces whose plans the issue asks to build in 50 ms and 50 MB at 4,096 ranks."""
@@ -29,16 +32,16 @@ def measure(algorithm: str, world_size: int, count: int, rank: int) -> tuple[flo
 
     Timed and traced in separate builds, as tracing slows every allocation.
     """
-    algorithms._programs.cache_clear()
+    registry._programs.cache_clear()
     start = time.perf_counter()
     program = algorithms.rank_program("allreduce", algorithm, world_size, count, rank=rank)
     elapsed = time.perf_counter() - start
-    algorithms._programs.cache_clear()
+    registry._programs.cache_clear()
     tracemalloc.start()
     algorithms.rank_program("allreduce", algorithm, world_size, count, rank=rank)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    algorithms._programs.cache_clear()
+    registry._programs.cache_clear()
     return elapsed, peak, len(program.steps)
 
 
@@ -60,7 +63,7 @@ def measure_plan(algorithm: str, world_size: int, count: int, rank: int) -> tupl
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     execute._programs_planned.cache_clear()
-    algorithms._programs.cache_clear()
+    registry._programs.cache_clear()
     return elapsed, peak, sum(len(step.recvs) + len(step.sends) for step in made.steps)
 
 
@@ -79,15 +82,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rank = args.world_size // 2 if args.rank is None else args.rank
     print(f"allreduce of {args.count} elements over {args.world_size} ranks, rank {rank}'s plan")
-    header = f"{'algorithm':<18}{'steps':>8}{'time(ms)':>12}{'peak(MB)':>12}"
-    print(f"{header}{'messages':>10}{'plan(ms)':>12}{'peak(MB)':>12}")
+    table = Table(
+        [Column("algorithm", width=18, left=True), Column("steps"), Column("time(ms)", ".2f"),
+         Column("peak(MB)", ".2f"), Column("messages"), Column("plan(ms)", ".2f"), Column("peak(MB)", ".2f")]
+    )  # fmt: skip
+    print(table.header())
     for name in ALGORITHMS_TIMED:
         seconds, peak, steps = measure(name, args.world_size, args.count, rank)
         planned, plan_peak, messages = measure_plan(name, args.world_size, args.count, rank)
-        print(
-            f"{name:<18}{steps:>8}{seconds * 1e3:>12.2f}{peak / 1e6:>12.2f}"
-            f"{messages:>10}{planned * 1e3:>12.2f}{plan_peak / 1e6:>12.2f}"
-        )
+        print(table.row(name, steps, seconds * 1e3, peak / 1e6, messages, planned * 1e3, plan_peak / 1e6))
     seconds = _explain_seconds(args.world_size, args.count)
     print(f"explain(allreduce, {args.count}, world_size={args.world_size}): {seconds * 1e3:.2f} ms")
     return 0

@@ -10,7 +10,7 @@ from collectives.topology import Topology
 from collectives.topology.rings import RingPacking
 
 if TYPE_CHECKING:
-    from .simulate import Sweep
+    from .sweep import Sweep
 
 _RING_COLOURS = ("tab:red", "tab:blue", "tab:green", "tab:orange", "tab:purple", "tab:brown")
 _KIND_COLOURS = {"gpu": "#76b900", "cpu": "#4a90d9", "switch": "#b0b0b0", "nic": "#e0a030"}

@@ -24,6 +24,10 @@ import collectives
 from collectives.errors import BrokenCommunicatorError, CollectiveTimeout
 from collectives.resilience import Checkpointer, recover
 
+from .table import Column, Table
+
+_TIMES = ("detect(ms)", "recover(ms)", "to_next_step(ms)")
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -63,9 +67,8 @@ def main() -> None:
             checkpointer.checkpoint(state)
     slowest = collectives.allreduce(times, op="max", comm=comm) * 1e3
     if comm.rank == 0:
-        print("ranks  state(MiB)  detect(ms)  recover(ms)  to_next_step(ms)")
-        detect, recovering, to_next = slowest
-        print(f"{ranks:>5}  {args.state_mib:>10g}  {detect:>10.1f}  {recovering:>11.1f}  {to_next:>16.1f}")
+        table = Table([Column("ranks"), Column("state(MiB)", "g"), *(Column(t, ".1f") for t in _TIMES)])
+        print("\n".join(table.lines([(ranks, args.state_mib, *slowest)])))
 
 
 if __name__ == "__main__":

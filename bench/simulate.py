@@ -20,8 +20,6 @@ envelope figure the seeds would write for it, where they have one:
 __all__ = [
     "CHECK_RANKS",
     "Row",
-    "Sweep",
-    "format_sweep",
     "format_table",
     "main",
     "parse_bytes",
@@ -55,6 +53,8 @@ from collectives.topology.strategies import aggregate_on, split_aggregation, spl
 
 from .patterns import numpy_dtype
 from .progress import progress
+from .sweep import Sweep, format_sweep
+from .table import Column, Table
 
 _DECIMAL = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9}
 
@@ -228,26 +228,6 @@ def rows(
     return found
 
 
-@dataclass(frozen=True)
-class Sweep:
-    """Each algorithm's predicted time against the number of ranks, on nodes of one shape.
-
-    Attributes:
-        topology: the nodes' shape in words, e.g. ``multi_node(P/8, 8, 100)``.
-        ranks: the world sizes, 2, 4, 8, ... (or what ``axis`` names).
-        times: per algorithm, the predicted seconds at each world size; ``None``
-            where it has none (see ``stopped``).
-        stopped: per algorithm without a prediction at some size, why.
-        axis: what ``ranks`` counts, in words (``machines`` for the parameter servers').
-    """
-
-    topology: str
-    ranks: tuple[int, ...]
-    times: dict[str, tuple[float | None, ...]]
-    stopped: dict[str, str]
-    axis: str = "ranks"
-
-
 def sweep(
     collective: str,
     size: int,
@@ -302,24 +282,6 @@ def sweep(
     return Sweep(name, ranks, {k: tuple(v) for k, v in times.items()}, stopped)
 
 
-def format_sweep(found: Sweep, what: str, dtype: str) -> str:
-    """The sweep as a table: a row per world size (or machines), a column of milliseconds per line."""
-    names = list(found.times)
-    widths = [max(9, len(name)) for name in names]
-    lines = [
-        f"# collectives simulate: {what} ({dtype}) on {found.topology}, predicted ms against {found.axis}",
-        "# " + f"{found.axis:>8}  " + "  ".join(f"{n:>{w}}" for n, w in zip(names, widths, strict=True)),
-    ]
-    for i, p in enumerate(found.ranks):
-        cells = [
-            f"{'-':>{w}}" if (t := found.times[n][i]) is None else f"{t * 1e3:>{w}.3f}"
-            for n, w in zip(names, widths, strict=True)
-        ]
-        lines.append(f"  {p:>8}  " + "  ".join(cells))
-    lines += [f"# {name}: {why}" for name, why in found.stopped.items()]
-    return "\n".join(lines)
-
-
 def _multi_ring(
     collective: str,
     world_size: int,
@@ -361,23 +323,29 @@ def format_table(topology: Topology, collective: str, size: int, dtype: str, fou
         "#",
     ]
     links = [_busiest(topology, row.prediction) for row in found]
-    label_width = max([len("algorithm / strategy"), *(len(row.label) for row in found)])
-    link_width = max([len("busiest link"), *map(len, links)])
-    lines.append(
-        f"# {'algorithm / strategy':<{label_width}}  steps  {'time ms':>9}  {'bandw. ms':>9}  "
-        f"{'lat. ms':>8}  {'busiest link':<{link_width}}  {'busy ms':>9}  {'envelope ms':>11}"
-    )
+    table = Table(
+        [Column("algorithm / strategy", left=True), Column("steps"), Column("time ms", ".3f"),
+         Column("bandw. ms", ".3f"), Column("lat. ms", ".3f"), Column("busiest link", left=True),
+         Column("busy ms", ".3f"), Column("envelope ms", ".3f")]
+    )  # fmt: skip
+    cells: list[list[object]] = []
     for row, link in zip(found, links, strict=True):
         p = row.prediction
-        head = f"  {row.label:<{label_width}}  {row.steps:>5}  "
         if p is None:
-            lines.append(f"{head}{'-':>9}  {row.problem}")
+            cells.append([row.label, row.steps, *[None] * 6])
             continue
-        envelope = "" if row.envelope_s is None else f"{row.envelope_s * 1e3:.3f}"
-        lines.append(
-            f"{head}{p.time_s * 1e3:>9.3f}  {p.bandwidth_s * 1e3:>9.3f}  {p.latency_s * 1e3:>8.3f}  "
-            f"{link:<{link_width}}  {p.busiest_link_s * 1e3:>9.3f}  {envelope:>11}"
+        envelope = None if row.envelope_s is None else row.envelope_s * 1e3
+        times = (p.time_s, p.bandwidth_s, p.latency_s)
+        cells.append(
+            [row.label, row.steps, *(t * 1e3 for t in times), link, p.busiest_link_s * 1e3, envelope]
         )
+    header, *table_rows = table.lines(cells)
+    lines.append(header)
+    # a schedule with no prediction says why at the end of its row
+    lines += [
+        line if row.prediction else f"{line}  {row.problem}"
+        for line, row in zip(table_rows, found, strict=True)
+    ]
     sampled = [row for row in found if row.prediction is not None and row.prediction.sampled_nodes]
     if sampled:
         machines = sampled[0].prediction.sampled_nodes if sampled[0].prediction else ()

@@ -260,3 +260,22 @@ def test_a_package_init_hands_names_on_and_does_no_work(name: str) -> None:
 def test_the_init_checker_sees_work() -> None:
     tree = ast.parse('"""Doc."""\n__all__ = ["f"]\nfrom .a import f\n_cache = {}\ndef g():\n    pass\n')
     assert _work_in(tree) == ["line 4: Assign", "line 5: FunctionDef"]
+
+
+def _bench_graph() -> dict[str, set[str]]:
+    """bench/'s modules and the bench modules each imports (inside functions too)."""
+    names = {path.stem for path in (ROOT / "bench").glob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name in names:
+        found: set[str] = set()
+        for node in ast.walk(ast.parse((ROOT / "bench" / f"{name}.py").read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                found |= {node.module} if node.module else {alias.name for alias in node.names}
+        graph[name] = (found & names) - {name}
+    return graph
+
+
+def test_no_bench_module_joins_an_import_circle() -> None:
+    graph = _bench_graph()
+    assert "table" in graph["compare_report"]  # the checker sees bench's imports
+    assert _circles(graph) == set()
