@@ -6,6 +6,9 @@ Usage: ``python -m tests.exits.after_failure CASE``, CASE one of:
 * ``store_closed_early``: rank 1 closes the store, rank 0's next pushpull times out; both close.
 * ``free_late``: rank 0's shared-memory allreduce times out; rank 1 frees the communicator only later.
 * ``free_never``: as ``free_late``, but rank 1 ends without freeing it.
+* ``free_dead_shared``, ``free_dead_messages`` (3 ranks, Open MPI with ULFM): the last rank dies
+  (SIGKILL) after a first allreduce; the survivors' next allreduce (through shared memory, or by
+  messages) fails, and they free the communicator.
 
 Each rank prints ``TOOK <rank> <seconds>`` for its close or free, then ``DONE <rank>``.
 """
@@ -69,11 +72,31 @@ def _communicator(case: str) -> None:
         _closed(1, comm.free)
 
 
+def _dead_peer(case: str) -> None:
+    import os
+    import signal
+
+    comm = collectives.Communicator(timeout=TIMEOUT_S)
+    algorithm = "shared_memory" if case == "free_dead_shared" else "ring"
+    x = np.ones(1000, np.float32)
+    collectives.allreduce(x, algorithm=algorithm, comm=comm)
+    if comm.rank == comm.size - 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        collectives.allreduce(x, algorithm=algorithm, comm=comm)
+        print(f"rank {comm.rank}: the allreduce did not fail", flush=True)
+    except collectives.CollectivesError as error:
+        print(f"rank {comm.rank}: allreduce raised {type(error).__name__}", flush=True)
+    _closed(comm.rank, comm.free)
+
+
 def main(case: str) -> None:
     if case.startswith("store_"):
         _store(case)
     elif case in ("free_late", "free_never"):
         _communicator(case)
+    elif case in ("free_dead_shared", "free_dead_messages"):
+        _dead_peer(case)
     else:
         raise SystemExit(f"unknown case {case!r}")
     print(f"DONE {MPI.COMM_WORLD.Get_rank()}", flush=True)

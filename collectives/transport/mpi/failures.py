@@ -1,8 +1,11 @@
 """What MPI says when ranks die (ULFM): can survivors go on, which ranks failed, its errors as ours."""
 
-__all__ = ["failed_error", "failed_ranks", "need_ulfm", "ulfm_missing"]
+__all__ = ["end_without_finalize", "failed_error", "failed_ranks", "need_ulfm", "ulfm_missing"]
 
+import atexit
+import contextlib
 import os
+import sys
 from functools import cache
 
 from mpi4py import MPI
@@ -50,4 +53,38 @@ def failed_ranks(comm: MPI.Comm) -> tuple[int, ...]:
         ranks = MPI.Group.Translate_ranks(failed, list(range(failed.Get_size())), group)
     except MPI.Exception:
         return ()
-    return tuple(sorted(r for r in ranks if r != MPI.UNDEFINED))
+    dead = tuple(sorted(r for r in ranks if r != MPI.UNDEFINED))
+    if dead:
+        end_without_finalize()
+    return dead
+
+
+_ending: list[int] = []  # nonempty once a rank died: this process ends without MPI_Finalize
+
+
+def end_without_finalize() -> None:
+    """Have this process end without ``MPI_Finalize``, which can hang for good after a rank died.
+
+    Open MPI 5.0.x's ``MPI_Finalize`` after a death spins now and then (about one job in
+    ten here, every survivor's work done: a shared-memory allreduce that failed, then
+    ``free()``). So where MPI has named a dead rank (to this process, or at exit to any),
+    the process ends at exit with ``os._exit``, after the program's ``atexit`` handlers
+    registered after the library's first communicator. Its status is 1 after an uncaught
+    exception, else 0 (a ``sys.exit(n)`` code is not seen there).
+    """
+    if not _ending:
+        _ending.append(1)
+
+
+def _end_at_exit() -> None:
+    # a rank may have learnt of the death only from a peer (a shared-memory barrier broken off)
+    if MPI.Is_finalized() or not (_ending or (ulfm_missing() is None and failed_ranks(MPI.COMM_WORLD))):
+        return
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(1 if getattr(sys, "last_value", None) is not None else 0)
+
+
+# at import: it runs after the handlers registered later (the drains), before mpi4py finalizes
+atexit.register(_end_at_exit)
