@@ -421,7 +421,7 @@ class Server:
     def _save(self, m: Message) -> None:
         request = json.loads(m.text)
         try:
-            write_shard(self, Path(request["dir"]), request["index"], request["id"])
+            write_shard(self.parts, self.optimizer, Path(request["dir"]), request["index"], request["id"])
         except OSError as error:
             self._error(m, f"server rank {self.rank} could not write its shard: {error}")
             return
