@@ -143,7 +143,7 @@ class Request:
 class Waiter(Protocol):
     """What a handle waits through: the store's link (see ``kvstore.link``)."""
 
-    def poll(self) -> None: ...
+    def test(self, requests: list[Request]) -> None: ...
 
     def wait_for(self, requests: list[Request]) -> None: ...
 
@@ -164,7 +164,7 @@ class Handle:
             KVStoreError: another thread's call on the store is running (as :meth:`wait` would).
         """
         if not all(r.done for r in self._requests):
-            self._link.poll()
+            self._link.test(self._requests)
         return all(r.done for r in self._requests)
 
     def wait(self) -> Any:

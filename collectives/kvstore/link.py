@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import KVStoreError, KVStoreTimeout, UnknownKeyError
+from ..errors import KVStoreError, KVStoreTimeout, TransportError, UnknownKeyError
 from ._adapter import Channel
 from ._wire import REPLY_TAG, REQUEST_TAG, Fault, Kind, Message, check_key, encode, key_bytes
 from .handles import Claim, KeyInfo, Request, claimed, error_from
@@ -110,8 +110,22 @@ class Link:
             text=text,
             data=data,
         )
-        self.channel.send(message, dst, REQUEST_TAG)
+        try:
+            self.channel.send(message, dst, REQUEST_TAG)
+        except TransportError as error:  # a dead server (ULFM): the store's error, naming it
+            del self.requests[self._next]
+            raise self.failed(error, [request]) from error
         return request
+
+    def failed(self, error: TransportError, requests: list[Request]) -> KVStoreError:
+        """MPI's failure while ``requests`` were in flight, as the store's error naming servers and key."""
+        servers = sorted({r.server for r in requests if not r.done}) or sorted({r.server for r in requests})
+        key = next((r.key for r in requests if r.key is not None), None)
+        what = f"key {key!r}" if key is not None else "a barrier, clock or close"
+        return KVStoreError(
+            f"rank {self.rank}: MPI failed while waiting for server rank{'s' if len(servers) > 1 else ''} "
+            f"{', '.join(map(str, servers))} on {what} ({error})"
+        )
 
     def take(self) -> bool:
         """Take a reply, and a request to this rank's server, if either has come; whether any did."""
@@ -143,9 +157,12 @@ class Link:
         return True
 
     @claimed
-    def poll(self) -> None:
-        """Take what has come, without waiting (a handle's ``test``)."""
-        self.take()
+    def test(self, requests: list[Request]) -> None:
+        """Take what has come for a handle's ``test``, without waiting."""
+        try:
+            self.take()
+        except TransportError as error:
+            raise self.failed(error, requests) from error
 
     @claimed
     def wait_for(self, requests: list[Request]) -> None:
@@ -154,6 +171,14 @@ class Link:
         Raises:
             KVStoreError: this rank's server failed; KVStoreTimeout: a server did not answer in time.
         """
+        try:
+            self._wait_for(requests)
+        except KVStoreError:  # a KVStoreTimeout is a TransportError too
+            raise
+        except TransportError as error:  # a dead server (ULFM): the store's error, naming it
+            raise self.failed(error, requests) from error
+
+    def _wait_for(self, requests: list[Request]) -> None:
         limit = self.channel.timeout + GRACE_S
         deadline = time.monotonic() + limit
         busy = time.monotonic() + _SPIN_S

@@ -13,6 +13,7 @@ from ..errors import (
     ConfigurationError,
     KVStoreError,
     KVStoreTimeout,
+    TransportError,
 )
 from ..ops import ReduceOp, get_op
 from ._adapter import Channel, open_channel
@@ -407,7 +408,10 @@ class KVStore:
                     )
                 if self._server.error is not None:
                     raise KVStoreError(f"the server on rank {self.rank} failed: {self._server.error!r}")
-            self._channel.flush(min(self._channel.timeout, 30.0))
+            try:
+                self._channel.flush(min(self._channel.timeout, 30.0))
+            except TransportError as error:  # a dead server (ULFM)
+                raise self._link.failed(error, requests) from error
         finally:
             self._release()
 
