@@ -78,11 +78,12 @@ def partition(
     A value of at most ``partition_bytes`` is one partition, on the server the
     :func:`stable_hash` of its key's text picks (so that ``3`` and ``"3"`` share
     a server, which can tell a worker that used one from one that used the other).
-    A larger one is cut into ``ceil(bytes / partition_bytes)`` partitions of
-    nearly equal size (whole rows of ``row`` elements each, so that a row of a 2-D value lives on one server); when there
-    are at least as many partitions as servers, each server gets a run of
-    consecutive partitions, in server order (so the value is split over the
-    servers as a reduce-scatter splits it), and otherwise the run starts at the
+    A larger one is cut into ``ceil(bytes / partition_bytes)`` partitions of nearly
+    equal size (whole rows of ``row`` elements each, so that a row of a 2-D value
+    lives on one server); when there are at least as many partitions as servers,
+    each server gets a run of consecutive partitions, in server order (so the value
+    is split over the servers as a reduce-scatter splits it), and otherwise the run
+    starts at the
     hashed server.
     """
     if partition_bytes < 1:
