@@ -83,8 +83,7 @@ def partition(
     lives on one server); when there are at least as many partitions as servers,
     each server gets a run of consecutive partitions, in server order (so the value
     is split over the servers as a reduce-scatter splits it), and otherwise the run
-    starts at the
-    hashed server.
+    starts at the hashed server.
     """
     if partition_bytes < 1:
         raise ConfigurationError(f"partition_bytes must be positive, got {partition_bytes}")
