@@ -154,10 +154,6 @@ def _private_imports() -> dict[str, set[str]]:
 KNOWN_CIRCLES = {
     frozenset({"call", "watchdog"}),
     frozenset({"communicator", "prepared"}),
-    frozenset({
-        "kvstore.checkpoint", "kvstore.collective", "kvstore.handles", "kvstore.replicas",
-        "kvstore.rows", "kvstore.server", "kvstore.store",
-    }),
 }  # fmt: skip
 KNOWN_PRIVATE_IMPORTS: dict[str, set[str]] = {
     "horovod": {"_FALLBACK", "_check", "_communicator_of", "_route", "_worker"},

@@ -13,34 +13,25 @@ still load, checked alike, without a checksum.
 
 __all__ = [
     "FORMAT",
-    "load_store",
     "read_manifest",
     "restore_shards",
-    "save_store",
     "write_manifest",
     "write_shard",
 ]
 
 import json
 import math
-import os
-import uuid
 import zipfile
-from collections.abc import Callable
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ..errors import CheckpointError, KVStoreError
 from ..files import Outline, atomic_write, check_json, dump_json, read_outline, read_state, state_pieces
-from ._wire import Kind, key_bytes, parse_key
-from .handles import Handle, KeyInfo
-from .updaters import optimizer_from_spec
-
-if TYPE_CHECKING:
-    from .server import Server
-    from .store import KVStore
+from ._wire import parse_key
+from .updaters import Optimizer, optimizer_from_spec
 
 FORMAT = "collectives.kvstore/2"
 _LEGACY = "collectives.kvstore/1"  # shards as .npz: no code runs to load them, but no checksum either
@@ -52,11 +43,16 @@ def _shard_name(index: int, legacy: bool = False) -> str:
     return f"shard-{index}.{'npz' if legacy else 'state'}"
 
 
-def write_shard(server: "Server", directory: Path, index: int, checkpoint: str) -> None:
-    """Write every partition ``server`` holds, with its round and optimizer state, as shard ``index``."""
+def write_shard(
+    held: Mapping[tuple[bytes, int], Any],
+    optimizer: Optimizer | None,
+    directory: Path,
+    index: int,
+    checkpoint: str,
+) -> None:
+    """Write the partitions a server ``held`` (value, shape, round) and optimizer state as shard ``index``."""
     parts = []
-    optimizer = server.optimizer
-    for (raw, part_index), part in sorted(server.parts.items()):
+    for (raw, part_index), part in sorted(held.items()):
         saved = {} if optimizer is None else optimizer._state.get((parse_key(raw), part_index), {})
         parts.append({"key": raw.decode(), "part": part_index, "shape": part.shape, "round": part.round,
                       "value": part.value, "state": dict(saved)})  # fmt: skip
@@ -297,79 +293,3 @@ def restore_shards(directory: Path, manifest: dict[str, Any]) -> dict[bytes, dic
                 else:
                     whole["scalars"][field] = saved
     return keys
-
-
-def save_store(store: "KVStore", directory: "str | os.PathLike[str]") -> None:
-    """The body of :meth:`KVStore.save`."""
-    store._wait_for(list(store._requests.values()))
-    _on_worker_zero(store, lambda: _save(store, Path(directory).resolve()), f"save to {str(directory)!r}")
-
-
-def _save(store: "KVStore", path: Path) -> None:
-    checkpoint = uuid.uuid4().hex
-    path.mkdir(parents=True, exist_ok=True)
-    requests = []
-    for index, server in enumerate(store._roles.server_ranks):
-        text = json.dumps({"dir": str(path), "id": checkpoint, "index": index})
-        requests.append(store._send(Kind.SAVE, None, server=server, text=text))
-    Handle(store, requests, lambda: None).wait()
-    keys = [
-        {"key": key_bytes(k).decode(), "shape": list(m.shape), "dtype": m.dtype.name, "round": m.pushes,
-         "bounds": [p.lo for p in m.parts]}
-        for k, m in store._keys.items()
-    ]  # fmt: skip
-    optimizer = None if store._optimizer is None else store._optimizer.spec()
-    manifest = {"id": checkpoint, "servers": store.num_servers, "workers": store.num_workers}
-    manifest.update(mode=store.mode, clock=store._clock, keys=keys, optimizer=optimizer)
-    write_manifest(path, manifest)
-
-
-def load_store(store: "KVStore", directory: "str | os.PathLike[str]") -> None:
-    """The body of :meth:`KVStore.load`."""
-    path = Path(directory).resolve()
-    manifest = read_manifest(path)
-    if manifest["mode"] != store.mode:
-        raise KVStoreError(
-            f"checkpoint {str(path)!r} is of a {manifest['mode']!r} store, this one is {store.mode!r}"
-        )
-    if store._keys:
-        raise KVStoreError(f"load into a store with keys already ({', '.join(map(repr, store._keys))})")
-    metas = {}
-    for entry in manifest["keys"]:
-        key = parse_key(entry["key"].encode())
-        dtype, shape = np.dtype(entry["dtype"]), tuple(entry["shape"])
-        metas[key] = store._layout(key, shape, dtype, entry["round"])
-    _on_worker_zero(store, lambda: _load(store, path, metas), f"load of {str(directory)!r}")
-    store._keys.update(metas)
-    store._clock = int(manifest["clock"])
-    if manifest["optimizer"] is not None:
-        store._optimizer = optimizer_from_spec(manifest["optimizer"])
-
-
-def _load(store: "KVStore", path: Path, metas: dict[Any, KeyInfo]) -> None:
-    """Tell each server which partitions of the checkpoint to take."""
-    by_server: dict[int, list[tuple[str, int, int, int]]] = {s: [] for s in store._roles.server_ranks}
-    for key, meta in metas.items():
-        for p in meta.parts:
-            by_server[p.server].append((key_bytes(key).decode(), p.index, p.lo, p.hi))
-    requests = []
-    for server, parts in by_server.items():
-        text = json.dumps({"dir": str(path), "parts": parts})
-        requests.append(store._send(Kind.LOAD, None, server=server, text=text))
-    Handle(store, requests, lambda: None).wait()
-
-
-def _on_worker_zero(store: "KVStore", action: Callable[[], None], what: str) -> None:
-    """Run ``action`` on worker 0 between two barriers; every worker raises if it failed there."""
-    store.barrier()
-    error: Exception | None = None
-    if store.rank == 0:
-        try:
-            action()
-        except Exception as caught:
-            error = caught
-    failed = store._barrier(error is not None)
-    if error is not None:
-        raise error
-    if failed:
-        raise KVStoreError(f"{what} failed on worker 0 (its error says why)")

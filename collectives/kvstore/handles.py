@@ -2,10 +2,12 @@
 
 __all__ = [
     "Claim",
+    "Claimant",
     "Handle",
     "KeyInfo",
     "Pulled",
     "Request",
+    "Waiter",
     "checked_value",
     "claimed",
     "error_from",
@@ -18,16 +20,13 @@ import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 import numpy as np
 
 from ..errors import KeyMismatchError, KVStoreError, KVStoreTimeout
 from ._wire import Fault, Message
 from .layout import Partition
-
-if TYPE_CHECKING:
-    from .store import KVStore
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -46,15 +45,27 @@ class Claim:
         self.owner = 0  # the thread holding it; only this thread ever finds its own number here
 
 
-def claimed(method: Callable[Concatenate["KVStore", P], T]) -> Callable[Concatenate["KVStore", P], T]:
-    """``method`` of the store, run only while this thread holds the store's :class:`Claim`.
+class Claimant(Protocol):
+    """What holds a :class:`Claim`: the store, and its link."""
+
+    claim: Claim
+
+    @property
+    def rank(self) -> int: ...
+
+
+C = TypeVar("C", bound=Claimant)
+
+
+def claimed(method: Callable[Concatenate[C, P], T]) -> Callable[Concatenate[C, P], T]:
+    """``method`` of the store (or its link), run only while this thread holds the store's :class:`Claim`.
 
     Raises:
         KVStoreError: another thread's call on the store is running; nothing of this one was sent.
     """
 
     @functools.wraps(method)
-    def call(store: "KVStore", /, *args: P.args, **kwargs: P.kwargs) -> T:
+    def call(store: C, /, *args: P.args, **kwargs: P.kwargs) -> T:
         claim, me = store.claim, threading.get_ident()
         if claim.owner == me:
             return method(store, *args, **kwargs)
@@ -129,18 +140,31 @@ class Request:
         self.stamp = 0
 
 
+class Waiter(Protocol):
+    """What a handle waits through: the store's link (see ``kvstore.link``)."""
+
+    def test(self, requests: list[Request]) -> None: ...
+
+    def wait_for(self, requests: list[Request]) -> None: ...
+
+
 class Handle:
     """A push or pull in flight: :meth:`wait` for it, or :meth:`test` whether it is done."""
 
-    def __init__(self, store: "KVStore", requests: list[Request], result: Callable[[], Any]) -> None:
-        self._store = store
+    def __init__(self, link: Waiter, requests: list[Request], result: Callable[[], Any]) -> None:
+        self._link = link
         self._requests = requests
         self._result = result
         self._finished = False
 
     def test(self) -> bool:
-        """Whether it has completed (its errors are raised by :meth:`wait`)."""
-        self._store._pump(0.0)
+        """Whether it has completed (its errors are raised by :meth:`wait`).
+
+        Raises:
+            KVStoreError: another thread's call on the store is running (as :meth:`wait` would).
+        """
+        if not all(r.done for r in self._requests):
+            self._link.test(self._requests)
         return all(r.done for r in self._requests)
 
     def wait(self) -> Any:
@@ -150,7 +174,7 @@ class Handle:
             KVStoreError: a server refused it (the message names the key, server and workers).
             KVStoreTimeout: a server did not answer, or waited in vain for other workers.
         """
-        self._store._wait_for(self._requests)
+        self._link.wait_for(self._requests)
         if not self._finished:
             self._finished = True
             for request in self._requests:

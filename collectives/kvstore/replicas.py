@@ -13,34 +13,32 @@ over the servers that remain.
 __all__ = ["restore_states", "state_of"]
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ..errors import ConfigurationError, KVStoreError
 from ._wire import key_bytes, parse_key
 from .checkpoint import FORMAT
+from .link import Link
 from .server import Server, take_parts
 from .updaters import optimizer_from_spec
 
-if TYPE_CHECKING:
-    from .store import KVStore
 
-
-def _server_of(store: "KVStore", what: str) -> Server:
-    if store._roles.dedicated or store._server is None:
+def _server_of(link: Link, what: str) -> Server:
+    if link.roles.dedicated or link.server is None:
         raise ConfigurationError(f"{what} needs colocated servers (every rank a worker and a server)")
-    return store._server
+    return link.server
 
 
-def state_of(store: "KVStore") -> dict[str, Any]:
+def state_of(link: Link) -> dict[str, Any]:
     """The body of :meth:`KVStore.state`."""
-    server = _server_of(store, "state()")
-    store._wait_for(list(store._requests.values()))
+    server = _server_of(link, "state()")
+    link.settle()
     keys = [
         {"key": key_bytes(k).decode(), "shape": list(m.shape), "dtype": m.dtype.name, "round": m.pushes,
          "bounds": [p.lo for p in m.parts]}
-        for k, m in store._keys.items()
+        for k, m in link.keys.items()
     ]  # fmt: skip
     parts = []
     with server.lock:
@@ -52,23 +50,23 @@ def state_of(store: "KVStore") -> dict[str, Any]:
                 "value": part.value.copy(),
                 "state": {name: v.copy() if isinstance(v, np.ndarray) else v for name, v in saved.items()},
             })  # fmt: skip
-    spec = None if store._optimizer is None else store._optimizer.spec()
-    return {"format": FORMAT, "mode": store.mode, "clock": store._clock, "optimizer": spec,
+    spec = None if link.optimizer is None else link.optimizer.spec()
+    return {"format": FORMAT, "mode": link.mode, "clock": link.clock, "optimizer": spec,
             "keys": keys, "parts": parts}  # fmt: skip
 
 
-def restore_states(store: "KVStore", states: list[dict[str, Any]]) -> None:
+def restore_states(link: Link, states: list[dict[str, Any]]) -> None:
     """The body of :meth:`KVStore.restore`: collective over the new store's ranks."""
-    server = _server_of(store, "restore()")
+    server = _server_of(link, "restore()")
     if not states:
-        raise KVStoreError(f"restore on rank {store.rank}: pass at least this rank's own state")
-    if store._keys:
-        raise KVStoreError(f"restore into a store with keys already ({', '.join(map(repr, store._keys))})")
+        raise KVStoreError(f"restore on rank {link.rank}: pass at least this rank's own state")
+    if link.keys:
+        raise KVStoreError(f"restore into a store with keys already ({', '.join(map(repr, link.keys))})")
     for state in states:
         if not isinstance(state, dict) or state.get("format") != FORMAT:
             raise KVStoreError(f"restore takes the dicts KVStore.state() gave; got {type(state).__name__}")
-        if state["mode"] != store.mode:
-            raise KVStoreError(f"a state of a {state['mode']!r} store cannot restore a {store.mode!r} one")
+        if state["mode"] != link.mode:
+            raise KVStoreError(f"a state of a {state['mode']!r} store cannot restore a {link.mode!r} one")
     # every rank sends the pieces it holds: a table (json) and their bytes, gathered by all
     table, chunks = [], []
     for state in states:
@@ -83,8 +81,8 @@ def restore_states(store: "KVStore", states: list[dict[str, Any]]) -> None:
                 table.append([part["key"], name, array.dtype.name, lo, int(array.size), part["round"],
                               part["shape"], scalars])  # fmt: skip
                 chunks.append(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
-    everyone_table = _gather_bytes(store, json.dumps(table).encode())
-    everyone_data = _gather_bytes(store, np.concatenate(chunks) if chunks else np.zeros(0, np.uint8))
+    everyone_table = _gather_bytes(link, json.dumps(table).encode())
+    everyone_data = _gather_bytes(link, np.concatenate(chunks) if chunks else np.zeros(0, np.uint8))
     keys_meta, clock, spec = states[0]["keys"], states[0]["clock"], states[0]["optimizer"]
     saved: dict[bytes, dict[str, Any]] = {}
     covered: dict[bytes, np.ndarray] = {}
@@ -117,24 +115,24 @@ def restore_states(store: "KVStore", states: list[dict[str, Any]]) -> None:
     metas = {}
     for entry in keys_meta:
         key = parse_key(entry["key"].encode())
-        metas[key] = store._layout(key, tuple(entry["shape"]), np.dtype(entry["dtype"]), entry["round"])
+        metas[key] = link.layout(key, tuple(entry["shape"]), np.dtype(entry["dtype"]), entry["round"])
     optimizer = None if spec is None else optimizer_from_spec(spec)
     held = [(key_bytes(k).decode(), p.index, p.lo, p.hi) for k, m in metas.items() for p in m.parts
-            if p.server == store.rank]  # fmt: skip
+            if p.server == link.rank]  # fmt: skip
     with server.lock:
         take_parts(server, saved, optimizer, clock, held)
-    store._keys.update(metas)
-    store._clock = int(clock)
-    store._optimizer = optimizer
-    store.barrier()
+    link.keys.update(metas)
+    link.clock = int(clock)
+    link.optimizer = optimizer
+    link.barrier()
 
 
-def _gather_bytes(store: "KVStore", mine: Any) -> list[np.ndarray]:
+def _gather_bytes(link: Link, mine: Any) -> list[np.ndarray]:
     """Every rank's bytes, by rank."""
     from .. import api
 
     buffer = np.frombuffer(mine, np.uint8) if isinstance(mine, bytes) else mine
-    comm = store._channel.comm
+    comm = link.channel.comm
     counts = [int(c) for c in api.allgather(np.array([buffer.size], np.int64), comm=comm).reshape(-1)]
     whole = api.allgather(buffer, counts=counts, comm=comm)
     edges = np.cumsum([0, *counts])

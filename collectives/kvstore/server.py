@@ -6,6 +6,7 @@ import json
 import math
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +87,7 @@ class Server:
         self.optimizer: Optimizer | None = None
         self.waits: list[_Wait] = []
         self.barriers: dict[int, list[Message]] = {}  # the workers waiting in each barrier
+        self.uses: dict[bytes, Counter[int]] = {}  # each worker's requests per key, to name mix-ups
         self.stopping = threading.Event()
         self.lock = threading.Lock()  # the worker's collective pushpull updates partitions too
         self.error: BaseException | None = None
@@ -130,6 +132,8 @@ class Server:
             Kind.SAVE: self._save,
             Kind.LOAD: self._load,
         }[m.kind]
+        if m.key:
+            self.uses.setdefault(m.key, Counter())[m.origin] += 1
         try:
             handler(m)
         except Exception as error:  # a bad request fails, not the server
@@ -146,10 +150,31 @@ class Server:
                 wait.answer()
             elif now >= wait.deadline:
                 text, workers = wait.expire()
-                self._error(wait.message, text, Fault.LATE, workers)
+                mixup = self._mixup(wait.message.key, workers)
+                fault = Fault.MISMATCH if mixup else Fault.LATE
+                self._error(wait.message, text + mixup, fault, workers)
             else:
                 left.append(wait)
         self.waits = left
+
+    def _mixup(self, key: bytes, missing: tuple[int, ...]) -> str:
+        """Why ``missing`` workers never sent ``key``, where they sent its twin (``3`` for ``"3"``) instead.
+
+        A worker strayed if it sent the twin more requests than ``key``: a wait for it
+        then fails as a mismatch, not as a late worker.
+        """
+        twin = {ord("i"): b"s", ord("s"): b"i"}.get(key[0], b"") + key[1:] if key else b""
+        if twin[:1] == b"i" and not twin[1:].lstrip(b"-").isdigit():
+            return ""  # "abc" has no int twin
+        on_key, on_twin = self.uses.get(key, Counter()), self.uses.get(twin, Counter())
+        strayed = tuple(w for w in missing if on_twin[w] > on_key[w])
+        if not strayed:
+            return ""
+        them, theirs = parse_key(key), parse_key(twin)
+        return (
+            f"; {_workers(strayed)} used key {theirs!r} ({type(theirs).__name__}) instead of "
+            f"{them!r} ({type(them).__name__}): they are different keys"
+        )
 
     def _defer(
         self,
@@ -421,7 +446,7 @@ class Server:
     def _save(self, m: Message) -> None:
         request = json.loads(m.text)
         try:
-            write_shard(self, Path(request["dir"]), request["index"], request["id"])
+            write_shard(self.parts, self.optimizer, Path(request["dir"]), request["index"], request["id"])
         except OSError as error:
             self._error(m, f"server rank {self.rank} could not write its shard: {error}")
             return

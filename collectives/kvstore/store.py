@@ -5,8 +5,6 @@ __all__ = ["MODES", "KVStore", "create"]
 import math
 import os
 import threading
-import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -15,17 +13,18 @@ from ..errors import (
     ConfigurationError,
     KVStoreError,
     KVStoreTimeout,
-    UnknownKeyError,
+    TransportError,
 )
 from ..ops import ReduceOp, get_op
 from ._adapter import Channel, open_channel
-from ._wire import REPLY_TAG, REQUEST_TAG, Fault, Kind, Message, check_key, encode, key_bytes
-from .checkpoint import load_store, save_store
+from ._wire import Kind, check_key
 from .collective import agree_key, collective_pushpull
-from .handles import Claim, Handle, KeyInfo, Pulled, Request, checked_value, claimed, filler
-from .layout import DEFAULT_PARTITION_BYTES, Partition, Roles, partition
+from .handles import Handle, Pulled, Request, checked_value, claimed, filler
+from .layout import DEFAULT_PARTITION_BYTES, Roles
+from .link import GRACE_S, Link
 from .replicas import restore_states, state_of
 from .rows import pull_rows, push_rows
+from .saving import load_store, save_store
 from .server import Server
 from .updaters import Optimizer, Updater
 
@@ -37,9 +36,6 @@ if TYPE_CHECKING:
 
 MODES = ("sync", "async", "ssp")
 """The consistency modes (see :func:`create`)."""
-
-_SPIN_S = 2e-3  # a worker waiting for an answer polls this long since the last message before it sleeps
-_GRACE_S = 5.0  # a worker waits this much past the timeout, so that a server's own error reaches it first
 
 
 class KVStore:
@@ -66,18 +62,28 @@ class KVStore:
         self.mode = mode
         self.staleness = staleness
         self._op = op
-        self._partition_bytes = partition_bytes
-        self._keys: dict[Any, KeyInfo] = {}
-        self._requests: dict[int, Request] = {}
-        self._next = 0
-        self._clock = 0
-        self._barriers = 0
-        self._closed = False
-        self._server: Server | None = None
+        self._link = Link(channel, roles, mode, partition_bytes)  # what the helpers are given
+        self._keys = self._link.keys
+        self._send = self._link.send
+        self._meta = self._link.meta
         self._collective = collective and mode == "sync" and not roles.dedicated
-        self._optimizer: Optimizer | None = None  # the one set, for checkpoints
-        self._thread: threading.Thread | None = None
-        self.claim = Claim()  # one thread's call at a time
+        self.claim = self._link.claim  # one thread's call at a time
+
+    @property
+    def _clock(self) -> int:
+        return self._link.clock
+
+    @property
+    def _closed(self) -> bool:
+        return self._link.closed
+
+    @_closed.setter
+    def _closed(self, closed: bool) -> None:
+        self._link.closed = closed
+
+    @property
+    def _server(self) -> Server | None:
+        return self._link.server
 
     # what the store is
 
@@ -138,13 +144,13 @@ class KVStore:
             if k in self._keys:
                 raise KVStoreError(f"key {k!r} is initialised already")
             array = np.ascontiguousarray(v)
-            meta = self._keys[k] = self._layout(k, tuple(array.shape), array.dtype)
+            meta = self._keys[k] = self._link.layout(k, tuple(array.shape), array.dtype)
             flat = array.reshape(-1)
             for p in meta.parts:
                 data = flat[p.lo : p.hi] if self.rank == 0 else None
                 requests.append(self._send(Kind.INIT, k, p, text=meta.description, data=data))
         try:
-            Handle(self, requests, lambda: None).wait()
+            Handle(self._link, requests, lambda: None).wait()
         except KVStoreError:
             for k in keys:
                 self._keys.pop(k, None)
@@ -167,7 +173,7 @@ class KVStore:
             ``None``, or a :class:`Handle` when ``block=False``.
         """
         if rows is not None:
-            handle = push_rows(self, key, value, rows)
+            handle = push_rows(self._link, key, value, rows)
             return handle if not block else handle.wait()
         keys, values = self._pairs(key, value)
         requests = []
@@ -178,7 +184,7 @@ class KVStore:
             meta.pushes += 1
             for p in meta.parts:
                 requests.append(self._send(Kind.PUSH, k, p, stamp=stamp, data=array[p.lo : p.hi]))
-        handle = Handle(self, requests, lambda: None)
+        handle = Handle(self._link, requests, lambda: None)
         return handle if not block else handle.wait()
 
     @claimed
@@ -200,7 +206,7 @@ class KVStore:
             report: return :class:`Pulled` (the value and the clocks or rounds it includes).
         """
         if rows is not None:
-            handle = pull_rows(self, key, out, rows, report)
+            handle = pull_rows(self._link, key, out, rows, report)
             return handle if not block else handle.wait()
         keys, outs = self._outs("pull", key, out)
         requests: list[Request] = []
@@ -229,7 +235,7 @@ class KVStore:
                 got = [Pulled(v, tuple(s)) for v, s in zip(results, stamps, strict=True)]
             return got if isinstance(key, list | tuple) else got[0]
 
-        handle = Handle(self, requests, result)
+        handle = Handle(self._link, requests, result)
         return handle if not block else handle.wait()
 
     @claimed
@@ -251,7 +257,7 @@ class KVStore:
             self._outs("pushpull", key, out)  # a bad out raises before the push goes, which would be applied
         first = self.push(key, value, rows=rows, block=False)
         second = self.pull(key, out, rows=rows, block=False)
-        handle = Handle(self, first._requests + second._requests, second._result)
+        handle = Handle(self._link, first._requests + second._requests, second._result)
         return handle if not block else handle.wait()
 
     def _collective_pushpull(self, key: Any, value: Any, out: Any, block: bool) -> Any:
@@ -269,7 +275,7 @@ class KVStore:
             collective_pushpull(self._channel, self._server, k, meta.parts, self._op, flat, flat_target)
             results.append(target)
         result = results if isinstance(key, list | tuple) else results[0]
-        return result if block else Handle(self, [], lambda: result)
+        return result if block else Handle(self._link, [], lambda: result)
 
     # server-side updates
 
@@ -295,9 +301,9 @@ class KVStore:
         Workers then push gradients and pull parameters. Collective over the
         workers; worker 0's optimizer is the one used.
         """
-        self._optimizer = optimizer
+        self._link.optimizer = optimizer
         if self.rank == 0:
-            Handle(self, [self._send(Kind.OPTIMIZER, None, server=s, text=optimizer.spec())
+            Handle(self._link, [self._send(Kind.OPTIMIZER, None, server=s, text=optimizer.spec())
                           for s in self._roles.server_ranks], lambda: None).wait()  # fmt: skip
         self.barrier()
 
@@ -306,22 +312,14 @@ class KVStore:
     @claimed
     def clock(self) -> None:
         """End this worker's iteration (``ssp``; allowed in every mode): its clock goes up by one."""
-        self._clock += 1
-        Handle(self, [self._send(Kind.CLOCK, None, server=s, stamp=self._clock)
+        self._link.clock += 1
+        Handle(self._link, [self._send(Kind.CLOCK, None, server=s, stamp=self._clock)
                       for s in self._roles.server_ranks], lambda: None).wait()  # fmt: skip
 
     @claimed
     def barrier(self) -> None:
         """Return once every open worker has called it."""
-        self._barrier(False)
-
-    def _barrier(self, failed: bool) -> bool:
-        """A barrier that tells every worker whether any arrived ``failed``."""
-        self._barriers += 1
-        first = self._roles.server_ranks[0]
-        request = self._send(Kind.BARRIER, None, server=first, stamp=self._barriers, aux=int(failed))
-        Handle(self, [request], lambda: None).wait()
-        return bool(request.aux)
+        self._link.barrier()
 
     # checkpoints
 
@@ -340,7 +338,7 @@ class KVStore:
         Raises:
             KVStoreError: a shard or the manifest could not be written (on every worker).
         """
-        save_store(self, directory)
+        save_store(self._link, directory)
 
     @claimed
     def load(self, directory: "str | os.PathLike[str]") -> None:
@@ -354,7 +352,7 @@ class KVStore:
             KVStoreError: the directory is missing, the checkpoint is partial or of
                 another format or mode, or this store has keys already.
         """
-        load_store(self, directory)
+        load_store(self._link, directory)
 
     def state(self) -> dict[str, Any]:
         """This rank's shards as a picklable dict, for in-memory replicas; colocated servers only.
@@ -365,7 +363,7 @@ class KVStore:
         ``Checkpointer.checkpoint``), and keep it with the checkpoint: its
         replica is what :meth:`restore` gives the survivors of this rank's death.
         """
-        return state_of(self)
+        return state_of(self._link)
 
     @claimed
     def restore(self, states: list[dict[str, Any]]) -> None:
@@ -381,7 +379,7 @@ class KVStore:
             KVStoreError: (on every rank) a key that no state passed holds whole,
                 or states of another mode; ConfigurationError: dedicated servers.
         """
-        restore_states(self, states)
+        restore_states(self._link, states)
 
     def close(self) -> None:
         """Leave the store; the others carry on without this worker (a ``sync`` round no longer waits for it).
@@ -395,11 +393,12 @@ class KVStore:
         self._closed = True
         try:
             requests = [self._send(Kind.CLOSE, None, server=s) for s in self._roles.server_ranks]
-            self._wait_for(requests)
-            if self._thread is not None and self._server is not None:
-                limit = self._channel.timeout + _GRACE_S
-                self._thread.join(None if math.isinf(limit) else limit)
-                if self._thread.is_alive():
+            self._link.wait_for(requests)
+            thread = self._link.thread
+            if thread is not None and self._server is not None:
+                limit = self._channel.timeout + GRACE_S
+                thread.join(None if math.isinf(limit) else limit)
+                if thread.is_alive():
                     self._server.stopping.set()
                     still = tuple(sorted(self._server.open))
                     raise KVStoreTimeout(
@@ -409,12 +408,15 @@ class KVStore:
                     )
                 if self._server.error is not None:
                     raise KVStoreError(f"the server on rank {self.rank} failed: {self._server.error!r}")
-            self._channel.flush(min(self._channel.timeout, 30.0))
+            try:
+                self._channel.flush(min(self._channel.timeout, 30.0))
+            except TransportError as error:  # a dead server (ULFM)
+                raise self._link.failed(error, requests) from error
         finally:
             self._release()
 
     def _release(self) -> None:
-        if self._thread is None or not self._thread.is_alive():
+        if self._link.thread is None or not self._link.thread.is_alive():
             self._channel.close()
 
     def __enter__(self) -> "KVStore":
@@ -448,112 +450,6 @@ class KVStore:
             if o is not None:
                 checked_value(k, self._meta(k), o, self.rank, out=True)
         return keys, outs
-
-    def _layout(self, key: Any, shape: tuple[int, ...], dtype: np.dtype[Any], pushes: int = 0) -> KeyInfo:
-        meta = KeyInfo(shape, dtype, (), pushes)
-        servers = self._roles.server_ranks
-        meta.parts = partition(
-            key, math.prod(shape), dtype.itemsize, servers, self._partition_bytes, meta.row
-        )
-        return meta
-
-    def _meta(self, key: Any) -> KeyInfo:
-        if self._closed:
-            raise KVStoreError(f"the store is closed on rank {self.rank}")
-        check_key(key)
-        meta = self._keys.get(key)
-        if meta is None:
-            raise UnknownKeyError(f"key {key!r} was never initialised (rank {self.rank}); call init first")
-        return meta
-
-    def _send(
-        self,
-        kind: Kind,
-        key: Any,
-        part: Partition | None = None,
-        *,
-        server: int | None = None,
-        stamp: int = 0,
-        aux: int = 0,
-        text: str = "",
-        data: Any = None,
-        on_data: Callable[[Message], None] | None = None,
-    ) -> Request:
-        dst = part.server if part is not None else server
-        assert dst is not None
-        self._next += 1
-        request = self._requests[self._next] = Request(dst, key, on_data)
-        raw_key = b"" if key is None else key_bytes(key)
-        index = 0 if part is None else part.index
-        message = encode(
-            kind,
-            self.rank,
-            part=index,
-            req=self._next,
-            stamp=stamp,
-            aux=aux,
-            key=raw_key,
-            text=text,
-            data=data,
-        )
-        self._channel.send(message, dst, REQUEST_TAG)
-        return request
-
-    def _take(self) -> bool:
-        """Take a reply, and a request to this rank's server, if either has come; whether any did."""
-        took = False
-        if self._server is not None and self._thread is not None:
-            message = self._channel.take(REQUEST_TAG)
-            if message is not None:
-                self._server.take(message)
-                took = True
-        return self._pump(0.0) or took
-
-    def _pump(self, timeout: float) -> bool:
-        """Take one reply, waiting at most ``timeout`` seconds; whether one came."""
-        message = self._channel.receive(REPLY_TAG, timeout)
-        if message is None:
-            return False
-        request = self._requests.pop(message.req, None)
-        if request is None:
-            return True
-        request.stamp = message.stamp
-        request.aux = message.aux
-        if message.kind == Kind.ERROR:
-            request.error = message.text
-            request.fault = Fault(message.aux)
-            request.workers = tuple(int(w) for w in np.frombuffer(message.data, np.int64))
-        elif request.on_data is not None:
-            request.on_data(message)
-        request.done = True
-        return True
-
-    @claimed
-    def _wait_for(self, requests: list[Request]) -> None:
-        limit = self._channel.timeout + _GRACE_S
-        deadline = time.monotonic() + limit
-        busy = time.monotonic() + _SPIN_S
-        while not all(r.done for r in requests):
-            if time.monotonic() < busy:
-                # the answer is likely near: poll without sleeping, and serve this rank's
-                # requests meanwhile, so that they need not wait for its server thread to wake
-                if self._take():
-                    busy = time.monotonic() + _SPIN_S
-                else:
-                    os.sched_yield()  # where ranks outnumber cores, the one to answer may need this one's
-                continue
-            if self._server is not None and self._server.error is not None:
-                raise KVStoreError(f"the server on rank {self.rank} failed: {self._server.error!r}")
-            left = deadline - time.monotonic()
-            if left <= 0:
-                silent = sorted({r.server for r in requests if not r.done})
-                raise KVStoreTimeout(
-                    f"rank {self.rank} waited {limit:g} s for server rank{'s' if len(silent) > 1 else ''} "
-                    f"{', '.join(map(str, silent))} to answer (key {requests[0].key!r})",
-                    key=requests[0].key,
-                    servers=tuple(silent),
-                )
-            self._pump(min(left, 1.0))
 
 
 def create(
@@ -637,7 +533,7 @@ def create(
     if roles.is_server(rank):
         server = Server(channel, mode, staleness, roles.worker_ranks, reduce_op)
         server.updater = updater
-        store._server = server
+        store._link.server = server
         if not roles.is_worker(rank):
             store._closed = True
             try:
@@ -645,6 +541,8 @@ def create(
             finally:
                 channel.close()
             return store
-        store._thread = threading.Thread(target=server.serve, name=f"kvstore-server-{rank}", daemon=True)
-        store._thread.start()
+        thread = store._link.thread = threading.Thread(
+            target=server.serve, name=f"kvstore-server-{rank}", daemon=True
+        )
+        thread.start()
     return store

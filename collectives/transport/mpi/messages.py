@@ -225,12 +225,15 @@ class MPITransport(Transport):
         status = MPI.Status()
         deadline = time.monotonic() + timeout
         pause = 1e-5
-        while not self._comm.Iprobe(MPI.ANY_SOURCE, tag, status):
-            now = time.monotonic()
-            if now >= deadline:
-                return None
-            time.sleep(min(pause, deadline - now))
-            pause = min(pause * 2, _PROBE_PAUSE_S)
+        try:
+            while not self._comm.Iprobe(MPI.ANY_SOURCE, tag, status):
+                now = time.monotonic()
+                if now >= deadline:
+                    return None
+                time.sleep(min(pause, deadline - now))
+                pause = min(pause * 2, _PROBE_PAUSE_S)
+        except MPI.Exception as error:  # a dead peer (ULFM): the library's error, as every other call gives
+            raise failed_error(error, "probing", self._comm) from error
         return status.Get_source(), status.Get_count(MPI.BYTE)
 
     def abandon(self, receives: list[Request], sends: list[Request]) -> None:

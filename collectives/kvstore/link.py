@@ -1,0 +1,219 @@
+"""A worker's link to the servers: its keys, clock and requests in flight; what the store's helpers get."""
+
+__all__ = ["Link"]
+
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import KVStoreError, KVStoreTimeout, TransportError, UnknownKeyError
+from ._adapter import Channel
+from ._wire import REPLY_TAG, REQUEST_TAG, Fault, Kind, Message, check_key, encode, key_bytes
+from .handles import Claim, KeyInfo, Request, claimed, error_from
+from .layout import Partition, Roles, partition
+
+if TYPE_CHECKING:
+    from .server import Server
+    from .updaters import Optimizer
+
+_SPIN_S = 2e-3  # a worker waiting for an answer polls this long since the last message before it sleeps
+GRACE_S = 5.0  # a worker waits this much past the timeout, so that a server's own error reaches it first
+
+
+class Link:
+    """What a worker keeps between calls, and the requests it sends to the servers and waits for.
+
+    The store holds one; its helpers (rows, checkpoints, replicas) are given it
+    rather than the store. ``keys`` and ``clock`` are the worker's; ``server``
+    and ``thread`` are a colocated rank's own server and the thread serving it.
+    """
+
+    def __init__(self, channel: Channel, roles: Roles, mode: str, partition_bytes: int) -> None:
+        self.channel = channel
+        self.roles = roles
+        self.mode = mode
+        self.partition_bytes = partition_bytes
+        self.keys: dict[Any, KeyInfo] = {}
+        self.requests: dict[int, Request] = {}
+        self.clock = 0
+        self.closed = False
+        self.server: Server | None = None
+        self.thread: threading.Thread | None = None
+        self.optimizer: Optimizer | None = None  # the one set, for checkpoints and states
+        self.claim = Claim()  # one thread's call at a time
+        self._next = 0
+        self._barriers = 0
+
+    @property
+    def rank(self) -> int:
+        return self.channel.rank
+
+    # keys
+
+    def meta(self, key: Any) -> KeyInfo:
+        """What this worker knows of ``key``.
+
+        Raises:
+            KVStoreError: the store is closed, or ``key`` is not a key; UnknownKeyError: never initialised.
+        """
+        if self.closed:
+            raise KVStoreError(f"the store is closed on rank {self.rank}")
+        check_key(key)
+        meta = self.keys.get(key)
+        if meta is None:
+            raise UnknownKeyError(f"key {key!r} was never initialised (rank {self.rank}); call init first")
+        return meta
+
+    def layout(self, key: Any, shape: tuple[int, ...], dtype: np.dtype[Any], pushes: int = 0) -> KeyInfo:
+        """``key``'s partitions over this store's servers, for a value of ``shape`` and ``dtype``."""
+        meta = KeyInfo(shape, dtype, (), pushes)
+        meta.parts = partition(
+            key, math.prod(shape), dtype.itemsize, self.roles.server_ranks, self.partition_bytes, meta.row
+        )
+        return meta
+
+    # requests
+
+    def send(
+        self,
+        kind: Kind,
+        key: Any,
+        part: Partition | None = None,
+        *,
+        server: int | None = None,
+        stamp: int = 0,
+        aux: int = 0,
+        text: str = "",
+        data: Any = None,
+        on_data: Callable[[Message], None] | None = None,
+    ) -> Request:
+        """Send a request to ``part``'s server (or ``server``); its reply completes the request returned."""
+        dst = part.server if part is not None else server
+        assert dst is not None
+        self._next += 1
+        request = self.requests[self._next] = Request(dst, key, on_data)
+        raw_key = b"" if key is None else key_bytes(key)
+        index = 0 if part is None else part.index
+        message = encode(
+            kind,
+            self.rank,
+            part=index,
+            req=self._next,
+            stamp=stamp,
+            aux=aux,
+            key=raw_key,
+            text=text,
+            data=data,
+        )
+        try:
+            self.channel.send(message, dst, REQUEST_TAG)
+        except TransportError as error:  # a dead server (ULFM): the store's error, naming it
+            del self.requests[self._next]
+            raise self.failed(error, [request]) from error
+        return request
+
+    def failed(self, error: TransportError, requests: list[Request]) -> KVStoreError:
+        """MPI's failure while ``requests`` were in flight, as the store's error naming servers and key."""
+        servers = sorted({r.server for r in requests if not r.done}) or sorted({r.server for r in requests})
+        key = next((r.key for r in requests if r.key is not None), None)
+        what = f"key {key!r}" if key is not None else "a barrier, clock or close"
+        return KVStoreError(
+            f"rank {self.rank}: MPI failed while waiting for server rank{'s' if len(servers) > 1 else ''} "
+            f"{', '.join(map(str, servers))} on {what} ({error})"
+        )
+
+    def take(self) -> bool:
+        """Take a reply, and a request to this rank's server, if either has come; whether any did."""
+        took = False
+        if self.server is not None and self.thread is not None:
+            message = self.channel.take(REQUEST_TAG)
+            if message is not None:
+                self.server.take(message)
+                took = True
+        return self.pump(0.0) or took
+
+    def pump(self, timeout: float) -> bool:
+        """Take one reply, waiting at most ``timeout`` seconds; whether one came."""
+        message = self.channel.receive(REPLY_TAG, timeout)
+        if message is None:
+            return False
+        request = self.requests.pop(message.req, None)
+        if request is None:
+            return True
+        request.stamp = message.stamp
+        request.aux = message.aux
+        if message.kind == Kind.ERROR:
+            request.error = message.text
+            request.fault = Fault(message.aux)
+            request.workers = tuple(int(w) for w in np.frombuffer(message.data, np.int64))
+        elif request.on_data is not None:
+            request.on_data(message)
+        request.done = True
+        return True
+
+    @claimed
+    def test(self, requests: list[Request]) -> None:
+        """Take what has come for a handle's ``test``, without waiting."""
+        try:
+            self.take()
+        except TransportError as error:
+            raise self.failed(error, requests) from error
+
+    @claimed
+    def wait_for(self, requests: list[Request]) -> None:
+        """Wait until every one of ``requests`` has its reply, or raise naming the servers silent.
+
+        Raises:
+            KVStoreError: this rank's server failed; KVStoreTimeout: a server did not answer in time.
+        """
+        try:
+            self._wait_for(requests)
+        except KVStoreError:  # a KVStoreTimeout is a TransportError too
+            raise
+        except TransportError as error:  # a dead server (ULFM): the store's error, naming it
+            raise self.failed(error, requests) from error
+
+    def _wait_for(self, requests: list[Request]) -> None:
+        limit = self.channel.timeout + GRACE_S
+        deadline = time.monotonic() + limit
+        busy = time.monotonic() + _SPIN_S
+        while not all(r.done for r in requests):
+            if time.monotonic() < busy:
+                # the answer is likely near: poll without sleeping, and serve this rank's
+                # requests meanwhile, so that they need not wait for its server thread to wake
+                if self.take():
+                    busy = time.monotonic() + _SPIN_S
+                else:
+                    os.sched_yield()  # where ranks outnumber cores, the one to answer may need this one's
+                continue
+            if self.server is not None and self.server.error is not None:
+                raise KVStoreError(f"the server on rank {self.rank} failed: {self.server.error!r}")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                silent = sorted({r.server for r in requests if not r.done})
+                raise KVStoreTimeout(
+                    f"rank {self.rank} waited {limit:g} s for server rank{'s' if len(silent) > 1 else ''} "
+                    f"{', '.join(map(str, silent))} to answer (key {requests[0].key!r})",
+                    key=requests[0].key,
+                    servers=tuple(silent),
+                )
+            self.pump(min(left, 1.0))
+
+    def settle(self) -> None:
+        """Wait for every request in flight (before a checkpoint or state is taken)."""
+        self.wait_for(list(self.requests.values()))
+
+    def barrier(self, failed: bool = False) -> bool:
+        """Return once every open worker has called it; whether any arrived ``failed``."""
+        self._barriers += 1
+        first = self.roles.server_ranks[0]
+        request = self.send(Kind.BARRIER, None, server=first, stamp=self._barriers, aux=int(failed))
+        self.wait_for([request])
+        if request.error is not None:
+            raise error_from(request)
+        return bool(request.aux)

@@ -1,0 +1,122 @@
+"""The store's messages: key mix-ups named, a handle's test under the store's claim, a dead server named."""
+
+import re
+import subprocess
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+from collectives import Communicator
+from collectives.errors import KeyMismatchError, KVStoreError
+from collectives.kvstore import KVStore
+from tests.mpirun import records
+from tests.test_kvstore import run_store
+from tests.ulfm.launch import INSTALL, openmpi_prefix, run_ulfm
+
+MESSAGE_LAYOUTS = [  # (ranks, mode, options): the stores whose push and pull travel as messages
+    (2, "sync", {"collective": False}),
+    (3, "sync", {"servers": 1}),
+    (2, "async", {}),
+    (2, "ssp", {}),
+]
+
+
+@pytest.mark.parametrize(("size", "mode", "options"), MESSAGE_LAYOUTS)
+def test_a_worker_that_initialises_3_where_another_says_str_3_is_named(
+    size: int, mode: str, options: dict[str, Any]
+) -> None:
+    def body(kv: KVStore, comm: Communicator) -> str:
+        try:
+            kv.init(3 if kv.rank == 0 else "3", np.zeros(4))
+        except KeyMismatchError as error:
+            return str(error)
+        return "no error"
+
+    messages = [m for m in run_store(size, body, mode=mode, timeout=1.0, **options) if m is not None]
+    assert messages[0] == "no error"  # worker 0's init makes the key
+    for message in messages[1:]:
+        assert "worker 0 used key 3 (int) instead of '3' (str): they are different keys" in message, message
+
+
+@pytest.mark.parametrize(("size", "options"), [(2, {"collective": False}), (3, {"servers": 1})])
+def test_sync_workers_pushing_3_and_str_3_get_a_key_mismatch_naming_each_other(
+    size: int, options: dict[str, Any]
+) -> None:
+    both = threading.Barrier(2)  # neither closes before both have their answer: a close completes rounds
+
+    def body(kv: KVStore, comm: Communicator) -> str:
+        kv.init([3, "3"], [np.zeros(4), np.zeros(4)])
+        mine = 3 if kv.rank == 0 else "3"
+        kv.push(mine, np.ones(4))
+        try:
+            kv.pull(mine)
+            message = "no error"
+        except KeyMismatchError as error:
+            message = str(error)
+        both.wait(10)
+        return message
+
+    messages = [m for m in run_store(size, body, mode="sync", timeout=1.0, **options) if m is not None]
+    assert "no push from worker 1; worker 1 used key '3' (str) instead of 3 (int)" in messages[0], messages
+    assert "no push from worker 0; worker 0 used key 3 (int) instead of '3' (str)" in messages[1], messages
+
+
+def test_a_handles_test_is_refused_while_another_threads_call_runs() -> None:
+    def body(kv: KVStore, comm: Communicator) -> str:
+        kv.init("w", np.zeros(4))
+        message = "no error"
+        if kv.rank == 0:
+            kv.push("w", np.ones(4))
+            handle = kv.pull("w", block=False)  # waits for worker 1's push, after the barrier
+            taken, done = threading.Event(), threading.Event()
+
+            def hold() -> None:  # a call of another thread, running
+                with kv.claim.lock:
+                    kv.claim.owner = threading.get_ident()
+                    taken.set()
+                    done.wait(10)
+                    kv.claim.owner = 0
+
+            holder = threading.Thread(target=hold, name="holder")
+            holder.start()
+            taken.wait(10)
+            try:
+                handle.test()
+            except KVStoreError as error:
+                message = str(error)
+            done.set()
+            holder.join()
+            kv.barrier()
+            np.testing.assert_array_equal(handle.wait(), np.full(4, 2.0))
+        else:
+            kv.barrier()
+            kv.push("w", np.ones(4))
+            kv.pull("w")
+        return message
+
+    message = run_store(2, body, mode="sync", collective=False)[0]
+    assert "called test on a store while thread 'holder'" in message, message
+
+
+@pytest.mark.skipif(openmpi_prefix() is None, reason=f"no Open MPI for the ULFM tests ({INSTALL})")
+@pytest.mark.parametrize("servers", ["dedicated", "colocated"])
+def test_a_dead_server_is_a_store_error_naming_it_from_calls_and_close(servers: str) -> None:
+    try:
+        result = run_ulfm(3, ["-m", "tests.ulfm.dead_server", servers], timeout=60)
+    except subprocess.TimeoutExpired as expired:
+        pytest.fail(f"the job hung; its output:\n{str(expired.output)[-4000:]}")
+    seen = records(result.stdout, "DEAD ")
+    assert sorted(s["rank"] for s in seen) == [0, 1], result.stdout[-4000:]
+    for survivor in seen:
+        for call in ("push_pull", "close"):
+            error = survivor[call]
+            assert isinstance(error, dict), seen
+            assert error["type"] in ("KVStoreError", "KVStoreTimeout"), seen
+            waited = re.search(r"waiting for server ranks? ([\d, ]*\d)", error["text"])
+            assert waited is not None and "2" in waited.group(1).split(", "), seen
+            dead = re.search(r"failed ranks: ([\d, ]*\d)", error["text"])  # MPI's word on who died
+            assert dead is not None and "2" in dead.group(1).split(", "), seen  # (a survivor may have left)
+        assert "key 'w'" in survivor["push_pull"]["text"], seen  # type: ignore[index]
+        assert survivor["seconds"] < 20, seen
