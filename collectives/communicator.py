@@ -316,13 +316,16 @@ class Communicator:
             self._sibling = sibling
         return self._sibling
 
-    def duplicate(self) -> "Communicator | None":
+    def duplicate(self, timeout: float | None = None) -> "Communicator | None":
         """A new communicator over the same ranks, with the same settings and messages of its own; collective.
 
         The ranks first meet by messages under this communicator's timeout, so a rank
         that never calls makes the others raise :class:`~collectives.CollectiveTimeout`
         instead of waiting in MPI's ``Comm_dup``. The caller frees the new one.
         ``None`` where the transport cannot be duplicated (a loopback transport).
+
+        Args:
+            timeout: the new communicator's timeout; this one's by default.
         """
         if not self._transport.DUPLICATES:
             return None
@@ -332,9 +335,9 @@ class Communicator:
             transport = self._transport.duplicate()
         if transport is None:
             return None
-        return Communicator(
-            transport, timeout=watchdog.timeout, stall_warning=watchdog.stall_warning, check=watchdog.check
-        )
+        limit = watchdog.timeout if timeout is None else timeout
+        stall, check = watchdog.stall_warning, watchdog.check
+        return Communicator(transport, timeout=limit, stall_warning=stall, check=check)
 
     def flight_record(self) -> list[str]:
         """This rank's last collectives on the communicator, oldest first, one line each."""

@@ -41,9 +41,10 @@ def test_alloc_without_a_peer_times_out(case: str) -> None:
 
 
 @needs_mpiexec
-def test_sibling_without_a_peer_times_out() -> None:
+@pytest.mark.parametrize("case", ["sibling", "store"])
+def test_a_duplicate_without_a_peer_times_out(case: str) -> None:
     # MPI's Comm_dup cannot be bounded: the ranks meet by messages first
-    output, raised = _run("sibling", 2)
+    output, raised = _run(case, 2)
     kind, seconds, message = raised[0]
     assert kind == "CollectiveTimeout" and "duplicate" in message and "rank 1" in message, output
     assert seconds <= TIMEOUT_S + 1, output

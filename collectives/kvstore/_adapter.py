@@ -131,11 +131,12 @@ def open_channel(comm: Any, timeout: float | None) -> Channel:
     if timeout is not None and not timeout >= 0:
         raise ConfigurationError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
     if isinstance(comm, Communicator):
-        inner = getattr(comm.transport, "comm", None)  # an MPITransport's own duplicate
-        if inner is None:  # a loopback transport: the user's communicator, the store's own tags
-            return Channel(comm, owned=False, limit=timeout)
         limit = comm.timeout if timeout is None else timeout
-        return Channel(Communicator(inner, timeout=0 if math.isinf(limit) else limit), owned=True)
+        # bounded by the communicator's timeout: a rank that never creates the store makes the others raise
+        own = comm.duplicate(timeout=0 if math.isinf(limit) else limit)
+        if own is None:  # a loopback transport: the user's communicator, the store's own tags
+            return Channel(comm, owned=False, limit=timeout)
+        return Channel(own, owned=True)
     if isinstance(comm, Transport):
         return Channel(Communicator(comm, timeout=timeout), owned=False)
     return Channel(Communicator(comm, timeout=timeout), owned=True)

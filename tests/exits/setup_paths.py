@@ -5,6 +5,7 @@ Usage: ``python -m tests.exits.setup_paths CASE``, CASE one of:
 * ``alloc_first`` (2 ranks): rank 0's first ``comm.alloc`` (the node split), rank 1 never calls it.
 * ``alloc_second`` (2 ranks): both allocate once; rank 0's second ``alloc`` (a window) is alone.
 * ``sibling`` (2 ranks): rank 0 asks for ``comm.sibling()`` (MPI's ``Comm_dup``), rank 1 never does.
+* ``store`` (2 ranks): rank 0 makes a store on a Communicator (MPI's ``Comm_dup``), rank 1 never does.
 * ``new_group`` (3 ranks): rank 0 asks torch for the group [0, 1], ranks 1 and 2 for [0, 1, 2].
 
 Each rank prints ``RAISED <rank> <error type> <seconds>: <message>`` or ``MADE <rank>``, then ``DONE <rank>``.
@@ -17,6 +18,7 @@ from datetime import timedelta
 from mpi4py import MPI
 
 import collectives
+from collectives import kvstore
 
 TIMEOUT_S = 2.0
 """The communicators' and groups' timeout."""
@@ -30,7 +32,8 @@ def _alone(case: str) -> None:
     if case == "alloc_second":
         comm.alloc(10)
     if comm.rank == 0:
-        _attempt(0, comm.sibling if case == "sibling" else lambda: comm.alloc(10))
+        setups = {"sibling": comm.sibling, "store": lambda: kvstore.create("sync", comm=comm, servers=1)}
+        _attempt(0, setups.get(case, lambda: comm.alloc(10)))
     else:
         time.sleep(TIMEOUT_S + LATE_S)
 
@@ -57,7 +60,7 @@ def _attempt(rank: int, setup: object) -> None:
 
 
 def main(case: str) -> None:
-    if case in ("alloc_first", "alloc_second", "sibling"):
+    if case in ("alloc_first", "alloc_second", "sibling", "store"):
         _alone(case)
     elif case == "new_group":
         _new_group()
