@@ -8,7 +8,7 @@ import pytest
 
 from collectives import Communicator
 from collectives.errors import KeyMismatchError, KVStoreTimeout, MismatchError
-from collectives.kvstore import SGD, Adam, KVStore
+from collectives.kvstore import SGD, Adam, KVStore, collective
 from collectives.ops import DTYPES
 from collectives.signature import SIGNATURE_BYTES, Signature, disagreement, stamp_tag
 from collectives.watchdog import Guard
@@ -50,14 +50,20 @@ def test_the_tag_travels_in_the_signature_and_is_named_where_it_differs() -> Non
     assert bytes(packed) == tagged.pack()
 
 
-def test_a_sync_pushpull_is_one_collective_and_push_then_pull_no_more() -> None:
+@pytest.mark.parametrize("whole", [True, False])
+def test_a_sync_pushpull_is_one_collective_and_push_then_pull_no_more(
+    whole: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not whole:  # a large value: a reduce-scatter, then an all-gather into out
+        monkeypatch.setattr(collective, "WHOLE_BYTES", 0)
+
     def body(kv: KVStore, comm: Communicator) -> list[int]:
         kv.init("w", np.zeros(8))
         calls = []
         for step in (
             lambda: kv.pushpull("w", np.ones(8)),  # one allreduce: no round of its own to agree on the key
             lambda: kv.push("w", np.ones(8)),  # one allreduce, the result kept at hand
-            lambda: kv.pull("w"),  # from the result at hand
+            lambda: kv.pull("w"),  # from the result at hand, or the all-gather of the updated runs
             lambda: kv.pull("w"),  # again: an all-gather of the servers' parts
         ):
             before = comm.watchdog.sequence
@@ -65,7 +71,24 @@ def test_a_sync_pushpull_is_one_collective_and_push_then_pull_no_more() -> None:
             calls.append(comm.watchdog.sequence - before)
         return calls
 
-    assert run_store(3, body, mode="sync") == [[1, 1, 0, 1]] * 3
+    assert run_store(3, body, mode="sync") == [[1, 1, 0 if whole else 1, 1]] * 3
+
+
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_a_large_push_and_pull_equal_the_message_path_bitwise(
+    size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(collective, "WHOLE_BYTES", 0)
+
+    def body(kv: KVStore, comm: Communicator) -> list[bytes]:
+        kv.init("w", np.zeros((7, 5), np.float32))
+        seen = []
+        for t in range(3):
+            kv.push("w", _value(kv.rank, t, (7, 5), "float32"))
+            seen += [kv.pull("w", out=np.empty((7, 5), np.float32)).tobytes(), kv.pull("w").tobytes()]
+        return seen
+
+    assert run_store(size, body, mode="sync") == run_store(size, body, mode="sync", collective=False)
 
 
 @pytest.mark.parametrize("dtype", STORE_DTYPES)

@@ -1,6 +1,6 @@
 """``sync`` push, pull and pushpull over colocated servers as collectives: reduce, update, gather."""
 
-__all__ = ["Rounds", "key_tag"]
+__all__ = ["WHOLE_BYTES", "Rounds", "key_tag"]
 
 import hashlib
 import itertools
@@ -18,6 +18,11 @@ from ._wire import key_bytes
 from .handles import KeyInfo, Pulled, checked_value
 from .layout import Partition
 from .server import Server
+
+WHOLE_BYTES = 1 << 20
+"""Where the servers assign a round's aggregate, a push of at most this many bytes is one allreduce
+(one call's latency) whose whole result a pull then copies; a larger push is a reduce-scatter and its
+pull an all-gather straight into ``out`` (no copy of the whole value)."""
 
 _CODES = {"push": b"P", "pull": b"G", "pushpull": b"B"}
 _DONE = {b"P"[0]: "pushed", b"G"[0]: "pulled", b"B"[0]: "pushpulled"}
@@ -44,9 +49,10 @@ class Rounds:
 
     Every worker calls :meth:`push`, :meth:`pull` and :meth:`pushpull` for the
     same keys in the same order. Where the servers keep a round's aggregate as it
-    is (no updater or optimizer), a push is one allreduce, after which each
-    server stores its partitions and the worker keeps the whole result at hand
-    for the pull that follows (which then sends nothing). Otherwise, where the
+    is (no updater or optimizer) and the value is small (:data:`WHOLE_BYTES`), a
+    push is one allreduce, after which each server stores its partitions and the
+    worker keeps the whole result at hand for the pull that follows (which then
+    sends nothing). Otherwise, where the
     partitions lie in runs in rank order (a value cut into at least as many
     partitions as servers, or one partition), a push is a reduce-scatter whose
     shares the servers update, and a pull an all-gather of the servers' runs;
@@ -59,10 +65,10 @@ class Rounds:
         self._channel = channel
         self._server = server
         self._op = op
-        # per raw key: the last push's result buffer (the whole value where the servers assign it,
-        # else this server's updated run), kept for the next push; in _fresh while it is this round's
+        # per raw key: the last push's result buffer (the whole value, or this server's updated run),
+        # kept for the next push; in _fresh while it is this round's, mapped to whether it is the whole
         self._buffers: dict[bytes, np.ndarray] = {}
-        self._fresh: set[bytes] = set()
+        self._fresh: dict[bytes, bool] = {}
 
     def push_keys(self, items: list[tuple[Any, KeyInfo, Any]]) -> None:
         """:meth:`push` each (key, its info, value), every value checked before any round runs."""
@@ -105,12 +111,13 @@ class Rounds:
 
         raw = key_bytes(key)
         comm, rank = self._channel.comm, self._channel.rank
-        self._fresh.discard(raw)
+        self._fresh.pop(raw, None)
+        whole = self._server.assigns and value.nbytes <= WHOLE_BYTES
         with self._calls(key, "push"):
-            if self._server.assigns:
-                whole = self._buffer(raw, value.size, value.dtype)
-                api.allreduce(value, self._op, out=whole, comm=comm, check=True)
-                self._server.apply_round(raw, [p for p in parts if p.server == rank], whole, 0)
+            if whole:
+                result = self._buffer(raw, value.size, value.dtype)
+                api.allreduce(value, self._op, out=result, comm=comm, check=True)
+                self._server.apply_round(raw, [p for p in parts if p.server == rank], result, 0)
             elif _in_rank_order(parts):
                 counts, held, start = self._runs(parts)
                 share = self._buffer(raw, counts[rank], value.dtype)
@@ -123,7 +130,7 @@ class Rounds:
                     if rank == p.server:
                         self._server.apply_round(raw, [p], piece, p.lo)
                 return  # a pull broadcasts the stored partitions
-        self._fresh.add(raw)
+        self._fresh[raw] = whole
 
     def pull(
         self,
@@ -138,9 +145,8 @@ class Rounds:
 
         raw = key_bytes(key)
         comm, rank = self._channel.comm, self._channel.rank
-        fresh = raw in self._fresh
-        self._fresh.discard(raw)
-        if fresh and self._server.assigns:  # the push's allreduce left the whole value here
+        fresh = self._fresh.pop(raw, None)
+        if fresh:  # the push's allreduce left the whole value here
             whole = self._buffers[raw]
             if target is None:
                 del self._buffers[raw]  # the caller's now
@@ -151,7 +157,10 @@ class Rounds:
         with self._calls(key, "pull"):
             if _in_rank_order(parts):
                 counts, held, start = self._runs(parts)
-                share = self._buffers[raw] if fresh else self._stored(key, held, start, counts[rank], dtype, rounds)
+                if fresh is False:  # the push's reduce-scatter left this server's updated run here
+                    share = self._buffers[raw]
+                else:
+                    share = self._stored(key, held, start, counts[rank], dtype, rounds)
                 api.allgather(share, counts=counts, out=result, comm=comm, check=True)
                 return result
             for p in parts:
@@ -167,7 +176,7 @@ class Rounds:
 
         raw = key_bytes(key)
         comm, rank = self._channel.comm, self._channel.rank
-        self._fresh.discard(raw)
+        self._fresh.pop(raw, None)
         with self._calls(key, "pushpull"):
             if self._server.assigns:
                 # the stored value simply becomes the aggregate: one allreduce, and each server keeps its part
