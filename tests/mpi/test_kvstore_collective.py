@@ -45,7 +45,9 @@ def _rounds(world: MPI.Intracomm, collective: bool, optimizer: bool) -> list[byt
 
 
 @pytest.mark.parametrize("optimizer", [False, True])
-def test_collective_push_and_pull_equal_the_message_path_bitwise(world: MPI.Intracomm, optimizer: bool) -> None:
+def test_collective_push_and_pull_equal_the_message_path_bitwise(
+    world: MPI.Intracomm, optimizer: bool
+) -> None:
     problems = Problems(world)
     with problems.guard(f"optimizer={optimizer}"):
         fast = _rounds(world, True, optimizer)
