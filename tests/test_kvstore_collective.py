@@ -207,3 +207,17 @@ def test_a_worker_that_never_pushes_is_named_within_the_timeout() -> None:
 
     messages = run_store(2, body, mode="sync", timeout=1.0)
     assert "push of key 'w' on rank 0: workers [1] did not take part within the timeout" in messages[0]
+
+
+def test_a_reported_pull_names_the_rounds_it_includes_as_the_messages_do() -> None:
+    def body(kv: KVStore, comm: Communicator) -> list[tuple[int, ...]]:
+        kv.init("w", np.zeros(40))
+        seen = [kv.pull("w", report=True).included]
+        for t in range(2):
+            kv.push("w", np.full(40, float(t)))
+            seen.append(kv.pull("w", report=True).included)
+        return seen
+
+    fast = run_store(2, body, mode="sync", partition_bytes=64)
+    assert fast == run_store(2, body, mode="sync", partition_bytes=64, collective=False)
+    assert fast[0] == [(0,) * 5, (1,) * 5, (2,) * 5]
