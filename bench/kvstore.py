@@ -2,7 +2,10 @@
 
 For each number of servers (colocated: every rank a server; ``k``: the last k
 ranks dedicated servers) and each mode, a store over ``MPI.COMM_WORLD`` is made
-and, per size, one float32 key of that many bytes. Each timed iteration runs,
+and, per size, one float32 key of that many bytes. In ``sync`` mode over
+colocated servers two stores are made, the default that runs push and pull as
+collectives and one with ``collective=False`` that sends messages, and each size
+gives a row of each (the ``path`` column), side by side. Each timed iteration runs,
 one after the other and each started together after a barrier of the workers:
 ``collectives.allreduce`` of the same bytes over the workers, ``push``,
 ``pull``, ``push`` then ``pull`` (two calls: a step's latency), and
@@ -39,7 +42,9 @@ from .config import size_argument, size_sweep
 BATCH_BYTES = 1 << 20
 MAX_BATCH = 50
 COLUMNS = ("allreduce", "push", "pull", "push+pull", "pushpull")
-_TITLES = (("size", 12), ("count", 11), ("mode", 5), ("servers", 9))
+_TITLES = (("size", 12), ("count", 11), ("mode", 5), ("servers", 9), ("path", 10))
+PATHS = {True: "collective", False: "messages"}
+"""A store's ``collective=`` argument, by the name its rows carry."""
 _TIMES = tuple((f"{name}(us)", 13) for name in COLUMNS)
 _RATES = (("pushpull(GB/s)", 14), ("allreduce(GB/s)", 15), ("pushpull/ar", 11), ("push+pull/ar", 12))
 
@@ -54,6 +59,7 @@ class Row:
     servers: str
     times_us: dict[str, float]
     wrong: int
+    path: str = "messages"
 
     def ratio(self, column: str) -> float:
         base = self.times_us["allreduce"]
@@ -175,7 +181,7 @@ def _header(
 
 def format_row(row: Row) -> str:
     """A table line under :func:`_header`'s titles."""
-    keys = [str(row.size), str(row.count), row.mode, row.servers]
+    keys = [str(row.size), str(row.count), row.mode, row.servers, row.path]
     times = [f"{row.times_us[name]:.2f}" for name in COLUMNS]
     rates = [
         f"{row.size / row.times_us['pushpull'] / 1e3:.2f}",
@@ -216,20 +222,33 @@ def main(argv: list[str] | None = None) -> int:
         for mode in modes:
             is_worker = k is None or world.rank < world.size - k  # dedicated servers are the last k
             workers = world.Split(0 if is_worker else MPI.UNDEFINED)  # before create: servers serve in it
-            kv = kvstore.create(mode, staleness=args.staleness if mode == "ssp" else 0, servers=k)
+            paths = (True, False) if k is None and mode == "sync" else (False,)
+            stores = {
+                path: kvstore.create(
+                    mode, staleness=args.staleness if mode == "ssp" else 0, servers=k, collective=path
+                )
+                for path in paths
+            }
             if not is_worker:  # a dedicated server: create returned once the workers closed
                 continue
             communicator = collectives.Communicator(workers)
-            with kv:
-                wrongs = [_check(kv, f"check{size}", size // 4) for size in sizes]
-                if args.optimizer != "none":
+            wrongs = {
+                path: [_check(kv, f"check{size}", size // 4) for size in sizes] for path, kv in stores.items()
+            }
+            if args.optimizer != "none":
+                for kv in stores.values():
                     kv.set_optimizer(kvstore.SGD(momentum=0.9) if args.optimizer == "sgd" else kvstore.Adam())
-                for size, wrong in zip(sizes, wrongs, strict=True):
+            for index, size in enumerate(sizes):
+                for path, kv in stores.items():  # the two paths' rows of a size side by side
                     times = _measure(kv, workers, communicator, size, args.iters, args.warmup)
                     label = "colocated" if k is None else str(k)
-                    rows.append(Row(size // 4 * 4, size // 4, mode, label, times, wrong))
+                    rows.append(
+                        Row(size // 4 * 4, size // 4, mode, label, times, wrongs[path][index], PATHS[path])
+                    )
                     if printing:
                         print(format_row(rows[-1]), flush=True)
+            for kv in stores.values():
+                kv.close()
             communicator.free()
             workers.Free()
     wrong = sum(row.wrong for row in rows)

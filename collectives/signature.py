@@ -1,6 +1,14 @@
 """What the ranks agree on before a collective runs, and the error that names where they differ."""
 
-__all__ = ["PROBLEM_BYTES", "SIGNATURE_BYTES", "Signature", "disagreement", "problem_of"]
+__all__ = [
+    "PROBLEM_BYTES",
+    "SIGNATURE_BYTES",
+    "TAG_BYTES",
+    "Signature",
+    "disagreement",
+    "problem_of",
+    "stamp_tag",
+]
 
 import hashlib
 import struct
@@ -12,11 +20,16 @@ from .errors import MismatchError, PeerInputError
 PROBLEM_BYTES = 64
 """The most bytes of a poisoned signature's problem (its error's type and message) that travel."""
 
-_FORMAT = struct.Struct(f"<q24s24s12s12s8sqq8s{PROBLEM_BYTES}s")
+TAG_BYTES = 8
+"""The bytes of a signature's tag: what a library layer above the collectives says a call is of."""
+
+_FORMAT = struct.Struct(f"<q{TAG_BYTES}s24s24s12s12s8sqq8s{PROBLEM_BYTES}s")
+_TAG = struct.Struct(f"<{TAG_BYTES}s")
+_TAG_OFFSET = 8  # after the sequence number
 SIGNATURE_BYTES = _FORMAT.size
 """Bytes of a packed signature: every collective exchanges this, whatever its size."""
 
-_FIELDS = ("collective", "count", "dtype", "backend", "op", "root", "algorithm", "counts", "sequence")
+_FIELDS = ("tag", "collective", "count", "dtype", "backend", "op", "root", "algorithm", "counts", "sequence")
 """The order a mismatch names its fields in: what the user most likely got wrong first."""
 
 _NO_COUNTS = bytes(8)
@@ -37,6 +50,10 @@ class Signature:
         counts: each rank's share, when the call passed ``counts=``.
         backend: the array backend's name (``numpy``, ``cupy``), so host and
             device arrays do not meet in one call; empty for the barrier.
+        tag: empty for a user's call; a layer built on the collectives (the
+            key-value store) fills it with what the call is of (a key's digest),
+            so calls of different things disagree here, at no extra message;
+            at most :data:`TAG_BYTES`, and stamped per call (see :func:`stamp_tag`).
         problem: empty, unless this rank's own checks of the call failed: then
             the error's type and message (see :func:`problem_of`), and the
             signature is *poisoned*: the other ranks raise
@@ -53,11 +70,13 @@ class Signature:
     counts: tuple[int, ...] | None = None
     backend: str = ""
     problem: str = ""
+    tag: bytes = b""
 
     def pack(self) -> bytes:
         """The fixed-size bytes the ranks exchange; longer text is cut to its field."""
         return _FORMAT.pack(
             self.sequence,
+            self.tag,
             self.collective.encode(),
             self.algorithm.encode(),
             self.dtype.encode(),
@@ -68,6 +87,11 @@ class Signature:
             _digest(self.counts),
             self.problem.encode(),
         )
+
+
+def stamp_tag(packed: bytearray, tag: bytes) -> None:
+    """Write ``tag`` (at most :data:`TAG_BYTES`, zero-padded) into a packed signature."""
+    _TAG.pack_into(packed, _TAG_OFFSET, tag)
 
 
 def problem_of(error: BaseException) -> str:
@@ -91,10 +115,13 @@ def _text(field: bytes) -> str:
 
 def _fields(packed: bytes) -> dict[str, str]:
     """A packed signature's fields, as a mismatch shows them; a poisoned one's only those it fills."""
-    sequence, collective, algorithm, dtype, backend, op, root, count, counts, problem = _FORMAT.unpack(packed)
+    sequence, tag, collective, algorithm, dtype, backend, op, root, count, counts, problem = _FORMAT.unpack(
+        packed
+    )
     if problem[0]:
         return {"collective": _text(collective), "sequence": str(sequence), "problem": _text(problem)}
     return {
+        "tag": tag.hex() if tag.strip(b"\0") else "none",
         "collective": _text(collective),
         "count": str(count),
         "dtype": _text(dtype) or "none",

@@ -73,7 +73,7 @@ from .errors import (
     TransportError,
 )
 from .faults import PLAN as _FAULTS
-from .signature import SIGNATURE_BYTES, Signature, disagreement, problem_of
+from .signature import SIGNATURE_BYTES, Signature, disagreement, problem_of, stamp_tag
 from .transport.base import SharedMemory, Transport
 from .transport.tags import Tag
 
@@ -149,11 +149,12 @@ class Guard:
         outgoing: per peer, the data that travels with the signature (after it).
     """
 
-    __slots__ = ("_messages", "outgoing", "packed", "signature")
+    __slots__ = ("_messages", "_tag", "outgoing", "packed", "signature")
 
     def __init__(self, signature: Signature, payloads: dict[int, int] | None = None) -> None:
         self.signature = signature
         self.packed = bytearray(signature.pack())
+        self._tag = signature.tag
         payloads = payloads or {}
         if any(size > FUSED_BYTES for size in payloads.values()):
             raise ValueError(f"at most {FUSED_BYTES} bytes travel with a signature; got {payloads}")
@@ -164,9 +165,12 @@ class Guard:
         """What goes to ``peer``: the signature, then any data for it."""
         return self._messages.get(peer, self.packed)
 
-    def stamp(self, sequence: int) -> None:
-        """Write the call's sequence number into every message."""
+    def stamp(self, sequence: int, tag: bytes = b"") -> None:
+        """Write the call's sequence number and tag (see :attr:`Watchdog.tag`) into every message."""
         _SEQUENCE.pack_into(self.packed, 0, sequence)
+        if tag != self._tag:  # a guard kept for repeated calls may serve calls of several tags
+            stamp_tag(self.packed, tag)
+            self._tag = tag
         if self._messages:
             for message in self._messages.values():
                 message[:SIGNATURE_BYTES] = self.packed
@@ -234,6 +238,8 @@ class Watchdog:
         self._received = [bytearray(SIGNATURE_BYTES + FUSED_BYTES) for _ in range(self._size)]
         self._heads = [memoryview(r)[:SIGNATURE_BYTES] for r in self._received]
         self.shared: SharedMemory | None = None
+        # what the next calls are of, set by a layer above (the key-value store's key): in every signature
+        self.tag = b""
         self._on_mismatch: Callable[[], None] = _nothing
 
     def agree_through(self, shared: SharedMemory, on_mismatch: Callable[[], None] = _nothing) -> None:
@@ -334,7 +340,7 @@ class Watchdog:
         if (self.check if check is None else check) and self._size > 1:
             try:
                 if self.shared is not None and first_barrier:
-                    guard.stamp(sequence)
+                    guard.stamp(sequence, self.tag)
                     call.pending = guard
                 else:
                     self._agree(call, guard, sequence)
@@ -480,7 +486,7 @@ class Watchdog:
 
     def _agree(self, call: Call, guard: Guard, sequence: int) -> None:
         """Exchange signatures with every other rank; raise on every rank if any differ."""
-        guard.stamp(sequence)
+        guard.stamp(sequence, self.tag)
         if self.shared is not None:
             call.pending = guard
             call.barrier(self.shared)

@@ -516,11 +516,15 @@ def test_bench_kvstore_times_each_mode_and_layout_beside_allreduce(tmp_path: Pat
     assert "allreduce(us)" in result.stdout and "pushpull/ar" in result.stdout
     assert "# Out of bounds values : 0 OK" in result.stdout
     rows = json.loads(record.read_text())["rows"]
-    assert [(row["servers"], row["mode"], row["size"]) for row in rows] == [
-        (servers, mode, size)
+    assert [(row["servers"], row["mode"], row["size"], row["path"]) for row in rows] == [
+        (servers, mode, size, path)
         for servers in ("colocated", "1")
         for mode in ("sync", "async", "ssp")
         for size in (4096, 65536)
+        # sync over colocated servers: the collective path and the messages, side by side
+        for path in (
+            ("collective", "messages") if (servers, mode) == ("colocated", "sync") else ("messages",)
+        )
     ]
     for row in rows:
         assert row["wrong"] == 0

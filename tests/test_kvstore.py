@@ -278,7 +278,7 @@ def test_a_worker_that_stops_pushing_is_named_within_the_timeout() -> None:
         assert "round 0 of key 'w' partition 0: no push from worker 2" in str(caught.value)
         return time.monotonic() - started
 
-    waits = run_store(3, body, mode="sync", timeout=1.0)
+    waits = run_store(3, body, mode="sync", timeout=1.0, collective=False)
     assert all(0.9 <= w < 4 for w in waits[:2]), waits
 
 
@@ -296,7 +296,7 @@ def test_a_worker_that_closed_is_no_longer_waited_for() -> None:
             return last
         return last
 
-    results = run_store(3, body, mode="sync", timeout=5.0)
+    results = run_store(3, body, mode="sync", timeout=5.0, collective=False)
     np.testing.assert_array_equal(results[0], np.full(3, 2.0))  # the last rounds summed over workers 0 and 1
     np.testing.assert_array_equal(results[2], np.full(3, 3.0))
 

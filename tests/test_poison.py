@@ -225,7 +225,7 @@ def test_device_and_host_arrays_in_one_call_are_a_mismatch(fake: FakeDeviceBacke
 
 
 def test_a_poisoned_signature_fits_its_field_and_names_only_what_the_rank_knew() -> None:
-    assert SIGNATURE_BYTES == 176
+    assert SIGNATURE_BYTES == 184
     problem = problem_of(InvalidBufferError("é" * PROBLEM_BYTES))
     assert len(problem.encode()) <= PROBLEM_BYTES and problem.startswith("InvalidBufferError: éé")
     good = Signature(4, "allreduce", "auto", "float32", "sum", count=8, backend="numpy")

@@ -142,7 +142,7 @@ def test_a_new_wrapper_takes_over_once_the_old_ones_hooks_are_removed(ranks: Ran
     assert all(torch.equal(w, torch.full((3,), -1.5)) for w in ranks(2, run))
 
 
-PS_STEP_5 = 110  # in ps-sync, the call the fault kills: one of step 5's collectives (back to step 4)
+PS_STEP_5 = 86  # in ps-sync, the call the fault kills: one of step 5's collectives (back to step 4)
 
 
 @needs_openmpi

@@ -58,6 +58,10 @@ class Channel:
     def size(self) -> int:
         return self.comm.size
 
+    def tag_calls(self, tag: bytes) -> None:
+        """Put ``tag`` in the signature of the store's next collectives (``b""``: none)."""
+        self.comm.watchdog.tag = tag
+
     def send(self, buffer: Any, dst: int, tag: int) -> None:
         """Start sending ``buffer``; it completes later (:meth:`progress`): no send waits for its receiver."""
         with self._lock:

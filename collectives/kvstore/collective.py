@@ -1,103 +1,287 @@
-"""``sync`` pushpull over colocated servers as collectives: reduce-scatter by partition, all-gather."""
+"""``sync`` push, pull and pushpull over colocated servers as collectives: reduce, update, gather."""
 
-__all__ = ["agree_key", "collective_pushpull"]
+__all__ = ["WHOLE_BYTES", "Rounds", "key_tag"]
 
 import hashlib
 import itertools
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
-from ..errors import CollectiveTimeout, KeyMismatchError, KVStoreTimeout
+from ..errors import CollectiveTimeout, KeyMismatchError, KVStoreTimeout, MismatchError
 from ..ops import ReduceOp
 from ._adapter import Channel
 from ._wire import key_bytes
+from .handles import KeyInfo, Pulled, checked_value
 from .layout import Partition
 from .server import Server
 
+WHOLE_BYTES = 1 << 20
+"""Where the servers assign a round's aggregate, a push of at most this many bytes is one allreduce
+(one call's latency) whose whole result a pull then copies; a larger push is a reduce-scatter and its
+pull an all-gather straight into ``out`` (no copy of the whole value)."""
 
-def agree_key(channel: Channel, key: Any) -> None:
-    """Check that every worker pushpulls ``key`` in this round: else one key's data would meet another's.
+_CODES = {"push": b"P", "pull": b"G", "pushpull": b"B"}
+_DONE = {b"P"[0]: "pushed", b"G"[0]: "pulled", b"B"[0]: "pushpulled"}
+_TYPES = {b"i"[0]: "int", b"s"[0]: "str"}
 
-    One small all-gather of each worker's key digest and type. Collective over the workers.
 
-    Raises:
-        KeyMismatchError: on every worker, naming this worker's key and the workers whose keys differ.
+def key_tag(key: Any, what: str) -> bytes:
+    """The signature tag of the store's collectives for ``what`` (push, pull, pushpull) of ``key``.
+
+    Six bytes of the key's digest, its type and the operation: calls of different
+    keys, of 3 and "3", or a push against a pull, disagree in the watchdog's
+    signature exchange, which every collective makes anyway.
     """
-    from .. import api
-
     raw = key_bytes(key)
-    mine = np.array(
-        [int.from_bytes(hashlib.blake2b(raw, digest_size=7).digest(), "little"), raw[0]], np.int64
-    )
-    try:
-        every = api.allgather(mine, comm=channel.comm).reshape(-1, 2)
-    except CollectiveTimeout as error:
-        raise KVStoreTimeout(
-            f"pushpull of key {key!r} on rank {channel.rank}: workers {list(error.peers)} did not take part "
-            f"within the timeout ({error})",
-            key=key,
-            workers=error.peers,
-        ) from error
-    others = [r for r in range(len(every)) if (every[r] != mine).any()]
-    if others:
-        kinds = {"i": "int", "s": "str"}
-        theirs = sorted({kinds.get(chr(int(every[r][1])), "?") for r in others})
-        raise KeyMismatchError(
-            f"pushpull of key {key!r} ({type(key).__name__}) on rank {channel.rank}: workers {others} "
-            f"pushpulled another key in the same round (of type {', '.join(theirs)})"
-        )
+    return hashlib.blake2b(raw, digest_size=6).digest() + raw[:1] + _CODES[what]
 
 
-def collective_pushpull(
-    channel: Channel, server: Server, key: Any, parts: tuple[Partition, ...], op: ReduceOp,
-    value: np.ndarray, target: np.ndarray,
-) -> None:  # fmt: skip
-    """One round of ``key``: every worker's flat ``value`` combined, updated on its servers, into ``target``.
+def _in_rank_order(parts: tuple[Partition, ...]) -> bool:
+    return all(a.server <= b.server for a, b in itertools.pairwise(parts))
 
-    Where the servers keep the aggregate as it is (``sync`` with no updater or
-    optimizer), this is one allreduce, after which each server stores its
-    partitions of the result. Otherwise, where the partitions lie in runs in
-    rank order (a value cut into at least as many partitions as servers, or
-    one partition), each server's run is its share of a reduce-scatter, updated
-    there, and the updated runs come back by an all-gather; partitions out of
-    rank order go one by one, a reduce to their server and a broadcast from it.
-    The collectives combine in a fixed order, so the result has the same bits
-    on every rank and every run. Collective over the workers, who are all the ranks.
+
+class Rounds:
+    """A store's ``sync`` rounds over colocated servers, run as collectives over every worker (all ranks).
+
+    Every worker calls :meth:`push`, :meth:`pull` and :meth:`pushpull` for the
+    same keys in the same order. Where the servers keep a round's aggregate as it
+    is (no updater or optimizer) and the value is small (:data:`WHOLE_BYTES`), a
+    push is one allreduce, after which each server stores its partitions and the
+    worker keeps the whole result at hand for the pull that follows (which then
+    sends nothing). Otherwise, where the
+    partitions lie in runs in rank order (a value cut into at least as many
+    partitions as servers, or one partition), a push is a reduce-scatter whose
+    shares the servers update, and a pull an all-gather of the servers' runs;
+    partitions out of rank order go one by one, a reduce to their server and a
+    broadcast from it. The collectives combine in a fixed order, so the result
+    has the same bits on every rank and every run.
     """
-    from .. import api
 
-    comm, rank = channel.comm, channel.rank
-    raw = key_bytes(key)
-    try:
-        if server.assigns:
-            # the stored value simply becomes the aggregate: one allreduce, and each server keeps its part
-            api.allreduce(value, op, out=target, comm=comm)
-            server.apply_round(raw, [p for p in parts if p.server == rank], target, 0)
-            return
-        if all(a.server <= b.server for a, b in itertools.pairwise(parts)):
-            counts = [0] * channel.size
+    def __init__(self, channel: Channel, server: Server, op: ReduceOp) -> None:
+        self._channel = channel
+        self._server = server
+        self._op = op
+        # per raw key: the last push's result buffer (the whole value, or this server's updated run),
+        # kept for the next push; in _fresh while it is this round's, mapped to whether it is the whole
+        self._buffers: dict[bytes, np.ndarray] = {}
+        self._fresh: dict[bytes, bool] = {}
+
+    def push_keys(self, items: list[tuple[Any, KeyInfo, Any]]) -> None:
+        """:meth:`push` each (key, its info, value), every value checked before any round runs."""
+        rank = self._channel.rank
+        flats = [checked_value(k, meta, v, rank) for k, meta, v in items]
+        for (k, meta, _), flat in zip(items, flats, strict=True):
+            self.push(k, meta.parts, flat)
+            meta.pushes += 1
+
+    def pull_keys(self, items: list[tuple[Any, KeyInfo, Any]], report: bool) -> list[Any]:
+        """:meth:`pull` each (key, its info, out or ``None``): values, or :class:`Pulled` with ``report``."""
+        got: list[Any] = []
+        for k, meta, out in items:
+            flat = None if out is None else checked_value(k, meta, out, self._channel.rank, out=True)
+            pulled = self.pull(k, meta.parts, flat, meta.dtype, meta.pushes)
+            value = pulled.reshape(meta.shape) if out is None else out
+            got.append(Pulled(value, (meta.pushes,) * len(meta.parts)) if report else value)
+        return got
+
+    def pushpull_keys(self, items: list[tuple[Any, KeyInfo, Any, Any]]) -> list[np.ndarray]:
+        """:meth:`pushpull` each (key, its info, value, out or ``None``), every value checked first."""
+        rank = self._channel.rank
+        rounds, results = [], []
+        for k, meta, value, out in items:
+            target = np.empty(meta.shape, meta.dtype) if out is None else out
+            flat, flat_target = (
+                checked_value(k, meta, value, rank),
+                checked_value(k, meta, target, rank, out=True),
+            )
+            rounds.append((k, meta, flat, flat_target))
+            results.append(target)
+        for k, meta, flat, flat_target in rounds:
+            self.pushpull(k, meta.parts, flat, flat_target)
+            meta.pushes += 1
+        return results
+
+    def push(self, key: Any, parts: tuple[Partition, ...], value: np.ndarray) -> None:
+        """This worker's round of ``key``: ``value`` (flat) combined with every worker's, updated."""
+        from .. import api
+
+        raw = key_bytes(key)
+        comm, rank = self._channel.comm, self._channel.rank
+        self._fresh.pop(raw, None)
+        whole = self._server.assigns and value.nbytes <= WHOLE_BYTES
+        with self._calls(key, "push"):
+            if whole:
+                result = self._buffer(raw, value.size, value.dtype)
+                api.allreduce(value, self._op, out=result, comm=comm, check=True)
+                self._server.apply_round(raw, [p for p in parts if p.server == rank], result, 0)
+            elif _in_rank_order(parts):
+                counts, held, start = self._runs(parts)
+                share = self._buffer(raw, counts[rank], value.dtype)
+                api.reduce_scatter(value, self._op, counts=counts, out=share, comm=comm, check=True)
+                self._server.apply_round(raw, held, share, start)
+            else:
+                for p in parts:
+                    piece = np.empty(p.hi - p.lo, value.dtype)
+                    api.reduce(value[p.lo : p.hi], self._op, root=p.server, out=piece, comm=comm, check=True)
+                    if rank == p.server:
+                        self._server.apply_round(raw, [p], piece, p.lo)
+                return  # a pull broadcasts the stored partitions
+        self._fresh[raw] = whole
+
+    def pull(
+        self,
+        key: Any,
+        parts: tuple[Partition, ...],
+        target: np.ndarray | None,
+        dtype: np.dtype[Any],
+        rounds: int,
+    ) -> np.ndarray:
+        """The value of ``key`` (flat) into ``target`` or a new array, after its first ``rounds`` rounds."""
+        from .. import api
+
+        raw = key_bytes(key)
+        comm, rank = self._channel.comm, self._channel.rank
+        fresh = self._fresh.pop(raw, None)
+        if fresh:  # the push's allreduce left the whole value here
+            whole = self._buffers[raw]
+            if target is None:
+                del self._buffers[raw]  # the caller's now
+                return whole
+            target[...] = whole
+            return target
+        result = np.empty(max((p.hi for p in parts), default=0), dtype) if target is None else target
+        with self._calls(key, "pull"):
+            if _in_rank_order(parts):
+                counts, held, start = self._runs(parts)
+                if fresh is False:  # the push's reduce-scatter left this server's updated run here
+                    share = self._buffers[raw]
+                else:
+                    share = self._stored(key, held, start, counts[rank], dtype, rounds)
+                api.allgather(share, counts=counts, out=result, comm=comm, check=True)
+                return result
             for p in parts:
-                counts[p.server] += p.hi - p.lo
-            held = [p for p in parts if p.server == rank]
-            start = held[0].lo if held else 0
-            share = target[start : start + counts[rank]]  # reduced, updated and gathered in place
-            api.reduce_scatter(value, op, counts=counts, out=share, comm=comm)
-            server.apply_round(raw, held, share, start)
-            api.allgather(share, counts=counts, out=target, comm=comm)
-            return
+                piece = result[p.lo : p.hi]
+                if rank == p.server:
+                    piece[...] = self._stored(key, [p], p.lo, p.hi - p.lo, dtype, rounds)
+                api.broadcast(piece, root=p.server, out=piece, comm=comm, check=True)
+        return result
+
+    def pushpull(self, key: Any, parts: tuple[Partition, ...], value: np.ndarray, target: np.ndarray) -> None:
+        """:meth:`push` then :meth:`pull` as one: the updated runs come back by the all-gather at once."""
+        from .. import api
+
+        raw = key_bytes(key)
+        comm, rank = self._channel.comm, self._channel.rank
+        self._fresh.pop(raw, None)
+        with self._calls(key, "pushpull"):
+            if self._server.assigns:
+                # the stored value simply becomes the aggregate: one allreduce, and each server keeps its part
+                api.allreduce(value, self._op, out=target, comm=comm, check=True)
+                self._server.apply_round(raw, [p for p in parts if p.server == rank], target, 0)
+            elif _in_rank_order(parts):
+                counts, held, start = self._runs(parts)
+                share = target[start : start + counts[rank]]  # reduced, updated and gathered in place
+                api.reduce_scatter(value, self._op, counts=counts, out=share, comm=comm, check=True)
+                self._server.apply_round(raw, held, share, start)
+                api.allgather(share, counts=counts, out=target, comm=comm, check=True)
+            else:
+                for p in parts:
+                    piece = target[p.lo : p.hi]
+                    api.reduce(value[p.lo : p.hi], self._op, root=p.server, out=piece, comm=comm, check=True)
+                    if rank == p.server:
+                        self._server.apply_round(raw, [p], piece, p.lo)
+                    api.broadcast(piece, root=p.server, out=piece, comm=comm, check=True)
+
+    def _buffer(self, raw: bytes, count: int, dtype: np.dtype[Any]) -> np.ndarray:
+        """The key's result buffer of ``count`` elements, reused from its last push where it fits."""
+        buffer = self._buffers.get(raw)
+        if buffer is None or buffer.size != count or buffer.dtype != dtype:
+            buffer = self._buffers[raw] = np.empty(count, dtype)
+        return buffer
+
+    def _runs(self, parts: tuple[Partition, ...]) -> tuple[list[int], list[Partition], int]:
+        """Each server's elements of the key, the partitions this rank's server holds, where they start."""
+        counts = [0] * self._channel.size
         for p in parts:
-            piece = target[p.lo : p.hi]
-            api.reduce(value[p.lo : p.hi], op, root=p.server, out=piece, comm=comm)
-            if rank == p.server:
-                server.apply_round(raw, [p], piece, p.lo)
-            api.broadcast(piece, root=p.server, out=piece, comm=comm)
-    except CollectiveTimeout as error:
-        if isinstance(error, KVStoreTimeout):
-            raise
-        raise KVStoreTimeout(
-            f"pushpull of key {key!r} on rank {rank}: workers {list(error.peers)} did not take part "
-            f"within the timeout ({error})",
-            key=key,
-            workers=error.peers,
-        ) from error
+            counts[p.server] += p.hi - p.lo
+        held = [p for p in parts if p.server == self._channel.rank]
+        return counts, held, held[0].lo if held else 0
+
+    def _stored(
+        self, key: Any, held: list[Partition], start: int, count: int, dtype: np.dtype[Any], rounds: int
+    ) -> np.ndarray:
+        """This server's partitions ``held`` of ``key`` after ``rounds`` rounds, as one run from ``start``.
+
+        A round pushed by messages (``rows=``) completes on the server thread: wait for it.
+        """
+        raw, server = key_bytes(key), self._server
+        deadline = time.monotonic() + self._channel.timeout
+        pause = 1e-5
+        while True:
+            with server.lock:
+                stored = [server.parts[(raw, p.index)] for p in held]
+                if all(part.round >= rounds for part in stored):
+                    run = np.empty(count, dtype)
+                    for p, part in zip(held, stored, strict=True):
+                        run[p.lo - start : p.hi - start] = part.value
+                    return run
+            if time.monotonic() > deadline:
+                raise KVStoreTimeout(
+                    f"pull of key {key!r} on rank {self._channel.rank}: its server waited "
+                    f"{self._channel.timeout:g} s for round {rounds - 1}",
+                    key=key,
+                )
+            time.sleep(pause)
+            pause = min(2 * pause, 1e-3)
+
+    @contextmanager
+    def _calls(self, key: Any, what: str) -> Iterator[None]:
+        """The store's collectives of ``what`` for ``key``, tagged with it; their errors named."""
+        channel = self._channel
+        mine = key_tag(key, what)
+        channel.tag_calls(mine)
+        try:
+            yield
+        except MismatchError as error:
+            named = _named(error, key, what, mine, channel.rank)
+            if named is None:
+                raise
+            raise named from error
+        except CollectiveTimeout as error:
+            if isinstance(error, KVStoreTimeout):
+                raise
+            raise KVStoreTimeout(
+                f"{what} of key {key!r} on rank {channel.rank}: workers {list(error.peers)} did not take "
+                f"part within the timeout ({error})",
+                key=key,
+                workers=error.peers,
+            ) from error
+        finally:
+            channel.tag_calls(b"")
+
+
+def _named(error: MismatchError, key: Any, what: str, mine: bytes, rank: int) -> KeyMismatchError | None:
+    """The error naming the key and the workers whose call differs, where the tags tell; else ``None``."""
+    tags = error.fields.get("tag")
+    if not tags:
+        return None
+    clauses = []
+    for text, ranks in tags.items():
+        if text == mine.hex():
+            continue
+        theirs = bytes.fromhex(text) if text != "none" else b""
+        if len(theirs) < len(mine):
+            clauses.append(f"workers {list(ranks)} called a collective outside the store")
+        elif theirs[:7] == mine[:7]:
+            clauses.append(f"workers {list(ranks)} {_DONE.get(theirs[7], '?')} it")
+        else:
+            kind = _TYPES.get(theirs[6], "?")
+            clauses.append(f"workers {list(ranks)} {_DONE.get(theirs[7], '?')} another key (of type {kind})")
+    return KeyMismatchError(
+        f"{what} of key {key!r} ({type(key).__name__}) on rank {rank}: {'; '.join(clauses)} in the same "
+        "round; with collective rounds every worker pushes and pulls the same keys in the same order"
+    )

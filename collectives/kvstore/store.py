@@ -18,7 +18,7 @@ from ..errors import (
 from ..ops import ReduceOp, get_op
 from ._adapter import Channel, open_channel
 from ._wire import Kind, check_key
-from .collective import agree_key, collective_pushpull
+from .collective import Rounds
 from .handles import Handle, Pulled, Request, checked_value, claimed, filler
 from .layout import DEFAULT_PARTITION_BYTES, Roles
 from .link import GRACE_S, Link
@@ -66,7 +66,7 @@ class KVStore:
         self._keys = self._link.keys
         self._send = self._link.send
         self._meta = self._link.meta
-        self._collective = collective and mode == "sync" and not roles.dedicated
+        self._rounds: Rounds | None = None  # sync rounds by collectives: see create(collective=)
         self.claim = self._link.claim  # one thread's call at a time
 
     @property
@@ -176,6 +176,9 @@ class KVStore:
             handle = push_rows(self._link, key, value, rows)
             return handle if not block else handle.wait()
         keys, values = self._pairs(key, value)
+        if self._rounds is not None:
+            self._rounds.push_keys([(k, self._meta(k), v) for k, v in zip(keys, values, strict=True)])
+            return None if block else Handle(self._link, [], lambda: None)
         requests = []
         for k, v in zip(keys, values, strict=True):
             meta = self._meta(k)
@@ -209,6 +212,11 @@ class KVStore:
             handle = pull_rows(self._link, key, out, rows, report)
             return handle if not block else handle.wait()
         keys, outs = self._outs("pull", key, out)
+        if self._rounds is not None:
+            items = [(k, self._meta(k), o) for k, o in zip(keys, outs, strict=True)]
+            got = self._rounds.pull_keys(items, report)
+            done = got if isinstance(key, list | tuple) else got[0]
+            return done if block else Handle(self._link, [], lambda: done)
         requests: list[Request] = []
         results: list[np.ndarray] = []
         stamps: list[list[int]] = []
@@ -246,36 +254,22 @@ class KVStore:
 
         In ``sync`` mode over colocated servers (unless ``create(collective=False)``)
         this is one round of collectives over all workers (see
-        :func:`~collectives.kvstore.collective.collective_pushpull`): every worker
-        calls it for the same keys in the same round, and a worker that does not
-        (or has closed) makes it fail with :class:`~collectives.KVStoreTimeout`
-        naming it. Otherwise the push and the pull are sent together.
+        :class:`~collectives.kvstore.collective.Rounds`), as :meth:`push` and
+        :meth:`pull` are there. Otherwise the push and the pull are sent together.
         """
-        if self._collective and rows is None:
-            return self._collective_pushpull(key, value, out, block)
+        if self._rounds is not None and rows is None:
+            keys, values = self._pairs(key, value)
+            _, outs = self._outs("pushpull", key, out)
+            items = [(k, self._meta(k), v, o) for k, v, o in zip(keys, values, outs, strict=True)]
+            got = self._rounds.pushpull_keys(items)
+            done = got if isinstance(key, list | tuple) else got[0]
+            return done if block else Handle(self._link, [], lambda: done)
         if rows is None:
             self._outs("pushpull", key, out)  # a bad out raises before the push goes, which would be applied
         first = self.push(key, value, rows=rows, block=False)
         second = self.pull(key, out, rows=rows, block=False)
         handle = Handle(self._link, first._requests + second._requests, second._result)
         return handle if not block else handle.wait()
-
-    def _collective_pushpull(self, key: Any, value: Any, out: Any, block: bool) -> Any:
-        keys, values = self._pairs(key, value)
-        _, outs = self._outs("pushpull", key, out)
-        assert self._server is not None
-        results = []
-        for k, v, o in zip(keys, values, outs, strict=True):
-            meta = self._meta(k)
-            flat = checked_value(k, meta, v, self.rank)
-            target = np.empty(meta.shape, meta.dtype) if o is None else o
-            flat_target = checked_value(k, meta, target, self.rank, out=True)
-            agree_key(self._channel, k)  # so that no worker's round of one key meets another key's
-            meta.pushes += 1
-            collective_pushpull(self._channel, self._server, k, meta.parts, self._op, flat, flat_target)
-            results.append(target)
-        result = results if isinstance(key, list | tuple) else results[0]
-        return result if block else Handle(self._link, [], lambda: result)
 
     # server-side updates
 
@@ -502,9 +496,12 @@ def create(
         updater: ``fn(key, received, stored)`` run on the servers (see :meth:`KVStore.set_updater`).
         timeout: seconds a server waits for a missing worker before failing the
             wait with :class:`~collectives.KVStoreTimeout` naming it; the communicator's by default.
-        collective: in ``sync`` mode over colocated servers, run :meth:`KVStore.pushpull`
-            as a reduce-scatter and an all-gather (the fast path); ``False`` sends
-            messages to the servers, as every other mode does.
+        collective: in ``sync`` mode over colocated servers, run push, pull and
+            pushpull as collectives over every worker (see docs/kvstore.md and
+            :class:`~collectives.kvstore.collective.Rounds`): every worker makes the
+            same calls in the same order, and none closes while the others go on.
+            ``False`` sends messages to the servers, as every other mode (and
+            ``rows=``) does, for workers that push and pull at will.
 
     Raises:
         ConfigurationError: an unknown mode, a negative staleness, too many servers,
@@ -534,6 +531,8 @@ def create(
         server = Server(channel, mode, staleness, roles.worker_ranks, reduce_op)
         server.updater = updater
         store._link.server = server
+        if collective and mode == "sync" and not roles.dedicated:
+            store._rounds = Rounds(channel, server, reduce_op)
         if not roles.is_worker(rank):
             store._closed = True
             try:
