@@ -280,6 +280,15 @@ class Call:
         if pending is not None:
             shared.post(pending.packed)
         shared.arrive(note)
+        self.arrived(shared, passed, ranks)
+
+    def arrived(self, shared: SharedMemory, passed: int = 0, ranks: tuple[int, ...] | None = None) -> None:
+        """The waiting half of :meth:`barrier`: this rank has arrived at barrier number ``passed``.
+
+        For a caller that arrives by itself and waits here only when its peers were
+        not all there at once (a persistent call's start, :mod:`collectives.persistent`).
+        """
+        pending = self.pending
         if not self._warned:
             missing = shared.wait(max(min(self._warn_at, self._deadline) - time.monotonic(), 0.0))
             if missing and shared.broken_by() is not None:

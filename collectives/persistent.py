@@ -1,0 +1,417 @@
+"""Persistent collectives (``allreduce_init`` ...): checks, choice and agreement once, then many starts.
+
+As MPI 4's ``MPI_Allreduce_init``: ``p = allreduce_init(x, out=x, comm=comm)``
+checks the arguments, agrees on the call with the other ranks (collective: every
+rank calls it, in the same order as its other collectives) and chooses the
+algorithm; then each ``p()``, or ``p.start()`` ... ``p.wait()``, runs the
+collective on the buffers' contents at that moment and returns the result (the
+same array every time: ``out``, or one made at init).
+
+A start still keeps every safety a plain call has: it claims the communicator
+against other threads, is numbered, and unless checking is off its signature
+(with that number) is compared with the other ranks', so a rank that skipped a
+start raises :class:`~collectives.MismatchError` at its next one instead of
+pairing wrong data, and every wait is bounded by the communicator's timeout. An
+allreduce on one node's shared memory starts on a lean path: the signature
+travels with the executor's one barrier and the call's flight-recorder entry is
+made only where a peer was not there at once (or the start failed); with
+``$COLLECTIVES_DEBUG`` or an armed ``$COLLECTIVES_FAULT``, and everywhere else, a
+start runs the plain call, whose decisions the init's agreement already made.
+"""
+
+__all__ = ["Persistent", "allgather_init", "allreduce_init", "broadcast_init", "reduce_scatter_init"]
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from . import api
+from .buffers import allreduce_job, broadcast_job, gather_job, reduce_scatter_job
+from .call import Call
+from .communicator import Communicator, communicator_of
+from .dispatch import Job, checked, decide
+from .errors import FreedCommunicatorError, InvalidBufferError, PersistentStateError
+from .faults import PLAN as FAULTS
+from .ops import ReduceOp
+from .requests import Request, settle, start
+from .requests import busy as started
+from .selector import AUTO
+from .transport.base import SharedMemory
+from .watchdog import Guard
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+    from .backends import ArrayBackend
+    from .execute_shared import SharedExecutor
+
+_SPIN_S = 0.001
+"""How long a lean start waits at a barrier before it makes its Call: its deadline, warnings and record.
+
+Most barriers are passed well within it; past it the Call's deadline (from then) bounds the wait.
+"""
+
+
+class Persistent:
+    """A collective checked and agreed on once, run by each :meth:`start` (or call) on its buffers.
+
+    Attributes:
+        collective: the collective's name.
+        algorithm: the algorithm its starts run (a name, not ``"auto"``).
+        starts: how many times it has started.
+    """
+
+    __slots__ = (
+        "_arrays",
+        "_group",
+        "_plain",
+        "_request",
+        "_shared",
+        "algorithm",
+        "collective",
+        "starts",
+    )
+
+    def __init__(
+        self,
+        collective: str,
+        group: Communicator,
+        algorithm: str,
+        plain: Callable[[], Any],
+        arrays: Sequence[Any],
+    ) -> None:
+        self.collective = collective
+        self.algorithm = algorithm
+        self.starts = 0
+        self._group = group
+        self._plain = plain
+        self._shared: _SharedAllreduce | None = None
+        self._request: Request | None = None
+        distinct = [a for i, a in enumerate(arrays) if a is not None and all(a is not b for b in arrays[:i])]
+        self._arrays = tuple((a, a.shape, a.dtype) for a in distinct)
+
+    def __call__(self) -> Any:
+        """Run the collective now on the buffers' contents; its result (the same array every start).
+
+        Raises:
+            PersistentStateError: a :meth:`start` is waiting for its :meth:`wait`.
+            InvalidBufferError: a buffer's shape or dtype changed since the init.
+        """
+        if self._request is not None:
+            raise PersistentStateError(
+                f"persistent {self.collective} was started and not waited for; call wait() first"
+            )
+        self._fits()
+        if started:  # calls started on some communicator: those on this one go first
+            settle(self._group)
+        self.starts += 1
+        shared = self._shared
+        if shared is not None and not FAULTS.armed and not shared.watchdog.debug:
+            return shared.run()
+        return self._plain()
+
+    def start(self) -> None:
+        """Start the collective on the buffers' contents now; :meth:`wait` for its result.
+
+        The buffers belong to the call until :meth:`wait` returns, as a non-blocking
+        call's do (:mod:`collectives.nonblocking`).
+
+        Raises:
+            PersistentStateError: it was started already and not waited for.
+            FreedCommunicatorError: its communicator was freed.
+            InvalidBufferError: a buffer's shape or dtype changed since the init.
+        """
+        if self._request is not None:
+            raise PersistentStateError(
+                f"persistent {self.collective} was started twice without a wait; call wait() first"
+            )
+        if self._group.watchdog.freed:
+            raise FreedCommunicatorError(
+                f"rank {self._group.rank}: persistent {self.collective}'s communicator was freed"
+            )
+        self._fits()
+        self.starts += 1
+        shared = self._shared
+        fast = shared is not None and not FAULTS.armed and not shared.watchdog.debug
+        run = shared.run if fast and shared is not None else self._plain
+        self._request = start(self._group, self.collective, lambda group: run())
+
+    def wait(self) -> Any:
+        """Wait for the started collective; its result. Bounded by the communicator's timeout.
+
+        Raises:
+            PersistentStateError: it was not started.
+            Exception: the call's error, if it failed.
+        """
+        request = self._request
+        if request is None:
+            raise PersistentStateError(f"persistent {self.collective} was not started; call start() first")
+        self._request = None
+        return request.wait()
+
+    def test(self) -> bool:
+        """Whether the started collective has completed (then :meth:`wait` returns at once)."""
+        request = self._request
+        if request is None:
+            raise PersistentStateError(f"persistent {self.collective} was not started; call start() first")
+        return request.test()
+
+    @property
+    def lean(self) -> bool:
+        """Whether its starts take the lean shared-memory path (else each runs the plain call)."""
+        return self._shared is not None
+
+    @property
+    def active(self) -> bool:
+        """Whether it was started and not yet waited for."""
+        return self._request is not None
+
+    def _fits(self) -> None:
+        """Raise if a buffer was reshaped or given another dtype since the init."""
+        for array, shape, dtype in self._arrays:
+            if array.shape != shape or array.dtype != dtype:
+                raise InvalidBufferError(
+                    f"persistent {self.collective}: a buffer of shape {shape} and dtype {dtype} at init is "
+                    f"now of shape {array.shape} and dtype {array.dtype}; make a new one with the *_init call"
+                )
+
+    def __repr__(self) -> str:
+        state = "started" if self._request is not None else "inactive"
+        return f"<Persistent {self.collective} {self.algorithm} {state}, {self.starts} starts>"
+
+
+class _SharedAllreduce:
+    """An allreduce's start on the shared-memory executor, its signature carried by the first barrier."""
+
+    __slots__ = (
+        "_barriers",
+        "_call",
+        "_checking",
+        "_pending",
+        "_sequence",
+        "averages",
+        "backend",
+        "executor",
+        "executor_name",
+        "guard",
+        "op",
+        "result",
+        "size",
+        "source",
+        "watchdog",
+        "work",
+    )
+
+    def __init__(
+        self,
+        group: Communicator,
+        executor: "SharedExecutor",
+        guard: Guard,
+        check: bool | None,
+        job: Job,
+        result: Any,
+        algorithm: str,
+    ) -> None:
+        watchdog = group.watchdog
+        op = job.op
+        assert op is not None  # an allreduce reduces
+        self.watchdog = watchdog
+        self.executor = executor
+        self.executor_name = algorithm
+        self.guard = guard
+        self.backend: ArrayBackend = job.backend
+        self.op: ReduceOp = op
+        self.averages = op.averages
+        self.size = group.size
+        self.work = job.work
+        self.source = job.work if job.source is None else job.source
+        self.result = result
+        self._checking = (watchdog.check if check is None else check) and group.size > 1
+        self._pending = False
+        self._sequence = 0
+        self._barriers = 0
+        self._call: Call | None = None
+
+    def run(self) -> Any:
+        watchdog = self.watchdog
+        watchdog.claim("allreduce")
+        sequence = watchdog.sequence
+        watchdog.sequence = sequence + 1
+        self._sequence = sequence
+        self._barriers = 0
+        self._call = None
+        if self._checking:
+            self.guard.stamp(sequence)
+            self._pending = True
+        try:
+            self.executor.allreduce(self.backend, self.work, self.source, self.op, self.barrier)
+        except BaseException as error:
+            failed = self._call or self._record()
+            failed.pending = None  # the error is the call's, whatever its signature
+            watchdog.end(failed, error)
+            raise
+        call = self._call
+        if call is None:
+            watchdog.release()
+        else:
+            watchdog.end(call)
+        if self.averages:
+            self.backend.divide(self.work, self.size)
+        return self.result
+
+    def barrier(
+        self, shared: SharedMemory, note: Sequence[int] = (), ranks: tuple[int, ...] | None = None
+    ) -> None:
+        """The executor's barrier: the signature goes with the first; a long wait is a Call's."""
+        passed = self._barriers
+        self._barriers = passed + 1
+        pending = self._pending
+        if pending:
+            shared.post(self.guard.packed)
+        shared.arrive(note)
+        call = self._call
+        if call is None and not shared.wait(_SPIN_S):
+            if pending:
+                self._pending = False
+                self.watchdog.compare_posted(shared, self.guard, self._sequence)
+            return
+        if call is None:
+            call = self._record()
+        if pending:
+            self._pending = False
+            call.pending = self.guard
+        call.arrived(shared, passed, ranks)
+
+    def _record(self) -> Call:
+        """The start's Call, made when it must wait (or failed): its deadline, warnings and record."""
+        watchdog = self.watchdog
+        call = self._call = Call(watchdog, self.guard.signature, self._sequence)
+        call.algorithm = self.executor_name
+        watchdog.recorder.append(call)
+        return call
+
+
+def _group(comm: "Communicator | MPI.Comm | None") -> Communicator:
+    if isinstance(comm, Communicator) and comm.watchdog.freed:
+        raise FreedCommunicatorError(f"rank {comm.rank}: this communicator was freed; make a new one")
+    group = communicator_of(comm)
+    if started:
+        settle(group)
+    return group
+
+
+def allreduce_init(
+    x: Any,
+    op: "str | ReduceOp" = "sum",
+    *,
+    out: Any = None,
+    algorithm: str = AUTO,
+    comm: "Communicator | MPI.Comm | None" = None,
+    check: bool | None = None,
+) -> Persistent:
+    """A persistent :func:`~collectives.allreduce` of ``x`` into ``out``; collective.
+
+    Arguments as for :func:`~collectives.allreduce`. Without ``out`` the result
+    goes to an array made here, returned by every start.
+
+    Raises:
+        MismatchError: on every rank, when the ranks' inits differ.
+    """
+    group = _group(comm)
+    if out is None and hasattr(x, "shape") and hasattr(x, "dtype"):
+        out = checked(group, "allreduce", algorithm, check, _like, x)
+    job = checked(group, "allreduce", algorithm, check, allreduce_job, x, op, out, check, None)
+    chosen, executor, guard = decide(group, job, check)
+    target = out
+
+    def plain() -> Any:
+        return api.allreduce(x, op, out=target, algorithm=algorithm, comm=group, check=check)
+
+    persistent = Persistent("allreduce", group, chosen, plain, (x, out))
+    lean = (
+        executor is not None
+        and job.backend.name == "numpy"
+        and job.in_out
+        and (out is x or job.source is not None)
+        and group.watchdog.shared is not None
+        and job.collective == "allreduce"
+    )
+    if lean and executor is not None:
+        persistent._shared = _SharedAllreduce(group, executor, guard, check, job, out, chosen)
+    return persistent
+
+
+def _like(group: Communicator, algorithm: str, x: Any) -> Any:
+    """A result array of ``x``'s shape and dtype (an allreduce's, when the init has no ``out``)."""
+    from .backends import backend_for
+
+    return backend_for(x).empty(x.size, x).reshape(x.shape)
+
+
+def reduce_scatter_init(
+    x: Any,
+    op: "str | ReduceOp" = "sum",
+    *,
+    counts: Sequence[int] | None = None,
+    out: Any = None,
+    algorithm: str = AUTO,
+    comm: "Communicator | MPI.Comm | None" = None,
+    check: bool | None = None,
+) -> Persistent:
+    """A persistent :func:`~collectives.reduce_scatter`; collective. Arguments as for it."""
+    group = _group(comm)
+    job = checked(group, "reduce_scatter", algorithm, check, reduce_scatter_job, x, op, counts, out, None)
+    chosen, _, _ = decide(group, job, check)
+    target = [job.out]  # this rank's share, made by the checks when not given
+
+    def plain() -> Any:
+        return api.reduce_scatter(
+            x, op, counts=counts, out=target[0], algorithm=algorithm, comm=group, check=check
+        )
+
+    return Persistent("reduce_scatter", group, chosen, plain, (x, target[0]))
+
+
+def allgather_init(
+    x: Any,
+    *,
+    counts: Sequence[int] | None = None,
+    out: Any = None,
+    algorithm: str = AUTO,
+    comm: "Communicator | MPI.Comm | None" = None,
+    check: bool | None = None,
+) -> Persistent:
+    """A persistent :func:`~collectives.allgather`; collective. Arguments as for it."""
+    group = _group(comm)
+    job = checked(group, "allgather", algorithm, check, gather_job, "allgather", x, -1, counts, out)
+    chosen, _, _ = decide(group, job, check)
+    target = [out]
+
+    def plain() -> Any:
+        result = api.allgather(x, counts=counts, out=target[0], algorithm=algorithm, comm=group, check=check)
+        target[0] = result  # later starts write into the first one's result
+        return result
+
+    return Persistent("allgather", group, chosen, plain, (x, out))
+
+
+def broadcast_init(
+    x: Any,
+    root: int = 0,
+    *,
+    out: Any = None,
+    algorithm: str = AUTO,
+    comm: "Communicator | MPI.Comm | None" = None,
+    check: bool | None = None,
+) -> Persistent:
+    """A persistent :func:`~collectives.broadcast`; collective. Arguments as for it."""
+    group = _group(comm)
+    job = checked(group, "broadcast", algorithm, check, broadcast_job, x, root, out)
+    chosen, _, _ = decide(group, job, check)
+    target = [out]
+
+    def plain() -> Any:
+        result = api.broadcast(x, root, out=target[0], algorithm=algorithm, comm=group, check=check)
+        target[0] = result  # later starts write into the first one's result
+        return result
+
+    return Persistent("broadcast", group, chosen, plain, (x, out))
