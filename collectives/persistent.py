@@ -68,6 +68,7 @@ class Persistent:
         "_shared",
         "algorithm",
         "collective",
+        "rebinder",
         "starts",
     )
 
@@ -86,6 +87,7 @@ class Persistent:
         self._plain = plain
         self._shared: _SharedAllreduce | None = None
         self._request: Request | None = None
+        self.rebinder: Callable[[Any, Any, Job | None], None] | None = None
         distinct = [a for i, a in enumerate(arrays) if a is not None and all(a is not b for b in arrays[:i])]
         self._arrays = tuple((a, a.shape, a.dtype) for a in distinct)
 
@@ -154,6 +156,30 @@ class Persistent:
         if request is None:
             raise PersistentStateError(f"persistent {self.collective} was not started; call start() first")
         return request.test()
+
+    def rebind(self, x: Any, out: Any = None) -> None:
+        """Run the later starts on ``x`` (and ``out``) instead: buffers of the init's shapes and dtypes.
+
+        Local, not collective: the ranks agreed on shapes and dtypes, not on where
+        the buffers lie, so each may rebind its own alone (a training loop's
+        buckets whose memory moved). An allreduce's only; ``out`` as at the init
+        (none for one in place, or to keep the result array made there).
+
+        Raises:
+            PersistentStateError: it is started, or not an allreduce.
+            InvalidBufferError: a buffer is not of the init's shape and dtype, or fails the init's checks.
+        """
+        if self._request is not None:
+            raise PersistentStateError(f"persistent {self.collective} is started; wait() before rebind()")
+        if self.rebinder is None:
+            raise PersistentStateError(f"persistent {self.collective} cannot be rebound; make a new one")
+        self.rebinder(x, out, None)
+
+    def bound(self, arrays: Sequence[Any], lean: "_SharedAllreduce | None") -> None:
+        """Take ``arrays`` as the buffers to check at each start, and ``lean`` as the start's path."""
+        distinct = [a for i, a in enumerate(arrays) if a is not None and all(a is not b for b in arrays[:i])]
+        self._arrays = tuple((a, a.shape, a.dtype) for a in distinct)
+        self._shared = lean
 
     @property
     def lean(self) -> bool:
@@ -317,26 +343,47 @@ def allreduce_init(
         MismatchError: on every rank, when the ranks' inits differ.
     """
     group = _group(comm)
+    in_place = out is x
     if out is None and hasattr(x, "shape") and hasattr(x, "dtype"):
         out = checked(group, "allreduce", algorithm, check, _like, x)
     job = checked(group, "allreduce", algorithm, check, allreduce_job, x, op, out, check, None)
     chosen, executor, guard = decide(group, job, check)
-    target = out
+    buffers = [x, out]
 
     def plain() -> Any:
-        return api.allreduce(x, op, out=target, algorithm=algorithm, comm=group, check=check)
+        return api.allreduce(buffers[0], op, out=buffers[1], algorithm=algorithm, comm=group, check=check)
 
     persistent = Persistent("allreduce", group, chosen, plain, (x, out))
-    lean = (
-        executor is not None
-        and job.backend.name == "numpy"
-        and job.in_out
-        and (out is x or job.source is not None)
-        and group.watchdog.shared is not None
-        and job.collective == "allreduce"
-    )
-    if lean and executor is not None:
-        persistent._shared = _SharedAllreduce(group, executor, guard, check, job, out, chosen)
+
+    def bind(new: Any, new_out: Any, job: Job | None) -> None:
+        """Point the starts at ``new`` and ``new_out``, of the init's shapes and dtypes (checked locally)."""
+        if job is None:
+            if new_out is None:
+                new_out = new if in_place else out
+            for was, now in ((x, new), (out, new_out)):
+                shape, dtype = getattr(now, "shape", None), getattr(now, "dtype", None)
+                if shape != was.shape or dtype != was.dtype:
+                    raise InvalidBufferError(
+                        f"persistent allreduce: rebind to a buffer of shape {shape} and dtype {dtype}; "
+                        f"the init's is of shape {was.shape} and dtype {was.dtype}"
+                    )
+            job = allreduce_job(group, algorithm, new, op, new_out, check, None)
+        buffers[:] = [new, new_out]
+        lean = (
+            executor is not None
+            and job.backend.name == "numpy"
+            and job.in_out
+            and (new_out is new or job.source is not None)
+            and group.watchdog.shared is not None
+            and job.collective == "allreduce"
+        )
+        path = None
+        if lean and executor is not None:
+            path = _SharedAllreduce(group, executor, guard, check, job, new_out, chosen)
+        persistent.bound((new, new_out), path)
+
+    bind(x, out, job)
+    persistent.rebinder = bind
     return persistent
 
 
