@@ -174,3 +174,25 @@ def test_a_rank_that_never_starts_times_the_others_out(world: MPI.Intracomm) -> 
     world.Barrier()
     comm.free()
     assert_all(timed_out or world.rank == 0, "a start with a missing peer did not time out")
+
+
+def test_rebind_moves_the_starts_to_other_buffers(world: MPI.Intracomm) -> None:
+    comm = collectives.Communicator(world)
+    problems = Problems(world)
+    x = np.ones(5, np.float32)
+    persistent = collectives.allreduce_init(x, out=x, comm=comm)
+    lean = persistent.lean
+    # each rank its own buffer, wherever it lies: local, nothing is agreed
+    y = np.full(5, world.rank + 1, np.float32)
+    expected = mpi_reference("allreduce", y, "sum", world)
+    persistent.rebind(y)
+    problems.expect_equal("rebound", persistent(), expected)
+    problems.expect(bool((x == 1).all()), "the init's buffer was written after the rebind")
+    problems.expect(persistent.lean == lean, "the rebind changed the start's path")
+    with problems.guard("wrong shape"), pytest.raises(collectives.InvalidBufferError, match=r"shape \(6,\)"):
+        persistent.rebind(np.ones(6, np.float32))
+    shares = collectives.reduce_scatter_init(np.ones(2 * world.size), comm=comm)
+    with problems.guard("not an allreduce"), pytest.raises(collectives.PersistentStateError, match="rebound"):
+        shares.rebind(np.ones(2 * world.size))
+    comm.free()
+    problems.check()
