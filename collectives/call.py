@@ -280,6 +280,13 @@ class Call:
         if pending is not None:
             shared.post(pending.packed)
         shared.arrive(note)
+        if not self._warned:  # the common case inline: every rank there before the stall interval
+            missing = shared.wait(max(min(self._warn_at, self._deadline) - time.monotonic(), 0.0))
+            if not missing:
+                if pending is not None:
+                    self.pending = None
+                    self.watchdog.compare_posted(shared, pending, self.sequence)
+                return
         self.arrived(shared, passed, ranks)
 
     def arrived(self, shared: SharedMemory, passed: int = 0, ranks: tuple[int, ...] | None = None) -> None:
