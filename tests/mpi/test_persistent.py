@@ -18,25 +18,24 @@ def test_allreduce_init_every_dtype_and_op(world: MPI.Intracomm, dtype: str, op:
     comm = collectives.Communicator(world)
     problems = Problems(world)
     p, r = world.size, world.rank
-    for count in COUNTS[:3]:
-        for place in ("in place", "out", "new"):
-            label = f"{dtype} {op} count={count} {place}"
-            with problems.guard(label):
-                x = exact_input(op, dtype, count, r, p)
-                out = x if place == "in place" else np.empty_like(x) if place == "out" else None
-                persistent = collectives.allreduce_init(x, op, out=out, comm=comm)
-                for start in range(STARTS):
-                    # the contents at each start are what it reduces
-                    x[...] = exact_input(op, dtype, count, r + start, p)
-                    expected = mpi_reference("allreduce", x, op, world)
-                    if start % 2:
-                        persistent.start()
-                        got = persistent.wait()
-                    else:
-                        got = persistent()
-                    problems.expect_equal(f"{label} start {start}", got, expected)
-                    if out is not None:
-                        problems.expect(got is out, f"{label}: the result is not out")
+    for count, place in [(1, "new"), (7, "in place"), (7, "out"), (3001, "in place")]:
+        label = f"{dtype} {op} count={count} {place}"
+        with problems.guard(label):
+            x = exact_input(op, dtype, count, r, p)
+            out = x if place == "in place" else np.empty_like(x) if place == "out" else None
+            persistent = collectives.allreduce_init(x, op, out=out, comm=comm)
+            for start in range(STARTS):
+                # the contents at each start are what it reduces
+                x[...] = exact_input(op, dtype, count, r + start, p)
+                expected = mpi_reference("allreduce", x, op, world)
+                if start % 2:
+                    persistent.start()
+                    got = persistent.wait()
+                else:
+                    got = persistent()
+                problems.expect_equal(f"{label} start {start}", got, expected)
+                if out is not None:
+                    problems.expect(got is out, f"{label}: the result is not out")
     comm.free()
     problems.check()
 
@@ -194,5 +193,30 @@ def test_rebind_moves_the_starts_to_other_buffers(world: MPI.Intracomm) -> None:
     shares = collectives.reduce_scatter_init(np.ones(2 * world.size), comm=comm)
     with problems.guard("not an allreduce"), pytest.raises(collectives.PersistentStateError, match="rebound"):
         shares.rebind(np.ones(2 * world.size))
+    comm.free()
+    problems.check()
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_allreduce_init_with_and_without_checking_and_a_custom_op(world: MPI.Intracomm, check: bool) -> None:
+    from tests.test_custom_ops import matmul2
+
+    comm = collectives.Communicator(world, check=check)
+    problems = Problems(world)
+    matmul = collectives.Op(matmul2, commutative=False)
+    matrices = np.zeros(4 * 7, np.uint32)
+    product = collectives.allreduce_init(matrices, matmul, comm=comm)
+    x = np.zeros(5, np.int32)
+    total = collectives.allreduce_init(x, out=x, comm=comm)
+    for start in range(STARTS):
+        matrices[:] = np.random.default_rng(10 * start + world.rank).integers(0, 2**31, matrices.size)
+        expected = world.allgather(matrices.copy())
+        ordered = expected[0]
+        for part in expected[1:]:
+            ordered = matmul2(ordered, part)
+        problems.expect_equal(f"matmul start {start}", product(), ordered)
+        x[:] = world.rank + start
+        reference = mpi_reference("allreduce", x, "sum", world)
+        problems.expect_equal(f"sum start {start}", total(), reference)
     comm.free()
     problems.check()
