@@ -7,16 +7,19 @@ algorithm; then each ``p()``, or ``p.start()`` ... ``p.wait()``, runs the
 collective on the buffers' contents at that moment and returns the result (the
 same array every time: ``out``, or one made at init).
 
-A start still keeps every safety a plain call has: it claims the communicator
-against other threads, is numbered, and unless checking is off its signature
-(with that number) is compared with the other ranks', so a rank that skipped a
-start raises :class:`~collectives.MismatchError` at its next one instead of
-pairing wrong data, and every wait is bounded by the communicator's timeout. An
-allreduce on one node's shared memory starts on a lean path: the signature
-travels with the executor's one barrier and the call's flight-recorder entry is
-made only where a peer was not there at once (or the start failed); with
-``$COLLECTIVES_DEBUG`` or an armed ``$COLLECTIVES_FAULT``, and everywhere else, a
-start runs the plain call, whose decisions the init's agreement already made.
+A start keeps the safeties of a plain call: it claims the communicator against
+other threads, is numbered, and unless checking is off its signature (with that
+number) is compared with the other ranks', so a start that meets another call on
+another rank raises :class:`~collectives.MismatchError` on every rank instead of
+pairing wrong data; every wait is bounded by the communicator's timeout, so a rank
+that never starts leaves the others a :class:`~collectives.CollectiveTimeout`.
+
+An allreduce on one node's shared memory starts on a lean path: its signature
+travels with the executor's one barrier; starts in a row share one flight-recorder
+entry (their first and last numbers, and how many); and a start gets a Call of its
+own, with its deadline and stall warning, only where it waits past 1 ms or fails.
+With ``$COLLECTIVES_DEBUG`` or an armed ``$COLLECTIVES_FAULT``, and for every other
+call, a start runs the plain call, on the decisions its init's agreement made.
 """
 
 __all__ = ["Persistent", "allgather_init", "allreduce_init", "broadcast_init", "reduce_scatter_init"]
@@ -26,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import api
 from .buffers import allreduce_job, broadcast_job, gather_job, reduce_scatter_job
-from .call import Call
+from .call import Call, Starts
 from .communicator import Communicator, communicator_of
 from .dispatch import Job, checked, decide
 from .errors import FreedCommunicatorError, InvalidBufferError, PersistentStateError
@@ -213,6 +216,7 @@ class _SharedAllreduce:
         "_call",
         "_checking",
         "_pending",
+        "_record_entry",
         "_sequence",
         "averages",
         "backend",
@@ -256,6 +260,7 @@ class _SharedAllreduce:
         self._sequence = 0
         self._barriers = 0
         self._call: Call | None = None
+        self._record_entry: Starts | None = None
 
     def run(self) -> Any:
         watchdog = self.watchdog
@@ -265,6 +270,14 @@ class _SharedAllreduce:
         self._sequence = sequence
         self._barriers = 0
         self._call = None
+        entry = self._record_entry
+        recorder = watchdog.recorder
+        if entry is not None and recorder and recorder[-1] is entry:  # no other call since: count it in
+            entry.last = sequence
+            entry.starts += 1
+        else:
+            entry = self._record_entry = Starts(self.guard.signature, sequence, self.executor_name)
+            recorder.append(entry)
         if self._checking:
             self.guard.stamp(sequence)
             self._pending = True
@@ -308,10 +321,18 @@ class _SharedAllreduce:
         call.arrived(shared, passed, ranks)
 
     def _record(self) -> Call:
-        """The start's Call, made when it must wait (or failed): its deadline, warnings and record."""
+        """The start's Call, made when it must wait (or failed): its deadline, warnings and own record."""
         watchdog = self.watchdog
         call = self._call = Call(watchdog, self.guard.signature, self._sequence)
         call.algorithm = self.executor_name
+        entry = self._record_entry
+        if entry is not None:  # the call's own record replaces its count in the lean starts' entry
+            if entry.starts == 1 and watchdog.recorder and watchdog.recorder[-1] is entry:
+                watchdog.recorder.pop()
+            else:
+                entry.starts -= 1
+                entry.last -= 1
+        self._record_entry = None
         watchdog.recorder.append(call)
         return call
 

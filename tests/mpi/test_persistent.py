@@ -220,3 +220,23 @@ def test_allreduce_init_with_and_without_checking_and_a_custom_op(world: MPI.Int
         problems.expect_equal(f"sum start {start}", total(), reference)
     comm.free()
     problems.check()
+
+
+def test_lean_starts_in_a_row_share_a_flight_recorder_entry(world: MPI.Intracomm) -> None:
+    comm = collectives.Communicator(world)
+    problems = Problems(world)
+    x = np.ones(3)
+    persistent = collectives.allreduce_init(x, out=x, comm=comm)
+    for _ in range(5):
+        persistent()
+    collectives.barrier(comm)
+    persistent()
+    record = comm.watchdog.flight_record_text()
+    if persistent.lean:
+        # each start may have had to wait, and so have a line of its own: count them all
+        lines = [line for line in record.splitlines() if " allreduce count=3 " in line]
+        counted = sum(int(line.split("starts=")[1].split()[0]) if "starts=" in line else 1 for line in lines)
+        problems.expect(counted == 6, f"{counted} starts recorded, not 6:\n{record}")
+        problems.expect("barrier" in record, record)
+    comm.free()
+    problems.check()
