@@ -1,5 +1,7 @@
 """Persistent collectives (allreduce_init ...) under mpiexec, against mpi4py's own collectives."""
 
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -13,9 +15,19 @@ COUNTS = [1, 7, 3001, 70_001]  # odd; the one-barrier shared-memory path, then i
 STARTS = 3
 
 
+@pytest.fixture(scope="module")
+def shared() -> Iterator[collectives.Communicator]:
+    """One communicator for the many small cases: making one (its shared memory) costs more than they do."""
+    comm = collectives.Communicator(MPI.COMM_WORLD)
+    yield comm
+    comm.free()
+
+
 @pytest.mark.parametrize(("dtype", "op"), DTYPE_OPS)
-def test_allreduce_init_every_dtype_and_op(world: MPI.Intracomm, dtype: str, op: str) -> None:
-    comm = collectives.Communicator(world)
+def test_allreduce_init_every_dtype_and_op(
+    world: MPI.Intracomm, shared: collectives.Communicator, dtype: str, op: str
+) -> None:
+    comm = shared
     problems = Problems(world)
     p, r = world.size, world.rank
     for count, place in [(1, "new"), (7, "in place"), (7, "out"), (3001, "in place")]:
@@ -36,7 +48,6 @@ def test_allreduce_init_every_dtype_and_op(world: MPI.Intracomm, dtype: str, op:
                 problems.expect_equal(f"{label} start {start}", got, expected)
                 if out is not None:
                     problems.expect(got is out, f"{label}: the result is not out")
-    comm.free()
     problems.check()
 
 
