@@ -197,7 +197,8 @@ class Persistent:
     def _fits(self) -> None:
         """Raise if a buffer was reshaped or given another dtype since the init."""
         for array, shape, dtype in self._arrays:
-            if array.shape != shape or array.dtype != dtype:
+            # the dtype is the very object in all but odd cases: the identity first, 0.1 us a start
+            if array.shape != shape or (array.dtype is not dtype and array.dtype != dtype):
                 raise InvalidBufferError(
                     f"persistent {self.collective}: a buffer of shape {shape} and dtype {dtype} at init is "
                     f"now of shape {array.shape} and dtype {array.dtype}; make a new one with the *_init call"
