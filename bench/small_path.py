@@ -10,6 +10,7 @@ one node's shared memory, each adding one layer of the library to the one before
 * ``executor``: the watchdog around ``SharedExecutor.allreduce`` with the backend;
 * ``prepared``: the API's path for a call whose decisions an earlier one made;
 * ``allreduce``: ``collectives.allreduce(x, out=x)`` itself;
+* ``persistent``: ``p()`` of ``p = collectives.allreduce_init(x, out=x)``;
 * ``mpi``: the MPI library's ``comm.Allreduce`` in place, for scale.
 
 It reaches into the library's private parts, as a profiler would; a row per
@@ -83,6 +84,7 @@ def _layers(
         "executor": with_executor,
         "prepared": lambda: allreduce_prepared(comm, prepared, x, x, None),
         "allreduce": lambda: collectives.allreduce(x, out=x, comm=comm),
+        "persistent": collectives.allreduce_init(x, out=x, comm=comm),
         "mpi": lambda: world.Allreduce(MPI.IN_PLACE, y),
     }
 
@@ -111,8 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     if world.rank == 0:
         loops = f"{args.calls} calls x {args.rounds} rounds"
         print(f"# {world.size} ranks, {x.nbytes} B float32 sum in place, {loops}")
+        mpi = medians["mpi"]
         for name, seconds in medians.items():
-            print(f"{name:<10} {seconds * 1e6:7.2f} us")
+            print(f"{name:<10} {seconds * 1e6:7.2f} us  {seconds / mpi:5.2f}x mpi")
         sys.stdout.flush()
     comm.free()
     return 0

@@ -21,6 +21,8 @@ __all__ = [
     "Op",
     "PeerFailedError",
     "PeerInputError",
+    "Persistent",
+    "PersistentStateError",
     "ReduceOp",
     "Request",
     "ScheduleError",
@@ -31,10 +33,13 @@ __all__ = [
     "UnsupportedOpError",
     "__version__",
     "allgather",
+    "allgather_init",
     "allreduce",
+    "allreduce_init",
     "alltoall",
     "barrier",
     "broadcast",
+    "broadcast_init",
     "explain",
     "gather",
     "iallgather",
@@ -48,6 +53,7 @@ __all__ = [
     "iscatter",
     "reduce",
     "reduce_scatter",
+    "reduce_scatter_init",
     "scatter",
     "test_all",
     "wait_all",
@@ -83,6 +89,7 @@ from .errors import (
     MismatchError,
     PeerFailedError,
     PeerInputError,
+    PersistentStateError,
     ScheduleError,
     TransportError,
     UnknownAlgorithmError,
@@ -102,6 +109,7 @@ from .nonblocking import (
     iscatter,
 )
 from .ops import OPS, Op, ReduceOp
+from .persistent import Persistent, allgather_init, allreduce_init, broadcast_init, reduce_scatter_init
 from .requests import Request, test_all, wait_all
 from .specs import COLLECTIVES
 

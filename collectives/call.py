@@ -1,6 +1,6 @@
 """One collective under its watchdog: the transport it runs on, its deadlines, its flight-recorder entry."""
 
-__all__ = ["NOTICE", "Call", "SteppedCall", "Tracked", "WatchedTransport"]
+__all__ = ["NOTICE", "Call", "Starts", "SteppedCall", "Tracked", "WatchedTransport"]
 
 import logging
 import struct
@@ -280,6 +280,22 @@ class Call:
         if pending is not None:
             shared.post(pending.packed)
         shared.arrive(note)
+        if not self._warned:  # the common case inline: every rank there before the stall interval
+            missing = shared.wait(max(min(self._warn_at, self._deadline) - time.monotonic(), 0.0))
+            if not missing:
+                if pending is not None:
+                    self.pending = None
+                    self.watchdog.compare_posted(shared, pending, self.sequence)
+                return
+        self.arrived(shared, passed, ranks)
+
+    def arrived(self, shared: SharedMemory, passed: int = 0, ranks: tuple[int, ...] | None = None) -> None:
+        """The waiting half of :meth:`barrier`: this rank has arrived at barrier number ``passed``.
+
+        For a caller that arrives by itself and waits here only when its peers were
+        not all there at once (a persistent call's start, :mod:`collectives.persistent`).
+        """
+        pending = self.pending
         if not self._warned:
             missing = shared.wait(max(min(self._warn_at, self._deadline) - time.monotonic(), 0.0))
             if missing and shared.broken_by() is not None:
@@ -359,6 +375,37 @@ class Call:
             sequence=sequence,
             step=step,
             peers=peers,
+        )
+
+
+class Starts:
+    """One flight-recorder entry for a persistent call's lean starts in a row: the first, the last, how many.
+
+    A start appends a new entry only where another call came since the last one's,
+    so the recorder stays in program order for a few nanoseconds a start.
+    """
+
+    __slots__ = ("algorithm", "first", "last", "outcome", "signature", "started", "starts")
+
+    def __init__(self, signature: Signature, sequence: int, algorithm: str) -> None:
+        self.signature = signature
+        self.algorithm = algorithm
+        self.first = self.last = sequence
+        self.starts = 1
+        self.started = time.time()
+        self.outcome = "ok"
+
+    def line(self, rank: int) -> str:
+        """The starts as the flight recorder shows them."""
+        s = self.signature
+        clock = (
+            time.strftime("%H:%M:%S", time.localtime(self.started)) + f".{int(self.started % 1 * 1e6):06d}"
+        )
+        numbers = f"#{self.first}" if self.first == self.last else f"#{self.first}-#{self.last}"
+        return (
+            f"collectives rank {rank} {numbers} {s.collective} count={s.count} "
+            f"dtype={s.dtype or '-'} op={s.op or '-'} root={'-' if s.root < 0 else s.root} "
+            f"algorithm={self.algorithm} start={clock} persistent starts={self.starts} {self.outcome}"
         )
 
 

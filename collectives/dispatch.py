@@ -6,7 +6,7 @@ the checks fail), then :func:`run` agrees on the call with the other ranks,
 chooses its algorithm and runs it under the watchdog.
 """
 
-__all__ = ["Job", "checked", "keeps_order", "refuse", "run"]
+__all__ = ["Job", "checked", "decide", "keeps_order", "refuse", "run"]
 
 from collections.abc import Callable, Sequence
 from functools import lru_cache
@@ -208,6 +208,37 @@ def run(group: Communicator, job: Job, check: bool | None) -> Any:
             op = job.op
             error.add_note(f"rank {group.rank}'s op {op.name!r} is {op.agreed_name!r} in the signature")
         raise
+
+
+def decide(group: Communicator, job: Job, check: bool | None) -> tuple[str, SharedExecutor | None, Guard]:
+    """Agree on ``job``'s call and choose its algorithm without running it: a persistent call's init.
+
+    Collective. The ranks agree on a signature naming the collective with
+    ``_init`` after it, so that an init never pairs with a plain call.
+
+    Returns:
+        The algorithm (a name, not ``"auto"``); the shared-memory executor, where
+        it runs the call; the packed signature of the call's starts.
+
+    Raises:
+        MismatchError: on every rank, when their calls differ.
+    """
+    job.opening = None  # its first messages, if packed already, are the init's data, not a start's
+    start = _guard(group, job)
+    signature = start.signature
+    init = group.watchdog.guard(
+        f"{job.collective}_init", job.algorithm, signature.count, signature.dtype, signature.op,
+        signature.root, signature.counts, backend=signature.backend,
+    )  # fmt: skip
+    with group.watchdog.watch(init, check) as call:
+        device = _on_device(group, call, job.backend)
+        if job.op is not None and not job.op.commutative and group.size > 1:
+            algorithm = _choose_ordered(group, call, job, device)
+        else:
+            algorithm = _choose(group, call, job.collective, job.algorithm, job.count, job.item_bytes, device)
+        call.algorithm = algorithm
+        shared = None if device else _shared(group, call, job)
+    return algorithm, shared, start
 
 
 def _guard(group: Communicator, job: Job) -> Guard:

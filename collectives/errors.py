@@ -18,6 +18,7 @@ __all__ = [
     "MismatchError",
     "PeerFailedError",
     "PeerInputError",
+    "PersistentStateError",
     "ScheduleError",
     "TopologyError",
     "TransportError",
@@ -172,6 +173,10 @@ class ConcurrentCallError(BrokenCommunicatorError):
 
 class FreedCommunicatorError(CollectivesError, RuntimeError):
     """The communicator was freed (:meth:`~collectives.Communicator.free`); make a new one."""
+
+
+class PersistentStateError(CollectivesError, RuntimeError):
+    """A persistent collective used out of turn: started again before its wait, or waited for unstarted."""
 
 
 class MismatchError(CollectivesError, ValueError):

@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 KEPT = 256
 """Distinct repeated calls remembered per communicator."""
 
+_OPS = (str, ReduceOp)  # a tuple: ``isinstance(op, str | ReduceOp)`` builds the union every call, 0.1 us
+
 
 class Prepared:
     """What a call decided once it had checked its arguments, reused by every later call of its key.
@@ -127,7 +129,7 @@ def _plan_size(prepared: Prepared) -> int:
 
 def allreduce_key(x: Any, op: Any, out: Any, algorithm: str, check: bool | None) -> tuple[Any, ...] | None:
     """The key of an allreduce's decisions; ``None`` for arguments no decision is kept for."""
-    if not isinstance(op, str | ReduceOp):
+    if op.__class__ is not str and not isinstance(op, _OPS):
         return None
     result = "new" if out is None else "in place" if out is x else "out"
     try:
@@ -347,7 +349,7 @@ def shares_key(
     collective: str, x: Any, op: Any, counts: Any, out: Any, algorithm: str, check: bool | None
 ) -> tuple[Any, ...] | None:
     """The key of a reduce-scatter's or all-gather's decisions; ``None`` for arguments none is kept for."""
-    if op is not None and not isinstance(op, str | ReduceOp):
+    if op is not None and op.__class__ is not str and not isinstance(op, _OPS):
         return None
     try:
         shares = None if counts is None else tuple(counts)

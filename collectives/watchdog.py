@@ -60,7 +60,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from ._env import env_flag
-from .call import NOTICE, Call, SteppedCall, Tracked, WatchedTransport
+from .call import NOTICE, Call, Starts, SteppedCall, Tracked, WatchedTransport
 from .errors import (
     BrokenCommunicatorError,
     CollectivesError,
@@ -214,7 +214,7 @@ class Watchdog:
         kept = os.environ.get(RECORDER_ENV, "").strip()
         if kept and not kept.isdigit():
             raise ConfigurationError(f"{RECORDER_ENV}={kept!r} is not a number of calls")
-        self.recorder: deque[Call] = deque(maxlen=int(kept) if kept else _DEFAULT_RECORDED)
+        self.recorder: deque[Call | Starts] = deque(maxlen=int(kept) if kept else _DEFAULT_RECORDED)
         self.sequence = 0
         self.broken: str | None = None
         self.broken_by: int | None = None  # the rank where it broke

@@ -514,6 +514,9 @@ class _Bucket:
     def buffer(self) -> torch.Tensor:
         return self._buffer
 
+    def index(self) -> int:
+        return 0
+
 
 @pytest.mark.parametrize(
     ("hook", "tolerance"),

@@ -15,6 +15,7 @@ import torch
 from .. import api
 from ..errors import CollectivesError, InvalidBufferError, UnsupportedDtypeError, UnsupportedOpError
 from .mpi_ops import _communicator_of
+from .repeated import Repeated, repeated_for
 from .tensors import Comm, _dtype_name, _reduce_in_place
 from .worker import _worker
 
@@ -53,9 +54,10 @@ def fusion_buckets(params: Sequence[torch.Tensor], threshold_bytes: int) -> list
 class _Bucket:
     """The parameters of one fusion bucket, and the buffers their gradients travel in."""
 
-    def __init__(self, params: list[torch.Tensor], wire: torch.dtype | None) -> None:
+    def __init__(self, params: list[torch.Tensor], wire: torch.dtype | None, index: int = 0) -> None:
         self.params = params
         self.wire = wire
+        self.index = index  # the same on every rank: names the bucket's kept allreduce
         self._fused: torch.Tensor | None = None
         self._packed: torch.Tensor | None = None
 
@@ -65,7 +67,7 @@ class _Bucket:
         if len(grads) < len(self.params):
             raise CollectivesError("a gradient went missing before it was reduced; was zero_grad() called?")
         if self.wire is None and len(grads) == 1 and grads[0].is_contiguous():
-            _reduce_in_place(grads[0], op, communicator)  # one gradient needs no fusion buffer
+            self._reduce(grads[0], op, communicator)  # one gradient needs no fusion buffer
             return
         if self._fused is None:
             self._fused = torch.empty(sum(p.numel() for p in self.params), dtype=self.params[0].dtype)
@@ -75,17 +77,24 @@ class _Bucket:
         for piece, grad in zip(pieces, grads, strict=True):
             piece.copy_(grad.reshape(-1))
         if self.wire is None:
-            _reduce_in_place(fused, op, communicator)
+            self._reduce(fused, op, communicator)
         else:
             if op == "avg":
                 fused.div_(communicator.size)  # before the cast, so float16 cannot overflow in the sum
             if self._packed is None:
                 self._packed = torch.empty(fused.numel(), dtype=self.wire)
             self._packed.copy_(fused)
-            _reduce_in_place(self._packed, "sum", communicator)
+            self._reduce(self._packed, "sum", communicator)
             fused.copy_(self._packed)
         for piece, grad in zip(pieces, grads, strict=True):
             grad.copy_(piece.view_as(grad))
+
+    def _reduce(self, tensor: torch.Tensor, op: str, communicator: api.Communicator) -> None:
+        """Reduce ``tensor`` in place: through the bucket's kept persistent allreduce where it can be."""
+        if Repeated.takes(tensor):
+            repeated_for(communicator).allreduce_(("optimizer bucket", self.index), tensor, op)
+        else:
+            _reduce_in_place(tensor, op, communicator)
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -150,7 +159,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._worker = _worker(self._communicator)
         grouping = fusion_buckets(params, fusion_threshold_bytes)
         wire = _WIRE_DTYPES[compression]
-        self._buckets = [_Bucket([params[i] for i in indices], wire) for indices in grouping]
+        self._buckets = [
+            _Bucket([params[i] for i in indices], wire, index) for index, indices in enumerate(grouping)
+        ]
         self._bucket_names = [[names[i] for i in indices] for indices in grouping]
         self._bucket_of = [0] * len(params)
         for b, indices in enumerate(grouping):

@@ -1,0 +1,486 @@
+"""Persistent collectives (``allreduce_init`` ...): checks, choice and agreement once, then many starts.
+
+As MPI 4's ``MPI_Allreduce_init``: ``p = allreduce_init(x, out=x, comm=comm)``
+checks the arguments, agrees on the call with the other ranks (collective: every
+rank calls it, in the same order as its other collectives) and chooses the
+algorithm; then each ``p()``, or ``p.start()`` ... ``p.wait()``, runs the
+collective on the buffers' contents at that moment and returns the result (the
+same array every time: ``out``, or one made at init).
+
+A start keeps the safeties of a plain call: it claims the communicator against
+other threads, is numbered, and unless checking is off its signature (with that
+number) is compared with the other ranks', so a start that meets another call on
+another rank raises :class:`~collectives.MismatchError` on every rank instead of
+pairing wrong data; every wait is bounded by the communicator's timeout, so a rank
+that never starts leaves the others a :class:`~collectives.CollectiveTimeout`.
+
+An allreduce on one node's shared memory starts on a lean path: its signature
+travels with the executor's one barrier; starts in a row share one flight-recorder
+entry (their first and last numbers, and how many); and a start gets a Call of its
+own, with its deadline and stall warning, only where it waits past 1 ms or fails.
+With ``$COLLECTIVES_DEBUG`` or an armed ``$COLLECTIVES_FAULT``, and for every other
+call, a start runs the plain call, on the decisions its init's agreement made.
+"""
+
+__all__ = ["Persistent", "allgather_init", "allreduce_init", "broadcast_init", "reduce_scatter_init"]
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from . import api
+from .buffers import allreduce_job, broadcast_job, gather_job, reduce_scatter_job
+from .call import Call, Starts
+from .communicator import Communicator, communicator_of
+from .dispatch import Job, checked, decide
+from .errors import FreedCommunicatorError, InvalidBufferError, PersistentStateError
+from .faults import PLAN as FAULTS
+from .ops import ReduceOp
+from .requests import Request, settle, start
+from .requests import busy as started
+from .selector import AUTO
+from .transport.base import SharedMemory
+from .watchdog import Guard
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+    from .backends import ArrayBackend
+    from .execute_shared import SharedExecutor
+
+_SPIN_S = 0.001
+"""How long a lean start waits at a barrier before it makes its Call: its deadline, warnings and record.
+
+Most barriers are passed well within it; past it the Call's deadline (from then) bounds the wait.
+"""
+
+
+class Persistent:
+    """A collective checked and agreed on once, run by each :meth:`start` (or call) on its buffers.
+
+    Attributes:
+        collective: the collective's name.
+        algorithm: the algorithm its starts run (a name, not ``"auto"``).
+        starts: how many times it has started.
+    """
+
+    __slots__ = (
+        "_arrays",
+        "_group",
+        "_plain",
+        "_request",
+        "_shared",
+        "algorithm",
+        "collective",
+        "rebinder",
+        "starts",
+    )
+
+    def __init__(
+        self,
+        collective: str,
+        group: Communicator,
+        algorithm: str,
+        plain: Callable[[], Any],
+        arrays: Sequence[Any],
+    ) -> None:
+        self.collective = collective
+        self.algorithm = algorithm
+        self.starts = 0
+        self._group = group
+        self._plain = plain
+        self._shared: _SharedAllreduce | None = None
+        self._request: Request | None = None
+        self.rebinder: Callable[[Any, Any, Job | None], None] | None = None
+        distinct = [a for i, a in enumerate(arrays) if a is not None and all(a is not b for b in arrays[:i])]
+        self._arrays = tuple((a, a.shape, a.dtype) for a in distinct)
+
+    def __call__(self) -> Any:
+        """Run the collective now on the buffers' contents; its result (the same array every start).
+
+        Raises:
+            PersistentStateError: a :meth:`start` is waiting for its :meth:`wait`.
+            InvalidBufferError: a buffer's shape or dtype changed since the init.
+        """
+        if self._request is not None:
+            raise PersistentStateError(
+                f"persistent {self.collective} was started and not waited for; call wait() first"
+            )
+        self._fits()
+        if started:  # calls started on some communicator: those on this one go first
+            settle(self._group)
+        self.starts += 1
+        shared = self._shared
+        if shared is not None and not FAULTS.armed and not shared.watchdog.debug:
+            return shared.run()
+        return self._plain()
+
+    def start(self) -> None:
+        """Start the collective on the buffers' contents now; :meth:`wait` for its result.
+
+        The buffers belong to the call until :meth:`wait` returns, as a non-blocking
+        call's do (:mod:`collectives.nonblocking`).
+
+        Raises:
+            PersistentStateError: it was started already and not waited for.
+            FreedCommunicatorError: its communicator was freed.
+            InvalidBufferError: a buffer's shape or dtype changed since the init.
+        """
+        if self._request is not None:
+            raise PersistentStateError(
+                f"persistent {self.collective} was started twice without a wait; call wait() first"
+            )
+        if self._group.watchdog.freed:
+            raise FreedCommunicatorError(
+                f"rank {self._group.rank}: persistent {self.collective}'s communicator was freed"
+            )
+        self._fits()
+        self.starts += 1
+        shared = self._shared
+        fast = shared is not None and not FAULTS.armed and not shared.watchdog.debug
+        run = shared.run if fast and shared is not None else self._plain
+        self._request = start(self._group, self.collective, lambda group: run())
+
+    def wait(self) -> Any:
+        """Wait for the started collective; its result. Bounded by the communicator's timeout.
+
+        Raises:
+            PersistentStateError: it was not started.
+            Exception: the call's error, if it failed.
+        """
+        request = self._request
+        if request is None:
+            raise PersistentStateError(f"persistent {self.collective} was not started; call start() first")
+        self._request = None
+        return request.wait()
+
+    def test(self) -> bool:
+        """Whether the started collective has completed (then :meth:`wait` returns at once)."""
+        request = self._request
+        if request is None:
+            raise PersistentStateError(f"persistent {self.collective} was not started; call start() first")
+        return request.test()
+
+    def rebind(self, x: Any, out: Any = None) -> None:
+        """Run the later starts on ``x`` (and ``out``) instead: buffers of the init's shapes and dtypes.
+
+        Local, not collective: the ranks agreed on shapes and dtypes, not on where
+        the buffers lie, so each may rebind its own alone (a training loop's
+        buckets whose memory moved). An allreduce's only; ``out`` as at the init
+        (none for one in place, or to keep the result array made there).
+
+        Raises:
+            PersistentStateError: it is started, or not an allreduce.
+            InvalidBufferError: a buffer is not of the init's shape and dtype, or fails the init's checks.
+        """
+        if self._request is not None:
+            raise PersistentStateError(f"persistent {self.collective} is started; wait() before rebind()")
+        if self.rebinder is None:
+            raise PersistentStateError(f"persistent {self.collective} cannot be rebound; make a new one")
+        self.rebinder(x, out, None)
+
+    def bound(self, arrays: Sequence[Any], lean: "_SharedAllreduce | None") -> None:
+        """Take ``arrays`` as the buffers to check at each start, and ``lean`` as the start's path."""
+        distinct = [a for i, a in enumerate(arrays) if a is not None and all(a is not b for b in arrays[:i])]
+        self._arrays = tuple((a, a.shape, a.dtype) for a in distinct)
+        self._shared = lean
+
+    @property
+    def lean(self) -> bool:
+        """Whether its starts take the lean shared-memory path (else each runs the plain call)."""
+        return self._shared is not None
+
+    @property
+    def active(self) -> bool:
+        """Whether it was started and not yet waited for."""
+        return self._request is not None
+
+    def _fits(self) -> None:
+        """Raise if a buffer was reshaped or given another dtype since the init."""
+        for array, shape, dtype in self._arrays:
+            # the dtype is the very object in all but odd cases: the identity first, 0.1 us a start
+            if array.shape != shape or (array.dtype is not dtype and array.dtype != dtype):
+                raise InvalidBufferError(
+                    f"persistent {self.collective}: a buffer of shape {shape} and dtype {dtype} at init is "
+                    f"now of shape {array.shape} and dtype {array.dtype}; make a new one with the *_init call"
+                )
+
+    def __repr__(self) -> str:
+        state = "started" if self._request is not None else "inactive"
+        return f"<Persistent {self.collective} {self.algorithm} {state}, {self.starts} starts>"
+
+
+class _SharedAllreduce:
+    """An allreduce's start on the shared-memory executor, its signature carried by the first barrier."""
+
+    __slots__ = (
+        "_barriers",
+        "_call",
+        "_checking",
+        "_pending",
+        "_record_entry",
+        "_sequence",
+        "averages",
+        "backend",
+        "executor",
+        "executor_name",
+        "guard",
+        "op",
+        "result",
+        "size",
+        "source",
+        "watchdog",
+        "work",
+    )
+
+    def __init__(
+        self,
+        group: Communicator,
+        executor: "SharedExecutor",
+        guard: Guard,
+        check: bool | None,
+        job: Job,
+        result: Any,
+        algorithm: str,
+    ) -> None:
+        watchdog = group.watchdog
+        op = job.op
+        assert op is not None  # an allreduce reduces
+        self.watchdog = watchdog
+        self.executor = executor
+        self.executor_name = algorithm
+        self.guard = guard
+        self.backend: ArrayBackend = job.backend
+        self.op: ReduceOp = op
+        self.averages = op.averages
+        self.size = group.size
+        self.work = job.work
+        self.source = job.work if job.source is None else job.source
+        self.result = result
+        self._checking = (watchdog.check if check is None else check) and group.size > 1
+        self._pending = False
+        self._sequence = 0
+        self._barriers = 0
+        self._call: Call | None = None
+        self._record_entry: Starts | None = None
+
+    def run(self) -> Any:
+        watchdog = self.watchdog
+        watchdog.claim("allreduce")
+        sequence = watchdog.sequence
+        watchdog.sequence = sequence + 1
+        self._sequence = sequence
+        self._barriers = 0
+        self._call = None
+        entry = self._record_entry
+        recorder = watchdog.recorder
+        if entry is not None and recorder and recorder[-1] is entry:  # no other call since: count it in
+            entry.last = sequence
+            entry.starts += 1
+        else:
+            entry = self._record_entry = Starts(self.guard.signature, sequence, self.executor_name)
+            recorder.append(entry)
+        if self._checking:
+            self.guard.stamp(sequence)
+            self._pending = True
+        try:
+            self.executor.allreduce(self.backend, self.work, self.source, self.op, self.barrier)
+        except BaseException as error:
+            failed = self._call or self._record()
+            failed.pending = None  # the error is the call's, whatever its signature
+            watchdog.end(failed, error)
+            raise
+        call = self._call
+        if call is None:
+            watchdog.release()
+        else:
+            watchdog.end(call)
+        if self.averages:
+            self.backend.divide(self.work, self.size)
+        return self.result
+
+    def barrier(
+        self, shared: SharedMemory, note: Sequence[int] = (), ranks: tuple[int, ...] | None = None
+    ) -> None:
+        """The executor's barrier: the signature goes with the first; a long wait is a Call's."""
+        passed = self._barriers
+        self._barriers = passed + 1
+        pending = self._pending
+        if pending:
+            shared.post(self.guard.packed)
+        shared.arrive(note)
+        call = self._call
+        if call is None and not shared.wait(_SPIN_S):
+            if pending:
+                self._pending = False
+                self.watchdog.compare_posted(shared, self.guard, self._sequence)
+            return
+        if call is None:
+            call = self._record()
+        if pending:
+            self._pending = False
+            call.pending = self.guard
+        call.arrived(shared, passed, ranks)
+
+    def _record(self) -> Call:
+        """The start's Call, made when it must wait (or failed): its deadline, warnings and own record."""
+        watchdog = self.watchdog
+        call = self._call = Call(watchdog, self.guard.signature, self._sequence)
+        call.algorithm = self.executor_name
+        entry = self._record_entry
+        if entry is not None:  # the call's own record replaces its count in the lean starts' entry
+            if entry.starts == 1 and watchdog.recorder and watchdog.recorder[-1] is entry:
+                watchdog.recorder.pop()
+            else:
+                entry.starts -= 1
+                entry.last -= 1
+        self._record_entry = None
+        watchdog.recorder.append(call)
+        return call
+
+
+def _group(comm: "Communicator | MPI.Comm | None") -> Communicator:
+    if isinstance(comm, Communicator) and comm.watchdog.freed:
+        raise FreedCommunicatorError(f"rank {comm.rank}: this communicator was freed; make a new one")
+    group = communicator_of(comm)
+    if started:
+        settle(group)
+    return group
+
+
+def allreduce_init(
+    x: Any,
+    op: "str | ReduceOp" = "sum",
+    *,
+    out: Any = None,
+    algorithm: str = AUTO,
+    comm: "Communicator | MPI.Comm | None" = None,
+    check: bool | None = None,
+) -> Persistent:
+    """A persistent :func:`~collectives.allreduce` of ``x`` into ``out``; collective.
+
+    Arguments as for :func:`~collectives.allreduce`. Without ``out`` the result
+    goes to an array made here, returned by every start.
+
+    Raises:
+        MismatchError: on every rank, when the ranks' inits differ.
+    """
+    group = _group(comm)
+    in_place = out is x
+    if out is None and hasattr(x, "shape") and hasattr(x, "dtype"):
+        out = checked(group, "allreduce", algorithm, check, _like, x)
+    job = checked(group, "allreduce", algorithm, check, allreduce_job, x, op, out, check, None)
+    chosen, executor, guard = decide(group, job, check)
+    buffers = [x, out]
+
+    def plain() -> Any:
+        return api.allreduce(buffers[0], op, out=buffers[1], algorithm=algorithm, comm=group, check=check)
+
+    persistent = Persistent("allreduce", group, chosen, plain, (x, out))
+
+    def bind(new: Any, new_out: Any, job: Job | None) -> None:
+        """Point the starts at ``new`` and ``new_out``, of the init's shapes and dtypes (checked locally)."""
+        if job is None:
+            if new_out is None:
+                new_out = new if in_place else out
+            for was, now in ((x, new), (out, new_out)):
+                shape, dtype = getattr(now, "shape", None), getattr(now, "dtype", None)
+                if shape != was.shape or dtype != was.dtype:
+                    raise InvalidBufferError(
+                        f"persistent allreduce: rebind to a buffer of shape {shape} and dtype {dtype}; "
+                        f"the init's is of shape {was.shape} and dtype {was.dtype}"
+                    )
+            job = allreduce_job(group, algorithm, new, op, new_out, check, None)
+        buffers[:] = [new, new_out]
+        lean = (
+            executor is not None
+            and job.backend.name == "numpy"
+            and job.in_out
+            and (new_out is new or job.source is not None)
+            and group.watchdog.shared is not None
+            and job.collective == "allreduce"
+        )
+        path = None
+        if lean and executor is not None:
+            path = _SharedAllreduce(group, executor, guard, check, job, new_out, chosen)
+        persistent.bound((new, new_out), path)
+
+    bind(x, out, job)
+    persistent.rebinder = bind
+    return persistent
+
+
+def _like(group: Communicator, algorithm: str, x: Any) -> Any:
+    """A result array of ``x``'s shape and dtype (an allreduce's, when the init has no ``out``)."""
+    from .backends import backend_for
+
+    return backend_for(x).empty(x.size, x).reshape(x.shape)
+
+
+def reduce_scatter_init(
+    x: Any,
+    op: "str | ReduceOp" = "sum",
+    *,
+    counts: Sequence[int] | None = None,
+    out: Any = None,
+    algorithm: str = AUTO,
+    comm: "Communicator | MPI.Comm | None" = None,
+    check: bool | None = None,
+) -> Persistent:
+    """A persistent :func:`~collectives.reduce_scatter`; collective. Arguments as for it."""
+    group = _group(comm)
+    job = checked(group, "reduce_scatter", algorithm, check, reduce_scatter_job, x, op, counts, out, None)
+    chosen, _, _ = decide(group, job, check)
+    target = [job.out]  # this rank's share, made by the checks when not given
+
+    def plain() -> Any:
+        return api.reduce_scatter(
+            x, op, counts=counts, out=target[0], algorithm=algorithm, comm=group, check=check
+        )
+
+    return Persistent("reduce_scatter", group, chosen, plain, (x, target[0]))
+
+
+def allgather_init(
+    x: Any,
+    *,
+    counts: Sequence[int] | None = None,
+    out: Any = None,
+    algorithm: str = AUTO,
+    comm: "Communicator | MPI.Comm | None" = None,
+    check: bool | None = None,
+) -> Persistent:
+    """A persistent :func:`~collectives.allgather`; collective. Arguments as for it."""
+    group = _group(comm)
+    job = checked(group, "allgather", algorithm, check, gather_job, "allgather", x, -1, counts, out)
+    chosen, _, _ = decide(group, job, check)
+    target = [out]
+
+    def plain() -> Any:
+        result = api.allgather(x, counts=counts, out=target[0], algorithm=algorithm, comm=group, check=check)
+        target[0] = result  # later starts write into the first one's result
+        return result
+
+    return Persistent("allgather", group, chosen, plain, (x, out))
+
+
+def broadcast_init(
+    x: Any,
+    root: int = 0,
+    *,
+    out: Any = None,
+    algorithm: str = AUTO,
+    comm: "Communicator | MPI.Comm | None" = None,
+    check: bool | None = None,
+) -> Persistent:
+    """A persistent :func:`~collectives.broadcast`; collective. Arguments as for it."""
+    group = _group(comm)
+    job = checked(group, "broadcast", algorithm, check, broadcast_job, x, root, out)
+    chosen, _, _ = decide(group, job, check)
+    target = [out]
+
+    def plain() -> Any:
+        result = api.broadcast(x, root, out=target[0], algorithm=algorithm, comm=group, check=check)
+        target[0] = result  # later starts write into the first one's result
+        return result
+
+    return Persistent("broadcast", group, chosen, plain, (x, out))
