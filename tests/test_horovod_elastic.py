@@ -11,7 +11,12 @@ from tests.ulfm.launch import INSTALL, openmpi_prefix, run_ulfm
 torch = pytest.importorskip("torch")
 
 from collectives.errors import PeerFailedError  # noqa: E402
-from collectives.torch_integration.elastic import HostsUpdatedInterrupt, ObjectState, run_fn  # noqa: E402
+from collectives.torch_integration.elastic import (  # noqa: E402
+    REPLACE_ENV,
+    HostsUpdatedInterrupt,
+    ObjectState,
+    run_fn,
+)
 from tests.horovod_scripts.elastic_synthetic import LR, data_of, make_model  # noqa: E402
 
 SCRIPT = "tests.horovod_scripts.elastic_synthetic"
@@ -20,10 +25,13 @@ needs_openmpi = pytest.mark.skipif(openmpi_prefix() is None, reason=f"no Open MP
 needs_mpiexec = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec (install the mpich extra)")
 
 
-def _killed(script: str, rounds: str, fault: str, tag: str) -> tuple[list[dict[str, Any]], str]:
+def _killed(
+    script: str, rounds: str, fault: str, tag: str, replace: bool = False
+) -> tuple[list[dict[str, Any]], str]:
     """The survivors' records of ``script`` under ULFM at 3 ranks with ``fault``, and the job's output."""
-    try:
-        done = run_ulfm(3, ["-m", script, rounds], timeout=120, env={"COLLECTIVES_FAULT": fault})
+    env = {"COLLECTIVES_FAULT": fault, **({REPLACE_ENV: "1"} if replace else {})}
+    try:  # a replacement's start (MPI_Comm_spawn) takes tens of seconds on a loaded 2-core machine
+        done = run_ulfm(3, ["-m", script, rounds], timeout=180 if replace else 120, env=env)
     except subprocess.TimeoutExpired as expired:
         pytest.fail(f"the elastic run hung:\n{str(expired.output)[-3000:]}")
     return records(done.stdout, tag), done.stdout[-3000:]
@@ -80,6 +88,24 @@ def test_a_rank_killed_mid_training_is_survived_from_the_last_commit() -> None:
     for record in survivors:
         assert record["sizes"] == sizes and record["size"] == 2 and record["resets"] == [2]
         # every committed batch applied once: the replay matches; without one batch it would not
+        assert _close(record["params"], replayed, 1e-6), record
+        assert not _close(record["params"], _replay(sizes, [0, 1, 2], [0, 1], skip=sizes.index(2)), 1e-4)
+
+
+@needs_openmpi
+def test_with_replace_a_new_process_takes_the_lost_ranks_place_and_the_world_grows_back() -> None:
+    # rank 2 dies in batch 2; the survivors redo it at size 2, and at that batch's commit
+    # check_host_updates raises HostsUpdatedInterrupt: a process spawned in rank 2's place
+    # (with rank 2's data) joins at its first sync with rank 0's commit, and all go on at size 3
+    ranks, output = _killed(SCRIPT, "8", "2:13:kill", "ELASTIC ", replace=True)
+    assert sorted(r["rank"] for r in ranks) == [0, 1, 2], output
+    sizes = ranks[0]["sizes"]
+    assert len(sizes) == 8 and sizes[:2] == [3, 3] and 2 in sizes and sizes[-1] == 3, sizes
+    replayed = _replay(sizes, [0, 1, 2], [0, 1])
+    for record in ranks:
+        assert record["sizes"] == sizes and record["size"] == 3, record
+        # the survivors' callbacks saw the world shrink, then grow; the new process saw no reset
+        assert record["resets"] == ([2, 3] if record["launch_rank"] < 2 else []), record
         assert _close(record["params"], replayed, 1e-6), record
         assert not _close(record["params"], _replay(sizes, [0, 1, 2], [0, 1], skip=sizes.index(2)), 1e-4)
 
@@ -156,8 +182,10 @@ def test_hosts_updated_reruns_without_restoring_and_may_skip_the_sync() -> None:
             raise interrupt
         return state.done
 
-    assert run_fn(train, lambda error: pytest.fail("no reset"))(state) == 2
+    resets: list[str] = []
+    assert run_fn(train, lambda error: resets.append(type(error).__name__))(state) == 2
     assert state.synced == 1  # the first run's; the second was skipped
+    assert resets == ["HostsUpdatedInterrupt"]  # the world made anew with the announced hosts
 
 
 def test_an_error_of_the_program_itself_is_not_taken_for_a_lost_rank() -> None:
