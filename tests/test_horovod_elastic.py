@@ -1,6 +1,8 @@
 """Horovod Elastic on MPI: a lost rank survived from the last commit (ULFM), or a named end without it."""
 
+import os
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +25,13 @@ SCRIPT = "tests.horovod_scripts.elastic_synthetic"
 MNIST = "tests.horovod_scripts.elastic_mnist"
 needs_openmpi = pytest.mark.skipif(openmpi_prefix() is None, reason=f"no Open MPI for ULFM ({INSTALL})")
 needs_mpiexec = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec (install the mpich extra)")
+HOROVOD = Path(os.environ.get("HOROVOD_MIRROR", "/work/.mirror/horovod+horovod/repo"))  # a bare git clone
+EXAMPLES = "examples/elastic/pytorch"
+needs_horovod = pytest.mark.skipif(
+    not (HOROVOD / "HEAD").exists(),
+    reason=f"no Horovod clone to take its examples from at {HOROVOD} (set $HOROVOD_MIRROR to a bare clone)",
+)
+STANDIN = Path(__file__).parent / "horovod_scripts" / "torchvision_standin"
 
 
 def _killed(
@@ -137,6 +146,69 @@ def test_without_fault_tolerance_a_lost_rank_ends_the_run_in_bounded_time(
     assert "KILLED" in done.stdout or "killed" in done.stdout or "TERMINATION" in done.stdout, done.stdout[
         -2000:
     ]
+
+
+def _horovod_example(name: str, folder: Path) -> Path:
+    """Horovod's example ``name`` written into ``folder`` with only its import changed to ours."""
+    text = subprocess.run(
+        ["git", f"--git-dir={HOROVOD}", "show", f"HEAD:{EXAMPLES}/{name}"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    lines = text.splitlines(keepends=True)
+    imports = [i for i, line in enumerate(lines) if line.strip() == "import horovod.torch as hvd"]
+    assert len(imports) == 1, f"{name}: expected one 'import horovod.torch as hvd'"
+    lines[imports[0]] = "import collectives.horovod as hvd\n"
+    path = folder / name
+    path.write_text("".join(lines))
+    return path
+
+
+def _run_example(
+    path: Path, args: list[str], fault: str, home: Path, replace: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """``path`` under ULFM at 3 ranks with ``fault``, torchvision our stand-in, ``~`` in ``home``."""
+    paths = [str(STANDIN), str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]
+    env = {"COLLECTIVES_FAULT": fault, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+    env.update({"HOME": str(home), **({REPLACE_ENV: "1"} if replace else {})})
+    try:
+        return run_ulfm(3, [str(path), *args], timeout=180, env=env)
+    except subprocess.TimeoutExpired as expired:
+        pytest.fail(f"{path.name} hung:\n{str(expired.output)[-3000:]}")
+
+
+SYNTHETIC_ARGS = ["--batch-size", "2", "--num-warmup-batches", "2", "--num-batches-per-iter", "2"]
+SYNTHETIC_ARGS += ["--num-iters", "3"]
+
+
+@needs_openmpi
+@needs_horovod
+@pytest.mark.parametrize("replace", [False, True], ids=["shrinks", "replaced"])
+def test_horovods_synthetic_benchmark_example_survives_a_rank_killed_mid_training(
+    tmp_path: Path, replace: bool
+) -> None:
+    # rank 2 is killed at its 16th collective call, a gradient allreduce of the warm-up
+    script = _horovod_example("pytorch_synthetic_benchmark_elastic.py", tmp_path)
+    done = _run_example(script, SYNTHETIC_ARGS, "2:16:kill", tmp_path, replace)
+    output = done.stdout.replace("\0", "")
+    assert "kill at allreduce" in output and "Number of CPUs: 3" in output, output[-3000:]
+    # its last line: the survivors finished (with a replacement, on the world grown back)
+    assert f"Total img/sec on {3 if replace else 2} CPU(s)" in output, output[-3000:]
+
+
+@needs_openmpi
+@needs_horovod
+def test_horovods_mnist_example_survives_a_rank_killed_mid_epoch(tmp_path: Path) -> None:
+    # 48 synthetic images, 2 batches of 8 per rank and epoch; rank 2 is killed at its 16th
+    # collective call: a gradient allreduce of epoch 1's second batch
+    script = _horovod_example("pytorch_mnist_elastic.py", tmp_path)
+    args = ["--batch-size", "8", "--test-batch-size", "16", "--epochs", "2", "--data-dir", str(tmp_path)]
+    done = _run_example(script, args, "2:16:kill", tmp_path)
+    output = done.stdout.replace("\0", "")
+    assert "kill at allreduce" in output, output[-3000:]
+    assert "Train Epoch: 2" in output and "Test set: Average loss" in output, output[-3000:]
 
 
 class _Counter(ObjectState):
