@@ -211,6 +211,19 @@ def test_horovods_mnist_example_survives_a_rank_killed_mid_epoch(tmp_path: Path)
     assert "Train Epoch: 2" in output and "Test set: Average loss" in output, output[-3000:]
 
 
+def test_grow_refuses_no_processes_and_a_communicator_not_over_mpi() -> None:
+    from collectives import Communicator
+    from collectives.errors import ConfigurationError
+    from collectives.resilience import grow
+    from collectives.transport.loopback import LoopbackWorld
+
+    with pytest.raises(ConfigurationError, match="count=0"):
+        grow(["python"], 0)
+    transport = LoopbackWorld(1).transport(0)
+    with pytest.raises(ConfigurationError, match="grow needs an MPI communicator, got LoopbackTransport"):
+        grow(["python"], 1, comm=Communicator(transport))
+
+
 class _Counter(ObjectState):
     def __init__(self) -> None:
         self.synced = 0
