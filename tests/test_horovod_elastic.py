@@ -185,17 +185,15 @@ SYNTHETIC_ARGS += ["--num-iters", "3"]
 
 @needs_openmpi
 @needs_horovod
-@pytest.mark.parametrize("replace", [False, True], ids=["shrinks", "replaced"])
-def test_horovods_synthetic_benchmark_example_survives_a_rank_killed_mid_training(
-    tmp_path: Path, replace: bool
-) -> None:
-    # rank 2 is killed at its 16th collective call, a gradient allreduce of the warm-up
+def test_horovods_synthetic_benchmark_example_gets_its_world_back_after_a_rank_killed(tmp_path: Path) -> None:
+    # rank 2 is killed at its 16th collective call, a gradient allreduce of the warm-up; with
+    # COLLECTIVES_ELASTIC_REPLACE=1 a new process takes its place (the shrinking alone is the
+    # MNIST example's test below, and the scripts' above: each launch costs tens of seconds here)
     script = _horovod_example("pytorch_synthetic_benchmark_elastic.py", tmp_path)
-    done = _run_example(script, SYNTHETIC_ARGS, "2:16:kill", tmp_path, replace)
+    done = _run_example(script, SYNTHETIC_ARGS, "2:16:kill", tmp_path, replace=True)
     output = done.stdout.replace("\0", "")
     assert "kill at allreduce" in output and "Number of CPUs: 3" in output, output[-3000:]
-    # its last line: the survivors finished (with a replacement, on the world grown back)
-    assert f"Total img/sec on {3 if replace else 2} CPU(s)" in output, output[-3000:]
+    assert "Total img/sec on 3 CPU(s)" in output, output[-3000:]  # its last line, on the world grown back
 
 
 @needs_openmpi
