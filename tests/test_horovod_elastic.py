@@ -2,6 +2,7 @@
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -220,6 +221,38 @@ def test_grow_refuses_no_processes_and_a_communicator_not_over_mpi() -> None:
     transport = LoopbackWorld(1).transport(0)
     with pytest.raises(ConfigurationError, match="grow needs an MPI communicator, got LoopbackTransport"):
         grow(["python"], 1, comm=Communicator(transport))
+
+
+def test_with_replace_the_commit_after_a_loss_announces_hosts_and_the_reset_grows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the MPI calls stood in for: shrinking loses one rank, growing records what it was asked
+    from collectives.torch_integration import elastic
+
+    grown: list[tuple[list[str], int]] = []
+    worlds: list[int] = []
+    monkeypatch.setattr(elastic, "survive", lambda error, comm: 1)
+    monkeypatch.setattr(elastic, "grow", lambda argv, count: grown.append((argv, count)))
+    monkeypatch.setenv(REPLACE_ENV, "1")
+    state = _Counter()
+    failures = iter([True, False])
+    commits: list[int] = []
+
+    def train(state: _Counter) -> int:
+        while state.done < 4:
+            state.done += 1
+            if state.done == 2 and next(failures):
+                raise PeerFailedError("rank 2 died", collective="allreduce", sequence=3, peers=(2,), rank=0)
+            commits.append(state.done)
+            state.commit()
+        return state.done
+
+    hvd = elastic.Elastic(lambda: worlds.append(len(grown)), lambda: None)
+    assert hvd.run(train)(state) == 4
+    # the first commit after the loss (batch 2 redone) raised; the reset grew by one process
+    # running this command line; later commits announced nothing more
+    assert grown == [([sys.executable, *sys.orig_argv[1:]], 1)] and worlds == [0, 1]
+    assert commits == [1, 2, 3, 4] and state.synced == 3
 
 
 class _Counter(ObjectState):
