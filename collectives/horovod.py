@@ -120,6 +120,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     if process_sets not in (None, [], "dynamic"):
         raise ConfigurationError("collectives.horovod runs on the global process set only")
     _state.comm = comm
+    elastic.enter(comm)  # a process started in a lost rank's place joins the job here
     communicator = _communicator_of(comm)
     worker = _worker(communicator)
     hosts = worker.submit(

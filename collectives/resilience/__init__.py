@@ -33,7 +33,9 @@ Surviving a death under Open MPI with ULFM (:mod:`.recovery`)
     ``recover(checkpointer) -> Recovery`` (shrink, go back to the last checkpoint, take
     over the lost ranks' states: ``adopted``; ``hung=hung_ranks(error)`` kills ranks
     that hung past the timeout so they count as dead); ``replace(recovery, argv) -> Recovery``
-    (a new process in each lost rank's place, which calls ``join()``); ``fault_tolerance_missing()``.
+    (a new process in each lost rank's place, which calls ``join()``); ``grow(argv, count, comm=None)
+    -> Communicator`` (new processes numbered after the ranks, which call ``join_grown()``; no state
+    travels: Horovod Elastic's sync brings them up to date); ``fault_tolerance_missing()``.
 
 torch models and optimizers go through :mod:`collectives.torch_integration.checkpoint`.
 """
@@ -50,9 +52,11 @@ __all__ = [
     "disarm",
     "fault_tolerance_missing",
     "folder_of",
+    "grow",
     "holders_of",
     "hung_ranks",
     "join",
+    "join_grown",
     "load",
     "recover",
     "replace",
@@ -63,4 +67,15 @@ __all__ = [
 from ..faults import Fault, InjectedFault, arm, disarm
 from .checkpoint import Checkpointer, CheckpointError, holders_of
 from .directory import complete_versions, folder_of, load, save
-from .recovery import Recovery, Shrunk, fault_tolerance_missing, hung_ranks, join, recover, replace, shrink
+from .recovery import (
+    Recovery,
+    Shrunk,
+    fault_tolerance_missing,
+    grow,
+    hung_ranks,
+    join,
+    join_grown,
+    recover,
+    replace,
+    shrink,
+)

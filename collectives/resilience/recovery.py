@@ -5,8 +5,10 @@ __all__ = [
     "Shrunk",
     "adopter_of",
     "fault_tolerance_missing",
+    "grow",
     "hung_ranks",
     "join",
+    "join_grown",
     "recover",
     "replace",
     "require_fault_tolerance",
@@ -330,10 +332,7 @@ def replace(recovery: Recovery, argv: Sequence[str]) -> Recovery:
     dog = old.watchdog
     comm = Communicator(merged, timeout=dog.timeout, stall_warning=dog.stall_warning, check=dog.check)
     replicas = recovery.checkpointer.replicas
-    header = np.full(3 + comm.size, -1, np.int64)
-    header[:3] = (1, version, replicas)
-    header[3 : 3 + len(lost)] = lost
-    allgather(header, comm=comm)  # the replacements learn who they are and the version
+    _header(comm, _REPLACED, version, replicas, *lost)  # the replacements learn who they are and the version
     for d in lost:
         _pass_state(comm, d, adopter_of(d, comm.size, replicas, lost), recovery.adopted.get(d))
     going_on = Checkpointer(comm, replicas=replicas, version=version)
@@ -341,12 +340,22 @@ def replace(recovery: Recovery, argv: Sequence[str]) -> Recovery:
     return Recovery(comm, lost, tuple(range(comm.size)), going_on, version)
 
 
-def join() -> Recovery | None:
-    """In a process :func:`replace` started: its place among the survivors, with the lost rank's state.
+_REPLACED, _GROWN = 1, 2  # the first number of the survivors' header: which of the two started the process
 
-    ``None`` in any other process (the job's own ranks). Faults injected by
-    ``$COLLECTIVES_FAULT`` are disarmed here: the replacement inherited them.
-    """
+
+def _header(comm: Communicator, kind: int, *values: int) -> np.ndarray:
+    """The survivors' header (``kind``, ``values``, then -1s) on every rank; a new process gives zeros."""
+    header = np.full(3 + comm.size, -1 if kind else 0, np.int64)
+    if kind:
+        header[0] = kind
+        header[1 : 1 + len(values)] = values
+    rows: np.ndarray = allgather(header, comm=comm).reshape(comm.size, -1)
+    found: np.ndarray = rows[int(np.argmax(rows[:, 0]))]  # a survivor's
+    return found
+
+
+def _joined(expected: int) -> tuple[Communicator, np.ndarray] | None:
+    """In a spawned process: the communicator over its spawners and it, and the survivors' header."""
     from ..faults import disarm
     from ..transport.mpi import MPITransport
 
@@ -358,8 +367,26 @@ def join() -> Recovery | None:
     disarm()
     _ended.append(1)  # it ends as the survivors do, without MPI_Finalize
     comm = Communicator(merged)
-    rows = allgather(np.full(3 + comm.size, 0, np.int64), comm=comm).reshape(comm.size, -1)
-    header = rows[int(np.argmax(rows[:, 0]))]  # a survivor's
+    header = _header(comm, 0)
+    if int(header[0]) != expected:
+        started, joins = ("replace", "join()") if header[0] == _REPLACED else ("grow", "join_grown()")
+        raise ConfigurationError(f"this process was started by {started}: it enters with {joins}")
+    return comm, header
+
+
+def join() -> Recovery | None:
+    """In a process :func:`replace` started: its place among the survivors, with the lost rank's state.
+
+    ``None`` in any other process (the job's own ranks). Faults injected by
+    ``$COLLECTIVES_FAULT`` are disarmed here: the replacement inherited them.
+
+    Raises:
+        ConfigurationError: :func:`grow` started this process (it enters with :func:`join_grown`).
+    """
+    joined = _joined(_REPLACED)
+    if joined is None:
+        return None
+    comm, header = joined
     version, replicas = int(header[1]), int(header[2])
     lost = tuple(int(r) for r in header[3:] if r >= 0)
     mine = b""
@@ -370,6 +397,50 @@ def join() -> Recovery | None:
     checkpointer = Checkpointer(comm, replicas=replicas, version=version)
     checkpointer.adopt(comm.rank, mine)
     return Recovery(comm, lost, tuple(range(comm.size)), checkpointer, version)
+
+
+def grow(argv: Sequence[str], count: int, comm: "Communicator | MPI.Comm | None" = None) -> Communicator:
+    """Start ``count`` processes running ``argv`` that join ``comm``'s ranks, numbered after them; collective.
+
+    Each new process calls :func:`join_grown` (``hvd.init()`` does). Unlike
+    :func:`replace`, no state travels: the caller brings the new ranks up to date
+    (Horovod Elastic's ``state.sync()``). Where ``comm`` was the default
+    communicator the new one becomes the default.
+
+    Raises:
+        ConfigurationError: ``count`` is below 1, or ``comm`` is not over MPI.
+    """
+    from ..transport.mpi import MPITransport
+
+    if count < 1:
+        raise ConfigurationError(f"grow needs at least one process to start, got count={count}")
+    old = communicator_of(comm)
+    transport = old.transport
+    if not isinstance(transport, MPITransport):
+        raise ConfigurationError(f"grow needs an MPI communicator, got {type(transport).__name__}")
+    merged = transport.spawn_merge(argv, list(range(old.size, old.size + count)), old.rank)
+    dog = old.watchdog
+    new = Communicator(merged, timeout=dog.timeout, stall_warning=dog.stall_warning, check=dog.check)
+    _header(new, _GROWN, old.size)
+    if _communicator.default is old:
+        _communicator.default = new
+    return new
+
+
+def join_grown() -> Communicator | None:
+    """In a process :func:`grow` started: the communicator over the job's ranks and it, made the default.
+
+    ``None`` in any other process (the job's own ranks). Faults injected by
+    ``$COLLECTIVES_FAULT`` are disarmed here: the new process inherited them.
+
+    Raises:
+        ConfigurationError: :func:`replace` started this process (it enters with :func:`join`).
+    """
+    joined = _joined(_GROWN)
+    if joined is None:
+        return None
+    _communicator.default = joined[0]
+    return joined[0]
 
 
 def _pass_state(comm: Communicator, lost: int, adopter: int | None, state: Any) -> bytes:

@@ -10,27 +10,60 @@ calls the reset callbacks, brings every survivor to rank 0's state (``sync``)
 and calls the function again. Without fault tolerance the first failure ends
 the run with the error, which then names why it could not go on.
 
-No driver announces hosts here, so :meth:`State.check_host_updates` finds none
-and :class:`HostsUpdatedInterrupt` is raised only by a program's own code.
+No driver announces hosts here. With ``$COLLECTIVES_ELASTIC_REPLACE=1`` the
+world grows back instead: after a loss the survivors go on, and at their next
+commit :meth:`State.check_host_updates` raises :class:`HostsUpdatedInterrupt`
+(Horovod's meaning: hosts are about to be added); the reset then starts a new
+process per lost rank (``MPI_Comm_spawn`` of this program's command line,
+:func:`collectives.resilience.grow`), numbered after the survivors; its
+``hvd.init()`` joins them and its first ``sync`` gives it rank 0's commit.
 """
 
-__all__ = ["Elastic", "HostsUpdatedInterrupt", "ObjectState", "State", "TorchState", "run_fn", "survive"]
+__all__ = [
+    "REPLACE_ENV",
+    "Elastic",
+    "HostsUpdatedInterrupt",
+    "ObjectState",
+    "State",
+    "TorchState",
+    "run_fn",
+    "survive",
+]
 
 import copy
 import functools
 import pickle
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
 
+from .._env import env_flag
 from ..communicator import communicator_of
 from ..errors import ConfigurationError, TransportError
-from ..resilience import fault_tolerance_missing, hung_ranks, shrink
+from ..resilience import fault_tolerance_missing, grow, hung_ranks, join_grown, shrink
 from .collective_jobs import broadcast_bytes
 from .mpi_ops import broadcast_optimizer_state, broadcast_parameters
 
 R = TypeVar("R")
+
+REPLACE_ENV = "COLLECTIVES_ELASTIC_REPLACE"
+"""Set to 1: a lost rank is replaced by a new process at the survivors' next commit (needs ULFM)."""
+
+
+class _Hosts:
+    """The processes to start at the next commit: what Horovod's driver would announce.
+
+    One per process, as Horovod's own notification manager is: a state object
+    learns of host changes without being handed anything.
+    """
+
+    def __init__(self) -> None:
+        self.pending = 0
+
+
+_hosts = _Hosts()
 
 
 class HostsUpdatedInterrupt(RuntimeError):
@@ -86,7 +119,12 @@ class State:
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
-        """Raise :class:`HostsUpdatedInterrupt` if hosts were announced; no driver announces any here."""
+        """Raise :class:`HostsUpdatedInterrupt` where lost ranks are to be replaced (:data:`REPLACE_ENV`).
+
+        Every survivor learns of them in the same reset, so all raise at the same commit.
+        """
+        if _hosts.pending:
+            raise HostsUpdatedInterrupt(skip_sync=False)
 
     def save(self) -> None:
         """Keep the state in this worker's memory."""
@@ -181,6 +219,7 @@ class TorchState(ObjectState):
         if self.optimizer is not None:
             broadcast_optimizer_state(self.optimizer, root_rank=0)
         super().sync()
+        self._save_torch()  # a new rank's commit is rank 0's, not its own initial model
 
     def reset(self) -> None:
         move_to = getattr(self.optimizer, "move_to", None)
@@ -192,7 +231,8 @@ def run_fn(func: Callable[..., R], reset: Callable[[BaseException], None]) -> Ca
     """``func(state, ...)`` run again from ``state``'s last commit after a worker is lost, until it returns.
 
     ``reset(error)`` makes the world anew on the survivors of the failure
-    ``error``; it raises where it cannot (no fault tolerance), and that ends the run.
+    ``error``, or with the hosts a :class:`HostsUpdatedInterrupt` ``error``
+    announced; it raises where it cannot (no fault tolerance), and that ends the run.
     """
 
     @functools.wraps(func)
@@ -205,6 +245,7 @@ def run_fn(func: Callable[..., R], reset: Callable[[BaseException], None]) -> Ca
                 return func(state, *args, **kwargs)
             except HostsUpdatedInterrupt as interrupt:
                 skip_sync = interrupt.skip_sync
+                reset(interrupt)
             except TransportError as error:  # a peer died, or hung past the timeout
                 state.restore()
                 skip_sync = False
@@ -214,8 +255,10 @@ def run_fn(func: Callable[..., R], reset: Callable[[BaseException], None]) -> Ca
     return wrapper
 
 
-def survive(error: BaseException, comm: Any = None) -> None:
-    """Shrink the default communicator to the survivors of ``error`` (a lost or hung rank); collective.
+def survive(error: BaseException, comm: Any = None) -> int:
+    """Shrink the default communicator to the survivors of ``error`` (a lost or hung rank); the number lost.
+
+    Collective over the survivors.
 
     Raises:
         ConfigurationError: this MPI cannot survive a lost rank (saying why), or
@@ -230,7 +273,8 @@ def survive(error: BaseException, comm: Any = None) -> None:
         raise ConfigurationError(
             "elastic training runs over the default communicator (hvd.init())"
         ) from error
-    shrink(None, hung=hung_ranks(error))  # the default communicator is the survivors' from now on
+    shrunk = shrink(None, hung=hung_ranks(error))  # the default communicator is the survivors' from now on
+    return len(shrunk.lost)
 
 
 class Elastic:
@@ -252,9 +296,30 @@ class Elastic:
     def __init__(self, new_world: Callable[[], None], world: Callable[[], Any]) -> None:
         self._new_world = new_world
         self._world = world
+        self._entered = False
+
+    def enter(self, comm: Any) -> None:
+        """Before ``hvd.init`` makes its world: in a process started to replace a lost rank, join the job.
+
+        Only once per process, only over the default communicator and only with
+        ``$COLLECTIVES_ELASTIC_REPLACE`` set (the new process inherits it), so that
+        no other program spawned by MPI is taken for one.
+        """
+        if self._entered or comm is not None:
+            return
+        self._entered = True
+        if env_flag(REPLACE_ENV):
+            join_grown()
 
     def _reset(self, error: BaseException) -> None:
-        survive(error, self._world())
+        if isinstance(error, HostsUpdatedInterrupt):
+            count, _hosts.pending = _hosts.pending, 0
+            if count:  # the same command line as this process's, in the lost ranks' places
+                grow([sys.executable, *sys.orig_argv[1:]], count)
+        else:
+            lost = survive(error, self._world())
+            if env_flag(REPLACE_ENV):
+                _hosts.pending += lost
         self._new_world()
 
     def run(self, func: Callable[..., R]) -> Callable[..., R]:
