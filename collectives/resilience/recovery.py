@@ -15,11 +15,9 @@ __all__ = [
     "shrink",
 ]
 
-import atexit
 import contextlib
 import os
 import signal
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -38,35 +36,6 @@ if TYPE_CHECKING:
     from ..transport.mpi import MPITransport
 
 
-_ended: list[int] = []  # nonempty once a recovery gave up a communicator: this process skips MPI_Finalize
-_failure: list[BaseException] = []  # an uncaught exception, for the exit status
-
-
-def _end_without_finalize() -> None:
-    """End a process that survived a death without ``MPI_Finalize``, which can then hang for good.
-
-    Open MPI 5.0.x's ``MPI_Finalize`` after a rank died spins now and then (about one
-    job in five here, the survivors' work all done; tests/ulfm/probe.py shows it with
-    mpi4py alone). Registered when this module is imported, so it runs after the
-    program's own ``atexit`` handlers registered later, and before mpi4py finalizes.
-    The exit status is 0, or 1 after an uncaught exception (a ``sys.exit(n)`` code is
-    not seen here: it becomes 0).
-    """
-    if not _ended:
-        return
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(1 if _failure else 0)
-
-
-def _note_failure(kind: type[BaseException], error: BaseException, trace: Any) -> None:
-    _failure.append(error)
-    _previous_hook(kind, error, trace)
-
-
-_previous_hook = sys.excepthook
-atexit.register(_end_without_finalize)
 
 
 def fault_tolerance_missing() -> str | None:
@@ -137,7 +106,7 @@ def shrink(comm: "Communicator | MPI.Comm | None" = None, *, hung: Sequence[int]
             or a hung rank runs on another node.
     """
     require_fault_tolerance()
-    from ..transport.mpi import MPITransport
+    from ..transport.mpi import MPITransport, end_without_finalize
 
     old = communicator_of(comm)
     transport = old.transport
@@ -149,9 +118,7 @@ def shrink(comm: "Communicator | MPI.Comm | None" = None, *, hung: Sequence[int]
     if hung:
         _end_hung(transport, hung)
     smaller, lost = transport.shrink()
-    if not _ended:
-        _ended.append(1)
-        sys.excepthook = _note_failure
+    end_without_finalize()  # MPI_Finalize after a death can hang for good
     new = Communicator(
         smaller, timeout=watchdog.timeout, stall_warning=watchdog.stall_warning, check=watchdog.check
     )
@@ -357,7 +324,7 @@ def _header(comm: Communicator, kind: int, *values: int) -> np.ndarray:
 def _joined(expected: int) -> tuple[Communicator, np.ndarray] | None:
     """In a spawned process: the communicator over its spawners and it, and the survivors' header."""
     from ..faults import disarm
-    from ..transport.mpi import MPITransport
+    from ..transport.mpi import MPITransport, end_without_finalize
 
     if fault_tolerance_missing() is not None:
         return None
@@ -365,7 +332,7 @@ def _joined(expected: int) -> tuple[Communicator, np.ndarray] | None:
     if merged is None:
         return None
     disarm()
-    _ended.append(1)  # it ends as the survivors do, without MPI_Finalize
+    end_without_finalize()  # it ends as the survivors do
     comm = Communicator(merged)
     header = _header(comm, 0)
     if int(header[0]) != expected:

@@ -6,9 +6,10 @@ __all__ = [
     "SHARED_REGION_BYTES",
     "MPISharedMemory",
     "MPITransport",
+    "end_without_finalize",
     "ulfm_missing",
 ]
 
-from .failures import ulfm_missing
+from .failures import end_without_finalize, ulfm_missing
 from .messages import CUDA_AWARE_ENV, RANKS_PER_NODE_ENV, MPITransport
 from .shared_memory import SHARED_REGION_BYTES, MPISharedMemory
