@@ -88,9 +88,9 @@ def test_an_elastic_run_without_failure_trains_as_the_plain_loop() -> None:
 
 @needs_openmpi
 def test_a_rank_killed_mid_training_is_survived_from_the_last_commit() -> None:
-    # rank 2 dies as its 14th collective call begins (batch 2's gradient allreduce); the two
+    # rank 2 dies as its 16th collective call begins (batch 2's gradient allreduce); the two
     # survivors go back to their last commit, shrink, call the reset callbacks and go on at size 2
-    survivors, output = _killed(SCRIPT, "8", "2:13:kill", "ELASTIC ")
+    survivors, output = _killed(SCRIPT, "8", "2:15:kill", "ELASTIC ")
     assert sorted(r["launch_rank"] for r in survivors) == [0, 1], output
     sizes = survivors[0]["sizes"]
     assert len(sizes) == 8 and 3 in sizes and sizes[-1] == 2 and sizes == sorted(sizes, reverse=True)
@@ -107,7 +107,7 @@ def test_with_replace_a_new_process_takes_the_lost_ranks_place_and_the_world_gro
     # rank 2 dies in batch 2; the survivors redo it at size 2, and at that batch's commit
     # check_host_updates raises HostsUpdatedInterrupt: a process spawned in rank 2's place
     # (with rank 2's data) joins at its first sync with rank 0's commit, and all go on at size 3
-    ranks, output = _killed(SCRIPT, "8", "2:13:kill", "ELASTIC ", replace=True)
+    ranks, output = _killed(SCRIPT, "8", "2:15:kill", "ELASTIC ", replace=True)
     assert sorted(r["rank"] for r in ranks) == [0, 1, 2], output
     sizes = ranks[0]["sizes"]
     assert len(sizes) == 8 and sizes[:2] == [3, 3] and 2 in sizes and sizes[-1] == 3, sizes
@@ -137,7 +137,7 @@ def test_without_fault_tolerance_a_lost_rank_ends_the_run_in_bounded_time(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # MPICH has no ULFM: a rank's death ends the job (the launcher's doing), and nothing waits forever
-    monkeypatch.setenv("COLLECTIVES_FAULT", "2:13:kill")
+    monkeypatch.setenv("COLLECTIVES_FAULT", "2:15:kill")
     try:
         done = run_mpi(3, ["-m", SCRIPT, "8"], timeout=90)
     except subprocess.TimeoutExpired as expired:
