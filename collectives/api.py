@@ -79,7 +79,7 @@ from .prepared import (
 )
 from .requests import busy as _busy
 from .requests import settle
-from .selector import AUTO, default_selector
+from .selector import AUTO, default_selector, nodes_of
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -516,7 +516,10 @@ def explain(
     else:
         features = frozenset()
     features = frozenset() if device else features  # device arrays never use the host's shared memory
-    explanation = (selector or default_selector(world_size)).explain(
+    # the node split the communicator found (the one dispatch uses) gives the job's shape and link classes
+    split = nodes_of(world_size, features)
+    nodes = 1 if split is None else split[0]
+    explanation = (selector or default_selector(world_size, nodes)).explain(
         collective, count, dtype, world_size=world_size, op=op, features=features, topology=topology
     )
     from dataclasses import replace

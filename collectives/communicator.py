@@ -215,7 +215,9 @@ class Communicator:
         """
         selector = self._selector
         if selector is None:
-            selector = self._selector = _agree_on_selector(call, self._transport)
+            # on several nodes, rank 0 reads the calibration of the job's shape (both classes of link)
+            nodes = 1 if self._nodes is None else self.size // len(self._nodes.node_ranks)
+            selector = self._selector = _agree_on_selector(call, self._transport, nodes)
         return selector
 
     @property
@@ -385,10 +387,11 @@ def communicator_of(comm: "Communicator | MPI.Comm | None") -> Communicator:
     return wrapper
 
 
-_MODEL_FORMAT = struct.Struct("5d")  # the cost model rank 0 sends: alpha, beta, gamma, barrier, copy
+# the cost model rank 0 sends: alpha, beta, gamma, barrier, copy, network alpha, network beta (-1: none)
+_MODEL_FORMAT = struct.Struct("7d")
 
 
-def _agree_on_selector(call: Call, transport: Transport) -> Selector:
+def _agree_on_selector(call: Call, transport: Transport, nodes: int = 1) -> Selector:
     """Rank 0's selector on every rank of ``transport``: rank 0 sends its cost model under ``call``."""
     size = transport.size
     message = bytearray(_MODEL_FORMAT.size)
@@ -397,21 +400,27 @@ def _agree_on_selector(call: Call, transport: Transport) -> Selector:
     step = "the selector's agreement"
     if transport.rank == 0:
         try:
-            selector = default_selector(size)
+            selector = default_selector(size) if nodes == 1 else default_selector(size, nodes)
         except CalibrationError:
             # tell the others, or they would wait for constants that never come
-            _MODEL_FORMAT.pack_into(message, 0, *(math.nan,) * 5)
+            _MODEL_FORMAT.pack_into(message, 0, *(math.nan,) * 7)
             _exchange(call, transport, [(message, p) for p in _peers(transport)], [], Tag.SELECTOR, step)
             raise
         model = selector.model
-        _MODEL_FORMAT.pack_into(message, 0, model.alpha, model.beta, model.gamma, model.barrier, model.copy)
+        sent = -1.0 if model.network_beta is None else model.network_beta
+        constants = (model.alpha, model.beta, model.gamma, model.barrier, model.copy, model.network_alpha)
+        _MODEL_FORMAT.pack_into(message, 0, *constants, sent)
         _exchange(call, transport, [(message, p) for p in _peers(transport)], [], Tag.SELECTOR, step)
         return selector
     _exchange(call, transport, [], [(message, 0)], Tag.SELECTOR, step)
-    alpha, beta, gamma, barrier, copy = _MODEL_FORMAT.unpack(message)
+    alpha, beta, gamma, barrier, copy, network_alpha, network_beta = _MODEL_FORMAT.unpack(message)
     if math.isnan(alpha):
         raise CalibrationError("rank 0 could not load its calibration; see its error")
-    return selector_for(CostModel(alpha, beta, gamma, barrier, copy, source="calibration of rank 0"))
+    between = None if network_beta < 0 else network_beta
+    model = CostModel(
+        alpha, beta, gamma, barrier, copy, network_alpha, between, source="calibration of rank 0"
+    )
+    return selector_for(model)
 
 
 def _peers(transport: Transport) -> list[int]:
