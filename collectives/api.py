@@ -67,7 +67,7 @@ from .buffers import (
 from .communicator import Communicator, communicator_of
 from .dispatch import checked, keeps_order, run
 from .explanation import Explanation
-from .ops import ReduceOp
+from .ops import ReduceOp, itemsize
 from .prepared import (
     allgather_prepared,
     allreduce_key,
@@ -526,6 +526,12 @@ def explain(
 
     if isinstance(op, ReduceOp) and not op.commutative and explanation.op is not None and world_size > 1:
         explanation = _in_rank_order(explanation, features)
+    tuner = None if group is None or world_size != group.size else group.tuner
+    if tuner is not None:  # what the online tuner measured for this shape, and chose
+        shape = (collective, world_size, count, itemsize(explanation.dtype), features)
+        measured, decided = tuner.measured(*shape), tuner.decided(*shape)
+        if decided is not None and measured:
+            explanation = replace(explanation, measured=measured, choice=decided)
     path = None if group is None else group.chosen_device_path
     if path is None and not device:
         return explanation

@@ -18,6 +18,7 @@ from .topology.cost_model import CostModel
 from .transport.base import NodeSplit, Transport
 from .transport.device_path import DevicePath
 from .transport.tags import Tag
+from .tuner import Tuner, tuning_wanted
 from .watchdog import Watchdog
 
 if TYPE_CHECKING:
@@ -52,11 +53,15 @@ class Communicator:
         check: whether calls are checked for mismatches unless a call says
             otherwise; ``$COLLECTIVES_CHECK`` (``1`` or ``0``) or on by default.
             It must be the same on every rank.
+        tune: whether ``"auto"`` calls are tuned online (:mod:`collectives.tuner`): the
+            best predicted algorithms timed on a call shape's first calls, the fastest
+            kept; ``$COLLECTIVES_TUNE`` or off by default. The same on every rank.
 
     Attributes:
         watchdog: numbers, checks, bounds and records every call (for the library's modules).
         scratch: buffers reused by every call, so repeated calls allocate nothing.
         prepared: repeated calls' checked decisions, by key (see :mod:`collectives.prepared`).
+        tuner: the online tuner, where tuning is on; else ``None``.
     """
 
     def __init__(
@@ -66,7 +71,9 @@ class Communicator:
         timeout: float | None = None,
         stall_warning: float | None = None,
         check: bool | None = None,
+        tune: bool | None = None,
     ) -> None:
+        self.tuner: Tuner | None = Tuner() if tuning_wanted(tune) else None
         self._selector: Selector | None = None  # agreed on the first algorithm="auto"
         self._shared: SharedExecutor | None = None
         self._nodes: NodeSplit | None = None  # where the ranks span several nodes
@@ -312,7 +319,11 @@ class Communicator:
                 return self
             dog = self.watchdog
             self._sibling = Communicator(
-                transport, timeout=dog.timeout, stall_warning=dog.stall_warning, check=dog.check
+                transport,
+                timeout=dog.timeout,
+                stall_warning=dog.stall_warning,
+                check=dog.check,
+                tune=self.tuner is not None,
             )
         return self._sibling
 

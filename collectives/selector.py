@@ -195,6 +195,17 @@ class Selector:
             self._choices[key] = choice
         return choice
 
+    def ranked(
+        self,
+        collective: str,
+        world_size: int,
+        count: int,
+        itemsize: int,
+        features: frozenset[str] = frozenset(),
+    ) -> tuple[Candidate, ...]:
+        """The candidates for a call, fastest predicted first (what :meth:`choose` takes the first of)."""
+        return self._rank(collective, world_size, count, itemsize, features)[0]
+
     def explain(
         self,
         collective: str,
