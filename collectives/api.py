@@ -526,6 +526,12 @@ def explain(
 
     if isinstance(op, ReduceOp) and not op.commutative and explanation.op is not None and world_size > 1:
         explanation = _in_rank_order(explanation, features)
+    if group is not None and group.known_features is None and world_size == group.size > 1 and not device:
+        note = (
+            "the communicator's node split is not known yet (its first collective, or comm.features, "
+            "finds it); until then shared memory and nodes are not weighed, and auto may run another"
+        )
+        explanation = replace(explanation, note=note)
     tuner = None if group is None or world_size != group.size else group.tuner
     if tuner is not None:  # what the online tuner measured for this shape, and chose
         shape = (collective, world_size, count, itemsize(explanation.dtype), features)

@@ -69,6 +69,7 @@ class Explanation:
         measured: where the online tuner timed the best candidates (see
             :mod:`collectives.tuner`): each one's seconds, the slowest rank's, fastest
             first; the choice is then the fastest measured. Empty where nothing was measured.
+        note: what the explanation could not know, in one line; ``None`` for nothing.
     """
 
     collective: str
@@ -84,6 +85,7 @@ class Explanation:
     device: str | None = None
     nodes: tuple[int, int] | None = None
     measured: tuple[tuple[str, float], ...] = ()
+    note: str | None = None
 
     def __str__(self) -> str:
         size = self.count * itemsize(self.dtype)
@@ -98,6 +100,7 @@ class Explanation:
                 else [f"transfers: on the links of {self.topology.name}, with contention, not alpha and beta"]
             ),
             *([] if self.device is None else [f"device buffers: {self.device}"]),
+            *([] if self.note is None else [f"note: {self.note}"]),
             *(
                 []
                 if self.nodes is None

@@ -138,3 +138,14 @@ def test_a_malformed_network_constant_is_refused(tmp_path: Path) -> None:
     path.write_text(json.dumps({"calibrations": {"2x3": dict(entry, network_alpha=1e-5)}}))
     with pytest.raises(C.CalibrationError, match="its world_size is 4"):
         load_model(path, world_size=6, nodes=2)
+
+
+def test_explain_says_when_the_node_split_is_not_known_yet() -> None:
+    def body(comm: C.Communicator) -> tuple[str, str]:
+        before = str(C.explain("allreduce", 1024, comm=comm))
+        comm.features  # noqa: B018 - collective: finds the nodes
+        return before, str(C.explain("allreduce", 1024, comm=comm))
+
+    for before, after in _run_on_nodes(2, 2, body):
+        assert "node split is not known yet" in before
+        assert "not known" not in after and "between 2 nodes (network)" in after
