@@ -6,13 +6,16 @@ returns G ranks, and messages between them leave shared memory for the network
 module. Each job is time-bounded.
 """
 
+import json
 import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from collectives.calibration import load_model
 from tests.mpirun import mpiexec, run_bounded
 
 TIMEOUT_S = 150  # the whole job
@@ -61,3 +64,24 @@ def test_node_structure_under_emulated_nodes(nodes: int, per_node: int) -> None:
     assert len(passed) == ranks and min(passed) > 0, f"no tests ran at {nodes} x {per_node}:\n{output}"
     # the tests of several nodes ran on several nodes: none skipped for finding one
     assert not re.search(r"SKIPPED.*test_two_nodes", output), output
+
+
+@pytest.mark.skipif(mpiexec() is None, reason="no mpiexec (install the mpich extra)")
+def test_calibrate_on_two_nodes_saves_both_link_classes_under_the_jobs_shape(tmp_path: Path) -> None:
+    launcher = mpiexec()
+    assert launcher is not None
+    path = tmp_path / "calibration.json"
+    env = dict(os.environ, PYTHONUNBUFFERED="1", COLLECTIVES_CALIBRATION=str(path))
+    command = [launcher, "-launcher", "fork", "-hosts", hosts(2, 2), "-n", "4", sys.executable]
+    bench = ["-m", "bench", "calibrate", "--quick", "-n", "2", "-w", "0"]
+    finished = run_bounded([*command, *bench], env, TIMEOUT_S)
+    assert finished.returncode == 0, finished.stdout
+    assert "2 nodes x 2 ranks" in finished.stdout and "# network: alpha" in finished.stdout
+    saved = json.loads(path.read_text())["calibrations"]
+    assert list(saved) == ["2x2"]
+    entry = saved["2x2"]
+    assert entry["nodes"] == 2 and entry["world_size"] == 4
+    assert len(entry["exchanges"]) == len(entry["network_exchanges"]) == 4  # both classes timed
+    model = load_model(path, world_size=4, nodes=2)
+    assert model.network_beta is not None and model.network_alpha == entry["network_alpha"] >= 0
+    assert "2 nodes of 2 ranks" in model.source
