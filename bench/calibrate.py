@@ -26,7 +26,7 @@ from collectives.calibration import calibration_path, save_model
 from collectives.execute import execute
 from collectives.ops import get_op
 from collectives.schedule import Schedule, Step, Transfer
-from collectives.selector import Selector
+from collectives.selector import Selector, nodes_of
 from collectives.topology.cost_model import DEFAULT_MODEL, CostModel
 from collectives.transport.mpi import MPITransport
 
@@ -48,12 +48,25 @@ _FULL_ALLREDUCE_BYTES = (1024**2, 4 * 1024**2, 16 * 1024**2)
 _QUICK_ALLREDUCE_BYTES = (1024**2, 8 * 1024**2)
 _COLD_BYTES = 64 * 1024**2  # past the last-level cache (32 MiB on the machine the defaults come from)
 _FITTED = (("ring", "beta"), ("shared_memory", "copy"))  # (algorithm timed, the constant it fits)
+# on several nodes: every step of a ring crosses between nodes, and the hierarchy copies within them
+_FITTED_NODES = (("ring", "network_beta"), ("hierarchical_shared_memory", "copy"))
 
 
-def _shift(world_size: int, steps: int, count: int) -> Schedule:
-    """``steps`` steps in which every rank sends ``count`` elements to the next rank round the ring."""
+def _shift(world_size: int, steps: int, count: int, per_node: int = 0, between: bool = False) -> Schedule:
+    """``steps`` steps in which every rank sends ``count`` elements to the next rank round a ring.
+
+    With ``per_node`` (ranks r // per_node share a node): the ring of each node's
+    ranks, or with ``between`` the ring of the ranks of the same local rank on
+    every node, so that the exchanges time one class of link alone.
+    """
+    if not per_node:
+        peer = [(r + 1) % world_size for r in range(world_size)]
+    elif between:
+        peer = [(r + per_node) % world_size for r in range(world_size)]
+    else:
+        peer = [r - r % per_node + (r % per_node + 1) % per_node for r in range(world_size)]
     # chunk 0 lands in the neighbour's chunk 1, so no chunk is both read and overwritten in a step
-    step = Step(Transfer(r, (r + 1) % world_size, 0, dst_chunk=1) for r in range(world_size))
+    step = Step(Transfer(r, peer[r], 0, dst_chunk=1) for r in range(world_size))
     return Schedule(
         name=f"calibrate-shift(n={world_size},steps={steps})",
         collective="allgather",
@@ -100,7 +113,13 @@ def measure_barrier(world: MPI.Intracomm, transport: MPITransport, iters: int, w
     iteration (as :func:`_fastest`), divided by the P - 1 peers each rank waits for.
     """
     shared = transport.shared_memory()
-    if shared is None or world.size < 2:
+    ranks = world.size
+    if shared is None:
+        split = transport.node_split()  # on several nodes, a barrier is a node's
+        if split is None:
+            return None
+        shared, ranks = split.shared, len(split.node_ranks)
+    if ranks < 2:
         return None
     run = 16  # barriers per timed call, so the clock's own cost is small beside them
 
@@ -108,7 +127,7 @@ def measure_barrier(world: MPI.Intracomm, transport: MPITransport, iters: int, w
         for _ in range(run):
             shared.barrier()
 
-    return _fastest(world, barriers, iters, warmup) / run / (world.size - 1)
+    return _fastest(world, barriers, iters, warmup) / run / (ranks - 1)
 
 
 def measure_allreduces(
@@ -172,8 +191,13 @@ def _fit_collectives(
     1.3-1.6x faster.
     """
     comm = collectives.Communicator(world)
+    fits = _FITTED
+    per_node = None
     try:
         features = comm.features
+        split = nodes_of(world.size, features)
+        if split is not None:
+            fits, per_node = _FITTED_NODES, split[1]
         selector = Selector(model)
         timed: list[Timed] = []
         emit(f"# {'algorithm':>13} {'bytes':>10} {'median(us)':>12}")
@@ -184,19 +208,19 @@ def _fit_collectives(
             )
             counted = {c.algorithm: c.traffic for c in explanation.candidates}
             # shared_memory is no candidate where the ranks share no memory
-            names = [algorithm for algorithm, _ in _FITTED if algorithm in counted]
+            names = [algorithm for algorithm, _ in fits if algorithm in counted]
             for algorithm, seconds in measure_allreduces(comm, world, names, nbytes, iters, warmup).items():
                 timed.append(Timed(algorithm, count, seconds, counted[algorithm]))
                 emit(f"  {algorithm:>13} {nbytes:>10} {seconds * 1e6:>12.2f}")
     finally:
         comm.free()
     fitted = {}
-    for algorithm, term in _FITTED:
+    for algorithm, term in fits:
         mine = [t for t in timed if t.algorithm == algorithm]
         if not mine:
             emit(f"# {term}: {algorithm} cannot run here; the default is kept")
             continue
-        fitted[term], intercept = fit_per_byte(mine, model, term, _ITEMSIZE, world.size)
+        fitted[term], intercept = fit_per_byte(mine, model, term, _ITEMSIZE, world.size, per_node)
         emit(
             f"# {term} {fitted[term] * 1e9:.4f} ns/byte from {algorithm}; "
             f"its calls' cost beyond the model's other terms: {intercept * 1e6:.2f} us"
@@ -241,31 +265,55 @@ def calibrate(
     """
     transport = MPITransport(world)
     backend = NumpyBackend()
-    measurements = []
-    emit(f"# calibrating over {world.size} ranks ({'quick' if quick else 'full'}); {library_version()}")
-    emit(f"# {'steps':>5} {'bytes':>10} {'time(us)':>12}")
+    split = transport.node_split()  # collective; None on one node
+    per_node = 0 if split is None else len(split.node_ranks)
+    nodes = 1 if split is None else world.size // per_node
+    # every class of link the job has: within a node (where a node has 2 ranks or more), between nodes
+    classes = [("node", False)] if per_node != 1 else []
+    if nodes > 1:
+        classes.append(("network", True))
+    measured: dict[str, list[Measurement]] = {}
+    shape = f"{nodes} nodes x {per_node} ranks" if nodes > 1 else "one node"
+    emit(
+        f"# calibrating over {world.size} ranks, {shape} ({'quick' if quick else 'full'}); "
+        f"{library_version()}"
+    )
+    emit(f"# {'link':>7} {'steps':>5} {'bytes':>10} {'time(us)':>12}")
     try:
-        for steps in _QUICK_STEPS if quick else _STEPS:
-            for nbytes in _QUICK_SIZES if quick else _FULL_SIZES:
-                count = nbytes // _ITEMSIZE
-                schedule = _shift(world.size, steps, count)
-                buffer = np.zeros(2 * count, np.float32)
+        for link, between in classes:
+            measurements = measured[link] = []
+            for steps in _QUICK_STEPS if quick else _STEPS:
+                for nbytes in _QUICK_SIZES if quick else _FULL_SIZES:
+                    count = nbytes // _ITEMSIZE
+                    schedule = _shift(world.size, steps, count, per_node if nodes > 1 else 0, between)
+                    buffer = np.zeros(2 * count, np.float32)
 
-                def run(schedule: Schedule = schedule, buffer: np.ndarray = buffer) -> None:
-                    execute(schedule, transport, backend, buffer)
+                    def run(schedule: Schedule = schedule, buffer: np.ndarray = buffer) -> None:
+                        execute(schedule, transport, backend, buffer)
 
-                seconds = _fastest(world, run, iters, warmup)
-                measurements.append(Measurement(steps, count * _ITEMSIZE, seconds))
-                emit(f"  {steps:>5} {count * _ITEMSIZE:>10} {seconds * 1e6:>12.2f}")
+                    seconds = _fastest(world, run, iters, warmup)
+                    measurements.append(Measurement(steps, count * _ITEMSIZE, seconds))
+                    emit(f"  {link:>7} {steps:>5} {count * _ITEMSIZE:>10} {seconds * 1e6:>12.2f}")
         barrier = measure_barrier(world, transport, iters, warmup)
     finally:
         transport.close()
+    network = {}
+    if "network" in measured:
+        network_alpha, network_beta, _ = fit_exchange(measured["network"])
+        network = {"network_alpha": network_alpha, "network_beta": network_beta}
+        emit(
+            f"# network: alpha {network_alpha * 1e6:.2f} us, "
+            f"beta {network_beta * 1e9:.4f} ns/byte (exchanges)"
+        )
+    measurements = measured.get("node") or measured["network"]
     alpha, exchange_beta, overhead = fit_exchange(measurements)
     gamma = measure_gamma(world, _QUICK_GAMMA_BYTES if quick else _GAMMA_BYTES, iters, warmup)
     if barrier is None:
         emit("# barrier: the ranks share no memory; the default is kept")
         barrier = DEFAULT_MODEL.barrier
-    exchanged = CostModel(alpha, exchange_beta, gamma, barrier, DEFAULT_MODEL.copy, source="measured")
+    exchanged = replace(
+        CostModel(alpha, exchange_beta, gamma, barrier, DEFAULT_MODEL.copy, source="measured"), **network
+    )
     sizes = _QUICK_ALLREDUCE_BYTES if quick else _FULL_ALLREDUCE_BYTES
     model, timed = _fit_collectives(world, emit, exchanged, sizes, iters, warmup)
     emit(f"# fixed cost per call: {overhead * 1e6:.2f} us (the same for every algorithm; not in the model)")
@@ -276,13 +324,19 @@ def calibrate(
             model,
             calibration_path(),
             world_size=world.size,
+            nodes=nodes,
             quick=quick,
             overhead=overhead,
             exchange_beta=exchange_beta,
             mpi_library=library_version(),
             host=platform.node(),
             measured=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            exchanges=[asdict(m) for m in measurements],
+            exchanges=[asdict(m) for m in measured.get("node", [])],  # within a node
+            **(
+                {"network_exchanges": [asdict(m) for m in measured["network"]]}
+                if "network" in measured
+                else {}
+            ),
             allreduces=[
                 {"algorithm": t.algorithm, "bytes": t.count * _ITEMSIZE, "seconds": t.seconds} for t in timed
             ],

@@ -10,7 +10,7 @@ import numpy as np
 from collectives.errors import CalibrationError
 from collectives.topology.cost_model import CostModel, Traffic
 
-PER_BYTE_TERMS = {"beta": "elements", "copy": "copied"}
+PER_BYTE_TERMS = {"beta": "elements", "copy": "copied", "network_beta": "network_elements"}
 """The per-byte constants :func:`fit_per_byte` fits, and the :class:`Traffic` field each weighs."""
 
 
@@ -55,7 +55,12 @@ def fit_exchange(measurements: Sequence[Measurement]) -> tuple[float, float, flo
 
 
 def fit_per_byte(
-    timed: Sequence[Timed], model: CostModel, term: str, itemsize: int, world_size: int
+    timed: Sequence[Timed],
+    model: CostModel,
+    term: str,
+    itemsize: int,
+    world_size: int,
+    ranks_per_node: int | None = None,
 ) -> tuple[float, float]:
     """``(value, intercept)``: ``term`` (``"beta"`` or ``"copy"``) as the per-byte slope of ``timed``.
 
@@ -68,7 +73,8 @@ def fit_per_byte(
     oversubscribed node the exchanges' alpha was 5 times a ring allreduce's cost
     per message), so the value is the marginal cost of a byte in the algorithms
     timed, in the regime (cache, segments, the executor's own copies) they run
-    in. A negative value (noise) becomes zero.
+    in. A negative value (noise) becomes zero. With ``ranks_per_node`` the ranks
+    span nodes of that many, and each class of link is weighed by its own constants.
 
     Raises:
         CalibrationError: ``term`` is not one of :data:`PER_BYTE_TERMS`, or the calls
@@ -84,7 +90,9 @@ def fit_per_byte(
         )
     rest = replace(model, **{term: 0.0})
     seconds = np.array([t.seconds for t in timed])
-    left = seconds - np.array([rest.time(t.traffic, itemsize, world_size) for t in timed])
+    left = seconds - np.array(
+        [sum(rest.terms(t.traffic, itemsize, world_size, ranks_per_node=ranks_per_node)) for t in timed]
+    )
     rows = np.stack([np.ones_like(nbytes), nbytes], axis=1)
     weights = 1.0 / seconds
     solution, *_ = np.linalg.lstsq(rows * weights[:, None], left * weights, rcond=None)

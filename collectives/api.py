@@ -67,7 +67,7 @@ from .buffers import (
 from .communicator import Communicator, communicator_of
 from .dispatch import checked, keeps_order, run
 from .explanation import Explanation
-from .ops import ReduceOp
+from .ops import ReduceOp, itemsize
 from .prepared import (
     allgather_prepared,
     allreduce_key,
@@ -79,7 +79,7 @@ from .prepared import (
 )
 from .requests import busy as _busy
 from .requests import settle
-from .selector import AUTO, default_selector
+from .selector import AUTO, default_selector, nodes_of
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -516,13 +516,28 @@ def explain(
     else:
         features = frozenset()
     features = frozenset() if device else features  # device arrays never use the host's shared memory
-    explanation = (selector or default_selector(world_size)).explain(
+    # the node split the communicator found (the one dispatch uses) gives the job's shape and link classes
+    split = nodes_of(world_size, features)
+    nodes = 1 if split is None else split[0]
+    explanation = (selector or default_selector(world_size, nodes)).explain(
         collective, count, dtype, world_size=world_size, op=op, features=features, topology=topology
     )
     from dataclasses import replace
 
     if isinstance(op, ReduceOp) and not op.commutative and explanation.op is not None and world_size > 1:
         explanation = _in_rank_order(explanation, features)
+    if group is not None and group.known_features is None and world_size == group.size > 1 and not device:
+        note = (
+            "the communicator's node split is not known yet (its first collective, or comm.features, "
+            "finds it); until then shared memory and nodes are not weighed, and auto may run another"
+        )
+        explanation = replace(explanation, note=note)
+    tuner = None if group is None or world_size != group.size else group.tuner
+    if tuner is not None:  # what the online tuner measured for this shape, and chose
+        shape = (collective, world_size, count, itemsize(explanation.dtype), features)
+        measured, decided = tuner.measured(*shape), tuner.decided(*shape)
+        if decided is not None and measured:
+            explanation = replace(explanation, measured=measured, choice=decided)
     path = None if group is None else group.chosen_device_path
     if path is None and not device:
         return explanation

@@ -1,6 +1,6 @@
-"""The calibration file: the cost model's constants kept per world size, read and written."""
+"""The calibration file: the cost model's constants per job shape (world size, or nodes x ranks)."""
 
-__all__ = ["CALIBRATION_ENV", "calibration_path", "load_model", "save_model"]
+__all__ = ["CALIBRATION_ENV", "calibration_path", "load_model", "save_model", "shape_key"]
 
 import json
 import math
@@ -32,6 +32,27 @@ def calibration_path() -> Path:
 
 _ANY_SIZE = "any"  # the entry of a model saved without a world size
 _CONSTANTS = ("alpha", "beta", "gamma", "barrier", "copy")
+_NETWORK = ("network_alpha", "network_beta")  # the link class between nodes; absent: the defaults
+
+
+def shape_key(world_size: int, nodes: int = 1) -> str:
+    """The entry of ``world_size`` ranks on ``nodes`` nodes: ``"4"`` on one, ``"2x2"`` on two of 2."""
+    if nodes <= 1:
+        return str(world_size)
+    return f"{nodes}x{world_size // nodes}"
+
+
+def _shape_of(key: str) -> tuple[int, int] | None:
+    """``(nodes, ranks per node)`` of a key written by :func:`shape_key` for several nodes, else ``None``."""
+    nodes, x, per_node = key.partition("x")
+    if not x or not all(_decimal(part) for part in (nodes, per_node)) or int(nodes) < 2:
+        return None
+    return int(nodes), int(per_node)
+
+
+def _decimal(text: str) -> bool:
+    # written by str(), so "02" or "+2" is no count
+    return text.isascii() and text.isdigit() and text == str(int(text)) and text != "0"
 
 
 def _check_world_size(world_size: object) -> int:
@@ -48,8 +69,11 @@ def _is_world_size(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-def _entry_order(key: str) -> float:
-    return math.inf if key == _ANY_SIZE else int(key)
+def _entry_order(key: str) -> tuple[float, int]:
+    shape = _shape_of(key)
+    if shape is not None:
+        return shape[0] * shape[1], shape[0]
+    return (math.inf, 0) if key == _ANY_SIZE else (int(key), 1)
 
 
 def _read_calibrations(path: Path) -> dict[str, dict[str, Any]] | None:
@@ -86,15 +110,17 @@ def _read_calibrations(path: Path) -> dict[str, dict[str, Any]] | None:
         raise CalibrationError(f"malformed calibration {path}: calibrations must be a JSON object")
     for key, entry in entries.items():
         where = f"malformed calibration {path}: entry {key!r}: "
-        # the keys are written by str(), so "02" or "+2" is no world size
-        if key != _ANY_SIZE and not (key.isascii() and key.isdigit() and key == str(int(key)) and key != "0"):
+        shape = _shape_of(key)
+        if key != _ANY_SIZE and shape is None and not _decimal(key):
             raise CalibrationError(
-                f"{where}the key must be a world size (a positive integer) or {_ANY_SIZE!r}"
+                f"{where}the key must be a world size (a positive integer), nodes x ranks per node "
+                f"(e.g. '2x4') or {_ANY_SIZE!r}"
             )
         if not isinstance(entry, dict):
             raise CalibrationError(f"{where}expected a JSON object")
         size = entry.get("world_size")
-        if size is not None and (key == _ANY_SIZE or not _is_world_size(size) or size != int(key)):
+        ranks = None if key == _ANY_SIZE else shape[0] * shape[1] if shape else int(key)
+        if size is not None and (ranks is None or not _is_world_size(size) or size != ranks):
             raise CalibrationError(f"{where}its world_size is {size!r}")
         _check_entry(entry, where)
     return entries
@@ -108,10 +134,20 @@ def _check_entry(entry: dict[str, Any], where: str) -> None:
             continue  # a calibration from before barriers or copies were measured: the defaults
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
             raise CalibrationError(f"{where}{name} must be a non-negative number of seconds, got {value!r}")
+    for name in _NETWORK:
+        value = entry.get(name)
+        if value is None:
+            continue  # not measured (one node, or a calibration from before link classes)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+            raise CalibrationError(f"{where}{name} must be a non-negative number of seconds, got {value!r}")
 
 
-def load_model(path: Path | str | None = None, *, world_size: int) -> CostModel:
+def load_model(path: Path | str | None = None, *, world_size: int, nodes: int = 1) -> CostModel:
     """The cost model calibrated for ``world_size`` ranks in the file at ``path`` (:func:`calibration_path`).
+
+    On ``nodes`` nodes (more than one), the entry of that shape (e.g. ``"2x2"``,
+    with both classes of link: within a node and between nodes) comes first; without
+    one, the entries of world sizes are read as below, with the network's defaults.
 
     The file keeps one calibration per world size (see :func:`save_model`). The
     entry of ``world_size`` is used; where there is none, the one saved for any
@@ -128,30 +164,64 @@ def load_model(path: Path | str | None = None, *, world_size: int) -> CostModel:
             ``alpha``, ``beta`` or ``gamma``; the message names the path and the entry.
     """
     world_size = _check_world_size(world_size)
+    nodes = _check_world_size(nodes)
     path = calibration_path() if path is None else Path(path)
     entries = _read_calibrations(path)
     if not entries:
         return replace(DEFAULT_MODEL, source=f"defaults (no calibration at {path})")
-    if str(world_size) in entries:
+    shape = shape_key(world_size, nodes)
+    if nodes > 1 and shape in entries:
+        entry, source = (
+            entries[shape],
+            f"calibrated on {nodes} nodes of {world_size // nodes} ranks, from {path}",
+        )
+    elif str(world_size) in entries:
         entry, source = entries[str(world_size)], f"calibrated at {world_size} ranks, from {path}"
     elif _ANY_SIZE in entries:
         entry, source = entries[_ANY_SIZE], f"calibrated for any world size, from {path}"
-    else:
+    elif sizes := [int(key) for key in entries if _decimal(key)]:
         # per byte, a calibration at another size on this machine is nearer the truth than the defaults
-        nearest = min((int(key) for key in entries), key=lambda size: (abs(size - world_size), -size))
+        nearest = min(sizes, key=lambda size: (abs(size - world_size), -size))
         entry = entries[str(nearest)]
         source = f"calibrated at {nearest} ranks, from {path} (none at {world_size})"
+    else:
+        # only other shapes of several nodes: their constants within a node still beat the defaults
+        key = min(entries, key=lambda k: (abs(_entry_order(k)[0] - world_size), _entry_order(k)))
+        entry = entries[key]
+        source = f"calibrated on {key} nodes, from {path} (none at {world_size} ranks)"
+    if nodes > 1 and shape not in entries:
+        source += f" (no calibration of {shape} nodes: the network's defaults)"
     defaults = {"barrier": DEFAULT_MODEL.barrier, "copy": DEFAULT_MODEL.copy}
     alpha, beta, gamma, barrier, copy = (
         float(defaults[name] if entry.get(name) is None else entry[name]) for name in _CONSTANTS
     )
-    return CostModel(alpha, beta, gamma, barrier, copy, source=source)
+    network_alpha = entry.get("network_alpha")
+    network_beta = entry.get("network_beta")
+    return CostModel(
+        alpha,
+        beta,
+        gamma,
+        barrier,
+        copy,
+        DEFAULT_MODEL.network_alpha if network_alpha is None else float(network_alpha),
+        None if network_beta is None else float(network_beta),
+        source=source,
+    )
 
 
 def save_model(
-    model: CostModel, path: Path | str | None = None, *, world_size: int | None = None, **metadata: Any
+    model: CostModel,
+    path: Path | str | None = None,
+    *,
+    world_size: int | None = None,
+    nodes: int = 1,
+    **metadata: Any,
 ) -> Path:
     """Keep ``model`` and JSON-ready ``metadata`` as the calibration of ``world_size`` ranks; return the path.
+
+    On ``nodes`` nodes (more than one) the entry is that shape's, e.g. ``"2x2"``,
+    and keeps the network's constants (``network_alpha``, ``network_beta``) beside
+    the node's.
 
     The file (:func:`calibration_path` by default) keeps one calibration per world
     size, keyed by the size in decimal, each entry the constants in seconds, its
@@ -177,10 +247,15 @@ def save_model(
         CalibrationError: the file there cannot be read as calibrations (it is left as it is).
     """
     size = None if world_size is None else _check_world_size(world_size)  # an int, as JSON needs
-    key = _ANY_SIZE if size is None else str(size)
+    nodes = _check_world_size(nodes)
+    if nodes > 1 and (size is None or size % nodes):
+        raise ConfigurationError(f"{size} ranks do not split into {nodes} nodes of equal size")
+    key = _ANY_SIZE if size is None else shape_key(size, nodes)
     path = calibration_path() if path is None else Path(path)
     entries = _read_calibrations(path) or {}
     entry: dict[str, Any] = {name: getattr(model, name) for name in _CONSTANTS}
+    if nodes > 1:
+        entry.update(network_alpha=model.network_alpha, network_beta=model.network_beta, nodes=nodes)
     if size is not None:
         entry["world_size"] = size
     entry.update(metadata)

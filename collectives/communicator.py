@@ -18,6 +18,7 @@ from .topology.cost_model import CostModel
 from .transport.base import NodeSplit, Transport
 from .transport.device_path import DevicePath
 from .transport.tags import Tag
+from .tuner import Tuner, tuning_wanted
 from .watchdog import Watchdog
 
 if TYPE_CHECKING:
@@ -52,11 +53,15 @@ class Communicator:
         check: whether calls are checked for mismatches unless a call says
             otherwise; ``$COLLECTIVES_CHECK`` (``1`` or ``0``) or on by default.
             It must be the same on every rank.
+        tune: whether ``"auto"`` calls are tuned online (:mod:`collectives.tuner`): the
+            best predicted algorithms timed on a call shape's first calls, the fastest
+            kept; ``$COLLECTIVES_TUNE`` or off by default. The same on every rank.
 
     Attributes:
         watchdog: numbers, checks, bounds and records every call (for the library's modules).
         scratch: buffers reused by every call, so repeated calls allocate nothing.
         prepared: repeated calls' checked decisions, by key (see :mod:`collectives.prepared`).
+        tuner: the online tuner, where tuning is on; else ``None``.
     """
 
     def __init__(
@@ -66,7 +71,9 @@ class Communicator:
         timeout: float | None = None,
         stall_warning: float | None = None,
         check: bool | None = None,
+        tune: bool | None = None,
     ) -> None:
+        self.tuner: Tuner | None = Tuner() if tuning_wanted(tune) else None
         self._selector: Selector | None = None  # agreed on the first algorithm="auto"
         self._shared: SharedExecutor | None = None
         self._nodes: NodeSplit | None = None  # where the ranks span several nodes
@@ -220,7 +227,9 @@ class Communicator:
         """
         selector = self._selector
         if selector is None:
-            selector = self._selector = _agree_on_selector(call, self._transport)
+            # on several nodes, rank 0 reads the calibration of the job's shape (both classes of link)
+            nodes = 1 if self._nodes is None else self.size // len(self._nodes.node_ranks)
+            selector = self._selector = _agree_on_selector(call, self._transport, nodes)
         return selector
 
     @property
@@ -336,8 +345,8 @@ class Communicator:
         if transport is None:
             return None
         limit = watchdog.timeout if timeout is None else timeout
-        stall, check = watchdog.stall_warning, watchdog.check
-        return Communicator(transport, timeout=limit, stall_warning=stall, check=check)
+        stall, check, tune = watchdog.stall_warning, watchdog.check, self.tuner is not None
+        return Communicator(transport, timeout=limit, stall_warning=stall, check=check, tune=tune)
 
     def flight_record(self) -> list[str]:
         """This rank's last collectives on the communicator, oldest first, one line each."""
@@ -410,10 +419,11 @@ def communicator_of(comm: "Communicator | MPI.Comm | None") -> Communicator:
     return wrapper
 
 
-_MODEL_FORMAT = struct.Struct("5d")  # the cost model rank 0 sends: alpha, beta, gamma, barrier, copy
+# the cost model rank 0 sends: alpha, beta, gamma, barrier, copy, network alpha, network beta (-1: none)
+_MODEL_FORMAT = struct.Struct("7d")
 
 
-def _agree_on_selector(call: Call, transport: Transport) -> Selector:
+def _agree_on_selector(call: Call, transport: Transport, nodes: int = 1) -> Selector:
     """Rank 0's selector on every rank of ``transport``: rank 0 sends its cost model under ``call``."""
     size = transport.size
     message = bytearray(_MODEL_FORMAT.size)
@@ -422,21 +432,27 @@ def _agree_on_selector(call: Call, transport: Transport) -> Selector:
     step = "the selector's agreement"
     if transport.rank == 0:
         try:
-            selector = default_selector(size)
+            selector = default_selector(size) if nodes == 1 else default_selector(size, nodes)
         except CalibrationError:
             # tell the others, or they would wait for constants that never come
-            _MODEL_FORMAT.pack_into(message, 0, *(math.nan,) * 5)
+            _MODEL_FORMAT.pack_into(message, 0, *(math.nan,) * 7)
             _exchange(call, transport, [(message, p) for p in _peers(transport)], [], Tag.SELECTOR, step)
             raise
         model = selector.model
-        _MODEL_FORMAT.pack_into(message, 0, model.alpha, model.beta, model.gamma, model.barrier, model.copy)
+        sent = -1.0 if model.network_beta is None else model.network_beta
+        constants = (model.alpha, model.beta, model.gamma, model.barrier, model.copy, model.network_alpha)
+        _MODEL_FORMAT.pack_into(message, 0, *constants, sent)
         _exchange(call, transport, [(message, p) for p in _peers(transport)], [], Tag.SELECTOR, step)
         return selector
     _exchange(call, transport, [], [(message, 0)], Tag.SELECTOR, step)
-    alpha, beta, gamma, barrier, copy = _MODEL_FORMAT.unpack(message)
+    alpha, beta, gamma, barrier, copy, network_alpha, network_beta = _MODEL_FORMAT.unpack(message)
     if math.isnan(alpha):
         raise CalibrationError("rank 0 could not load its calibration; see its error")
-    return selector_for(CostModel(alpha, beta, gamma, barrier, copy, source="calibration of rank 0"))
+    between = None if network_beta < 0 else network_beta
+    model = CostModel(
+        alpha, beta, gamma, barrier, copy, network_alpha, between, source="calibration of rank 0"
+    )
+    return selector_for(model)
 
 
 def _peers(transport: Transport) -> list[int]:

@@ -191,6 +191,8 @@ def run(group: Communicator, job: Job, check: bool | None) -> Any:
                     call.algorithm = _choose(
                         group, call, job.collective, job.algorithm, job.count, job.item_bytes, device
                     )
+                    if group.tuner is not None and group.tuner.timing:
+                        job.key = None  # a trial: the fast path must come back to the tuner
                 shared = _shared(group, call, job)
             else:
                 call.algorithm = opening.algorithm
@@ -208,6 +210,9 @@ def run(group: Communicator, job: Job, check: bool | None) -> Any:
             op = job.op
             error.add_note(f"rank {group.rank}'s op {op.name!r} is {op.agreed_name!r} in the signature")
         raise
+    finally:
+        if group.tuner is not None:
+            group.tuner.finish()  # a trial's time: the whole call, as its caller meets it
 
 
 def decide(group: Communicator, job: Job, check: bool | None) -> tuple[str, SharedExecutor | None, Guard]:
@@ -272,11 +277,15 @@ def _choose(
     """``algorithm``, or the selector's choice for ``"auto"``, agreed with the other ranks under ``call``.
 
     Device arrays never use the host's shared memory, so the selector is not offered it for them.
+    Where the communicator tunes online, its tuner decides (a trial, or the measured fastest).
     """
     if algorithm != AUTO:
         return algorithm
     features = frozenset() if device else group.features_in(call)
-    return group.agreed_selector(call).choose(collective, group.size, count, item_bytes, features)
+    selector = group.agreed_selector(call)
+    if group.tuner is not None:
+        return group.tuner.choose(call, group.transport, selector, collective, count, item_bytes, features)
+    return selector.choose(collective, group.size, count, item_bytes, features)
 
 
 def _choose_ordered(group: Communicator, call: Call, job: Job, device: bool) -> str:

@@ -64,6 +64,12 @@ class Explanation:
             contention, instead of the model's alpha and beta; ``None`` for none.
         device: how device buffers travel, in one line (see :func:`collectives.explain`);
             ``None`` where not asked.
+        nodes: ``(nodes, ranks per node)`` where the ranks span several nodes (the
+            communicator's node split), so that two classes of link are weighed; ``None`` on one node.
+        measured: where the online tuner timed the best candidates (see
+            :mod:`collectives.tuner`): each one's seconds, the slowest rank's, fastest
+            first; the choice is then the fastest measured. Empty where nothing was measured.
+        note: what the explanation could not know, in one line; ``None`` for nothing.
     """
 
     collective: str
@@ -77,6 +83,9 @@ class Explanation:
     choice: str | None
     topology: Topology | None = None
     device: str | None = None
+    nodes: tuple[int, int] | None = None
+    measured: tuple[tuple[str, float], ...] = ()
+    note: str | None = None
 
     def __str__(self) -> str:
         size = self.count * itemsize(self.dtype)
@@ -91,6 +100,13 @@ class Explanation:
                 else [f"transfers: on the links of {self.topology.name}, with contention, not alpha and beta"]
             ),
             *([] if self.device is None else [f"device buffers: {self.device}"]),
+            *([] if self.note is None else [f"note: {self.note}"]),
+            *(
+                []
+                if self.nodes is None
+                else [f"nodes: {self.nodes[0]} x {self.nodes[1]} ranks; links weighed by class:"]
+                + [f"  {line}" for line in self.model.link_classes(self.nodes[0])]
+            ),
             "",
         ]
         titles = ("", "algorithm", "schedule", "steps", "messages", "barriers", "bytes moved",
@@ -114,11 +130,15 @@ class Explanation:
             lines.append("rejected:")
             width = max(len(r.algorithm) for r in self.rejected)
             lines += [f"  {r.algorithm.ljust(width)}  {'; '.join(r.reasons)}" for r in self.rejected]
+        if self.measured:
+            timed = ", ".join(f"{name} {seconds * 1e6:.2f} us" for name, seconds in self.measured)
+            lines.append(f"measured by the tuner (slowest rank, median): {timed}")
         if self.choice is None:
             lines.append("choice: none")
         else:
-            best = self.candidates[0]
-            lines.append(f"choice: {self.choice} (predicted {best.time * 1e6:.2f} us)")
+            chosen = next((c for c in self.candidates if c.algorithm == self.choice), self.candidates[0])
+            how = "measured fastest; " if self.measured else ""
+            lines.append(f"choice: {self.choice} ({how}predicted {chosen.time * 1e6:.2f} us)")
         return "\n".join(lines)
 
 

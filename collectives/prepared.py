@@ -317,7 +317,14 @@ def _plan_early(
         selector = group.selector
         if selector is None or features is None:
             return None
-        algorithm = selector.choose("allreduce", group.size, count, item_bytes, features)
+        tuner = group.tuner
+        if tuner is None:
+            algorithm = selector.choose("allreduce", group.size, count, item_bytes, features)
+        else:  # still tuning: chosen once the ranks agree on the call
+            decided = tuner.decided("allreduce", group.size, count, item_bytes, features)
+            if decided is None:
+                return None
+            algorithm = decided
     needs = required_feature(ALGORITHMS[algorithm])
     if needs is not None:
         # features are set up collectively by the first call that needs them, never before agreeing

@@ -5,6 +5,7 @@ __all__ = [
     "Selector",
     "check_algorithm",
     "default_selector",
+    "nodes_of",
     "rejection_reasons",
     "selector_for",
 ]
@@ -12,6 +13,7 @@ __all__ = [
 # the cost model's names from collectives.topology.cost_model, the calibration file's from
 # collectives.calibration, the explanation's from collectives.explanation, itemsize from ops.
 
+from dataclasses import replace
 from functools import lru_cache
 
 from . import algorithms, prediction
@@ -39,6 +41,8 @@ from .topology.cost_model import NETWORK_ALPHA as NETWORK_ALPHA
 from .topology.cost_model import CostModel as CostModel
 from .topology.cost_model import Traffic as Traffic
 from .topology.cost_model import traffic as traffic
+
+_SPLIT_UP_TO = 64  # world sizes whose schedules are built to tell steps within a node from those between
 
 AUTO = "auto"
 """The algorithm name that asks the selector to choose."""
@@ -78,6 +82,37 @@ def _counted(
     if own is None:
         return name, counted
     return name, Traffic(*own(collective, world_size, count, features))
+
+
+@lru_cache(maxsize=1024)
+def _counted_on_nodes(
+    collective: str, algorithm: str, world_size: int, count: int, features: frozenset[str], per_node: int
+) -> tuple[str, Traffic]:
+    """As :func:`_counted`, over nodes of ``per_node`` ranks: which messages and bytes cross the network.
+
+    An algorithm that runs its own way (``hierarchical_shared_memory``) moves data
+    within a node through shared memory, so all its messages are between nodes. A
+    schedule is counted step by step on the ranks' nodes (rank r on node r //
+    ``per_node``, as the transport splits them); past :data:`_SPLIT_UP_TO` ranks every
+    step is taken to cross (the schedule is not built there), which overstates
+    the hierarchical schedules only.
+    """
+    name, counted = _counted(collective, algorithm, world_size, count, features)
+    if traffic_counter(algorithms.ALGORITHMS[algorithm]) is None and world_size <= _SPLIT_UP_TO:
+        schedule = algorithms.build_schedule(collective, algorithm, world_size, count)
+        split = traffic(schedule, per_node)
+        return name, replace(
+            counted, network_messages=split.network_messages, network_elements=split.network_elements
+        )
+    return name, replace(counted, network_messages=counted.messages, network_elements=counted.elements)
+
+
+def nodes_of(world_size: int, features: frozenset[str]) -> tuple[int, int] | None:
+    """``(nodes, ranks per node)`` where ``features`` say the ranks span several nodes, else ``None``."""
+    if "shared_memory_nodes" not in features:
+        return None
+    per_node = algorithms.hierarchical_shared_memory.ranks_per_node(features) or world_size
+    return max(world_size // per_node, 1), per_node
 
 
 def check_algorithm(collective: str, algorithm: str) -> None:
@@ -160,6 +195,17 @@ class Selector:
             self._choices[key] = choice
         return choice
 
+    def ranked(
+        self,
+        collective: str,
+        world_size: int,
+        count: int,
+        itemsize: int,
+        features: frozenset[str] = frozenset(),
+    ) -> tuple[Candidate, ...]:
+        """The candidates for a call, fastest predicted first (what :meth:`choose` takes the first of)."""
+        return self._rank(collective, world_size, count, itemsize, features)[0]
+
     def explain(
         self,
         collective: str,
@@ -200,7 +246,17 @@ class Selector:
         candidates, rejected = self._rank(collective, world_size, count, size, features, topology)
         choice = candidates[0].algorithm if candidates else None
         return Explanation(
-            collective, count, name, world_size, reduce_op, self.model, candidates, rejected, choice, topology
+            collective,
+            count,
+            name,
+            world_size,
+            reduce_op,
+            self.model,
+            candidates,
+            rejected,
+            choice,
+            topology,
+            nodes=nodes_of(world_size, features),
         )
 
     def clear(self) -> None:
@@ -221,15 +277,18 @@ class Selector:
         candidates: list[Candidate] = []
         rejected: list[Rejected] = []
         # across nodes a step of messages waits for those between nodes, and a barrier is a node's
-        per_node = None
-        if "shared_memory_nodes" in features:
-            per_node = algorithms.hierarchical_shared_memory.ranks_per_node(features) or world_size
+        split = nodes_of(world_size, features)
+        per_node = None if split is None else split[1]
         for name in algorithms.ALGORITHMS:
             reasons = rejection_reasons(collective, name, world_size, count, features)
             on_links = None
             if not reasons:
                 try:
-                    if topology is None:
+                    if topology is None and per_node is not None:
+                        schedule, counted = _counted_on_nodes(
+                            collective, name, world_size, count, features, per_node
+                        )
+                    elif topology is None:
                         schedule, counted = _counted(collective, name, world_size, count, features)
                     else:
                         schedule, counted, on_links = _on_topology(
@@ -260,8 +319,8 @@ def selector_for(model: CostModel) -> Selector:
 
 
 @lru_cache(maxsize=64)
-def default_selector(world_size: int) -> Selector:
-    """The selector of the calibration for ``world_size`` ranks (:func:`load_model`), read once per size.
+def default_selector(world_size: int, nodes: int = 1) -> Selector:
+    """The selector of the calibration for ``world_size`` ranks on ``nodes`` nodes (:func:`load_model`).
 
     The file is read once per process and world size; ``default_selector.cache_clear()``
     reads it again.
@@ -272,4 +331,4 @@ def default_selector(world_size: int) -> Selector:
     """
     # a selector of its own, not selector_for's: constants read at another size's entry compare equal to
     # that size's, and its model's source must still say which entry it came from and why
-    return Selector(load_model(world_size=world_size))
+    return Selector(load_model(world_size=world_size, nodes=nodes))

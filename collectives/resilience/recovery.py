@@ -36,8 +36,6 @@ if TYPE_CHECKING:
     from ..transport.mpi import MPITransport
 
 
-
-
 def fault_tolerance_missing() -> str | None:
     """``None`` where the survivors of a dead rank can go on (Open MPI 5, ``--with-ft ulfm``), else why not.
 

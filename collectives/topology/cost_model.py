@@ -88,6 +88,9 @@ class Traffic:
             synchronisation, in place of messages); none for a schedule of messages.
         copied: elements a rank copies through shared memory (into its region and
             out of the others'), in place of sending them; none for a schedule of messages.
+        network_messages: of ``messages``, those of steps that cross between nodes
+            (counted where the ranks span several nodes, see :func:`traffic`).
+        network_elements: of ``elements``, those of steps that cross between nodes.
     """
 
     steps: int
@@ -96,12 +99,21 @@ class Traffic:
     reduced: int
     barriers: int = 0
     copied: int = 0
+    network_messages: int = 0
+    network_elements: int = 0
 
 
-def traffic(schedule: Schedule) -> Traffic:
-    """Count ``schedule``'s critical-path traffic (see :class:`Traffic`)."""
+def traffic(schedule: Schedule, ranks_per_node: int | None = None) -> Traffic:
+    """Count ``schedule``'s critical-path traffic (see :class:`Traffic`).
+
+    With ``ranks_per_node``, rank r runs on node r // ranks_per_node (as MPI places a
+    job's ranks node by node), and a step with any transfer between nodes is a network
+    step: it waits for its slowest link, so all its messages and bytes count as the network's.
+    """
     sizes = schedule.chunk_sizes
     steps = messages = elements = reduced = 0
+    network_messages = network_elements = 0
+    g = ranks_per_node
     for step in schedule.steps:
         sends: dict[int, int] = {}
         recvs: dict[int, int] = {}
@@ -123,19 +135,24 @@ def traffic(schedule: Schedule) -> Traffic:
         steps += 1
         # links are full duplex: a rank's sends and receives overlap, its messages to
         # different peers do not (they share its one CPU and network port)
-        messages += max(*sends.values(), *recvs.values())
-        elements += max(*sent.values(), *received.values())
+        step_messages = max(*sends.values(), *recvs.values())
+        step_elements = max(*sent.values(), *received.values())
+        messages += step_messages
+        elements += step_elements
         reduced += max(reducing.values(), default=0)
-    return Traffic(steps, messages, elements, reduced)
+        if g and any(t.src // g != t.dst // g for t in step.transfers if sizes[t.chunk]):
+            network_messages += step_messages
+            network_elements += step_elements
+    return Traffic(steps, messages, elements, reduced, 0, 0, network_messages, network_elements)
 
 
 NETWORK_ALPHA = 20e-6
-"""Seconds per message between nodes, charged to every message where the transport spans several nodes.
+"""Seconds per message between nodes without a calibration of the job's shape (``network_alpha``).
 
-Not measured (``bench calibrate`` runs on one node): MPI over a cluster network
-takes a few microseconds a message on the wire, more through the software of
-each side; 20 us is a round figure of that. Per byte the network is taken to be
-as fast as memory here, which favours the algorithms that send the most bytes.
+MPI over a cluster network takes a few microseconds a message on the wire, more
+through the software of each side; 20 us is a round figure of that. Per byte the
+network is taken to be as fast as memory (``network_beta`` defaults to ``beta``)
+until ``bench calibrate`` measures both on a job that spans nodes.
 """
 
 
@@ -146,7 +163,10 @@ class CostModel:
     A step's time is ``alpha * m + beta * b + gamma * r``, where ``m``, ``b`` and
     ``r`` are the most messages, bytes moved and bytes reduced by any rank in the
     step (see :class:`Traffic`); the executor reduces after a step's transfers
-    complete, so the terms add. A schedule's time is the sum over its steps. An
+    complete, so the terms add. There are two classes of link: within a node
+    (shared memory; ``alpha``, ``beta``) and between nodes (the network;
+    ``network_alpha``, ``network_beta``); a step that crosses between nodes is
+    charged at the network's constants. A schedule's time is the sum over its steps. An
     execution through shared memory synchronises by barriers instead of messages,
     each costing ``barrier * (P - 1)``: a rank waits for the arrival of each of the
     P - 1 others, and on a busy node for each of them to be scheduled; and it copies
@@ -159,6 +179,8 @@ class CostModel:
         gamma: seconds per byte a rank reduces.
         barrier: seconds per shared-memory barrier and per peer it waits for.
         copy: seconds per byte a rank copies through shared memory.
+        network_alpha: seconds per message between nodes.
+        network_beta: seconds per byte between nodes; ``None``: as ``beta``.
         source: where the constants came from, for explanations.
     """
 
@@ -167,7 +189,14 @@ class CostModel:
     gamma: float
     barrier: float = _DEFAULT_BARRIER
     copy: float = _DEFAULT_COPY
+    network_alpha: float = NETWORK_ALPHA
+    network_beta: float | None = None
     source: str = field(default="given", compare=False)
+
+    @property
+    def between_beta(self) -> float:
+        """Seconds per byte between nodes: ``network_beta``, or ``beta`` where it is not known."""
+        return self.beta if self.network_beta is None else self.network_beta
 
     def barrier_time(self, world_size: int) -> float:
         """Seconds of one shared-memory barrier over ``world_size`` ranks."""
@@ -188,15 +217,24 @@ class CostModel:
     ) -> tuple[float, float, float]:
         """Seconds of ``counted`` traffic: latency (alpha, barriers), transfer (beta, copy), reduction.
 
-        With ``ranks_per_node``, the ranks span several nodes of that many: a step of
-        messages waits for those between nodes, each at least :data:`NETWORK_ALPHA`,
-        and a barrier is a node's.
+        With ``ranks_per_node``, the ranks span several nodes of that many: the
+        messages and bytes of steps that cross between nodes (``counted.network_*``)
+        are charged at the network's constants, the rest at the node's, and a
+        barrier is a node's.
         """
-        per_message, barrier_ranks = self.alpha, world_size
+        barrier_ranks = world_size
+        messages, elements = counted.messages, counted.elements
+        between = 0.0, 0.0
         if ranks_per_node is not None:
-            per_message, barrier_ranks = max(NETWORK_ALPHA, self.alpha), ranks_per_node
-        latency = per_message * counted.messages + self.barrier_time(barrier_ranks) * counted.barriers
-        transfer = self.beta * counted.elements * itemsize + self.copy * counted.copied * itemsize
+            barrier_ranks = ranks_per_node
+            messages -= counted.network_messages
+            elements -= counted.network_elements
+            between = (
+                self.network_alpha * counted.network_messages,
+                self.between_beta * counted.network_elements * itemsize,
+            )
+        latency = self.alpha * messages + between[0] + self.barrier_time(barrier_ranks) * counted.barriers
+        transfer = self.beta * elements * itemsize + between[1] + self.copy * counted.copied * itemsize
         return latency, transfer, self.gamma * counted.reduced * itemsize
 
     def predict(self, schedule: Schedule, itemsize: int) -> float:
@@ -211,6 +249,17 @@ class CostModel:
             f"gamma {self.gamma * 1e9:.4f} ns/byte, barrier {self.barrier * 1e6:.2f} us/peer, "
             f"copy {self.copy * 1e9:.4f} ns/byte; {self.source}"
         )
+
+    def link_classes(self, nodes: int | None = None) -> list[str]:
+        """One line per class of link of a job on ``nodes`` nodes: within a node, and between nodes."""
+        inside = f"alpha {self.alpha * 1e6:.2f} us, beta {self.beta * 1e9:.4f} ns/byte"
+        lines = [f"within a node (shared memory): {inside}"]
+        if nodes is not None and nodes > 1:
+            lines.append(
+                f"between {nodes} nodes (network): alpha {self.network_alpha * 1e6:.2f} us, "
+                f"beta {self.between_beta * 1e9:.4f} ns/byte"
+            )
+        return lines
 
 
 DEFAULT_MODEL = CostModel(

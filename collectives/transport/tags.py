@@ -49,6 +49,9 @@ class Tag(IntEnum):
     GROUP = 18
     """torch.distributed's ``new_group``: its members' lists, agreed on before MPI creates the group."""
 
+    TUNER = 19
+    """The online tuner: each rank's timings to rank 0, and rank 0's choice back, once per call shape."""
+
     POINT_TO_POINT = 1024
     """torch.distributed's ``send``/``recv``: a user's tag ``t`` travels as ``POINT_TO_POINT + t``.
 
