@@ -23,188 +23,66 @@ __all__ = [
     "iscatter",
 ]
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, ParamSpec, cast
 
 from . import api
-from .communicator import Communicator
-from .ops import ReduceOp
 from .requests import Request, start
-from .selector import AUTO
 
-if TYPE_CHECKING:
-    from mpi4py import MPI
+P = ParamSpec("P")
 
 
-def iallreduce(
-    x: Any,
-    op: "str | ReduceOp" = "sum",
-    *,
-    out: Any = None,
-    algorithm: str = AUTO,
-    comm: "Communicator | MPI.Comm | None" = None,
-    check: bool | None = None,
-) -> Request:
-    """Start :func:`~collectives.allreduce`; ``wait()`` returns its result (``out`` when given).
+def _started(blocking: Callable[P, Any]) -> Callable[P, Request]:
+    """The non-blocking twin of ``blocking``: the same arguments, started on the communicator's lane."""
+    name = blocking.__name__
+    run = cast(Callable[..., Any], blocking)
 
-    Arguments as for :func:`~collectives.allreduce`; ``x`` and ``out`` must stay untouched until ``wait()``.
-    """
-    return start(
-        comm,
-        "allreduce",
-        lambda group: api.allreduce(x, op, out=out, algorithm=algorithm, comm=group, check=check),
+    @functools.wraps(blocking)
+    def begin(*args: P.args, **kwargs: P.kwargs) -> Request:
+        given: dict[str, Any] = dict(kwargs)
+        rest: tuple[Any, ...] = args
+        if name == "barrier" and rest:  # barrier(comm) takes its communicator first
+            given["comm"], rest = rest[0], rest[1:]
+        comm = given.pop("comm", None)
+        return start(comm, name, lambda group: run(*rest, comm=group, **given))
+
+    begin.__name__ = begin.__qualname__ = f"i{name}"
+    begin.__module__ = __name__
+    begin.__doc__ = (
+        f"Start :func:`~collectives.{name}`; ``wait()`` returns what it returns.\n\n"
+        f"Arguments as for :func:`~collectives.{name}`; the arrays passed belong to the call until "
+        "``wait()`` returns."
     )
+    begin.__signature__ = inspect.signature(blocking).replace(return_annotation=Request)  # type: ignore[attr-defined]
+    del begin.__wrapped__  # help() shows this signature, not the blocking one's
+    return begin
 
 
-def ireduce_scatter(
-    x: Any,
-    op: "str | ReduceOp" = "sum",
-    *,
-    counts: Sequence[int] | None = None,
-    out: Any = None,
-    algorithm: str = AUTO,
-    comm: "Communicator | MPI.Comm | None" = None,
-    check: bool | None = None,
-) -> Request:
-    """Start :func:`~collectives.reduce_scatter`; ``wait()`` returns this rank's share.
+iallreduce = _started(api.allreduce)
+"""Start :func:`~collectives.allreduce`; ``wait()`` returns its result (``out`` when given)."""
 
-    Arguments as for :func:`~collectives.reduce_scatter`.
-    """
-    return start(
-        comm,
-        "reduce_scatter",
-        lambda group: api.reduce_scatter(
-            x, op, counts=counts, out=out, algorithm=algorithm, comm=group, check=check
-        ),
-    )
+ireduce_scatter = _started(api.reduce_scatter)
+"""Start :func:`~collectives.reduce_scatter`; ``wait()`` returns this rank's share."""
 
+iallgather = _started(api.allgather)
+"""Start :func:`~collectives.allgather`; ``wait()`` returns the concatenation."""
 
-def iallgather(
-    x: Any,
-    *,
-    counts: Sequence[int] | None = None,
-    out: Any = None,
-    algorithm: str = AUTO,
-    comm: "Communicator | MPI.Comm | None" = None,
-    check: bool | None = None,
-) -> Request:
-    """Start :func:`~collectives.allgather`; ``wait()`` returns the concatenation.
+ibroadcast = _started(api.broadcast)
+"""Start :func:`~collectives.broadcast`; ``wait()`` returns the root's data."""
 
-    Arguments as for :func:`~collectives.allgather`.
-    """
-    return start(
-        comm,
-        "allgather",
-        lambda group: api.allgather(x, counts=counts, out=out, algorithm=algorithm, comm=group, check=check),
-    )
+ireduce = _started(api.reduce)
+"""Start :func:`~collectives.reduce`; ``wait()`` returns the result at the root, ``None`` elsewhere."""
 
+igather = _started(api.gather)
+"""Start :func:`~collectives.gather`; ``wait()`` returns the concatenation at the root, else ``None``."""
 
-def ibroadcast(
-    x: Any,
-    root: int = 0,
-    *,
-    out: Any = None,
-    algorithm: str = AUTO,
-    comm: "Communicator | MPI.Comm | None" = None,
-    check: bool | None = None,
-) -> Request:
-    """Start :func:`~collectives.broadcast`; ``wait()`` returns the root's data.
+iscatter = _started(api.scatter)
+"""Start :func:`~collectives.scatter`; ``wait()`` returns this rank's share."""
 
-    Arguments as for :func:`~collectives.broadcast`.
-    """
-    return start(
-        comm,
-        "broadcast",
-        lambda group: api.broadcast(x, root, out=out, algorithm=algorithm, comm=group, check=check),
-    )
+ialltoall = _started(api.alltoall)
+"""Start :func:`~collectives.alltoall`; ``wait()`` returns the shares from every rank."""
 
-
-def ireduce(
-    x: Any,
-    op: "str | ReduceOp" = "sum",
-    root: int = 0,
-    *,
-    out: Any = None,
-    algorithm: str = AUTO,
-    comm: "Communicator | MPI.Comm | None" = None,
-    check: bool | None = None,
-) -> Request:
-    """Start :func:`~collectives.reduce`; ``wait()`` returns the result at the root, ``None`` elsewhere.
-
-    Arguments as for :func:`~collectives.reduce`.
-    """
-    return start(
-        comm,
-        "reduce",
-        lambda group: api.reduce(x, op, root, out=out, algorithm=algorithm, comm=group, check=check),
-    )
-
-
-def igather(
-    x: Any,
-    root: int = 0,
-    *,
-    counts: Sequence[int] | None = None,
-    out: Any = None,
-    algorithm: str = AUTO,
-    comm: "Communicator | MPI.Comm | None" = None,
-    check: bool | None = None,
-) -> Request:
-    """Start :func:`~collectives.gather`; ``wait()`` returns the concatenation at the root, else ``None``.
-
-    Arguments as for :func:`~collectives.gather`.
-    """
-    return start(
-        comm,
-        "gather",
-        lambda group: api.gather(
-            x, root, counts=counts, out=out, algorithm=algorithm, comm=group, check=check
-        ),
-    )
-
-
-def iscatter(
-    x: Any,
-    root: int = 0,
-    *,
-    counts: Sequence[int] | None = None,
-    out: Any = None,
-    algorithm: str = AUTO,
-    comm: "Communicator | MPI.Comm | None" = None,
-    check: bool | None = None,
-) -> Request:
-    """Start :func:`~collectives.scatter`; ``wait()`` returns this rank's share.
-
-    Arguments as for :func:`~collectives.scatter`.
-    """
-    return start(
-        comm,
-        "scatter",
-        lambda group: api.scatter(
-            x, root, counts=counts, out=out, algorithm=algorithm, comm=group, check=check
-        ),
-    )
-
-
-def ialltoall(
-    x: Any,
-    *,
-    out: Any = None,
-    algorithm: str = AUTO,
-    comm: "Communicator | MPI.Comm | None" = None,
-    check: bool | None = None,
-) -> Request:
-    """Start :func:`~collectives.alltoall`; ``wait()`` returns the shares from every rank.
-
-    Arguments as for :func:`~collectives.alltoall`.
-    """
-    return start(
-        comm, "alltoall", lambda group: api.alltoall(x, out=out, algorithm=algorithm, comm=group, check=check)
-    )
-
-
-def ibarrier(
-    comm: "Communicator | MPI.Comm | None" = None, *, algorithm: str = AUTO, check: bool | None = None
-) -> Request:
-    """Start :func:`~collectives.barrier`; ``wait()`` returns ``None`` once every rank has called it."""
-    return start(comm, "barrier", lambda group: api.barrier(group, algorithm=algorithm, check=check))
+ibarrier = _started(api.barrier)
+"""Start :func:`~collectives.barrier`; ``wait()`` returns ``None`` once every rank has called it."""
