@@ -1,13 +1,13 @@
 """One collective under its watchdog: the transport it runs on, its deadlines, its flight-recorder entry."""
 
-__all__ = ["NOTICE", "Call", "Starts", "SteppedCall", "Tracked", "WatchedTransport"]
+__all__ = ["NOTICE", "Call", "Owner", "Posted", "Starts", "SteppedCall", "Tracked", "WatchedTransport"]
 
 import logging
 import struct
 import time
 from collections.abc import Iterator, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .errors import BrokenCommunicatorError, CollectiveTimeout, PeerFailedError, TransportError
 from .faults import PLAN as _FAULTS
@@ -15,13 +15,37 @@ from .signature import Signature
 from .transport.base import Request, SharedMemory, Transport, WrappedTransport
 from .transport.tags import Tag
 
-if TYPE_CHECKING:
-    from .watchdog import Guard, Watchdog
-
 _log = logging.getLogger("collectives")
 
 _NOTICE_POLL_S = 0.02  # a wait looks for another rank's Tag.BROKEN notice this often
 NOTICE = struct.Struct("<qq64s")  # Tag.BROKEN: the rank that broke, its call's number, why
+
+
+class Posted(Protocol):
+    """A signature posted with a call's first barrier (:class:`~collectives.watchdog.Guard`)."""
+
+    packed: bytearray
+    signature: Signature
+
+
+class Owner(Protocol):
+    """What a call needs of the watchdog that opened it (:class:`~collectives.watchdog.Watchdog`)."""
+
+    transport: Transport
+    timeout: float
+    stall_warning: float
+    watched: "WatchedTransport | None"
+    shared: SharedMemory | None
+    abandoned: list["Tracked"]
+    broken: str | None
+
+    def end(self, call: "Call", error: BaseException | None = None) -> None: ...
+
+    def break_off(self, why: str, rank: int | None = None) -> None: ...
+
+    def compare_posted(self, shared: SharedMemory, guard: Posted, sequence: int) -> None: ...
+
+    def flight_record_text(self) -> str: ...
 
 
 class Tracked:
@@ -104,7 +128,7 @@ class Call:
         "watchdog",
     )
 
-    def __init__(self, watchdog: "Watchdog", signature: Signature, sequence: int) -> None:
+    def __init__(self, watchdog: Owner, signature: Signature, sequence: int) -> None:
         # one object per call, its own record too: a small allreduce takes a few microseconds
         self.watchdog = watchdog
         self.signature = signature
@@ -118,7 +142,7 @@ class Call:
         self._warn_at = started + watchdog.stall_warning
         self._warned = False
         self._barriers = 0
-        self.pending: Guard | None = None  # a signature to post with the first barrier and check after it
+        self.pending: Posted | None = None  # a signature to post with the first barrier and check after it
         watched = watchdog.watched
         self._watched = watched is not None
         if watched is None:

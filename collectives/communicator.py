@@ -24,8 +24,6 @@ from .watchdog import Watchdog
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-    from .prepared import Prepared
-
 
 class Communicator:
     """A group of ranks the collectives run over.
@@ -84,7 +82,7 @@ class Communicator:
         self._before_free: list[Callable[[], None]] = []
         # plain attributes, not properties: a repeated small call reads them in a few microseconds
         self.scratch = Scratch()
-        self.prepared: dict[tuple[Any, ...], Prepared] = {}
+        self.prepared: dict[tuple[Any, ...], Any] = {}  # prepared.Prepared entries: that module owns them
         if isinstance(comm, Transport):
             self._transport = comm
         else:

@@ -60,7 +60,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from ._env import env_flag
-from .call import NOTICE, Call, Starts, SteppedCall, Tracked, WatchedTransport
+from .call import NOTICE, Call, Posted, Starts, SteppedCall, Tracked, WatchedTransport
 from .errors import (
     BrokenCommunicatorError,
     CollectivesError,
@@ -510,7 +510,7 @@ class Watchdog:
         if error is not None:
             raise error
 
-    def compare_posted(self, shared: SharedMemory, guard: Guard, sequence: int) -> None:
+    def compare_posted(self, shared: SharedMemory, guard: Posted, sequence: int) -> None:
         """After a barrier that carried signatures: raise on every rank if any differ."""
         mine = guard.packed
         for peer in self._peers:

@@ -151,10 +151,7 @@ def _private_imports() -> dict[str, set[str]]:
 
 
 # What issue 28 is to remove; each test fails on a new one, and on one that is gone but still listed.
-KNOWN_CIRCLES = {
-    frozenset({"call", "watchdog"}),
-    frozenset({"communicator", "prepared"}),
-}  # fmt: skip
+KNOWN_CIRCLES: set[frozenset[str]] = set()
 KNOWN_PRIVATE_IMPORTS: dict[str, set[str]] = {
     "horovod": {"_FALLBACK", "_check", "_communicator_of", "_route", "_worker"},
     "torch_integration.collective_jobs": {"_DTYPES", "_device_of", "_reduce_in_place", "_view"},
