@@ -85,11 +85,11 @@ from .torch_integration import collective_jobs as jobs
 from .torch_integration.compression import Compression
 from .torch_integration.elastic import Elastic, HostsUpdatedInterrupt
 from .torch_integration.horovod_optimizer import distributed_optimizer
-from .torch_integration.mpi_ops import _communicator_of
+from .torch_integration.mpi_ops import communicator_for
 from .torch_integration.named import named_ops
 from .torch_integration.sync_batch_norm import SyncBatchNorm
-from .torch_integration.tensors import _FALLBACK, _check, _route
-from .torch_integration.worker import _worker
+from .torch_integration.tensors import FALLBACK, check_tensor, route_of
+from .torch_integration.worker import background_worker
 
 Average, Sum, Adasum, Min, Max, Product = range(6)
 """The reduction ops, as Horovod's constants."""
@@ -121,8 +121,8 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         raise ConfigurationError("collectives.horovod runs on the global process set only")
     _state.comm = comm
     elastic.enter(comm)  # a process started in a lost rank's place joins the job here
-    communicator = _communicator_of(comm)
-    worker = _worker(communicator)
+    communicator = communicator_for(comm)
+    worker = background_worker(communicator)
     hosts = worker.submit(
         lambda: jobs.allgather_bytes(socket.gethostname().encode(), worker.communicator)
     ).result()
@@ -159,7 +159,7 @@ def is_initialized() -> bool:
 def _communicator() -> Any:
     if not _state.initialized:
         raise ValueError("Horovod has not been initialized; use hvd.init().")
-    return _communicator_of(_state.comm)
+    return communicator_for(_state.comm)
 
 
 def rank() -> int:
@@ -271,8 +271,8 @@ def _start(
         raise ConfigurationError(f"a {kind} named {name!r} is in flight already: synchronize it first")
     try:
         for tensor in tensors:
-            _check(tensor)
-            if _route(tensor, None) == _FALLBACK:
+            check_tensor(tensor)
+            if route_of(tensor, None) == FALLBACK:
                 raise InvalidBufferError("collectives.horovod takes cuda tensors only with CuPy installed")
     except Exception as error:
         named_ops(communicator).refuse(full, kind, error)

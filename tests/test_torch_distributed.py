@@ -18,7 +18,7 @@ P = 3
 
 
 def _group(comm: Communicator) -> Any:
-    return ti_process_group._ProcessGroup(Communicator(comm.transport, timeout=20.0, stall_warning=0))
+    return ti_process_group.MPIProcessGroup(Communicator(comm.transport, timeout=20.0, stall_warning=0))
 
 
 def _rooted(kind: type, root: int, op: Any = None) -> Any:

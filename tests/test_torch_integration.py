@@ -57,10 +57,10 @@ def _address(array: np.ndarray) -> int:
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_host_views_share_the_tensors_memory(dtype: torch.dtype) -> None:
     tensor = _values(dtype, 0, 12).reshape(3, 4)
-    view = ti_tensors._host_view(tensor)
+    view = ti_tensors.host_view(tensor)
     assert _address(view) == tensor.data_ptr()
     assert view.shape == (3, 4) and view.nbytes == tensor.numel() * tensor.element_size()
-    assert np.shares_memory(view, ti_tensors._host_view(tensor))
+    assert np.shares_memory(view, ti_tensors.host_view(tensor))
     view[0, 0] = 42  # a write through the view lands in the tensor
     assert tensor[0, 0].item() == 42
     expected = "bfloat16" if dtype == torch.bfloat16 else str(dtype).removeprefix("torch.")
@@ -69,7 +69,7 @@ def test_host_views_share_the_tensors_memory(dtype: torch.dtype) -> None:
 
 def test_a_tensor_that_requires_grad_is_viewed_without_a_copy() -> None:
     param = torch.nn.Parameter(torch.ones(5, dtype=torch.bfloat16))
-    assert _address(ti_tensors._host_view(param)) == param.data_ptr()
+    assert _address(ti_tensors.host_view(param)) == param.data_ptr()
 
 
 def test_allreduce_in_place_hands_the_library_the_tensors_own_memory(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -92,21 +92,21 @@ def test_allreduce_in_place_hands_the_library_the_tensors_own_memory(monkeypatch
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_allreduce_matches_the_numpy_api_for_every_dtype_and_op(ranks: Ranks, dtype: torch.dtype) -> None:
-    name = ti_tensors._dtype_name(dtype)
+    name = ti_tensors.torch_dtype_name(dtype)
     ops = [op.name for op in C.OPS.values() if name in op.dtypes]
     inputs = [_values(dtype, r) for r in range(3)]
 
     def run(comm: Communicator) -> list[tuple[torch.Tensor, np.ndarray]]:
         x = inputs[comm.rank]
         return [
-            (ti.allreduce(x, op, comm=comm), C.allreduce(ti_tensors._host_view(x), op, comm=comm))
+            (ti.allreduce(x, op, comm=comm), C.allreduce(ti_tensors.host_view(x), op, comm=comm))
             for op in ops
         ]
 
     for results in ranks(3, run):
         for op, (result, expected) in zip(ops, results, strict=True):
             assert result.dtype == dtype, op
-            assert ti_tensors._host_view(result).tobytes() == expected.tobytes(), op
+            assert ti_tensors.host_view(result).tobytes() == expected.tobytes(), op
 
 
 def test_allreduce_returns_a_new_tensor_and_leaves_the_input(ranks: Ranks) -> None:
@@ -234,17 +234,17 @@ def test_cuda_tensors_without_nccl_name_what_they_need(monkeypatch: pytest.Monke
     tensor = torch.ones(2)
     fake = type("CudaTensor", (), {"device": FakeCuda()})()
     monkeypatch.setattr(ti_tensors, "_cupy_available", lambda: True)
-    assert ti_tensors._route(fake, None) == "collectives-cuda"
+    assert ti_tensors.route_of(fake, None) == "collectives-cuda"
     monkeypatch.setattr(ti_tensors, "_cupy_available", lambda: False)
     with pytest.raises(
         InvalidBufferError, match=r"need the GPU backend.*or torch.distributed initialised with NCCL"
     ):
-        ti_tensors._route(fake, None)
+        ti_tensors.route_of(fake, None)
     monkeypatch.setattr(ti_tensors, "_nccl_initialised", lambda: True)
-    assert ti_tensors._route(fake, None) == "torch.distributed"
+    assert ti_tensors.route_of(fake, None) == "torch.distributed"
     with pytest.raises(InvalidBufferError, match="pass comm=None"):
-        ti_tensors._route(fake, object())
-    assert ti_tensors._route(tensor, None) == "collectives"
+        ti_tensors.route_of(fake, object())
+    assert ti_tensors.route_of(tensor, None) == "collectives"
 
 
 class _FunneledTransport(LoopbackTransport):
@@ -637,7 +637,7 @@ def test_the_process_group_runs_c10d_collectives(ranks: Ranks) -> None:
     )
 
     def run(comm: Communicator) -> dict[str, Any]:
-        group = ti_process_group._ProcessGroup(comm)
+        group = ti_process_group.MPIProcessGroup(comm)
         p, r = comm.size, comm.rank
         out: dict[str, Any] = {"name": group.getBackendName(), "rank": group.rank(), "size": group.size()}
         tensors = [torch.full((3,), float(r)), torch.arange(4) + r]
@@ -766,7 +766,7 @@ def test_a_bad_c10d_call_on_one_rank_fails_every_rank_at_once(
 
     def run(comm: Communicator) -> tuple[str, str, float, list[float]]:
         bounded = Communicator(comm.transport, timeout=20.0, stall_warning=0)  # waiting for it would show
-        group = ti_process_group._ProcessGroup(bounded)
+        group = ti_process_group.MPIProcessGroup(bounded)
         # a collective still queued when the bad rank's checks fail: the poison goes after it
         before = torch.full((1000,), float(comm.rank))
         queued = group.allreduce([before], _options("allreduce", SUM))
@@ -798,7 +798,7 @@ def test_c10d_work_fails_in_wait_and_in_its_future(ranks: Ranks) -> None:
     """A failed collective's Work raises from wait(), and its future fails (c10d's would succeed)."""
 
     def run(comm: Communicator) -> tuple[str, str, bool]:
-        group = ti_process_group._ProcessGroup(Communicator(comm.transport, timeout=20.0, stall_warning=0))
+        group = ti_process_group.MPIProcessGroup(Communicator(comm.transport, timeout=20.0, stall_warning=0))
         # another count on rank 1: a mismatch every rank finds in the job, on the communicator's thread
         work = group.allreduce([torch.ones(3 + comm.rank)], _options("allreduce", SUM))
         with pytest.raises(MismatchError, match=r"allreduce #0: .*count: 3 on rank 0; 4 on rank 1") as raised:

@@ -20,7 +20,7 @@ import torch
 from .. import api
 from ..errors import InvalidBufferError
 from .adasum import adasum_allreduce_
-from .tensors import _DTYPES, _device_of, _reduce_in_place, _view
+from .tensors import TORCH_DTYPES, array_view, device_of, reduce_in_place
 
 
 def _scale_(tensor: torch.Tensor, factor: float) -> None:
@@ -35,10 +35,10 @@ def _scale_(tensor: torch.Tensor, factor: float) -> None:
 
 def _reduce_one_(tensor: torch.Tensor, op: str, communicator: api.Communicator) -> None:
     if op == "avg" and not tensor.dtype.is_floating_point:
-        _reduce_in_place(tensor, "sum", communicator)
+        reduce_in_place(tensor, "sum", communicator)
         tensor.copy_(torch.div(tensor, communicator.size, rounding_mode="trunc"))
     else:
-        _reduce_in_place(tensor, op, communicator)
+        reduce_in_place(tensor, op, communicator)
 
 
 def allreduce_scaled_(
@@ -76,7 +76,7 @@ def allreduce_scaled_(
 
 def _layouts(rows: torch.Tensor, communicator: api.Communicator) -> np.ndarray:
     """Every rank's (rows, elements per row, dimensions, dtype), one row per rank; the same on every rank."""
-    layout = [rows.shape[0], int(np.prod(rows.shape[1:])), rows.dim(), list(_DTYPES).index(rows.dtype)]
+    layout = [rows.shape[0], int(np.prod(rows.shape[1:])), rows.dim(), list(TORCH_DTYPES).index(rows.dtype)]
     table = np.asarray(api.allgather(np.array(layout, np.int64), comm=communicator)).reshape(-1, 4)
     if (table[:, 1:] != table[0, 1:]).any():  # the same on every rank, so every rank raises
         raise InvalidBufferError(
@@ -92,15 +92,17 @@ def allgather_rows(tensor: torch.Tensor, communicator: api.Communicator) -> torc
     table = _layouts(rows, communicator)
     out = torch.empty((int(table[:, 0].sum()), *rows.shape[1:]), dtype=rows.dtype, device=rows.device)
     counts = [int(n * table[0, 1]) for n in table[:, 0]]
-    with _device_of(out):
-        api.allgather(_view(rows).reshape(-1), counts=counts, out=_view(out).reshape(-1), comm=communicator)
+    with device_of(out):
+        api.allgather(
+            array_view(rows).reshape(-1), counts=counts, out=array_view(out).reshape(-1), comm=communicator
+        )
     return out
 
 
 def broadcast_in_place(tensor: torch.Tensor, root_rank: int, communicator: api.Communicator) -> torch.Tensor:
     """Copy the root's ``tensor`` into every rank's; return it."""
-    with _device_of(tensor):
-        view = _view(tensor)
+    with device_of(tensor):
+        view = array_view(tensor)
         api.broadcast(view, root_rank, out=view, comm=communicator)
     return tensor
 
@@ -137,8 +139,8 @@ def alltoall_splits(
     for peer, count in enumerate(splits):
         padded[peer * widest : peer * widest + count] = rows[start : start + count]
         start += count
-    with _device_of(padded):
-        view = _view(padded)
+    with device_of(padded):
+        view = array_view(padded)
         api.alltoall(view, out=view, comm=communicator)
     out = torch.cat([padded[peer * widest : peer * widest + int(n)] for peer, n in enumerate(received)])
     return out, torch.from_numpy(received.astype(np.int32))
@@ -161,10 +163,10 @@ def reducescatter_rows(
     per_row = int(np.prod(work.shape[1:]))
     out = work.new_empty((shares[communicator.rank], *work.shape[1:]))
     wire_op = "sum" if op == "avg" and not work.dtype.is_floating_point else op
-    with _device_of(work, out):
+    with device_of(work, out):
         api.reduce_scatter(
-            _view(work).reshape(-1), wire_op, counts=[n * per_row for n in shares],
-            out=_view(out).reshape(-1), comm=communicator,
+            array_view(work).reshape(-1), wire_op, counts=[n * per_row for n in shares],
+            out=array_view(out).reshape(-1), comm=communicator,
         )  # fmt: skip
     if wire_op != op:
         out.copy_(torch.div(out, communicator.size, rounding_mode="trunc"))

@@ -12,8 +12,8 @@ from .. import api
 from ..errors import InvalidBufferError, UnsupportedOpError
 from ..ops import get_op
 from . import mpi_ops
-from .mpi_ops import _checked, _refuse, _submit
-from .tensors import _FALLBACK, Comm, _device_of, _view
+from .mpi_ops import checked_call, refuse_call, submit_job
+from .tensors import FALLBACK, Comm, array_view, device_of
 
 DIFFERENTIABLE_OPS: dict[str, tuple[str, ...]] = {
     "allreduce": ("sum", "avg", "max", "min"),
@@ -36,7 +36,7 @@ def _differentiable(collective: str, op: str, comm: Comm, tensor: torch.Tensor) 
                 f"(torch_integration.{collective} reduces with {name!r} without a gradient)"
             )
     except Exception as error:
-        _refuse(comm, collective, tensor, error)
+        refuse_call(comm, collective, tensor, error)
         raise
     return name
 
@@ -114,7 +114,7 @@ def _reduce_scatter_rows(grad: torch.Tensor, rows: int, comm: Comm) -> torch.Ten
     ).tolist()
     if len(set(counts)) == 1:
         return mpi_ops.reduce_scatter(grad, "sum", comm=comm)
-    if _checked(grad, "sum", comm, "reduce_scatter") == _FALLBACK:
+    if checked_call(grad, "sum", comm, "reduce_scatter") == FALLBACK:
         raise InvalidBufferError(
             f"the gradient of an allgather of rows that differ between ranks ({counts}) is reduced on the "
             "cpu only; torch.distributed reduce-scatters equal rows"
@@ -124,16 +124,16 @@ def _reduce_scatter_rows(grad: torch.Tensor, rows: int, comm: Comm) -> torch.Ten
     def job(communicator: api.Communicator) -> torch.Tensor:
         out = grad.new_empty((rows, *grad.shape[1:]))
         elements = [n * row_size for n in counts]
-        with _device_of(grad):
+        with device_of(grad):
             api.reduce_scatter(_flat(grad), "sum", counts=elements, out=_flat(out), comm=communicator)
         return out
 
-    return _submit(comm, job).result()
+    return submit_job(comm, job).result()
 
 
 def _flat(tensor: torch.Tensor) -> Any:
-    """A flat zero-copy view: numpy for a cpu tensor, CuPy for a cuda one (see ``_view``)."""
-    return _view(tensor).reshape(-1)
+    """A flat zero-copy view: numpy for a cpu tensor, CuPy for a cuda one (see ``array_view``)."""
+    return array_view(tensor).reshape(-1)
 
 
 def allgather(tensor: torch.Tensor, *, comm: Comm = None) -> torch.Tensor:
@@ -200,18 +200,18 @@ class _Broadcast(torch.autograd.Function):
 
 def _reduce_to_root(grad: torch.Tensor, root: int, comm: Comm) -> torch.Tensor:
     """The sum of ``grad`` over the ranks at ``root``; zeros elsewhere."""
-    if _checked(grad, "sum", comm, "reduce") == _FALLBACK:
+    if checked_call(grad, "sum", comm, "reduce") == FALLBACK:
         total = grad.clone()
         dist.reduce(total, dst=root)
         return total if dist.get_rank() == root else torch.zeros_like(grad)
 
     def job(communicator: api.Communicator) -> torch.Tensor:
         total = torch.zeros_like(grad)
-        with _device_of(grad):
+        with device_of(grad):
             api.reduce(_flat(grad), "sum", root, out=_flat(total), comm=communicator)
         return total
 
-    return _submit(comm, job).result()
+    return submit_job(comm, job).result()
 
 
 def broadcast(tensor: torch.Tensor, root_rank: int = 0, *, comm: Comm = None) -> torch.Tensor:

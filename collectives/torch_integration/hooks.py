@@ -10,16 +10,16 @@ from torch._C._distributed_c10d import GradBucket  # at run time: DDP checks hoo
 
 from .. import api
 from ..errors import CollectivesError
-from .mpi_ops import _checked, _submit
+from .mpi_ops import checked_call, submit_job
 from .repeated import Repeated, repeated_for
-from .tensors import _FALLBACK, Comm, _reduce_in_place
+from .tensors import FALLBACK, Comm, reduce_in_place
 
 TensorFuture = torch.futures.Future[torch.Tensor]
 
 
 def _hook_future(state: Comm, bucket: GradBucket, wire: torch.dtype | None) -> "TensorFuture":
     buffer = bucket.buffer()
-    if _checked(buffer, "avg", state, "allreduce") == _FALLBACK:
+    if checked_call(buffer, "avg", state, "allreduce") == FALLBACK:
         return _fallback_hook_future(buffer, wire)
 
     # a bucket's index, shape and dtype are the same on every rank: its allreduce is kept for the next steps
@@ -42,7 +42,7 @@ def _hook_future(state: Comm, bucket: GradBucket, wire: torch.dtype | None) -> "
         else:
             result.set_exception(error)  # type: ignore[arg-type]  # torch annotates it as the result type
 
-    _submit(state, job).add_done_callback(finish)
+    submit_job(state, job).add_done_callback(finish)
     return result
 
 
@@ -50,7 +50,7 @@ def _reduce(name: object, tensor: torch.Tensor, op: str, communicator: api.Commu
     """Reduce ``tensor`` in place: through the bucket's kept persistent allreduce where it can be."""
     if Repeated.takes(tensor):
         return repeated_for(communicator).allreduce_(name, tensor, op)
-    return _reduce_in_place(tensor, op, communicator)
+    return reduce_in_place(tensor, op, communicator)
 
 
 def _fallback_hook_future(buffer: torch.Tensor, wire: torch.dtype | None) -> "TensorFuture":

@@ -11,7 +11,7 @@ import torch
 
 from ..errors import CollectivesError, InvalidBufferError, UnsupportedOpError
 from .collective_jobs import allreduce_scaled_
-from .mpi_ops import _communicator_of
+from .mpi_ops import communicator_for
 from .named import named_ops
 from .optimizer import DistributedOptimizer
 from .tensors import Comm
@@ -83,7 +83,7 @@ class _Distributed(torch.optim.Optimizer):
                 param.grad.div_(self._hvd_predivide)  # fewer passes than expected: its bucket starts now
         self._hvd_engine.synchronize()
         if self._hvd_op == "avg" and self._hvd_predivide != 1.0:
-            size = _communicator_of(self._hvd_comm).size
+            size = communicator_for(self._hvd_comm).size
             for param in self._hvd_params:
                 if param.grad is not None:
                     param.grad.mul_(self._hvd_predivide / size)
@@ -130,7 +130,7 @@ class _Distributed(torch.optim.Optimizer):
             before = [p.detach().clone() for p in self._hvd_params]
             super().step()
             deltas = [p.detach() - b for p, b in zip(self._hvd_params, before, strict=True)]
-            communicator = _communicator_of(self._hvd_comm)
+            communicator = communicator_for(self._hvd_comm)
             future = named_ops(communicator).submit(
                 f"adasum_step.{next(_adasum_steps)}",
                 lambda comm: allreduce_scaled_(deltas, "adasum", 1.0, 1.0, comm),

@@ -9,8 +9,8 @@ import torch
 
 from ..errors import ConfigurationError
 from ..kvstore import SGD, Adam, KVStore, Optimizer
-from .optimizer import _parameters_to_reduce
-from .tensors import _host_view
+from .optimizer import parameters_to_reduce
+from .tensors import host_view
 
 
 def server_optimizer_of(optimizer: torch.optim.Optimizer) -> Optimizer:
@@ -103,7 +103,7 @@ class KVStoreOptimizer(torch.optim.Optimizer):
         if kv.role != "worker":
             raise ConfigurationError(f"rank {kv.rank} is a dedicated server; train on the worker ranks")
         chosen = server_optimizer if server_optimizer is not None else server_optimizer_of(optimizer)
-        names, params = _parameters_to_reduce(optimizer, named_parameters)
+        names, params = parameters_to_reduce(optimizer, named_parameters)
         super().__init__(optimizer.param_groups, optimizer.defaults)  # the same group dicts, shared
         self.optimizer = optimizer
         self.state = optimizer.state
@@ -111,7 +111,7 @@ class KVStoreOptimizer(torch.optim.Optimizer):
         self._keys = names
         self._params = params
         self._average = average
-        views = [_host_view(p) for p in params]
+        views = [host_view(p) for p in params]
         if not loaded:
             kv.init(names, views)
         kv.pull(names, out=views)  # worker 0's values everywhere, or the checkpoint's
@@ -128,7 +128,7 @@ class KVStoreOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         grads = [self._gradient(p) for p in self._params]
-        params = [_host_view(p) for p in self._params]
+        params = [host_view(p) for p in self._params]
         kv = self.kv
         if kv.mode == "ssp":
             kv.push(self._keys, grads)
@@ -146,7 +146,7 @@ class KVStoreOptimizer(torch.optim.Optimizer):
             grad = param.grad = grad.contiguous()
         if self._average and self.kv.num_workers > 1:
             grad.div_(self.kv.num_workers)
-        return _host_view(grad)
+        return host_view(grad)
 
     @property
     def keys(self) -> list[str]:

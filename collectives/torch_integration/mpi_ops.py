@@ -30,31 +30,31 @@ from .. import api
 from ..errors import CollectivesError, ConfigurationError, InvalidBufferError, MismatchError
 from ..ops import get_op
 from .collective_jobs import broadcast_bytes
-from .process_group import BACKEND, _ProcessGroup
+from .process_group import BACKEND, MPIProcessGroup
 from .tensors import (
-    _DTYPES,
-    _FALLBACK,
-    _TORCH_OPS,
+    FALLBACK,
+    TORCH_DTYPES,
+    TORCH_OPS,
     Comm,
-    _check,
-    _cuda_without_cupy,
-    _device_of,
-    _reduce_in_place,
-    _route,
-    _view,
+    array_view,
+    check_tensor,
+    cuda_without_cupy,
+    device_of,
+    reduce_in_place,
+    route_of,
 )
-from .worker import _api_communicator, _tell_refusal, _worker
+from .worker import api_communicator, background_worker, tell_refusal
 
 T = TypeVar("T")
 
 
-def _communicator_of(comm: Comm) -> api.Communicator:
+def communicator_for(comm: Comm) -> api.Communicator:
     """The library's communicator for ``comm``, which may also be a torch.distributed group of this backend.
 
     ``None`` is the communicator over ``MPI.COMM_WORLD`` (created on first use,
     a collective call), not torch's default group.
     """
-    if isinstance(comm, _ProcessGroup):
+    if isinstance(comm, MPIProcessGroup):
         return comm._communicator
     if isinstance(comm, dist.ProcessGroup):
         raise ConfigurationError(
@@ -63,61 +63,61 @@ def _communicator_of(comm: Comm) -> api.Communicator:
         )
     if isinstance(comm, int) and comm == dist.GroupMember.NON_GROUP_MEMBER:
         raise ConfigurationError("comm is GroupMember.NON_GROUP_MEMBER: this rank is not in that group")
-    return _api_communicator(comm)
+    return api_communicator(comm)
 
 
-def _submit(comm: Comm, job: Callable[[api.Communicator], T]) -> "Future[T]":
+def submit_job(comm: Comm, job: Callable[[api.Communicator], T]) -> "Future[T]":
     """Run ``job(communicator)`` on the communicator's thread.
 
     The communicator is looked up (and the default one created, a collective
     call) here, on the caller's thread.
     """
-    worker = _worker(_communicator_of(comm))
+    worker = background_worker(communicator_for(comm))
     return worker.submit(lambda: job(worker.communicator))
 
 
-def _checked(tensor: torch.Tensor, op: str | None, comm: Comm, collective: str) -> str:
+def checked_call(tensor: torch.Tensor, op: str | None, comm: Comm, collective: str) -> str:
     """Validate ``tensor`` and ``op`` on the caller's thread, before any rank communicates; the route.
 
-    Where the checks fail the other ranks are told first (see :func:`_refuse`), and
+    Where the checks fail the other ranks are told first (see :func:`refuse_call`), and
     their ``collective`` raises :class:`~collectives.PeerInputError`.
     """
     try:
-        name = _check(tensor)
+        name = check_tensor(tensor)
         if op is not None:
             get_op(op).check_dtype(name)
-        return _route(tensor, comm)
+        return route_of(tensor, comm)
     except Exception as error:
-        _refuse(comm, collective, tensor, error)
+        refuse_call(comm, collective, tensor, error)
         raise
 
 
-def _refuse(comm: Comm, collective: str, tensor: object, error: Exception) -> None:
+def refuse_call(comm: Comm, collective: str, tensor: object, error: Exception) -> None:
     """Tell the other ranks that this rank's checks of ``collective`` failed, so theirs raises too.
 
-    See :func:`~collectives.torch_integration.worker._tell_refusal`. Nothing is
+    See :func:`~collectives.torch_integration.worker.tell_refusal`. Nothing is
     told where there is no communicator of this library to tell (a ``comm`` of
     another backend), nor for a cuda tensor without CuPy, whose collectives go
     through torch.distributed's NCCL group: the other ranks then wait until
     their timeout.
     """
-    if _cuda_without_cupy(tensor):
+    if cuda_without_cupy(tensor):
         return
     try:
-        communicator = _communicator_of(comm)
+        communicator = communicator_for(comm)
     except CollectivesError:
         return
-    _tell_refusal(communicator, collective, error)
+    tell_refusal(communicator, collective, error)
 
 
 def rank(comm: Comm = None) -> int:
     """This process's rank in ``comm`` (over ``MPI.COMM_WORLD`` by default), as Horovod's ``rank()``."""
-    return _communicator_of(comm).rank
+    return communicator_for(comm).rank
 
 
 def size(comm: Comm = None) -> int:
     """The number of ranks in ``comm`` (over ``MPI.COMM_WORLD`` by default), as Horovod's ``size()``."""
-    return _communicator_of(comm).size
+    return communicator_for(comm).size
 
 
 class Handle:
@@ -172,9 +172,9 @@ def allreduce_async_(tensor: torch.Tensor, op: str = "sum", *, comm: Comm = None
             or a torch.distributed group of the ``collectives`` backend; the
             communicator over ``MPI.COMM_WORLD`` by default.
     """
-    if _checked(tensor, op, comm, "allreduce") == _FALLBACK:
-        return _work_handle(dist.all_reduce(tensor, op=_TORCH_OPS[get_op(op).name], async_op=True), tensor)
-    future = _submit(comm, lambda communicator: _reduce_in_place(tensor, op, communicator))
+    if checked_call(tensor, op, comm, "allreduce") == FALLBACK:
+        return _work_handle(dist.all_reduce(tensor, op=TORCH_OPS[get_op(op).name], async_op=True), tensor)
+    future = submit_job(comm, lambda communicator: reduce_in_place(tensor, op, communicator))
     return Handle(future.result, future.done)
 
 
@@ -188,7 +188,7 @@ def allreduce(tensor: torch.Tensor, op: str = "sum", *, comm: Comm = None) -> to
 
     Args as for :func:`allreduce_async_`.
     """
-    _checked(tensor, op, comm, "allreduce")
+    checked_call(tensor, op, comm, "allreduce")
     return allreduce_(tensor.detach().clone(), op, comm=comm)
 
 
@@ -199,10 +199,10 @@ def allgather(tensor: torch.Tensor, *, comm: Comm = None) -> torch.Tensor:
     counts are exchanged first); the other dimensions and the dtype must be the
     same on every rank. A 0-d tensor counts as one row.
     """
-    route = _checked(tensor, None, comm, "allgather")
+    route = checked_call(tensor, None, comm, "allgather")
     rows = tensor.reshape(1) if tensor.dim() == 0 else tensor
-    layout = [rows.shape[0], math.prod(rows.shape[1:]), rows.dim(), list(_DTYPES).index(tensor.dtype)]
-    if route == _FALLBACK:
+    layout = [rows.shape[0], math.prod(rows.shape[1:]), rows.dim(), list(TORCH_DTYPES).index(tensor.dtype)]
+    if route == FALLBACK:
         return _fallback_allgather(rows, layout)
 
     def job(communicator: api.Communicator) -> torch.Tensor:
@@ -212,12 +212,12 @@ def allgather(tensor: torch.Tensor, *, comm: Comm = None) -> torch.Tensor:
             (int(layouts[:, 0].sum()), *rows.shape[1:]), dtype=tensor.dtype, device=tensor.device
         )
         counts = [int(n) * layout[1] for n in layouts[:, 0]]
-        with _device_of(out):
-            mine, whole = _view(rows).reshape(-1), _view(out).reshape(-1)
+        with device_of(out):
+            mine, whole = array_view(rows).reshape(-1), array_view(out).reshape(-1)
             api.allgather(mine, counts=counts, out=whole, comm=communicator)
         return out
 
-    return _submit(comm, job).result()
+    return submit_job(comm, job).result()
 
 
 def _check_layouts(layouts: np.ndarray, rest: tuple[int, ...]) -> None:
@@ -247,24 +247,24 @@ def reduce_scatter(tensor: torch.Tensor, op: str = "sum", *, comm: Comm = None) 
     ``tensor`` has ``P * k`` rows (P the world size); rank ``r`` gets rows
     ``r * k`` to ``(r + 1) * k`` of the reduction.
     """
-    route = _checked(tensor, op, comm, "reduce_scatter")
+    route = checked_call(tensor, op, comm, "reduce_scatter")
     if tensor.dim() == 0:
         error = InvalidBufferError("reduce_scatter needs a tensor with rows, got a 0-d tensor")
-        _refuse(comm, "reduce_scatter", tensor, error)
+        refuse_call(comm, "reduce_scatter", tensor, error)
         raise error
-    if route == _FALLBACK:
+    if route == FALLBACK:
         size = dist.get_world_size()
         out = tensor.new_empty((tensor.shape[0] // size, *tensor.shape[1:]))
-        dist.reduce_scatter_single(out, tensor, op=_TORCH_OPS[get_op(op).name])
+        dist.reduce_scatter_single(out, tensor, op=TORCH_OPS[get_op(op).name])
         return out
 
     def job(communicator: api.Communicator) -> torch.Tensor:
         out = tensor.new_empty((tensor.shape[0] // communicator.size, *tensor.shape[1:]))
-        with _device_of(out):
-            api.reduce_scatter(_view(tensor), op, out=_view(out), comm=communicator)
+        with device_of(out):
+            api.reduce_scatter(array_view(tensor), op, out=array_view(out), comm=communicator)
         return out
 
-    return _submit(comm, job).result()
+    return submit_job(comm, job).result()
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int = 0, *, comm: Comm = None) -> Handle:
@@ -277,16 +277,16 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int = 0, *, comm: Comm = N
         root_rank: the rank whose tensor is sent.
         comm: the communicator, as for :func:`allreduce_async_`.
     """
-    if _checked(tensor, None, comm, "broadcast") == _FALLBACK:
+    if checked_call(tensor, None, comm, "broadcast") == FALLBACK:
         return _work_handle(dist.broadcast(tensor, src=root_rank, async_op=True), tensor)
 
     def job(communicator: api.Communicator) -> torch.Tensor:
-        with _device_of(tensor):
-            view = _view(tensor)
+        with device_of(tensor):
+            view = array_view(tensor)
             api.broadcast(view, root_rank, out=view, comm=communicator)
         return tensor
 
-    future = _submit(comm, job)
+    future = submit_job(comm, job)
     return Handle(future.result, future.done)
 
 
@@ -322,9 +322,9 @@ def broadcast_parameters(
             error = InvalidBufferError(
                 f"broadcast_parameters takes tensors; {name} is {type(tensor).__name__}"
             )
-            _refuse(comm, "broadcast", tensor, error)
+            refuse_call(comm, "broadcast", tensor, error)
             raise error
-        _checked(tensor, None, comm, "broadcast")
+        checked_call(tensor, None, comm, "broadcast")
     _agree_on_names([name for name, _ in named], comm)
     with torch.no_grad():
         # the first alone, so that where another rank's checks failed (and it told this one in the
@@ -338,11 +338,11 @@ def broadcast_parameters(
 
 def _agree_on_names(names: list[str], comm: Comm) -> None:
     """Raise :class:`MismatchError` on every rank unless all ranks pass the same names."""
-    communicator = _communicator_of(comm)
+    communicator = communicator_for(comm)
     if communicator.size == 1:
         return
     digest = np.frombuffer(hashlib.sha256("\0".join(names).encode()).digest()[:16], np.uint8).copy()
-    every = _worker(communicator).submit(lambda: api.allgather(digest, comm=communicator)).result()
+    every = background_worker(communicator).submit(lambda: api.allgather(digest, comm=communicator)).result()
     digests = [bytes(every[16 * r : 16 * (r + 1)]).hex() for r in range(communicator.size)]
     if len(set(digests)) > 1:
         by_digest: dict[str, tuple[int, ...]] = {}
@@ -364,7 +364,7 @@ def broadcast_optimizer_state(
     bytes, and loaded into every other rank's optimizer, which must hold the
     same parameters in the same groups.
     """
-    future = _submit(comm, lambda communicator: _broadcast_state(optimizer, root_rank, communicator))
+    future = submit_job(comm, lambda communicator: _broadcast_state(optimizer, root_rank, communicator))
     state = future.result()
     if state is not None:
         optimizer.load_state_dict(state)

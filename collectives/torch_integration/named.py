@@ -29,7 +29,7 @@ from .. import api
 from ..dispatch import refuse
 from ..errors import CollectivesError, MismatchError
 from ..selector import AUTO
-from .worker import _worker
+from .worker import background_worker
 
 T = TypeVar("T")
 
@@ -55,7 +55,7 @@ class NamedOps:
     """The named collectives of one communicator: started in any order, run once every rank started them."""
 
     def __init__(self, communicator: api.Communicator) -> None:
-        self._worker = _worker(communicator)
+        self._worker = background_worker(communicator)
         self._lock = threading.Lock()
         self._pending: dict[str, _Op] = {}
         self._drive_queued = False  # a drive is on the worker's queue and has not looked at _pending yet

@@ -14,10 +14,10 @@ import torch
 
 from .. import api
 from ..errors import CollectivesError, InvalidBufferError, UnsupportedDtypeError, UnsupportedOpError
-from .mpi_ops import _communicator_of
+from .mpi_ops import communicator_for
 from .repeated import Repeated, repeated_for
-from .tensors import Comm, _dtype_name, _reduce_in_place
-from .worker import _worker
+from .tensors import Comm, reduce_in_place, torch_dtype_name
+from .worker import background_worker
 
 _WIRE_DTYPES: dict[str | None, torch.dtype | None] = {
     None: None,
@@ -94,7 +94,7 @@ class _Bucket:
         if Repeated.takes(tensor):
             repeated_for(communicator).allreduce_(("optimizer bucket", self.index), tensor, op)
         else:
-            _reduce_in_place(tensor, op, communicator)
+            reduce_in_place(tensor, op, communicator)
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -148,15 +148,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise UnsupportedOpError(f"DistributedOptimizer takes op 'avg' or 'sum', not {op!r}")
         if backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be at least 1, got {backward_passes_per_step}")
-        names, params = _parameters_to_reduce(optimizer, named_parameters)
+        names, params = parameters_to_reduce(optimizer, named_parameters)
         super().__init__(optimizer.param_groups, optimizer.defaults)  # the same group dicts, shared
         self.optimizer = optimizer
         self.state = optimizer.state
         self._names = names
         self._op = op
         self._passes = backward_passes_per_step
-        self._communicator = _communicator_of(comm)
-        self._worker = _worker(self._communicator)
+        self._communicator = communicator_for(comm)
+        self._worker = background_worker(self._communicator)
         grouping = fusion_buckets(params, fusion_threshold_bytes)
         wire = _WIRE_DTYPES[compression]
         self._buckets = [
@@ -267,8 +267,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         :func:`collectives.resilience.shrink` replaced it).
         """
         with self._lock:
-            self._communicator = _communicator_of(comm)
-            self._worker = _worker(self._communicator)
+            self._communicator = communicator_for(comm)
+            self._worker = background_worker(self._communicator)
             self._new_round()
             self._needs_sync = True
 
@@ -303,7 +303,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return f"DistributedOptimizer({self.optimizer!r}, buckets={len(self._buckets)}, op={self._op!r})"
 
 
-def _parameters_to_reduce(
+def parameters_to_reduce(
     optimizer: torch.optim.Optimizer, named_parameters: Iterable[tuple[str, torch.Tensor]] | None
 ) -> tuple[list[str], list[torch.Tensor]]:
     """The optimizer's parameters that take gradients, with names, in registration order; validated."""
@@ -327,7 +327,7 @@ def _parameters_to_reduce(
     for name, param in zip(names, params, strict=True):
         if not param.dtype.is_floating_point:
             raise UnsupportedDtypeError(f"parameter {name} has dtype {param.dtype}, not a floating one")
-        _dtype_name(param.dtype)
+        torch_dtype_name(param.dtype)
         if param.layout != torch.strided:
             raise InvalidBufferError(f"parameter {name} has layout {param.layout}, not a dense one")
         if param.device.type == "cuda":

@@ -31,24 +31,24 @@ from ..errors import CollectivesError, InvalidBufferError, UnsupportedOpError
 from .collective_jobs import broadcast_bytes
 from .launch import launcher_mismatch
 from .process_group_base import (
-    _c10d_op,
-    _checked,
-    _host_tensors,
-    _like,
-    _op_for,
-    _pairs,
-    _root,
-    _sized,
-    _Staged,
-    _staged,
-    _write,
+    Staged,
+    c10d_op,
+    checked_args,
+    host_tensors,
+    op_for,
+    root_of,
+    sized,
+    staged_tensors,
+    tensor_like,
+    tensor_pairs,
+    write_back,
 )
 from .process_group_members import agree_on_members
 from .process_group_ops import route_to
-from .process_group_p2p import _PointToPoint
-from .process_group_rooted import _RootedCollectives
-from .tensors import _host_view
-from .worker import _api_communicator, _worker
+from .process_group_p2p import PointToPoint
+from .process_group_rooted import RootedCollectives
+from .tensors import host_view
+from .worker import api_communicator, background_worker
 
 BACKEND = "collectives"
 """The name ``torch.distributed.init_process_group`` knows this library's backend by."""
@@ -56,7 +56,7 @@ RENDEZVOUS = "mpi"
 """``init_method="mpi://"``: rank and world size from MPI, and a store rank 0 opens for the others."""
 
 
-class _ProcessGroup(_PointToPoint, _RootedCollectives):
+class MPIProcessGroup(PointToPoint, RootedCollectives):
     """torch.distributed's face of a :class:`~collectives.Communicator`: the ``collectives`` backend.
 
     Each collective runs on the communicator's thread, in the order it was
@@ -103,16 +103,16 @@ class _ProcessGroup(_PointToPoint, _RootedCollectives):
         if any(isinstance(t, torch.Tensor) and t.layout == torch.sparse_coo for t in tensors):
             return self._sparse_allreduce(tensors, opts)
 
-        def check() -> tuple[str, list[_Staged]]:
-            op = _c10d_op(opts)
-            return op, _staged(_host_tensors(tensors, op))
+        def check() -> tuple[str, list[Staged]]:
+            op = c10d_op(opts)
+            return op, staged_tensors(host_tensors(tensors, op))
 
         op, staged = self._checks("allreduce", check)
 
         def job(communicator: api.Communicator) -> None:
             for stage in staged:
                 view = stage.view
-                api.allreduce(view, _op_for(op, stage.tensor), out=view, comm=communicator)
+                api.allreduce(view, op_for(op, stage.tensor), out=view, comm=communicator)
                 stage.finish()
 
         return self._run(job, tensors)
@@ -123,12 +123,12 @@ class _ProcessGroup(_PointToPoint, _RootedCollectives):
         """A sum of sparse COO tensors, as gloo's: every rank's entries gathered, then coalesced."""
 
         def check() -> list[torch.Tensor]:
-            if _c10d_op(opts) != "sum":
+            if c10d_op(opts) != "sum":
                 raise UnsupportedOpError("sparse tensors are only summed")
             for tensor in tensors:
                 if tensor.layout != torch.sparse_coo or tensor.device.type != "cpu":
                     raise InvalidBufferError("a sparse allreduce takes cpu sparse COO tensors only")
-                _checked(tensor._values())
+                checked_args(tensor._values())
             return tensors
 
         self._checks("allreduce", check)
@@ -149,7 +149,7 @@ class _ProcessGroup(_PointToPoint, _RootedCollectives):
     ) -> dist.Work:
         root = 0 if opts is None else opts.rootRank
         staged = self._checks(
-            "broadcast", lambda: (_root(root, self.size()), _staged(_host_tensors(tensors)))[1]
+            "broadcast", lambda: (root_of(root, self.size()), staged_tensors(host_tensors(tensors)))[1]
         )
 
         def job(communicator: api.Communicator) -> None:
@@ -166,13 +166,13 @@ class _ProcessGroup(_PointToPoint, _RootedCollectives):
         tensors: list[torch.Tensor],
         opts: AllgatherOptions | None = None,
     ) -> dist.Work:
-        def check() -> list[_Staged]:
-            inputs = _host_tensors(tensors)
-            _pairs(output_lists, inputs, "output lists", "inputs")
+        def check() -> list[Staged]:
+            inputs = host_tensors(tensors)
+            tensor_pairs(output_lists, inputs, "output lists", "inputs")
             for outputs, tensor in zip(output_lists, inputs, strict=True):
-                _host_tensors(outputs)
-                _like(outputs, self.size(), tensor, "allgather needs {} outputs of shape {}, {}")
-            return _staged(inputs)
+                host_tensors(outputs)
+                tensor_like(outputs, self.size(), tensor, "allgather needs {} outputs of shape {}, {}")
+            return staged_tensors(inputs)
 
         staged = self._checks("allgather", check)
 
@@ -180,7 +180,7 @@ class _ProcessGroup(_PointToPoint, _RootedCollectives):
             for outputs, stage in zip(output_lists, staged, strict=True):
                 whole = api.allgather(stage.view, comm=communicator)
                 for output, piece in zip(outputs, np.split(whole, communicator.size), strict=True):
-                    _write(output, piece)
+                    write_back(output, piece)
 
         return self._run(job, output_lists)
 
@@ -192,16 +192,16 @@ class _ProcessGroup(_PointToPoint, _RootedCollectives):
     ) -> dist.Work:
         """c10d's ``all_gather_coalesced``: one output list per rank, each of every input's shape."""
 
-        def check() -> list[_Staged]:
-            inputs = _host_tensors(tensors)
+        def check() -> list[Staged]:
+            inputs = host_tensors(tensors)
             if len(output_lists) != self.size() or any(len(outs) != len(inputs) for outs in output_lists):
                 raise InvalidBufferError(
                     f"all_gather_coalesced needs {self.size()} output lists of {len(inputs)} tensors"
                 )
             for outputs in output_lists:
-                for output, tensor in zip(_host_tensors(outputs), inputs, strict=True):
-                    _sized(output, tensor.numel(), tensor.dtype, "output")
-            return _staged(inputs)
+                for output, tensor in zip(host_tensors(outputs), inputs, strict=True):
+                    sized(output, tensor.numel(), tensor.dtype, "output")
+            return staged_tensors(inputs)
 
         staged = self._checks("allgather", check)
 
@@ -209,17 +209,17 @@ class _ProcessGroup(_PointToPoint, _RootedCollectives):
             for i, stage in enumerate(staged):
                 whole = api.allgather(stage.view, comm=communicator)
                 for outputs, piece in zip(output_lists, np.split(whole, communicator.size), strict=True):
-                    _write(outputs[i], piece)
+                    write_back(outputs[i], piece)
 
         return self._run(job, output_lists)
 
     def all_gather_single(
         self, output: torch.Tensor, tensor: torch.Tensor, opts: AllgatherOptions | None = None
     ) -> dist.Work:
-        def check() -> tuple[_Staged, _Staged]:
-            out, mine = _host_tensors([output, tensor])
-            _sized(out, mine.numel() * self.size(), mine.dtype, "output")
-            return _Staged(out, read=False), _Staged(mine)
+        def check() -> tuple[Staged, Staged]:
+            out, mine = host_tensors([output, tensor])
+            sized(out, mine.numel() * self.size(), mine.dtype, "output")
+            return Staged(out, read=False), Staged(mine)
 
         staged_out, staged_in = self._checks("allgather", check)
 
@@ -234,7 +234,7 @@ class _ProcessGroup(_PointToPoint, _RootedCollectives):
     def all_gather_single_coalesced(
         self, outputs: list[torch.Tensor], tensors: list[torch.Tensor], opts: AllgatherOptions | None = None
     ) -> dist.Work:
-        _pairs(outputs, tensors, "outputs", "inputs")
+        tensor_pairs(outputs, tensors, "outputs", "inputs")
         works = [self.all_gather_single(o, t, opts) for o, t in zip(outputs, tensors, strict=True)]
         return self._together(works, outputs)
 
@@ -246,21 +246,21 @@ class _ProcessGroup(_PointToPoint, _RootedCollectives):
         input_lists: list[list[torch.Tensor]],
         opts: ReduceScatterOptions | None = None,
     ) -> dist.Work:
-        def check() -> tuple[str, list[_Staged]]:
-            op = _c10d_op(opts)
-            outs = _host_tensors(outputs, op)
-            _pairs(outs, input_lists, "outputs", "input lists")
+        def check() -> tuple[str, list[Staged]]:
+            op = c10d_op(opts)
+            outs = host_tensors(outputs, op)
+            tensor_pairs(outs, input_lists, "outputs", "input lists")
             for output, inputs in zip(outs, input_lists, strict=True):
-                _host_tensors(inputs, op)
-                _like(inputs, self.size(), output, "reduce_scatter needs {} inputs of shape {}, {}")
-            return op, _staged(outs, read=False)
+                host_tensors(inputs, op)
+                tensor_like(inputs, self.size(), output, "reduce_scatter needs {} inputs of shape {}, {}")
+            return op, staged_tensors(outs, read=False)
 
         op, staged = self._checks("reduce_scatter", check)
 
         def job(communicator: api.Communicator) -> None:
             for stage, inputs in zip(staged, input_lists, strict=True):
-                whole = _Staged(torch.cat([t.reshape(-1) for t in inputs]))
-                reduction = _op_for(op, stage.tensor)
+                whole = Staged(torch.cat([t.reshape(-1) for t in inputs]))
+                reduction = op_for(op, stage.tensor)
                 api.reduce_scatter(whole.view, reduction, out=stage.view, comm=communicator)
                 stage.finish()
 
@@ -269,16 +269,16 @@ class _ProcessGroup(_PointToPoint, _RootedCollectives):
     def reduce_scatter_single(
         self, output: torch.Tensor, tensor: torch.Tensor, opts: ReduceScatterOptions | None = None
     ) -> dist.Work:
-        def check() -> tuple[str, _Staged, _Staged]:
-            op = _c10d_op(opts)
-            out, whole = _host_tensors([output, tensor], op)
-            _sized(whole, out.numel() * self.size(), out.dtype, "input")
-            return op, _Staged(out, read=False), _Staged(whole)
+        def check() -> tuple[str, Staged, Staged]:
+            op = c10d_op(opts)
+            out, whole = host_tensors([output, tensor], op)
+            sized(whole, out.numel() * self.size(), out.dtype, "input")
+            return op, Staged(out, read=False), Staged(whole)
 
         op, staged_out, staged_in = self._checks("reduce_scatter", check)
 
         def job(communicator: api.Communicator) -> None:
-            reduction = _op_for(op, output)
+            reduction = op_for(op, output)
             api.reduce_scatter(staged_in.view, reduction, out=staged_out.view, comm=communicator)
             staged_out.finish()
 
@@ -292,7 +292,7 @@ class _ProcessGroup(_PointToPoint, _RootedCollectives):
         tensors: list[torch.Tensor],
         opts: ReduceScatterOptions | None = None,
     ) -> dist.Work:
-        _pairs(outputs, tensors, "outputs", "inputs")
+        tensor_pairs(outputs, tensors, "outputs", "inputs")
         works = [self.reduce_scatter_single(o, t, opts) for o, t in zip(outputs, tensors, strict=True)]
         return self._together(works, outputs)
 
@@ -331,8 +331,8 @@ def _sparse_sum(tensor: torch.Tensor, communicator: api.Communicator) -> torch.T
     padded_indices[:, : indices.shape[1]] = indices
     padded_values = torch.zeros((most, *values.shape[1:]), dtype=values.dtype)
     padded_values[: values.shape[0]] = values
-    all_indices = api.allgather(_host_view(padded_indices.reshape(-1)), comm=communicator)
-    all_values = api.allgather(_host_view(padded_values.reshape(-1)), comm=communicator)
+    all_indices = api.allgather(host_view(padded_indices.reshape(-1)), comm=communicator)
+    all_values = api.allgather(host_view(padded_values.reshape(-1)), comm=communicator)
     pieces_i = torch.from_numpy(all_indices.copy()).reshape(communicator.size, indices.shape[0], most)
     pieces_v = (
         torch.from_numpy(np.asarray(all_values).copy())
@@ -344,7 +344,7 @@ def _sparse_sum(tensor: torch.Tensor, communicator: api.Communicator) -> torch.T
     return torch.sparse_coo_tensor(found_i, found_v, tensor.shape, check_invariants=False).coalesce()
 
 
-def _create_process_group(options: _DistributedBackendOptions, backend_options: object) -> _ProcessGroup:
+def _create_process_group(options: _DistributedBackendOptions, backend_options: object) -> MPIProcessGroup:
     """c10d's constructor of the ``collectives`` backend: a process group over a new communicator.
 
     c10d calls it on the group's members only. The default group and a group
@@ -359,7 +359,7 @@ def _create_process_group(options: _DistributedBackendOptions, backend_options: 
     timeout = None if options.timeout == default_pg_timeout else options.timeout.total_seconds()
     if ranks and dist.is_initialized():
         # new_group: MPI's group creation cannot be bounded, so the members agree on it first
-        agree_on_members(_api_communicator(None), ranks, timeout)
+        agree_on_members(api_communicator(None), ranks, timeout)
     if ranks and len(ranks) < dist.get_world_size():
         communicator = _subgroup_communicator(ranks, timeout)
     else:
@@ -373,7 +373,7 @@ def _create_process_group(options: _DistributedBackendOptions, backend_options: 
             or f"torch.distributed says rank {options.group_rank} of {options.group_size}, MPI says rank "
             f"{rank} of {size}; launch with mpiexec and init_method='mpi://'"
         )
-    return _ProcessGroup(communicator)
+    return MPIProcessGroup(communicator)
 
 
 def _subgroup_communicator(ranks: list[int], timeout: float | None) -> api.Communicator:
@@ -392,7 +392,7 @@ def _mpi_rendezvous(
     Rank 0's host is ``$MASTER_ADDR`` when set, else its host name.
     """
     query = dict(parse_qsl(urlparse(url).query))
-    communicator = _api_communicator(None)
+    communicator = api_communicator(None)
     rank, size = communicator.rank, communicator.size
     if (mismatch := launcher_mismatch(size)) is not None:  # each process would train alone
         raise CollectivesError(f"mpi://: {mismatch}")
@@ -407,7 +407,7 @@ def _mpi_rendezvous(
             address = f"{host}:{store.port}".encode()
         except Exception as error:  # the others learn of it from the empty address, rather than wait
             failure = error
-    worker = _worker(communicator)
+    worker = background_worker(communicator)
     address = worker.submit(lambda: broadcast_bytes(address, 0, worker.communicator)).result()
     if failure is not None:
         raise failure
@@ -421,7 +421,7 @@ def _mpi_rendezvous(
 
 
 def _register() -> None:
-    route_to(_ProcessGroup)
+    route_to(MPIProcessGroup)
     dist.Backend.register_backend(BACKEND, _create_process_group, extended_api=True, devices=["cpu"])
     with contextlib.suppress(RuntimeError):  # registered already, by an earlier import of this module
         register_rendezvous_handler(RENDEZVOUS, _mpi_rendezvous)  # type: ignore[no-untyped-call]

@@ -15,8 +15,8 @@ from torch._C._distributed_c10d import AllreduceCoalescedOptions, AllreduceOptio
 from .. import api
 from ..errors import InvalidBufferError, InvalidRootError, UnsupportedOpError
 from ..ops import get_op
-from .tensors import _TORCH_OPS, _dtype_name, _host_view
-from .worker import _tell_refusal, _worker
+from .tensors import TORCH_OPS, host_view, torch_dtype_name
+from .worker import background_worker, tell_refusal
 
 T = TypeVar("T")
 
@@ -32,21 +32,21 @@ _BOOL_OPS = {
 }
 
 
-def _c10d_op(opts: AllreduceOptions | AllreduceCoalescedOptions | ReduceScatterOptions | Any | None) -> str:
+def c10d_op(opts: AllreduceOptions | AllreduceCoalescedOptions | ReduceScatterOptions | Any | None) -> str:
     """Our name of the c10d op in ``opts`` (a sum without them)."""
     if opts is None:
         return "sum"
-    for name, torch_op in _TORCH_OPS.items():
+    for name, torch_op in TORCH_OPS.items():
         if cast(object, opts.reduceOp) == torch_op:  # a ReduceOp equals its RedOpType
             return name
     raise UnsupportedOpError(f"the collectives backend cannot reduce with {opts.reduceOp}")
 
 
 def _flat(tensor: torch.Tensor) -> np.ndarray:
-    return _host_view(tensor).reshape(-1)
+    return host_view(tensor).reshape(-1)
 
 
-def _checked(tensor: object, op: str | None = None) -> torch.Tensor:
+def checked_args(tensor: object, op: str | None = None) -> torch.Tensor:
     """``tensor``; raises unless it is a dense cpu tensor of a dtype the backend moves (and ``op`` takes)."""
     if not isinstance(tensor, torch.Tensor):
         raise InvalidBufferError(f"expected a torch.Tensor, got {type(tensor).__name__}")
@@ -58,23 +58,23 @@ def _checked(tensor: object, op: str | None = None) -> torch.Tensor:
         if op is not None and op not in _BOOL_OPS:
             raise UnsupportedOpError(f"op {op!r} does not reduce bool tensors")
         return tensor
-    name = _dtype_name(tensor.dtype)
+    name = torch_dtype_name(tensor.dtype)
     if op is not None:
         get_op(op).check_dtype(name)
     return tensor
 
 
-def _host_tensors(tensors: Iterable[torch.Tensor], op: str | None = None) -> list[torch.Tensor]:
-    """``tensors``, each checked (see :func:`_checked`) before any rank communicates."""
-    return [_checked(tensor, op) for tensor in tensors]
+def host_tensors(tensors: Iterable[torch.Tensor], op: str | None = None) -> list[torch.Tensor]:
+    """``tensors``, each checked (see :func:`checked_args`) before any rank communicates."""
+    return [checked_args(tensor, op) for tensor in tensors]
 
 
-def _op_for(op: str, tensor: torch.Tensor) -> str:
+def op_for(op: str, tensor: torch.Tensor) -> str:
     """The op that reduces ``tensor`` as c10d's ``op`` would: a bool's as logic on its byte."""
     return _BOOL_OPS[op] if tensor.dtype == torch.bool else op
 
 
-class _Staged:
+class Staged:
     """A tensor as the library moves it: contiguous, a bool as its byte; written back by :meth:`finish`.
 
     A contiguous tensor is its own stage (a bool's byte view shares its memory),
@@ -104,31 +104,31 @@ class _Staged:
             )
 
 
-def _staged(tensors: Iterable[torch.Tensor], read: bool = True) -> list[_Staged]:
-    return [_Staged(tensor, read) for tensor in tensors]
+def staged_tensors(tensors: Iterable[torch.Tensor], read: bool = True) -> list[Staged]:
+    return [Staged(tensor, read) for tensor in tensors]
 
 
-def _write(output: torch.Tensor, piece: np.ndarray) -> None:
+def write_back(output: torch.Tensor, piece: np.ndarray) -> None:
     """Write ``piece`` (a flat array of ``output``'s kind) into ``output``, whatever its strides."""
-    _sized(output, piece.size, output.dtype, "output")
-    stage = _Staged(output, read=False)
+    sized(output, piece.size, output.dtype, "output")
+    stage = Staged(output, read=False)
     stage.view[...] = piece
     stage.finish()
 
 
-def _pairs(first: Sequence[object], second: Sequence[object], names: str, others: str) -> None:
+def tensor_pairs(first: Sequence[object], second: Sequence[object], names: str, others: str) -> None:
     """Raise unless c10d's per-tensor lists ``first`` and ``second`` (``names``, ``others``) pair up."""
     if len(first) != len(second):
         raise InvalidBufferError(f"{len(first)} {names} for {len(second)} {others}; c10d pairs them up")
 
 
-def _like(tensors: Sequence[torch.Tensor], size: int, like: torch.Tensor, message: str) -> None:
+def tensor_like(tensors: Sequence[torch.Tensor], size: int, like: torch.Tensor, message: str) -> None:
     """Raise ``message`` (formatted with size, shape, dtype) unless ``tensors`` are ``size`` like ``like``."""
     if len(tensors) != size or any((t.shape, t.dtype) != (like.shape, like.dtype) for t in tensors):
         raise InvalidBufferError(message.format(size, tuple(like.shape), like.dtype))
 
 
-def _sized(tensor: torch.Tensor, count: int, dtype: torch.dtype, name: str) -> None:
+def sized(tensor: torch.Tensor, count: int, dtype: torch.dtype, name: str) -> None:
     """Raise unless ``tensor`` (the call's ``name``) holds ``count`` elements of ``dtype``."""
     if (tensor.numel(), tensor.dtype) != (count, dtype):
         raise InvalidBufferError(
@@ -136,13 +136,13 @@ def _sized(tensor: torch.Tensor, count: int, dtype: torch.dtype, name: str) -> N
         )
 
 
-def _root(root: int, size: int) -> int:
+def root_of(root: int, size: int) -> int:
     if not 0 <= root < size:
         raise InvalidRootError(f"root {root} is not a rank of a group of {size}")
     return root
 
 
-class _Work(dist.Work):
+class GroupWork(dist.Work):
     """A c10d call in flight on the communicator's thread; :meth:`wait` raises its error.
 
     c10d's own work made from a future (``_create_work_from_future``) cannot
@@ -221,23 +221,23 @@ def _value_of(future: "torch.futures.Future[T]") -> T:
     return future.value()
 
 
-class _GroupBase(dist.ProcessGroup):
+class GroupBase(dist.ProcessGroup):
     """The process group's communicator, its thread, and how a call is checked and submitted."""
 
     def __init__(self, communicator: api.Communicator) -> None:
         # a Python subclass must take (rank, size), the constructor torch's stubs leave out
         super().__init__(communicator.rank, communicator.size)  # type: ignore[call-arg]
         self._communicator = communicator
-        self._worker = _worker(communicator)
+        self._worker = background_worker(communicator)
 
     def _run(self, job: Callable[[api.Communicator], Any], result: Any) -> dist.Work:
         """Submit ``job``; the work completes with ``result`` (what c10d expects of the call)."""
         communicator = self._worker.communicator
-        return _Work(self._worker.submit(lambda: job(communicator)), result)
+        return GroupWork(self._worker.submit(lambda: job(communicator)), result)
 
     def _refuse(self, collective: str, error: Exception) -> None:
         """Tell the other ranks that this rank's checks of ``collective`` failed, after the jobs before."""
-        _tell_refusal(self._communicator, collective, error)
+        tell_refusal(self._communicator, collective, error)
 
     def _together(self, works: list[dist.Work], result: Any) -> dist.Work:
         """One work for ``works`` (already submitted): it ends after them, raising the first one's error."""

@@ -14,11 +14,11 @@ from .. import api
 from ..errors import CollectiveTimeout, InvalidBufferError, InvalidRootError, TransportError
 from ..transport.base import Transport
 from ..transport.tags import Tag
-from .process_group_base import _checked, _GroupBase, _Staged, _Work
-from .worker import _Worker
+from .process_group_base import GroupBase, GroupWork, Staged, checked_args
+from .worker import BackgroundWorker
 
 
-class _PointToPoint(_GroupBase):
+class PointToPoint(GroupBase):
     """c10d's ``send``, ``recv`` and ``recv_anysource`` over the transport's own messages.
 
     A send or receive is posted at once, on the caller's thread (so ``isend``
@@ -40,7 +40,7 @@ class _PointToPoint(_GroupBase):
         self._p2p: Transport = duplicate if duplicate is not None else communicator.transport
         # where MPI allows no concurrent calls, each send and receive completes in its call
         inline = self._p2p.thread_level in ("funneled", "serialized", "single")
-        self._p2p_waiter = _Worker(inline, communicator)
+        self._p2p_waiter = BackgroundWorker(inline, communicator)
 
     def _close_point_to_point(self) -> None:
         self._p2p_waiter.stop()
@@ -53,12 +53,12 @@ class _PointToPoint(_GroupBase):
             raise InvalidRootError(f"the {role} {rank} is not a rank of a group of {self.size()}")
         return rank
 
-    def _message(self, tensors: list[torch.Tensor], tag: int, read: bool) -> tuple[_Staged, np.ndarray, int]:
+    def _message(self, tensors: list[torch.Tensor], tag: int, read: bool) -> tuple[Staged, np.ndarray, int]:
         if len(tensors) != 1:
             raise InvalidBufferError(f"send and recv take one tensor, got {len(tensors)}")
         if tag < 0:
             raise InvalidBufferError(f"a message's tag is a non-negative integer, got {tag}")
-        stage = _Staged(_checked(tensors[0]), read=read)
+        stage = Staged(checked_args(tensors[0]), read=read)
         return stage, stage.view.view(np.uint8), Tag.POINT_TO_POINT + tag
 
     def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> dist.Work:
@@ -70,7 +70,7 @@ class _PointToPoint(_GroupBase):
         def finish(sent: object = stage) -> None:  # the bytes sent live until the send ends
             self._wait_for(request, what, dst)
 
-        return _Work(self._p2p_waiter.submit(finish), tensors)
+        return GroupWork(self._p2p_waiter.submit(finish), tensors)
 
     def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> dist.Work:
         src = self._peer(srcRank, "source")
@@ -83,7 +83,7 @@ class _PointToPoint(_GroupBase):
             stage.finish()
             return src
 
-        return _Work(self._p2p_waiter.submit(finish), tensors)
+        return GroupWork(self._p2p_waiter.submit(finish), tensors)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> dist.Work:
         stage, data, wire_tag = self._message(tensors, tag, read=False)
@@ -103,7 +103,7 @@ class _PointToPoint(_GroupBase):
             stage.finish()
             return src
 
-        return _Work(self._p2p_waiter.submit(finish), tensors)
+        return GroupWork(self._p2p_waiter.submit(finish), tensors)
 
     def _wait_for(self, request: Any, what: str, peer: int, deadline: float | None = None) -> None:
         timeout = self._communicator.timeout

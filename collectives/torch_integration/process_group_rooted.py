@@ -10,16 +10,16 @@ from torch._C._distributed_c10d import AllToAllOptions, GatherOptions, ReduceOpt
 from .. import api
 from ..errors import InvalidBufferError
 from .process_group_base import (
-    _c10d_op,
-    _checked,
-    _GroupBase,
-    _host_tensors,
-    _like,
-    _op_for,
-    _root,
-    _Staged,
-    _staged,
-    _write,
+    GroupBase,
+    Staged,
+    c10d_op,
+    checked_args,
+    host_tensors,
+    op_for,
+    root_of,
+    staged_tensors,
+    tensor_like,
+    write_back,
 )
 
 
@@ -29,7 +29,7 @@ def _one(tensors: list[torch.Tensor], collective: str) -> torch.Tensor:
     return tensors[0]
 
 
-class _RootedCollectives(_GroupBase):
+class RootedCollectives(GroupBase):
     """c10d's ``reduce``, ``gather``, ``scatter``, ``alltoall`` and ``all_to_all_single`` (with splits)."""
 
     def reduce(  # type: ignore[override]
@@ -37,16 +37,16 @@ class _RootedCollectives(_GroupBase):
     ) -> dist.Work:
         root = 0 if opts is None else opts.rootRank
 
-        def check() -> tuple[str, _Staged]:
-            op = _c10d_op(opts)
-            _root(root, self.size())
-            return op, _Staged(_checked(_one(tensors, "reduce"), op))
+        def check() -> tuple[str, Staged]:
+            op = c10d_op(opts)
+            root_of(root, self.size())
+            return op, Staged(checked_args(_one(tensors, "reduce"), op))
 
         op, stage = self._checks("reduce", check)
 
         def job(communicator: api.Communicator) -> None:
             view = stage.view
-            api.reduce(view, _op_for(op, stage.tensor), root, out=view, comm=communicator)
+            api.reduce(view, op_for(op, stage.tensor), root, out=view, comm=communicator)
             if communicator.rank == root:
                 stage.finish()
 
@@ -60,15 +60,15 @@ class _RootedCollectives(_GroupBase):
     ) -> dist.Work:
         root = 0 if opts is None else opts.rootRank
 
-        def check() -> _Staged:
-            _root(root, self.size())
-            mine = _checked(_one(tensors, "gather"))
+        def check() -> Staged:
+            root_of(root, self.size())
+            mine = checked_args(_one(tensors, "gather"))
             if self.rank() == root:
-                outputs = _host_tensors(_one(output_lists, "gather"))  # type: ignore[arg-type]
-                _like(outputs, self.size(), mine, "gather needs {} outputs of shape {}, {} at the root")
+                outputs = host_tensors(_one(output_lists, "gather"))  # type: ignore[arg-type]
+                tensor_like(outputs, self.size(), mine, "gather needs {} outputs of shape {}, {} at the root")
             elif output_lists and any(output_lists):
                 raise InvalidBufferError("gather takes outputs at the root only")
-            return _Staged(mine)
+            return Staged(mine)
 
         stage = self._checks("gather", check)
 
@@ -78,7 +78,7 @@ class _RootedCollectives(_GroupBase):
                 for output, piece in zip(
                     output_lists[0], np.split(whole.reshape(-1), communicator.size), strict=True
                 ):
-                    _write(output, piece)
+                    write_back(output, piece)
 
         return self._run(job, output_lists)
 
@@ -90,13 +90,15 @@ class _RootedCollectives(_GroupBase):
     ) -> dist.Work:
         root = 0 if opts is None else opts.rootRank
 
-        def check() -> tuple[_Staged, _Staged | None]:
-            _root(root, self.size())
-            out = _Staged(_checked(_one(tensors, "scatter")), read=False)
+        def check() -> tuple[Staged, Staged | None]:
+            root_of(root, self.size())
+            out = Staged(checked_args(_one(tensors, "scatter")), read=False)
             if self.rank() == root:
-                inputs = _host_tensors(_one(input_lists, "scatter"))  # type: ignore[arg-type]
-                _like(inputs, self.size(), out.tensor, "scatter needs {} inputs of shape {}, {} at the root")
-                return out, _Staged(torch.cat([t.reshape(-1) for t in inputs]))
+                inputs = host_tensors(_one(input_lists, "scatter"))  # type: ignore[arg-type]
+                tensor_like(
+                    inputs, self.size(), out.tensor, "scatter needs {} inputs of shape {}, {} at the root"
+                )
+                return out, Staged(torch.cat([t.reshape(-1) for t in inputs]))
             if input_lists and any(input_lists):
                 raise InvalidBufferError("scatter takes inputs at the root only")
             return out, None
@@ -117,13 +119,13 @@ class _RootedCollectives(_GroupBase):
     ) -> dist.Work:
         """c10d's ``all_to_all``: input ``j`` goes to rank ``j``; output ``i`` comes from rank ``i``."""
 
-        def check() -> tuple[list[_Staged], list[int], list[int]]:
-            ins, outs = _host_tensors(inputs), _host_tensors(outputs)
+        def check() -> tuple[list[Staged], list[int], list[int]]:
+            ins, outs = host_tensors(inputs), host_tensors(outputs)
             if len(ins) != self.size() or len(outs) != self.size():
                 raise InvalidBufferError(f"all_to_all needs {self.size()} inputs and outputs")
             if len({t.dtype for t in ins + outs}) > 1:
                 raise InvalidBufferError("all_to_all needs every input and output of one dtype")
-            return _staged(ins), [t.numel() for t in ins], [t.numel() for t in outs]
+            return staged_tensors(ins), [t.numel() for t in ins], [t.numel() for t in outs]
 
         staged, sends, receives = self._checks("alltoall", check)
 
@@ -131,7 +133,7 @@ class _RootedCollectives(_GroupBase):
             whole = np.concatenate([stage.view for stage in staged]) if staged else np.empty(0)
             pieces = _exchange(whole, sends, receives, communicator)
             for output, piece in zip(outputs, pieces, strict=True):
-                _write(output, piece)
+                write_back(output, piece)
 
         return self._run(job, outputs)
 
@@ -145,14 +147,14 @@ class _RootedCollectives(_GroupBase):
     ) -> dist.Work:
         """c10d's ``all_to_all_single``: equal shares along dim 0, or the rows ``input_splits`` says."""
 
-        def check() -> tuple[_Staged, list[int], list[int]]:
-            out, whole = _host_tensors([output, tensor])
+        def check() -> tuple[Staged, list[int], list[int]]:
+            out, whole = host_tensors([output, tensor])
             if out.dtype != whole.dtype:
                 raise InvalidBufferError(
                     f"all_to_all_single's output is {out.dtype}, its input {whole.dtype}"
                 )
             return (
-                _Staged(whole),
+                Staged(whole),
                 _splits(whole, input_splits, self.size()),
                 _splits(out, output_splits, self.size()),
             )
@@ -163,10 +165,10 @@ class _RootedCollectives(_GroupBase):
 
         def job(communicator: api.Communicator) -> None:
             if equal:
-                _write(output, api.alltoall(stage.view, comm=communicator))
+                write_back(output, api.alltoall(stage.view, comm=communicator))
                 return
             pieces = _exchange(stage.view, sends, receives, communicator)
-            _write(output, np.concatenate(pieces) if pieces else stage.view[:0])
+            write_back(output, np.concatenate(pieces) if pieces else stage.view[:0])
 
         return self._run(job, [output])
 

@@ -11,7 +11,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from .. import api
 from .collective_jobs import allreduce_scaled_
-from .mpi_ops import _communicator_of
+from .mpi_ops import communicator_for
 from .named import named_ops
 
 _calls = itertools.count()  # the same sequence on every rank: each forward and backward is named by it
@@ -19,7 +19,7 @@ _calls = itertools.count()  # the same sequence on every rank: each forward and 
 
 def _sum_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
     out = tensor.detach().clone().contiguous()
-    communicator = _communicator_of(None)
+    communicator = communicator_for(None)
 
     def job(comm: api.Communicator) -> torch.Tensor:
         allreduce_scaled_([out], "sum", 1.0, 1.0, comm)
@@ -58,7 +58,7 @@ class SyncBatchNorm(_BatchNorm):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(input)
-        if not self.training or _communicator_of(None).size == 1:
+        if not self.training or communicator_for(None).size == 1:
             return super().forward(input)
         channels = input.shape[1]
         flat = input.transpose(0, 1).reshape(channels, -1)

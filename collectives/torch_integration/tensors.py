@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 else:
     Comm = Any
 
-_DTYPES: dict[torch.dtype, str] = {
+TORCH_DTYPES: dict[torch.dtype, str] = {
     torch.float16: "float16",
     torch.bfloat16: "bfloat16",
     torch.float32: "float32",
@@ -41,10 +41,10 @@ _NO_GPU_BACKEND = (
 )
 _HOST = "collectives"
 _DEVICE = "collectives-cuda"
-_FALLBACK = "torch.distributed"
+FALLBACK = "torch.distributed"
 
 # torch.distributed's op for each of ours, for the NCCL fallback and the c10d backend
-_TORCH_OPS = {
+TORCH_OPS = {
     "sum": dist.ReduceOp.SUM,
     "prod": dist.ReduceOp.PRODUCT,
     "min": dist.ReduceOp.MIN,
@@ -56,21 +56,21 @@ _TORCH_OPS = {
 }
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    name = _DTYPES.get(dtype)
+def torch_dtype_name(dtype: torch.dtype) -> str:
+    name = TORCH_DTYPES.get(dtype)
     if name is None:
-        supported = ", ".join(str(d).removeprefix("torch.") for d in _DTYPES)
+        supported = ", ".join(str(d).removeprefix("torch.") for d in TORCH_DTYPES)
         raise UnsupportedDtypeError(f"unsupported dtype {dtype}; supported dtypes are {supported}")
     return name
 
 
-def _check(tensor: torch.Tensor) -> str:
+def check_tensor(tensor: torch.Tensor) -> str:
     """Raise unless ``tensor`` is dense, contiguous and of a dtype the library moves; its dtype name."""
     if not isinstance(tensor, torch.Tensor):
         raise InvalidBufferError(f"expected a torch.Tensor, got {type(tensor).__name__}")
     if tensor.layout != torch.strided:
         raise InvalidBufferError(f"tensor has layout {tensor.layout}; only dense (strided) tensors are taken")
-    name = _dtype_name(tensor.dtype)
+    name = torch_dtype_name(tensor.dtype)
     if not tensor.is_contiguous():
         raise InvalidBufferError(
             f"tensor of shape {tuple(tensor.shape)} and strides {tensor.stride()} is not contiguous; "
@@ -92,8 +92,8 @@ def _cupy_available() -> bool:
     return True
 
 
-def _route(tensor: torch.Tensor, comm: Comm) -> str:
-    """``_HOST`` for a cpu tensor; for a cuda one ``_DEVICE`` with CuPy, else ``_FALLBACK`` with NCCL.
+def route_of(tensor: torch.Tensor, comm: Comm) -> str:
+    """``_HOST`` for a cpu tensor; for a cuda one ``_DEVICE`` with CuPy, else ``FALLBACK`` with NCCL.
 
     Raises for any other.
     """
@@ -106,11 +106,11 @@ def _route(tensor: torch.Tensor, comm: Comm) -> str:
             raise InvalidBufferError(_NO_GPU_BACKEND)
         if comm is not None:
             raise InvalidBufferError("cuda tensors use torch.distributed's default group; pass comm=None")
-        return _FALLBACK
+        return FALLBACK
     raise InvalidBufferError(f"tensor is on device {tensor.device}; collectives takes cpu tensors")
 
 
-def _cuda_without_cupy(tensor: object) -> bool:
+def cuda_without_cupy(tensor: object) -> bool:
     """Whether ``tensor`` is a cuda tensor on a host without CuPy: its collectives go through NCCL."""
     return isinstance(tensor, torch.Tensor) and tensor.device.type == "cuda" and not _cupy_available()
 
@@ -126,8 +126,8 @@ def explain_path(tensor: torch.Tensor, comm: Comm = None) -> str:
         ``"unsupported: <the error the collective raises>"``.
     """
     try:
-        name = _check(tensor)
-        route = _route(tensor, comm)
+        name = check_tensor(tensor)
+        route = route_of(tensor, comm)
     except CollectivesError as error:
         return f"unsupported: {error}"
     if route == _HOST:
@@ -140,7 +140,7 @@ def explain_path(tensor: torch.Tensor, comm: Comm = None) -> str:
     return f"torch.distributed: {name} tensor on {tensor.device} through the default NCCL process group"
 
 
-def _host_view(tensor: torch.Tensor) -> np.ndarray:
+def host_view(tensor: torch.Tensor) -> np.ndarray:
     """A numpy array over ``tensor``'s memory: no copy (bfloat16 through ml_dtypes)."""
     data = tensor.detach()
     if data.dtype == torch.bfloat16:
@@ -149,17 +149,17 @@ def _host_view(tensor: torch.Tensor) -> np.ndarray:
     return data.numpy()
 
 
-def _view(tensor: torch.Tensor) -> Any:
+def array_view(tensor: torch.Tensor) -> Any:
     """A zero-copy array over ``tensor``: numpy for a cpu tensor, CuPy (DLPack) for a cuda one."""
     if tensor.device.type != "cuda":
-        return _host_view(tensor)
+        return host_view(tensor)
     from ..backends import adopt
 
     return adopt(tensor.detach())
 
 
 @contextlib.contextmanager
-def _device_of(*tensors: torch.Tensor) -> Iterator[None]:
+def device_of(*tensors: torch.Tensor) -> Iterator[None]:
     """Run CuPy work on the tensors' device, and finish it before torch's next kernels read them.
 
     The collectives' kernels and copies run on CuPy's current stream, on the thread
@@ -177,8 +177,8 @@ def _device_of(*tensors: torch.Tensor) -> Iterator[None]:
         cupy.cuda.get_current_stream().synchronize()
 
 
-def _reduce_in_place(tensor: torch.Tensor, op: str, communicator: api.Communicator) -> torch.Tensor:
-    with _device_of(tensor):
-        view = _view(tensor)
+def reduce_in_place(tensor: torch.Tensor, op: str, communicator: api.Communicator) -> torch.Tensor:
+    with device_of(tensor):
+        view = array_view(tensor)
         api.allreduce(view, op, out=view, comm=communicator)
     return tensor

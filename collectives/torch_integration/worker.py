@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-class _Worker:
+class BackgroundWorker:
     """One thread that runs a communicator's collectives one at a time, in the order they were submitted.
 
     They run on :attr:`communicator`, the user's communicator's
@@ -72,24 +72,24 @@ def _run_job(job: Callable[[], T], future: "Future[T]") -> None:
         future.set_result(result)
 
 
-_workers: "weakref.WeakKeyDictionary[Communicator, _Worker]" = weakref.WeakKeyDictionary()
+_workers: "weakref.WeakKeyDictionary[Communicator, BackgroundWorker]" = weakref.WeakKeyDictionary()
 _workers_lock = threading.Lock()
 
 
-def _worker(communicator: Communicator) -> _Worker:
+def background_worker(communicator: Communicator) -> BackgroundWorker:
     with _workers_lock:
         worker = _workers.get(communicator)
         if worker is None:
             inline = communicator.transport.thread_level in ("funneled", "single")
             # its own messages (a collective call, made on the caller's thread in program order), so the
             # user's own calls on the communicator, from the main thread, never meet the worker's
-            worker = _Worker(inline, communicator if inline else communicator.sibling())
+            worker = BackgroundWorker(inline, communicator if inline else communicator.sibling())
             _workers[communicator] = worker
             weakref.finalize(communicator, worker.stop)
         return worker
 
 
-def _api_communicator(comm: "Communicator | MPI.Comm | None") -> Communicator:
+def api_communicator(comm: "Communicator | MPI.Comm | None") -> Communicator:
     """The communicator api runs ``comm``'s collectives on; for ``None`` the one over ``MPI.COMM_WORLD``.
 
     Created on first use, a collective call.
@@ -97,11 +97,11 @@ def _api_communicator(comm: "Communicator | MPI.Comm | None") -> Communicator:
     return communicator_of(comm)
 
 
-def _tell_refusal(communicator: Communicator, collective: str, error: Exception) -> None:
+def tell_refusal(communicator: Communicator, collective: str, error: Exception) -> None:
     """Tell the other ranks that this rank's checks of ``collective`` failed, so theirs raises too.
 
     It goes on the communicator's thread, in order with the collectives started
     before it, as a poisoned signature (see :meth:`collectives.watchdog.Watchdog.poison`).
     """
-    worker = _worker(communicator)
+    worker = background_worker(communicator)
     worker.submit(lambda: refuse(worker.communicator, collective, AUTO, None, error)).result()

@@ -11,7 +11,7 @@ import collectives  # noqa: E402
 from collectives import torch_integration as ti  # noqa: E402
 from collectives.communicator import communicator_of  # noqa: E402
 from collectives.torch_integration.repeated import repeated_for  # noqa: E402
-from collectives.torch_integration.worker import _worker  # noqa: E402
+from collectives.torch_integration.worker import background_worker  # noqa: E402
 from tests import training  # noqa: E402
 from tests.mpi.helpers import Problems  # noqa: E402
 from tests.mpi.test_torch import COMPRESSION_TOLERANCE, _check_training, gloo  # noqa: E402, F401
@@ -79,7 +79,7 @@ def test_ddp_hook_inits_each_bucket_once(hook: Any, compression: str | None, wor
         net = training.model()
         model = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.001)
         model.register_comm_hook(None, hook)
-        communicator = _worker(communicator_of(None)).communicator  # where the hook's jobs run
+        communicator = background_worker(communicator_of(None)).communicator  # where the hook's jobs run
         repeated_for(communicator).clear()
         inits, starts = _counts(communicator)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
