@@ -1,6 +1,6 @@
 """A worker's link to the servers: its keys, clock and requests in flight; what the store's helpers get."""
 
-__all__ = ["Link"]
+__all__ = ["GRACE_S", "WINDOW", "Link"]
 
 import math
 import os
@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import KVStoreError, KVStoreTimeout, TransportError, UnknownKeyError
 from ._adapter import Channel
-from ._wire import REPLY_TAG, REQUEST_TAG, Fault, Kind, Message, check_key, encode, key_bytes
+from ._wire import QUIET, REPLY_TAG, REQUEST_TAG, Fault, Kind, Message, check_key, encode, key_bytes
 from .handles import Claim, KeyInfo, Request, claimed, error_from
 from .layout import Partition, Roles, partition
 
@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 _SPIN_S = 2e-3  # a worker waiting for an answer polls this long since the last message before it sleeps
 GRACE_S = 5.0  # a worker waits this much past the timeout, so that a server's own error reaches it first
+_QUIET_KINDS = (Kind.PUSH, Kind.CLOCK)  # answered at once by a server, so a later reply implies their OK
+WINDOW = 64  # quiet requests to one server before one is acknowledged: a worker cannot flood a server
 
 
 class Link:
@@ -31,6 +33,15 @@ class Link:
     The store holds one; its helpers (rows, checkpoints, replicas) are given it
     rather than the store. ``keys`` and ``clock`` are the worker's; ``server``
     and ``thread`` are a colocated rank's own server and the thread serving it.
+
+    A push or a clock is sent *quiet*: its server answers it only to refuse it.
+    MPI delivers one rank's messages to another on one tag in the order sent, and a
+    server handles a worker's requests in that order and answers a push or clock at
+    once, so any later reply from that server confirms every quiet request sent to it
+    before, and a refusal arrives before that reply. A refusal is raised by the
+    worker's next wait (a pull, init, barrier, close, or a handle's ``wait``). Every
+    :data:`WINDOW`-th request to a server is acknowledged all the same, so a worker
+    that only pushes cannot pile up more than that unread at a server.
     """
 
     def __init__(self, channel: Channel, roles: Roles, mode: str, partition_bytes: int) -> None:
@@ -48,6 +59,8 @@ class Link:
         self.claim = Claim()  # one thread's call at a time
         self._next = 0
         self._barriers = 0
+        self.unconfirmed: dict[int, dict[int, Request]] = {}  # server -> req -> a quiet request sent to it
+        self.refused: list[Request] = []  # quiet requests a server refused, raised by the next wait
 
     @property
     def rank(self) -> int:
@@ -92,11 +105,19 @@ class Link:
         data: Any = None,
         on_data: Callable[[Message], None] | None = None,
     ) -> Request:
-        """Send a request to ``part``'s server (or ``server``); its reply completes the request returned."""
+        """Send a request to ``part``'s server (or ``server``); its reply completes the request returned.
+
+        A push or clock is quiet: done once sent, no reply comes unless the server
+        refuses it (see the class's note).
+        """
         dst = part.server if part is not None else server
         assert dst is not None
         self._next += 1
-        request = self.requests[self._next] = Request(dst, key, on_data)
+        request = Request(dst, key, on_data)
+        pending = self.unconfirmed.setdefault(dst, {})
+        quiet = (
+            kind in _QUIET_KINDS and len(pending) < WINDOW
+        )  # the window's last is answered, confirming the rest
         raw_key = b"" if key is None else key_bytes(key)
         index = 0 if part is None else part.index
         message = encode(
@@ -109,13 +130,27 @@ class Link:
             key=raw_key,
             text=text,
             data=data,
+            flags=QUIET if quiet else 0,
         )
         try:
             self.channel.send(message, dst, REQUEST_TAG)
         except TransportError as error:  # a dead server (ULFM): the store's error, naming it
-            del self.requests[self._next]
             raise self.failed(error, [request]) from error
+        if quiet:
+            pending[self._next] = request
+            request.done = True
+        else:
+            self.requests[self._next] = request
         return request
+
+    def confirm(self) -> None:
+        """Wait until every server has handled this worker's quiet requests (before a barrier or save).
+
+        Raises:
+            KVStoreError: a server refused one of them (see :meth:`wait_for`).
+        """
+        servers = [s for s, pending in self.unconfirmed.items() if pending]
+        self.wait_for([self.send(Kind.CONFIRM, None, server=s) for s in servers])
 
     def failed(self, error: TransportError, requests: list[Request]) -> KVStoreError:
         """MPI's failure while ``requests`` were in flight, as the store's error naming servers and key."""
@@ -142,9 +177,21 @@ class Link:
         message = self.channel.receive(REPLY_TAG, timeout)
         if message is None:
             return False
+        pending = self.unconfirmed.get(message.origin)
+        if pending:  # a reply confirms the quiet requests sent to its server before it
+            quiet = pending.pop(message.req, None)
+            if quiet is not None:  # a refusal (a quiet request gets no other reply)
+                self._fill(quiet, message)
+                self.refused.append(quiet)
+            for req in [r for r in pending if r < message.req]:
+                del pending[req]
         request = self.requests.pop(message.req, None)
-        if request is None:
-            return True
+        if request is not None:
+            self._fill(request, message)
+        return True
+
+    @staticmethod
+    def _fill(request: Request, message: Message) -> None:
         request.stamp = message.stamp
         request.aux = message.aux
         if message.kind == Kind.ERROR:
@@ -154,7 +201,11 @@ class Link:
         elif request.on_data is not None:
             request.on_data(message)
         request.done = True
-        return True
+
+    def _raise_refused(self) -> None:
+        if self.refused:
+            request = self.refused.pop(0)
+            raise error_from(request)
 
     @claimed
     def test(self, requests: list[Request]) -> None:
@@ -168,11 +219,17 @@ class Link:
     def wait_for(self, requests: list[Request]) -> None:
         """Wait until every one of ``requests`` has its reply, or raise naming the servers silent.
 
+        A quiet request a server refused since the last wait is raised here (the
+        first of them), whatever ``requests`` are.
+
         Raises:
-            KVStoreError: this rank's server failed; KVStoreTimeout: a server did not answer in time.
+            KVStoreError: this rank's server failed, or refused a quiet request (naming
+                it, its key and server); KVStoreTimeout: a server did not answer in time.
         """
         try:
+            self._raise_refused()
             self._wait_for(requests)
+            self._raise_refused()
         except KVStoreError:  # a KVStoreTimeout is a TransportError too
             raise
         except TransportError as error:  # a dead server (ULFM): the store's error, naming it
@@ -182,34 +239,49 @@ class Link:
         limit = self.channel.timeout + GRACE_S
         deadline = time.monotonic() + limit
         busy = time.monotonic() + _SPIN_S
-        while not all(r.done for r in requests):
-            if time.monotonic() < busy:
-                # the answer is likely near: poll without sleeping, and serve this rank's
-                # requests meanwhile, so that they need not wait for its server thread to wake
-                if self.take():
-                    busy = time.monotonic() + _SPIN_S
-                else:
-                    os.sched_yield()  # where ranks outnumber cores, the one to answer may need this one's
-                continue
-            if self.server is not None and self.server.error is not None:
-                raise KVStoreError(f"the server on rank {self.rank} failed: {self.server.error!r}")
-            left = deadline - time.monotonic()
-            if left <= 0:
-                silent = sorted({r.server for r in requests if not r.done})
-                raise KVStoreTimeout(
-                    f"rank {self.rank} waited {limit:g} s for server rank{'s' if len(silent) > 1 else ''} "
-                    f"{', '.join(map(str, silent))} to answer (key {requests[0].key!r})",
-                    key=requests[0].key,
-                    servers=tuple(silent),
-                )
-            self.pump(min(left, 1.0))
+        own = self.server if self.thread is not None else None  # a colocated rank's server thread
+        try:
+            while not all(r.done for r in requests):
+                if time.monotonic() < busy:
+                    # the answer is likely near: poll without sleeping, and serve this rank's
+                    # requests meanwhile, so that they need not wait for its server thread to
+                    # wake; that thread rests meanwhile rather than contend for the same messages
+                    if own is not None:
+                        own.idle.clear()
+                    if self.take():
+                        busy = time.monotonic() + _SPIN_S
+                    else:
+                        os.sched_yield()  # where ranks outnumber cores, the one to answer may need this one's
+                    continue
+                if own is not None:
+                    own.idle.set()
+                    if own.error is not None:
+                        raise KVStoreError(f"the server on rank {self.rank} failed: {own.error!r}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise self._silent(requests, limit)
+                self.pump(min(left, 1.0))
+        finally:
+            if own is not None:
+                own.idle.set()
+
+    def _silent(self, requests: list[Request], limit: float) -> KVStoreTimeout:
+        silent = sorted({r.server for r in requests if not r.done})
+        return KVStoreTimeout(
+            f"rank {self.rank} waited {limit:g} s for server rank{'s' if len(silent) > 1 else ''} "
+            f"{', '.join(map(str, silent))} to answer (key {requests[0].key!r})",
+            key=requests[0].key,
+            servers=tuple(silent),
+        )
 
     def settle(self) -> None:
-        """Wait for every request in flight (before a checkpoint or state is taken)."""
+        """Wait for every request in flight, quiet ones confirmed (before a checkpoint or state is taken)."""
         self.wait_for(list(self.requests.values()))
+        self.confirm()
 
     def barrier(self, failed: bool = False) -> bool:
         """Return once every open worker has called it; whether any arrived ``failed``."""
+        self.confirm()  # a push before the barrier is applied before any worker leaves it
         self._barriers += 1
         first = self.roles.server_ranks[0]
         request = self.send(Kind.BARRIER, None, server=first, stamp=self._barriers, aux=int(failed))

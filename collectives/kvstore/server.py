@@ -4,6 +4,7 @@ __all__ = ["Server", "take_parts"]
 
 import json
 import math
+import os
 import threading
 import time
 from collections import Counter
@@ -18,11 +19,14 @@ from ..backends import backend_for
 from ..errors import KVStoreError
 from ..ops import ReduceOp
 from ._adapter import Channel
-from ._wire import REPLY_TAG, REQUEST_TAG, Fault, Kind, Message, encode, parse_key
+from ._wire import QUIET, REPLY_TAG, REQUEST_TAG, Fault, Kind, Message, encode, parse_key
 from .checkpoint import read_manifest, restore_shards, write_shard
 from .updaters import Optimizer, Updater, accumulate, assign, optimizer_from_spec
 
 _IDLE_WAKE_S = 0.05  # a server with nothing to do still wakes this often, to expire waits and finish sends
+_HOT_S = 1e-3  # after a request the thread polls without sleeping this long: requests come in bursts
+_FIRST_PAUSE_S = 1e-5
+_PAUSE_S = 5e-4  # the longest sleep between probes: a request waits at most this long unseen
 
 
 @dataclass
@@ -91,18 +95,45 @@ class Server:
         self.stopping = threading.Event()
         self.lock = threading.Lock()  # the worker's collective pushpull updates partitions too
         self.error: BaseException | None = None
+        self.idle = threading.Event()  # cleared while the rank's worker takes requests itself
+        self.idle.set()
 
     # the loop
 
     def serve(self) -> None:
-        """Serve until every worker has closed the store (or :attr:`stopping` is set)."""
+        """Serve until every worker has closed the store (or :attr:`stopping` is set).
+
+        How the thread waits, measured (docs/kvstore.md): MPI_Probe cannot be
+        bounded and MPICH's blocking calls spin on a core, so it probes without
+        waiting. Within ``_HOT_S`` of a request it polls, yielding the core between
+        probes (a pull tends to follow a push); then it sleeps between probes, a
+        little longer each time up to ``_PAUSE_S``, so that an idle server does not
+        take a core from its rank's worker. While that worker waits for an answer
+        it takes this rank's requests itself, and the thread rests on :attr:`idle`.
+        """
         try:
+            hot = 0.0
+            pause = _FIRST_PAUSE_S
             while self.open and not self.stopping.is_set():
+                now = time.monotonic()
                 wake = min((w.deadline for w in self.waits), default=math.inf)
-                message = self.channel.receive(
-                    REQUEST_TAG, max(0.0, min(_IDLE_WAKE_S, wake - time.monotonic()))
-                )
-                self.take(message)
+                if not self.idle.is_set():
+                    self.idle.wait(max(0.0, min(_IDLE_WAKE_S, wake - now)))
+                    hot, pause = time.monotonic() + _HOT_S, _FIRST_PAUSE_S
+                    self.take(None)  # waits past their deadline
+                    continue
+                message = self.channel.take(REQUEST_TAG)
+                if message is not None or now >= wake:
+                    self.take(message)
+                    self.channel.progress()
+                    if message is not None:
+                        hot, pause = time.monotonic() + _HOT_S, _FIRST_PAUSE_S
+                        continue
+                if now < hot:
+                    os.sched_yield()
+                    continue
+                time.sleep(max(0.0, min(pause, _IDLE_WAKE_S, wake - now)))
+                pause = min(2 * pause, _PAUSE_S)
             self.channel.flush(max(1.0, min(self.channel.timeout, 30.0)))
         except BaseException as error:
             self.error = error
@@ -131,6 +162,7 @@ class Server:
             Kind.OPTIMIZER: self._optimizer,
             Kind.SAVE: self._save,
             Kind.LOAD: self._load,
+            Kind.CONFIRM: self._confirm,
         }[m.kind]
         if m.key:
             self.uses.setdefault(m.key, Counter())[m.origin] += 1
@@ -193,6 +225,8 @@ class Server:
     def _reply(
         self, m: Message, kind: Kind, *, stamp: int = 0, aux: int = 0, text: str = "", data: Any = None
     ) -> None:
+        if kind == Kind.OK and m.flags & QUIET:  # the worker takes a later reply as its OK
+            return
         reply = encode(
             kind, self.rank, part=m.part, req=m.req, stamp=stamp, aux=aux, key=m.key, text=text, data=data
         )
@@ -410,6 +444,9 @@ class Server:
             f"{self._name(m)}: {_workers(missing)} at clock {clocks}",
             missing,
         )
+
+    def _confirm(self, m: Message) -> None:
+        self._reply(m, Kind.OK)  # sent after every earlier request of the worker's was handled
 
     def _clock(self, m: Message) -> None:
         self.clocks[m.origin] = m.stamp
