@@ -162,3 +162,29 @@ def test_a_push_before_a_barrier_is_applied_before_any_worker_leaves_it() -> Non
     results, _ = run_counted(3, body, mode="async")
     for got in results:
         assert got == [1.0] * 6 + [2.0] * 6 + [3.0] * 6, got
+
+
+@pytest.mark.parametrize(("size", "mode", "options"), MESSAGE_LAYOUTS)
+def test_a_calls_requests_to_one_server_travel_as_one_message(
+    size: int, mode: str, options: dict[str, Any]
+) -> None:
+    keys, workers = [f"k{i}" for i in range(8)], size - options.get("servers", 0)
+
+    def body(kv: KVStore, mark: Counter[str]) -> tuple[list[float], int]:
+        kv.init(keys, [np.zeros(3) for _ in keys])  # one partition each, hashed over the servers
+        servers = {kv._keys[k].parts[0].server for k in keys}
+        kv.barrier()
+        mark["on"] = 1
+        kv.push(keys, [np.full(3, float(i + kv.rank)) for i in range(len(keys))])
+        kv.pull(keys)
+        kv.barrier()
+        mark["on"] = 0
+        return [float(v[0]) for v in kv.pull(keys)], len(servers)
+
+    results, sent = run_counted(size, body, mode=mode, **options)
+    got, servers = next(r for r in results if r is not None)
+    assert got == [float(sum(i + r for r in range(workers))) for i in range(len(keys))]
+    barrier = 2 * workers  # each worker's BARRIER and its OK
+    # each worker: its pushes to a server in one message, its pulls in one, their replies in one
+    assert sum(sent.values()) - barrier == 3 * servers * workers, sent
+    assert sent["BATCH"] == 3 * servers * workers, sent  # 8 keys over the servers: several each

@@ -1,17 +1,20 @@
 """The store's messages: a fixed header, the key, a short text and the data, in one buffer."""
 
 __all__ = [
+    "BUNDLE_BYTES",
     "QUIET",
     "REPLY_TAG",
     "REQUEST_TAG",
     "Fault",
     "Kind",
     "Message",
+    "bundle",
     "check_key",
     "decode",
     "encode",
     "key_bytes",
     "parse_key",
+    "unbundle",
 ]
 
 import struct
@@ -28,6 +31,7 @@ REQUEST_TAG = Tag.KV_REQUEST
 REPLY_TAG = Tag.KV_REPLY
 
 _HEADER = struct.Struct("<iiiiqqqii")
+_LENGTH = struct.Struct("<q8x")  # a bundled message's length, padded to keep the message aligned
 _DATA_ALIGN = 16  # the data starts on this boundary, so its views are aligned
 
 QUIET = 1
@@ -47,6 +51,7 @@ class Kind(IntEnum):
     SAVE = 8
     LOAD = 9
     CONFIRM = 10  # answered at once: its OK confirms the quiet requests sent to that server before it
+    BATCH = 11  # several messages to one rank as one (see bundle): requests or replies
     OK = 16
     DATA = 17
     ERROR = 18
@@ -141,3 +146,28 @@ def decode(buffer: Any) -> Message:
     text = str(view[at + key_len : at + key_len + text_len], "utf-8") if text_len else ""
     start = -(-(at + key_len + text_len) // _DATA_ALIGN) * _DATA_ALIGN
     return Message(_KINDS[kind], origin, part, req, stamp, aux, key, text, view[start:], flags)
+
+
+BUNDLE_BYTES = 1 << 16
+"""Messages up to this size to one rank travel bundled; a larger one goes alone (a copy would cost more)."""
+
+
+def bundle(origin: int, messages: list[bytearray]) -> bytearray:
+    """``messages`` (to one rank, in order) as one ``BATCH`` message; :func:`unbundle` gives them back."""
+    parts: list[bytes | bytearray] = [encode(Kind.BATCH, origin, aux=len(messages))]
+    for message in messages:
+        parts.append(_LENGTH.pack(len(message)))
+        parts.append(message)
+        parts.append(bytes(-len(message) % _DATA_ALIGN))
+    return bytearray(b"".join(parts))
+
+
+def unbundle(batch: Message) -> list[Message]:
+    """The messages a ``BATCH`` message holds, in the order bundled (views of its buffer)."""
+    view, at, found = batch.data, 0, []
+    for _ in range(batch.aux):
+        (length,) = _LENGTH.unpack_from(view, at)
+        at += _LENGTH.size
+        found.append(decode(view[at : at + length]))
+        at += length + (-length % _DATA_ALIGN)
+    return found

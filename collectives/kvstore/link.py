@@ -13,7 +13,20 @@ import numpy as np
 
 from ..errors import KVStoreError, KVStoreTimeout, TransportError, UnknownKeyError
 from ._adapter import Channel
-from ._wire import QUIET, REPLY_TAG, REQUEST_TAG, Fault, Kind, Message, check_key, encode, key_bytes
+from ._wire import (
+    BUNDLE_BYTES,
+    QUIET,
+    REPLY_TAG,
+    REQUEST_TAG,
+    Fault,
+    Kind,
+    Message,
+    bundle,
+    check_key,
+    encode,
+    key_bytes,
+    unbundle,
+)
 from .handles import Claim, KeyInfo, Request, claimed, error_from
 from .layout import Partition, Roles, partition
 
@@ -42,6 +55,10 @@ class Link:
     worker's next wait (a pull, init, barrier, close, or a handle's ``wait``). Every
     :data:`WINDOW`-th request to a server is acknowledged all the same, so a worker
     that only pushes cannot pile up more than that unread at a server.
+
+    Requests of one call to one server travel as one message (a ``BATCH``): they wait
+    in an outbox until the call returns or waits (:meth:`flush`), and the server
+    answers them together. A request larger than ``BUNDLE_BYTES`` goes alone.
     """
 
     def __init__(self, channel: Channel, roles: Roles, mode: str, partition_bytes: int) -> None:
@@ -61,6 +78,8 @@ class Link:
         self._barriers = 0
         self.unconfirmed: dict[int, dict[int, Request]] = {}  # server -> req -> a quiet request sent to it
         self.refused: list[Request] = []  # quiet requests a server refused, raised by the next wait
+        self.outbox: dict[int, tuple[list[bytearray], list[Request]]] = {}  # server -> requests not sent yet
+        self.claim.flush = self.flush  # a call's requests leave when it returns
 
     @property
     def rank(self) -> int:
@@ -115,9 +134,8 @@ class Link:
         self._next += 1
         request = Request(dst, key, on_data)
         pending = self.unconfirmed.setdefault(dst, {})
-        quiet = (
-            kind in _QUIET_KINDS and len(pending) < WINDOW
-        )  # the window's last is answered, confirming the rest
+        # the window's last is answered, confirming the rest
+        quiet = kind in _QUIET_KINDS and len(pending) < WINDOW
         raw_key = b"" if key is None else key_bytes(key)
         index = 0 if part is None else part.index
         message = encode(
@@ -132,16 +150,33 @@ class Link:
             data=data,
             flags=QUIET if quiet else 0,
         )
-        try:
-            self.channel.send(message, dst, REQUEST_TAG)
-        except TransportError as error:  # a dead server (ULFM): the store's error, naming it
-            raise self.failed(error, [request]) from error
+        if len(message) > BUNDLE_BYTES:
+            self.flush(dst)  # after the requests before it
+            self._post(dst, message, [request])
+        else:
+            waiting = self.outbox.setdefault(dst, ([], []))
+            waiting[0].append(message)
+            waiting[1].append(request)
         if quiet:
             pending[self._next] = request
             request.done = True
         else:
             self.requests[self._next] = request
         return request
+
+    def flush(self, server: int | None = None) -> None:
+        """Send the requests waiting in the outbox (to ``server``, or to every server), one message each."""
+        for dst in list(self.outbox) if server is None else [server]:
+            messages, requests = self.outbox.pop(dst, ([], []))
+            if messages:
+                self._post(dst, messages[0] if len(messages) == 1 else bundle(self.rank, messages), requests)
+
+    def _post(self, dst: int, message: bytearray, requests: list[Request]) -> None:
+        try:
+            self.channel.send(message, dst, REQUEST_TAG)
+        except TransportError as error:  # a dead server (ULFM): the store's error, naming it
+            self.outbox.clear()
+            raise self.failed(error, requests) from error
 
     def confirm(self) -> None:
         """Wait until every server has handled this worker's quiet requests (before a barrier or save).
@@ -173,10 +208,15 @@ class Link:
         return self.pump(0.0) or took
 
     def pump(self, timeout: float) -> bool:
-        """Take one reply, waiting at most ``timeout`` seconds; whether one came."""
+        """Take one reply (or a bundle of them), waiting at most ``timeout`` seconds; whether one came."""
         message = self.channel.receive(REPLY_TAG, timeout)
         if message is None:
             return False
+        for reply in unbundle(message) if message.kind == Kind.BATCH else (message,):
+            self._answered(reply)
+        return True
+
+    def _answered(self, message: Message) -> None:
         pending = self.unconfirmed.get(message.origin)
         if pending:  # a reply confirms the quiet requests sent to its server before it
             quiet = pending.pop(message.req, None)
@@ -188,7 +228,6 @@ class Link:
         request = self.requests.pop(message.req, None)
         if request is not None:
             self._fill(request, message)
-        return True
 
     @staticmethod
     def _fill(request: Request, message: Message) -> None:
@@ -211,6 +250,7 @@ class Link:
     def test(self, requests: list[Request]) -> None:
         """Take what has come for a handle's ``test``, without waiting."""
         try:
+            self.flush()
             self.take()
         except TransportError as error:
             raise self.failed(error, requests) from error
@@ -227,6 +267,7 @@ class Link:
                 it, its key and server); KVStoreTimeout: a server did not answer in time.
         """
         try:
+            self.flush()
             self._raise_refused()
             self._wait_for(requests)
             self._raise_refused()

@@ -19,7 +19,19 @@ from ..backends import backend_for
 from ..errors import KVStoreError
 from ..ops import ReduceOp
 from ._adapter import Channel
-from ._wire import QUIET, REPLY_TAG, REQUEST_TAG, Fault, Kind, Message, encode, parse_key
+from ._wire import (
+    BUNDLE_BYTES,
+    QUIET,
+    REPLY_TAG,
+    REQUEST_TAG,
+    Fault,
+    Kind,
+    Message,
+    bundle,
+    encode,
+    parse_key,
+    unbundle,
+)
 from .checkpoint import read_manifest, restore_shards, write_shard
 from .updaters import Optimizer, Updater, accumulate, assign, optimizer_from_spec
 
@@ -96,6 +108,7 @@ class Server:
         self.lock = threading.Lock()  # the worker's collective pushpull updates partitions too
         self.error: BaseException | None = None
         self.idle = threading.Event()  # cleared while the rank's worker takes requests itself
+        self.outbox: dict[int, list[bytearray]] | None = None  # replies of one take(), by worker
         self.idle.set()
 
     # the loop
@@ -145,11 +158,35 @@ class Server:
         return self.mode == "sync" and self.updater is None and self.optimizer is None
 
     def take(self, message: Message | None) -> None:
-        """Handle ``message`` (if any) and answer the waits it made ready; from either thread of the rank."""
+        """Handle ``message`` (if any) and answer the waits it made ready; from either thread of the rank.
+
+        The replies it makes to one worker leave together, as one message (a bundle).
+        """
         with self.lock:
-            if message is not None:
-                self.handle(message)
-            self._settle()
+            self.outbox = {}
+            try:
+                if message is not None:
+                    for m in unbundle(message) if message.kind == Kind.BATCH else (message,):
+                        self.handle(m)
+                self._settle()
+            finally:
+                outbox, self.outbox = self.outbox, None
+                for dst, replies in outbox.items():
+                    self._send(dst, replies)
+
+    def _send(self, dst: int, replies: list[bytearray]) -> None:
+        if replies:
+            reply = replies[0] if len(replies) == 1 else bundle(self.rank, replies)
+            self.channel.send(reply, dst, REPLY_TAG)
+
+    def _post(self, reply: bytearray, dst: int) -> None:
+        if self.outbox is None:  # outside take (a collective round's waits): at once
+            self.channel.send(reply, dst, REPLY_TAG)
+        elif len(reply) > BUNDLE_BYTES:  # alone, after the replies before it
+            self._send(dst, self.outbox.pop(dst, []))
+            self.channel.send(reply, dst, REPLY_TAG)
+        else:
+            self.outbox.setdefault(dst, []).append(reply)
 
     def handle(self, m: Message) -> None:
         handler = {
@@ -230,7 +267,7 @@ class Server:
         reply = encode(
             kind, self.rank, part=m.part, req=m.req, stamp=stamp, aux=aux, key=m.key, text=text, data=data
         )
-        self.channel.send(reply, m.origin, REPLY_TAG)
+        self._post(reply, m.origin)
 
     def _error(
         self, m: Message, text: str, fault: Fault = Fault.OTHER, workers: tuple[int, ...] = ()
@@ -239,7 +276,7 @@ class Server:
         reply = encode(
             Kind.ERROR, self.rank, part=m.part, req=m.req, aux=fault, key=m.key, text=text, data=data
         )
-        self.channel.send(reply, m.origin, REPLY_TAG)
+        self._post(reply, m.origin)
 
     def _name(self, m: Message) -> str:
         return self._name_of(m.key, m.part)
