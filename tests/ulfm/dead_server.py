@@ -42,12 +42,11 @@ def main(servers: str) -> None:
         threading.Thread(target=die, daemon=True).start()
     kv = kvstore.create("async", servers=1 if dedicated else None, timeout=TIMEOUT_S, partition_bytes=16)
     kv.init("w", np.zeros(12, np.float32))  # 3 partitions: one on every server
+    kv.barrier()  # every worker's init answered, before the server dies (else init raises, not the calls)
     if dedicated and rank == 0:
         MPI.COMM_WORLD.send(None, dest=2, tag=99)
-    if not dedicated:
-        kv.barrier()
-        if rank == 2:
-            os.kill(os.getpid(), signal.SIGKILL)
+    if not dedicated and rank == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(2.0)  # rank 2 is gone
     began = time.monotonic()
     seen = {"rank": rank, "push_pull": _error(lambda: (kv.push("w", np.ones(12, np.float32)), kv.pull("w")))}
