@@ -138,7 +138,6 @@ class Server:
                 message = self.channel.take(REQUEST_TAG)
                 if message is not None or now >= wake:
                     self.take(message)
-                    self.channel.progress()
                     if message is not None:
                         hot, pause = time.monotonic() + _HOT_S, _FIRST_PAUSE_S
                         continue
