@@ -280,31 +280,21 @@ class Link:
         limit = self.channel.timeout + GRACE_S
         deadline = time.monotonic() + limit
         busy = time.monotonic() + _SPIN_S
-        own = self.server if self.thread is not None else None  # a colocated rank's server thread
-        try:
-            while not all(r.done for r in requests):
-                if time.monotonic() < busy:
-                    # the answer is likely near: poll without sleeping, and serve this rank's
-                    # requests meanwhile, so that they need not wait for its server thread to
-                    # wake; that thread rests meanwhile rather than contend for the same messages
-                    if own is not None:
-                        own.idle.clear()
-                    if self.take():
-                        busy = time.monotonic() + _SPIN_S
-                    else:
-                        os.sched_yield()  # where ranks outnumber cores, the one to answer may need this one's
-                    continue
-                if own is not None:
-                    own.idle.set()
-                    if own.error is not None:
-                        raise KVStoreError(f"the server on rank {self.rank} failed: {own.error!r}")
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise self._silent(requests, limit)
-                self.pump(min(left, 1.0))
-        finally:
-            if own is not None:
-                own.idle.set()
+        while not all(r.done for r in requests):
+            if time.monotonic() < busy:
+                # the answer is likely near: poll without sleeping, and serve this rank's
+                # requests meanwhile, so that they need not wait for its server thread to wake
+                if self.take():
+                    busy = time.monotonic() + _SPIN_S
+                else:
+                    os.sched_yield()  # where ranks outnumber cores, the one to answer may need this one's
+                continue
+            if self.server is not None and self.server.error is not None:
+                raise KVStoreError(f"the server on rank {self.rank} failed: {self.server.error!r}")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise self._silent(requests, limit)
+            self.pump(min(left, 1.0))
 
     def _silent(self, requests: list[Request], limit: float) -> KVStoreTimeout:
         silent = sorted({r.server for r in requests if not r.done})
