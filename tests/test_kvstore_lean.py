@@ -188,3 +188,28 @@ def test_a_calls_requests_to_one_server_travel_as_one_message(
     # each worker: its pushes to a server in one message, its pulls in one, their replies in one
     assert sum(sent.values()) - barrier == 3 * servers * workers, sent
     assert sent["BATCH"] == 3 * servers * workers, sent  # 8 keys over the servers: several each
+
+
+@pytest.mark.parametrize(("size", "mode", "options"), MESSAGE_LAYOUTS)
+def test_a_message_pushpull_is_one_message_and_one_reply_per_worker(
+    size: int, mode: str, options: dict[str, Any]
+) -> None:
+    rounds, workers = 4, size - options.get("servers", 0)
+
+    def body(kv: KVStore, mark: Counter[str]) -> float:
+        kv.init("w", np.zeros(8))  # one partition
+        kv.barrier()
+        mark["on"] = 1
+        for _ in range(rounds):
+            kv.pushpull("w", np.full(8, kv.rank + 1.0))
+        kv.barrier()
+        mark["on"] = 0
+        return float(kv.pull("w")[0])
+
+    results, sent = run_counted(size, body, mode=mode, **options)
+    total = sum(range(1, workers + 1))
+    assert all(r == (total if mode == "sync" else total * rounds) for r in results if r is not None)
+    # the push and the pull in one bundle, the DATA alone (the push is quiet)
+    assert sent == Counter(
+        {"BATCH": rounds * workers, "DATA": rounds * workers, "BARRIER": workers, "OK": workers}
+    ), sent
