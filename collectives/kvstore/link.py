@@ -6,6 +6,7 @@ import math
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ from ._wire import (
     Message,
     bundle,
     check_key,
+    decode,
     encode,
     key_bytes,
     unbundle,
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
     from .updaters import Optimizer
 
 _SPIN_S = 2e-3  # a worker waiting for an answer polls this long since the last message before it sleeps
+_MAILBOX_S = 1e-3  # a colocated worker waiting long looks this often for its own server's replies
 GRACE_S = 5.0  # a worker waits this much past the timeout, so that a server's own error reaches it first
 _QUIET_KINDS = (Kind.PUSH, Kind.CLOCK)  # answered at once by a server, so a later reply implies their OK
 WINDOW = 64  # quiet requests to one server before one is acknowledged: a worker cannot flood a server
@@ -70,7 +73,8 @@ class Link:
         self.requests: dict[int, Request] = {}
         self.clock = 0
         self.closed = False
-        self.server: Server | None = None
+        self._server: Server | None = None
+        self.mailbox: deque[bytearray] = deque()  # replies of this rank's own server, which skip MPI
         self.thread: threading.Thread | None = None
         self.optimizer: Optimizer | None = None  # the one set, for checkpoints and states
         self.claim = Claim()  # one thread's call at a time
@@ -84,6 +88,19 @@ class Link:
     @property
     def rank(self) -> int:
         return self.channel.rank
+
+    @property
+    def server(self) -> "Server | None":
+        """A colocated rank's own server (or a dedicated server rank's)."""
+        return self._server
+
+    @server.setter
+    def server(self, server: "Server | None") -> None:
+        # a colocated worker's requests to its own server, and the replies, skip MPI: the
+        # worker's thread hands a request to the server, which leaves replies in the mailbox
+        self._server = server
+        if server is not None and self.roles.is_worker(self.rank):
+            server.mailbox = self.mailbox
 
     # keys
 
@@ -172,6 +189,9 @@ class Link:
                 self._post(dst, messages[0] if len(messages) == 1 else bundle(self.rank, messages), requests)
 
     def _post(self, dst: int, message: bytearray, requests: list[Request]) -> None:
+        if dst == self.rank and self._server is not None and self._server.mailbox is self.mailbox:
+            self._server.take(decode(message))
+            return
         try:
             self.channel.send(message, dst, REQUEST_TAG)
         except TransportError as error:  # a dead server (ULFM): the store's error, naming it
@@ -209,7 +229,11 @@ class Link:
 
     def pump(self, timeout: float) -> bool:
         """Take one reply (or a bundle of them), waiting at most ``timeout`` seconds; whether one came."""
-        message = self.channel.receive(REPLY_TAG, timeout)
+        if self.mailbox:
+            message: Message | None = decode(self.mailbox.popleft())
+        else:
+            local = self._server is not None and self._server.mailbox is self.mailbox
+            message = self.channel.receive(REPLY_TAG, min(timeout, _MAILBOX_S) if local else timeout)
         if message is None:
             return False
         for reply in unbundle(message) if message.kind == Kind.BATCH else (message,):

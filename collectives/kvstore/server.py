@@ -7,7 +7,7 @@ import math
 import os
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,6 +109,7 @@ class Server:
         self.error: BaseException | None = None
         self.idle = threading.Event()  # cleared while the rank's worker takes requests itself
         self.outbox: dict[int, list[bytearray]] | None = None  # replies of one take(), by worker
+        self.mailbox: deque[bytearray] | None = None  # where replies to this rank's own worker go
         self.idle.set()
 
     # the loop
@@ -171,15 +172,20 @@ class Server:
 
     def _send(self, dst: int, replies: list[bytearray]) -> None:
         if replies:
-            reply = replies[0] if len(replies) == 1 else bundle(self.rank, replies)
+            self._deliver(dst, replies[0] if len(replies) == 1 else bundle(self.rank, replies))
+
+    def _deliver(self, dst: int, reply: bytearray) -> None:
+        if dst == self.rank and self.mailbox is not None:  # this rank's worker: no MPI
+            self.mailbox.append(reply)
+        else:
             self.channel.send(reply, dst, REPLY_TAG)
 
     def _post(self, reply: bytearray, dst: int) -> None:
         if self.outbox is None:  # outside take (a collective round's waits): at once
-            self.channel.send(reply, dst, REPLY_TAG)
+            self._deliver(dst, reply)
         elif len(reply) > BUNDLE_BYTES:  # alone, after the replies before it
             self._send(dst, self.outbox.pop(dst, []))
-            self.channel.send(reply, dst, REPLY_TAG)
+            self._deliver(dst, reply)
         else:
             self.outbox.setdefault(dst, []).append(reply)
 
