@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 
 _FIRST_PAUSE_S = 1e-5
 _PAUSE_S = 5e-4  # the longest sleep between probes: a message waits at most this long unseen
+_UNTESTED = 16  # small sends kept before testing which completed: a test costs microseconds a message
+_LARGE = 1 << 16  # a send at least this large is tested at once, so that its buffer goes soon
 
 
 @dataclass
@@ -66,7 +68,9 @@ class Channel:
         """Start sending ``buffer``; it completes later (:meth:`progress`): no send waits for its receiver."""
         with self._lock:
             self._sends.append((self.transport.isend(buffer, dst, tag), buffer))
-        self.progress()
+            crowded = len(self._sends) >= _UNTESTED or memoryview(buffer).nbytes >= _LARGE
+        if crowded:
+            self.progress()
 
     def progress(self) -> None:
         """Forget the sends that have completed."""
@@ -110,7 +114,6 @@ class Channel:
         Sleeps between probes, a little longer each time up to ``_PAUSE_S``, so
         that a thread waiting here does not take a core from its rank's worker.
         """
-        self.progress()
         deadline = time.monotonic() + timeout
         pause = _FIRST_PAUSE_S
         while True:

@@ -1,16 +1,20 @@
 """The store's messages: a fixed header, the key, a short text and the data, in one buffer."""
 
 __all__ = [
+    "BUNDLE_BYTES",
+    "QUIET",
     "REPLY_TAG",
     "REQUEST_TAG",
     "Fault",
     "Kind",
     "Message",
+    "bundle",
     "check_key",
     "decode",
     "encode",
     "key_bytes",
     "parse_key",
+    "unbundle",
 ]
 
 import struct
@@ -27,7 +31,11 @@ REQUEST_TAG = Tag.KV_REQUEST
 REPLY_TAG = Tag.KV_REPLY
 
 _HEADER = struct.Struct("<iiiiqqqii")
+_LENGTH = struct.Struct("<q8x")  # a bundled message's length, padded to keep the message aligned
 _DATA_ALIGN = 16  # the data starts on this boundary, so its views are aligned
+
+QUIET = 1
+"""A request's flag: answer it only to refuse it (a push or clock whose OK a later reply implies)."""
 
 
 class Kind(IntEnum):
@@ -42,6 +50,8 @@ class Kind(IntEnum):
     OPTIMIZER = 7
     SAVE = 8
     LOAD = 9
+    CONFIRM = 10  # answered at once: its OK confirms the quiet requests sent to that server before it
+    BATCH = 11  # several messages to one rank as one (see bundle): requests or replies
     OK = 16
     DATA = 17
     ERROR = 18
@@ -68,6 +78,7 @@ class Message:
     key: bytes
     text: str
     data: memoryview
+    flags: int = 0  # QUIET or 0
 
 
 def check_key(key: object) -> None:
@@ -103,26 +114,60 @@ def encode(
     key: bytes = b"",
     text: str = "",
     data: Any = None,
-) -> np.ndarray:
-    """One message as a byte array, ``data`` (an array, or ``None``) copied in at the end."""
-    raw_text = text.encode()
+    flags: int = 0,
+) -> bytearray:
+    """One message as bytes, ``data`` (an array, or ``None``) copied in at the end.
+
+    A bytearray and ``struct`` rather than numpy slices: a small message is
+    encoded in about a third of the time, and every request and reply is one.
+    """
+    raw_text = text.encode() if text else b""
     head = _HEADER.size + len(key) + len(raw_text)
     start = -(-head // _DATA_ALIGN) * _DATA_ALIGN
-    payload = None if data is None else np.ascontiguousarray(data).reshape(-1).view(np.uint8)
-    buffer = np.empty(start + (0 if payload is None else payload.size), np.uint8)
-    _HEADER.pack_into(buffer.data, 0, kind, origin, part, 0, req, stamp, aux, len(key), len(raw_text))
-    buffer[_HEADER.size : _HEADER.size + len(key)] = np.frombuffer(key, np.uint8)
-    buffer[_HEADER.size + len(key) : head] = np.frombuffer(raw_text, np.uint8)
+    payload = None if data is None else np.ascontiguousarray(data).reshape(-1).view(np.uint8).data
+    buffer = bytearray(start + (0 if payload is None else payload.nbytes))
+    _HEADER.pack_into(buffer, 0, kind, origin, part, flags, req, stamp, aux, len(key), len(raw_text))
+    buffer[_HEADER.size : head] = key + raw_text
     if payload is not None:
         buffer[start:] = payload
     return buffer
 
 
+_KINDS = {kind.value: kind for kind in Kind}  # a dict lookup: Kind(value) costs a microsecond
+
+
 def decode(buffer: Any) -> Message:
-    view = memoryview(buffer).cast("B")
-    kind, origin, part, _, req, stamp, aux, key_len, text_len = _HEADER.unpack_from(view, 0)
+    view = memoryview(buffer)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    kind, origin, part, flags, req, stamp, aux, key_len, text_len = _HEADER.unpack_from(view, 0)
     at = _HEADER.size
     key = bytes(view[at : at + key_len])
-    text = bytes(view[at + key_len : at + key_len + text_len]).decode()
+    text = str(view[at + key_len : at + key_len + text_len], "utf-8") if text_len else ""
     start = -(-(at + key_len + text_len) // _DATA_ALIGN) * _DATA_ALIGN
-    return Message(Kind(kind), origin, part, req, stamp, aux, key, text, view[start:])
+    return Message(_KINDS[kind], origin, part, req, stamp, aux, key, text, view[start:], flags)
+
+
+BUNDLE_BYTES = 1 << 16
+"""Messages up to this size to one rank travel bundled; a larger one goes alone (a copy would cost more)."""
+
+
+def bundle(origin: int, messages: list[bytearray]) -> bytearray:
+    """``messages`` (to one rank, in order) as one ``BATCH`` message; :func:`unbundle` gives them back."""
+    parts: list[bytes | bytearray] = [encode(Kind.BATCH, origin, aux=len(messages))]
+    for message in messages:
+        parts.append(_LENGTH.pack(len(message)))
+        parts.append(message)
+        parts.append(bytes(-len(message) % _DATA_ALIGN))
+    return bytearray(b"".join(parts))
+
+
+def unbundle(batch: Message) -> list[Message]:
+    """The messages a ``BATCH`` message holds, in the order bundled (views of its buffer)."""
+    view, at, found = batch.data, 0, []
+    for _ in range(batch.aux):
+        (length,) = _LENGTH.unpack_from(view, at)
+        at += _LENGTH.size
+        found.append(decode(view[at : at + length]))
+        at += length + (-length % _DATA_ALIGN)
+    return found

@@ -43,6 +43,7 @@ class Claim:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.owner = 0  # the thread holding it; only this thread ever finds its own number here
+        self.flush: Callable[[], None] | None = None  # run as the outermost call returns: its requests leave
 
 
 class Claimant(Protocol):
@@ -76,10 +77,15 @@ def claimed(method: Callable[Concatenate[C, P], T]) -> Callable[Concatenate[C, P
             )
         claim.owner = me
         try:
-            return method(store, *args, **kwargs)
+            result = method(store, *args, **kwargs)
         finally:
-            claim.owner = 0
-            claim.lock.release()
+            try:
+                if claim.flush is not None:
+                    claim.flush()
+            finally:
+                claim.owner = 0
+                claim.lock.release()
+        return result
 
     return call
 

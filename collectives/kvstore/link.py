@@ -1,11 +1,12 @@
 """A worker's link to the servers: its keys, clock and requests in flight; what the store's helpers get."""
 
-__all__ = ["Link"]
+__all__ = ["GRACE_S", "WINDOW", "Link"]
 
 import math
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +14,21 @@ import numpy as np
 
 from ..errors import KVStoreError, KVStoreTimeout, TransportError, UnknownKeyError
 from ._adapter import Channel
-from ._wire import REPLY_TAG, REQUEST_TAG, Fault, Kind, Message, check_key, encode, key_bytes
+from ._wire import (
+    BUNDLE_BYTES,
+    QUIET,
+    REPLY_TAG,
+    REQUEST_TAG,
+    Fault,
+    Kind,
+    Message,
+    bundle,
+    check_key,
+    decode,
+    encode,
+    key_bytes,
+    unbundle,
+)
 from .handles import Claim, KeyInfo, Request, claimed, error_from
 from .layout import Partition, Roles, partition
 
@@ -22,7 +37,10 @@ if TYPE_CHECKING:
     from .updaters import Optimizer
 
 _SPIN_S = 2e-3  # a worker waiting for an answer polls this long since the last message before it sleeps
+_MAILBOX_S = 1e-3  # a colocated worker waiting long looks this often for its own server's replies
 GRACE_S = 5.0  # a worker waits this much past the timeout, so that a server's own error reaches it first
+_QUIET_KINDS = (Kind.PUSH, Kind.CLOCK)  # answered at once by a server, so a later reply implies their OK
+WINDOW = 64  # quiet requests to one server before one is acknowledged: a worker cannot flood a server
 
 
 class Link:
@@ -31,6 +49,19 @@ class Link:
     The store holds one; its helpers (rows, checkpoints, replicas) are given it
     rather than the store. ``keys`` and ``clock`` are the worker's; ``server``
     and ``thread`` are a colocated rank's own server and the thread serving it.
+
+    A push or a clock is sent *quiet*: its server answers it only to refuse it.
+    MPI delivers one rank's messages to another on one tag in the order sent, and a
+    server handles a worker's requests in that order and answers a push or clock at
+    once, so any later reply from that server confirms every quiet request sent to it
+    before, and a refusal arrives before that reply. A refusal is raised by the
+    worker's next wait (a pull, init, barrier, close, or a handle's ``wait``). Every
+    :data:`WINDOW`-th request to a server is acknowledged all the same, so a worker
+    that only pushes cannot pile up more than that unread at a server.
+
+    Requests of one call to one server travel as one message (a ``BATCH``): they wait
+    in an outbox until the call returns or waits (:meth:`flush`), and the server
+    answers them together. A request larger than ``BUNDLE_BYTES`` goes alone.
     """
 
     def __init__(self, channel: Channel, roles: Roles, mode: str, partition_bytes: int) -> None:
@@ -42,16 +73,34 @@ class Link:
         self.requests: dict[int, Request] = {}
         self.clock = 0
         self.closed = False
-        self.server: Server | None = None
+        self._server: Server | None = None
+        self.mailbox: deque[bytearray] = deque()  # replies of this rank's own server, which skip MPI
         self.thread: threading.Thread | None = None
         self.optimizer: Optimizer | None = None  # the one set, for checkpoints and states
         self.claim = Claim()  # one thread's call at a time
         self._next = 0
         self._barriers = 0
+        self.unconfirmed: dict[int, dict[int, Request]] = {}  # server -> req -> a quiet request sent to it
+        self.refused: list[Request] = []  # quiet requests a server refused, raised by the next wait
+        self.outbox: dict[int, tuple[list[bytearray], list[Request]]] = {}  # server -> requests not sent yet
+        self.claim.flush = self.flush  # a call's requests leave when it returns
 
     @property
     def rank(self) -> int:
         return self.channel.rank
+
+    @property
+    def server(self) -> "Server | None":
+        """A colocated rank's own server (or a dedicated server rank's)."""
+        return self._server
+
+    @server.setter
+    def server(self, server: "Server | None") -> None:
+        # a colocated worker's requests to its own server, and the replies, skip MPI: the
+        # worker's thread hands a request to the server, which leaves replies in the mailbox
+        self._server = server
+        if server is not None and self.roles.is_worker(self.rank):
+            server.mailbox = self.mailbox
 
     # keys
 
@@ -92,11 +141,18 @@ class Link:
         data: Any = None,
         on_data: Callable[[Message], None] | None = None,
     ) -> Request:
-        """Send a request to ``part``'s server (or ``server``); its reply completes the request returned."""
+        """Send a request to ``part``'s server (or ``server``); its reply completes the request returned.
+
+        A push or clock is quiet: done once sent, no reply comes unless the server
+        refuses it (see the class's note).
+        """
         dst = part.server if part is not None else server
         assert dst is not None
         self._next += 1
-        request = self.requests[self._next] = Request(dst, key, on_data)
+        request = Request(dst, key, on_data)
+        pending = self.unconfirmed.setdefault(dst, {})
+        # the window's last is answered, confirming the rest
+        quiet = kind in _QUIET_KINDS and len(pending) < WINDOW
         raw_key = b"" if key is None else key_bytes(key)
         index = 0 if part is None else part.index
         message = encode(
@@ -109,13 +165,47 @@ class Link:
             key=raw_key,
             text=text,
             data=data,
+            flags=QUIET if quiet else 0,
         )
+        if len(message) > BUNDLE_BYTES:
+            self.flush(dst)  # after the requests before it
+            self._post(dst, message, [request])
+        else:
+            waiting = self.outbox.setdefault(dst, ([], []))
+            waiting[0].append(message)
+            waiting[1].append(request)
+        if quiet:
+            pending[self._next] = request
+            request.done = True
+        else:
+            self.requests[self._next] = request
+        return request
+
+    def flush(self, server: int | None = None) -> None:
+        """Send the requests waiting in the outbox (to ``server``, or to every server), one message each."""
+        for dst in list(self.outbox) if server is None else [server]:
+            messages, requests = self.outbox.pop(dst, ([], []))
+            if messages:
+                self._post(dst, messages[0] if len(messages) == 1 else bundle(self.rank, messages), requests)
+
+    def _post(self, dst: int, message: bytearray, requests: list[Request]) -> None:
+        if dst == self.rank and self._server is not None and self._server.mailbox is self.mailbox:
+            self._server.take(decode(message))
+            return
         try:
             self.channel.send(message, dst, REQUEST_TAG)
         except TransportError as error:  # a dead server (ULFM): the store's error, naming it
-            del self.requests[self._next]
-            raise self.failed(error, [request]) from error
-        return request
+            self.outbox.clear()
+            raise self.failed(error, requests) from error
+
+    def confirm(self) -> None:
+        """Wait until every server has handled this worker's quiet requests (before a barrier or save).
+
+        Raises:
+            KVStoreError: a server refused one of them (see :meth:`wait_for`).
+        """
+        servers = [s for s, pending in self.unconfirmed.items() if pending]
+        self.wait_for([self.send(Kind.CONFIRM, None, server=s) for s in servers])
 
     def failed(self, error: TransportError, requests: list[Request]) -> KVStoreError:
         """MPI's failure while ``requests`` were in flight, as the store's error naming servers and key."""
@@ -138,13 +228,33 @@ class Link:
         return self.pump(0.0) or took
 
     def pump(self, timeout: float) -> bool:
-        """Take one reply, waiting at most ``timeout`` seconds; whether one came."""
-        message = self.channel.receive(REPLY_TAG, timeout)
+        """Take one reply (or a bundle of them), waiting at most ``timeout`` seconds; whether one came."""
+        if self.mailbox:
+            message: Message | None = decode(self.mailbox.popleft())
+        else:
+            local = self._server is not None and self._server.mailbox is self.mailbox
+            message = self.channel.receive(REPLY_TAG, min(timeout, _MAILBOX_S) if local else timeout)
         if message is None:
             return False
+        for reply in unbundle(message) if message.kind == Kind.BATCH else (message,):
+            self._answered(reply)
+        return True
+
+    def _answered(self, message: Message) -> None:
+        pending = self.unconfirmed.get(message.origin)
+        if pending:  # a reply confirms the quiet requests sent to its server before it
+            quiet = pending.pop(message.req, None)
+            if quiet is not None:  # a refusal (a quiet request gets no other reply)
+                self._fill(quiet, message)
+                self.refused.append(quiet)
+            for req in [r for r in pending if r < message.req]:
+                del pending[req]
         request = self.requests.pop(message.req, None)
-        if request is None:
-            return True
+        if request is not None:
+            self._fill(request, message)
+
+    @staticmethod
+    def _fill(request: Request, message: Message) -> None:
         request.stamp = message.stamp
         request.aux = message.aux
         if message.kind == Kind.ERROR:
@@ -154,12 +264,17 @@ class Link:
         elif request.on_data is not None:
             request.on_data(message)
         request.done = True
-        return True
+
+    def _raise_refused(self) -> None:
+        if self.refused:
+            request = self.refused.pop(0)
+            raise error_from(request)
 
     @claimed
     def test(self, requests: list[Request]) -> None:
         """Take what has come for a handle's ``test``, without waiting."""
         try:
+            self.flush()
             self.take()
         except TransportError as error:
             raise self.failed(error, requests) from error
@@ -168,11 +283,18 @@ class Link:
     def wait_for(self, requests: list[Request]) -> None:
         """Wait until every one of ``requests`` has its reply, or raise naming the servers silent.
 
+        A quiet request a server refused since the last wait is raised here (the
+        first of them), whatever ``requests`` are.
+
         Raises:
-            KVStoreError: this rank's server failed; KVStoreTimeout: a server did not answer in time.
+            KVStoreError: this rank's server failed, or refused a quiet request (naming
+                it, its key and server); KVStoreTimeout: a server did not answer in time.
         """
         try:
+            self.flush()
+            self._raise_refused()
             self._wait_for(requests)
+            self._raise_refused()
         except KVStoreError:  # a KVStoreTimeout is a TransportError too
             raise
         except TransportError as error:  # a dead server (ULFM): the store's error, naming it
@@ -195,21 +317,26 @@ class Link:
                 raise KVStoreError(f"the server on rank {self.rank} failed: {self.server.error!r}")
             left = deadline - time.monotonic()
             if left <= 0:
-                silent = sorted({r.server for r in requests if not r.done})
-                raise KVStoreTimeout(
-                    f"rank {self.rank} waited {limit:g} s for server rank{'s' if len(silent) > 1 else ''} "
-                    f"{', '.join(map(str, silent))} to answer (key {requests[0].key!r})",
-                    key=requests[0].key,
-                    servers=tuple(silent),
-                )
+                raise self._silent(requests, limit)
             self.pump(min(left, 1.0))
 
+    def _silent(self, requests: list[Request], limit: float) -> KVStoreTimeout:
+        silent = sorted({r.server for r in requests if not r.done})
+        return KVStoreTimeout(
+            f"rank {self.rank} waited {limit:g} s for server rank{'s' if len(silent) > 1 else ''} "
+            f"{', '.join(map(str, silent))} to answer (key {requests[0].key!r})",
+            key=requests[0].key,
+            servers=tuple(silent),
+        )
+
     def settle(self) -> None:
-        """Wait for every request in flight (before a checkpoint or state is taken)."""
+        """Wait for every request in flight, quiet ones confirmed (before a checkpoint or state is taken)."""
         self.wait_for(list(self.requests.values()))
+        self.confirm()
 
     def barrier(self, failed: bool = False) -> bool:
         """Return once every open worker has called it; whether any arrived ``failed``."""
+        self.confirm()  # a push before the barrier is applied before any worker leaves it
         self._barriers += 1
         first = self.roles.server_ranks[0]
         request = self.send(Kind.BARRIER, None, server=first, stamp=self._barriers, aux=int(failed))

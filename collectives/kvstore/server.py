@@ -4,9 +4,10 @@ __all__ = ["Server", "take_parts"]
 
 import json
 import math
+import os
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,11 +19,26 @@ from ..backends import backend_for
 from ..errors import KVStoreError
 from ..ops import ReduceOp
 from ._adapter import Channel
-from ._wire import REPLY_TAG, REQUEST_TAG, Fault, Kind, Message, encode, parse_key
+from ._wire import (
+    BUNDLE_BYTES,
+    QUIET,
+    REPLY_TAG,
+    REQUEST_TAG,
+    Fault,
+    Kind,
+    Message,
+    bundle,
+    encode,
+    parse_key,
+    unbundle,
+)
 from .checkpoint import read_manifest, restore_shards, write_shard
 from .updaters import Optimizer, Updater, accumulate, assign, optimizer_from_spec
 
 _IDLE_WAKE_S = 0.05  # a server with nothing to do still wakes this often, to expire waits and finish sends
+_HOT_S = 1e-3  # after a request the thread polls without sleeping this long: requests come in bursts
+_FIRST_PAUSE_S = 1e-5
+_PAUSE_S = 5e-4  # the longest sleep between probes: a request waits at most this long unseen
 
 
 @dataclass
@@ -91,18 +107,42 @@ class Server:
         self.stopping = threading.Event()
         self.lock = threading.Lock()  # the worker's collective pushpull updates partitions too
         self.error: BaseException | None = None
+        self.idle = threading.Event()  # cleared while the rank's worker takes requests itself
+        self.outbox: dict[int, list[bytearray]] | None = None  # replies of one take(), by worker
+        self.mailbox: deque[bytearray] | None = None  # where replies to this rank's own worker go
+        self.idle.set()
 
     # the loop
 
     def serve(self) -> None:
-        """Serve until every worker has closed the store (or :attr:`stopping` is set)."""
+        """Serve until every worker has closed the store (or :attr:`stopping` is set).
+
+        How the thread waits (docs/kvstore.md has the measurements): MPI_Probe cannot be
+        bounded and MPICH's blocking calls spin on a core, so it probes without
+        waiting. Within ``_HOT_S`` of a request it polls, yielding the core between
+        probes (a pull tends to follow a push); then it sleeps between probes, a
+        little longer each time up to ``_PAUSE_S``, so that an idle server does not
+        take a core from its rank's worker. (Resting it on an event while the
+        worker, waiting for an answer, takes this rank's requests itself was
+        measured slower: the event's wake-ups cost more than the polls they save.)
+        """
         try:
+            hot = 0.0
+            pause = _FIRST_PAUSE_S
             while self.open and not self.stopping.is_set():
+                now = time.monotonic()
                 wake = min((w.deadline for w in self.waits), default=math.inf)
-                message = self.channel.receive(
-                    REQUEST_TAG, max(0.0, min(_IDLE_WAKE_S, wake - time.monotonic()))
-                )
-                self.take(message)
+                message = self.channel.take(REQUEST_TAG)
+                if message is not None or now >= wake:
+                    self.take(message)
+                    if message is not None:
+                        hot, pause = time.monotonic() + _HOT_S, _FIRST_PAUSE_S
+                        continue
+                if now < hot:
+                    os.sched_yield()
+                    continue
+                time.sleep(max(0.0, min(pause, _IDLE_WAKE_S, wake - now)))
+                pause = min(2 * pause, _PAUSE_S)
             self.channel.flush(max(1.0, min(self.channel.timeout, 30.0)))
         except BaseException as error:
             self.error = error
@@ -114,11 +154,40 @@ class Server:
         return self.mode == "sync" and self.updater is None and self.optimizer is None
 
     def take(self, message: Message | None) -> None:
-        """Handle ``message`` (if any) and answer the waits it made ready; from either thread of the rank."""
+        """Handle ``message`` (if any) and answer the waits it made ready; from either thread of the rank.
+
+        The replies it makes to one worker leave together, as one message (a bundle).
+        """
         with self.lock:
-            if message is not None:
-                self.handle(message)
-            self._settle()
+            self.outbox = {}
+            try:
+                if message is not None:
+                    for m in unbundle(message) if message.kind == Kind.BATCH else (message,):
+                        self.handle(m)
+                self._settle()
+            finally:
+                outbox, self.outbox = self.outbox, None
+                for dst, replies in outbox.items():
+                    self._send(dst, replies)
+
+    def _send(self, dst: int, replies: list[bytearray]) -> None:
+        if replies:
+            self._deliver(dst, replies[0] if len(replies) == 1 else bundle(self.rank, replies))
+
+    def _deliver(self, dst: int, reply: bytearray) -> None:
+        if dst == self.rank and self.mailbox is not None:  # this rank's worker: no MPI
+            self.mailbox.append(reply)
+        else:
+            self.channel.send(reply, dst, REPLY_TAG)
+
+    def _post(self, reply: bytearray, dst: int) -> None:
+        if self.outbox is None:  # outside take (a collective round's waits): at once
+            self._deliver(dst, reply)
+        elif len(reply) > BUNDLE_BYTES:  # alone, after the replies before it
+            self._send(dst, self.outbox.pop(dst, []))
+            self._deliver(dst, reply)
+        else:
+            self.outbox.setdefault(dst, []).append(reply)
 
     def handle(self, m: Message) -> None:
         handler = {
@@ -131,6 +200,7 @@ class Server:
             Kind.OPTIMIZER: self._optimizer,
             Kind.SAVE: self._save,
             Kind.LOAD: self._load,
+            Kind.CONFIRM: self._confirm,
         }[m.kind]
         if m.key:
             self.uses.setdefault(m.key, Counter())[m.origin] += 1
@@ -193,10 +263,12 @@ class Server:
     def _reply(
         self, m: Message, kind: Kind, *, stamp: int = 0, aux: int = 0, text: str = "", data: Any = None
     ) -> None:
+        if kind == Kind.OK and m.flags & QUIET:  # the worker takes a later reply as its OK
+            return
         reply = encode(
             kind, self.rank, part=m.part, req=m.req, stamp=stamp, aux=aux, key=m.key, text=text, data=data
         )
-        self.channel.send(reply, m.origin, REPLY_TAG)
+        self._post(reply, m.origin)
 
     def _error(
         self, m: Message, text: str, fault: Fault = Fault.OTHER, workers: tuple[int, ...] = ()
@@ -205,7 +277,7 @@ class Server:
         reply = encode(
             Kind.ERROR, self.rank, part=m.part, req=m.req, aux=fault, key=m.key, text=text, data=data
         )
-        self.channel.send(reply, m.origin, REPLY_TAG)
+        self._post(reply, m.origin)
 
     def _name(self, m: Message) -> str:
         return self._name_of(m.key, m.part)
@@ -410,6 +482,9 @@ class Server:
             f"{self._name(m)}: {_workers(missing)} at clock {clocks}",
             missing,
         )
+
+    def _confirm(self, m: Message) -> None:
+        self._reply(m, Kind.OK)  # sent after every earlier request of the worker's was handled
 
     def _clock(self, m: Message) -> None:
         self.clocks[m.origin] = m.stamp

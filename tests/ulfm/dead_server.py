@@ -33,7 +33,7 @@ def _error(call) -> dict[str, str] | None:  # type: ignore[no-untyped-def]
 def main(servers: str) -> None:
     rank = MPI.COMM_WORLD.Get_rank()
     dedicated = servers == "dedicated"
-    if dedicated and rank == 2:  # serves inside create: dies once both workers have made the key
+    if dedicated and rank == 2:  # serves inside create: dies once worker 0 says the key is made
 
         def die() -> None:
             MPI.COMM_WORLD.recv(source=0, tag=99)
@@ -42,15 +42,11 @@ def main(servers: str) -> None:
         threading.Thread(target=die, daemon=True).start()
     kv = kvstore.create("async", servers=1 if dedicated else None, timeout=TIMEOUT_S, partition_bytes=16)
     kv.init("w", np.zeros(12, np.float32))  # 3 partitions: one on every server
-    if dedicated and rank == 1:
-        MPI.COMM_WORLD.send(None, dest=0, tag=98)  # both workers' init answered: the server may die
+    kv.barrier()  # every worker's init answered, before the server dies (else init raises, not the calls)
     if dedicated and rank == 0:
-        MPI.COMM_WORLD.recv(source=1, tag=98)
         MPI.COMM_WORLD.send(None, dest=2, tag=99)
-    if not dedicated:
-        kv.barrier()
-        if rank == 2:
-            os.kill(os.getpid(), signal.SIGKILL)
+    if not dedicated and rank == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(2.0)  # rank 2 is gone
     began = time.monotonic()
     seen = {"rank": rank, "push_pull": _error(lambda: (kv.push("w", np.ones(12, np.float32)), kv.pull("w")))}
