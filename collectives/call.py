@@ -311,17 +311,27 @@ class Call:
                     self.pending = None
                     self.watchdog.compare_posted(shared, pending, self.sequence)
                 return
-        self.arrived(shared, passed, ranks)
+            self.arrived(shared, passed, ranks, missing)
+        else:
+            self.arrived(shared, passed, ranks)
 
-    def arrived(self, shared: SharedMemory, passed: int = 0, ranks: tuple[int, ...] | None = None) -> None:
+    def arrived(
+        self,
+        shared: SharedMemory,
+        passed: int = 0,
+        ranks: tuple[int, ...] | None = None,
+        missing: list[int] | None = None,
+    ) -> None:
         """The waiting half of :meth:`barrier`: this rank has arrived at barrier number ``passed``.
 
         For a caller that arrives by itself and waits here only when its peers were
         not all there at once (a persistent call's start, :mod:`collectives.persistent`).
+        ``missing``: the ranks a wait to the stall interval already found missing (then not waited again).
         """
         pending = self.pending
         if not self._warned:
-            missing = shared.wait(max(min(self._warn_at, self._deadline) - time.monotonic(), 0.0))
+            if missing is None:
+                missing = shared.wait(max(min(self._warn_at, self._deadline) - time.monotonic(), 0.0))
             if missing and shared.broken_by() is not None:
                 missing = self._barrier_broken(shared, missing, ranks)
             if not missing:

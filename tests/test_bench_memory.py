@@ -43,9 +43,11 @@ def test_segment_bench_times_every_segment_size_against_the_default() -> None:
 def test_small_path_bench_times_every_layer() -> None:
     result = run_mpi(2, ["-m", "bench.small_path", "-n", "20", "-r", "2"], timeout=120)
     assert result.returncode == 0, result.stdout
-    layers = re.findall(r"^(\w+) +(\d+\.\d+) us$", result.stdout, re.MULTILINE)
-    assert [name for name, _ in layers] == ["floor", "watchdog", "executor", "prepared", "allreduce", "mpi"]
-    assert all(float(us) > 0 for _, us in layers), result.stdout
+    layers = re.findall(r"^(\w+) +(\d+\.\d+) us +(\d+\.\d+)x mpi$", result.stdout, re.MULTILINE)
+    names = ["floor", "watchdog", "executor", "prepared", "allreduce", "persistent", "mpi"]
+    assert [name for name, _, _ in layers] == names, result.stdout
+    assert all(float(us) > 0 for _, us, _ in layers), result.stdout
+    assert layers[-1][2] == "1.00", result.stdout  # each row's time over MPI's
 
 
 @needs_mpiexec

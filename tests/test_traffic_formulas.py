@@ -3,8 +3,7 @@
 import pytest
 
 import collectives
-from collectives import algorithms
-from collectives.algorithms import ALGORITHMS, base, build_schedule, schedule_traffic
+from collectives.algorithms import ALGORITHMS, base, build_schedule, registry, schedule_traffic
 from collectives.specs import COLLECTIVES, get_spec
 from collectives.topology.cost_model import traffic
 
@@ -50,6 +49,6 @@ def test_explain_at_four_thousand_ranks_builds_no_schedule(monkeypatch: pytest.M
     def refuse(*args: object) -> None:
         raise AssertionError(f"built a schedule: {args[:3]}")
 
-    monkeypatch.setattr(algorithms, "_cached", refuse)
+    monkeypatch.setattr(registry, "_cached", refuse)
     explanation = collectives.explain("allreduce", 2**24, world_size=4096)
     assert explanation.choice is not None and len(explanation.candidates) >= 5
