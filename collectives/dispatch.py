@@ -185,14 +185,9 @@ def run(group: Communicator, job: Job, check: bool | None) -> Any:
         with watchdog.watch(guard, check, first_barrier=opening is not None and opening.plan is None) as call:
             device = _on_device(group, call, job.backend)
             if opening is None:
-                if job.op is not None and not job.op.commutative and group.size > 1:
-                    call.algorithm = _choose_ordered(group, call, job, device)
-                else:
-                    call.algorithm = _choose(
-                        group, call, job.collective, job.algorithm, job.count, job.item_bytes, device
-                    )
-                    if group.tuner is not None and group.tuner.timing:
-                        job.key = None  # a trial: the fast path must come back to the tuner
+                call.algorithm = _algorithm_for(group, call, job, device)
+                if group.tuner is not None and group.tuner.timing:
+                    job.key = None  # a trial: the fast path must come back to the tuner
                 shared = _shared(group, call, job)
             else:
                 call.algorithm = opening.algorithm
@@ -237,13 +232,16 @@ def decide(group: Communicator, job: Job, check: bool | None) -> tuple[str, Shar
     )  # fmt: skip
     with group.watchdog.watch(init, check) as call:
         device = _on_device(group, call, job.backend)
-        if job.op is not None and not job.op.commutative and group.size > 1:
-            algorithm = _choose_ordered(group, call, job, device)
-        else:
-            algorithm = _choose(group, call, job.collective, job.algorithm, job.count, job.item_bytes, device)
-        call.algorithm = algorithm
+        algorithm = call.algorithm = _algorithm_for(group, call, job, device)
         shared = None if device else _shared(group, call, job)
     return algorithm, shared, start
+
+
+def _algorithm_for(group: Communicator, call: Call, job: Job, device: bool) -> str:
+    """The algorithm ``job`` runs, agreed under ``call``; one keeping rank order for a non-commutative op."""
+    if job.op is not None and not job.op.commutative and group.size > 1:
+        return _choose_ordered(group, call, job, device)
+    return _choose(group, call, job.collective, job.algorithm, job.count, job.item_bytes, device)
 
 
 def _guard(group: Communicator, job: Job) -> Guard:
