@@ -64,14 +64,8 @@ class KVStore:
         self._op = op
         self._link = Link(channel, roles, mode, partition_bytes)  # what the helpers are given
         self._keys = self._link.keys
-        self._send = self._link.send
-        self._meta = self._link.meta
         self._rounds: Rounds | None = None  # sync rounds by collectives: see create(collective=)
         self.claim = self._link.claim  # one thread's call at a time
-
-    @property
-    def _clock(self) -> int:
-        return self._link.clock
 
     @property
     def _closed(self) -> bool:
@@ -80,10 +74,6 @@ class KVStore:
     @_closed.setter
     def _closed(self, closed: bool) -> None:
         self._link.closed = closed
-
-    @property
-    def _server(self) -> Server | None:
-        return self._link.server
 
     # what the store is
 
@@ -108,11 +98,11 @@ class KVStore:
     @property
     def clock_value(self) -> int:
         """The clock this worker is at: how many times it called :meth:`clock`."""
-        return self._clock
+        return self._link.clock
 
     def explain(self, key: Any) -> str:
         """Where each partition of ``key`` lives, one line each."""
-        meta = self._meta(key)
+        meta = self._link.meta(key)
         item = meta.dtype.itemsize
         lines = [
             f"key {key!r}: {meta.dtype.name}{list(meta.shape)}, {len(meta.parts)} partition(s) "
@@ -148,7 +138,7 @@ class KVStore:
             flat = array.reshape(-1)
             for p in meta.parts:
                 data = flat[p.lo : p.hi] if self.rank == 0 else None
-                requests.append(self._send(Kind.INIT, k, p, text=meta.description, data=data))
+                requests.append(self._link.send(Kind.INIT, k, p, text=meta.description, data=data))
         try:
             Handle(self._link, requests, lambda: None).wait()
         except KVStoreError:
@@ -177,16 +167,16 @@ class KVStore:
             return handle if not block else handle.wait()
         keys, values = self._pairs(key, value)
         if self._rounds is not None:
-            self._rounds.push_keys([(k, self._meta(k), v) for k, v in zip(keys, values, strict=True)])
+            self._rounds.push_keys([(k, self._link.meta(k), v) for k, v in zip(keys, values, strict=True)])
             return None if block else Handle(self._link, [], lambda: None)
         requests = []
         for k, v in zip(keys, values, strict=True):
-            meta = self._meta(k)
+            meta = self._link.meta(k)
             array = checked_value(k, meta, v, self.rank)
-            stamp = meta.pushes if self.mode == "sync" else self._clock
+            stamp = meta.pushes if self.mode == "sync" else self._link.clock
             meta.pushes += 1
             for p in meta.parts:
-                requests.append(self._send(Kind.PUSH, k, p, stamp=stamp, data=array[p.lo : p.hi]))
+                requests.append(self._link.send(Kind.PUSH, k, p, stamp=stamp, data=array[p.lo : p.hi]))
         handle = Handle(self._link, requests, lambda: None)
         return handle if not block else handle.wait()
 
@@ -213,7 +203,7 @@ class KVStore:
             return handle if not block else handle.wait()
         keys, outs = self._outs("pull", key, out)
         if self._rounds is not None:
-            items = [(k, self._meta(k), o) for k, o in zip(keys, outs, strict=True)]
+            items = [(k, self._link.meta(k), o) for k, o in zip(keys, outs, strict=True)]
             got = self._rounds.pull_keys(items, report)
             done = got if isinstance(key, list | tuple) else got[0]
             return done if block else Handle(self._link, [], lambda: done)
@@ -221,7 +211,7 @@ class KVStore:
         results: list[np.ndarray] = []
         stamps: list[list[int]] = []
         for k, o in zip(keys, outs, strict=True):
-            meta = self._meta(k)
+            meta = self._link.meta(k)
             target = (
                 np.empty(meta.shape, meta.dtype)
                 if o is None
@@ -231,10 +221,10 @@ class KVStore:
             results.append(target if o is None else o)
             seen = [0] * len(meta.parts)
             stamps.append(seen)
-            stamp = meta.pushes if self.mode == "sync" else self._clock
+            stamp = meta.pushes if self.mode == "sync" else self._link.clock
             for p in meta.parts:
                 requests.append(
-                    self._send(Kind.PULL, k, p, stamp=stamp, on_data=filler(flat, p, meta.dtype, seen))
+                    self._link.send(Kind.PULL, k, p, stamp=stamp, on_data=filler(flat, p, meta.dtype, seen))
                 )
 
         def result() -> Any:
@@ -260,7 +250,7 @@ class KVStore:
         if self._rounds is not None and rows is None:
             keys, values = self._pairs(key, value)
             _, outs = self._outs("pushpull", key, out)
-            items = [(k, self._meta(k), v, o) for k, v, o in zip(keys, values, outs, strict=True)]
+            items = [(k, self._link.meta(k), v, o) for k, v, o in zip(keys, values, outs, strict=True)]
             got = self._rounds.pushpull_keys(items)
             done = got if isinstance(key, list | tuple) else got[0]
             return done if block else Handle(self._link, [], lambda: done)
@@ -283,9 +273,9 @@ class KVStore:
         """
         if self._roles.dedicated:
             raise ConfigurationError("dedicated servers take an updater only from create(..., updater=fn)")
-        assert self._server is not None
-        self._server.optimizer = None
-        self._server.updater = fn
+        assert self._link.server is not None
+        self._link.server.optimizer = None
+        self._link.server.updater = fn
         self.barrier()
 
     @claimed
@@ -297,7 +287,7 @@ class KVStore:
         """
         self._link.optimizer = optimizer
         if self.rank == 0:
-            Handle(self._link, [self._send(Kind.OPTIMIZER, None, server=s, text=optimizer.spec())
+            Handle(self._link, [self._link.send(Kind.OPTIMIZER, None, server=s, text=optimizer.spec())
                           for s in self._roles.server_ranks], lambda: None).wait()  # fmt: skip
         self.barrier()
 
@@ -307,7 +297,7 @@ class KVStore:
     def clock(self) -> None:
         """End this worker's iteration (``ssp``; allowed in every mode): its clock goes up by one."""
         self._link.clock += 1
-        Handle(self._link, [self._send(Kind.CLOCK, None, server=s, stamp=self._clock)
+        Handle(self._link, [self._link.send(Kind.CLOCK, None, server=s, stamp=self._link.clock)
                       for s in self._roles.server_ranks], lambda: None).wait()  # fmt: skip
 
     @claimed
@@ -386,22 +376,22 @@ class KVStore:
             return
         self._closed = True
         try:
-            requests = [self._send(Kind.CLOSE, None, server=s) for s in self._roles.server_ranks]
+            requests = [self._link.send(Kind.CLOSE, None, server=s) for s in self._roles.server_ranks]
             self._link.wait_for(requests)
             thread = self._link.thread
-            if thread is not None and self._server is not None:
+            if thread is not None and self._link.server is not None:
                 limit = self._channel.timeout + GRACE_S
                 thread.join(None if math.isinf(limit) else limit)
                 if thread.is_alive():
-                    self._server.stopping.set()
-                    still = tuple(sorted(self._server.open))
+                    self._link.server.stopping.set()
+                    still = tuple(sorted(self._link.server.open))
                     raise KVStoreTimeout(
                         f"close: rank {self.rank} waited {self._channel.timeout:g} s "
                         f"for workers {list(still)} to close",
                         workers=still,
                     )
-                if self._server.error is not None:
-                    raise KVStoreError(f"the server on rank {self.rank} failed: {self._server.error!r}")
+                if self._link.server.error is not None:
+                    raise KVStoreError(f"the server on rank {self.rank} failed: {self._link.server.error!r}")
             try:
                 self._channel.flush(min(self._channel.timeout, 30.0))
             except TransportError as error:  # a dead server (ULFM)
@@ -442,7 +432,7 @@ class KVStore:
             raise KVStoreError(f"{what} of {len(keys)} keys got {len(outs)} outs")
         for k, o in zip(keys, outs, strict=True):
             if o is not None:
-                checked_value(k, self._meta(k), o, self.rank, out=True)
+                checked_value(k, self._link.meta(k), o, self.rank, out=True)
         return keys, outs
 
 
