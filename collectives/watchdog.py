@@ -23,6 +23,11 @@ A :class:`Watchdog` belongs to one communicator. Around every collective it
 - keeps the last calls in a flight recorder, and with ``COLLECTIVES_DEBUG=1``
   writes one line per call to stderr or to ``COLLECTIVES_DEBUG_FILE``.
 
+The concerns live beside it: the settings in :mod:`collectives.watch_settings`,
+the signatures' exchange and comparison in :mod:`collectives.agreement`, the
+flight recorder and debug log in :mod:`collectives.flight_recorder`, a call's
+deadlines in :mod:`collectives.call`; the watchdog puts them together.
+
 MPI cannot cancel a send in general, so after a timeout the messages in flight
 stay posted and the communicator refuses further collectives; make a new one.
 A call that ends on any other error than the ranks' agreed ones (a
@@ -50,22 +55,16 @@ __all__ = [
 
 import contextlib
 import math
-import os
-import struct
-import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
 
-from ._env import env_flag
-from .call import NOTICE, Call, Posted, Starts, SteppedCall, Tracked, WatchedTransport
+from .agreement import FUSED_BYTES, Agreement, Guard
+from .call import NOTICE, Call, SteppedCall, Tracked, WatchedTransport
 from .errors import (
     BrokenCommunicatorError,
     CollectivesError,
     ConcurrentCallError,
-    ConfigurationError,
     FreedCommunicatorError,
     MismatchError,
     PeerFailedError,
@@ -73,58 +72,27 @@ from .errors import (
     TransportError,
 )
 from .faults import PLAN as _FAULTS
-from .signature import SIGNATURE_BYTES, Signature, disagreement, problem_of, stamp_tag
+from .flight_recorder import new_recorder, record_lines, record_text, write_debug_line
+from .signature import SIGNATURE_BYTES, Signature, problem_of
 from .transport.base import SharedMemory, Transport
 from .transport.tags import Tag
-
-_SIGNATURE = Tag.SIGNATURE  # a module global: read by every call's exchange
-
-TIMEOUT_ENV = "COLLECTIVES_TIMEOUT"
-STALL_WARNING_ENV = "COLLECTIVES_STALL_WARNING"
-CHECK_ENV = "COLLECTIVES_CHECK"
-DEBUG_ENV = "COLLECTIVES_DEBUG"
-DEBUG_FILE_ENV = "COLLECTIVES_DEBUG_FILE"
-RECORDER_ENV = "COLLECTIVES_FLIGHT_RECORDER"
-
-DEFAULT_TIMEOUT_S = 1800.0
-"""30 minutes, as torch.distributed's default."""
-
-DEFAULT_STALL_WARNING_S = 60.0
-"""As Horovod's stall check; never later than half the timeout."""
-
-_DEFAULT_RECORDED = 64
-
-FUSED_BYTES = 4096
-"""The most data bytes that may travel to one peer with a call's signature (see :class:`Guard`)."""
+from .watch_settings import (
+    CHECK_ENV,
+    DEBUG_ENV,
+    DEBUG_FILE_ENV,
+    DEFAULT_STALL_WARNING_S,
+    DEFAULT_TIMEOUT_S,
+    RECORDER_ENV,
+    STALL_WARNING_ENV,
+    TIMEOUT_ENV,
+    debug_file,
+    flag,
+    seconds,
+)
 
 
 def _nothing() -> None:
     """What a watchdog does on a mismatch unless told otherwise."""
-
-
-def _seconds(value: float | None, env: str, default: float) -> float:
-    """A duration from the argument, else the environment, else ``default``; 0 or inf means never."""
-    if value is None:
-        text = os.environ.get(env, "").strip()
-        if not text:
-            return default
-        try:
-            value = float(text)
-        except ValueError:
-            raise ConfigurationError(f"{env}={text!r} is not a number of seconds") from None
-    if math.isnan(value) or value < 0:
-        raise ConfigurationError(f"a duration must be a non-negative number of seconds, got {value}")
-    return math.inf if value == 0 else float(value)
-
-
-def _flag(value: bool | None, env: str, default: bool) -> bool:
-    if value is not None:
-        return value
-    setting = env_flag(env)
-    return default if setting is None else setting
-
-
-_SEQUENCE = struct.Struct("<q")  # a packed signature starts with its sequence number
 
 
 _get_ident = threading.get_ident
@@ -133,47 +101,6 @@ _get_ident = threading.get_ident
 def _thread_name(ident: int) -> str:
     thread = next((t for t in threading.enumerate() if t.ident == ident), None)
     return f"thread {thread.name!r}" if thread is not None else f"thread {ident}"
-
-
-class Guard:
-    """What every call of one kind on a communicator agrees on, packed once and reused.
-
-    The ranks exchange :attr:`packed` with the call's sequence number written in
-    front, so a repeated call packs nothing anew. A small call's first messages may
-    travel with it: the signature message to a peer in :attr:`outgoing` carries the
-    data after the signature, and the peer finds it with :meth:`Watchdog.arrived`.
-
-    Attributes:
-        signature: the call's signature, its sequence number 0.
-        packed: the packed signature, sent by one call at a time.
-        outgoing: per peer, the data that travels with the signature (after it).
-    """
-
-    __slots__ = ("_messages", "_tag", "outgoing", "packed", "signature")
-
-    def __init__(self, signature: Signature, payloads: dict[int, int] | None = None) -> None:
-        self.signature = signature
-        self.packed = bytearray(signature.pack())
-        self._tag = signature.tag
-        payloads = payloads or {}
-        if any(size > FUSED_BYTES for size in payloads.values()):
-            raise ValueError(f"at most {FUSED_BYTES} bytes travel with a signature; got {payloads}")
-        self._messages = {peer: bytearray(SIGNATURE_BYTES + size) for peer, size in payloads.items()}
-        self.outgoing = {peer: memoryview(m)[SIGNATURE_BYTES:] for peer, m in self._messages.items()}
-
-    def message(self, peer: int) -> bytearray:
-        """What goes to ``peer``: the signature, then any data for it."""
-        return self._messages.get(peer, self.packed)
-
-    def stamp(self, sequence: int, tag: bytes = b"") -> None:
-        """Write the call's sequence number and tag (see :attr:`Watchdog.tag`) into every message."""
-        _SEQUENCE.pack_into(self.packed, 0, sequence)
-        if tag != self._tag:  # a guard kept for repeated calls may serve calls of several tags
-            stamp_tag(self.packed, tag)
-            self._tag = tag
-        if self._messages:
-            for message in self._messages.values():
-                message[:SIGNATURE_BYTES] = self.packed
 
 
 class Watchdog:
@@ -199,22 +126,14 @@ class Watchdog:
         check: bool | None = None,
     ) -> None:
         self.transport = transport
-        self.timeout = _seconds(timeout, TIMEOUT_ENV, DEFAULT_TIMEOUT_S)
-        self.stall_warning = _seconds(
+        self.timeout = seconds(timeout, TIMEOUT_ENV, DEFAULT_TIMEOUT_S)
+        self.stall_warning = seconds(
             stall_warning, STALL_WARNING_ENV, min(DEFAULT_STALL_WARNING_S, self.timeout / 2)
         )
-        self.check = _flag(check, CHECK_ENV, True)
-        self.debug = _flag(None, DEBUG_ENV, False)
-        self.debug_file = os.environ.get(DEBUG_FILE_ENV) or None
-        if self.debug_file is not None:
-            # here, not at the first line written: that would fail a call whose result is lost
-            folder = os.path.dirname(self.debug_file.replace("{rank}", str(transport.rank))) or "."
-            if not os.path.isdir(folder):
-                raise ConfigurationError(f"{DEBUG_FILE_ENV}={self.debug_file!r}: no folder {folder!r}")
-        kept = os.environ.get(RECORDER_ENV, "").strip()
-        if kept and not kept.isdigit():
-            raise ConfigurationError(f"{RECORDER_ENV}={kept!r} is not a number of calls")
-        self.recorder: deque[Call | Starts] = deque(maxlen=int(kept) if kept else _DEFAULT_RECORDED)
+        self.check = flag(check, CHECK_ENV, True)
+        self.debug = flag(None, DEBUG_ENV, False)
+        self.debug_file = debug_file(transport.rank)
+        self.recorder = new_recorder()
         self.sequence = 0
         self.broken: str | None = None
         self.broken_by: int | None = None  # the rank where it broke
@@ -230,17 +149,16 @@ class Watchdog:
         self._owner = 0
         watched = math.isfinite(self.timeout) or math.isfinite(self.stall_warning)
         self.watched = WatchedTransport(transport) if watched else None
-        # the signature exchange's buffers and peers, the same for every call
         self._rank, self._size = transport.rank, transport.size
         self._peers = [peer for peer in range(self._size) if peer != self._rank]
-        self._exchange = [Tracked(None, peer, False) for peer in self._peers]
-        self._exchange += [Tracked(None, peer, True) for peer in self._peers]
-        self._received = [bytearray(SIGNATURE_BYTES + FUSED_BYTES) for _ in range(self._size)]
-        self._heads = [memoryview(r)[:SIGNATURE_BYTES] for r in self._received]
+        # the signature exchange's buffers, the same for every call; its methods bound once, for the hot path
+        self.agreement = agreement = Agreement(transport)
+        self._exchange = agreement.exchange
+        self.arrived = agreement.arrived
+        self.compare_posted = agreement.compare_posted
         self.shared: SharedMemory | None = None
         # what the next calls are of, set by a layer above (the key-value store's key): in every signature
         self.tag = b""
-        self._on_mismatch: Callable[[], None] = _nothing
 
     def agree_through(self, shared: SharedMemory, on_mismatch: Callable[[], None] = _nothing) -> None:
         """Agree on signatures through ``shared`` (over every rank, in order) from the next call on.
@@ -253,19 +171,15 @@ class Watchdog:
         """
         if shared.MESSAGE_BYTES >= SIGNATURE_BYTES and self._size > 1:
             self.shared = shared
-            self._on_mismatch = on_mismatch
-
-    def arrived(self, peer: int, size: int) -> memoryview:
-        """The ``size`` data bytes that came with the last signature from ``peer`` (see :class:`Guard`)."""
-        return memoryview(self._received[peer])[SIGNATURE_BYTES : SIGNATURE_BYTES + size]
+            self.agreement.on_mismatch = on_mismatch
 
     def flight_record(self) -> list[str]:
         """The recorded calls, oldest first, one line each."""
-        return [call.line(self.transport.rank) for call in self.recorder]
+        return record_lines(self.recorder, self._rank)
 
     def flight_record_text(self) -> str:
-        lines = self.flight_record()
-        return f"last {len(lines)} collectives on rank {self.transport.rank}:\n  " + "\n  ".join(lines)
+        """The recorded calls under a heading naming this rank, as a timeout's error shows them."""
+        return record_text(self.recorder, self._rank)
 
     def guard(
         self,
@@ -339,11 +253,14 @@ class Watchdog:
             self._inject(call)
         if (self.check if check is None else check) and self._size > 1:
             try:
-                if self.shared is not None and first_barrier:
-                    guard.stamp(sequence, self.tag)
+                guard.stamp(sequence, self.tag)
+                shared = self.shared
+                if shared is None:
+                    self._exchange(call, guard, sequence)
+                else:  # posted with a barrier of the shared memory: the call's first, or one here
                     call.pending = guard
-                else:
-                    self._agree(call, guard, sequence)
+                    if not first_barrier:
+                        call.barrier(shared)
             except BaseException as error:
                 self.end(call, error)
                 raise
@@ -416,7 +333,7 @@ class Watchdog:
         self._owner = 0
         self._claim.release()
         if self.debug:
-            self._write(call.line(self.transport.rank))
+            write_debug_line(self.debug_file, self._rank, call.line(self._rank))
         if error is not None:
             self._ended_badly(call, error)
 
@@ -485,50 +402,10 @@ class Watchdog:
         raise ConcurrentCallError(message, running=running, calling=calling, rank=self._rank)
 
     def _agree(self, call: Call, guard: Guard, sequence: int) -> None:
-        """Exchange signatures with every other rank; raise on every rank if any differ."""
+        """Agree with every other rank as :meth:`watch` does; raise on every rank if the signatures differ."""
         guard.stamp(sequence, self.tag)
-        if self.shared is not None:
-            call.pending = guard
-            call.barrier(self.shared)
+        if self.shared is None:
+            self._exchange(call, guard, sequence)
             return
-        transport = self.transport
-        mine = guard.packed
-        # room for any data a peer's message may carry, so none is ever truncated
-        received = self._received
-        requests = [transport.irecv(received[peer], peer, _SIGNATURE) for peer in self._peers]
-        requests += [transport.isend(guard.message(peer), peer, _SIGNATURE) for peer in self._peers]
-        call.wait(requests, "signature", self._exchange)
-        heads = self._heads
-        for peer in self._peers:
-            if heads[peer].tobytes() != mine:  # as bytes: see compare_posted
-                break
-        else:
-            return
-        heads[self._rank][:] = mine
-        signature = replace(guard.signature, sequence=sequence)
-        error = disagreement(signature, [bytes(head) for head in heads], self._rank)
-        if error is not None:
-            raise error
-
-    def compare_posted(self, shared: SharedMemory, guard: Posted, sequence: int) -> None:
-        """After a barrier that carried signatures: raise on every rank if any differ."""
-        mine = guard.packed
-        for peer in self._peers:
-            # as bytes: a memoryview compares element by element, three times slower
-            if shared.message(peer)[:SIGNATURE_BYTES].tobytes() != mine:
-                break
-        else:
-            return
-        heads = [bytes(shared.message(r)[:SIGNATURE_BYTES]) for r in range(self._size)]
-        error = disagreement(replace(guard.signature, sequence=sequence), heads, self._rank)
-        if error is not None:
-            self._on_mismatch()
-            raise error
-
-    def _write(self, line: str) -> None:
-        if self.debug_file is None:
-            print(line, file=sys.stderr, flush=True)
-            return
-        # opened per line, so nothing is left open however the program ends
-        with open(self.debug_file.replace("{rank}", str(self.transport.rank)), "a") as file:
-            file.write(line + "\n")
+        call.pending = guard
+        call.barrier(self.shared)

@@ -50,11 +50,11 @@ def test_signatures_go_through_shared_memory_and_results_stay_right(world: MPI.I
         "the watchdog does not agree through the communicator's shared memory",
     )
     # setting the shared memory up is itself a watched call, agreed by message: forget those
-    for received in watchdog._received:
+    for received in watchdog.agreement.received:
         received[:] = bytes(len(received))
     _all_right(problems, comm, world, "the switch")
     # no signature went by message: the buffers the exchange receives into were never written
-    problems.expect(not any(any(r) for r in watchdog._received), "a signature came by message")
+    problems.expect(not any(any(r) for r in watchdog.agreement.received), "a signature came by message")
     comm.free()
     problems.check()
 
