@@ -1,9 +1,9 @@
 """The schedule data model: transfers of chunks between ranks, step by step."""
 
-__all__ = ["RankProgram", "RankStep", "Schedule", "Step", "Transfer"]
+__all__ = ["RankProgram", "RankStep", "Schedule", "Step", "Transfer", "share_schedule"]
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -287,3 +287,25 @@ class RankProgram(_Chunks):
     chunk_owner: tuple[int, ...] | None = None
     root: int | None = None
     crowded: frozenset[tuple[int, int]] = frozenset()
+
+
+def share_schedule(
+    collective: str, algorithm: str, shares: Sequence[int], steps: Iterable[Step], root: int | None = None
+) -> Schedule:
+    """The schedule of ``steps`` where chunk ``r`` is rank ``r``'s share of ``shares[r]`` elements.
+
+    For the collectives where each rank owns a share of the buffer (reduce-scatter,
+    all-gather, gather, scatter); named ``<collective>-<algorithm>(n=<ranks>)``,
+    with ``, root=<root>`` for a rooted one.
+    """
+    size = len(shares)
+    rooted = "" if root is None else f", root={root}"
+    return Schedule(
+        name=f"{collective}-{algorithm}(n={size}{rooted})",
+        collective=collective,
+        world_size=size,
+        chunk_sizes=tuple(shares),
+        steps=tuple(steps),
+        chunk_owner=tuple(range(size)),
+        root=root,
+    )

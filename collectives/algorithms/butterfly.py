@@ -79,7 +79,7 @@ __all__ = [
 from collections.abc import Callable, Iterable, Sequence
 
 from ..chunking import even_split
-from ..schedule import RankProgram, RankStep, Schedule, Step, Transfer
+from ..schedule import RankProgram, RankStep, Schedule, Step, Transfer, share_schedule
 from ..topology.cost_model import Traffic
 from .base import Cost
 
@@ -154,14 +154,7 @@ def reduce_scatter(shares: Sequence[int]) -> Schedule:
         *halving_steps(_chunks_per_rank(size)),
         *fold_out_steps(size, lambda e: (e,)),
     ]
-    return Schedule(
-        name=f"reduce_scatter-butterfly(n={size})",
-        collective="reduce_scatter",
-        world_size=size,
-        chunk_sizes=tuple(shares),
-        steps=tuple(steps),
-        chunk_owner=tuple(range(size)),
-    )
+    return share_schedule("reduce_scatter", "butterfly", shares, steps)
 
 
 def allgather(shares: Sequence[int]) -> Schedule:
@@ -172,14 +165,7 @@ def allgather(shares: Sequence[int]) -> Schedule:
         *doubling_steps(_chunks_per_rank(size)),
         *fold_out_steps(size, lambda e: (c for c in range(size) if c != e)),
     ]
-    return Schedule(
-        name=f"allgather-butterfly(n={size})",
-        collective="allgather",
-        world_size=size,
-        chunk_sizes=tuple(shares),
-        steps=tuple(steps),
-        chunk_owner=tuple(range(size)),
-    )
+    return share_schedule("allgather", "butterfly", shares, steps)
 
 
 def allreduce(world_size: int, count: int) -> Schedule:

@@ -53,7 +53,7 @@ __all__ = [
 
 from collections.abc import Callable, Iterable, Sequence
 
-from ..schedule import RankProgram, RankStep, Schedule, Step, Transfer
+from ..schedule import RankProgram, RankStep, Schedule, Step, Transfer, share_schedule
 from ..specs import get_spec
 from ..topology.cost_model import Traffic
 from .base import Cost
@@ -109,28 +109,24 @@ def reduce(world_size: int, count: int, root: int) -> Schedule:
 def gather(shares: Sequence[int], root: int) -> Schedule:
     """Every other rank sends its share of ``shares[r]`` elements to the root."""
     size = len(shares)
-    return Schedule(
-        name=f"gather-direct(n={size}, root={root})",
-        collective="gather",
-        world_size=size,
-        chunk_sizes=tuple(shares),
-        steps=_steps(Transfer(r, root, r) for r in _others(size, root)),
-        chunk_owner=tuple(range(size)),
-        root=root,
+    return share_schedule(
+        "gather",
+        "direct",
+        shares,
+        _steps(Transfer(r, root, r) for r in _others(size, root)),
+        root,
     )
 
 
 def scatter(shares: Sequence[int], root: int) -> Schedule:
     """The root sends rank ``r`` its share of ``shares[r]`` elements."""
     size = len(shares)
-    return Schedule(
-        name=f"scatter-direct(n={size}, root={root})",
-        collective="scatter",
-        world_size=size,
-        chunk_sizes=tuple(shares),
-        steps=_steps(Transfer(root, r, r) for r in _others(size, root)),
-        chunk_owner=tuple(range(size)),
-        root=root,
+    return share_schedule(
+        "scatter",
+        "direct",
+        shares,
+        _steps(Transfer(root, r, r) for r in _others(size, root)),
+        root,
     )
 
 
@@ -148,32 +144,28 @@ def allreduce(world_size: int, count: int) -> Schedule:
 def reduce_scatter(shares: Sequence[int]) -> Schedule:
     """Reduce the whole buffer at the hub, then send each rank its share."""
     size = len(shares)
-    return Schedule(
-        name=f"reduce_scatter-direct(n={size})",
-        collective="reduce_scatter",
-        world_size=size,
-        chunk_sizes=tuple(shares),
-        steps=_steps(
+    return share_schedule(
+        "reduce_scatter",
+        "direct",
+        shares,
+        _steps(
             _to(HUB, size, range(size), reduce=True),
             (Transfer(HUB, r, r) for r in _others(size, HUB)),
         ),
-        chunk_owner=tuple(range(size)),
     )
 
 
 def allgather(shares: Sequence[int]) -> Schedule:
     """Gather the shares at the hub, then send each rank the shares it lacks."""
     size = len(shares)
-    return Schedule(
-        name=f"allgather-direct(n={size})",
-        collective="allgather",
-        world_size=size,
-        chunk_sizes=tuple(shares),
-        steps=_steps(
+    return share_schedule(
+        "allgather",
+        "direct",
+        shares,
+        _steps(
             (Transfer(r, HUB, r) for r in _others(size, HUB)),
             (Transfer(HUB, r, c) for r in _others(size, HUB) for c in _others(size, r)),
         ),
-        chunk_owner=tuple(range(size)),
     )
 
 

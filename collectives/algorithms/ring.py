@@ -41,7 +41,7 @@ __all__ = [
 from collections.abc import Sequence
 
 from ..chunking import even_split
-from ..schedule import RankProgram, RankStep, Schedule, Step, Transfer
+from ..schedule import RankProgram, RankStep, Schedule, Step, Transfer, share_schedule
 from ..topology.cost_model import Traffic
 from .base import Cost
 
@@ -62,27 +62,13 @@ def _allgather_steps(size: int) -> list[Step]:
 def reduce_scatter(shares: Sequence[int]) -> Schedule:
     """Ring reduce-scatter; rank ``r`` ends with its share of ``shares[r]`` elements reduced."""
     size = len(shares)
-    return Schedule(
-        name=f"reduce_scatter-ring(n={size})",
-        collective="reduce_scatter",
-        world_size=size,
-        chunk_sizes=tuple(shares),
-        steps=tuple(_reduce_scatter_steps(size)),
-        chunk_owner=tuple(range(size)),
-    )
+    return share_schedule("reduce_scatter", "ring", shares, _reduce_scatter_steps(size))
 
 
 def allgather(shares: Sequence[int]) -> Schedule:
     """Ring all-gather; rank ``r`` contributes ``shares[r]`` elements and ends with them all."""
     size = len(shares)
-    return Schedule(
-        name=f"allgather-ring(n={size})",
-        collective="allgather",
-        world_size=size,
-        chunk_sizes=tuple(shares),
-        steps=tuple(_allgather_steps(size)),
-        chunk_owner=tuple(range(size)),
-    )
+    return share_schedule("allgather", "ring", shares, _allgather_steps(size))
 
 
 def allreduce(world_size: int, count: int) -> Schedule:

@@ -44,7 +44,7 @@ __all__ = [
 from collections.abc import Sequence
 
 from ..chunking import even_split
-from ..schedule import RankProgram, RankStep, Schedule, Step, Transfer
+from ..schedule import RankProgram, RankStep, Schedule, Step, Transfer, share_schedule
 from .base import Cost
 
 REQUIRES = "shared_memory"
@@ -80,27 +80,13 @@ def _gather(size: int) -> Step:
 def reduce_scatter(shares: Sequence[int]) -> Schedule:
     """Every rank's share reduced at its owner in one step."""
     size = len(shares)
-    return Schedule(
-        name=f"reduce_scatter-shared_memory(n={size})",
-        collective="reduce_scatter",
-        world_size=size,
-        chunk_sizes=tuple(shares),
-        steps=(_scatter(size),) if size > 1 else (),
-        chunk_owner=tuple(range(size)),
-    )
+    return share_schedule("reduce_scatter", "shared_memory", shares, (_scatter(size),) if size > 1 else ())
 
 
 def allgather(shares: Sequence[int]) -> Schedule:
     """Every owner's share copied to every other rank in one step."""
     size = len(shares)
-    return Schedule(
-        name=f"allgather-shared_memory(n={size})",
-        collective="allgather",
-        world_size=size,
-        chunk_sizes=tuple(shares),
-        steps=(_gather(size),) if size > 1 else (),
-        chunk_owner=tuple(range(size)),
-    )
+    return share_schedule("allgather", "shared_memory", shares, (_gather(size),) if size > 1 else ())
 
 
 def allreduce(world_size: int, count: int) -> Schedule:
