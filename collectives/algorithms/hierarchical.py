@@ -107,6 +107,12 @@ def allreduce(world_size: int, count: int, local_size: int | None = None) -> Sch
 
 def for_topology(collective: str, world_size: int, count: int, topology: Topology) -> Schedule | None:
     """The allreduce with ``topology``'s machines as its nodes; ``None`` unless they are equal and several."""
+    local_size = _node_size(collective, world_size, topology)
+    return None if local_size is None else allreduce(world_size, count, local_size=local_size)
+
+
+def _node_size(collective: str, world_size: int, topology: Topology) -> int | None:
+    """The ranks per machine of ``topology`` for an allreduce over it; ``None`` unless equal and several."""
     sizes = {len(node) for node in topology.nodes}
     if (
         collective != "allreduce"
@@ -115,7 +121,7 @@ def for_topology(collective: str, world_size: int, count: int, topology: Topolog
         or len(topology.gpus) != world_size
     ):
         return None
-    return allreduce(world_size, count, local_size=sizes.pop())
+    return sizes.pop()
 
 
 def cost(collective: str, shares: Sequence[int], local_size: int | None = None) -> Cost:
@@ -154,15 +160,8 @@ def for_topology_program(
     collective: str, world_size: int, count: int, topology: Topology, rank: int
 ) -> RankProgram | None:
     """Rank ``rank``'s part of :func:`for_topology`'s schedule, unbuilt; ``None`` where it gives none."""
-    sizes = {len(node) for node in topology.nodes}
-    if (
-        collective != "allreduce"
-        or len(topology.nodes) < 2
-        or len(sizes) != 1
-        or len(topology.gpus) != world_size
-    ):
-        return None
-    return _program(world_size, count, sizes.pop(), rank)
+    local_size = _node_size(collective, world_size, topology)
+    return None if local_size is None else _program(world_size, count, local_size, rank)
 
 
 def _program(size: int, count: int, local_size: int | None, rank: int) -> RankProgram:
