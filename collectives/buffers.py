@@ -78,6 +78,17 @@ def _check_out(backend: ArrayBackend, out: Any, x: Any, shape: tuple[int, ...]) 
         raise InvalidBufferError("out is read-only")
 
 
+def _rooted(
+    group: Communicator, backend: ArrayBackend, x: Any, root: int, out: Any
+) -> tuple[int, tuple[int, ...]]:
+    """A broadcast's or reduce's checked root, then its shape, ``x``'s, which ``out`` must have."""
+    root = check_root(root, group.size)
+    shape = tuple(x.shape)
+    if out is not None:
+        _check_out(backend, out, x, shape)
+    return root, shape
+
+
 def _workspace(backend: ArrayBackend, out: Any, count: int, like: Any) -> tuple[Any, bool]:
     """A contiguous 1-D buffer for the result: ``out`` itself when it can be, and whether it is."""
     if out is not None:
@@ -202,10 +213,7 @@ def broadcast_job(group: Communicator, algorithm: str, x: Any, root: int, out: A
     """A broadcast's checked arguments, with the root's data in the workspace."""
     x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
     backend, _, item_bytes = _inspect(x, None, "broadcast", algorithm)
-    root = check_root(root, group.size)
-    shape = tuple(x.shape)
-    if out is not None:
-        _check_out(backend, out, x, shape)
+    root, shape = _rooted(group, backend, x, root, out)
     work, in_out = _workspace(backend, out, x.size, x)
     if group.rank == root and not (in_out and out is x):
         backend.copy(work, x)
@@ -219,10 +227,7 @@ def reduce_job(group: Communicator, algorithm: str, x: Any, op: "str | ReduceOp"
     """A reduce's checked arguments, with this rank's data in the workspace."""
     x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
     backend, reduce_op, item_bytes = _inspect(x, op, "reduce", algorithm)
-    root = check_root(root, group.size)
-    shape = tuple(x.shape)
-    if out is not None:
-        _check_out(backend, out, x, shape)
+    root, shape = _rooted(group, backend, x, root, out)
     # elsewhere an algorithm may combine partial results in the buffer, so it is a copy of x too
     work, in_out = _workspace(backend, out if group.rank == root else None, x.size, x)
     if not (in_out and out is x):
