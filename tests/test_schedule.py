@@ -4,7 +4,7 @@ import pytest
 
 from collectives import ScheduleError
 from collectives.algorithms import ring
-from collectives.schedule import RankStep, Schedule, Step, Transfer
+from collectives.schedule import RankStep, Schedule, Step, Transfer, share_schedule
 
 
 def _schedule(*steps: Step, world_size: int = 3, chunks: int = 3) -> Schedule:
@@ -124,3 +124,28 @@ def test_schedules_survive_a_json_round_trip(schedule: Schedule) -> None:
     assert again == schedule
     assert again.root == schedule.root
     assert again.to_json() == schedule.to_json()
+
+
+def test_a_share_schedule_gives_rank_r_chunk_r_and_names_its_parameters() -> None:
+    steps = [Step([Transfer(0, 1, 0)])]
+    rooted = share_schedule("gather", "direct", [3, 1], iter(steps), root=1)
+    assert rooted == Schedule(
+        name="gather-direct(n=2, root=1)",
+        collective="gather",
+        world_size=2,
+        chunk_sizes=(3, 1),
+        steps=tuple(steps),
+        chunk_owner=(0, 1),
+        root=1,
+    )
+    plain = share_schedule("allgather", "ring", (2, 0, 5), [])
+    assert (plain.name, plain.chunk_owner, plain.chunk_sizes, plain.root) == (
+        "allgather-ring(n=3)",
+        (0, 1, 2),
+        (2, 0, 5),
+        None,
+    )
+    # the algorithms that build their share schedules with it give the same schedule as before
+    assert ring.allgather([1, 2, 3]).name == "allgather-ring(n=3)" and ring.allgather(
+        [1, 2, 3]
+    ).chunk_owner == (0, 1, 2)
