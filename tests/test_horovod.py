@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch", reason="collectives.horovod needs torch (pi
 import collectives.horovod as hvd  # noqa: E402
 from collectives import Communicator  # noqa: E402
 from collectives.errors import CollectivesError  # noqa: E402
+from collectives.torch_integration import horovod_basics  # noqa: E402
 from collectives.torch_integration.adasum import adasum, adasum_allreduce_, adasum_tree  # noqa: E402
 from collectives.torch_integration.collective_jobs import reducescatter_shares  # noqa: E402
 from collectives.torch_integration.named import NamedOps  # noqa: E402
@@ -187,12 +188,12 @@ def test_a_name_twice_in_flight_is_refused() -> None:
 
 
 def test_op_and_average_follow_horovods_rule() -> None:
-    assert hvd._op_of(None, None) == hvd.Average  # averages by default
-    assert hvd._op_of(hvd.Max, None) == hvd.Max
+    assert horovod_basics.op_of(None, None) == hvd.Average  # averages by default
+    assert horovod_basics.op_of(hvd.Max, None) == hvd.Max
     with pytest.warns(DeprecationWarning):
-        assert hvd._op_of(None, False) == hvd.Sum
+        assert horovod_basics.op_of(None, False) == hvd.Sum
     with pytest.raises(ValueError, match="supersedes"):
-        hvd._op_of(hvd.Sum, True)
+        horovod_basics.op_of(hvd.Sum, True)
 
 
 def test_calls_before_init_say_so() -> None:

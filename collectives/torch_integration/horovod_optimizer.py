@@ -1,6 +1,6 @@
 """Horovod's DistributedOptimizer: an instance of the wrapped optimizer's class that reduces gradients."""
 
-__all__ = ["distributed_optimizer"]
+__all__ = ["DistributedOptimizer", "distributed_optimizer"]
 
 import contextlib
 import itertools
@@ -11,9 +11,11 @@ import torch
 
 from ..errors import CollectivesError, InvalidBufferError, UnsupportedOpError
 from .collective_jobs import allreduce_scaled_
+from .compression import Compression
+from .horovod_basics import OPS, Adasum, Average, check_global, size, state
 from .mpi_ops import communicator_for
 from .named import named_ops
-from .optimizer import DistributedOptimizer
+from .optimizer import DistributedOptimizer as Engine
 from .tensors import Comm
 
 _DEFAULT_FUSION_BYTES = 64 * 2**20
@@ -23,7 +25,7 @@ _adasum_steps = itertools.count()  # names each Adasum step's reduction alike on
 class _Distributed(torch.optim.Optimizer):
     """What ``distributed_optimizer`` adds to the wrapped optimizer's class (first in the new bases)."""
 
-    _hvd_engine: DistributedOptimizer | None
+    _hvd_engine: Engine | None
 
     def __init__(
         self,
@@ -55,7 +57,7 @@ class _Distributed(torch.optim.Optimizer):
         for index, param in enumerate(self._hvd_params):  # before the engine's hooks, so they run first
             param.register_post_accumulate_grad_hook(self._hvd_hook(index))
         engine_op = "avg" if op == "avg" and gradient_predivide_factor == 1.0 else "sum"
-        self._hvd_engine = DistributedOptimizer(
+        self._hvd_engine = Engine(
             self, named_parameters, fusion_threshold_bytes=fusion_threshold_bytes,
             compression=compression, op=engine_op, backward_passes_per_step=backward_passes_per_step,
             comm=comm,
@@ -217,3 +219,36 @@ def _check_groups(groups: Any, owned: list[torch.Tensor]) -> None:
             if id(param) in seen:
                 raise InvalidBufferError("groups names a parameter twice")
             seen.add(id(param))
+
+
+_COMPRESSIONS: dict[Any, str | None] = {Compression.none: None, Compression.fp16: "fp16"}
+
+
+def DistributedOptimizer(
+    optimizer: torch.optim.Optimizer, named_parameters: Any = None, compression: Any = Compression.none,
+    backward_passes_per_step: int = 1, op: int = Average, gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0, groups: Any = None, sparse_as_dense: bool = False, process_set: Any = None,
+) -> torch.optim.Optimizer:  # fmt: skip
+    """Wrap ``optimizer`` so that ``step()`` first averages the gradients over the ranks, as Horovod's.
+
+    Returns an instance of ``optimizer``'s own class (a subclass made for it)
+    sharing its parameter groups and state, with ``synchronize()`` and
+    ``skip_synchronize()``. Gradients are reduced in fusion buckets while
+    backward runs. ``op``: Average, Sum or Adasum (each rank steps, then the
+    parameter changes are combined by Adasum). ``gradient_predivide_factor``
+    f: gradients are divided by f before the sum and by size/f after.
+    Sparse gradients travel dense whatever ``sparse_as_dense`` says (the same average).
+    """
+    check_global(process_set)
+    if compression not in _COMPRESSIONS:
+        raise ValueError("compression must be hvd.Compression.none or hvd.Compression.fp16")
+    del sparse_as_dense  # gradients are made dense in any case
+    world = size()
+    if op == Adasum and world & (world - 1):
+        raise NotImplementedError("Running Adasum with non-power of 2 ranks is not supported yet.")
+    return distributed_optimizer(
+        optimizer, named_parameters, op=OPS.get(op, str(op)), compression=_COMPRESSIONS[compression],
+        backward_passes_per_step=backward_passes_per_step,
+        gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups, groups=groups,
+        comm=state.comm,
+    )  # fmt: skip
