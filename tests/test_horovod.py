@@ -1,7 +1,9 @@
 """collectives.horovod in one process: Horovod's names and rules, Adasum on loopback ranks."""
 
+import ast
 import math
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +12,7 @@ torch = pytest.importorskip("torch", reason="collectives.horovod needs torch (pi
 import collectives.horovod as hvd  # noqa: E402
 from collectives import Communicator  # noqa: E402
 from collectives.errors import CollectivesError  # noqa: E402
+from collectives.torch_integration import horovod_basics  # noqa: E402
 from collectives.torch_integration.adasum import adasum, adasum_allreduce_, adasum_tree  # noqa: E402
 from collectives.torch_integration.collective_jobs import reducescatter_shares  # noqa: E402
 from collectives.torch_integration.named import NamedOps  # noqa: E402
@@ -186,13 +189,45 @@ def test_a_name_twice_in_flight_is_refused() -> None:
     assert all("already in flight" in m for m in run_ranks(1, body))
 
 
+def test_the_facade_only_hands_names_on() -> None:
+    # as Horovod's horovod/torch/__init__.py: the basics, ops and functions live in torch_integration
+    tree = ast.parse(Path(hvd.__file__).read_text())
+    assert ast.get_docstring(tree) and ast.unparse(tree.body[1]).startswith("__all__ = ")
+    kinds = {type(node).__name__ for node in tree.body[2:]}
+    assert kinds == {"ImportFrom"}, f"collectives/horovod.py does more than import: {kinds}"
+    objects = {name: getattr(hvd, name) for name in hvd.__all__}
+    homes = {  # HorovodInternalError is the library's own error, at home in collectives.errors
+        name: obj.__module__
+        for name, obj in objects.items()
+        if callable(obj) and name != "HorovodInternalError"
+    }
+    elsewhere = {
+        name: home for name, home in homes.items() if not home.startswith("collectives.torch_integration")
+    }
+    assert not elsewhere, f"defined outside torch_integration: {elsewhere}"
+
+
+def test_one_autograd_function_serves_horovod_and_functional() -> None:
+    from collectives.torch_integration import functional
+
+    hvd.init()
+    x = torch.ones(2, requires_grad=True)
+    pairs = [
+        (hvd.allreduce(x, name="one autograd"), functional.allreduce(x, "avg")),
+        (hvd.allgather(x), functional.allgather(x)),
+        (hvd.broadcast(x, 0), functional.broadcast(x, 0)),
+    ]
+    for horovods, functionals in pairs:
+        assert type(horovods.grad_fn) is type(functionals.grad_fn), (horovods.grad_fn, functionals.grad_fn)
+
+
 def test_op_and_average_follow_horovods_rule() -> None:
-    assert hvd._op_of(None, None) == hvd.Average  # averages by default
-    assert hvd._op_of(hvd.Max, None) == hvd.Max
+    assert horovod_basics.op_of(None, None) == hvd.Average  # averages by default
+    assert horovod_basics.op_of(hvd.Max, None) == hvd.Max
     with pytest.warns(DeprecationWarning):
-        assert hvd._op_of(None, False) == hvd.Sum
+        assert horovod_basics.op_of(None, False) == hvd.Sum
     with pytest.raises(ValueError, match="supersedes"):
-        hvd._op_of(hvd.Sum, True)
+        horovod_basics.op_of(hvd.Sum, True)
 
 
 def test_calls_before_init_say_so() -> None:

@@ -439,6 +439,55 @@ def test_backward_passes_per_step_accumulates_before_reducing(ranks: Ranks) -> N
     assert training.relative_error(ranks(2, run)[0], expected) < 1e-6
 
 
+def test_gradient_predivide_factor_averages_as_horovods(ranks: Ranks) -> None:
+    # one DistributedOptimizer family: the engine predivides, so Horovod's face needs no hooks of its own
+    def run(comm: Communicator) -> torch.Tensor:
+        weight = torch.nn.Parameter(torch.zeros(3))
+        optimizer = ti.DistributedOptimizer(
+            torch.optim.SGD([weight], lr=1.0), gradient_predivide_factor=4.0, comm=comm
+        )
+        (weight * 3.0 * (comm.rank + 1)).sum().backward()  # gradients 3, 6 and 9: their average is 6
+        optimizer.synchronize()
+        assert weight.grad is not None
+        return weight.grad
+
+    assert all(torch.allclose(g, torch.full((3,), 6.0), rtol=1e-6) for g in ranks(3, run))
+    weight = torch.nn.Parameter(torch.zeros(3))
+    with pytest.raises(ValueError, match="gradient_predivide_factor is for op 'avg'"):
+        ti.DistributedOptimizer(torch.optim.SGD([weight], lr=1.0), op="sum", gradient_predivide_factor=2.0)
+
+
+def test_skip_synchronize_steps_without_reducing_again(ranks: Ranks) -> None:
+    def run(comm: Communicator) -> int:
+        weight = torch.nn.Parameter(torch.zeros(2))
+        optimizer = ti.DistributedOptimizer(torch.optim.SGD([weight], lr=1.0), comm=comm)
+        (weight * float(comm.rank)).sum().backward()
+        optimizer.synchronize()
+        calls = []
+        reduce = optimizer.synchronize
+        optimizer.synchronize = lambda: calls.append(reduce())  # type: ignore[method-assign]
+        with optimizer.skip_synchronize():
+            optimizer.step()
+        assert torch.equal(weight.detach(), torch.full((2,), -0.5))  # the average gradient is 0.5
+        return len(calls)
+
+    assert ranks(2, run) == [0, 0]
+
+
+def test_sparse_gradients_travel_dense(ranks: Ranks) -> None:
+    def run(comm: Communicator) -> torch.Tensor:
+        torch.manual_seed(0)
+        table = torch.nn.Embedding(4, 2, sparse=True)
+        optimizer = ti.DistributedOptimizer(torch.optim.SGD(table.parameters(), lr=1.0), comm=comm)
+        table(torch.tensor([comm.rank])).sum().backward()  # each rank touches its own row
+        optimizer.synchronize()
+        assert table.weight.grad is not None
+        return table.weight.grad
+
+    expected = torch.tensor([[0.5, 0.5], [0.5, 0.5], [0.0, 0.0], [0.0, 0.0]])
+    assert all(torch.equal(g, expected) for g in ranks(2, run))
+
+
 def test_a_second_backward_before_step_is_an_error_on_every_rank(ranks: Ranks) -> None:
     def run(comm: Communicator) -> None:
         weight = torch.nn.Parameter(torch.ones(2))

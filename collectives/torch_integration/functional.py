@@ -6,12 +6,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.autograd.function import FunctionCtx
 
 from .. import api
 from ..errors import InvalidBufferError, UnsupportedOpError
 from ..ops import get_op
 from . import mpi_ops
+from .autograd import HOLDERS, REDUCED, Allreduce, Collective, Reduction, differentiate
 from .mpi_ops import checked_call, refuse_call, submit_job
 from .tensors import FALLBACK, Comm, array_view, device_of
 
@@ -41,33 +41,6 @@ def _differentiable(collective: str, op: str, comm: Comm, tensor: torch.Tensor) 
     return name
 
 
-def _apply(function: type[torch.autograd.Function], *args: Any) -> torch.Tensor:
-    result: torch.Tensor = function.apply(*args)  # type: ignore[no-untyped-call]  # torch leaves it untyped
-    return result
-
-
-class _Allreduce(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: FunctionCtx, tensor: torch.Tensor, op: str, comm: Comm) -> torch.Tensor:
-        result = mpi_ops.allreduce(tensor, op, comm=comm)
-        state: Any = ctx
-        state.op, state.comm = op, comm
-        if op in ("max", "min"):
-            ctx.save_for_backward(tensor, result)
-        return result
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        if ctx.op in ("sum", "avg"):
-            return mpi_ops.allreduce(grad.contiguous(), ctx.op, comm=ctx.comm), None, None
-        # as torch.amax: the gradient is shared evenly between the ranks that hold the extreme value
-        tensor, result = ctx.saved_tensors
-        holds = (tensor == result).to(grad.dtype)
-        holders = mpi_ops.allreduce(holds, "sum", comm=ctx.comm)
-        total = mpi_ops.allreduce(grad.contiguous(), "sum", comm=ctx.comm)
-        return total * holds / holders, None, None
-
-
 def allreduce(tensor: torch.Tensor, op: str = "sum", *, comm: Comm = None) -> torch.Tensor:
     """The reduction of ``tensor`` across all ranks, in a new tensor that autograd differentiates.
 
@@ -90,20 +63,12 @@ def allreduce(tensor: torch.Tensor, op: str = "sum", *, comm: Comm = None) -> to
             :class:`~collectives.PeerInputError` where another's is not.
     """
     name = _differentiable("allreduce", op, comm, tensor)
-    return _apply(_Allreduce, tensor, name, comm)
-
-
-class _Allgather(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: FunctionCtx, tensor: torch.Tensor, comm: Comm) -> torch.Tensor:
-        state: Any = ctx
-        state.comm, state.shape = comm, tensor.shape
-        return mpi_ops.allgather(tensor, comm=comm)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        rows = ctx.shape[0] if ctx.shape else 1  # a 0-d tensor was gathered as one row
-        return _reduce_scatter_rows(grad.contiguous(), rows, ctx.comm).reshape(ctx.shape), None
+    reduction = Reduction(
+        lambda t: mpi_ops.allreduce(t, name, comm=comm),
+        HOLDERS if name in ("max", "min") else REDUCED,
+        total=lambda t: mpi_ops.allreduce(t, "sum", comm=comm),
+    )
+    return differentiate(Allreduce, tensor, reduction)
 
 
 def _reduce_scatter_rows(grad: torch.Tensor, rows: int, comm: Comm) -> torch.Tensor:
@@ -147,22 +112,13 @@ def allgather(tensor: torch.Tensor, *, comm: Comm = None) -> torch.Tensor:
         tensor: a contiguous tensor; ``requires_grad`` the same on every rank.
         comm: the communicator, as for :func:`~collectives.torch_integration.allreduce_async_`.
     """
-    return _apply(_Allgather, tensor, comm)
+    shape = tensor.shape
+    rows = shape[0] if shape else 1  # a 0-d tensor is gathered as one row
 
+    def gradient(grad: torch.Tensor) -> torch.Tensor:
+        return _reduce_scatter_rows(grad, rows, comm).reshape(shape)
 
-class _ReduceScatter(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: FunctionCtx, tensor: torch.Tensor, op: str, comm: Comm) -> torch.Tensor:
-        state: Any = ctx
-        state.op, state.comm = op, comm
-        return mpi_ops.reduce_scatter(tensor, op, comm=comm)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        whole = mpi_ops.allgather(grad.contiguous(), comm=ctx.comm)
-        if ctx.op == "avg" and grad.shape[0]:
-            whole = whole / (whole.shape[0] // grad.shape[0])  # the world size
-        return whole, None, None
+    return differentiate(Collective, tensor, lambda t: mpi_ops.allgather(t, comm=comm), gradient)
 
 
 def reduce_scatter(tensor: torch.Tensor, op: str = "sum", *, comm: Comm = None) -> torch.Tensor:
@@ -183,19 +139,14 @@ def reduce_scatter(tensor: torch.Tensor, op: str = "sum", *, comm: Comm = None) 
             is fine raises :class:`~collectives.PeerInputError` where another's is not.
     """
     name = _differentiable("reduce_scatter", op, comm, tensor)
-    return _apply(_ReduceScatter, tensor, name, comm)
 
+    def gradient(grad: torch.Tensor) -> torch.Tensor:
+        whole = mpi_ops.allgather(grad, comm=comm)
+        if name == "avg" and grad.shape[0]:
+            whole = whole / (whole.shape[0] // grad.shape[0])  # the world size
+        return whole
 
-class _Broadcast(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: FunctionCtx, tensor: torch.Tensor, root: int, comm: Comm) -> torch.Tensor:
-        state: Any = ctx
-        state.root, state.comm = root, comm
-        return mpi_ops.broadcast_(tensor.detach().clone(), root, comm=comm)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return _reduce_to_root(grad.contiguous(), ctx.root, ctx.comm), None, None
+    return differentiate(Collective, tensor, lambda t: mpi_ops.reduce_scatter(t, name, comm=comm), gradient)
 
 
 def _reduce_to_root(grad: torch.Tensor, root: int, comm: Comm) -> torch.Tensor:
@@ -227,4 +178,9 @@ def broadcast(tensor: torch.Tensor, root_rank: int = 0, *, comm: Comm = None) ->
         root_rank: the rank whose tensor is sent.
         comm: the communicator, as for :func:`~collectives.torch_integration.allreduce_async_`.
     """
-    return _apply(_Broadcast, tensor, root_rank, comm)
+    return differentiate(
+        Collective,
+        tensor,
+        lambda t: mpi_ops.broadcast_(t.detach().clone(), root_rank, comm=comm),
+        lambda grad: _reduce_to_root(grad, root_rank, comm),
+    )

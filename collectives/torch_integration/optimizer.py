@@ -2,10 +2,11 @@
 
 __all__ = ["DistributedOptimizer", "fusion_buckets"]
 
+import contextlib
 import itertools
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -126,7 +127,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         op: ``"avg"`` or ``"sum"`` of the gradients.
         backward_passes_per_step: backward passes that accumulate into
             ``.grad`` before each step; gradients are reduced after the last.
+        gradient_predivide_factor: with ``op="avg"``, f: each gradient is
+            divided by f before the sum and the sum by size/f after (Horovod's).
         comm: the communicator; the one over ``MPI.COMM_WORLD`` by default.
+
+    Sparse gradients travel dense (the same average). Horovod's
+    ``DistributedOptimizer`` (``collectives.horovod``) is a face over this one.
     """
 
     def __init__(
@@ -138,6 +144,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         compression: str | None = None,
         op: str = "avg",
         backward_passes_per_step: int = 1,
+        gradient_predivide_factor: float = 1.0,
         comm: Comm = None,
     ) -> None:
         if compression not in _WIRE_DTYPES:
@@ -146,8 +153,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             )
         if op not in ("avg", "sum"):
             raise UnsupportedOpError(f"DistributedOptimizer takes op 'avg' or 'sum', not {op!r}")
-        if backward_passes_per_step < 1:
-            raise ValueError(f"backward_passes_per_step must be at least 1, got {backward_passes_per_step}")
+        check_passes_and_predivide(backward_passes_per_step, gradient_predivide_factor, op)
         names, params = parameters_to_reduce(optimizer, named_parameters)
         super().__init__(optimizer.param_groups, optimizer.defaults)  # the same group dicts, shared
         self.optimizer = optimizer
@@ -155,6 +161,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._names = names
         self._op = op
         self._passes = backward_passes_per_step
+        self._predivide = gradient_predivide_factor
+        # predivided gradients are summed, then scaled by f / size once all are back
+        self._bucket_op = "sum" if gradient_predivide_factor != 1.0 else op
+        self._skipping = False
         self._communicator = communicator_for(comm)
         self._worker = background_worker(self._communicator)
         grouping = fusion_buckets(params, fusion_threshold_bytes)
@@ -163,6 +173,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             _Bucket([params[i] for i in indices], wire, index) for index, indices in enumerate(grouping)
         ]
         self._bucket_names = [[names[i] for i in indices] for indices in grouping]
+        self._bucket_indices = grouping
         self._bucket_of = [0] * len(params)
         for b, indices in enumerate(grouping):
             for i in indices:
@@ -188,6 +199,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _hook(self, index: int) -> Callable[[torch.Tensor], None]:
         def hook(param: torch.Tensor) -> None:
+            if param.grad is not None and param.grad.layout != torch.strided:
+                param.grad = param.grad.to_dense()  # sparse gradients travel dense: the same average
             with self._lock:
                 self._passes_seen[index] += 1
                 passes = self._passes_seen[index]
@@ -198,6 +211,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     )
                 self._needs_sync = True
                 if passes == self._passes:
+                    if self._predivide != 1.0 and param.grad is not None:
+                        param.grad.div_(self._predivide)
                     self._ready[self._bucket_of[index]] += 1
                     self._start_ready()
 
@@ -211,7 +226,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._start(self._buckets[self._started])
 
     def _start(self, bucket: _Bucket) -> None:
-        op, communicator = self._op, self._worker.communicator
+        op, communicator = self._bucket_op, self._worker.communicator
         self._pending.append(self._worker.submit(lambda: bucket.reduce(op, communicator)))
         self._started += 1
 
@@ -223,10 +238,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
         contributes zeros, and gets the result.
         """
         with self._lock:
-            for bucket in self._buckets[self._started :]:
-                for param in bucket.params:
+            unstarted = zip(
+                self._buckets[self._started :], self._bucket_indices[self._started :], strict=True
+            )
+            for bucket, indices in unstarted:
+                for param, index in zip(bucket.params, indices, strict=True):
                     if param.grad is None:
                         param.grad = torch.zeros_like(param)
+                    elif self._predivide != 1.0 and self._passes_seen[index] < self._passes:
+                        param.grad.div_(self._predivide)  # fewer passes than expected: its bucket starts now
                 self._start(bucket)
             pending = self._pending
             self._new_round()
@@ -234,6 +254,37 @@ class DistributedOptimizer(torch.optim.Optimizer):
         errors = [error for future in pending if (error := future.exception()) is not None]
         if errors:
             raise errors[0]
+        if self._predivide != 1.0:
+            scale = self._predivide / self._communicator.size
+            for bucket in self._buckets:
+                for param in bucket.params:
+                    if param.grad is not None:
+                        param.grad.mul_(scale)
+
+    @property
+    def gradients_complete(self) -> bool:
+        """Whether a gradient has had all its backward passes since the last :meth:`synchronize`."""
+        return any(self._ready)
+
+    def reduce_before_step(self, only_new: bool = False) -> None:
+        """What :meth:`step` does first: :meth:`synchronize`, unless it just did or is skipped.
+
+        Args:
+            only_new: only where backward handed over a gradient since the last
+                synchronize (Horovod's ``step``).
+        """
+        wanted = any(self._passes_seen) if only_new else self._needs_sync
+        if wanted and not self._skipping:
+            self.synchronize()
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Within it, :meth:`step` does not reduce: for a :meth:`synchronize` called just before."""
+        self._skipping = True
+        try:
+            yield
+        finally:
+            self._skipping = False
 
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
         """Reduce the gradients (unless :meth:`synchronize` just did) and step the wrapped optimizer.
@@ -244,8 +295,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        if self._needs_sync:
-            self.synchronize()
+        self.reduce_before_step()
         self.optimizer.step()
         self._needs_sync = True
         return loss
@@ -301,6 +351,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def __repr__(self) -> str:
         return f"DistributedOptimizer({self.optimizer!r}, buckets={len(self._buckets)}, op={self._op!r})"
+
+
+def check_passes_and_predivide(passes: int, predivide: float, op: str) -> None:
+    """Raise unless ``passes`` is at least 1 and ``predivide`` is positive, and 1 but for ``op="avg"``."""
+    if predivide != 1.0 and op != "avg":
+        raise ValueError(f"gradient_predivide_factor is for op 'avg' (Horovod's Average) only, not {op!r}")
+    if predivide <= 0:
+        raise ValueError(f"gradient_predivide_factor must be positive, got {predivide}")
+    if passes < 1:
+        raise ValueError(f"backward_passes_per_step must be at least 1, got {passes}")
 
 
 def parameters_to_reduce(
