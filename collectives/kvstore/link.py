@@ -183,6 +183,8 @@ class Link:
 
     def flush(self, server: int | None = None) -> None:
         """Send the requests waiting in the outbox (to ``server``, or to every server), one message each."""
+        if not self.outbox:  # as most calls return: nothing waits
+            return
         for dst in list(self.outbox) if server is None else [server]:
             messages, requests = self.outbox.pop(dst, ([], []))
             if messages:

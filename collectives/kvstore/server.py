@@ -403,6 +403,23 @@ class Server:
                 part.round += 1
             self._settle()  # pulls waiting for this round
 
+    def assign_round(self, key: bytes, held: list[Any], aggregate: np.ndarray) -> None:
+        """:meth:`apply_round` of a whole key's aggregate where the servers assign (see :attr:`assigns`)."""
+        with self.lock:
+            parts = self.parts
+            for p in held:
+                if parts[(key, p.index)].pending:  # pushes by message too: apply_round names the mix
+                    break
+            else:
+                for p in held:
+                    part = parts[(key, p.index)]
+                    part.value[...] = aggregate[p.lo : p.hi]
+                    part.round += 1
+                if self.waits:
+                    self._settle()  # pulls waiting for this round
+                return
+        self.apply_round(key, held, aggregate, 0)
+
     def _combine_rows(self, part: _Part, pushes: "list[np.ndarray | _Rows]") -> _Rows:
         """A round's sparse pushes combined in worker order: the rows any worker pushed, and their sum."""
         total = np.zeros_like(part.rows())
