@@ -111,6 +111,18 @@ class Server:
         self.outbox: dict[int, list[bytearray]] | None = None  # replies of one take(), by worker
         self.mailbox: deque[bytearray] | None = None  # where replies to this rank's own worker go
         self.idle.set()
+        self._handlers: dict[Kind, Callable[[Message], None]] = {  # made once, not per message
+            Kind.INIT: self._init,
+            Kind.PUSH: self._push,
+            Kind.PULL: self._pull,
+            Kind.CLOCK: self._clock,
+            Kind.BARRIER: self._barrier,
+            Kind.CLOSE: self._close,
+            Kind.OPTIMIZER: self._optimizer,
+            Kind.SAVE: self._save,
+            Kind.LOAD: self._load,
+            Kind.CONFIRM: self._confirm,
+        }
 
     # the loop
 
@@ -190,18 +202,7 @@ class Server:
             self.outbox.setdefault(dst, []).append(reply)
 
     def handle(self, m: Message) -> None:
-        handler = {
-            Kind.INIT: self._init,
-            Kind.PUSH: self._push,
-            Kind.PULL: self._pull,
-            Kind.CLOCK: self._clock,
-            Kind.BARRIER: self._barrier,
-            Kind.CLOSE: self._close,
-            Kind.OPTIMIZER: self._optimizer,
-            Kind.SAVE: self._save,
-            Kind.LOAD: self._load,
-            Kind.CONFIRM: self._confirm,
-        }[m.kind]
+        handler = self._handlers[m.kind]
         if m.key:
             self.uses.setdefault(m.key, Counter())[m.origin] += 1
         try:
