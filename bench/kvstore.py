@@ -107,12 +107,20 @@ def _calls(size: int) -> int:
 
 
 def _timed(workers: MPI.Intracomm, call: Callable[[], object], calls: int) -> float:
-    """Seconds per call of ``calls`` calls, the slowest worker's; all start after a barrier."""
+    """Seconds per call of ``calls`` calls, the slowest worker's; all start after a barrier.
+
+    The slowest is found by a buffer ``Allreduce``: mpi4py's pickle-based ``allreduce``
+    holds the interpreter lock while it waits, so a worker done first would starve its
+    rank's server thread, which the others' calls still need (measured: the other
+    thread ran about 100 times in 1.4 s, not 10,000; runs of this table took minutes).
+    """
     workers.Barrier()
     start = time.perf_counter()
     for _ in range(calls):
         call()
-    return float(workers.allreduce((time.perf_counter() - start) / calls, op=MPI.MAX))
+    took, slowest = np.array([(time.perf_counter() - start) / calls]), np.empty(1)
+    workers.Allreduce(took, slowest, op=MPI.MAX)
+    return float(slowest[0])
 
 
 def _check(kv: kvstore.KVStore, key: str, count: int) -> int:

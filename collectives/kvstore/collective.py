@@ -1,6 +1,6 @@
 """``sync`` push, pull and pushpull over colocated servers as collectives: reduce, update, gather."""
 
-__all__ = ["WHOLE_BYTES", "Rounds", "key_tag"]
+__all__ = ["WHOLE_BYTES", "Plan", "Rounds", "key_tag"]
 
 import hashlib
 import itertools
@@ -40,6 +40,26 @@ def key_tag(key: Any, what: str) -> bytes:
     return hashlib.blake2b(raw, digest_size=6).digest() + raw[:1] + _CODES[what]
 
 
+class Plan:
+    """A key's ``pushpull`` as one allreduce, checked once and kept (see :meth:`Rounds.pushpull_one`).
+
+    Built at a key's first such pushpull where the servers assign the round's
+    aggregate (no updater or optimizer); :meth:`Rounds.forget` drops every plan
+    when that changes.
+    """
+
+    __slots__ = ("dtype", "flat", "held", "meta", "raw", "shape", "tag")
+
+    def __init__(self, key: Any, meta: KeyInfo, rank: int) -> None:
+        self.meta = meta
+        self.shape = meta.shape
+        self.dtype = meta.dtype
+        self.flat = len(meta.shape) == 1  # the aggregate is the servers' flat value as it is
+        self.raw = key_bytes(key)
+        self.tag = key_tag(key, "pushpull")
+        self.held = [p for p in meta.parts if p.server == rank]
+
+
 def _in_rank_order(parts: tuple[Partition, ...]) -> bool:
     return all(a.server <= b.server for a, b in itertools.pairwise(parts))
 
@@ -69,6 +89,12 @@ class Rounds:
         # kept for the next push; in _fresh while it is this round's, mapped to whether it is the whole
         self._buffers: dict[bytes, np.ndarray] = {}
         self._fresh: dict[bytes, bool] = {}
+        self._plans: dict[Any, Plan] = {}  # per key: its pushpull as one allreduce, checked once
+        from .. import api
+
+        self._allreduce = api.allreduce  # looked up once: api is imported lazily (it imports the package)
+        self._comm = channel.comm
+        self._watchdog = channel.comm.watchdog
 
     def push_keys(self, items: list[tuple[Any, KeyInfo, Any]]) -> None:
         """:meth:`push` each (key, its info, value), every value checked before any round runs."""
@@ -104,6 +130,64 @@ class Rounds:
             self.pushpull(k, meta.parts, flat, flat_target)
             meta.pushes += 1
         return results
+
+    def pushpull_one(self, key: Any, value: Any, out: Any, keys: dict[Any, KeyInfo]) -> np.ndarray | None:
+        """``pushpull`` of one key as one allreduce, by its kept :class:`Plan`; ``None`` where none fits.
+
+        ``keys`` are the worker's (its key's :class:`KeyInfo` makes the plan). Where
+        the key is not a plain int or str, unknown, or the servers do not assign, or
+        where the value or ``out`` is not an array of the key's exact shape and dtype
+        (C-contiguous), this returns ``None`` before anything is sent: the general
+        path checks, converts or names the problem. The key travels in the allreduce's
+        signature tag, so a worker out of order still gets :class:`KeyMismatchError`.
+        """
+        if key.__class__ is not str and key.__class__ is not int:  # not a bool, an int subclass or a list
+            return None
+        plan = self._plans.get(key)
+        if plan is None:
+            meta = keys.get(key)
+            if meta is None or not self._server.assigns:
+                return None
+            plan = self._plans[key] = Plan(key, meta, self._channel.rank)
+        shape, dtype = plan.shape, plan.dtype
+        if (
+            value.__class__ is not np.ndarray
+            or value.shape != shape
+            or (value.dtype is not dtype and value.dtype != dtype)
+            or not value.flags.c_contiguous
+        ):
+            return None
+        if out is None:
+            target = np.empty(shape, dtype)
+        elif (
+            out.__class__ is np.ndarray
+            and out.shape == shape
+            and (out.dtype is dtype or out.dtype == dtype)
+            and out.flags.c_contiguous
+        ):
+            target = out
+        else:
+            return None
+        if self._fresh:
+            self._fresh.pop(plan.raw, None)
+        watchdog = self._watchdog
+        watchdog.tag = plan.tag
+        try:
+            self._allreduce(value, self._op, out=target, comm=self._comm, check=True)
+        except (MismatchError, CollectiveTimeout) as error:
+            failure = _failure(error, key, "pushpull", plan.tag, self._channel.rank)
+            if failure is error:
+                raise
+            raise failure from error
+        finally:
+            watchdog.tag = b""
+        self._server.assign_round(plan.raw, plan.held, target if plan.flat else target.reshape(-1))
+        plan.meta.pushes += 1
+        return target
+
+    def forget(self) -> None:
+        """Drop every kept :class:`Plan` (the servers' updater or optimizer changed)."""
+        self._plans.clear()
 
     def push(self, key: Any, parts: tuple[Partition, ...], value: np.ndarray) -> None:
         """This worker's round of ``key``: ``value`` (flat) combined with every worker's, updated."""
@@ -246,22 +330,27 @@ class Rounds:
         channel.tag_calls(mine)
         try:
             yield
-        except MismatchError as error:
-            named = _named(error, key, what, mine, channel.rank)
-            if named is None:
+        except (MismatchError, CollectiveTimeout) as error:
+            failure = _failure(error, key, what, mine, channel.rank)
+            if failure is error:
                 raise
-            raise named from error
-        except CollectiveTimeout as error:
-            if isinstance(error, KVStoreTimeout):
-                raise
-            raise KVStoreTimeout(
-                f"{what} of key {key!r} on rank {channel.rank}: workers {list(error.peers)} did not take "
-                f"part within the timeout ({error})",
-                key=key,
-                workers=error.peers,
-            ) from error
+            raise failure from error
         finally:
             channel.tag_calls(b"")
+
+
+def _failure(error: Exception, key: Any, what: str, mine: bytes, rank: int) -> Exception:
+    """The error to raise for the store's failed collective (``what`` of ``key``): named where it can be."""
+    if isinstance(error, MismatchError):
+        return _named(error, key, what, mine, rank) or error
+    if isinstance(error, KVStoreTimeout) or not isinstance(error, CollectiveTimeout):
+        return error
+    return KVStoreTimeout(
+        f"{what} of key {key!r} on rank {rank}: workers {list(error.peers)} did not take "
+        f"part within the timeout ({error})",
+        key=key,
+        workers=error.peers,
+    )
 
 
 def _named(error: MismatchError, key: Any, what: str, mine: bytes, rank: int) -> KeyMismatchError | None:

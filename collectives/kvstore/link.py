@@ -183,6 +183,8 @@ class Link:
 
     def flush(self, server: int | None = None) -> None:
         """Send the requests waiting in the outbox (to ``server``, or to every server), one message each."""
+        if not self.outbox:  # as most calls return: nothing waits
+            return
         for dst in list(self.outbox) if server is None else [server]:
             messages, requests = self.outbox.pop(dst, ([], []))
             if messages:
@@ -220,10 +222,11 @@ class Link:
     def take(self) -> bool:
         """Take a reply, and a request to this rank's server, if either has come; whether any did."""
         took = False
-        if self.server is not None and self.thread is not None:
+        server = self._server
+        if server is not None and self.thread is not None:
             message = self.channel.take(REQUEST_TAG)
             if message is not None:
-                self.server.take(message)
+                server.take(message)
                 took = True
         return self.pump(0.0) or took
 
@@ -231,6 +234,8 @@ class Link:
         """Take one reply (or a bundle of them), waiting at most ``timeout`` seconds; whether one came."""
         if self.mailbox:
             message: Message | None = decode(self.mailbox.popleft())
+        elif timeout <= 0:  # a poll (the wait's spin): one probe, no deadline to keep
+            message = self.channel.take(REPLY_TAG)
         else:
             local = self._server is not None and self._server.mailbox is self.mailbox
             message = self.channel.receive(REPLY_TAG, min(timeout, _MAILBOX_S) if local else timeout)

@@ -111,6 +111,18 @@ class Server:
         self.outbox: dict[int, list[bytearray]] | None = None  # replies of one take(), by worker
         self.mailbox: deque[bytearray] | None = None  # where replies to this rank's own worker go
         self.idle.set()
+        self._handlers: dict[Kind, Callable[[Message], None]] = {  # made once, not per message
+            Kind.INIT: self._init,
+            Kind.PUSH: self._push,
+            Kind.PULL: self._pull,
+            Kind.CLOCK: self._clock,
+            Kind.BARRIER: self._barrier,
+            Kind.CLOSE: self._close,
+            Kind.OPTIMIZER: self._optimizer,
+            Kind.SAVE: self._save,
+            Kind.LOAD: self._load,
+            Kind.CONFIRM: self._confirm,
+        }
 
     # the loop
 
@@ -190,18 +202,7 @@ class Server:
             self.outbox.setdefault(dst, []).append(reply)
 
     def handle(self, m: Message) -> None:
-        handler = {
-            Kind.INIT: self._init,
-            Kind.PUSH: self._push,
-            Kind.PULL: self._pull,
-            Kind.CLOCK: self._clock,
-            Kind.BARRIER: self._barrier,
-            Kind.CLOSE: self._close,
-            Kind.OPTIMIZER: self._optimizer,
-            Kind.SAVE: self._save,
-            Kind.LOAD: self._load,
-            Kind.CONFIRM: self._confirm,
-        }[m.kind]
+        handler = self._handlers[m.kind]
         if m.key:
             self.uses.setdefault(m.key, Counter())[m.origin] += 1
         try:
@@ -402,6 +403,23 @@ class Server:
                     received[...] = part.value
                 part.round += 1
             self._settle()  # pulls waiting for this round
+
+    def assign_round(self, key: bytes, held: list[Any], aggregate: np.ndarray) -> None:
+        """:meth:`apply_round` of a whole key's aggregate where the servers assign (see :attr:`assigns`)."""
+        with self.lock:
+            parts = self.parts
+            for p in held:
+                if parts[(key, p.index)].pending:  # pushes by message too: apply_round names the mix
+                    break
+            else:
+                for p in held:
+                    part = parts[(key, p.index)]
+                    part.value[...] = aggregate[p.lo : p.hi]
+                    part.round += 1
+                if self.waits:
+                    self._settle()  # pulls waiting for this round
+                return
+        self.apply_round(key, held, aggregate, 0)
 
     def _combine_rows(self, part: _Part, pushes: "list[np.ndarray | _Rows]") -> _Rows:
         """A round's sparse pushes combined in worker order: the rows any worker pushed, and their sum."""

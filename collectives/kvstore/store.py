@@ -247,11 +247,16 @@ class KVStore:
         :class:`~collectives.kvstore.collective.Rounds`), as :meth:`push` and
         :meth:`pull` are there. Otherwise the push and the pull are sent together.
         """
-        if self._rounds is not None and rows is None:
+        rounds = self._rounds
+        if rounds is not None and rows is None:
+            if block and not self._link.closed:  # the repeated call of one key: its plan, checked once
+                planned = rounds.pushpull_one(key, value, out, self._keys)
+                if planned is not None:
+                    return planned
             keys, values = self._pairs(key, value)
             _, outs = self._outs("pushpull", key, out)
             items = [(k, self._link.meta(k), v, o) for k, v, o in zip(keys, values, outs, strict=True)]
-            got = self._rounds.pushpull_keys(items)
+            got = rounds.pushpull_keys(items)
             done = got if isinstance(key, list | tuple) else got[0]
             return done if block else Handle(self._link, [], lambda: done)
         if rows is None:
@@ -277,6 +282,8 @@ class KVStore:
         self._link.server.optimizer = None
         self._link.server.updater = fn
         self.barrier()
+        if self._rounds is not None:  # the servers no longer simply assign: plans made for that go
+            self._rounds.forget()
 
     @claimed
     def set_optimizer(self, optimizer: Optimizer) -> None:
@@ -290,6 +297,8 @@ class KVStore:
             Handle(self._link, [self._link.send(Kind.OPTIMIZER, None, server=s, text=optimizer.spec())
                           for s in self._roles.server_ranks], lambda: None).wait()  # fmt: skip
         self.barrier()
+        if self._rounds is not None:
+            self._rounds.forget()
 
     # synchronisation
 

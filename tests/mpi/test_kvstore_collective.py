@@ -77,3 +77,26 @@ def test_a_worker_pushing_another_key_is_named_on_every_worker(world: MPI.Intrac
     finally:
         kv.close()
     problems.check()
+
+
+def test_a_worker_out_of_order_in_repeated_pushpulls_is_named_on_every_worker(world: MPI.Intracomm) -> None:
+    if world.size == 1:
+        pytest.skip("needs a second worker to differ")
+    problems = Problems(world)
+    kv = create("sync", comm=world, timeout=30.0)
+    try:
+        kv.init(["a", "b"], [np.zeros(8), np.zeros(8)])
+        for key in ("a", "b") * 3:  # both kept as plans, the allreduce's repeated path warm
+            kv.pushpull(key, np.ones(8))
+        try:
+            kv.pushpull("a" if world.rank == 0 else "b", np.ones(8))
+            problems.expect(False, "no error")
+        except KeyMismatchError as error:
+            others = list(range(1, world.size)) if world.rank == 0 else [0]
+            problems.expect(
+                f"on rank {world.rank}: workers {others} pushpulled another" in str(error), str(error)
+            )
+        problems.expect_equal("after", kv.pushpull("a", np.ones(8)), np.full(8, float(world.size)))
+    finally:
+        kv.close()
+    problems.check()
