@@ -25,6 +25,7 @@ __all__ = [
     "shares_key",
 ]
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .algorithms import ALGORITHMS, rank_program
@@ -62,16 +63,20 @@ class Prepared:
         outgoing: per peer, the data that travels with the signature.
         arrived: the opening receives, by peer, once the signature has come.
         shares: of a reduce-scatter or all-gather: every rank's elements.
+        fits: ``fits(prepared, x, out)``, whether a later call's arrays pass the first one's checks.
+        reuse: ``reuse(group, prepared, x, out, check)``, a later call run on these decisions.
     """
 
     __slots__ = (
         "arrived",
         "averages",
         "backend",
+        "fits",
         "guard",
         "op",
         "outgoing",
         "plan",
+        "reuse",
         "scratch",
         "sends",
         "shape",
@@ -92,6 +97,7 @@ class Prepared:
         arrived: dict[int, Any] | None,
         shared: SharedExecutor | None = None,
         shares: tuple[int, ...] = (),
+        collective: str = "allreduce",
     ) -> None:
         self.backend = backend
         self.op = op
@@ -105,6 +111,7 @@ class Prepared:
         self.outgoing = outgoing
         self.arrived = arrived
         self.shares = shares
+        self.fits, self.reuse = _REUSED[collective]
 
 
 def remember(group: "Communicator", key: tuple[Any, ...], prepared: Prepared) -> None:
@@ -442,3 +449,10 @@ def allgather_prepared(
     if not backend.shares_memory(work, out):
         backend.copy(out, work)
     return out
+
+
+_REUSED: dict[str, tuple[Callable[[Prepared, Any, Any], bool], Callable[..., Any]]] = {
+    "allreduce": (fits, allreduce_prepared),
+    "reduce_scatter": (fits_shares, reduce_scatter_prepared),
+    "allgather": (fits_shares, allgather_prepared),
+}
