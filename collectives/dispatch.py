@@ -25,6 +25,7 @@ from .errors import CollectivesError, MismatchError, UnsupportedOpError
 from .execute import execute
 from .execute import run as run_plan
 from .execute_shared import SharedExecutor
+from .lean import LeanAllreduce
 from .ops import ReduceOp, get_op, itemsize
 from .ordering import keeps_rank_order
 from .prepared import Opening, Prepared, allreduce_plan, remember
@@ -543,6 +544,10 @@ def _allreduce_shared(group: Communicator, call: Call, shared: SharedExecutor, g
     shared.allreduce(job.backend, work, work if source is None else source, op, call.barrier)
     if job.key is not None:
         kept = Prepared(job.backend, op, guard, None, None, job.shape, (), {}, None, shared)
+        if job.backend.name == "numpy" and group.watchdog.shared is not None:
+            # its signature travels with the executor's barrier: later calls of the key run lean
+            check = job.key[-1]  # the call's check, as the key keeps it
+            kept.lean = LeanAllreduce(group, shared, guard, check, job.backend, op, call.algorithm)
         remember(group, job.key, kept)
     return work
 

@@ -34,6 +34,8 @@ from .backends import ArrayBackend
 from .errors import CollectivesError
 from .execute import DEFAULT_SEGMENT_BYTES, PLANS_BUDGET, Plan, opening, pack_opening, program_plan, run
 from .execute_shared import SharedExecutor
+from .faults import PLAN as FAULTS
+from .lean import LeanAllreduce
 from .ops import ReduceOp
 from .selector import AUTO
 from .watchdog import FUSED_BYTES, Guard
@@ -63,6 +65,8 @@ class Prepared:
         outgoing: per peer, the data that travels with the signature.
         arrived: the opening receives, by peer, once the signature has come.
         shares: of a reduce-scatter or all-gather: every rank's elements.
+        lean: of an allreduce on shared memory whose signature travels with the
+            executor's barrier: its lean path (:mod:`collectives.lean`).
         fits: ``fits(prepared, x, out)``, whether a later call's arrays pass the first one's checks.
         reuse: ``reuse(group, prepared, x, out, check)``, a later call run on these decisions.
     """
@@ -73,6 +77,7 @@ class Prepared:
         "backend",
         "fits",
         "guard",
+        "lean",
         "op",
         "outgoing",
         "plan",
@@ -111,6 +116,7 @@ class Prepared:
         self.outgoing = outgoing
         self.arrived = arrived
         self.shares = shares
+        self.lean: LeanAllreduce | None = None
         self.fits, self.reuse = _REUSED[collective]
 
 
@@ -183,6 +189,10 @@ def allreduce_prepared(
     else:
         work = backend.empty(x.size, x) if out is None else out.reshape(-1)
         source = x.reshape(-1)
+    lean = prepared.lean
+    if lean is not None and not FAULTS.armed and not lean.watchdog.debug:
+        lean.run(work, work if source is None else source)
+        return work.reshape(prepared.shape) if out is None else out
     watchdog = group.watchdog
     if prepared.arrived is not None:
         # the opening's buffers are the communicator's: claim it before writing them, so that
