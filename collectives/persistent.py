@@ -40,9 +40,12 @@ from .ops import ReduceOp
 from .requests import Request, settle, start
 from .requests import busy as started
 from .selector import AUTO
+from .watchdog import Guard
 
 if TYPE_CHECKING:
     from mpi4py import MPI
+
+    from .execute_shared import SharedExecutor
 
 
 class Persistent:
@@ -228,6 +231,35 @@ def _group(comm: "Communicator | MPI.Comm | None") -> Communicator:
     return group
 
 
+def _decided(
+    group: Communicator,
+    collective: str,
+    algorithm: str,
+    check: bool | None,
+    prepare: Callable[..., Job],
+    *args: Any,
+) -> "tuple[Job, str, SharedExecutor | None, Guard]":
+    """An init's job, checked by ``prepare(group, algorithm, *args)``, and what the ranks agreed on for it.
+
+    Returns:
+        The job; the algorithm its starts run; the shared-memory executor, where it
+        runs them; the packed signature of the starts (see :func:`~collectives.dispatch.decide`).
+    """
+    job = checked(group, collective, algorithm, check, prepare, *args)
+    return (job, *decide(group, job, check))
+
+
+def _keeping(run: Callable[[Any], Any], out: Any) -> Callable[[], Any]:
+    """A start that runs ``run(into)``: into ``out`` first, then into the first start's result."""
+    target = [out]
+
+    def plain() -> Any:
+        result = target[0] = run(target[0])  # later starts write into the first one's result
+        return result
+
+    return plain
+
+
 def allreduce_init(
     x: Any,
     op: "str | ReduceOp" = "sum",
@@ -249,8 +281,9 @@ def allreduce_init(
     in_place = out is x
     if out is None and hasattr(x, "shape") and hasattr(x, "dtype"):
         out = checked(group, "allreduce", algorithm, check, _like, x)
-    job = checked(group, "allreduce", algorithm, check, allreduce_job, x, op, out, check, None)
-    chosen, executor, guard = decide(group, job, check)
+    job, chosen, executor, guard = _decided(
+        group, "allreduce", algorithm, check, allreduce_job, x, op, out, check, None
+    )
     buffers = [x, out]
 
     def plain() -> Any:
@@ -311,16 +344,17 @@ def reduce_scatter_init(
 ) -> Persistent:
     """A persistent :func:`~collectives.reduce_scatter`; collective. Arguments as for it."""
     group = _group(comm)
-    job = checked(group, "reduce_scatter", algorithm, check, reduce_scatter_job, x, op, counts, out, None)
-    chosen, _, _ = decide(group, job, check)
-    target = [job.out]  # this rank's share, made by the checks when not given
+    job, chosen, _, _ = _decided(
+        group, "reduce_scatter", algorithm, check, reduce_scatter_job, x, op, counts, out, None
+    )
+    share = job.out  # this rank's share, made by the checks when not given
 
     def plain() -> Any:
         return api.reduce_scatter(
-            x, op, counts=counts, out=target[0], algorithm=algorithm, comm=group, check=check
+            x, op, counts=counts, out=share, algorithm=algorithm, comm=group, check=check
         )
 
-    return Persistent("reduce_scatter", group, chosen, plain, (x, target[0]))
+    return Persistent("reduce_scatter", group, chosen, plain, (x, share))
 
 
 def allgather_init(
@@ -334,16 +368,14 @@ def allgather_init(
 ) -> Persistent:
     """A persistent :func:`~collectives.allgather`; collective. Arguments as for it."""
     group = _group(comm)
-    job = checked(group, "allgather", algorithm, check, gather_job, "allgather", x, -1, counts, out)
-    chosen, _, _ = decide(group, job, check)
-    target = [out]
+    _, chosen, _, _ = _decided(
+        group, "allgather", algorithm, check, gather_job, "allgather", x, -1, counts, out
+    )
 
-    def plain() -> Any:
-        result = api.allgather(x, counts=counts, out=target[0], algorithm=algorithm, comm=group, check=check)
-        target[0] = result  # later starts write into the first one's result
-        return result
+    def run(into: Any) -> Any:
+        return api.allgather(x, counts=counts, out=into, algorithm=algorithm, comm=group, check=check)
 
-    return Persistent("allgather", group, chosen, plain, (x, out))
+    return Persistent("allgather", group, chosen, _keeping(run, out), (x, out))
 
 
 def broadcast_init(
@@ -357,13 +389,9 @@ def broadcast_init(
 ) -> Persistent:
     """A persistent :func:`~collectives.broadcast`; collective. Arguments as for it."""
     group = _group(comm)
-    job = checked(group, "broadcast", algorithm, check, broadcast_job, x, root, out)
-    chosen, _, _ = decide(group, job, check)
-    target = [out]
+    _, chosen, _, _ = _decided(group, "broadcast", algorithm, check, broadcast_job, x, root, out)
 
-    def plain() -> Any:
-        result = api.broadcast(x, root, out=target[0], algorithm=algorithm, comm=group, check=check)
-        target[0] = result  # later starts write into the first one's result
-        return result
+    def run(into: Any) -> Any:
+        return api.broadcast(x, root, out=into, algorithm=algorithm, comm=group, check=check)
 
-    return Persistent("broadcast", group, chosen, plain, (x, out))
+    return Persistent("broadcast", group, chosen, _keeping(run, out), (x, out))
