@@ -11,6 +11,7 @@ ranks, chooses its algorithm and runs it under the watchdog.
 __all__ = ["Job", "checked", "decide", "keeps_order", "perform", "refuse", "run"]
 
 from collections.abc import Callable, Sequence
+from dataclasses import KW_ONLY, dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
@@ -43,6 +44,7 @@ T = TypeVar("T")
 _BOR = get_op("bor")  # the barrier's tokens combine by it
 
 
+@dataclass(slots=True, eq=False)
 class Job:
     """One call with its arguments checked: what :func:`run` agrees on, routes and runs.
 
@@ -74,70 +76,26 @@ class Job:
         opening: an allreduce's decisions made before its ranks agree on the call.
     """
 
-    __slots__ = (
-        "algorithm",
-        "backend",
-        "collective",
-        "count",
-        "counts",
-        "dtype",
-        "in_out",
-        "item_bytes",
-        "key",
-        "on_shared",
-        "op",
-        "opening",
-        "out",
-        "result",
-        "root",
-        "shape",
-        "shares",
-        "source",
-        "work",
-    )
-
-    def __init__(
-        self,
-        collective: str,
-        algorithm: str,
-        backend: ArrayBackend,
-        op: ReduceOp | None,
-        item_bytes: int,
-        count: int,
-        dtype: str,
-        work: Any,
-        *,
-        source: Any = None,
-        root: int = -1,
-        counts: Sequence[int] | None = None,
-        shares: tuple[int, ...] | None = None,
-        shape: tuple[int, ...] = (),
-        on_shared: bool = False,
-        result: Any = None,
-        key: tuple[Any, ...] | None = None,
-        opening: Opening | None = None,
-        out: Any = None,
-        in_out: bool = False,
-    ) -> None:
-        self.collective = collective
-        self.algorithm = algorithm
-        self.backend = backend
-        self.op = op
-        self.item_bytes = item_bytes
-        self.count = count
-        self.dtype = dtype
-        self.work = work
-        self.source = source
-        self.root = root
-        self.counts = counts
-        self.shares = shares
-        self.shape = shape
-        self.on_shared = on_shared
-        self.result = result
-        self.key = key
-        self.opening = opening
-        self.out = out
-        self.in_out = in_out
+    collective: str
+    algorithm: str
+    backend: ArrayBackend
+    op: ReduceOp | None
+    item_bytes: int
+    count: int
+    dtype: str
+    work: Any
+    _: KW_ONLY
+    source: Any = None
+    root: int = -1
+    counts: Sequence[int] | None = None
+    shares: tuple[int, ...] | None = None
+    shape: tuple[int, ...] = ()
+    on_shared: bool = False
+    result: Any = None
+    key: tuple[Any, ...] | None = None
+    opening: Opening | None = None
+    out: Any = None
+    in_out: bool = False
 
 
 def refuse(

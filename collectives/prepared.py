@@ -26,6 +26,7 @@ __all__ = [
 ]
 
 from collections.abc import Callable
+from dataclasses import InitVar, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .algorithms import ALGORITHMS, rank_program
@@ -49,6 +50,7 @@ KEPT = 256
 _OPS = (str, ReduceOp)  # a tuple: ``isinstance(op, str | ReduceOp)`` builds the union every call, 0.1 us
 
 
+@dataclass(slots=True, eq=False)
 class Prepared:
     """What a call decided once it had checked its arguments, reused by every later call of its key.
 
@@ -71,52 +73,25 @@ class Prepared:
         reuse: ``reuse(group, prepared, x, out, check)``, a later call run on these decisions.
     """
 
-    __slots__ = (
-        "arrived",
-        "averages",
-        "backend",
-        "fits",
-        "guard",
-        "lean",
-        "op",
-        "outgoing",
-        "plan",
-        "reuse",
-        "scratch",
-        "sends",
-        "shape",
-        "shared",
-        "shares",
-    )
+    backend: ArrayBackend
+    op: ReduceOp | None
+    guard: Guard
+    plan: Plan | None
+    scratch: Any
+    shape: tuple[int, ...]
+    sends: tuple[Any, ...]
+    outgoing: dict[int, Any]
+    arrived: dict[int, Any] | None
+    shared: SharedExecutor | None = None
+    shares: tuple[int, ...] = ()
+    collective: InitVar[str] = "allreduce"
+    averages: bool = field(init=False)
+    lean: LeanAllreduce | None = field(init=False, default=None)
+    fits: Callable[["Prepared", Any, Any], bool] = field(init=False)
+    reuse: Callable[..., Any] = field(init=False)
 
-    def __init__(
-        self,
-        backend: ArrayBackend,
-        op: ReduceOp | None,
-        guard: Guard,
-        rank_plan: Plan | None,
-        scratch: Any,
-        shape: tuple[int, ...],
-        sends: tuple[Any, ...],
-        outgoing: dict[int, Any],
-        arrived: dict[int, Any] | None,
-        shared: SharedExecutor | None = None,
-        shares: tuple[int, ...] = (),
-        collective: str = "allreduce",
-    ) -> None:
-        self.backend = backend
-        self.op = op
-        self.guard = guard
-        self.plan = rank_plan
-        self.shared = shared
-        self.scratch = scratch
-        self.shape = shape
-        self.averages = op is not None and op.averages
-        self.sends = sends
-        self.outgoing = outgoing
-        self.arrived = arrived
-        self.shares = shares
-        self.lean: LeanAllreduce | None = None
+    def __post_init__(self, collective: str) -> None:
+        self.averages = self.op is not None and self.op.averages
         self.fits, self.reuse = _REUSED[collective]
 
 
@@ -244,6 +219,7 @@ def allreduce_plan(
     return program_plan(program, max(DEFAULT_SEGMENT_BYTES // item_bytes, 1), separate)
 
 
+@dataclass(slots=True, eq=False)
 class Opening:
     """An allreduce's decisions known before its ranks agree on the call, and its first messages.
 
@@ -256,23 +232,12 @@ class Opening:
         arrived: per peer, where the first receives that travel with the signature land.
     """
 
-    __slots__ = ("algorithm", "arrived", "guard", "outgoing", "plan", "sends")
-
-    def __init__(
-        self,
-        algorithm: str,
-        rank_plan: Plan | None,
-        guard: Guard,
-        sends: tuple[Any, ...],
-        outgoing: dict[int, Any],
-        arrived: dict[int, Any] | None,
-    ) -> None:
-        self.algorithm = algorithm
-        self.plan = rank_plan
-        self.guard = guard
-        self.sends = sends
-        self.outgoing = outgoing
-        self.arrived = arrived
+    algorithm: str
+    plan: Plan | None
+    guard: Guard
+    sends: tuple[Any, ...]
+    outgoing: dict[int, Any]
+    arrived: dict[int, Any] | None
 
 
 def opening_of(
