@@ -314,6 +314,9 @@ class SharedExecutor:
             small[0][...] = x  # 1-D arrays of one shape: the assignment costs a third of backend.copy
             barrier(self._shared, ())
             regions = small[1]
+            if len(regions) == 2:  # the common case inline: a call less than _reduce
+                backend.reduce_into(op, out, regions[0], regions[1])
+                return
         self._reduce(backend, op, out, regions)
 
     def _through_window(self, backend: ArrayBackend, x: Any, barrier: Barrier) -> list[Any]:

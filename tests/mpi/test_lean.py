@@ -79,6 +79,15 @@ def test_lean_repeats_that_differ_raise_on_every_rank(world: MPI.Intracomm) -> N
         error = collectives.UnsupportedOpError if r == 0 else collectives.PeerInputError
         with pytest.raises(error):
             collectives.allreduce(x, "bor" if r == 0 else "sum", out=x, comm=comm)
+    # what a layer above says the calls are of (the key-value store's key) travels with a lean repeat
+    # too, and with a persistent start
+    persistent = collectives.allreduce_init(y, out=y, comm=comm)
+    comm.watchdog.tag = b"key%d" % r
+    with problems.guard("tag"), pytest.raises(collectives.MismatchError, match="tag"):
+        collectives.allreduce(x, out=x, comm=comm)
+    with problems.guard("tag of a start"), pytest.raises(collectives.MismatchError, match="tag"):
+        persistent()
+    comm.watchdog.tag = b""
     x[:] = 1
     problems.expect_equal(
         "after", collectives.allreduce(x, out=x, comm=comm), np.full(4, world.size, np.float32)
