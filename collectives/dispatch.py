@@ -29,7 +29,7 @@ from .execute_shared import SharedExecutor
 from .lean import LeanAllreduce
 from .ops import ReduceOp, get_op, itemsize
 from .ordering import keeps_rank_order
-from .prepared import Opening, Prepared, allreduce_plan, remember
+from .prepared import Opening, Prepared, allreduce_plan, check_of, remember
 from .requests import busy, settle
 from .selector import AUTO, Selector
 from .transport.base import SharedMemory
@@ -504,7 +504,7 @@ def _allreduce_shared(group: Communicator, call: Call, shared: SharedExecutor, g
         kept = Prepared(job.backend, op, guard, None, None, job.shape, (), {}, None, shared)
         if job.backend.name == "numpy" and group.watchdog.shared is not None:
             # its signature travels with the executor's barrier: later calls of the key run lean
-            check = job.key[-1]  # the call's check, as the key keeps it
+            check = check_of(job.key)
             kept.lean = LeanAllreduce(group, shared, guard, check, job.backend, op, call.algorithm)
         remember(group, job.key, kept)
     return work

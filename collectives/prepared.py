@@ -17,6 +17,7 @@ __all__ = [
     "allreduce_key",
     "allreduce_plan",
     "allreduce_prepared",
+    "check_of",
     "fits",
     "fits_shares",
     "opening_of",
@@ -116,7 +117,10 @@ def _plan_size(prepared: Prepared) -> int:
 
 
 def allreduce_key(x: Any, op: Any, out: Any, algorithm: str, check: bool | None) -> tuple[Any, ...] | None:
-    """The key of an allreduce's decisions; ``None`` for arguments no decision is kept for."""
+    """The key of an allreduce's decisions; ``None`` for arguments no decision is kept for.
+
+    Its last item is the call's ``check`` (see :func:`check_of`).
+    """
     if op.__class__ is not str and not isinstance(op, _OPS):
         return None
     result = "new" if out is None else "in place" if out is x else "out"
@@ -124,6 +128,12 @@ def allreduce_key(x: Any, op: Any, out: Any, algorithm: str, check: bool | None)
         return (type(x), x.shape, x.dtype, op, algorithm, result, check)
     except AttributeError:
         return None
+
+
+def check_of(key: tuple[Any, ...]) -> bool | None:
+    """The ``check`` of the call whose decisions :func:`allreduce_key` keyed ``key``."""
+    check: bool | None = key[-1]
+    return check
 
 
 def fits(prepared: Prepared, x: Any, out: Any) -> bool:
