@@ -70,6 +70,7 @@ from .dispatch import Job, keeps_order, perform
 from .explanation import Explanation
 from .ops import ReduceOp, itemsize
 from .prepared import allreduce_key, shares_key
+from .requests import busy, settle
 from .selector import AUTO, default_selector, nodes_of
 
 if TYPE_CHECKING:
@@ -108,7 +109,7 @@ def allreduce(
         The result, ``out`` when given.
     """
     if op == "avg" or op.__class__ is ReduceOp:
-        wide = widened(x, op, out)
+        wide = _widened(x, op, out, comm)
         if wide is not None:
             return narrowed(allreduce(wide, op, algorithm=algorithm, comm=comm, check=check), out)
     key = allreduce_key(x, op, out, algorithm, check)
@@ -149,7 +150,7 @@ def reduce_scatter(
         This rank's share of the result, ``out`` when given.
     """
     if op == "avg" or op.__class__ is ReduceOp:
-        wide = widened(x, op, out)
+        wide = _widened(x, op, out, comm)
         if wide is not None:
             share = reduce_scatter(wide, op, counts=counts, algorithm=algorithm, comm=comm, check=check)
             return narrowed(share, out)
@@ -269,7 +270,7 @@ def reduce(
     Raises:
         InvalidRootError: ``root`` is not a rank of the communicator.
     """
-    wide = widened(x, op, out)
+    wide = _widened(x, op, out, comm)
     if wide is not None:
         return narrowed(reduce(wide, op, root, algorithm=algorithm, comm=comm, check=check), out)
     return perform(comm, "reduce", algorithm, check, None, x, out, _at_root, reduce_job, x, op, root, out)
@@ -447,6 +448,17 @@ def _exchanged(group: Communicator, job: Job, work: Any) -> Any:
 
 def _nothing(group: Communicator, job: Job, work: Any) -> None:
     """A barrier returns nothing."""
+
+
+def _widened(x: Any, op: "str | ReduceOp", out: Any, comm: "Communicator | MPI.Comm | None") -> Any | None:
+    """``x`` in float32 for a float16 ``avg`` (:func:`~collectives.buffers.widened`), else ``None``.
+
+    The calls started on the communicator go first, as in :func:`~collectives.dispatch.perform`:
+    they may still write ``x``.
+    """
+    if busy:
+        settle(comm)
+    return widened(x, op, out)
 
 
 def _allgather_job(

@@ -1,5 +1,6 @@
 """Every collective of the API goes through one entry, dispatch.perform; repeats reuse their decisions."""
 
+import time
 from typing import Any
 
 import numpy as np
@@ -59,3 +60,18 @@ def test_a_repeated_call_reuses_its_first_calls_decisions(monkeypatch: pytest.Mo
     for kept, sums in run_ranks(WORLD, run):
         assert kept == 1  # one key, its decisions kept by the first call and reused
         assert sums == [12.0] * 3
+
+
+def test_a_widened_call_waits_for_the_started_calls_first() -> None:
+    """A float16 average reads x only once the started call writing x is done, as every call does."""
+
+    def run(comm: Communicator) -> list[float]:
+        x = np.ones(3, np.float16)
+        if comm.rank == 1:
+            time.sleep(0.3)  # rank 0's started call cannot finish before this rank starts its own
+        request = C.iallreduce(x, out=x, comm=comm)
+        y = C.allreduce(x, "avg", comm=comm)  # of the sums, 2 on every rank
+        request.wait()
+        return [float(v) for v in y]
+
+    assert run_ranks(WORLD, run) == [[2.0] * 3] * WORLD
