@@ -8,9 +8,11 @@ one node's shared memory, each adding one layer of the library to the one before
 * ``watchdog``: the same with the call numbered, recorded, bounded and its
   signature posted and compared (``Watchdog.watch``, ``Call.barrier``, ``end``);
 * ``executor``: the watchdog around ``SharedExecutor.allreduce`` with the backend;
-* ``prepared``: the API's path for a call whose decisions an earlier one made;
-* ``allreduce``: ``collectives.allreduce(x, out=x)`` itself;
-* ``persistent``: ``p()`` of ``p = collectives.allreduce_init(x, out=x)``;
+* ``prepared``: the API's path for a call whose decisions an earlier one made
+  (on shared memory, the lean path of :mod:`collectives.lean`);
+* ``allreduce``: ``collectives.allreduce(x, out=x)`` itself (through ``dispatch.perform``
+  to the same lean path);
+* ``persistent``: ``p()`` of ``p = collectives.allreduce_init(x, out=x)`` (the lean path too);
 * ``mpi``: the MPI library's ``comm.Allreduce`` in place, for scale.
 
 It reaches into the library's private parts, as a profiler would; a row per

@@ -27,10 +27,12 @@ Each has a non-blocking twin (:mod:`collectives.nonblocking`: ``iallreduce`` ...
 that starts it and returns a :class:`~collectives.Request`; a blocking call on a
 communicator waits for the calls started on it first (:mod:`collectives.requests`).
 
-Each function checks its arguments into a :class:`~collectives.dispatch.Job` and
-hands it to :func:`collectives.dispatch.run`, the one path that agrees on the
-call, chooses its algorithm and runs it; repeated calls of the same shapes and
-options reuse the first one's decisions (:mod:`collectives.prepared`).
+Each function hands its arguments (and, for the collectives whose repeats are
+kept, the key of its decisions) to :func:`collectives.dispatch.perform`, the one
+path: it settles the calls started on the communicator, runs a repeated call on
+the decisions its first one kept (:mod:`collectives.prepared`), and otherwise
+checks the arguments into a :class:`~collectives.dispatch.Job` and agrees on the
+call, chooses its algorithm and runs it.
 """
 
 __all__ = [
@@ -50,7 +52,6 @@ __all__ = [
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import communicator as _communicators
 from .buffers import (
     allreduce_job,
     alltoall_job,
@@ -65,20 +66,11 @@ from .buffers import (
     widened,
 )
 from .communicator import Communicator, communicator_of
-from .dispatch import checked, keeps_order, run
+from .dispatch import Job, keeps_order, perform
 from .explanation import Explanation
 from .ops import ReduceOp, itemsize
-from .prepared import (
-    allgather_prepared,
-    allreduce_key,
-    allreduce_prepared,
-    fits,
-    fits_shares,
-    reduce_scatter_prepared,
-    shares_key,
-)
-from .requests import busy as _busy
-from .requests import settle
+from .prepared import allreduce_key, shares_key
+from .requests import busy, settle
 from .selector import AUTO, default_selector, nodes_of
 
 if TYPE_CHECKING:
@@ -116,24 +108,14 @@ def allreduce(
     Returns:
         The result, ``out`` when given.
     """
-    if _busy:  # started calls on some communicator: those on this one go first
-        settle(comm)
     if op == "avg" or op.__class__ is ReduceOp:
-        wide = widened(x, op, out)
+        wide = _widened(x, op, out, comm)
         if wide is not None:
             return narrowed(allreduce(wide, op, algorithm=algorithm, comm=comm, check=check), out)
     key = allreduce_key(x, op, out, algorithm, check)
-    known = comm if isinstance(comm, Communicator) else _communicators.default if comm is None else None
-    if key is not None and known is not None:
-        prepared = known.prepared.get(key)
-        if prepared is not None and fits(prepared, x, out):
-            return allreduce_prepared(known, prepared, x, out, check)
-    group = known or communicator_of(comm)
-    job = checked(group, "allreduce", algorithm, check, allreduce_job, x, op, out, check, key)
-    work = run(group, job, check)
-    if job.op is not None and job.op.averages:
-        job.backend.divide(work, group.size)
-    return deliver(job.backend, work, job.in_out, job.out, job.shape)
+    return perform(
+        comm, "allreduce", algorithm, check, key, x, out, _delivered, allreduce_job, x, op, out, check, key
+    )
 
 
 def reduce_scatter(
@@ -167,27 +149,28 @@ def reduce_scatter(
     Returns:
         This rank's share of the result, ``out`` when given.
     """
-    if _busy:  # started calls on some communicator: those on this one go first
-        settle(comm)
     if op == "avg" or op.__class__ is ReduceOp:
-        wide = widened(x, op, out)
+        wide = _widened(x, op, out, comm)
         if wide is not None:
             share = reduce_scatter(wide, op, counts=counts, algorithm=algorithm, comm=comm, check=check)
             return narrowed(share, out)
     key = shares_key("reduce_scatter", x, op, counts, out, algorithm, check)
-    known = comm if isinstance(comm, Communicator) else _communicators.default if comm is None else None
-    if key is not None and known is not None:
-        prepared = known.prepared.get(key)
-        if prepared is not None and fits_shares(prepared, x, out):
-            return reduce_scatter_prepared(known, prepared, x, out, check)
-    group = known or communicator_of(comm)
-    job = checked(group, "reduce_scatter", algorithm, check, reduce_scatter_job, x, op, counts, out, key)
-    share = run(group, job, check)
-    if job.op is not None and job.op.averages:
-        job.backend.divide(share, group.size)
-    if share is not job.result:
-        job.backend.copy(job.out, share)
-    return job.out
+    return perform(
+        comm,
+        "reduce_scatter",
+        algorithm,
+        check,
+        key,
+        x,
+        out,
+        _share,
+        reduce_scatter_job,
+        x,
+        op,
+        counts,
+        out,
+        key,
+    )
 
 
 def allgather(
@@ -218,19 +201,10 @@ def allgather(
     Returns:
         The concatenation, ``out`` when given.
     """
-    if _busy:  # started calls on some communicator: those on this one go first
-        settle(comm)
     key = shares_key("allgather", x, None, counts, out, algorithm, check)
-    known = comm if isinstance(comm, Communicator) else _communicators.default if comm is None else None
-    if key is not None and known is not None:
-        prepared = known.prepared.get(key)
-        if prepared is not None and fits_shares(prepared, x, out):
-            return allgather_prepared(known, prepared, x, out, check)
-    group = known or communicator_of(comm)
-    job = checked(group, "allgather", algorithm, check, gather_job, "allgather", x, -1, counts, out)
-    job.key = key
-    work = run(group, job, check)
-    return deliver(job.backend, work, job.in_out, job.out, job.shape)
+    return perform(
+        comm, "allgather", algorithm, check, key, x, out, _delivered, _allgather_job, x, counts, out, key
+    )
 
 
 def broadcast(
@@ -263,12 +237,7 @@ def broadcast(
     Raises:
         InvalidRootError: ``root`` is not a rank of the communicator.
     """
-    if _busy:  # started calls on some communicator: those on this one go first
-        settle(comm)
-    group = communicator_of(comm)
-    job = checked(group, "broadcast", algorithm, check, broadcast_job, x, root, out)
-    work = run(group, job, check)
-    return deliver(job.backend, work, job.in_out, job.out, job.shape)
+    return perform(comm, "broadcast", algorithm, check, None, x, out, _delivered, broadcast_job, x, root, out)
 
 
 def reduce(
@@ -301,19 +270,10 @@ def reduce(
     Raises:
         InvalidRootError: ``root`` is not a rank of the communicator.
     """
-    if _busy:  # started calls on some communicator: those on this one go first
-        settle(comm)
-    wide = widened(x, op, out)
+    wide = _widened(x, op, out, comm)
     if wide is not None:
         return narrowed(reduce(wide, op, root, algorithm=algorithm, comm=comm, check=check), out)
-    group = communicator_of(comm)
-    job = checked(group, "reduce", algorithm, check, reduce_job, x, op, root, out)
-    work = run(group, job, check)
-    if group.rank != job.root:
-        return None
-    if job.op is not None and job.op.averages:
-        job.backend.divide(work, group.size)
-    return deliver(job.backend, work, job.in_out, job.out, job.shape)
+    return perform(comm, "reduce", algorithm, check, None, x, out, _at_root, reduce_job, x, op, root, out)
 
 
 def gather(
@@ -349,14 +309,9 @@ def gather(
     Raises:
         InvalidRootError: ``root`` is not a rank of the communicator.
     """
-    if _busy:  # started calls on some communicator: those on this one go first
-        settle(comm)
-    group = communicator_of(comm)
-    job = checked(group, "gather", algorithm, check, gather_job, "gather", x, root, counts, out)
-    work = run(group, job, check)
-    if group.rank != job.root:
-        return None
-    return deliver(job.backend, work, job.in_out, job.out, job.shape)
+    return perform(
+        comm, "gather", algorithm, check, None, x, out, _at_root, gather_job, "gather", x, root, counts, out
+    )
 
 
 def scatter(
@@ -398,19 +353,9 @@ def scatter(
         InvalidBufferError: the root has no ``x``, or another rank has
             neither ``x`` nor ``out``.
     """
-    if _busy:  # started calls on some communicator: those on this one go first
-        settle(comm)
-    group = communicator_of(comm)
-    job = checked(group, "scatter", algorithm, check, scatter_job, x, root, counts, out)
-    work = run(group, job, check)
-    shares, rank, backend = job.shares, group.rank, job.backend
-    assert shares is not None  # a scatter has its shares
-    lo = sum(shares[:rank])
-    out = job.out
-    if out is None:
-        out = backend.empty(shares[rank], work).reshape(job.shape)
-    backend.copy(out, work[lo : lo + shares[rank]])
-    return out
+    return perform(
+        comm, "scatter", algorithm, check, None, x, out, _scattered, scatter_job, x, root, counts, out
+    )
 
 
 def alltoall(
@@ -438,16 +383,7 @@ def alltoall(
     Returns:
         The shares from every rank, ``out`` when given.
     """
-    if _busy:  # started calls on some communicator: those on this one go first
-        settle(comm)
-    group = communicator_of(comm)
-    job = checked(group, "alltoall", algorithm, check, alltoall_job, x, out)
-    work = run(group, job, check)
-    result = work[job.count :]
-    if job.out is None:
-        return result.reshape(job.shape)
-    job.backend.copy(job.out, result)
-    return job.out
+    return perform(comm, "alltoall", algorithm, check, None, x, out, _exchanged, alltoall_job, x, out)
 
 
 def barrier(
@@ -460,10 +396,78 @@ def barrier(
         algorithm: the algorithm's name, or ``"auto"``; see :mod:`collectives.api`.
         check: whether the ranks agree on the call first; see :mod:`collectives.api`.
     """
-    if _busy:  # started calls on some communicator: those on this one go first
+    perform(comm, "barrier", algorithm, check, None, None, None, _nothing, barrier_job)
+
+
+# --- what each collective returns, from the buffer with this rank's result (``finish`` of dispatch.perform)
+
+
+def _delivered(group: Communicator, job: Job, work: Any) -> Any:
+    """The whole result (an allreduce's, all-gather's or broadcast's), divided for ``avg``."""
+    if job.op is not None and job.op.averages:
+        job.backend.divide(work, group.size)
+    return deliver(job.backend, work, job.in_out, job.out, job.shape)
+
+
+def _at_root(group: Communicator, job: Job, work: Any) -> Any:
+    """A rooted reduce's or gather's result at the root; ``None`` elsewhere."""
+    if group.rank != job.root:
+        return None
+    return _delivered(group, job, work)
+
+
+def _share(group: Communicator, job: Job, share: Any) -> Any:
+    """A reduce-scatter's share, divided for ``avg``, in ``job.out``."""
+    if job.op is not None and job.op.averages:
+        job.backend.divide(share, group.size)
+    if share is not job.result:
+        job.backend.copy(job.out, share)
+    return job.out
+
+
+def _scattered(group: Communicator, job: Job, work: Any) -> Any:
+    """This rank's share of a scatter, in ``out`` or a new array."""
+    shares, rank, backend = job.shares, group.rank, job.backend
+    assert shares is not None  # a scatter has its shares
+    lo = sum(shares[:rank])
+    out = job.out
+    if out is None:
+        out = backend.empty(shares[rank], work).reshape(job.shape)
+    backend.copy(out, work[lo : lo + shares[rank]])
+    return out
+
+
+def _exchanged(group: Communicator, job: Job, work: Any) -> Any:
+    """An all-to-all's shares from every rank, in ``out`` or a new array."""
+    result = work[job.count :]
+    if job.out is None:
+        return result.reshape(job.shape)
+    job.backend.copy(job.out, result)
+    return job.out
+
+
+def _nothing(group: Communicator, job: Job, work: Any) -> None:
+    """A barrier returns nothing."""
+
+
+def _widened(x: Any, op: "str | ReduceOp", out: Any, comm: "Communicator | MPI.Comm | None") -> Any | None:
+    """``x`` in float32 for a float16 ``avg`` (:func:`~collectives.buffers.widened`), else ``None``.
+
+    The calls started on the communicator go first, as in :func:`~collectives.dispatch.perform`:
+    they may still write ``x``.
+    """
+    if busy:
         settle(comm)
-    group = communicator_of(comm)
-    run(group, checked(group, "barrier", algorithm, check, barrier_job), check)
+    return widened(x, op, out)
+
+
+def _allgather_job(
+    group: Communicator, algorithm: str, x: Any, counts: Sequence[int] | None, out: Any, key: Any
+) -> Job:
+    """An all-gather's job, kept under ``key`` for its repeats."""
+    job = gather_job(group, algorithm, "allgather", x, -1, counts, out)
+    job.key = key
+    return job
 
 
 def explain(

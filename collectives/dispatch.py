@@ -1,33 +1,42 @@
 """Routes one call to a schedule, the shared-memory executor or the node hierarchy, under the watchdog.
 
-Every collective of :mod:`collectives.api` takes the same path: its arguments
-are checked into a :class:`Job` (:func:`checked`, which tells the other ranks if
-the checks fail), then :func:`run` agrees on the call with the other ranks,
-chooses its algorithm and runs it under the watchdog.
+Every collective of :mod:`collectives.api` takes the same path, :func:`perform`:
+the calls started on the communicator go first; a call whose decisions an earlier
+one of the same key made runs on them (:mod:`collectives.prepared`); any other has
+its arguments checked into a :class:`Job` (:func:`checked`, which tells the other
+ranks if the checks fail), then :func:`run` agrees on the call with the other
+ranks, chooses its algorithm and runs it under the watchdog.
 """
 
-__all__ = ["Job", "checked", "decide", "keeps_order", "refuse", "run"]
+__all__ = ["Job", "checked", "decide", "keeps_order", "perform", "refuse", "run"]
 
 from collections.abc import Callable, Sequence
+from dataclasses import KW_ONLY, dataclass
 from functools import lru_cache
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
+from . import communicator as communicators
 from .algorithms import ALGORITHMS, rank_program
 from .algorithms.base import implements, required_feature
 from .backends import ArrayBackend
 from .call import Call
 from .chunking import even_split
-from .communicator import Communicator
+from .communicator import Communicator, communicator_of
 from .errors import CollectivesError, MismatchError, UnsupportedOpError
 from .execute import execute
 from .execute import run as run_plan
 from .execute_shared import SharedExecutor
+from .lean import LeanAllreduce
 from .ops import ReduceOp, get_op, itemsize
 from .ordering import keeps_rank_order
-from .prepared import Opening, Prepared, allreduce_plan, remember
+from .prepared import Opening, Prepared, allreduce_plan, check_of, remember
+from .requests import busy, settle
 from .selector import AUTO, Selector
 from .transport.base import SharedMemory
 from .watchdog import Guard
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -35,6 +44,7 @@ T = TypeVar("T")
 _BOR = get_op("bor")  # the barrier's tokens combine by it
 
 
+@dataclass(slots=True, eq=False)
 class Job:
     """One call with its arguments checked: what :func:`run` agrees on, routes and runs.
 
@@ -66,70 +76,26 @@ class Job:
         opening: an allreduce's decisions made before its ranks agree on the call.
     """
 
-    __slots__ = (
-        "algorithm",
-        "backend",
-        "collective",
-        "count",
-        "counts",
-        "dtype",
-        "in_out",
-        "item_bytes",
-        "key",
-        "on_shared",
-        "op",
-        "opening",
-        "out",
-        "result",
-        "root",
-        "shape",
-        "shares",
-        "source",
-        "work",
-    )
-
-    def __init__(
-        self,
-        collective: str,
-        algorithm: str,
-        backend: ArrayBackend,
-        op: ReduceOp | None,
-        item_bytes: int,
-        count: int,
-        dtype: str,
-        work: Any,
-        *,
-        source: Any = None,
-        root: int = -1,
-        counts: Sequence[int] | None = None,
-        shares: tuple[int, ...] | None = None,
-        shape: tuple[int, ...] = (),
-        on_shared: bool = False,
-        result: Any = None,
-        key: tuple[Any, ...] | None = None,
-        opening: Opening | None = None,
-        out: Any = None,
-        in_out: bool = False,
-    ) -> None:
-        self.collective = collective
-        self.algorithm = algorithm
-        self.backend = backend
-        self.op = op
-        self.item_bytes = item_bytes
-        self.count = count
-        self.dtype = dtype
-        self.work = work
-        self.source = source
-        self.root = root
-        self.counts = counts
-        self.shares = shares
-        self.shape = shape
-        self.on_shared = on_shared
-        self.result = result
-        self.key = key
-        self.opening = opening
-        self.out = out
-        self.in_out = in_out
+    collective: str
+    algorithm: str
+    backend: ArrayBackend
+    op: ReduceOp | None
+    item_bytes: int
+    count: int
+    dtype: str
+    work: Any
+    _: KW_ONLY
+    source: Any = None
+    root: int = -1
+    counts: Sequence[int] | None = None
+    shares: tuple[int, ...] | None = None
+    shape: tuple[int, ...] = ()
+    on_shared: bool = False
+    result: Any = None
+    key: tuple[Any, ...] | None = None
+    opening: Opening | None = None
+    out: Any = None
+    in_out: bool = False
 
 
 def refuse(
@@ -161,6 +127,44 @@ def checked(
     except Exception as error:
         refuse(group, collective, algorithm, check, error)
         raise
+
+
+def perform(
+    comm: "Communicator | MPI.Comm | None",
+    collective: str,
+    algorithm: str,
+    check: bool | None,
+    key: tuple[Any, ...] | None,
+    x: Any,
+    out: Any,
+    finish: Callable[[Communicator, Job, Any], Any],
+    prepare: Callable[..., Job],
+    *args: Any,
+) -> Any:
+    """Run one call of ``collective``: the one entry of every function of :mod:`collectives.api`.
+
+    The calls started on the communicator (:mod:`collectives.requests`) go first.
+    A call whose ``key`` an earlier call of the communicator kept its decisions
+    under, and whose arrays ``x`` and ``out`` pass that call's checks, runs on them
+    (:mod:`collectives.prepared`). Any other is checked into a job by
+    ``prepare(group, algorithm, *args)`` (the other ranks are told if that raises)
+    and run by :func:`run`; ``finish(group, job, work)`` turns the buffer with its
+    result into what the caller returns.
+
+    Returns:
+        The call's result.
+    """
+    if busy:  # started calls on some communicator: those on this one go first
+        settle(comm)
+    group = comm if isinstance(comm, Communicator) else communicators.default if comm is None else None
+    if key is not None and group is not None:
+        prepared = group.prepared.get(key)
+        if prepared is not None and prepared.fits(prepared, x, out):
+            return prepared.reuse(group, prepared, x, out, check)
+    if group is None:
+        group = communicator_of(comm)
+    job = checked(group, collective, algorithm, check, prepare, *args)
+    return finish(group, job, run(group, job, check))
 
 
 def run(group: Communicator, job: Job, check: bool | None) -> Any:
@@ -497,9 +501,12 @@ def _allreduce_shared(group: Communicator, call: Call, shared: SharedExecutor, g
     assert op is not None  # an allreduce reduces
     shared.allreduce(job.backend, work, work if source is None else source, op, call.barrier)
     if job.key is not None:
-        remember(
-            group, job.key, Prepared(job.backend, op, guard, None, None, job.shape, (), {}, None, shared)
-        )
+        kept = Prepared(job.backend, op, guard, None, None, job.shape, (), {}, None, shared)
+        if job.backend.name == "numpy" and group.watchdog.shared is not None:
+            # its signature travels with the executor's barrier: later calls of the key run lean
+            check = check_of(job.key)
+            kept.lean = LeanAllreduce(group, shared, guard, check, job.backend, op, call.algorithm)
+        remember(group, job.key, kept)
     return work
 
 
@@ -513,7 +520,11 @@ def _reduce_scatter_shared(
     shared.reduce_scatter(backend, target, job.source, shares, op, call.barrier)
     if job.key is not None and target is mine and backend.name == "numpy":
         remember(
-            group, job.key, Prepared(backend, op, guard, None, None, job.shape, (), {}, None, shared, shares)
+            group,
+            job.key,
+            Prepared(
+                backend, op, guard, None, None, job.shape, (), {}, None, shared, shares, "reduce_scatter"
+            ),
         )
     return target
 
@@ -527,7 +538,7 @@ def _allgather_shared(group: Communicator, call: Call, shared: SharedExecutor, g
         remember(
             group,
             job.key,
-            Prepared(backend, None, guard, None, None, job.shape, (), {}, None, shared, shares),
+            Prepared(backend, None, guard, None, None, job.shape, (), {}, None, shared, shares, "allgather"),
         )
     return work
 

@@ -288,6 +288,37 @@ class SharedExecutor:
                 if lo < hi:
                     backend.copy(out[lo:hi], half[r][result : result + hi - lo])
 
+    def small(self, nbytes: int) -> bool:
+        """Whether an allreduce of ``nbytes`` per rank may go through :meth:`allreduce_small`.
+
+        Its inputs on all ranks together fit :data:`SMALL_TOTAL_BYTES`: the same on
+        every rank of a matching call.
+        """
+        return nbytes <= self._small_bytes
+
+    def allreduce_small(
+        self, backend: ArrayBackend, out: Any, x: Any, op: ReduceOp, barrier: Barrier = unbounded
+    ) -> None:
+        """:meth:`allreduce` for a call :meth:`small` admits: one copy in, one barrier, one reduction.
+
+        The repeated calls' entry (:mod:`collectives.lean`): what :meth:`allreduce`
+        does for such a call, without choosing its path.
+        """
+        turn = self._turn
+        self._turn = turn ^ 1
+        small = self._smalls.get((backend.name, x.dtype, x.shape[0], turn))
+        if small is None:
+            self._turn = turn
+            regions = self._through_window(backend, x, barrier)
+        else:
+            small[0][...] = x  # 1-D arrays of one shape: the assignment costs a third of backend.copy
+            barrier(self._shared, ())
+            regions = small[1]
+            if len(regions) == 2:  # the common case inline: a call less than _reduce
+                backend.reduce_into(op, out, regions[0], regions[1])
+                return
+        self._reduce(backend, op, out, regions)
+
     def _through_window(self, backend: ArrayBackend, x: Any, barrier: Barrier) -> list[Any]:
         """Copy all of ``x`` into the next half of this rank's region and pass a barrier; every rank's copy.
 

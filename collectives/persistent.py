@@ -14,12 +14,13 @@ another rank raises :class:`~collectives.MismatchError` on every rank instead of
 pairing wrong data; every wait is bounded by the communicator's timeout, so a rank
 that never starts leaves the others a :class:`~collectives.CollectiveTimeout`.
 
-An allreduce on one node's shared memory starts on a lean path: its signature
-travels with the executor's one barrier; starts in a row share one flight-recorder
-entry (their first and last numbers, and how many); and a start gets a Call of its
-own, with its deadline and stall warning, only where it waits past 1 ms or fails.
-With ``$COLLECTIVES_DEBUG`` or an armed ``$COLLECTIVES_FAULT``, and for every other
-call, a start runs the plain call, on the decisions its init's agreement made.
+An allreduce on one node's shared memory starts on the lean path
+(:mod:`collectives.lean`): its signature travels with the executor's one barrier;
+starts in a row share one flight-recorder entry (their first and last numbers, and
+how many); and a start gets a Call of its own, with its deadline and stall warning,
+only where it waits past 1 ms or fails. With ``$COLLECTIVES_DEBUG`` or an armed
+``$COLLECTIVES_FAULT``, and for every other call, a start runs the plain call, on
+the decisions its init's agreement made.
 """
 
 __all__ = ["Persistent", "allgather_init", "allreduce_init", "broadcast_init", "reduce_scatter_init"]
@@ -29,29 +30,22 @@ from typing import TYPE_CHECKING, Any
 
 from . import api
 from .buffers import allreduce_job, broadcast_job, gather_job, reduce_scatter_job
-from .call import Call, Starts
+from .call import Starts
 from .communicator import Communicator, communicator_of
 from .dispatch import Job, checked, decide
 from .errors import FreedCommunicatorError, InvalidBufferError, PersistentStateError
 from .faults import PLAN as FAULTS
+from .lean import LeanAllreduce
 from .ops import ReduceOp
 from .requests import Request, settle, start
 from .requests import busy as started
 from .selector import AUTO
-from .transport.base import SharedMemory
 from .watchdog import Guard
 
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-    from .backends import ArrayBackend
     from .execute_shared import SharedExecutor
-
-_SPIN_S = 0.001
-"""How long a lean start waits at a barrier before it makes its Call: its deadline, warnings and record.
-
-Most barriers are passed well within it; past it the Call's deadline (from then) bounds the wait.
-"""
 
 
 class Persistent:
@@ -66,9 +60,12 @@ class Persistent:
     __slots__ = (
         "_arrays",
         "_group",
+        "_lean",
         "_plain",
         "_request",
-        "_shared",
+        "_result",
+        "_source",
+        "_work",
         "algorithm",
         "collective",
         "rebinder",
@@ -88,7 +85,10 @@ class Persistent:
         self.starts = 0
         self._group = group
         self._plain = plain
-        self._shared: _SharedAllreduce | None = None
+        self._lean: LeanAllreduce | None = None
+        self._work: Any = None
+        self._source: Any = None
+        self._result: Any = None
         self._request: Request | None = None
         self.rebinder: Callable[[Any, Any, Job | None], None] | None = None
         distinct = [a for i, a in enumerate(arrays) if a is not None and all(a is not b for b in arrays[:i])]
@@ -109,9 +109,10 @@ class Persistent:
         if started:  # calls started on some communicator: those on this one go first
             settle(self._group)
         self.starts += 1
-        shared = self._shared
-        if shared is not None and not FAULTS.armed and not shared.watchdog.debug:
-            return shared.run()
+        lean = self._lean
+        if lean is not None and not FAULTS.armed and not lean.watchdog.debug:
+            lean.run(self._work, self._source)
+            return self._result
         return self._plain()
 
     def start(self) -> None:
@@ -135,9 +136,10 @@ class Persistent:
             )
         self._fits()
         self.starts += 1
-        shared = self._shared
-        fast = shared is not None and not FAULTS.armed and not shared.watchdog.debug
-        run = shared.run if fast and shared is not None else self._plain
+        lean = self._lean
+        run = self._plain
+        if lean is not None and not FAULTS.armed and not lean.watchdog.debug:
+            run = self._lean_run
         self._request = start(self._group, self.collective, lambda group: run())
 
     def wait(self) -> Any:
@@ -178,16 +180,27 @@ class Persistent:
             raise PersistentStateError(f"persistent {self.collective} cannot be rebound; make a new one")
         self.rebinder(x, out, None)
 
-    def bound(self, arrays: Sequence[Any], lean: "_SharedAllreduce | None") -> None:
-        """Take ``arrays`` as the buffers to check at each start, and ``lean`` as the start's path."""
+    def bound(
+        self, arrays: Sequence[Any], lean: LeanAllreduce | None = None, work: Any = None, source: Any = None
+    ) -> None:
+        """Take ``arrays`` as the buffers to check at each start (the last is the result).
+
+        ``lean`` runs the starts on ``work`` and ``source``; without it each runs the plain call.
+        """
         distinct = [a for i, a in enumerate(arrays) if a is not None and all(a is not b for b in arrays[:i])]
         self._arrays = tuple((a, a.shape, a.dtype) for a in distinct)
-        self._shared = lean
+        self._lean, self._work, self._source, self._result = lean, work, source, arrays[-1]
+
+    def _lean_run(self) -> Any:
+        lean = self._lean
+        assert lean is not None  # only started so with its lean path
+        lean.run(self._work, self._source)
+        return self._result
 
     @property
     def lean(self) -> bool:
         """Whether its starts take the lean shared-memory path (else each runs the plain call)."""
-        return self._shared is not None
+        return self._lean is not None
 
     @property
     def active(self) -> bool:
@@ -209,135 +222,6 @@ class Persistent:
         return f"<Persistent {self.collective} {self.algorithm} {state}, {self.starts} starts>"
 
 
-class _SharedAllreduce:
-    """An allreduce's start on the shared-memory executor, its signature carried by the first barrier."""
-
-    __slots__ = (
-        "_barriers",
-        "_call",
-        "_checking",
-        "_pending",
-        "_record_entry",
-        "_sequence",
-        "averages",
-        "backend",
-        "executor",
-        "executor_name",
-        "guard",
-        "op",
-        "result",
-        "size",
-        "source",
-        "watchdog",
-        "work",
-    )
-
-    def __init__(
-        self,
-        group: Communicator,
-        executor: "SharedExecutor",
-        guard: Guard,
-        check: bool | None,
-        job: Job,
-        result: Any,
-        algorithm: str,
-    ) -> None:
-        watchdog = group.watchdog
-        op = job.op
-        assert op is not None  # an allreduce reduces
-        self.watchdog = watchdog
-        self.executor = executor
-        self.executor_name = algorithm
-        self.guard = guard
-        self.backend: ArrayBackend = job.backend
-        self.op: ReduceOp = op
-        self.averages = op.averages
-        self.size = group.size
-        self.work = job.work
-        self.source = job.work if job.source is None else job.source
-        self.result = result
-        self._checking = (watchdog.check if check is None else check) and group.size > 1
-        self._pending = False
-        self._sequence = 0
-        self._barriers = 0
-        self._call: Call | None = None
-        self._record_entry: Starts | None = None
-
-    def run(self) -> Any:
-        watchdog = self.watchdog
-        watchdog.claim("allreduce")
-        sequence = watchdog.sequence
-        watchdog.sequence = sequence + 1
-        self._sequence = sequence
-        self._barriers = 0
-        self._call = None
-        entry = self._record_entry
-        recorder = watchdog.recorder
-        if entry is not None and recorder and recorder[-1] is entry:  # no other call since: count it in
-            entry.last = sequence
-            entry.starts += 1
-        else:
-            entry = self._record_entry = Starts(self.guard.signature, sequence, self.executor_name)
-            recorder.append(entry)
-        if self._checking:
-            self.guard.stamp(sequence)
-            self._pending = True
-        try:
-            self.executor.allreduce(self.backend, self.work, self.source, self.op, self.barrier)
-        except BaseException as error:
-            failed = self._call or self._record()
-            failed.pending = None  # the error is the call's, whatever its signature
-            watchdog.end(failed, error)
-            raise
-        call = self._call
-        if call is None:
-            watchdog.release()
-        else:
-            watchdog.end(call)
-        if self.averages:
-            self.backend.divide(self.work, self.size)
-        return self.result
-
-    def barrier(
-        self, shared: SharedMemory, note: Sequence[int] = (), ranks: tuple[int, ...] | None = None
-    ) -> None:
-        """The executor's barrier: the signature goes with the first; a long wait is a Call's."""
-        passed = self._barriers
-        self._barriers = passed + 1
-        pending = self._pending
-        if pending:
-            shared.post(self.guard.packed)
-        shared.arrive(note)
-        call = self._call
-        if call is None and not shared.wait(_SPIN_S):
-            if pending:
-                self._pending = False
-                self.watchdog.compare_posted(shared, self.guard, self._sequence)
-            return
-        if call is None:
-            call = self._record()
-        if pending:
-            self._pending = False
-            call.pending = self.guard
-        call.arrived(shared, passed, ranks)
-
-    def _record(self) -> Call:
-        """The start's Call, made when it must wait (or failed): its deadline, warnings and own record."""
-        watchdog = self.watchdog
-        call = self._call = Call(watchdog, self.guard.signature, self._sequence)
-        call.algorithm = self.executor_name
-        entry = self._record_entry
-        if entry is not None:  # the call's own record replaces its count in the lean starts' entry
-            if entry.starts == 1 and watchdog.recorder and watchdog.recorder[-1] is entry:
-                watchdog.recorder.pop()
-            else:
-                entry.starts -= 1
-                entry.last -= 1
-        self._record_entry = None
-        watchdog.recorder.append(call)
-        return call
-
-
 def _group(comm: "Communicator | MPI.Comm | None") -> Communicator:
     if isinstance(comm, Communicator) and comm.watchdog.freed:
         raise FreedCommunicatorError(f"rank {comm.rank}: this communicator was freed; make a new one")
@@ -345,6 +229,35 @@ def _group(comm: "Communicator | MPI.Comm | None") -> Communicator:
     if started:
         settle(group)
     return group
+
+
+def _decided(
+    group: Communicator,
+    collective: str,
+    algorithm: str,
+    check: bool | None,
+    prepare: Callable[..., Job],
+    *args: Any,
+) -> "tuple[Job, str, SharedExecutor | None, Guard]":
+    """An init's job, checked by ``prepare(group, algorithm, *args)``, and what the ranks agreed on for it.
+
+    Returns:
+        The job; the algorithm its starts run; the shared-memory executor, where it
+        runs them; the packed signature of the starts (see :func:`~collectives.dispatch.decide`).
+    """
+    job = checked(group, collective, algorithm, check, prepare, *args)
+    return (job, *decide(group, job, check))
+
+
+def _keeping(run: Callable[[Any], Any], out: Any) -> Callable[[], Any]:
+    """A start that runs ``run(into)``: into ``out`` first, then into the first start's result."""
+    target = [out]
+
+    def plain() -> Any:
+        result = target[0] = run(target[0])  # later starts write into the first one's result
+        return result
+
+    return plain
 
 
 def allreduce_init(
@@ -368,8 +281,9 @@ def allreduce_init(
     in_place = out is x
     if out is None and hasattr(x, "shape") and hasattr(x, "dtype"):
         out = checked(group, "allreduce", algorithm, check, _like, x)
-    job = checked(group, "allreduce", algorithm, check, allreduce_job, x, op, out, check, None)
-    chosen, executor, guard = decide(group, job, check)
+    job, chosen, executor, guard = _decided(
+        group, "allreduce", algorithm, check, allreduce_job, x, op, out, check, None
+    )
     buffers = [x, out]
 
     def plain() -> Any:
@@ -400,9 +314,11 @@ def allreduce_init(
             and job.collective == "allreduce"
         )
         path = None
-        if lean and executor is not None:
-            path = _SharedAllreduce(group, executor, guard, check, job, new_out, chosen)
-        persistent.bound((new, new_out), path)
+        reduction = job.op
+        if lean and executor is not None and reduction is not None:
+            path = LeanAllreduce(group, executor, guard, check, job.backend, reduction, chosen, Starts)
+        source = job.work if job.source is None else job.source
+        persistent.bound((new, new_out), path, job.work, source)
 
     bind(x, out, job)
     persistent.rebinder = bind
@@ -428,16 +344,17 @@ def reduce_scatter_init(
 ) -> Persistent:
     """A persistent :func:`~collectives.reduce_scatter`; collective. Arguments as for it."""
     group = _group(comm)
-    job = checked(group, "reduce_scatter", algorithm, check, reduce_scatter_job, x, op, counts, out, None)
-    chosen, _, _ = decide(group, job, check)
-    target = [job.out]  # this rank's share, made by the checks when not given
+    job, chosen, _, _ = _decided(
+        group, "reduce_scatter", algorithm, check, reduce_scatter_job, x, op, counts, out, None
+    )
+    share = job.out  # this rank's share, made by the checks when not given
 
     def plain() -> Any:
         return api.reduce_scatter(
-            x, op, counts=counts, out=target[0], algorithm=algorithm, comm=group, check=check
+            x, op, counts=counts, out=share, algorithm=algorithm, comm=group, check=check
         )
 
-    return Persistent("reduce_scatter", group, chosen, plain, (x, target[0]))
+    return Persistent("reduce_scatter", group, chosen, plain, (x, share))
 
 
 def allgather_init(
@@ -451,16 +368,14 @@ def allgather_init(
 ) -> Persistent:
     """A persistent :func:`~collectives.allgather`; collective. Arguments as for it."""
     group = _group(comm)
-    job = checked(group, "allgather", algorithm, check, gather_job, "allgather", x, -1, counts, out)
-    chosen, _, _ = decide(group, job, check)
-    target = [out]
+    _, chosen, _, _ = _decided(
+        group, "allgather", algorithm, check, gather_job, "allgather", x, -1, counts, out
+    )
 
-    def plain() -> Any:
-        result = api.allgather(x, counts=counts, out=target[0], algorithm=algorithm, comm=group, check=check)
-        target[0] = result  # later starts write into the first one's result
-        return result
+    def run(into: Any) -> Any:
+        return api.allgather(x, counts=counts, out=into, algorithm=algorithm, comm=group, check=check)
 
-    return Persistent("allgather", group, chosen, plain, (x, out))
+    return Persistent("allgather", group, chosen, _keeping(run, out), (x, out))
 
 
 def broadcast_init(
@@ -474,13 +389,9 @@ def broadcast_init(
 ) -> Persistent:
     """A persistent :func:`~collectives.broadcast`; collective. Arguments as for it."""
     group = _group(comm)
-    job = checked(group, "broadcast", algorithm, check, broadcast_job, x, root, out)
-    chosen, _, _ = decide(group, job, check)
-    target = [out]
+    _, chosen, _, _ = _decided(group, "broadcast", algorithm, check, broadcast_job, x, root, out)
 
-    def plain() -> Any:
-        result = api.broadcast(x, root, out=target[0], algorithm=algorithm, comm=group, check=check)
-        target[0] = result  # later starts write into the first one's result
-        return result
+    def run(into: Any) -> Any:
+        return api.broadcast(x, root, out=into, algorithm=algorithm, comm=group, check=check)
 
-    return Persistent("broadcast", group, chosen, plain, (x, out))
+    return Persistent("broadcast", group, chosen, _keeping(run, out), (x, out))

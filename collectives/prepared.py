@@ -17,6 +17,7 @@ __all__ = [
     "allreduce_key",
     "allreduce_plan",
     "allreduce_prepared",
+    "check_of",
     "fits",
     "fits_shares",
     "opening_of",
@@ -25,6 +26,8 @@ __all__ = [
     "shares_key",
 ]
 
+from collections.abc import Callable
+from dataclasses import InitVar, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .algorithms import ALGORITHMS, rank_program
@@ -33,6 +36,8 @@ from .backends import ArrayBackend
 from .errors import CollectivesError
 from .execute import DEFAULT_SEGMENT_BYTES, PLANS_BUDGET, Plan, opening, pack_opening, program_plan, run
 from .execute_shared import SharedExecutor
+from .faults import PLAN as FAULTS
+from .lean import LeanAllreduce
 from .ops import ReduceOp
 from .selector import AUTO
 from .watchdog import FUSED_BYTES, Guard
@@ -46,6 +51,7 @@ KEPT = 256
 _OPS = (str, ReduceOp)  # a tuple: ``isinstance(op, str | ReduceOp)`` builds the union every call, 0.1 us
 
 
+@dataclass(slots=True, eq=False)
 class Prepared:
     """What a call decided once it had checked its arguments, reused by every later call of its key.
 
@@ -62,49 +68,32 @@ class Prepared:
         outgoing: per peer, the data that travels with the signature.
         arrived: the opening receives, by peer, once the signature has come.
         shares: of a reduce-scatter or all-gather: every rank's elements.
+        lean: of an allreduce on shared memory whose signature travels with the
+            executor's barrier: its lean path (:mod:`collectives.lean`).
+        fits: ``fits(prepared, x, out)``, whether a later call's arrays pass the first one's checks.
+        reuse: ``reuse(group, prepared, x, out, check)``, a later call run on these decisions.
     """
 
-    __slots__ = (
-        "arrived",
-        "averages",
-        "backend",
-        "guard",
-        "op",
-        "outgoing",
-        "plan",
-        "scratch",
-        "sends",
-        "shape",
-        "shared",
-        "shares",
-    )
+    backend: ArrayBackend
+    op: ReduceOp | None
+    guard: Guard
+    plan: Plan | None
+    scratch: Any
+    shape: tuple[int, ...]
+    sends: tuple[Any, ...]
+    outgoing: dict[int, Any]
+    arrived: dict[int, Any] | None
+    shared: SharedExecutor | None = None
+    shares: tuple[int, ...] = ()
+    collective: InitVar[str] = "allreduce"
+    averages: bool = field(init=False)
+    lean: LeanAllreduce | None = field(init=False, default=None)
+    fits: Callable[["Prepared", Any, Any], bool] = field(init=False)
+    reuse: Callable[..., Any] = field(init=False)
 
-    def __init__(
-        self,
-        backend: ArrayBackend,
-        op: ReduceOp | None,
-        guard: Guard,
-        rank_plan: Plan | None,
-        scratch: Any,
-        shape: tuple[int, ...],
-        sends: tuple[Any, ...],
-        outgoing: dict[int, Any],
-        arrived: dict[int, Any] | None,
-        shared: SharedExecutor | None = None,
-        shares: tuple[int, ...] = (),
-    ) -> None:
-        self.backend = backend
-        self.op = op
-        self.guard = guard
-        self.plan = rank_plan
-        self.shared = shared
-        self.scratch = scratch
-        self.shape = shape
-        self.averages = op is not None and op.averages
-        self.sends = sends
-        self.outgoing = outgoing
-        self.arrived = arrived
-        self.shares = shares
+    def __post_init__(self, collective: str) -> None:
+        self.averages = self.op is not None and self.op.averages
+        self.fits, self.reuse = _REUSED[collective]
 
 
 def remember(group: "Communicator", key: tuple[Any, ...], prepared: Prepared) -> None:
@@ -128,7 +117,10 @@ def _plan_size(prepared: Prepared) -> int:
 
 
 def allreduce_key(x: Any, op: Any, out: Any, algorithm: str, check: bool | None) -> tuple[Any, ...] | None:
-    """The key of an allreduce's decisions; ``None`` for arguments no decision is kept for."""
+    """The key of an allreduce's decisions; ``None`` for arguments no decision is kept for.
+
+    Its last item is the call's ``check`` (see :func:`check_of`).
+    """
     if op.__class__ is not str and not isinstance(op, _OPS):
         return None
     result = "new" if out is None else "in place" if out is x else "out"
@@ -136,6 +128,12 @@ def allreduce_key(x: Any, op: Any, out: Any, algorithm: str, check: bool | None)
         return (type(x), x.shape, x.dtype, op, algorithm, result, check)
     except AttributeError:
         return None
+
+
+def check_of(key: tuple[Any, ...]) -> bool | None:
+    """The ``check`` of the call whose decisions :func:`allreduce_key` keyed ``key``."""
+    check: bool | None = key[-1]
+    return check
 
 
 def fits(prepared: Prepared, x: Any, out: Any) -> bool:
@@ -176,6 +174,10 @@ def allreduce_prepared(
     else:
         work = backend.empty(x.size, x) if out is None else out.reshape(-1)
         source = x.reshape(-1)
+    lean = prepared.lean
+    if lean is not None and not FAULTS.armed and not lean.watchdog.debug:
+        lean.run(work, work if source is None else source)
+        return work.reshape(prepared.shape) if out is None else out
     watchdog = group.watchdog
     if prepared.arrived is not None:
         # the opening's buffers are the communicator's: claim it before writing them, so that
@@ -227,6 +229,7 @@ def allreduce_plan(
     return program_plan(program, max(DEFAULT_SEGMENT_BYTES // item_bytes, 1), separate)
 
 
+@dataclass(slots=True, eq=False)
 class Opening:
     """An allreduce's decisions known before its ranks agree on the call, and its first messages.
 
@@ -239,23 +242,12 @@ class Opening:
         arrived: per peer, where the first receives that travel with the signature land.
     """
 
-    __slots__ = ("algorithm", "arrived", "guard", "outgoing", "plan", "sends")
-
-    def __init__(
-        self,
-        algorithm: str,
-        rank_plan: Plan | None,
-        guard: Guard,
-        sends: tuple[Any, ...],
-        outgoing: dict[int, Any],
-        arrived: dict[int, Any] | None,
-    ) -> None:
-        self.algorithm = algorithm
-        self.plan = rank_plan
-        self.guard = guard
-        self.sends = sends
-        self.outgoing = outgoing
-        self.arrived = arrived
+    algorithm: str
+    plan: Plan | None
+    guard: Guard
+    sends: tuple[Any, ...]
+    outgoing: dict[int, Any]
+    arrived: dict[int, Any] | None
 
 
 def opening_of(
@@ -442,3 +434,10 @@ def allgather_prepared(
     if not backend.shares_memory(work, out):
         backend.copy(out, work)
     return out
+
+
+_REUSED: dict[str, tuple[Callable[[Prepared, Any, Any], bool], Callable[..., Any]]] = {
+    "allreduce": (fits, allreduce_prepared),
+    "reduce_scatter": (fits_shares, reduce_scatter_prepared),
+    "allgather": (fits_shares, allgather_prepared),
+}

@@ -1,0 +1,192 @@
+"""The lean path of a repeated shared-memory allreduce: a persistent start's, or a plain call's repeat.
+
+A call whose ranks agreed on its decisions once (a persistent call's init, or the
+first plain call of a key: :mod:`collectives.prepared`) runs here on the
+shared-memory executor with the safeties of any call, at less cost: it claims the
+communicator against other threads, takes the next sequence number, and unless
+checking is off posts its signature (with that number and the watchdog's tag) for
+the executor's one barrier and compares the others' after it, so a call that
+meets another call on another rank raises :class:`~collectives.MismatchError` on
+every rank. Calls in a row share one flight-recorder entry (their first and last
+numbers, and how many); a call gets a :class:`~collectives.call.Call` of its own,
+with its deadline and stall warning, only where it waits past :data:`SPIN_S` or
+fails, so a rank that never calls leaves the others a
+:class:`~collectives.CollectiveTimeout`. With ``$COLLECTIVES_DEBUG`` or an armed
+``$COLLECTIVES_FAULT`` the callers take the plain path instead.
+"""
+
+__all__ = ["SPIN_S", "LeanAllreduce", "Repeats"]
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from .call import Call, Starts
+from .errors import MismatchError
+from .ops import itemsize
+from .transport.base import SharedMemory
+from .watchdog import Guard
+
+if TYPE_CHECKING:
+    from .backends import ArrayBackend
+    from .communicator import Communicator
+    from .execute_shared import SharedExecutor
+    from .ops import ReduceOp
+
+SPIN_S = 0.001
+"""How long a lean call waits at a barrier before it makes its Call: its deadline, warnings and record.
+
+Most barriers are passed well within it; past it the Call's deadline (from then) bounds the wait.
+"""
+
+
+class Repeats(Starts):
+    """One flight-recorder entry for a plain call's lean repeats in a row, as :class:`Starts` for starts."""
+
+    __slots__ = ()
+
+    def line(self, rank: int) -> str:
+        return super().line(rank).replace(" persistent starts=", " repeated calls=")
+
+
+class LeanAllreduce:
+    """A repeated allreduce on the shared-memory executor, its signature carried by the executor's barrier.
+
+    Args:
+        group: the communicator.
+        executor: its shared-memory executor.
+        guard: the packed signature the ranks agreed on.
+        check: the call's ``check``, as the user gave it.
+        backend: the arrays' backend.
+        op: the reduction.
+        algorithm: the algorithm's name, for the flight recorder.
+        record: the flight-recorder entry's type (:class:`Starts` for persistent starts).
+    """
+
+    __slots__ = (
+        "_barriers",
+        "_call",
+        "_check",
+        "_entry",
+        "_pending",
+        "_record_as",
+        "_run",
+        "_sequence",
+        "algorithm",
+        "averages",
+        "backend",
+        "executor",
+        "guard",
+        "op",
+        "size",
+        "watchdog",
+    )
+
+    def __init__(
+        self,
+        group: "Communicator",
+        executor: "SharedExecutor",
+        guard: Guard,
+        check: bool | None,
+        backend: "ArrayBackend",
+        op: "ReduceOp",
+        algorithm: str,
+        record: type[Starts] = Repeats,
+    ) -> None:
+        self.watchdog = group.watchdog
+        self.executor = executor
+        self.algorithm = algorithm
+        self.guard = guard
+        self.backend = backend
+        self.op = op
+        self.averages = op.averages
+        self.size = group.size
+        self._check = check
+        self._record_as = record
+        self._pending = False
+        self._sequence = 0
+        self._barriers = 0
+        self._call: Call | None = None
+        self._entry: Starts | None = None
+        signature = guard.signature
+        small = executor.small(signature.count * itemsize(signature.dtype))
+        # a call whose inputs together fit the small window skips the executor's choice of path
+        self._run = executor.allreduce_small if small else executor.allreduce
+
+    def run(self, work: Any, source: Any) -> None:
+        """``work`` = the allreduce of every rank's ``source`` (may be ``work``), divided for ``avg``."""
+        watchdog = self.watchdog
+        watchdog.claim("allreduce")
+        sequence = watchdog.sequence
+        watchdog.sequence = sequence + 1
+        self._sequence = sequence
+        self._barriers = 0
+        self._call = None
+        entry = self._entry
+        recorder = watchdog.recorder
+        if entry is not None and recorder and recorder[-1] is entry:  # no other call since: count it in
+            entry.last = sequence
+            entry.starts += 1
+        else:
+            entry = self._entry = self._record_as(self.guard.signature, sequence, self.algorithm)
+            recorder.append(entry)
+        check = self._check
+        if (watchdog.check if check is None else check) and self.size > 1:
+            self.guard.stamp(sequence, watchdog.tag)
+            self._pending = True
+        try:
+            self._run(self.backend, work, source, self.op, self.barrier)
+        except BaseException as error:
+            failed = self._call or self._record()
+            failed.pending = None  # the error is the call's, whatever its signature
+            if isinstance(error, MismatchError) and self.op.custom:
+                error.add_note(
+                    f"rank {watchdog.transport.rank}'s op {self.op.name!r} is {self.op.agreed_name!r}"
+                )
+            watchdog.end(failed, error)
+            raise
+        call = self._call
+        if call is None:
+            watchdog.release()
+        else:
+            watchdog.end(call)
+        if self.averages:
+            self.backend.divide(work, self.size)
+
+    def barrier(
+        self, shared: SharedMemory, note: Sequence[int] = (), ranks: tuple[int, ...] | None = None
+    ) -> None:
+        """The executor's barrier: the signature goes with the first; a long wait is a Call's."""
+        passed = self._barriers
+        self._barriers = passed + 1
+        pending = self._pending
+        if pending:
+            shared.post(self.guard.packed)
+        shared.arrive(note)
+        call = self._call
+        if call is None and not shared.wait(SPIN_S):
+            if pending:
+                self._pending = False
+                self.watchdog.compare_posted(shared, self.guard, self._sequence)
+            return
+        if call is None:
+            call = self._record()
+        if pending:
+            self._pending = False
+            call.pending = self.guard
+        call.arrived(shared, passed, ranks)
+
+    def _record(self) -> Call:
+        """The call's Call, made when it must wait (or failed): its deadline, warnings and own record."""
+        watchdog = self.watchdog
+        call = self._call = Call(watchdog, self.guard.signature, self._sequence)
+        call.algorithm = self.algorithm
+        entry = self._entry
+        if entry is not None:  # the call's own record replaces its count in the lean calls' entry
+            if entry.starts == 1 and watchdog.recorder and watchdog.recorder[-1] is entry:
+                watchdog.recorder.pop()
+            else:
+                entry.starts -= 1
+                entry.last -= 1
+        self._entry = None
+        watchdog.recorder.append(call)
+        return call
