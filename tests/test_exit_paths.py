@@ -9,6 +9,8 @@ from tests.exits.after_failure import LATE_S, TIMEOUT_S
 from tests.mpirun import mpiexec, run_mpi
 from tests.ulfm.launch import INSTALL, openmpi_prefix, run_ulfm
 
+SLACK_S = 0.5
+"""A wait bounded by the timeout ends a little after it on a loaded machine (2.01-2.03 s were seen)."""
 BOUND_S = 60  # the whole job; each case takes about 10 s
 
 needs_mpiexec = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec (install the mpich extra)")
@@ -36,7 +38,7 @@ def test_close_after_a_peers_bad_input_in_a_sync_pushpull() -> None:
     assert "rank 1: pushpull raised KeyMismatchError" in output, output
     assert "rank 0: pushpull raised KVStoreTimeout" in output, output
     # rank 0 closes after its timeout: the close itself within the timeout; rank 1 waited for it
-    assert took[0] <= TIMEOUT_S, output
+    assert took[0] <= TIMEOUT_S + SLACK_S, output
     assert took[1] <= 2 * TIMEOUT_S + 2, output
 
 
@@ -44,7 +46,7 @@ def test_close_after_a_peers_bad_input_in_a_sync_pushpull() -> None:
 def test_close_after_a_worker_closed_early() -> None:
     output, took = _run("store_closed_early")
     assert "rank 0: pushpull raised KVStoreTimeout" in output, output
-    assert took[0] <= TIMEOUT_S, output
+    assert took[0] <= TIMEOUT_S + SLACK_S, output
 
 
 @needs_mpiexec
@@ -52,14 +54,14 @@ def test_free_after_a_shared_memory_timeout_while_the_peer_comes_late() -> None:
     output, took = _run("free_late")
     assert "rank 0: allreduce raised CollectiveTimeout" in output, output
     # the peer comes LATE_S after the timeout: a free that waited in MPI_Win_free would take that long
-    assert took[0] <= TIMEOUT_S < LATE_S - 1, output
-    assert took[1] <= TIMEOUT_S, output
+    assert took[0] <= TIMEOUT_S + SLACK_S < LATE_S - 1, output
+    assert took[1] <= TIMEOUT_S + SLACK_S, output
 
 
 @needs_mpiexec
 def test_free_after_a_shared_memory_timeout_while_the_peer_never_frees() -> None:
     output, took = _run("free_never")
-    assert took[0] <= TIMEOUT_S, output
+    assert took[0] <= TIMEOUT_S + SLACK_S, output
 
 
 @needs_openmpi
