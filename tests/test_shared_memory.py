@@ -172,3 +172,11 @@ def test_an_allreduce_whose_inputs_together_are_small_passes_one_barrier(size: i
             expected = size * np.arange(x.shape[0], dtype=np.float32) + sum(range(size))
             np.testing.assert_array_equal(x, expected)
     assert barriers[small] == [1] * size and barriers[small + 1] == [2] * size
+
+
+def test_a_barrier_spins_only_where_every_rank_has_a_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    from collectives.transport.mpi.shared_memory import SPIN_POLLS, spin_polls
+
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert spin_polls(1) == spin_polls(2) == SPIN_POLLS > 0
+    assert spin_polls(3) == spin_polls(4) == 0
