@@ -27,12 +27,11 @@ from collectives.execute import execute
 from collectives.ops import get_op
 from collectives.schedule import Schedule, Step, Transfer
 from collectives.selector import Selector, nodes_of
-from collectives.topology.cost_model import DEFAULT_MODEL, CostModel
+from collectives.topology.cost_model import DEFAULT_MODEL, CostModel, Traffic
 from collectives.transport.mpi import MPITransport
 
 from .collective import library_version
 from .fitting import Measurement, Timed, fit_exchange, fit_model, fit_per_byte
-from .progress import progress
 
 _ITEMSIZE = 4  # float32, the default dtype
 # (bytes per message, steps per schedule) of the exchanges timed; the step counts tell
@@ -145,16 +144,17 @@ def measure_barrier(world: MPI.Intracomm, transport: MPITransport, iters: int, w
 def measure_allreduces(
     comm: collectives.Communicator,
     world: MPI.Intracomm,
-    algorithms: Sequence[str],
-    nbytes: int,
+    cases: Sequence[tuple[str, int]],
     iters: int,
     warmup: int,
-) -> dict[str, float]:
-    """Median seconds of a float32 allreduce of ``nbytes`` by each of ``algorithms``, as compare times it.
+) -> dict[tuple[str, int], float]:
+    """Median seconds of a float32 allreduce for each ``(algorithm, nbytes)`` of ``cases``, as compare times.
 
-    In rounds: every algorithm once per round, each call started together after a
+    In rounds: every case once per round, each call started together after a
     barrier (the order alternating round by round), its time the slowest rank's,
-    so slow spells of a shared machine fall on all alike; then the median over
+    so slow spells of a shared machine fall on every algorithm and size alike (the
+    fit weighs sizes against each other, so a spell on the small sizes alone would
+    move the per-call constants against the per-byte ones); then the median over
     rounds, as what a caller meets: a ring allreduce's least time was as little
     as 0.6 of its median, a shared-memory one's 0.9, and the least chose ring
     where the medians are 1.3-1.5x apart the other way. In place on zeros (so
@@ -162,28 +162,31 @@ def measure_allreduces(
     exceed :data:`_COLD_BYTES`, so that it finds its buffer out of the caches, as
     an application's call does and as ``bench compare``'s interleaved contenders
     do: on one warm buffer a 4 MiB ring allreduce at 2 ranks ran 2.2 times faster
-    than on cold ones, the shared-memory one 1.2 times.
+    than on cold ones, the shared-memory one 1.2 times. Calls of microseconds are
+    timed several at a time, as compare times them, so that the barrier's uneven
+    exit does not swamp them.
     """
-    count = nbytes // _ITEMSIZE
-    # filled, not just allocated: the first touch of a fresh page faults, which no caller pays twice
-    kept = min(-(-_COLD_BYTES // max(nbytes, 1)) + 1, _MAX_BUFFERS)
-    buffers = [np.full(count, 0.0, np.float32) for _ in range(kept)]
-    turn = itertools.cycle(buffers)
-    # calls of microseconds are timed several at a time, so the barrier's uneven exit does not swamp them
-    batch = max(1, min(_MAX_BATCH, _BATCH_BYTES // max(nbytes, 1)))
-    times = np.empty((len(algorithms), iters))
+    turns = {}
+    for nbytes in {n for _, n in cases}:
+        # filled, not just allocated: the first touch of a fresh page faults, which no caller pays twice
+        kept = min(-(-_COLD_BYTES // max(nbytes, 1)) + 1, _MAX_BUFFERS)
+        turns[nbytes] = itertools.cycle([np.full(nbytes // _ITEMSIZE, 0.0, np.float32) for _ in range(kept)])
+    times = np.empty((len(cases), iters))
     for i in range(-warmup, iters):
-        order = range(len(algorithms)) if i % 2 == 0 else reversed(range(len(algorithms)))
+        order = range(len(cases)) if i % 2 == 0 else reversed(range(len(cases)))
         for j in order:
+            algorithm, nbytes = cases[j]
+            batch = max(1, min(_MAX_BATCH, _BATCH_BYTES // max(nbytes, 1)))
+            turn = turns[nbytes]
             world.Barrier()
             start = time.perf_counter()
             for _ in range(batch):
                 x = next(turn)
-                collectives.allreduce(x, "sum", out=x, algorithm=algorithms[j], comm=comm)
+                collectives.allreduce(x, "sum", out=x, algorithm=algorithm, comm=comm)
             if i >= 0:
                 times[j, i] = (time.perf_counter() - start) / batch
     world.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
-    return {name: float(np.median(times[j])) for j, name in enumerate(algorithms)}
+    return {case: float(np.median(times[j])) for j, case in enumerate(cases)}
 
 
 def _fit_collectives(
@@ -217,19 +220,20 @@ def _fit_collectives(
         if split is not None:
             wanted, terms, per_node = _TIMED_NODES, _TERMS + _NETWORK_TERMS, split[1]
         selector = Selector(model)
-        timed: list[Timed] = []
-        emit(f"# {'algorithm':>26} {'bytes':>10} {'median(us)':>12}")
-        for nbytes in progress(sizes, len(sizes), "sizes", shown=world.rank == 0):
-            count = nbytes // _ITEMSIZE
+        counted: dict[tuple[str, int], Traffic] = {}
+        for nbytes in sizes:
             explanation = selector.explain(
-                "allreduce", count, "float32", world_size=world.size, features=features
+                "allreduce", nbytes // _ITEMSIZE, "float32", world_size=world.size, features=features
             )
-            counted = {c.algorithm: c.traffic for c in explanation.candidates}
             # shared_memory is no candidate where the ranks share no memory
-            names = [algorithm for algorithm in wanted if algorithm in counted]
-            for algorithm, seconds in measure_allreduces(comm, world, names, nbytes, iters, warmup).items():
-                timed.append(Timed(algorithm, count, seconds, counted[algorithm]))
-                emit(f"  {algorithm:>26} {nbytes:>10} {seconds * 1e6:>12.2f}")
+            known = {c.algorithm: c.traffic for c in explanation.candidates}
+            counted |= {(name, nbytes): known[name] for name in wanted if name in known}
+        measured = measure_allreduces(comm, world, list(counted), iters, warmup)
+        emit(f"# {'algorithm':>26} {'bytes':>10} {'median(us)':>12}")
+        timed: list[Timed] = []
+        for (algorithm, nbytes), seconds in measured.items():
+            timed.append(Timed(algorithm, nbytes // _ITEMSIZE, seconds, counted[algorithm, nbytes]))
+            emit(f"  {algorithm:>26} {nbytes:>10} {seconds * 1e6:>12.2f}")
     finally:
         comm.free()
     fitted, residuals = fit_model(timed, model, terms, _ITEMSIZE, world.size, per_node)
