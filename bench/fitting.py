@@ -112,6 +112,27 @@ def fit_per_byte(
     return max(value, 0.0), intercept
 
 
+_REWEIGHTINGS = 8
+_LEAST_SPREAD = 0.02  # relative errors below 2% weigh as 2%, so that no one call takes over
+
+
+def _non_negative(
+    columns: np.ndarray, target: np.ndarray, weights: np.ndarray, active: list[int]
+) -> np.ndarray:
+    """Weighted least squares of ``columns @ x = target`` over the ``active`` columns, with ``x >= 0``."""
+    active = list(active)
+    values = np.zeros(columns.shape[1])
+    while active:
+        rows = columns[:, active] * weights[:, None]
+        solution, *_ = np.linalg.lstsq(rows, target * weights, rcond=None)
+        if (solution >= 0).all():
+            values[active] = solution
+            break
+        # drop the most negative and fit the rest again (an active-set step of non-negative least squares)
+        active.pop(int(np.argmin(solution)))
+    return values
+
+
 def fit_model(
     timed: Sequence[Timed],
     model: CostModel,
@@ -157,17 +178,15 @@ def fit_model(
         ]
     )
     seconds = np.array([t.seconds for t in timed])
-    weights = 1.0 / seconds
-    active = [j for j in range(len(terms)) if columns[:, j].any()]
+    exercised = [j for j in range(len(terms)) if columns[:, j].any()]
     values = np.zeros(len(terms))
-    while active:
-        rows = columns[:, active] * weights[:, None]
-        solution, *_ = np.linalg.lstsq(rows, (seconds - base) * weights, rcond=None)
-        if (solution >= 0).all():
-            values[active] = solution
-            break
-        # drop the most negative and fit the rest again (an active-set step of non-negative least squares)
-        active.pop(int(np.argmin(solution)))
+    # least absolute relative error, by reweighting: a call timed in a slow spell of a shared machine
+    # (a shared-memory call at 8 MiB once took 1.3x its neighbours' trend) then moves the fit less
+    spread = np.ones_like(seconds)
+    for _ in range(_REWEIGHTINGS):
+        weights = 1.0 / (seconds * np.sqrt(spread))
+        values = _non_negative(columns, seconds - base, weights, exercised)
+        spread = np.maximum(np.abs(columns @ values + base - seconds) / seconds, _LEAST_SPREAD)
     # a term no call exercises (copy where no memory is shared) keeps the value it was given
     kept = {term: getattr(model, term) for j, term in enumerate(terms) if not columns[:, j].any()}
     fitted = replace(zero, **({term: float(v) for term, v in zip(terms, values, strict=True)} | kept))
