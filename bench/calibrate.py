@@ -42,9 +42,11 @@ _STEPS = (1, 4)
 _QUICK_STEPS = (1, 2)
 _GAMMA_BYTES = 32 * 1024**2  # well past the caches, as the large reductions the selector weighs are
 _QUICK_GAMMA_BYTES = 4 * 1024**2
-# allreduces timed end to end to fit the model to: latency-bound sizes and sizes where bytes dominate
-_FULL_ALLREDUCE_BYTES = (8, 4 * 1024, 64 * 1024, 1024**2, 4 * 1024**2, 16 * 1024**2)
-_QUICK_ALLREDUCE_BYTES = (8, 32 * 1024, 1024**2, 8 * 1024**2)
+# allreduces timed end to end to fit the model to: latency-bound sizes, sizes where bytes dominate, and
+# 256 KiB, where a shared-memory allreduce at 4 ranks passes one barrier and copies little (the barrier
+# was otherwise told from the copies by two sizes alone)
+_FULL_ALLREDUCE_BYTES = (8, 4 * 1024, 64 * 1024, 256 * 1024, 1024**2, 4 * 1024**2, 16 * 1024**2)
+_QUICK_ALLREDUCE_BYTES = (8, 32 * 1024, 256 * 1024, 1024**2, 8 * 1024**2)
 _COLD_BYTES = 64 * 1024**2  # past the last-level cache (32 MiB on the machine the defaults come from)
 _MAX_BUFFERS = 64  # small calls reuse buffers (they stay in cache for an application's calls too)
 _BATCH_BYTES = 1024**2  # calls below it are timed several at a time, as bench compare times them

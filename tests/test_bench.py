@@ -411,10 +411,10 @@ def test_calibrate_under_mpiexec_saves_where_the_env_var_says(
     # both ranks share this machine's memory, so the barrier was measured, not defaulted
     assert "barrier: the ranks share no memory" not in result.stdout
     assert 0 < saved["barrier_alone"] < 1 and 0 <= saved["barrier"] == model.barrier < 1
-    # the constants are fitted together to allreduces of five algorithms at four sizes each
+    # the constants are fitted together to allreduces of five algorithms at five sizes each
     timed = {(row["algorithm"], row["bytes"]) for row in saved["allreduces"]}
     algorithms = ("ring", "butterfly", "direct", "halving_doubling", "shared_memory")
-    assert timed == {(a, b) for a in algorithms for b in (8, 2**15, 2**20, 2**23)}
+    assert timed == {(a, b) for a in algorithms for b in (8, 2**15, 2**18, 2**20, 2**23)}
     assert all(row["seconds"] > 0 for row in saved["allreduces"])
     assert "# fitted to every call: ring " in result.stdout and "shared_memory " in result.stdout
     assert saved["copy"] == model.copy and saved["exchange_beta"] >= 0
