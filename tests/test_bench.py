@@ -363,7 +363,7 @@ def test_bench_auto_shows_its_choice_and_explains(monkeypatch: pytest.MonkeyPatc
     args += ["-a", "auto,ring", "--explain", "--json", str(record)]
     result = run_mpi(2, args, timeout=60)
     assert result.returncode == 0, result.stdout
-    assert "# cost model  : alpha 6.00 us/message" in result.stdout
+    assert "# cost model  : alpha 3.00 us/message" in result.stdout
     sizes = plan_sizes("reduce_scatter", size_sweep(8, 4096, 8), 4, 2)
     # one explanation per size, ahead of its rows, every line a comment
     choices = re.findall(r"# choice: (\w+) \(predicted", result.stdout)
