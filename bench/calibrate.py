@@ -27,12 +27,11 @@ from collectives.execute import execute
 from collectives.ops import get_op
 from collectives.schedule import Schedule, Step, Transfer
 from collectives.selector import Selector, nodes_of
-from collectives.topology.cost_model import DEFAULT_MODEL, CostModel
+from collectives.topology.cost_model import DEFAULT_MODEL, CostModel, Traffic
 from collectives.transport.mpi import MPITransport
 
 from .collective import library_version
-from .fitting import Measurement, Timed, fit_exchange, fit_per_byte
-from .progress import progress
+from .fitting import Measurement, Timed, fit_exchange, fit_model, fit_per_byte
 
 _ITEMSIZE = 4  # float32, the default dtype
 # (bytes per message, steps per schedule) of the exchanges timed; the step counts tell
@@ -43,13 +42,27 @@ _STEPS = (1, 4)
 _QUICK_STEPS = (1, 2)
 _GAMMA_BYTES = 32 * 1024**2  # well past the caches, as the large reductions the selector weighs are
 _QUICK_GAMMA_BYTES = 4 * 1024**2
-# allreduces timed end to end to fit the per-byte constants: sizes where bytes, not latency, dominate
-_FULL_ALLREDUCE_BYTES = (1024**2, 4 * 1024**2, 16 * 1024**2)
-_QUICK_ALLREDUCE_BYTES = (1024**2, 8 * 1024**2)
+# allreduces timed end to end to fit the model to: latency-bound sizes, sizes where bytes dominate, and
+# 256 KiB, where a shared-memory allreduce at 4 ranks passes one barrier and copies little (the barrier
+# was otherwise told from the copies by two sizes alone)
+_FULL_ALLREDUCE_BYTES = (8, 4 * 1024, 64 * 1024, 256 * 1024, 1024**2, 4 * 1024**2, 16 * 1024**2)
+_QUICK_ALLREDUCE_BYTES = (8, 32 * 1024, 256 * 1024, 1024**2, 8 * 1024**2)
 _COLD_BYTES = 64 * 1024**2  # past the last-level cache (32 MiB on the machine the defaults come from)
-_FITTED = (("ring", "beta"), ("shared_memory", "copy"))  # (algorithm timed, the constant it fits)
-# on several nodes: every step of a ring crosses between nodes, and the hierarchy copies within them
-_FITTED_NODES = (("ring", "network_beta"), ("hierarchical_shared_memory", "copy"))
+_MAX_BUFFERS = 64  # small calls reuse buffers (they stay in cache for an application's calls too)
+_BATCH_BYTES = 1024**2  # calls below it are timed several at a time, as bench compare times them
+_MAX_BATCH = 50
+# algorithms that differ in steps, messages per step, barriers and copies, so the fit can tell the terms apart
+_TIMED = ("ring", "butterfly", "direct", "halving_doubling", "shared_memory")
+_TIMED_NODES = (
+    "ring",
+    "butterfly",
+    "direct",
+    "halving_doubling",
+    "hierarchical",
+    "hierarchical_shared_memory",
+)
+_TERMS = ("overhead", "step", "alpha", "barrier", "beta", "copy")
+_NETWORK_TERMS = ("network_alpha", "network_beta")
 
 
 def _shift(world_size: int, steps: int, count: int, per_node: int = 0, between: bool = False) -> Schedule:
@@ -133,16 +146,17 @@ def measure_barrier(world: MPI.Intracomm, transport: MPITransport, iters: int, w
 def measure_allreduces(
     comm: collectives.Communicator,
     world: MPI.Intracomm,
-    algorithms: Sequence[str],
-    nbytes: int,
+    cases: Sequence[tuple[str, int]],
     iters: int,
     warmup: int,
-) -> dict[str, float]:
-    """Median seconds of a float32 allreduce of ``nbytes`` by each of ``algorithms``, as compare times it.
+) -> dict[tuple[str, int], float]:
+    """Median seconds of a float32 allreduce for each ``(algorithm, nbytes)`` of ``cases``, as compare times.
 
-    In rounds: every algorithm once per round, each call started together after a
+    In rounds: every case once per round, each call started together after a
     barrier (the order alternating round by round), its time the slowest rank's,
-    so slow spells of a shared machine fall on all alike; then the median over
+    so slow spells of a shared machine fall on every algorithm and size alike (the
+    fit weighs sizes against each other, so a spell on the small sizes alone would
+    move the per-call constants against the per-byte ones); then the median over
     rounds, as what a caller meets: a ring allreduce's least time was as little
     as 0.6 of its median, a shared-memory one's 0.9, and the least chose ring
     where the medians are 1.3-1.5x apart the other way. In place on zeros (so
@@ -150,24 +164,31 @@ def measure_allreduces(
     exceed :data:`_COLD_BYTES`, so that it finds its buffer out of the caches, as
     an application's call does and as ``bench compare``'s interleaved contenders
     do: on one warm buffer a 4 MiB ring allreduce at 2 ranks ran 2.2 times faster
-    than on cold ones, the shared-memory one 1.2 times.
+    than on cold ones, the shared-memory one 1.2 times. Calls of microseconds are
+    timed several at a time, as compare times them, so that the barrier's uneven
+    exit does not swamp them.
     """
-    count = nbytes // _ITEMSIZE
-    # filled, not just allocated: the first touch of a fresh page faults, which no caller pays twice
-    buffers = [np.full(count, 0.0, np.float32) for _ in range(-(-_COLD_BYTES // max(nbytes, 1)) + 1)]
-    turn = itertools.cycle(buffers)
-    times = np.empty((len(algorithms), iters))
+    turns = {}
+    for nbytes in {n for _, n in cases}:
+        # filled, not just allocated: the first touch of a fresh page faults, which no caller pays twice
+        kept = min(-(-_COLD_BYTES // max(nbytes, 1)) + 1, _MAX_BUFFERS)
+        turns[nbytes] = itertools.cycle([np.full(nbytes // _ITEMSIZE, 0.0, np.float32) for _ in range(kept)])
+    times = np.empty((len(cases), iters))
     for i in range(-warmup, iters):
-        order = range(len(algorithms)) if i % 2 == 0 else reversed(range(len(algorithms)))
+        order = range(len(cases)) if i % 2 == 0 else reversed(range(len(cases)))
         for j in order:
-            x = next(turn)
+            algorithm, nbytes = cases[j]
+            batch = max(1, min(_MAX_BATCH, _BATCH_BYTES // max(nbytes, 1)))
+            turn = turns[nbytes]
             world.Barrier()
             start = time.perf_counter()
-            collectives.allreduce(x, "sum", out=x, algorithm=algorithms[j], comm=comm)
+            for _ in range(batch):
+                x = next(turn)
+                collectives.allreduce(x, "sum", out=x, algorithm=algorithm, comm=comm)
             if i >= 0:
-                times[j, i] = time.perf_counter() - start
+                times[j, i] = (time.perf_counter() - start) / batch
     world.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
-    return {name: float(np.median(times[j])) for j, name in enumerate(algorithms)}
+    return {case: float(np.median(times[j])) for j, case in enumerate(cases)}
 
 
 def _fit_collectives(
@@ -178,54 +199,52 @@ def _fit_collectives(
     iters: int,
     warmup: int,
 ) -> tuple[CostModel, list[Timed]]:
-    """``model`` with beta fitted to ring allreduces and copy to shared-memory ones (where memory is shared).
+    """``model`` fitted to whole allreduces of several algorithms and sizes (gamma kept as measured).
 
-    Each per-byte constant is the slope of the algorithm it prices, timed end to
-    end by :func:`measure_allreduces` at a few sizes of megabytes and fitted by
-    :func:`~bench.fitting.fit_per_byte`, so that the model's choice between them
-    at large sizes follows their measured times. Measured apart, the two
-    disagreed: the warm, repeated exchanges alpha comes from move bytes faster
-    than a collective does (cold buffers, the executor's own copies), and a copy
-    through shared memory timed apart from the executor ran 3 times slower than
-    in it, so the model chose ring where the shared-memory allreduce was measured
-    1.3-1.6x faster.
+    The algorithms (:data:`_TIMED`, or :data:`_TIMED_NODES` across nodes) differ in
+    steps, messages per step, steps that cross between nodes, barriers and bytes
+    copied, and each is timed end to end by :func:`measure_allreduces` from a few
+    bytes to megabytes; :func:`~bench.fitting.fit_model` then fits the fixed cost of
+    a call, the cost of a step, alpha, the barrier, beta and copy (and across
+    nodes the network's alpha and beta) to all of them together, so the model
+    predicts what the calls measured and ranks those algorithms as they measured.
+    Constants fitted one at a time, each to one algorithm (beta to ring, copy to
+    shared memory), left out the calls' fixed and per-step costs (explain predicted
+    half the measured time) and took up each other's errors (auto chose the
+    hierarchy across nodes where ring was 1.14x faster).
     """
     comm = collectives.Communicator(world)
-    fits = _FITTED
     per_node = None
+    wanted, terms = _TIMED, _TERMS
     try:
         features = comm.features
         split = nodes_of(world.size, features)
         if split is not None:
-            fits, per_node = _FITTED_NODES, split[1]
+            wanted, terms, per_node = _TIMED_NODES, _TERMS + _NETWORK_TERMS, split[1]
         selector = Selector(model)
-        timed: list[Timed] = []
-        emit(f"# {'algorithm':>13} {'bytes':>10} {'median(us)':>12}")
-        for nbytes in progress(sizes, len(sizes), "sizes", shown=world.rank == 0):
-            count = nbytes // _ITEMSIZE
+        counted: dict[tuple[str, int], Traffic] = {}
+        for nbytes in sizes:
             explanation = selector.explain(
-                "allreduce", count, "float32", world_size=world.size, features=features
+                "allreduce", nbytes // _ITEMSIZE, "float32", world_size=world.size, features=features
             )
-            counted = {c.algorithm: c.traffic for c in explanation.candidates}
             # shared_memory is no candidate where the ranks share no memory
-            names = [algorithm for algorithm, _ in fits if algorithm in counted]
-            for algorithm, seconds in measure_allreduces(comm, world, names, nbytes, iters, warmup).items():
-                timed.append(Timed(algorithm, count, seconds, counted[algorithm]))
-                emit(f"  {algorithm:>13} {nbytes:>10} {seconds * 1e6:>12.2f}")
+            known = {c.algorithm: c.traffic for c in explanation.candidates}
+            counted |= {(name, nbytes): known[name] for name in wanted if name in known}
+        measured = measure_allreduces(comm, world, list(counted), iters, warmup)
+        emit(f"# {'algorithm':>26} {'bytes':>10} {'median(us)':>12}")
+        timed: list[Timed] = []
+        for (algorithm, nbytes), seconds in measured.items():
+            timed.append(Timed(algorithm, nbytes // _ITEMSIZE, seconds, counted[algorithm, nbytes]))
+            emit(f"  {algorithm:>26} {nbytes:>10} {seconds * 1e6:>12.2f}")
     finally:
         comm.free()
-    fitted = {}
-    for algorithm, term in fits:
-        mine = [t for t in timed if t.algorithm == algorithm]
-        if not mine:
-            emit(f"# {term}: {algorithm} cannot run here; the default is kept")
-            continue
-        fitted[term], intercept = fit_per_byte(mine, model, term, _ITEMSIZE, world.size, per_node)
-        emit(
-            f"# {term} {fitted[term] * 1e9:.4f} ns/byte from {algorithm}; "
-            f"its calls' cost beyond the model's other terms: {intercept * 1e6:.2f} us"
-        )
-    return replace(model, **fitted), timed
+    fitted, residuals = fit_model(timed, model, terms, _ITEMSIZE, world.size, per_node)
+    emit(
+        "# fitted to every call: "
+        + ", ".join(f"{name} {error * 100:+.0f}%" for name, error in residuals.items())
+        + " (each algorithm's median error of prediction)"
+    )
+    return replace(fitted, source="measured"), timed
 
 
 def calibrate(
@@ -316,7 +335,7 @@ def calibrate(
     )
     sizes = _QUICK_ALLREDUCE_BYTES if quick else _FULL_ALLREDUCE_BYTES
     model, timed = _fit_collectives(world, emit, exchanged, sizes, iters, warmup)
-    emit(f"# fixed cost per call: {overhead * 1e6:.2f} us (the same for every algorithm; not in the model)")
+    emit(f"# fixed cost of an exchange alone: {overhead * 1e6:.2f} us (a whole call's is fitted: call)")
     emit(f"# beta of the warm exchanges alone: {exchange_beta * 1e9:.4f} ns/byte (not used)")
     emit(f"# {model.describe()}")
     if world.rank == 0:
@@ -326,7 +345,8 @@ def calibrate(
             world_size=world.size,
             nodes=nodes,
             quick=quick,
-            overhead=overhead,
+            exchange_overhead=overhead,
+            barrier_alone=barrier,
             exchange_beta=exchange_beta,
             mpi_library=library_version(),
             host=platform.node(),

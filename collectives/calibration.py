@@ -32,6 +32,7 @@ def calibration_path() -> Path:
 
 _ANY_SIZE = "any"  # the entry of a model saved without a world size
 _CONSTANTS = ("alpha", "beta", "gamma", "barrier", "copy")
+_PER_CALL = ("overhead", "step")  # fitted to whole calls; absent (a file from before them): the defaults
 _NETWORK = ("network_alpha", "network_beta")  # the link class between nodes; absent: the defaults
 
 
@@ -134,10 +135,10 @@ def _check_entry(entry: dict[str, Any], where: str) -> None:
             continue  # a calibration from before barriers or copies were measured: the defaults
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
             raise CalibrationError(f"{where}{name} must be a non-negative number of seconds, got {value!r}")
-    for name in _NETWORK:
+    for name in (*_NETWORK, *_PER_CALL):
         value = entry.get(name)
-        if value is None:
-            continue  # not measured (one node, or a calibration from before link classes)
+        if value is None or (name == "overhead" and entry.get("step") is None):
+            continue  # not measured (one node, a calibration from before link classes or per-call costs)
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
             raise CalibrationError(f"{where}{name} must be a non-negative number of seconds, got {value!r}")
 
@@ -197,6 +198,8 @@ def load_model(path: Path | str | None = None, *, world_size: int, nodes: int = 
     )
     network_alpha = entry.get("network_alpha")
     network_beta = entry.get("network_beta")
+    # before the per-call terms, "overhead" was the exchanges' intercept, kept as a note: not this constant
+    fitted = entry.get("step") is not None
     return CostModel(
         alpha,
         beta,
@@ -205,6 +208,8 @@ def load_model(path: Path | str | None = None, *, world_size: int, nodes: int = 
         copy,
         DEFAULT_MODEL.network_alpha if network_alpha is None else float(network_alpha),
         None if network_beta is None else float(network_beta),
+        float(entry["overhead"]) if fitted else DEFAULT_MODEL.overhead,
+        float(entry["step"]) if fitted else DEFAULT_MODEL.step,
         source=source,
     )
 
@@ -253,7 +258,7 @@ def save_model(
     key = _ANY_SIZE if size is None else shape_key(size, nodes)
     path = calibration_path() if path is None else Path(path)
     entries = _read_calibrations(path) or {}
-    entry: dict[str, Any] = {name: getattr(model, name) for name in _CONSTANTS}
+    entry: dict[str, Any] = {name: getattr(model, name) for name in (*_CONSTANTS, *_PER_CALL)}
     if nodes > 1:
         entry.update(network_alpha=model.network_alpha, network_beta=model.network_beta, nodes=nodes)
     if size is not None:

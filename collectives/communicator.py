@@ -417,8 +417,9 @@ def communicator_of(comm: "Communicator | MPI.Comm | None") -> Communicator:
     return wrapper
 
 
-# the cost model rank 0 sends: alpha, beta, gamma, barrier, copy, network alpha, network beta (-1: none)
-_MODEL_FORMAT = struct.Struct("7d")
+# the cost model rank 0 sends: alpha, beta, gamma, barrier, copy, network alpha, network beta (-1: none),
+# overhead, step
+_MODEL_FORMAT = struct.Struct("9d")
 
 
 def _agree_on_selector(call: Call, transport: Transport, nodes: int = 1) -> Selector:
@@ -433,22 +434,33 @@ def _agree_on_selector(call: Call, transport: Transport, nodes: int = 1) -> Sele
             selector = default_selector(size) if nodes == 1 else default_selector(size, nodes)
         except CalibrationError:
             # tell the others, or they would wait for constants that never come
-            _MODEL_FORMAT.pack_into(message, 0, *(math.nan,) * 7)
+            _MODEL_FORMAT.pack_into(message, 0, *(math.nan,) * 9)
             _exchange(call, transport, [(message, p) for p in _peers(transport)], [], Tag.SELECTOR, step)
             raise
         model = selector.model
         sent = -1.0 if model.network_beta is None else model.network_beta
         constants = (model.alpha, model.beta, model.gamma, model.barrier, model.copy, model.network_alpha)
-        _MODEL_FORMAT.pack_into(message, 0, *constants, sent)
+        _MODEL_FORMAT.pack_into(message, 0, *constants, sent, model.overhead, model.step)
         _exchange(call, transport, [(message, p) for p in _peers(transport)], [], Tag.SELECTOR, step)
         return selector
     _exchange(call, transport, [], [(message, 0)], Tag.SELECTOR, step)
-    alpha, beta, gamma, barrier, copy, network_alpha, network_beta = _MODEL_FORMAT.unpack(message)
+    alpha, beta, gamma, barrier, copy, network_alpha, network_beta, overhead, step = _MODEL_FORMAT.unpack(
+        message
+    )
     if math.isnan(alpha):
         raise CalibrationError("rank 0 could not load its calibration; see its error")
     between = None if network_beta < 0 else network_beta
     model = CostModel(
-        alpha, beta, gamma, barrier, copy, network_alpha, between, source="calibration of rank 0"
+        alpha,
+        beta,
+        gamma,
+        barrier,
+        copy,
+        network_alpha,
+        between,
+        overhead,
+        step,
+        source="calibration of rank 0",
     )
     return selector_for(model)
 

@@ -363,7 +363,7 @@ def test_bench_auto_shows_its_choice_and_explains(monkeypatch: pytest.MonkeyPatc
     args += ["-a", "auto,ring", "--explain", "--json", str(record)]
     result = run_mpi(2, args, timeout=60)
     assert result.returncode == 0, result.stdout
-    assert "# cost model  : alpha 6.00 us/message" in result.stdout
+    assert "# cost model  : alpha 3.00 us/message" in result.stdout
     sizes = plan_sizes("reduce_scatter", size_sweep(8, 4096, 8), 4, 2)
     # one explanation per size, ahead of its rows, every line a comment
     choices = re.findall(r"# choice: (\w+) \(predicted", result.stdout)
@@ -410,14 +410,15 @@ def test_calibrate_under_mpiexec_saves_where_the_env_var_says(
     assert all(0 <= value < 1 for value in (model.alpha, model.beta, model.gamma))
     # both ranks share this machine's memory, so the barrier was measured, not defaulted
     assert "barrier: the ranks share no memory" not in result.stdout
-    assert 0 < saved["barrier"] == model.barrier < 1
-    # beta and copy are fitted to ring and shared-memory allreduces of two sizes each
-    timed = sorted((row["algorithm"], row["bytes"]) for row in saved["allreduces"])
-    assert timed == [("ring", 2**20), ("ring", 2**23), ("shared_memory", 2**20), ("shared_memory", 2**23)]
+    assert 0 < saved["barrier_alone"] < 1 and 0 <= saved["barrier"] == model.barrier < 1
+    # the constants are fitted together to allreduces of five algorithms at five sizes each
+    timed = {(row["algorithm"], row["bytes"]) for row in saved["allreduces"]}
+    algorithms = ("ring", "butterfly", "direct", "halving_doubling", "shared_memory")
+    assert timed == {(a, b) for a in algorithms for b in (8, 2**15, 2**18, 2**20, 2**23)}
     assert all(row["seconds"] > 0 for row in saved["allreduces"])
-    assert "# beta " in result.stdout and " from ring" in result.stdout
-    assert "# copy " in result.stdout and " from shared_memory" in result.stdout
+    assert "# fitted to every call: ring " in result.stdout and "shared_memory " in result.stdout
     assert saved["copy"] == model.copy and saved["exchange_beta"] >= 0
+    assert saved["overhead"] == model.overhead >= 0 and saved["step"] == model.step >= 0
     assert model.source == f"calibrated at 2 ranks, from {path}"
     assert load_model(path, world_size=4) == at_3  # nearer 3 than 2
 

@@ -109,6 +109,8 @@ def test_saving_at_one_size_keeps_the_others(tmp_path: Path) -> None:
         "gamma": 1600.0,
         "barrier": AT[16].barrier,
         "copy": AT[16].copy,
+        "overhead": 0.0,
+        "step": 0.0,
     }
     assert again["2"] == {**constants, "world_size": 2, "note": "again"}
     assert load_model(path, world_size=2) == AT[16] and load_model(path, world_size=4) == AT[4]
@@ -156,28 +158,38 @@ def test_a_model_saved_for_any_size_serves_every_size_without_its_own(tmp_path: 
         assert loaded.source == f"calibrated for any world size, from {path}"
 
 
+# a file from before the per-call constants were fitted takes the defaults' (AT's are zero)
+_PER_CALL_DEFAULTS = {"overhead": DEFAULT_MODEL.overhead, "step": DEFAULT_MODEL.step}
+
+
 def test_an_old_file_of_one_calibration_is_read_and_kept_on_save(tmp_path: Path) -> None:
     path = tmp_path / "calibration.json"
     old = {"alpha": 2.0, "beta": 20.0, "gamma": 200.0, "barrier": 3.0, "world_size": 2, "host": "old"}
     path.write_text(json.dumps(old))
-    assert load_model(path, world_size=2) == replace(AT[2], barrier=3.0)
+    assert load_model(path, world_size=2) == replace(AT[2], barrier=3.0, **_PER_CALL_DEFAULTS)
     assert load_model(path, world_size=2).source == f"calibrated at 2 ranks, from {path}"
     assert load_model(path, world_size=3).source == f"calibrated at 2 ranks, from {path} (none at 3)"
     save_model(AT[4], path, world_size=4)
     assert list(_calibrations(path)) == ["2", "4"]
     assert _calibrations(path)["2"] == old  # kept as it was, metadata and all
     assert (
-        load_model(path, world_size=2) == replace(AT[2], barrier=3.0)
+        load_model(path, world_size=2) == replace(AT[2], barrier=3.0, **_PER_CALL_DEFAULTS)
         and load_model(path, world_size=4) == AT[4]
     )
     # an old file without a world size is read at every size, and kept under "any"
     path.write_text(json.dumps({"alpha": 16.0, "beta": 160.0, "gamma": 1600.0}))
     for size in (1, 2, 5):
         loaded = load_model(path, world_size=size)
-        assert loaded == AT[16] and loaded.source == f"calibrated for any world size, from {path}"
+        assert (
+            loaded == replace(AT[16], **_PER_CALL_DEFAULTS)
+            and loaded.source == f"calibrated for any world size, from {path}"
+        )
     save_model(AT[2], path, world_size=2)
     assert list(_calibrations(path)) == ["2", "any"]
-    assert load_model(path, world_size=4) == AT[16] and load_model(path, world_size=2) == AT[2]
+    assert (
+        load_model(path, world_size=4) == replace(AT[16], **_PER_CALL_DEFAULTS)
+        and load_model(path, world_size=2) == AT[2]
+    )
 
 
 _GOOD = {"alpha": 1e-6, "beta": 1e-9, "gamma": 0}

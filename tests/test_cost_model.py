@@ -194,10 +194,10 @@ def test_each_term_takes_its_own_busiest_rank() -> None:
     assert UNIT.predict(schedule, itemsize=2) == 2 * 2 + 3 * 22 + 5 * 20
 
 
-def test_an_empty_schedule_costs_nothing() -> None:
+def test_an_empty_schedule_costs_only_the_call() -> None:
     for schedule in (ring.allreduce(1, 100), ring.allreduce(5, 0)):
         assert traffic(schedule) == Traffic(0, 0, 0, 0)
-        assert DEFAULT_MODEL.predict(schedule, 4) == 0
+        assert DEFAULT_MODEL.predict(schedule, 4) == DEFAULT_MODEL.overhead > 0
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 8, 16])
