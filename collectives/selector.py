@@ -13,6 +13,7 @@ __all__ = [
 # the cost model's names from collectives.topology.cost_model, the calibration file's from
 # collectives.calibration, the explanation's from collectives.explanation, itemsize from ops.
 
+import numbers
 from dataclasses import replace
 from functools import lru_cache
 
@@ -240,6 +241,8 @@ class Selector:
         if get_spec(collective).reduces:
             get_op(op).check_dtype(name)
             reduce_op = get_op(op).name
+        if not isinstance(count, numbers.Integral) or isinstance(count, bool):
+            raise TypeError(f"count is the number of elements, an int; got {type(count).__name__}")
         if world_size < 1 or count < 0:
             raise ValueError(f"need world_size >= 1 and count >= 0; got {world_size} and {count}")
         if topology is not None and len(topology.gpus) != world_size:

@@ -188,3 +188,9 @@ def test_one_node_picks_its_shared_memory_under_the_defaults(
         collective, count, world_size=ranks, features=frozenset({"shared_memory"})
     )
     assert chosen.choice == "shared_memory", chosen
+
+
+def test_explain_of_an_array_in_place_of_a_count_names_the_problem() -> None:
+    with pytest.raises(TypeError, match="count is the number of elements, an int; got ndarray"):
+        C.explain("allgather", np.ones(3, np.float32), world_size=2)  # type: ignore[arg-type]
+    assert C.explain("allgather", np.int64(6), world_size=2).choice is not None
