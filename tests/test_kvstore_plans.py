@@ -150,3 +150,58 @@ def test_bad_values_after_a_plan_are_refused_as_before() -> None:
         assert "value for key 'm'" in errors[4] and "the key is float32[2, 3]" in errors[4]
         assert errors[5].startswith("KVStoreError: a key is an int or a non-empty str, got bool True")
         assert errors[6].startswith("KVStoreError: a key is an int or a non-empty str, got float 1.0")
+
+
+def test_a_repeated_push_is_its_allreduce_and_a_few_calls_more() -> None:
+    def body(kv: KVStore, comm: Communicator) -> tuple[int, int, list[float]]:
+        kv.init("w", np.zeros((32, 32), np.float32))
+        value = np.ones((32, 32), np.float32)
+        for _ in range(3):
+            kv.push("w", value)
+            kv.pull("w")
+        before = comm.watchdog.sequence
+        calls = _calls_beside_the_collectives(lambda: kv.push("w", value))
+        pushed = comm.watchdog.sequence - before
+        return calls, pushed, kv.pull("w").ravel()[:3].tolist()  # the push's result, at hand
+
+    for calls, collectives, pulled in run_store(2, body, mode="sync"):
+        assert collectives == 1
+        assert calls <= 24, calls  # 152 before the push had a plan
+        assert pulled == [2.0] * 3
+
+
+@pytest.mark.parametrize("dtype", STORE_DTYPES)
+def test_repeated_pushes_and_pulls_equal_the_message_path_bitwise(dtype: str) -> None:
+    def body(kv: KVStore, comm: Communicator) -> list[bytes]:
+        kv.init(["a", 7], [np.zeros((5, 3), dtype), np.zeros(11, dtype)])
+        seen = []
+        for t in range(4):
+            kv.push("a", _value(kv.rank, t, (5, 3), dtype))
+            kv.push(7, _value(kv.rank, t + 1, (11,), dtype))
+            out = np.empty((5, 3), dtype)
+            seen += [kv.pull("a", out=out if t % 2 else None).tobytes(), kv.pull(7).tobytes()]
+            seen.append(kv.pushpull("a", _value(kv.rank, t + 2, (5, 3), dtype)).tobytes())
+        return seen
+
+    fast = run_store(3, body, mode="sync", partition_bytes=16)
+    assert fast == run_store(3, body, mode="sync", partition_bytes=16, collective=False)
+
+
+def test_a_worker_pushing_another_key_on_the_plan_is_named_on_every_worker() -> None:
+    def body(kv: KVStore, comm: Communicator) -> tuple[str, list[float]]:
+        kv.init([3, "w"], [np.zeros(4), np.zeros(4)])
+        for key in (3, "w", 3, "w"):  # both keys planned, of the same shape and dtype
+            kv.push(key, np.ones(4))
+            kv.pull(key)
+        try:
+            kv.push(3 if kv.rank != 1 else "w", np.ones(4))
+            message = "no error"
+        except KeyMismatchError as error:
+            message = str(error)
+        kv.push(3, np.full(4, 2.0))  # the store goes on in order
+        return message, kv.pull(3).tolist()
+
+    results = run_store(3, body, mode="sync", timeout=30.0)
+    assert "push of key 3 (int) on rank 0: workers [1] pushed another key" in results[0][0], results
+    assert "push of key 'w' (str) on rank 1: workers [0, 2] pushed another key" in results[1][0], results
+    assert all(after == [6.0] * 4 for _, after in results)

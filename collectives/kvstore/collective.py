@@ -48,7 +48,7 @@ class Plan:
     when that changes.
     """
 
-    __slots__ = ("dtype", "flat", "held", "meta", "raw", "shape", "tag")
+    __slots__ = ("dtype", "flat", "held", "meta", "push_tag", "raw", "shape", "tag")
 
     def __init__(self, key: Any, meta: KeyInfo, rank: int) -> None:
         self.meta = meta
@@ -57,6 +57,7 @@ class Plan:
         self.flat = len(meta.shape) == 1  # the aggregate is the servers' flat value as it is
         self.raw = key_bytes(key)
         self.tag = key_tag(key, "pushpull")
+        self.push_tag = key_tag(key, "push")
         self.held = [p for p in meta.parts if p.server == rank]
 
 
@@ -131,6 +132,60 @@ class Rounds:
             meta.pushes += 1
         return results
 
+    def _plan(self, key: Any, value: Any, keys: dict[Any, KeyInfo]) -> Plan | None:
+        """The key's kept :class:`Plan` where ``value`` fits it exactly, else ``None``."""
+        if key.__class__ is not str and key.__class__ is not int:  # not a bool, an int subclass or a list
+            return None
+        plan = self._plans.get(key)
+        if plan is None:
+            meta = keys.get(key)
+            if meta is None or not self._server.assigns:
+                return None
+            plan = self._plans[key] = Plan(key, meta, self._channel.rank)
+        if (
+            value.__class__ is not np.ndarray
+            or value.shape != plan.shape
+            or (value.dtype is not plan.dtype and value.dtype != plan.dtype)
+            or not value.flags.c_contiguous
+        ):
+            return None
+        return plan
+
+    def _planned(
+        self, plan: Plan, key: Any, what: str, tag: bytes, value: np.ndarray, target: np.ndarray
+    ) -> None:
+        """The plan's allreduce of ``value`` into ``target``, tagged; the servers assign the result."""
+        watchdog = self._watchdog
+        watchdog.tag = tag
+        try:
+            self._allreduce(value, self._op, out=target, comm=self._comm, check=True)
+        except (MismatchError, CollectiveTimeout) as error:
+            failure = _failure(error, key, what, tag, self._channel.rank)
+            if failure is error:
+                raise
+            raise failure from error
+        finally:
+            watchdog.tag = b""
+        self._server.assign_round(plan.raw, plan.held, target if plan.flat else target.reshape(-1))
+        plan.meta.pushes += 1
+
+    def push_one(self, key: Any, value: Any, keys: dict[Any, KeyInfo]) -> bool:
+        """``push`` of one key as one allreduce, by its kept :class:`Plan`; ``False`` where none fits.
+
+        As :meth:`push` of a value of at most :data:`WHOLE_BYTES` where the servers
+        assign: the whole result stays at hand for the pull that follows. Where the
+        plan does not fit (see :meth:`pushpull_one`) nothing is sent.
+        """
+        plan = self._plan(key, value, keys)
+        if plan is None or value.nbytes > WHOLE_BYTES:
+            return False
+        raw = plan.raw
+        self._fresh.pop(raw, None)
+        result = self._buffer(raw, value.size, plan.dtype)
+        self._planned(plan, key, "push", plan.push_tag, value if plan.flat else value.reshape(-1), result)
+        self._fresh[raw] = True
+        return True
+
     def pushpull_one(self, key: Any, value: Any, out: Any, keys: dict[Any, KeyInfo]) -> np.ndarray | None:
         """``pushpull`` of one key as one allreduce, by its kept :class:`Plan`; ``None`` where none fits.
 
@@ -141,22 +196,10 @@ class Rounds:
         path checks, converts or names the problem. The key travels in the allreduce's
         signature tag, so a worker out of order still gets :class:`KeyMismatchError`.
         """
-        if key.__class__ is not str and key.__class__ is not int:  # not a bool, an int subclass or a list
-            return None
-        plan = self._plans.get(key)
+        plan = self._plan(key, value, keys)
         if plan is None:
-            meta = keys.get(key)
-            if meta is None or not self._server.assigns:
-                return None
-            plan = self._plans[key] = Plan(key, meta, self._channel.rank)
-        shape, dtype = plan.shape, plan.dtype
-        if (
-            value.__class__ is not np.ndarray
-            or value.shape != shape
-            or (value.dtype is not dtype and value.dtype != dtype)
-            or not value.flags.c_contiguous
-        ):
             return None
+        shape, dtype = plan.shape, plan.dtype
         if out is None:
             target = np.empty(shape, dtype)
         elif (
@@ -170,19 +213,7 @@ class Rounds:
             return None
         if self._fresh:
             self._fresh.pop(plan.raw, None)
-        watchdog = self._watchdog
-        watchdog.tag = plan.tag
-        try:
-            self._allreduce(value, self._op, out=target, comm=self._comm, check=True)
-        except (MismatchError, CollectiveTimeout) as error:
-            failure = _failure(error, key, "pushpull", plan.tag, self._channel.rank)
-            if failure is error:
-                raise
-            raise failure from error
-        finally:
-            watchdog.tag = b""
-        self._server.assign_round(plan.raw, plan.held, target if plan.flat else target.reshape(-1))
-        plan.meta.pushes += 1
+        self._planned(plan, key, "pushpull", plan.tag, value, target)
         return target
 
     def forget(self) -> None:

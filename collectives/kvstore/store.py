@@ -165,6 +165,9 @@ class KVStore:
         if rows is not None:
             handle = push_rows(self._link, key, value, rows)
             return handle if not block else handle.wait()
+        rounds = self._rounds
+        if rounds is not None and block and not self._link.closed and rounds.push_one(key, value, self._keys):
+            return None  # the repeated push of one key: its plan, checked once
         keys, values = self._pairs(key, value)
         if self._rounds is not None:
             self._rounds.push_keys([(k, self._link.meta(k), v) for k, v in zip(keys, values, strict=True)])
