@@ -315,7 +315,7 @@ class SharedExecutor:
             barrier(self._shared, ())
             regions = small[1]
             if len(regions) == 2:  # the common case inline: a call less than _reduce
-                backend.reduce_into(op, out, regions[0], regions[1])
+                backend.reduce_apart(op, out, regions[0], regions[1])  # the window's, and the caller's
                 return
         self._reduce(backend, op, out, regions)
 

@@ -74,3 +74,19 @@ def test_on_two_ranks_every_algorithm_gives_numpys_bits_of_rank_0_op_rank_1(dtyp
         for algorithm in _algorithms(2, count):
             results = _results(algorithm, op, xs)
             assert results == [expected, expected], f"{algorithm}, count {count}"
+
+
+@pytest.mark.parametrize("op", ["sum", "prod", "max", "min"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+def test_the_small_windows_reduction_gives_the_bits_of_reduce_into(dtype: str, op: str) -> None:
+    from collectives.backends.numpy_backend import NumpyBackend
+    from collectives.ops import get_op
+
+    backend, reduce_op = NumpyBackend(), get_op(op)
+    for count in (1, 2, 7, 301):
+        for nan_ranks in (1, 2):  # one NaN operand, then two with different payloads and signs
+            a, b = special_inputs(dtype, 2, count, nan_ranks=nan_ranks)
+            apart, into = np.empty_like(a), np.empty_like(a)
+            backend.reduce_apart(reduce_op, apart, a, b)
+            backend.reduce_into(reduce_op, into, a, b)
+            assert apart.tobytes() == into.tobytes(), f"count {count}, NaNs on {nan_ranks} rank(s)"

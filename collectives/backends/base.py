@@ -62,6 +62,14 @@ class ArrayBackend(ABC):
         self.copy(dst, a)
         self.combine(op, dst, b)
 
+    def reduce_apart(self, op: ReduceOp, dst: Any, a: Any, b: Any) -> None:
+        """``dst = op(a, b)`` element-wise where ``dst`` shares no memory with ``a`` or ``b``.
+
+        The small shared-memory allreduce's reduction (its inputs lie in the window, its
+        output is the caller's): what :meth:`reduce_into` does, without its checks for aliasing.
+        """
+        self.reduce_into(op, dst, a, b)
+
     def from_bytes(self, memory: memoryview, like: Any) -> Any:
         """A 1-D array of ``like``'s dtype over host ``memory`` (no copy), for shared memory.
 

@@ -107,6 +107,14 @@ class NumpyBackend(ArrayBackend):
         else:
             _quiet().run(UFUNCS[op.combine], a, b, out=dst)
 
+    def reduce_apart(self, op: ReduceOp, dst: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+        # one ufunc into a separate ``dst`` keeps a one-element NaN's payload as a scalar ``a op b``
+        # does (the swap ``combine`` avoids is only numpy's when ``out`` is ``a``): 0.2 against 0.8 us
+        if op.custom:
+            _quiet().run(op.apply, dst, a, b)
+        else:
+            _quiet().run(UFUNCS[op.combine], a, b, out=dst)
+
     def from_bytes(self, memory: memoryview, like: np.ndarray) -> np.ndarray:
         usable = len(memory) // like.dtype.itemsize * like.dtype.itemsize
         return np.frombuffer(memory[:usable], dtype=like.dtype)
