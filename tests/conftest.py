@@ -1,12 +1,13 @@
 """Shared fixtures; tests/mpi runs only under mpiexec with --with-mpi (see test_mpi_launch.py)."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from collectives import Communicator
+from collectives import Communicator, selector
+from collectives.calibration import CALIBRATION_ENV
 from collectives.transport.loopback import LoopbackWorld
 
 
@@ -26,3 +27,17 @@ def run_ranks(world_size: int, fn: Callable[[Communicator], Any], timeout: float
 @pytest.fixture
 def ranks() -> Callable[..., list[Any]]:
     return run_ranks
+
+
+@pytest.fixture
+def no_calibration_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The test sees the model's defaults, whatever calibration this machine has; later tests too.
+
+    Files whose every test wants it say ``pytestmark = pytest.mark.usefixtures("no_calibration_file")``.
+    """
+    monkeypatch.setenv(CALIBRATION_ENV, str(tmp_path / "absent.json"))
+    selector.default_selector.cache_clear()
+    selector.selector_for.cache_clear()
+    yield
+    selector.default_selector.cache_clear()
+    selector.selector_for.cache_clear()

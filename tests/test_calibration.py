@@ -2,7 +2,6 @@
 
 import json
 import re
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -14,12 +13,7 @@ from collectives.calibration import CALIBRATION_ENV, calibration_path, load_mode
 from collectives.errors import CalibrationError, ConfigurationError
 from collectives.topology.cost_model import DEFAULT_MODEL, CostModel
 
-
-@pytest.fixture(autouse=True)
-def _no_calibration_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """No test reads or writes this machine's calibration."""
-    monkeypatch.setenv(CALIBRATION_ENV, str(tmp_path / "absent.json"))
-    yield
+pytestmark = pytest.mark.usefixtures("no_calibration_file")
 
 
 # --- the file

@@ -2,7 +2,6 @@
 
 import json
 import threading
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,12 +24,7 @@ _TWO_NODES = frozenset({"shared_memory_nodes", "ranks_per_node=2"})
 _ONE_NODE = frozenset({"shared_memory"})
 
 
-@pytest.fixture(autouse=True)
-def _no_calibration_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv(CALIBRATION_ENV, str(tmp_path / "absent.json"))
-    default_selector.cache_clear()
-    yield
-    default_selector.cache_clear()
+pytestmark = pytest.mark.usefixtures("no_calibration_file")
 
 
 @pytest.mark.parametrize("features", [_ONE_NODE, _TWO_NODES])

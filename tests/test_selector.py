@@ -28,15 +28,7 @@ from .test_cost_model import UNIT
 Ranks = Callable[..., list[Any]]
 
 
-@pytest.fixture(autouse=True)
-def _no_calibration_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Every test sees the defaults, whatever calibration this machine has; later tests too."""
-    monkeypatch.setenv(CALIBRATION_ENV, str(tmp_path / "absent.json"))
-    selector.default_selector.cache_clear()
-    selector.selector_for.cache_clear()
-    yield
-    selector.default_selector.cache_clear()
-    selector.selector_for.cache_clear()
+pytestmark = pytest.mark.usefixtures("no_calibration_file")
 
 
 def _direct_allreduce(world_size: int, count: int) -> Schedule:

@@ -1,25 +1,15 @@
 """The online tuner: the best predicted algorithms timed on first calls, one agreed on by every rank."""
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 import collectives as C
-from collectives.calibration import CALIBRATION_ENV
 from collectives.errors import ConfigurationError
 from collectives.selector import default_selector
 from collectives.transport.loopback import LoopbackWorld
 from collectives.tuner import ROUNDS, TUNE_ENV, Tuner, tuning_wanted
 
-
-@pytest.fixture(autouse=True)
-def _no_calibration_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv(CALIBRATION_ENV, str(tmp_path / "absent.json"))
-    default_selector.cache_clear()
-    yield
-    default_selector.cache_clear()
+pytestmark = pytest.mark.usefixtures("no_calibration_file")
 
 
 class ForcedClock:

@@ -1,7 +1,6 @@
 """Two nodes: the node split feeds the selector and explain, and calibrations keep each class of link."""
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -10,20 +9,13 @@ import pytest
 
 import collectives as C
 from collectives.algorithms import build_schedule
-from collectives.calibration import CALIBRATION_ENV, load_model, save_model
-from collectives.selector import default_selector
+from collectives.calibration import load_model, save_model
 from collectives.topology.cost_model import DEFAULT_MODEL, CostModel, traffic
 from collectives.transport.base import NodeSplit
 from collectives.transport.loopback import LoopbackTransport, LoopbackWorld
 from tests.shared_threads import ThreadWorld
 
-
-@pytest.fixture(autouse=True)
-def _no_calibration_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv(CALIBRATION_ENV, str(tmp_path / "absent.json"))
-    default_selector.cache_clear()
-    yield
-    default_selector.cache_clear()
+pytestmark = pytest.mark.usefixtures("no_calibration_file")
 
 
 class TwoNodes(LoopbackTransport):
