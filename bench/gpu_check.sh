@@ -33,9 +33,13 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 if compgen -G ".whl/*.whl" >/dev/null; then
   prefix=/tmp/collectives-gpu
-  "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --ignore-installed --prefix "$prefix" \
-    .whl/*.whl >"$out/wheels.log" 2>&1 || { echo "installing .whl/ failed: see $out/wheels.log" >&2; exit 2; }
-  rm -f "$out/wheels.log"
+  # installed once, so that several runs of this script can share the machine at the same time
+  if [ ! -e "$prefix/.installed" ]; then
+    "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --ignore-installed --prefix "$prefix" \
+      .whl/*.whl >"$out/wheels.log" 2>&1 || { echo "installing .whl/ failed: see $out/wheels.log" >&2; exit 2; }
+    rm -f "$out/wheels.log"
+    touch "$prefix/.installed"
+  fi
   # where pip put them depends on the Python's install scheme
   site=$(dirname "$(find "$prefix" -name '*.dist-info' -print -quit)")
   libmpi=$(find "$prefix" -name 'libmpi.so.12' -print -quit)

@@ -55,3 +55,31 @@ def test_small_path_bench_refuses_sizes_off_the_one_barrier_path() -> None:
     result = run_mpi(2, ["-m", "bench.small_path", "--size", "1M"], timeout=60)
     assert result.returncode == 2, result.stdout
     assert "size x ranks <= 524288 bytes" in result.stdout
+
+
+@needs_mpiexec
+def test_device_allreduce_bench_checks_and_times_each_size() -> None:
+    # on host arrays: the GPU run (bench/README.md) takes the same loops with CuPy arrays
+    args = [
+        "-m",
+        "bench.device_allreduce",
+        "--array",
+        "numpy",
+        "-b",
+        "4K",
+        "-e",
+        "64K",
+        "-f",
+        "4",
+        "-n",
+        "3",
+        "-r",
+        "2",
+    ]
+    result = run_mpi(2, args, timeout=120)
+    assert result.returncode == 0, result.stdout
+    rows = re.findall(
+        r"^ +(\d+) +(\d+\.\d) +(\d+\.\d) +(\d+\.\d\d) +(\d+\.\d\d)$", result.stdout, re.MULTILINE
+    )
+    assert [int(size) for size, *_ in rows] == [4096, 16384, 65536], result.stdout
+    assert all(float(ours) > 0 and float(mpi) > 0 for _, ours, mpi, _, _ in rows), result.stdout

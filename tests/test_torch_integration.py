@@ -927,3 +927,26 @@ def test_cuda_tensors_without_nccl_name_the_missing_gpu_backend() -> None:
     assert ti.explain_path(tensor).startswith("unsupported: cuda tensors need the GPU backend")
     with pytest.raises(InvalidBufferError, match="DistributedOptimizer reduces cpu parameters"):
         ti.DistributedOptimizer(torch.optim.SGD([torch.nn.Parameter(tensor)], lr=1.0))
+
+
+@pytest.fixture
+def gloo_as_the_fallback(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """cpu tensors routed as cuda ones without CuPy are, over one-rank gloo: the fallback runs on CI."""
+    from collectives.torch_integration import mpi_ops
+
+    store = f"file://{tmp_path / 'store'}"
+    torch.distributed.init_process_group("gloo", init_method=store, rank=0, world_size=1)
+    monkeypatch.setattr(mpi_ops, "route_of", lambda tensor, comm: ti_tensors.FALLBACK)
+    yield
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.usefixtures("gloo_as_the_fallback")
+def test_the_fallback_calls_torch_distributed_by_its_own_names() -> None:
+    # the cuda tests run these through NCCL on a GPU host; here the same calls go to gloo
+    tensor = torch.arange(6.0).reshape(2, 3)
+    assert torch.equal(ti.allreduce(tensor, "sum"), tensor)
+    assert ti.broadcast_(tensor, 0) is tensor
+    assert torch.equal(ti.allgather(tensor), tensor)
+    assert torch.equal(ti.allgather(torch.tensor(5.0)), torch.tensor([5.0]))
+    assert torch.equal(ti.reduce_scatter(tensor), tensor)

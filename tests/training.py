@@ -44,7 +44,8 @@ def train(
 ) -> list[torch.Tensor]:
     """SGD on ``rank``'s shard of each step's batch (the mean loss over it); the final parameters."""
     for step in range(steps):
-        x, y = batch(step, next(net.parameters()).dtype)
+        first = next(net.parameters())
+        x, y = (part.to(first.device) for part in batch(step, first.dtype))
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(net(shard(x, rank, size)), shard(y, rank, size)).backward()
         if before_step is not None:

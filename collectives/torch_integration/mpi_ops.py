@@ -47,6 +47,11 @@ from .worker import api_communicator, background_worker, tell_refusal
 
 T = TypeVar("T")
 
+# torch 2.13 renamed the one-tensor all-gather and reduce-scatter (the old names warn there);
+# torch before it has only the old names
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 
 def communicator_for(comm: Comm) -> api.Communicator:
     """The library's communicator for ``comm``, which may also be a torch.distributed group of this backend.
@@ -233,7 +238,7 @@ def _fallback_allgather(rows: torch.Tensor, layout: list[int]) -> torch.Tensor:
     size = dist.get_world_size()
     mine = torch.tensor(layout, dtype=torch.int64, device=rows.device)
     layouts = torch.empty(size * len(layout), dtype=torch.int64, device=rows.device)
-    dist.all_gather_single(layouts, mine)
+    _all_gather_single(layouts, mine)
     table = layouts.reshape(size, len(layout)).cpu().numpy()
     _check_layouts(table, tuple(rows.shape[1:]))
     parts = [rows.new_empty((int(n), *rows.shape[1:])) for n in table[:, 0]]
@@ -255,7 +260,7 @@ def reduce_scatter(tensor: torch.Tensor, op: str = "sum", *, comm: Comm = None) 
     if route == FALLBACK:
         size = dist.get_world_size()
         out = tensor.new_empty((tensor.shape[0] // size, *tensor.shape[1:]))
-        dist.reduce_scatter_single(out, tensor, op=TORCH_OPS[get_op(op).name])
+        _reduce_scatter_single(out, tensor, op=TORCH_OPS[get_op(op).name])
         return out
 
     def job(communicator: api.Communicator) -> torch.Tensor:
