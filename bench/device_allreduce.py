@@ -7,6 +7,8 @@ each rank (ranks share the GPUs, round robin):
   environment picks (CUDA IPC where ranks share a node, else pinned host
   staging; ``COLLECTIVES_CUDA_IPC=0`` forces staging), the path named in the
   header;
+* ``ring``: the same with ``algorithm="ring"``, which always takes the device
+  path (``"auto"`` runs a small allreduce on a host copy instead);
 * ``mpi``: what a user of an MPI without CUDA support writes: ``x.get()``,
   ``Allreduce`` of the host copy in place, ``x.set(...)``.
 
@@ -51,6 +53,10 @@ def _contenders(
         collectives.allreduce(x, out=x, comm=comm)
         synchronize()
 
+    def ring() -> None:
+        collectives.allreduce(x, out=x, algorithm="ring", comm=comm)
+        synchronize()
+
     def mpi() -> None:
         if xp is np:
             world.Allreduce(MPI.IN_PLACE, x)
@@ -60,7 +66,7 @@ def _contenders(
         x.set(host)
         synchronize()
 
-    return {"ours": ours, "mpi": mpi}
+    return {"ours": ours, "ring": ring, "mpi": mpi}
 
 
 def _check(xp: Any, comm: collectives.Communicator, world: MPI.Intracomm, count: int) -> None:
@@ -90,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     if world.rank == 0:
         loops = f"{args.calls} calls x {args.rounds} rounds"
         print(f"# {world.size} ranks, {args.array} float32 sum in place; {loops}")
-        print(f"# {'size':>10} {'ours(us)':>10} {'mpi(us)':>10} {'ours/mpi':>9} {'busbw(GB/s)':>12}")
+        columns = ("ours(us)", "ring(us)", "mpi(us)", "ours/mpi", "busbw(GB/s)")
+        print(f"# {'size':>10} " + " ".join(f"{name:>11}" for name in columns))
         sys.stdout.flush()
     size = max(args.minbytes, 4)
     while size <= args.maxbytes:
@@ -112,7 +119,15 @@ def main(argv: list[str] | None = None) -> int:
         if world.rank == 0:
             ours, mpi = medians["ours"], medians["mpi"]
             busbw = 2 * (world.size - 1) / world.size * size / ours / 1e9
-            print(f"  {size:>10} {ours * 1e6:10.1f} {mpi * 1e6:10.1f} {ours / mpi:9.2f} {busbw:12.2f}")
+            ring = medians["ring"]
+            figures = (
+                f"{ours * 1e6:.1f}",
+                f"{ring * 1e6:.1f}",
+                f"{mpi * 1e6:.1f}",
+                f"{ours / mpi:.2f}",
+                f"{busbw:.2f}",
+            )
+            print(f"  {size:>10} " + " ".join(f"{figure:>11}" for figure in figures))
             sys.stdout.flush()
         del x, contenders
         size *= args.stepfactor

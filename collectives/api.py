@@ -66,7 +66,7 @@ from .buffers import (
     widened,
 )
 from .communicator import Communicator, communicator_of
-from .dispatch import Job, keeps_order, perform
+from .dispatch import Job, keeps_order, perform, through_host
 from .explanation import Explanation
 from .ops import ReduceOp, itemsize
 from .prepared import allreduce_key, shares_key
@@ -503,7 +503,9 @@ def explain(
             for that machine, and what this communicator's ``"auto"`` runs is unchanged.
         device: explain a call on device arrays: they never use the host's shared
             memory, and the explanation names their path (the communicator's once its
-            first device call chose it, else as far as is known without asking the ranks).
+            first device call chose it, else as far as is known without asking the ranks);
+            an allreduce of at most ``dispatch.DEVICE_THROUGH_HOST_BYTES`` a rank runs on a
+            pinned host copy instead, as the host's allreduce, and the explanation says so.
 
     Returns:
         Each candidate's prediction, the rejected algorithms with their reasons, and the choice.
@@ -519,7 +521,10 @@ def explain(
         )  # as agreed by earlier calls; asking would be collective
     else:
         features = frozenset()
-    features = frozenset() if device else features  # device arrays never use the host's shared memory
+    # a small device allreduce runs on a host copy; other device calls never use the host's shared memory
+    on_host = device and through_host(collective, AUTO, count * itemsize(dtype))
+    device = device and not on_host
+    features = frozenset() if device else features
     # the node split the communicator found (the one dispatch uses) gives the job's shape and link classes
     split = nodes_of(world_size, features)
     nodes = 1 if split is None else split[0]
@@ -542,6 +547,9 @@ def explain(
         measured, decided = tuner.measured(*shape), tuner.decided(*shape)
         if decided is not None and measured:
             explanation = replace(explanation, measured=measured, choice=decided)
+    if on_host:
+        route = "a pinned host copy, reduced as host arrays and copied back (an auto allreduce this small)"
+        return replace(explanation, device=route)
     path = None if group is None else group.chosen_device_path
     if path is None and not device:
         return explanation

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import collectives as C
-from collectives import backends
+from collectives import backends, dispatch
 from collectives.errors import CollectiveTimeout, ConfigurationError, UnsupportedDtypeError
 from collectives.transport import staging
 from collectives.transport.base import SharedMemory, Transport
@@ -23,7 +23,15 @@ class _NoSharedMemory(HostOnly):
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeDeviceBackend]:
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDeviceBackend]:
+    # these tests are of the device paths, which a small "auto" allreduce leaves for the host
+    monkeypatch.setattr(dispatch, "DEVICE_THROUGH_HOST_BYTES", 0)
+    with backends.trying_first(FakeDeviceBackend()) as backend:
+        yield backend
+
+
+@pytest.fixture
+def through_host() -> Iterator[FakeDeviceBackend]:
     with backends.trying_first(FakeDeviceBackend()) as backend:
         yield backend
 
@@ -37,6 +45,10 @@ def _world(size: int, fn: Any) -> list[Any]:
             comm.free()
 
     return LoopbackWorld(size, timeout=20).run(body)
+
+
+_BIG = dispatch.DEVICE_THROUGH_HOST_BYTES // 4 + 1
+"""float32 elements of an allreduce too large to run on a host copy: it takes the device path."""
 
 
 def _x(rank: int, rows: int = 6) -> np.ndarray:
@@ -277,18 +289,18 @@ def test_explain_for_device_arrays_of_one_rank_or_a_cuda_aware_mpi(monkeypatch: 
 
     def aware(transport: Transport) -> str | None:
         comm = C.Communicator(Aware(transport))
-        return C.explain("allreduce", 8, comm=comm, device=True).device
+        return C.explain("allreduce", _BIG, comm=comm, device=True).device
 
     assert (
         LoopbackWorld(2).run(aware)
         == [f"cuda-aware mpi (COLLECTIVES_CUDA_IPC=0; MPI library CUDA-aware; {FIRST})"] * 2
     )
     one = LoopbackWorld(1).run(
-        lambda t: C.explain("allreduce", 8, comm=C.Communicator(t), device=True).device
+        lambda t: C.explain("allreduce", _BIG, comm=C.Communicator(t), device=True).device
     )
     assert one == [f"{STAGED} (one rank: nothing to send; MPI library not CUDA-aware; {FIRST})"]
     # no communicator: only what is known everywhere
-    generic = C.explain("allreduce", 8, world_size=4, device=True).device
+    generic = C.explain("allreduce", _BIG, world_size=4, device=True).device
     assert generic is not None and generic.startswith(FIRST + ": cuda ipc where")
     assert "device buffers" not in str(C.explain("allreduce", 8, world_size=4))
 
@@ -297,9 +309,72 @@ def test_explain_for_device_arrays_leaves_out_the_hosts_shared_memory() -> None:
     def run(transport: Transport) -> tuple[set[str], set[str]]:
         comm = C.Communicator(transport)
         comm._features = frozenset({"shared_memory"})  # as a host call on one node would have found
-        host = C.explain("allreduce", 1000, comm=comm)
-        device = C.explain("allreduce", 1000, comm=comm, device=True)
+        host = C.explain("allreduce", _BIG, comm=comm)
+        device = C.explain("allreduce", _BIG, comm=comm, device=True)
         return {c.algorithm for c in host.candidates}, {c.algorithm for c in device.candidates}
 
     for host, device in LoopbackWorld(2).run(run):
         assert "shared_memory" in host and "shared_memory" not in device
+
+
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_a_small_auto_allreduce_of_device_arrays_runs_on_a_host_copy(
+    through_host: FakeDeviceBackend, size: int
+) -> None:
+    log = through_host.fake.log
+
+    def run(comm: C.Communicator) -> dict[str, Any]:
+        x = _x(comm.rank).view(DeviceArray)
+        before = len(log)
+        got = {op: C.allreduce(x, op, comm=comm) for op in ("sum", "max", "avg")}
+        inplace = x.copy()
+        C.allreduce(inplace, out=inplace, comm=comm)
+        got["in place"] = inplace
+        empty = C.allreduce(np.zeros(0, np.float32).view(DeviceArray), comm=comm)
+        route = C.explain("allreduce", x.size, comm=comm, device=True).device
+        assert route is not None and route.startswith("a pinned host copy"), route
+        return {"got": got, "path": comm.device_path, "copies": len(log) - before, "empty": empty}
+
+    # one log for the whole world's fake device: each rank's call copies in once and out once
+    outcomes = LoopbackWorld(size, timeout=20).run(lambda t: _run_on(t, run))
+    xs = [_x(r) for r in range(size)]
+    for outcome in outcomes:
+        assert outcome["path"] is None, "the device path was set up for calls that run on the host"
+        for op, value in outcome["got"].items():
+            assert isinstance(value, DeviceArray), f"{op} left the device"
+            want = {"max": np.maximum.reduce(xs), "avg": sum(xs) / size}.get(op, sum(xs))
+            np.testing.assert_allclose(value.view(np.ndarray), want, rtol=1e-6, err_msg=op)
+        assert isinstance(outcome["empty"], DeviceArray) and outcome["empty"].size == 0
+    kinds = {kind for kind, _ in log}
+    assert kinds == {"to_host", "to_device"}, kinds
+    assert sum(kind == "to_host" for kind, _ in log) == 4 * size
+    assert not through_host.reduced, "the device reduced what the host was to reduce"
+
+
+def _run_on(transport: Transport, fn: Any) -> Any:
+    comm = C.Communicator(transport)
+    try:
+        return fn(comm)
+    finally:
+        comm.free()
+
+
+@pytest.mark.parametrize(
+    ("call", "want"),
+    [
+        (lambda x, comm: C.allreduce(x[:4], algorithm="ring", comm=comm), [2.0] * 4),
+        (lambda x, comm: C.allgather(x[:2], comm=comm), [1.0] * 4),
+        (lambda x, comm: C.allreduce(x, comm=comm)[-4:], [2.0] * 4),
+    ],
+    ids=["named algorithm", "allgather", "over the threshold"],
+)
+def test_other_device_calls_keep_the_device_path(
+    through_host: FakeDeviceBackend, call: Any, want: Any
+) -> None:
+    def run(comm: C.Communicator) -> tuple[Any, str | None]:
+        got = call(np.ones(_BIG, np.float32).view(DeviceArray), comm)
+        return got.view(np.ndarray).tolist(), comm.device_path
+
+    for got, path in _world(2, run):
+        assert got == want
+        assert path == "cuda ipc"
