@@ -5,6 +5,7 @@ import pytest
 from mpi4py import MPI
 
 import collectives
+from collectives.transport.mpi import shared_memory
 from tests.mpi.helpers import Problems, exact_input, mpi_reference
 
 pytestmark = pytest.mark.mpi
@@ -45,6 +46,24 @@ def test_shared_memory_matches_mpi(world: MPI.Intracomm, dtype: str) -> None:
         with problems.guard(f"allgather count={count}"):
             got = collectives.allgather(x, algorithm="shared_memory", comm=comm)
             problems.expect_equal(f"allgather {count}", got, np.concatenate(world.allgather(x)))
+    comm.free()
+    problems.check()
+
+
+def test_the_fenced_barrier_of_other_processors_gives_mpis_results(
+    world: MPI.Intracomm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # x86 needs no Win.Sync fences in the barrier; Arm and POWER take this path
+    monkeypatch.setattr(shared_memory, "ORDERED_STORES", False)
+    comm = collectives.Communicator(world)
+    problems = Problems(world)
+    problems.expect(getattr(comm.transport.shared_memory(), "_fence", False), "the barrier is not fenced")
+    for count in (1, 4097, 1_100_003):
+        x = exact_input("sum", "float32", count, world.rank, world.size)
+        expected = mpi_reference("allreduce", x, "sum", world)
+        for _ in range(3):  # the repeats take the lean path
+            with problems.guard(f"allreduce count={count}"):
+                problems.expect_equal(f"allreduce {count}", collectives.allreduce(x, comm=comm), expected)
     comm.free()
     problems.check()
 
