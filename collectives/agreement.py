@@ -2,6 +2,7 @@
 
 __all__ = ["FUSED_BYTES", "Agreement", "Guard"]
 
+import hashlib
 import struct
 from collections.abc import Callable
 from dataclasses import replace
@@ -17,6 +18,14 @@ FUSED_BYTES = 4096
 """The most data bytes that may travel to one peer with a call's signature (see :class:`Guard`)."""
 
 _SEQUENCE = struct.Struct("<q")  # a packed signature starts with its sequence number
+
+
+def _digest(packed: bytearray) -> int:
+    """A nonzero int64 for all of a packed signature but its sequence number (see ``post_signature``)."""
+    word = int.from_bytes(
+        hashlib.blake2b(packed[_SEQUENCE.size :], digest_size=8).digest(), "little", signed=True
+    )
+    return word or 1
 
 
 def _nothing() -> None:
@@ -35,15 +44,17 @@ class Guard:
     Attributes:
         signature: the call's signature, its sequence number 0.
         packed: the packed signature, sent by one call at a time.
+        digest: a nonzero int64 standing for ``packed`` but its sequence number.
         outgoing: per peer, the data that travels with the signature (after it).
     """
 
-    __slots__ = ("_messages", "_tag", "outgoing", "packed", "signature")
+    __slots__ = ("_messages", "_tag", "digest", "outgoing", "packed", "signature")
 
     def __init__(self, signature: Signature, payloads: dict[int, int] | None = None) -> None:
         self.signature = signature
         self.packed = bytearray(signature.pack())
         self._tag = signature.tag
+        self.digest = _digest(self.packed)
         payloads = payloads or {}
         if any(size > FUSED_BYTES for size in payloads.values()):
             raise ValueError(f"at most {FUSED_BYTES} bytes travel with a signature; got {payloads}")
@@ -60,6 +71,7 @@ class Guard:
         if tag != self._tag:  # a guard kept for repeated calls may serve calls of several tags
             stamp_tag(self.packed, tag)
             self._tag = tag
+            self.digest = _digest(self.packed)
         if self._messages:
             for message in self._messages.values():
                 message[:SIGNATURE_BYTES] = self.packed

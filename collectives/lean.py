@@ -160,13 +160,16 @@ class LeanAllreduce:
         self._barriers = passed + 1
         pending = self._pending
         if pending:
-            shared.post(self.guard.packed)
+            guard = self.guard
+            shared.post_signature(guard.packed, guard.digest, self._sequence)
         shared.arrive(note)
         call = self._call
         if call is None and not shared.wait(SPIN_S):
             if pending:
                 self._pending = False
-                self.watchdog.compare_posted(shared, self.guard, self._sequence)
+                guard = self.guard
+                if not shared.signatures_match(guard.packed, guard.digest, self._sequence):
+                    self.watchdog.compare_posted(shared, guard, self._sequence)  # raises where they differ
             return
         if call is None:
             call = self._record()

@@ -207,6 +207,24 @@ class SharedMemory(ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} carries no messages")
 
+    def post_signature(self, packed: bytearray, digest: int, sequence: int) -> None:
+        """:meth:`post` a call's packed signature, whose first 8 bytes are its ``sequence`` number.
+
+        ``digest`` (a nonzero int64) stands for the rest of it: a memory may leave
+        that rest in place where the same digest was posted before, and compare
+        digests in :meth:`signatures_match`.
+        """
+        self.post(packed)
+
+    def signatures_match(self, packed: bytearray, digest: int, sequence: int) -> bool:
+        """Whether every other rank posted the signature this rank did (:meth:`post_signature`).
+
+        Read after the barrier passed. ``False`` means "compare the whole
+        signatures" (a rank may have posted its call's with :meth:`post`), which is
+        all a memory without digests can say.
+        """
+        return False
+
     def message(self, rank: int) -> memoryview:
         """What ``rank`` posted for the last barrier passed (:data:`MESSAGE_BYTES` bytes).
 

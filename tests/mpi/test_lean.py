@@ -114,3 +114,37 @@ def test_a_rank_that_skips_a_repeated_call_times_the_others_out(world: MPI.Intra
     world.Barrier()
     comm.free()
     assert_all(timed_out or world.rank == 0, "a repeated call with a missing peer did not time out")
+
+
+def test_a_lean_repeat_against_a_plain_call_is_checked_whole(world: MPI.Intracomm) -> None:
+    # a lean repeat posts its signature's sequence number and digest only where its last post is
+    # there still; a plain call's post leaves no digest, so the signatures are compared whole
+    if world.size == 1:
+        pytest.skip("ranks can differ only where there are several")
+    comm = collectives.Communicator(world, timeout=60)
+    problems = Problems(world)
+    r = world.rank
+    x = np.ones(4, np.float32)
+    for _ in range(3):
+        collectives.allreduce(x, out=x, comm=comm)
+        x[:] = 1
+    comm.watchdog.debug = r == 1  # rank 1 takes the plain path: the same call, posted whole
+    for _ in range(3):
+        problems.expect_equal(
+            "lean against plain",
+            collectives.allreduce(x, out=x, comm=comm),
+            np.full(4, world.size, np.float32),
+        )
+        x[:] = 1
+    comm.watchdog.debug = False
+    with (
+        problems.guard("a new call against a repeat"),
+        pytest.raises(collectives.MismatchError, match="count"),
+    ):
+        collectives.allreduce(np.ones(5 if r == 1 else 4, np.float32), out=x if r != 1 else None, comm=comm)
+    x[:] = 1
+    problems.expect_equal(
+        "after", collectives.allreduce(x, out=x, comm=comm), np.full(4, world.size, np.float32)
+    )
+    comm.free()
+    problems.check()

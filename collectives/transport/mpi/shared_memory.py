@@ -33,6 +33,8 @@ _LEAVING_INT = 13  # the header's integer set once the rank came to free the win
 _DECISION_INT = 14  # rank 0's header only: whether the windows are freed, decided once by compare-and-swap
 _BROKEN_INT = 15  # the header's last integer: nonzero once the rank broke off (see MPISharedMemory.break_off)
 _MESSAGE_BYTES = 256
+_LITTLE_ENDIAN = sys.byteorder == "little"  # a packed signature's sequence number is little-endian
+_DIGEST_WORD = _MESSAGE_BYTES // 8 - 1  # a message's last 8 bytes: the digest of a posted signature
 _SLOT_BYTES = _HEADER_BYTES + 2 * _MESSAGE_BYTES  # then its messages by parity; its own cache lines
 
 EXIT_WAIT_S = 5.0
@@ -89,7 +91,7 @@ class MPISharedMemory(SharedMemory):
     is a barrier ahead does not overwrite what a slower one is still reading.
     """
 
-    MESSAGE_BYTES = _MESSAGE_BYTES
+    MESSAGE_BYTES = _MESSAGE_BYTES - 8  # the last 8 bytes hold a signature's digest (post_signature)
 
     def __init__(self, node: MPI.Intracomm, region_bytes: int) -> None:
         self._node = node
@@ -111,6 +113,12 @@ class MPISharedMemory(SharedMemory):
         self._others = [r for r in range(size) if r != rank]
         self._slots = [r * self._stride for r in self._others]  # where each other rank's number is
         self._spin = spin_polls(size)
+        # each rank's messages by parity, as indices of their first word in the int64 view
+        self._message_words = [
+            [(r * _SLOT_BYTES + _HEADER_BYTES + p * _MESSAGE_BYTES) // 8 for p in (0, 1)] for r in range(size)
+        ]
+        self._peer_words = [[self._message_words[r][p] for r in self._others] for p in (0, 1)]
+        self._signed = [0, 0]  # the digest of the signature this rank's message holds, by parity; 0: none
         self._fence = not ORDERED_STORES
         self._number = 0
         self._passed = 0
@@ -194,7 +202,34 @@ class MPISharedMemory(SharedMemory):
         )
 
     def post(self, message: bytes | bytearray | memoryview) -> None:
-        self._messages[self._rank][(self._number + 1) & 1][: len(message)] = message
+        parity = (self._number + 1) & 1
+        self._messages[self._rank][parity][: len(message)] = message
+        if self._signed[parity]:  # no digest stands for this message: peers compare it whole
+            self._numbers[self._message_words[self._rank][parity] + _DIGEST_WORD] = 0
+            self._signed[parity] = 0
+
+    def post_signature(self, packed: bytearray, digest: int, sequence: int) -> None:
+        if not _LITTLE_ENDIAN:  # the sequence number's word would not read as its packed bytes
+            self.post(packed)
+            return
+        parity = (self._number + 1) & 1
+        at = self._message_words[self._rank][parity]
+        numbers = self._numbers
+        if self._signed[parity] == digest:  # the rest of the signature is there from the last post
+            numbers[at] = sequence
+            return
+        self._messages[self._rank][parity][: len(packed)] = packed
+        numbers[at + _DIGEST_WORD] = digest
+        self._signed[parity] = digest
+
+    def signatures_match(self, packed: bytearray, digest: int, sequence: int) -> bool:
+        if not _LITTLE_ENDIAN:
+            return False
+        numbers = self._numbers
+        for at in self._peer_words[self._passed & 1]:
+            if numbers[at] != sequence or numbers[at + _DIGEST_WORD] != digest:
+                return False
+        return True
 
     def message(self, rank: int) -> memoryview:
         return self._messages[rank][self._passed & 1]
