@@ -4,6 +4,7 @@ __all__ = ["Communicator", "communicator_of", "default"]
 
 import math
 import struct
+import threading
 import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,7 @@ from .execute_shared import OVERSUBSCRIBED_SEGMENT_BYTES, SEGMENT_BYTES, SharedE
 from .selector import Selector, default_selector, selector_for
 from .topology.cost_model import CostModel
 from .transport.base import NodeSplit, Transport
+from .transport.device import Device
 from .transport.device_path import DevicePath
 from .transport.tags import Tag
 from .tuner import Tuner, tuning_wanted
@@ -23,6 +25,10 @@ from .watchdog import Watchdog
 
 if TYPE_CHECKING:
     from mpi4py import MPI
+
+
+_STAGING_KEPT = 16
+"""Pinned host buffers a communicator keeps (:meth:`Communicator.staging_buffer`); past it, all go."""
 
 
 class Communicator:
@@ -78,6 +84,7 @@ class Communicator:
         self._node_shared: SharedExecutor | None = None  # over this rank's node then
         self._features: frozenset[str] | None = None  # what the transport offers, asked once
         self._device_paths: dict[str, DevicePath] = {}  # by backend: made on the first device call
+        self._staging: dict[tuple[int, int], Any] = {}  # pinned host buffers, by thread and size
         self._sibling: Communicator | None = None
         self._before_free: list[Callable[[], None]] = []
         # plain attributes, not properties: a repeated small call reads them in a few microseconds
@@ -244,6 +251,20 @@ class Communicator:
     def chosen_device_path(self) -> DevicePath | None:
         """The path device arrays take, once the first collective on them chose it; never collective."""
         return next(iter(self._device_paths.values()), None)
+
+    def staging_buffer(self, device: Device, nbytes: int) -> Any:
+        """A pinned host buffer of ``nbytes`` for this thread's host copies of device arrays, kept.
+
+        One per thread: a thread's copy never lands in a buffer another thread's call is
+        reading (that call then fails as any concurrent call does, never reads a wrong sum).
+        """
+        key = (threading.get_ident(), nbytes)
+        buffer = self._staging.get(key)
+        if buffer is None:
+            if len(self._staging) >= _STAGING_KEPT:
+                self._staging.clear()  # start afresh rather than evict one by one
+            buffer = self._staging[key] = device.pinned(nbytes)
+        return buffer
 
     def device_path_of(self, backend: ArrayBackend, call: Call | None = None) -> DevicePath | None:
         """The path of ``backend``'s device arrays, made on first use (collective); ``None`` on the host.

@@ -29,7 +29,6 @@ from . import communicator as communicators
 from .algorithms import ALGORITHMS, rank_program
 from .algorithms.base import implements, required_feature
 from .backends import ArrayBackend
-from .backends.numpy_backend import NumpyBackend
 from .call import Call
 from .chunking import even_split
 from .communicator import Communicator, communicator_of
@@ -50,11 +49,9 @@ if TYPE_CHECKING:
     from mpi4py import MPI
 
 DEVICE_THROUGH_HOST_BYTES = 256 << 10
-"""An ``"auto"`` allreduce of device arrays up to this many bytes a rank runs on a host copy
-(:func:`_allreduce_through_host`): 2 ranks on an H100, 4 KiB took 281-295 us over the device
+"""An ``"auto"`` allreduce of device arrays up to this many bytes a rank runs on a pinned host copy
+(see :func:`collectives.allreduce`): 2 ranks on an H100, 4 KiB took 281-295 us over the device
 paths, 48 us as two copies around MPI's host allreduce (``bench.device_allreduce``)."""
-
-_NUMPY = NumpyBackend()
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -92,8 +89,6 @@ class Job:
         key: where a call whose decisions later calls may reuse keeps them
             (see :mod:`collectives.prepared`); ``None`` for others.
         opening: an allreduce's decisions made before its ranks agree on the call.
-        signed_as: the backend the signature names, where it is not ``backend``'s (a
-            device allreduce run on a host copy still pairs only with device calls).
     """
 
     collective: str
@@ -116,7 +111,6 @@ class Job:
     opening: Opening | None = None
     out: Any = None
     in_out: bool = False
-    signed_as: str = ""
 
 
 def refuse(
@@ -203,8 +197,6 @@ def run(group: Communicator, job: Job, check: bool | None) -> Any:
         MismatchError: on every rank, when their calls differ.
         CollectiveTimeout: the call did not complete in time.
     """
-    if job.backend.name != "numpy" and _through_host(job):
-        return _allreduce_through_host(group, job, check)
     watchdog = group.watchdog
     opening = job.opening
     guard = _guard(group, job) if opening is None else opening.guard
@@ -240,37 +232,6 @@ def run(group: Communicator, job: Job, check: bool | None) -> Any:
 def through_host(collective: str, algorithm: str, nbytes: int) -> bool:
     """Whether a call on device arrays runs on a host copy: an ``"auto"`` allreduce this small."""
     return collective == "allreduce" and algorithm == AUTO and nbytes <= DEVICE_THROUGH_HOST_BYTES
-
-
-def _through_host(job: Job) -> bool:
-    """Whether ``job`` is on device arrays and runs on a host copy of them."""
-    return through_host(job.collective, job.algorithm, job.count * job.item_bytes) and (
-        job.backend.device() is not None
-    )
-
-
-def _allreduce_through_host(group: Communicator, job: Job, check: bool | None) -> Any:
-    """``job``'s allreduce on a pinned host copy of its input, then the result copied back to the device.
-
-    Two copies and the host's allreduce cost less than the device path's
-    synchronisations and messages per step while the message is small. The ranks
-    agree on the host call, which every rank of a small ``"auto"`` allreduce of
-    device arrays makes.
-    """
-    device = job.backend.device()
-    assert device is not None
-    staged = device.pinned(job.count * job.item_bytes)
-    if job.count:
-        device.to_host(staged, job.backend.message(job.work if job.source is None else job.source))
-    host = staged.view(job.work.dtype)
-    host_job = Job(
-        "allreduce", AUTO, _NUMPY, job.op, job.item_bytes, job.count, job.dtype, host,
-        shape=(job.count,), on_shared=True, out=host, in_out=True, signed_as=job.backend.name,
-    )  # fmt: skip
-    run(group, host_job, check)
-    if job.count:
-        device.to_device(job.backend.message(job.work), staged)
-    return job.work
 
 
 def decide(group: Communicator, job: Job, check: bool | None) -> tuple[str, SharedExecutor | None, Guard]:
@@ -311,7 +272,7 @@ def _guard(group: Communicator, job: Job) -> Guard:
     """The packed signature of ``job``'s call."""
     counts = None if job.counts is None else tuple(int(c) for c in job.counts)
     op = "" if job.op is None else job.op.agreed_name
-    backend = (job.signed_as or job.backend.name) if job.dtype else ""
+    backend = job.backend.name if job.dtype else ""
     return group.watchdog.guard(
         job.collective, job.algorithm, job.count, job.dtype, op, job.root, counts, backend=backend
     )

@@ -347,6 +347,8 @@ def test_a_small_auto_allreduce_of_device_arrays_runs_on_a_host_copy(
         assert isinstance(outcome["empty"], DeviceArray) and outcome["empty"].size == 0
     kinds = {kind for kind, _ in log}
     assert kinds == {"to_host", "to_device"}, kinds
+    # one pinned buffer a rank for each size (here the arrays' and the empty one's), kept between calls
+    assert through_host.fake.pinned_allocations == 2 * size
     assert sum(kind == "to_host" for kind, _ in log) == 4 * size
     assert not through_host.reduced, "the device reduced what the host was to reduce"
 

@@ -211,10 +211,13 @@ def fake() -> Any:
 
 @pytest.mark.parametrize("collective", ["allreduce", "broadcast", "allgather"])
 def test_device_and_host_arrays_in_one_call_are_a_mismatch(fake: FakeDeviceBackend, collective: str) -> None:
+    # a named algorithm: a small "auto" allreduce of device arrays runs on a host copy (below)
+    named = {"algorithm": "ring"} if collective == "allreduce" else {}
+
     def call(comm: Communicator) -> Any:
         x = _x(comm.rank)
         with pytest.raises(MismatchError) as caught:
-            getattr(collectives, collective)(x.view(DeviceArray) if comm.rank == 0 else x, comm=comm)
+            getattr(collectives, collective)(x.view(DeviceArray) if comm.rank == 0 else x, comm=comm, **named)
         return caught.value, collectives.allreduce(np.ones(2), comm=comm)
 
     for error, after in _on_every_rank(2, call):
@@ -222,6 +225,18 @@ def test_device_and_host_arrays_in_one_call_are_a_mismatch(fake: FakeDeviceBacke
         assert error.fields == {"backend": {"fake-device": (0,), "numpy": (1,)}}
         assert "backend: fake-device on rank 0; numpy on rank 1" in str(error)
         assert (after == 2).all()
+
+
+def test_a_small_auto_allreduce_of_device_arrays_pairs_with_host_arrays(fake: FakeDeviceBackend) -> None:
+    # it runs as a host allreduce on a copy, which another rank's host arrays meet as their own
+    def call(comm: Communicator) -> Any:
+        x = _x(comm.rank)
+        return collectives.allreduce(x.view(DeviceArray) if comm.rank == 0 else x, comm=comm)
+
+    results = _on_every_rank(2, call)
+    assert isinstance(results[0], DeviceArray) and not isinstance(results[1], DeviceArray)
+    for result in results:
+        np.testing.assert_array_equal(result.view(np.ndarray), _x(0) + _x(1))
 
 
 def test_a_poisoned_signature_fits_its_field_and_names_only_what_the_rank_knew() -> None:

@@ -69,6 +69,27 @@ def test_fake_device_arrays_over_mpi_staging_match_numpy(
     problems.check()
 
 
+def test_small_auto_allreduces_of_device_arrays_repeat_on_the_lean_host_path(fake: FakeDeviceBackend) -> None:
+    comm = collectives.Communicator(MPI.COMM_WORLD)
+    problems = Problems()
+    size, rank = comm.size, comm.rank
+    for count in (1, 1001):
+        for call in range(4):
+            x = exact_input("sum", "float32", count, rank, size) + call
+            expected = collectives.allreduce(x, comm=comm)
+            got = collectives.allreduce(x.copy().view(DeviceArray), comm=comm)
+            problems.expect(isinstance(got, DeviceArray), f"count={count}: left the device")
+            problem = mismatch(got.view(np.ndarray), expected)
+            problems.expect(problem is None, f"count={count} call {call}: {problem}")
+    problems.expect(comm.device_path is None, f"took the device path {comm.device_path}")
+    if size > 1 and comm.shared is not None:
+        # the host copies' calls are in place (the host references above make new arrays)
+        lean = [key for key, p in comm.prepared.items() if p.lean is not None and "in place" in key]
+        problems.expect(len(lean) == 2, f"{len(lean)} lean entries: the host copies' repeats are not lean")
+    comm.free()
+    problems.check()
+
+
 def test_cuda_aware_setting_and_node_detection(monkeypatch: pytest.MonkeyPatch) -> None:
     transport = MPITransport(MPI.COMM_WORLD)
     problems = Problems()
