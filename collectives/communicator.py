@@ -176,7 +176,8 @@ class Communicator:
         shared = self._transport.shared_memory()
         nodes = None if shared is not None else self._transport.node_split()
         node_ranks = self.size if shared is not None else len(nodes.node_ranks) if nodes else 1
-        crowded = oversubscribed(node_ranks)  # then barriers are dear: fewer, longer segments
+        # then barriers are dear: fewer, longer segments (emulated nodes share one machine's cores)
+        crowded = oversubscribed(max(node_ranks, self._transport.host_ranks()))
         segment = OVERSUBSCRIBED_SEGMENT_BYTES if crowded else SEGMENT_BYTES
         extra = ("oversubscribed",) if crowded else ()
         if shared is not None:

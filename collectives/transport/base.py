@@ -78,6 +78,14 @@ class Transport(ABC):
         """
         return None
 
+    def host_ranks(self) -> int:
+        """How many of the group's ranks run on this rank's machine (by name); 1 unless the transport knows.
+
+        More than its node's ranks where nodes are emulated on one machine, whose cores
+        they then share. Collective the first time it is called.
+        """
+        return 1
+
     def node_local(self) -> bool:
         """Whether every rank of the group runs on this node; ``False`` unless the transport knows.
 

@@ -5,6 +5,7 @@ or more (tests/test_two_nodes_launch.py launches it so, as 2 x 2 and 3 x 2);
 elsewhere every test skips.
 """
 
+import os
 import re
 
 import numpy as np
@@ -49,6 +50,26 @@ def test_the_node_split_is_mpis(world: MPI.Intracomm, nodes: collectives.Communi
     explanation = collectives.explain("allreduce", 1 << 16, comm=nodes)
     problems.expect(explanation.nodes == (count, per_node), f"explain's nodes {explanation.nodes}")
     problems.expect("between" in str(explanation), "explain lists no link between nodes")
+    nodes.free()
+    problems.check()
+
+
+def test_emulated_nodes_count_their_machines_ranks(
+    world: MPI.Intracomm, nodes: collectives.Communicator
+) -> None:
+    # the emulated nodes share one machine's cores: a barrier there must not spin on a core
+    # a descheduled peer needs, and the features say oversubscribed where the ranks outnumber them
+    problems = Problems(world)
+    names = world.allgather(MPI.Get_processor_name())
+    on_this_machine = names.count(names[world.rank])
+    host = nodes.transport.host_ranks()
+    problems.expect(host == on_this_machine, f"host_ranks {host}, not {on_this_machine}")
+    crowded = on_this_machine > (os.cpu_count() or 1)
+    problems.expect(("oversubscribed" in nodes.features) == crowded, f"features {set(nodes.features)}")
+    split = nodes.nodes
+    if split is not None:
+        spin = getattr(split[0].shared, "_spin", None)
+        problems.expect((spin == 0) == crowded, f"the barrier spins {spin} polls on {on_this_machine} ranks")
     nodes.free()
     problems.check()
 

@@ -66,6 +66,7 @@ class MPITransport(Transport):
         self._size = self._comm.Get_size()
         self._shared: MPISharedMemory | None = None
         self._nodes: NodeSplit | None = None
+        self._host_ranks = 1
         self._shared_known = False
         self._node_local: bool | None = None
         self._stuck: list[MPI.Request] = []  # sends a timeout left behind
@@ -157,6 +158,10 @@ class MPITransport(Transport):
         self._split()
         return self._nodes
 
+    def host_ranks(self) -> int:
+        self._split()
+        return self._host_ranks
+
     def _split(self) -> None:
         """Find the nodes (collective, once): one shared memory, or a node split, or neither."""
         if self._shared_known:
@@ -169,16 +174,19 @@ class MPITransport(Transport):
             node.Free()
             node = pretend
         node_ranks = tuple(node.allgather(self._rank))
-        sizes = set(self._comm.allgather(len(node_ranks)))
+        # the ranks on this machine: more than the node's where nodes are emulated on one machine
+        names = self._comm.allgather((len(node_ranks), MPI.Get_processor_name()))
+        self._host_ranks = host = max(len(node_ranks), sum(name == names[self._rank][1] for _, name in names))
+        sizes = {size for size, _ in names}
         if sizes == {self._size}:
-            self._shared = MPISharedMemory(node, SHARED_REGION_BYTES)
+            self._shared = MPISharedMemory(node, SHARED_REGION_BYTES, host)
             return
         local = node_ranks.index(self._rank)
         if len(sizes) == 1 and min(sizes) > 1:
             rail = self._comm.Split(local, self._rank)
             rail_ranks = tuple(rail.allgather(self._rank))
             self._nodes = NodeSplit(
-                MPISharedMemory(node, SHARED_REGION_BYTES), node_ranks, MPITransport(rail), rail_ranks
+                MPISharedMemory(node, SHARED_REGION_BYTES, host), node_ranks, MPITransport(rail), rail_ranks
             )
             rail.Free()  # the transport keeps its own duplicate
             return

@@ -93,7 +93,7 @@ class MPISharedMemory(SharedMemory):
 
     MESSAGE_BYTES = _MESSAGE_BYTES - 8  # the last 8 bytes hold a signature's digest (post_signature)
 
-    def __init__(self, node: MPI.Intracomm, region_bytes: int) -> None:
+    def __init__(self, node: MPI.Intracomm, region_bytes: int, host_ranks: int = 0) -> None:
         self._node = node
         self._bytes = region_bytes
         size, rank = node.Get_size(), node.Get_rank()
@@ -112,7 +112,7 @@ class MPISharedMemory(SharedMemory):
         self._stride = _SLOT_BYTES // 8
         self._others = [r for r in range(size) if r != rank]
         self._slots = [r * self._stride for r in self._others]  # where each other rank's number is
-        self._spin = spin_polls(size)
+        self._spin = spin_polls(max(size, host_ranks))  # emulated nodes share one machine's cores
         # each rank's messages by parity, as indices of their first word in the int64 view
         self._message_words = [
             [(r * _SLOT_BYTES + _HEADER_BYTES + p * _MESSAGE_BYTES) // 8 for p in (0, 1)] for r in range(size)
