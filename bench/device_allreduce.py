@@ -21,9 +21,7 @@ host arrays (no GPU needed: a dry run of this script).
 __all__ = ["main"]
 
 import argparse
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +31,7 @@ from mpi4py import MPI
 import collectives
 
 from .config import parse_size
+from .small_path import interleaved_medians
 
 
 def _array_module(name: str, rank: int) -> tuple[Any, Callable[[], None]]:
@@ -107,15 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         contenders = _contenders(xp, synchronize, comm, world, x)
         for body in contenders.values():  # warm up: plans, pinned buffers, IPC handles
             body()
-        times: dict[str, list[float]] = {name: [] for name in contenders}
-        for _ in range(args.rounds):
-            for name, body in contenders.items():
-                world.Barrier()
-                start = time.perf_counter()
-                for _ in range(args.calls):
-                    body()
-                times[name].append((time.perf_counter() - start) / args.calls)
-        medians = {name: world.allreduce(statistics.median(t), op=MPI.MAX) for name, t in times.items()}
+        medians = interleaved_medians(world, contenders, args.rounds, args.calls)
         if world.rank == 0:
             ours, mpi = medians["ours"], medians["mpi"]
             busbw = 2 * (world.size - 1) / world.size * size / ours / 1e9

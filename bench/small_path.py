@@ -20,7 +20,7 @@ layer, the median of the rounds of the slowest rank. Only for sizes on the
 one-barrier path (all ranks' inputs together within ``SMALL_TOTAL_BYTES``).
 """
 
-__all__ = ["main"]
+__all__ = ["interleaved_medians", "main"]
 
 import argparse
 import statistics
@@ -91,6 +91,21 @@ def _layers(
     }
 
 
+def interleaved_medians(
+    world: MPI.Intracomm, bodies: dict[str, Callable[[], None]], rounds: int, calls: int
+) -> dict[str, float]:
+    """Seconds per call of each body, timed in turn ``rounds`` times: the slowest rank's median."""
+    times: dict[str, list[float]] = {name: [] for name in bodies}
+    for _ in range(rounds):
+        for name, body in bodies.items():
+            world.Barrier()
+            start = time.perf_counter()
+            for _ in range(calls):
+                body()
+            times[name].append((time.perf_counter() - start) / calls)
+    return {name: world.allreduce(statistics.median(t), op=MPI.MAX) for name, t in times.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.small_path", description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=parse_size, default=8, help="bytes per rank (default 8)")
@@ -102,16 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"needs 2 or more ranks and size x ranks <= {SMALL_TOTAL_BYTES} bytes")
     comm = collectives.Communicator(world)
     x = np.zeros(max(args.size // 4, 1), np.float32)  # zeros: repeated sums in place stay finite
-    layers = _layers(comm, world, x)
-    times: dict[str, list[float]] = {name: [] for name in layers}
-    for _ in range(args.rounds):
-        for name, body in layers.items():
-            world.Barrier()
-            start = time.perf_counter()
-            for _ in range(args.calls):
-                body()
-            times[name].append((time.perf_counter() - start) / args.calls)
-    medians = {name: world.allreduce(statistics.median(t), op=MPI.MAX) for name, t in times.items()}
+    medians = interleaved_medians(world, _layers(comm, world, x), args.rounds, args.calls)
     if world.rank == 0:
         loops = f"{args.calls} calls x {args.rounds} rounds"
         print(f"# {world.size} ranks, {x.nbytes} B float32 sum in place, {loops}")
