@@ -88,8 +88,9 @@ def test_host_and_device_arrays_in_one_call_are_a_mismatch(world: MPI.Intracomm)
     with backends.trying_first(FakeDeviceBackend()):
         comm = collectives.Communicator(world, timeout=TIMEOUT_S, check=True)
         x = np.ones(8, np.float32)
+        # the device path (a named algorithm); a small "auto" call runs on a host copy, below
         try:
-            collectives.allreduce(x.view(DeviceArray) if world.rank == 0 else x, comm=comm)
+            collectives.allreduce(x.view(DeviceArray) if world.rank == 0 else x, algorithm="ring", comm=comm)
             problems.expect(False, "allreduce of a device array and host arrays did not raise")
         except MismatchError as error:
             others = tuple(range(1, world.size))
@@ -97,6 +98,10 @@ def test_host_and_device_arrays_in_one_call_are_a_mismatch(world: MPI.Intracomm)
             problems.expect(error.fields == expected, f"fields {error.fields}")
         with problems.guard("allreduce after the mismatch"):
             result = collectives.allreduce(np.ones(3, np.float32), comm=comm)
+            problems.expect((result == world.size).all(), f"got {result}")
+        with problems.guard("a small auto allreduce of a device array against host arrays"):
+            result = collectives.allreduce(x.view(DeviceArray) if world.rank == 0 else x, comm=comm)
+            problems.expect(isinstance(result, DeviceArray) == (world.rank == 0), f"got a {type(result)}")
             problems.expect((result == world.size).all(), f"got {result}")
         comm.free()
     problems.check()
