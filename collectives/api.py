@@ -54,7 +54,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .backends import adopt, backend_for
 from .buffers import (
     allreduce_job,
     alltoall_job,
@@ -69,9 +68,9 @@ from .buffers import (
     widened,
 )
 from .communicator import Communicator, communicator_of
-from .dispatch import Job, keeps_order, perform, through_host
-from .errors import CollectivesError
+from .dispatch import Job, keeps_order, perform
 from .explanation import Explanation
+from .host_copy import on_host_copy, through_host
 from .ops import ReduceOp, itemsize
 from .prepared import allreduce_key, shares_key
 from .requests import busy, settle
@@ -83,7 +82,7 @@ if TYPE_CHECKING:
     from .topology import Topology
 
 
-_NDARRAY = np.ndarray  # a module global: an allreduce of numpy arrays tells them by their class at once
+_NDARRAY = np.ndarray  # a module global: an allreduce tells numpy arrays by their class at once
 
 
 def allreduce(
@@ -116,7 +115,7 @@ def allreduce(
         The result, ``out`` when given.
     """
     if x.__class__ is not _NDARRAY and algorithm == AUTO:
-        result = _on_host_copy(x, op, out, comm, check)
+        result = on_host_copy(x, op, out, comm, check, allreduce)
         if result is not None:
             return result
     if op == "avg" or op.__class__ is ReduceOp:
@@ -127,43 +126,6 @@ def allreduce(
     return perform(
         comm, "allreduce", algorithm, check, key, x, out, _delivered, allreduce_job, x, op, out, check, key
     )
-
-
-def _on_host_copy(x: Any, op: "str | ReduceOp", out: Any, comm: Any, check: bool | None) -> Any:
-    """A small ``"auto"`` allreduce of device arrays, run on a pinned host copy; ``None`` for any other.
-
-    Two copies and the host's allreduce (its repeats on the lean path) cost less than
-    the device path's synchronisation and host message per step while the array is
-    small (:data:`~collectives.dispatch.DEVICE_THROUGH_HOST_BYTES`). It pairs with a
-    host allreduce of the same shape on another rank. Calls it cannot take (another
-    array, an ``out`` unlike ``x``) go the device path, which names their problems.
-    """
-    x = adopt(x)
-    try:
-        backend = backend_for(x)
-    except CollectivesError:
-        return None
-    device = backend.device()
-    if device is None or not through_host("allreduce", AUTO, x.nbytes):
-        return None
-    flat = backend.flat_view(x)
-    if out is not None and out is not x:
-        out = adopt(out)
-        if not backend.owns(out) or out.shape != x.shape or out.dtype != x.dtype:
-            return None
-    result = backend.empty(x.size, x) if out is None else out
-    target = backend.flat_view(result)
-    if flat is None or target is None:
-        return None
-    group = communicator_of(comm)
-    staged = group.staging_buffer(device, x.nbytes)
-    host = staged.view(x.dtype)
-    if x.size:
-        device.to_host(staged, backend.message(flat))
-    allreduce(host, op, out=host, comm=group, check=check)
-    if x.size:
-        device.to_device(backend.message(target), staged)
-    return result.reshape(x.shape) if out is None else out
 
 
 def reduce_scatter(
@@ -552,7 +514,7 @@ def explain(
         device: explain a call on device arrays: they never use the host's shared
             memory, and the explanation names their path (the communicator's once its
             first device call chose it, else as far as is known without asking the ranks);
-            an allreduce of at most ``dispatch.DEVICE_THROUGH_HOST_BYTES`` a rank runs on a
+            an allreduce of at most ``host_copy.DEVICE_THROUGH_HOST_BYTES`` a rank runs on a
             pinned host copy instead, as the host's allreduce, and the explanation says so.
 
     Returns:

@@ -8,17 +8,7 @@ ranks if the checks fail), then :func:`run` agrees on the call with the other
 ranks, chooses its algorithm and runs it under the watchdog.
 """
 
-__all__ = [
-    "DEVICE_THROUGH_HOST_BYTES",
-    "Job",
-    "checked",
-    "decide",
-    "keeps_order",
-    "perform",
-    "refuse",
-    "run",
-    "through_host",
-]
+__all__ = ["Job", "checked", "decide", "keeps_order", "perform", "refuse", "run"]
 
 from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass
@@ -47,11 +37,6 @@ from .watchdog import Guard
 
 if TYPE_CHECKING:
     from mpi4py import MPI
-
-DEVICE_THROUGH_HOST_BYTES = 256 << 10
-"""An ``"auto"`` allreduce of device arrays up to this many bytes a rank runs on a pinned host copy
-(see :func:`collectives.allreduce`): 2 ranks on an H100, 4 KiB took 281-295 us over the device
-paths, 48 us as two copies around MPI's host allreduce (``bench.device_allreduce``)."""
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -227,11 +212,6 @@ def run(group: Communicator, job: Job, check: bool | None) -> Any:
     finally:
         if group.tuner is not None:
             group.tuner.finish()  # a trial's time: the whole call, as its caller meets it
-
-
-def through_host(collective: str, algorithm: str, nbytes: int) -> bool:
-    """Whether a call on device arrays runs on a host copy: an ``"auto"`` allreduce this small."""
-    return collective == "allreduce" and algorithm == AUTO and nbytes <= DEVICE_THROUGH_HOST_BYTES
 
 
 def decide(group: Communicator, job: Job, check: bool | None) -> tuple[str, SharedExecutor | None, Guard]:

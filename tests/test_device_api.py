@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import collectives as C
-from collectives import backends, dispatch
+from collectives import backends, host_copy
 from collectives.errors import CollectiveTimeout, ConfigurationError, UnsupportedDtypeError
 from collectives.transport import staging
 from collectives.transport.base import SharedMemory, Transport
@@ -25,7 +25,7 @@ class _NoSharedMemory(HostOnly):
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDeviceBackend]:
     # these tests are of the device paths, which a small "auto" allreduce leaves for the host
-    monkeypatch.setattr(dispatch, "DEVICE_THROUGH_HOST_BYTES", 0)
+    monkeypatch.setattr(host_copy, "DEVICE_THROUGH_HOST_BYTES", 0)
     with backends.trying_first(FakeDeviceBackend()) as backend:
         yield backend
 
@@ -47,7 +47,7 @@ def _world(size: int, fn: Any) -> list[Any]:
     return LoopbackWorld(size, timeout=20).run(body)
 
 
-_BIG = dispatch.DEVICE_THROUGH_HOST_BYTES // 4 + 1
+_BIG = host_copy.DEVICE_THROUGH_HOST_BYTES // 4 + 1
 """float32 elements of an allreduce too large to run on a host copy: it takes the device path."""
 
 
