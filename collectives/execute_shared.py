@@ -108,12 +108,14 @@ class SharedExecutor:
     def __init__(
         self, shared: SharedMemory, rank: int, size: int, segment_bytes: int = SEGMENT_BYTES
     ) -> None:
-        self._shared = shared
         self._rank = rank
         self._size = size
         self._half = shared.region_bytes // 2
         self._segment_bytes = segment_bytes
-        self._turn = 0  # which half of the regions the next segment uses; the same on every rank
+        self.shared = shared
+        """The memory it runs on."""
+        self.turn = 0
+        """Which half of the regions the next segment uses; the same on every rank."""
         self._views: dict[tuple[str, Any], list[list[Any]]] = {}
         self._allocations: list[list[memoryview]] = []  # from alloc: every rank's part of each
         self._bases: list[int | None] = []  # the address of this rank's part of each
@@ -129,7 +131,18 @@ class SharedExecutor:
         segments and others none, so their turns differ. The barrier that found the
         disagreement came after every read of an earlier call, so any half is free.
         """
-        self._turn = 0
+        self.turn = 0
+
+    def small_views(self, backend: ArrayBackend, like: Any) -> tuple[tuple[Any, list[Any]], ...]:
+        """Per half: this rank's part and every rank's, as arrays of ``like``'s dtype and size.
+
+        What :meth:`allreduce_small` copies ``like`` into and reduces, for a caller that
+        runs such calls itself (:mod:`collectives.lean`): it takes the half
+        :attr:`turn` names and flips :attr:`turn`, as that method does.
+        """
+        count = like.shape[0]
+        halves = self._halves(backend, like)
+        return tuple((half[self._rank][:count], [region[:count] for region in half]) for half in halves)
 
     def _halves(self, backend: ArrayBackend, like: Any) -> list[list[Any]]:
         """Per half, every rank's region as an array of ``like``'s dtype (made once per dtype)."""
@@ -137,7 +150,7 @@ class SharedExecutor:
         views = self._views.get(key)
         if views is None:
             views = [
-                [backend.from_bytes(self._shared.region(r)[h * self._half : (h + 1) * self._half], like)
+                [backend.from_bytes(self.shared.region(r)[h * self._half : (h + 1) * self._half], like)
                  for r in range(self._size)]
                 for h in (0, 1)
             ]  # fmt: skip
@@ -146,7 +159,7 @@ class SharedExecutor:
 
     def alloc(self, nbytes: int) -> memoryview:
         """This rank's part of a new shared allocation of ``nbytes``; collective (``Communicator.alloc``)."""
-        parts = self._shared.allocate(nbytes)
+        parts = self.shared.allocate(nbytes)
         self._allocations.append(parts)
         self._bases.append(_address(parts[self._rank]))
         return parts[self._rank]
@@ -184,8 +197,8 @@ class SharedExecutor:
         Raises:
             MismatchError: on every rank, when some passed Communicator.alloc buffers and some did not.
         """
-        barrier(self._shared, note)
-        notes = [tuple(note) if r == self._rank else self._shared.note(r) for r in range(self._size)]
+        barrier(self.shared, note)
+        notes = [tuple(note) if r == self._rank else self.shared.note(r) for r in range(self._size)]
         modes = [n[0] for n in notes]
         if len(set(modes)) > 1:
             shared = tuple(r for r, m in enumerate(modes) if m != _WINDOW)
@@ -210,7 +223,7 @@ class SharedExecutor:
         for lo in range(0, out.shape[0], step):
             hi = min(lo + step, out.shape[0])
             piece = scratch[: hi - lo]
-            self._reduce(backend, op, piece, [part[lo:hi] for part in parts])
+            self.reduce(backend, op, piece, [part[lo:hi] for part in parts])
             backend.copy(out[lo:hi], piece)
 
     def _slot(self, views: list[list[Any]], slots: int) -> int:
@@ -224,17 +237,17 @@ class SharedExecutor:
         slot = min(max(self._segment_bytes // item, 1), elements // slots)
         if slot < 1:
             raise ConfigurationError(
-                f"shared-memory regions of {self._shared.region_bytes} bytes are too small for "
+                f"shared-memory regions of {self.shared.region_bytes} bytes are too small for "
                 f"{slots} slots of {item}-byte elements per half"
             )
         return slot
 
     def _next(self, views: list[list[Any]]) -> list[Any]:
-        half = views[self._turn]
-        self._turn ^= 1
+        half = views[self.turn]
+        self.turn ^= 1
         return half
 
-    def _reduce(self, backend: ArrayBackend, op: ReduceOp, out: Any, parts: Sequence[Any]) -> None:
+    def reduce(self, backend: ArrayBackend, op: ReduceOp, out: Any, parts: Sequence[Any]) -> None:
         """``out = parts[0] op parts[1] op ...``, in rank order, so every rank's bits agree."""
         if len(parts) == 1:
             backend.copy(out, parts[0])
@@ -255,7 +268,7 @@ class SharedExecutor:
         count = x.shape[0]
         if count * x.itemsize <= self._small_bytes:  # all inputs together at most SMALL_TOTAL_BYTES
             regions = self._through_window(backend, x, barrier)
-            self._reduce(backend, op, out, regions)
+            self.reduce(backend, op, out, regions)
             return
         views = self._halves(backend, x)
         size, rank = self._size, self._rank
@@ -270,12 +283,12 @@ class SharedExecutor:
             self._reduce_pieces(
                 backend, op, out[lo:hi], [a[lo:hi] for a in inputs], self._scratch(backend, x)
             )
-            barrier(self._shared, ())  # every share reduced
+            barrier(self.shared, ())  # every share reduced
             for r in range(size):
                 lo, hi = share[r], share[r + 1]
                 if r != rank and lo < hi:
                     backend.copy(out[lo:hi], outputs[r][lo:hi])
-            barrier(self._shared, ())  # no one reads this rank's buffers now: they are the caller's again
+            barrier(self.shared, ())  # no one reads this rank's buffers now: they are the caller's again
             return
         slot = self._slot(views, size + 1)
         result = size * slot  # where each owner leaves its reduced part (see _reduce_segment)
@@ -283,7 +296,7 @@ class SharedExecutor:
             half = self._next(views)
             cuts = [(share[r] + start, min(share[r] + start + slot, share[r + 1])) for r in range(size)]
             self._reduce_segment(backend, op, x, half, cuts, slot, start == 0, barrier)
-            barrier(self._shared, ())
+            barrier(self.shared, ())
             for r, (lo, hi) in enumerate(cuts):
                 if lo < hi:
                     backend.copy(out[lo:hi], half[r][result : result + hi - lo])
@@ -304,20 +317,20 @@ class SharedExecutor:
         The repeated calls' entry (:mod:`collectives.lean`): what :meth:`allreduce`
         does for such a call, without choosing its path.
         """
-        turn = self._turn
-        self._turn = turn ^ 1
+        turn = self.turn
+        self.turn = turn ^ 1
         small = self._smalls.get((backend.name, x.dtype, x.shape[0], turn))
         if small is None:
-            self._turn = turn
+            self.turn = turn
             regions = self._through_window(backend, x, barrier)
         else:
             small[0][...] = x  # 1-D arrays of one shape: the assignment costs a third of backend.copy
-            barrier(self._shared, ())
+            barrier(self.shared, ())
             regions = small[1]
             if len(regions) == 2:  # the common case inline: a call less than _reduce
                 backend.reduce_apart(op, out, regions[0], regions[1])  # the window's, and the caller's
                 return
-        self._reduce(backend, op, out, regions)
+        self.reduce(backend, op, out, regions)
 
     def _through_window(self, backend: ArrayBackend, x: Any, barrier: Barrier) -> list[Any]:
         """Copy all of ``x`` into the next half of this rank's region and pass a barrier; every rank's copy.
@@ -326,8 +339,8 @@ class SharedExecutor:
         what it needs of the others' where it lies. The views are kept per size.
         """
         count = x.shape[0]
-        turn = self._turn
-        self._turn = turn ^ 1
+        turn = self.turn
+        self.turn = turn ^ 1
         key = (backend.name, x.dtype, count, turn)
         small = self._smalls.get(key)
         if small is None:
@@ -337,7 +350,7 @@ class SharedExecutor:
                 self._smalls.clear()  # start afresh rather than evict one by one
                 self._smalls[key] = small
         backend.copy(small[0], x)
-        barrier(self._shared, ())  # no note: every rank of a call this small goes through the window
+        barrier(self.shared, ())  # no note: every rank of a call this small goes through the window
         return small[1]
 
     def reduce_scatter(
@@ -363,7 +376,7 @@ class SharedExecutor:
         if x.shape[0] * x.itemsize <= self._small_bytes:  # as allreduce: one barrier, x copied whole
             regions = self._through_window(backend, x, barrier)
             lo, hi = edge[rank], edge[rank + 1]
-            self._reduce(backend, op, out, [region[lo:hi] for region in regions])
+            self.reduce(backend, op, out, [region[lo:hi] for region in regions])
             return
         views = self._halves(backend, x)
         source = self._locate(x)
@@ -373,7 +386,7 @@ class SharedExecutor:
             inputs = self._peer_arrays(backend, x, notes, 1)
             lo, hi = edge[rank], edge[rank + 1]
             self._reduce_pieces(backend, op, out, [a[lo:hi] for a in inputs], self._scratch(backend, x))
-            barrier(self._shared, ())  # no one reads this rank's x any more
+            barrier(self.shared, ())  # no one reads this rank's x any more
             return
         slot = self._slot(views, size + 1)
         # in place, out is this rank's part of x, which the reduction reads after rank 0 and 1's parts
@@ -419,14 +432,14 @@ class SharedExecutor:
         if first:
             self._agree(barrier, (_WINDOW,))
         else:
-            barrier(self._shared, ())
+            barrier(self.shared, ())
         lo, hi = cuts[rank]
         if target is None:
             target = mine[size * slot : size * slot + hi - lo]
         if lo < hi:
             at = rank * slot
             parts = [x[lo:hi] if r == rank else half[r][at : at + hi - lo] for r in range(size)]
-            self._reduce(backend, op, target, parts)
+            self.reduce(backend, op, target, parts)
         return target
 
     def _scratch(self, backend: ArrayBackend, like: Any) -> Any:
@@ -451,7 +464,7 @@ class SharedExecutor:
             n = max(min(start + slot, shares[rank]) - start, 0)
             if n:
                 backend.copy(half[rank][:n], x[start : start + n])
-            barrier(self._shared, ())
+            barrier(self.shared, ())
             for r in range(size):
                 m = max(min(start + slot, shares[r]) - start, 0)
                 if m and r != rank:

@@ -69,8 +69,11 @@ class LeanAllreduce:
         "_entry",
         "_pending",
         "_record_as",
+        "_reduce",
         "_run",
         "_sequence",
+        "_small",
+        "_views",
         "algorithm",
         "averages",
         "backend",
@@ -108,9 +111,11 @@ class LeanAllreduce:
         self._call: Call | None = None
         self._entry: Starts | None = None
         signature = guard.signature
-        small = executor.small(signature.count * itemsize(signature.dtype))
+        small = self._small = executor.small(signature.count * itemsize(signature.dtype))
         # a call whose inputs together fit the small window skips the executor's choice of path
         self._run = executor.allreduce_small if small else executor.allreduce
+        self._views: tuple[tuple[Any, list[Any]], ...] | None = None  # the small calls': made by the first
+        self._reduce = backend.reducer(op)
 
     def run(self, work: Any, source: Any) -> None:
         """``work`` = the allreduce of every rank's ``source`` (may be ``work``), divided for ``avg``."""
@@ -130,11 +135,17 @@ class LeanAllreduce:
             entry = self._entry = self._record_as(self.guard.signature, sequence, self.algorithm)
             recorder.append(entry)
         check = self._check
-        if (watchdog.check if check is None else check) and self.size > 1:
-            self.guard.stamp(sequence, watchdog.tag)
-            self._pending = True
         try:
-            self._run(self.backend, work, source, self.op, self.barrier)
+            if (watchdog.check if check is None else check) and self.size > 1:
+                guard = self.guard
+                guard.stamp(sequence, watchdog.tag)
+                if self._small:
+                    self._signed_small(guard, work, source)
+                else:
+                    self._pending = True
+                    self._run(self.backend, work, source, self.op, self.barrier)
+            else:
+                self._run(self.backend, work, source, self.op, self.barrier)
         except BaseException as error:
             failed = self._call or self._record()
             failed.pending = None  # the error is the call's, whatever its signature
@@ -151,6 +162,35 @@ class LeanAllreduce:
             watchdog.end(call)
         if self.averages:
             self.backend.divide(work, self.size)
+
+    def _signed_small(self, guard: Guard, work: Any, source: Any) -> None:
+        """What the executor's ``allreduce_small`` does, its one barrier signed, in fewer Python calls.
+
+        Inline rather than through the executor and :meth:`barrier` (they cost a
+        third of an 8-byte call's time): copy in, post the signature with the
+        arrival, and reduce every rank's copy once all arrived and signed alike.
+        """
+        executor = self.executor
+        views = self._views
+        if views is None:
+            views = self._views = executor.small_views(self.backend, source)
+        turn = executor.turn
+        executor.turn = turn ^ 1
+        mine, regions = views[turn]
+        mine[...] = source
+        shared = executor.shared
+        self._barriers = 1
+        matched = shared.pass_signed(guard.packed, guard.digest, self._sequence, SPIN_S)
+        if matched is None:  # a rank is late: wait on as a Call, which compares the signatures after
+            call = self._record()
+            call.pending = guard
+            call.arrived(shared, 0, None)
+        elif not matched:
+            self.watchdog.compare_posted(shared, guard, self._sequence)  # raises where they differ
+        if len(regions) == 2:
+            self._reduce(work, regions[0], regions[1])
+        else:
+            executor.reduce(self.backend, self.op, work, regions)
 
     def barrier(
         self, shared: SharedMemory, note: Sequence[int] = (), ranks: tuple[int, ...] | None = None

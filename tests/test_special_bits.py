@@ -1,5 +1,6 @@
 """Signed zeros and NaN payloads: every rank and, at two ranks, every algorithm gives the same bits."""
 
+import warnings
 from typing import Any
 
 import ml_dtypes
@@ -90,3 +91,22 @@ def test_the_small_windows_reduction_gives_the_bits_of_reduce_into(dtype: str, o
             backend.reduce_apart(reduce_op, apart, a, b)
             backend.reduce_into(reduce_op, into, a, b)
             assert apart.tobytes() == into.tobytes(), f"count {count}, NaNs on {nan_ranks} rank(s)"
+            # the lean path's reducer, made once for calls in a row: the same bits, and no warning
+            # for the overflow or NaN it makes (those are results here)
+            reduced = np.empty_like(a)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                backend.reducer(reduce_op)(reduced, a, b)
+            assert reduced.tobytes() == into.tobytes(), f"reducer: count {count}, NaNs on {nan_ranks} rank(s)"
+
+
+def test_the_reducer_overflows_to_inf_without_a_warning() -> None:
+    from collectives.backends.numpy_backend import NumpyBackend
+    from collectives.ops import get_op
+
+    big = np.full(3, np.finfo(np.float32).max, np.float32)
+    out = np.empty_like(big)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        NumpyBackend().reducer(get_op("sum"))(out, big, big)
+    assert np.isinf(out).all()

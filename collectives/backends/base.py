@@ -2,7 +2,9 @@
 
 __all__ = ["ArrayBackend"]
 
+import functools
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..ops import ReduceOp
@@ -69,6 +71,14 @@ class ArrayBackend(ABC):
         output is the caller's): what :meth:`reduce_into` does, without its checks for aliasing.
         """
         self.reduce_into(op, dst, a, b)
+
+    def reducer(self, op: ReduceOp) -> "Callable[[Any, Any, Any], None]":
+        """:meth:`reduce_apart` for ``op`` as one function ``f(dst, a, b)``, made once for calls in a row.
+
+        For one thread at a time (a caller that holds its communicator's claim):
+        what it prepares may not be shared by two threads at once.
+        """
+        return functools.partial(self.reduce_apart, op)
 
     def from_bytes(self, memory: memoryview, like: Any) -> Any:
         """A 1-D array of ``like``'s dtype over host ``memory`` (no copy), for shared memory.

@@ -233,6 +233,19 @@ class SharedMemory(ABC):
         """
         return False
 
+    def pass_signed(self, packed: bytearray, digest: int, sequence: int, timeout: float) -> bool | None:
+        """:meth:`post_signature`, :meth:`arrive` (no note) and :meth:`wait` up to ``timeout``, in one call.
+
+        Returns:
+            ``None`` where ranks are still missing (go on with :meth:`wait`, then
+            :meth:`signatures_match`); else what :meth:`signatures_match` says.
+        """
+        self.post_signature(packed, digest, sequence)
+        self.arrive()
+        if self.wait(timeout):
+            return None
+        return self.signatures_match(packed, digest, sequence)
+
     def message(self, rank: int) -> memoryview:
         """What ``rank`` posted for the last barrier passed (:data:`MESSAGE_BYTES` bytes).
 

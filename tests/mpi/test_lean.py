@@ -1,11 +1,13 @@
 """Repeated plain allreduces on the lean path under mpiexec: results, agreement, bad input, timeouts."""
 
+import time
+
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 import collectives
-from tests.mpi.helpers import Problems, assert_all, mpi_reference
+from tests.mpi.helpers import DTYPE_OPS, Problems, assert_all, exact_input, mpi_reference
 
 pytestmark = pytest.mark.mpi
 
@@ -146,5 +148,30 @@ def test_a_lean_repeat_against_a_plain_call_is_checked_whole(world: MPI.Intracom
     problems.expect_equal(
         "after", collectives.allreduce(x, out=x, comm=comm), np.full(4, world.size, np.float32)
     )
+    comm.free()
+    problems.check()
+
+
+def test_lean_repeats_of_every_dtype_and_op_give_mpis_results_with_a_late_rank(world: MPI.Intracomm) -> None:
+    # a small repeat posts, arrives, waits and compares in one call; a rank late past the spin
+    # (1 ms) sends the others on to wait as a Call of their own, whose record then stands alone
+    comm = collectives.Communicator(world, timeout=60)
+    problems = Problems(world)
+    for dtype, op in DTYPE_OPS:
+        for count in (1, 7, 301):
+            x = exact_input(op, dtype, count, world.rank, world.size)
+            expected = mpi_reference("allreduce", x, op, world)
+            for call in range(3):
+                if call == 2 and world.rank == world.size - 1:
+                    time.sleep(0.005)
+                out = np.empty_like(x)
+                with problems.guard(f"{dtype} {op} {count} call {call}"):
+                    got = collectives.allreduce(x, op, out=out, comm=comm)
+                    problems.expect_equal(f"{dtype} {op} count {count} call {call}", got, expected)
+    if _lean(comm):
+        problems.expect(all(p.lean is not None for p in comm.prepared.values()), "a repeat is not lean")
+        lines = comm.watchdog.flight_record()
+        alone = [i for i in range(1, len(lines)) if "repeated calls=" in lines[i - 1] and "time=" in lines[i]]
+        problems.expect(world.rank == world.size - 1 or alone, "no late repeat was recorded alone")
     comm.free()
     problems.check()

@@ -46,7 +46,7 @@ def test_signatures_go_through_shared_memory_and_results_stay_right(world: MPI.I
     comm = _sharing(world)
     watchdog = comm.watchdog
     problems.expect(
-        watchdog.shared is not None and comm.shared is not None and watchdog.shared is comm.shared._shared,
+        watchdog.shared is not None and comm.shared is not None and watchdog.shared is comm.shared.shared,
         "the watchdog does not agree through the communicator's shared memory",
     )
     # setting the shared memory up is itself a watched call, agreed by message: forget those

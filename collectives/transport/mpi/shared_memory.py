@@ -118,6 +118,8 @@ class MPISharedMemory(SharedMemory):
             [(r * _SLOT_BYTES + _HEADER_BYTES + p * _MESSAGE_BYTES) // 8 for p in (0, 1)] for r in range(size)
         ]
         self._peer_words = [[self._message_words[r][p] for r in self._others] for p in (0, 1)]
+        self._own_words = self._message_words[rank]
+        self._own_slot = rank * self._stride
         self._signed = [0, 0]  # the digest of the signature this rank's message holds, by parity; 0: none
         self._fence = not ORDERED_STORES
         self._number = 0
@@ -170,20 +172,56 @@ class MPISharedMemory(SharedMemory):
         numbers = self._numbers
         for slot in self._slots:  # inline: most waits find everyone there, in a few microseconds a call
             if numbers[slot] < number:
-                deadline = time.monotonic() + timeout
-                polls = 0
-                while missing := self._missing(number):
-                    polls += 1
-                    if time.monotonic() >= deadline or (polls & 255 == 0 and self._given_up()):
-                        return missing
-                    if polls > self._spin:
-                        os.sched_yield()
+                if missing := self._await(number, timeout):
+                    return missing
                 break
         if self._fence:
             self._control.Sync()
             self._win.Sync()
         self._passed = number
         return []
+
+    def _await(self, number: int, timeout: float) -> list[int]:
+        """Poll until every rank arrived at barrier ``number`` or ``timeout`` passed; the ranks missing."""
+        deadline = time.monotonic() + timeout
+        polls = 0
+        while missing := self._missing(number):
+            polls += 1
+            if time.monotonic() >= deadline or (polls & 255 == 0 and self._given_up()):
+                return missing
+            if polls > self._spin:
+                os.sched_yield()
+        return []
+
+    def pass_signed(self, packed: bytearray, digest: int, sequence: int, timeout: float) -> bool | None:
+        # post_signature, arrive and wait inline: a repeated small call's whole barrier in one Python call
+        if self._fence or not _LITTLE_ENDIAN:
+            return super().pass_signed(packed, digest, sequence, timeout)
+        number = self._number
+        if self._passed != number:
+            raise RuntimeError("arrive called before the previous barrier was passed")
+        number += 1
+        parity = number & 1
+        numbers = self._numbers
+        at = self._own_words[parity]
+        if self._signed[parity] == digest:
+            numbers[at] = sequence
+        else:
+            self._messages[self._rank][parity][: len(packed)] = packed
+            numbers[at + _DIGEST_WORD] = digest
+            self._signed[parity] = digest
+        self._number = number
+        numbers[self._own_slot] = number
+        for slot in self._slots:
+            if numbers[slot] < number:
+                if self._await(number, timeout):
+                    return None
+                break
+        self._passed = number
+        for at in self._peer_words[parity]:
+            if numbers[at] != sequence or numbers[at + _DIGEST_WORD] != digest:
+                return False
+        return True
 
     def _given_up(self) -> bool:
         """Whether a peer broke off: no use waiting. Raises TransportError if a rank died (ULFM)."""
