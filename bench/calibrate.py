@@ -31,7 +31,7 @@ from collectives.topology.cost_model import DEFAULT_MODEL, CostModel, Traffic
 from collectives.transport.mpi import MPITransport
 
 from .collective import library_version
-from .fitting import Measurement, Timed, fit_exchange, fit_model, fit_per_byte
+from .fitting import Measurement, Timed, fit_exchange, fit_model, fit_per_byte, measured_corrections
 
 _ITEMSIZE = 4  # float32, the default dtype
 # (bytes per message, steps per schedule) of the exchanges timed; the step counts tell
@@ -227,9 +227,9 @@ def _fit_collectives(
             explanation = selector.explain(
                 "allreduce", nbytes // _ITEMSIZE, "float32", world_size=world.size, features=features
             )
-            # shared_memory is no candidate where the ranks share no memory
-            known = {c.algorithm: c.traffic for c in explanation.candidates}
-            counted |= {(name, nbytes): known[name] for name in wanted if name in known}
+            # every candidate is timed, for its measured correction; the constants are fitted to
+            # `wanted` (shared_memory is no candidate where the ranks share no memory)
+            counted |= {(c.algorithm, nbytes): c.traffic for c in explanation.candidates}
         measured = measure_allreduces(comm, world, list(counted), iters, warmup)
         emit(f"# {'algorithm':>26} {'bytes':>10} {'median(us)':>12}")
         timed: list[Timed] = []
@@ -238,13 +238,22 @@ def _fit_collectives(
             emit(f"  {algorithm:>26} {nbytes:>10} {seconds * 1e6:>12.2f}")
     finally:
         comm.free()
-    fitted, residuals = fit_model(timed, model, terms, _ITEMSIZE, world.size, per_node)
+    fitting = [t for t in timed if t.algorithm in wanted]
+    fitted, residuals = fit_model(fitting, model, terms, _ITEMSIZE, world.size, per_node)
     emit(
-        "# fitted to every call: "
+        f"# fitted to the calls of {', '.join(wanted)}: "
         + ", ".join(f"{name} {error * 100:+.0f}%" for name, error in residuals.items())
         + " (each algorithm's median error of prediction)"
     )
-    return replace(fitted, source="measured"), timed
+    corrections = measured_corrections(timed, fitted, _ITEMSIZE, world.size, per_node)
+    emit(
+        "# measured / predicted, kept as corrections: "
+        + "; ".join(
+            f"{name} " + " ".join(f"{ratio:.2f}" for _, ratio in points) for name, points in corrections
+        )
+        + f" (at {', '.join(str(b) for b in sizes)} bytes)"
+    )
+    return replace(fitted, corrections=corrections, source="measured"), timed
 
 
 def calibrate(

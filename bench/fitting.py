@@ -8,6 +8,7 @@ __all__ = [
     "fit_exchange",
     "fit_model",
     "fit_per_byte",
+    "measured_corrections",
 ]
 
 from collections.abc import Sequence
@@ -194,3 +195,30 @@ def fit_model(
     for t in timed:
         residual.setdefault(t.algorithm, []).append(predicted(fitted, t) / t.seconds - 1.0)
     return fitted, {name: float(np.median(r)) for name, r in residual.items()}
+
+
+def measured_corrections(
+    timed: Sequence[Timed],
+    model: CostModel,
+    itemsize: int,
+    world_size: int,
+    ranks_per_node: int | None = None,
+) -> tuple[tuple[str, tuple[tuple[int, float], ...]], ...]:
+    """Per algorithm, ``(bytes, measured / predicted)`` at each timed size: :attr:`CostModel.corrections`.
+
+    What ``model``'s constants miss of each algorithm on the job timed (on 2 x 2
+    emulated nodes they priced ring at half its time): with them, the selector's
+    prediction at a timed size is the time measured there, so ``auto`` runs the
+    fastest of the calls timed, and between sizes the factor is interpolated. Of
+    several calls of one algorithm and size, the median.
+    """
+    ratios: dict[str, dict[int, list[float]]] = {}
+    for t in timed:
+        predicted = sum(model.terms(t.traffic, itemsize, world_size, ranks_per_node=ranks_per_node))
+        if predicted > 0 and t.seconds > 0:
+            nbytes = max(t.count * itemsize, 1)
+            ratios.setdefault(t.algorithm, {}).setdefault(nbytes, []).append(t.seconds / predicted)
+    return tuple(
+        (name, tuple((nbytes, float(np.median(values))) for nbytes, values in sorted(sizes.items())))
+        for name, sizes in sorted(ratios.items())
+    )

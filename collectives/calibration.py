@@ -141,6 +141,36 @@ def _check_entry(entry: dict[str, Any], where: str) -> None:
             continue  # not measured (one node, a calibration from before link classes or per-call costs)
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
             raise CalibrationError(f"{where}{name} must be a non-negative number of seconds, got {value!r}")
+    _corrections(entry, where)
+
+
+def _corrections(entry: dict[str, Any], where: str) -> tuple[tuple[str, tuple[tuple[int, float], ...]], ...]:
+    """An entry's measured corrections (:attr:`CostModel.corrections`), checked; none if it has none."""
+    kept = entry.get("corrections")
+    if kept is None:
+        return ()
+    problem = f"{where}corrections must map algorithms to [[bytes, measured / predicted], ...], got {kept!r}"
+    if not isinstance(kept, dict):
+        raise CalibrationError(problem)
+    corrections = []
+    for algorithm, points in sorted(kept.items()):
+        if not isinstance(points, list) or not points:
+            raise CalibrationError(problem)
+        checked = []
+        for point in points:
+            if not (isinstance(point, list) and len(point) == 2):
+                raise CalibrationError(problem)
+            nbytes, ratio = point
+            if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 1:
+                raise CalibrationError(problem)
+            if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 < ratio < math.inf:
+                raise CalibrationError(problem)
+            checked.append((nbytes, float(ratio)))
+        checked.sort()
+        if len({b for b, _ in checked}) != len(checked):
+            raise CalibrationError(problem)
+        corrections.append((str(algorithm), tuple(checked)))
+    return tuple(corrections)
 
 
 def load_model(path: Path | str | None = None, *, world_size: int, nodes: int = 1) -> CostModel:
@@ -171,25 +201,32 @@ def load_model(path: Path | str | None = None, *, world_size: int, nodes: int = 
     if not entries:
         return replace(DEFAULT_MODEL, source=f"defaults (no calibration at {path})")
     shape = shape_key(world_size, nodes)
+    exact = True  # the entry of this very shape: its measured corrections apply
     if nodes > 1 and shape in entries:
         entry, source = (
             entries[shape],
             f"calibrated on {nodes} nodes of {world_size // nodes} ranks, from {path}",
         )
+    elif nodes == 1 and str(world_size) in entries:
+        entry, source = entries[str(world_size)], f"calibrated at {world_size} ranks, from {path}"
     elif str(world_size) in entries:
         entry, source = entries[str(world_size)], f"calibrated at {world_size} ranks, from {path}"
+        exact = False
     elif _ANY_SIZE in entries:
         entry, source = entries[_ANY_SIZE], f"calibrated for any world size, from {path}"
+        exact = False
     elif sizes := [int(key) for key in entries if _decimal(key)]:
         # per byte, a calibration at another size on this machine is nearer the truth than the defaults
         nearest = min(sizes, key=lambda size: (abs(size - world_size), -size))
         entry = entries[str(nearest)]
         source = f"calibrated at {nearest} ranks, from {path} (none at {world_size})"
+        exact = False
     else:
         # only other shapes of several nodes: their constants within a node still beat the defaults
         key = min(entries, key=lambda k: (abs(_entry_order(k)[0] - world_size), _entry_order(k)))
         entry = entries[key]
         source = f"calibrated on {key} nodes, from {path} (none at {world_size} ranks)"
+        exact = False
     if nodes > 1 and shape not in entries:
         source += f" (no calibration of {shape} nodes: the network's defaults)"
     defaults = {"barrier": DEFAULT_MODEL.barrier, "copy": DEFAULT_MODEL.copy}
@@ -210,6 +247,8 @@ def load_model(path: Path | str | None = None, *, world_size: int, nodes: int = 
         None if network_beta is None else float(network_beta),
         float(entry["overhead"]) if fitted else DEFAULT_MODEL.overhead,
         float(entry["step"]) if fitted else DEFAULT_MODEL.step,
+        # measured of one shape's algorithms: another shape's would mislead more than the constants
+        _corrections(entry, "") if exact else (),
         source=source,
     )
 
@@ -226,7 +265,9 @@ def save_model(
 
     On ``nodes`` nodes (more than one) the entry is that shape's, e.g. ``"2x2"``,
     and keeps the network's constants (``network_alpha``, ``network_beta``) beside
-    the node's.
+    the node's, and its measured corrections (:attr:`CostModel.corrections`: per
+    algorithm, ``[[bytes, measured / predicted], ...]``), which :func:`load_model`
+    applies to that very shape alone.
 
     The file (:func:`calibration_path` by default) keeps one calibration per world
     size, keyed by the size in decimal, each entry the constants in seconds, its
@@ -261,6 +302,8 @@ def save_model(
     entry: dict[str, Any] = {name: getattr(model, name) for name in (*_CONSTANTS, *_PER_CALL)}
     if nodes > 1:
         entry.update(network_alpha=model.network_alpha, network_beta=model.network_beta, nodes=nodes)
+    if model.corrections:
+        entry["corrections"] = {name: [list(point) for point in points] for name, points in model.corrections}
     if size is not None:
         entry["world_size"] = size
     entry.update(metadata)

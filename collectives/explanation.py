@@ -21,6 +21,8 @@ class Candidate:
         latency: seconds of ``alpha`` and barrier terms.
         transfer: seconds of ``beta`` terms.
         reduction: seconds of ``gamma`` terms.
+        correction: the calibration's measured factor the terms include (1.0: none; see
+            :meth:`~collectives.topology.CostModel.correction`).
     """
 
     algorithm: str
@@ -30,6 +32,7 @@ class Candidate:
     latency: float
     transfer: float
     reduction: float
+    correction: float = 1.0
 
     @property
     def time(self) -> float:
@@ -126,6 +129,10 @@ class Explanation:
             "(messages and bytes: per step, the most any one rank sends, receives, copies through "
             "shared memory or reduces)"
         )
+        corrected = [c for c in self.candidates if c.correction != 1.0]
+        if corrected:
+            factors = ", ".join(f"{c.algorithm} x{c.correction:.2f}" for c in corrected)
+            lines.append(f"times include the calibration's measured corrections at this size: {factors}")
         if self.rejected:
             lines.append("rejected:")
             width = max(len(r.algorithm) for r in self.rejected)

@@ -311,9 +311,15 @@ class Selector:
             latency, transfer, reduction = self.model.terms(
                 counted, itemsize, world_size, ranks_per_node=per_node
             )
+            factor = 1.0
             if on_links is not None:
                 latency, transfer = on_links.latency_s, on_links.bandwidth_s
-            candidates.append(Candidate(name, schedule, counted, itemsize, latency, transfer, reduction))
+            elif self.model.corrections:  # what the calibration measured of it, beyond the constants
+                factor = self.model.correction(name, count * itemsize)
+                latency, transfer, reduction = latency * factor, transfer * factor, reduction * factor
+            candidates.append(
+                Candidate(name, schedule, counted, itemsize, latency, transfer, reduction, factor)
+            )
         # sorted() is stable, so equal predictions keep the registry's order
         return tuple(sorted(candidates, key=lambda c: c.time)), tuple(rejected)
 

@@ -411,12 +411,24 @@ def test_calibrate_under_mpiexec_saves_where_the_env_var_says(
     # both ranks share this machine's memory, so the barrier was measured, not defaulted
     assert "barrier: the ranks share no memory" not in result.stdout
     assert 0 < saved["barrier_alone"] < 1 and 0 <= saved["barrier"] == model.barrier < 1
-    # the constants are fitted together to allreduces of five algorithms at five sizes each
+    # every candidate is timed at five sizes; the constants are fitted to five algorithms' calls
     timed = {(row["algorithm"], row["bytes"]) for row in saved["allreduces"]}
-    algorithms = ("ring", "butterfly", "direct", "halving_doubling", "shared_memory")
-    assert timed == {(a, b) for a in algorithms for b in (8, 2**15, 2**18, 2**20, 2**23)}
+    sizes = (8, 2**15, 2**18, 2**20, 2**23)
+    names = {a for a, _ in timed}
+    fitted = {"ring", "butterfly", "direct", "halving_doubling", "shared_memory"}
+    assert {(a, b) for a in fitted for b in sizes} <= timed and {b for _, b in timed} == set(sizes)
+    assert fitted | {"multi_ring"} <= names
     assert all(row["seconds"] > 0 for row in saved["allreduces"])
-    assert "# fitted to every call: ring " in result.stdout and "shared_memory " in result.stdout
+    assert "# fitted to the calls of ring, butterfly, direct, halving_doubling, shared_memory: ring " in (
+        result.stdout
+    )
+    # and each timed algorithm keeps what it measured over what the constants predict, per size
+    assert set(saved["corrections"]) == names
+    assert all(
+        [b for b, _ in points] == sorted(b for a, b in timed if a == name)
+        for name, points in saved["corrections"].items()
+    )
+    assert {name for name, _ in model.corrections} == names
     assert saved["copy"] == model.copy and saved["exchange_beta"] >= 0
     assert saved["overhead"] == model.overhead >= 0 and saved["step"] == model.step >= 0
     assert model.source == f"calibrated at 2 ranks, from {path}"

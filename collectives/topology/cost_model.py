@@ -58,6 +58,8 @@ __all__ = [
     "traffic",
 ]
 
+import itertools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -197,6 +199,9 @@ class CostModel:
         network_beta: seconds per byte between nodes; ``None``: as ``beta``.
         overhead: seconds per call, whatever the algorithm.
         step: seconds per step of messages, whatever it moves.
+        corrections: per algorithm, ``(bytes, measured / predicted)`` at the sizes
+            ``bench calibrate`` timed it, ascending: what the constants alone miss of
+            that algorithm on this job (see :meth:`correction`); empty uncalibrated.
         source: where the constants came from, for explanations.
     """
 
@@ -209,7 +214,27 @@ class CostModel:
     network_beta: float | None = None
     overhead: float = 0.0
     step: float = 0.0
+    corrections: tuple[tuple[str, tuple[tuple[int, float], ...]], ...] = ()
     source: str = field(default="given", compare=False)
+
+    def correction(self, algorithm: str, nbytes: int) -> float:
+        """The factor ``algorithm``'s prediction for a buffer of ``nbytes`` is multiplied by (1.0: none).
+
+        At a size the calibration timed, its measured time over the constants'
+        prediction; between two, interpolated geometrically in the logarithm of the
+        size; beyond the first or last, that one's. An algorithm the calibration did
+        not time has none.
+        """
+        points = next((p for name, p in self.corrections if name == algorithm), None)
+        if not points:
+            return 1.0
+        if nbytes <= points[0][0]:
+            return points[0][1]
+        for (low, below), (high, above) in itertools.pairwise(points):
+            if nbytes <= high:
+                share = math.log(nbytes / low) / math.log(high / low)
+                return float(below * (above / below) ** share)
+        return points[-1][1]
 
     @property
     def between_beta(self) -> float:
@@ -266,7 +291,9 @@ class CostModel:
             f"alpha {self.alpha * 1e6:.2f} us/message, beta {self.beta * 1e9:.4f} ns/byte ({bandwidth}), "
             f"gamma {self.gamma * 1e9:.4f} ns/byte, barrier {self.barrier * 1e6:.2f} us/peer, "
             f"copy {self.copy * 1e9:.4f} ns/byte, step {self.step * 1e6:.2f} us, "
-            f"call {self.overhead * 1e6:.2f} us; {self.source}"
+            f"call {self.overhead * 1e6:.2f} us"
+            + (f", measured corrections for {len(self.corrections)} algorithms" if self.corrections else "")
+            + f"; {self.source}"
         )
 
     def link_classes(self, nodes: int | None = None) -> list[str]:
