@@ -2,6 +2,7 @@
 
 __all__ = ["Communicator", "communicator_of", "default"]
 
+import json
 import math
 import struct
 import threading
@@ -441,7 +442,7 @@ def communicator_of(comm: "Communicator | MPI.Comm | None") -> Communicator:
 
 # the cost model rank 0 sends: alpha, beta, gamma, barrier, copy, network alpha, network beta (-1: none),
 # overhead, step
-_MODEL_FORMAT = struct.Struct("9d")
+_MODEL_FORMAT = struct.Struct("<9dq")  # the constants, then the bytes of the corrections' message after it
 
 
 def _agree_on_selector(call: Call, transport: Transport, nodes: int = 1) -> Selector:
@@ -456,21 +457,33 @@ def _agree_on_selector(call: Call, transport: Transport, nodes: int = 1) -> Sele
             selector = default_selector(size) if nodes == 1 else default_selector(size, nodes)
         except CalibrationError:
             # tell the others, or they would wait for constants that never come
-            _MODEL_FORMAT.pack_into(message, 0, *(math.nan,) * 9)
+            _MODEL_FORMAT.pack_into(message, 0, *(math.nan,) * 9, 0)
             _exchange(call, transport, [(message, p) for p in _peers(transport)], [], Tag.SELECTOR, step)
             raise
         model = selector.model
         sent = -1.0 if model.network_beta is None else model.network_beta
         constants = (model.alpha, model.beta, model.gamma, model.barrier, model.copy, model.network_alpha)
-        _MODEL_FORMAT.pack_into(message, 0, *constants, sent, model.overhead, model.step)
-        _exchange(call, transport, [(message, p) for p in _peers(transport)], [], Tag.SELECTOR, step)
+        # the measured corrections change choices as much as the constants do: they go too (JSON keeps
+        # a float's every bit), in a second message of the same tag, which MPI delivers after the first
+        measured = bytearray(json.dumps(model.corrections).encode()) if model.corrections else bytearray()
+        _MODEL_FORMAT.pack_into(message, 0, *constants, sent, model.overhead, model.step, len(measured))
+        sends = [(message, p) for p in _peers(transport)]
+        sends += [(measured, p) for p in _peers(transport)] if measured else []
+        _exchange(call, transport, sends, [], Tag.SELECTOR, step)
         return selector
     _exchange(call, transport, [], [(message, 0)], Tag.SELECTOR, step)
-    alpha, beta, gamma, barrier, copy, network_alpha, network_beta, overhead, step = _MODEL_FORMAT.unpack(
-        message
+    alpha, beta, gamma, barrier, copy, network_alpha, network_beta, overhead, step_cost, length = (
+        _MODEL_FORMAT.unpack(message)
     )
     if math.isnan(alpha):
         raise CalibrationError("rank 0 could not load its calibration; see its error")
+    corrections: tuple[tuple[str, tuple[tuple[int, float], ...]], ...] = ()
+    if length:
+        text = bytearray(length)
+        _exchange(call, transport, [], [(text, 0)], Tag.SELECTOR, step)
+        corrections = tuple(
+            (str(name), tuple((int(b), float(r)) for b, r in points)) for name, points in json.loads(text)
+        )
     between = None if network_beta < 0 else network_beta
     model = CostModel(
         alpha,
@@ -481,7 +494,8 @@ def _agree_on_selector(call: Call, transport: Transport, nodes: int = 1) -> Sele
         network_alpha,
         between,
         overhead,
-        step,
+        step_cost,
+        corrections,
         source="calibration of rank 0",
     )
     return selector_for(model)

@@ -2,6 +2,7 @@
 
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -373,6 +374,31 @@ def test_the_ranks_use_the_calibration_of_their_world_size(
         assert [before for before, _, _, _ in results] == [source] * size
         assert [agreed for _, agreed, _, _ in results] == [source] + ["calibration of rank 0"] * (size - 1)
         assert all(c == choice and model == expected for _, _, c, model in results), size
+
+
+def test_the_measured_corrections_travel_with_rank_0s_constants(
+    ranks: Ranks, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # a rank without them would choose another algorithm and wait on the others forever
+    _register(monkeypatch, "direct_sized", allreduce=_direct_allreduce)
+    path = tmp_path / "calibration.json"
+    monkeypatch.setenv(CALIBRATION_ENV, str(path))
+    latency = CostModel(1.0, 0.0, 0.0)  # one direct step wins ...
+    measured = replace(
+        latency, corrections=(("direct_sized", ((8, 50.0), (1 << 20, 60.0))),)
+    )  # ... till timed
+    save_model(measured, world_size=3)
+    selector.default_selector.cache_clear()
+
+    def run(comm: C.Communicator) -> tuple[str | None, CostModel]:
+        result = C.allreduce(np.ones(100, np.int64), comm=comm)
+        assert np.array_equal(result, np.full(100, comm.size))
+        assert comm.selector is not None
+        return C.explain("allreduce", 100, "int64", comm=comm).choice, comm.selector.model
+
+    results = ranks(3, run)
+    assert all(model.corrections == measured.corrections for _, model in results)
+    assert {choice for choice, _ in results} == {"ring"}
 
 
 # --- shared memory: barriers in the model
