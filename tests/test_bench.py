@@ -420,7 +420,7 @@ def test_calibrate_under_mpiexec_saves_where_the_env_var_says(
     assert fitted | {"multi_ring"} <= names
     assert all(row["seconds"] > 0 for row in saved["allreduces"])
     fit = next(line for line in result.stdout.splitlines() if line.startswith("# fitted to the calls of "))
-    fitted_names = "ring, butterfly, direct, halving_doubling, shared_memory"  # the order bench.calibrate fits
+    fitted_names = "ring, butterfly, direct, halving_doubling, shared_memory"  # in bench.calibrate's order
     assert fit.startswith(f"# fitted to the calls of {fitted_names}: ")
     assert all(f" {name} " in fit for name in fitted)  # each one's median error
     # and each timed algorithm keeps what it measured over what the constants predict, per size
