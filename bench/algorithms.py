@@ -223,10 +223,11 @@ def auto_section(world_sizes: Sequence[int]) -> list[str]:
         "the choice;",
         "`collectives.explain(...)` prints every candidate's prediction under yours. It also times every",
         "candidate at a few sizes and keeps, per algorithm and size, the measured time over the fitted",
-        "constants' prediction (`CostModel.corrections`): predictions are multiplied by it (interpolated in",
-        "the logarithm of the size between the timed sizes, held beyond them), so that at a timed size `auto`",
-        "runs what measured fastest there, and `explain` lists the factors it applied. The corrections",
-        "apply only to the job shape they were measured on (world size, or nodes x ranks per node).",
+        "constants' prediction (`CostModel.corrections`): predictions are multiplied by it (interpolated",
+        "in the logarithm of the size between the timed sizes, held beyond them), so that at a timed size",
+        "`auto` runs what measured fastest there, and `explain` lists the factors it applied. The",
+        "corrections apply only to the job shape they were measured on (world size, or nodes x ranks per",
+        "node).",
     ]
     for title, where, names in _FEATURES:
         features = frozenset(names)
