@@ -411,9 +411,9 @@ def test_calibrate_under_mpiexec_saves_where_the_env_var_says(
     # both ranks share this machine's memory, so the barrier was measured, not defaulted
     assert "barrier: the ranks share no memory" not in result.stdout
     assert 0 < saved["barrier_alone"] < 1 and 0 <= saved["barrier"] == model.barrier < 1
-    # every candidate is timed at five sizes; the constants are fitted to five algorithms' calls
+    # every candidate is timed at six sizes; the constants are fitted to five algorithms' calls
     timed = {(row["algorithm"], row["bytes"]) for row in saved["allreduces"]}
-    sizes = (8, 2**15, 2**18, 2**20, 2**23)
+    sizes = (8, 2**11, 2**15, 2**18, 2**20, 2**23)
     names = {a for a, _ in timed}
     fitted = {"ring", "butterfly", "direct", "halving_doubling", "shared_memory"}
     assert {(a, b) for a in fitted for b in sizes} <= timed and {b for _, b in timed} == set(sizes)
