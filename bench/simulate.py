@@ -1,7 +1,7 @@
 """``python -m bench simulate``: every algorithm and strategy's predicted time on a topology, without MPI.
 
 Each row is a schedule placed on the topology's devices and timed by the cost
-model (:func:`collectives.topology.cost_model.predict_fast`, the same
+model (:func:`collectives.topology.link_model.predict_fast`, the same
 prediction as ``predict``, found faster between nodes): the time, its
 bandwidth and latency terms, the link busy longest, and the back-of-the-
 envelope figure the seeds would write for it, where they have one:
@@ -45,7 +45,7 @@ from collectives.schedule import Schedule
 from collectives.simulate import simulate
 from collectives.specs import COLLECTIVES
 from collectives.topology import Topology, multi_node, pack_rings
-from collectives.topology.cost_model import Prediction, predict_fast
+from collectives.topology.link_model import Prediction, predict_fast
 from collectives.topology.presets import PRESETS
 from collectives.topology.programs import ALL_RANKS_BUDGET, predict_programs
 from collectives.topology.rings import RingPacking
@@ -140,7 +140,7 @@ def rows(
     aggregation on one GPU, on the CPU, and split over the GPUs. Each schedule
     is checked against its contract first (``check``; by default up to
     :data:`CHECK_RANKS` ranks) and timed by
-    :func:`~collectives.topology.cost_model.predict_fast`, which equals ``predict``,
+    :func:`~collectives.topology.link_model.predict_fast`, which equals ``predict``,
     or past :data:`CHECK_RANKS` ranks by :func:`collectives.prediction.predict_algorithm`
     (from the ranks' programs where the schedule is large).
     """

@@ -207,11 +207,9 @@ def load_model(path: Path | str | None = None, *, world_size: int, nodes: int = 
             entries[shape],
             f"calibrated on {nodes} nodes of {world_size // nodes} ranks, from {path}",
         )
-    elif nodes == 1 and str(world_size) in entries:
-        entry, source = entries[str(world_size)], f"calibrated at {world_size} ranks, from {path}"
     elif str(world_size) in entries:
         entry, source = entries[str(world_size)], f"calibrated at {world_size} ranks, from {path}"
-        exact = False
+        exact = nodes == 1
     elif _ANY_SIZE in entries:
         entry, source = entries[_ANY_SIZE], f"calibrated for any world size, from {path}"
         exact = False

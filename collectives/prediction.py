@@ -1,6 +1,6 @@
 """An algorithm's time on a topology at any world size: from its schedule while small, else from programs.
 
-The link model (:func:`collectives.topology.cost_model.predict`) routes every
+The link model (:func:`collectives.topology.link_model.predict`) routes every
 transfer of a global schedule, which at thousands of ranks holds tens of
 millions of them. :func:`predict_algorithm` builds the global schedule only
 while it is small (:data:`GLOBAL_TRANSFERS`, estimated from rank 0's program)
@@ -25,7 +25,8 @@ from .errors import TopologyError, UnknownAlgorithmError
 from .schedule import RankProgram, Schedule
 from .specs import get_spec
 from .topology import Topology
-from .topology.cost_model import Prediction, Traffic, predict_fast, traffic
+from .topology.cost_model import Traffic, traffic
+from .topology.link_model import Prediction, predict_fast
 from .topology.programs import ALL_RANKS_BUDGET, predict_programs, program_traffic
 
 GLOBAL_TRANSFERS = 500_000

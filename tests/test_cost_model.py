@@ -17,7 +17,8 @@ from collectives.simulate import simulate
 from collectives.specs import COLLECTIVES
 from collectives.topology import dgx1, fully_connected, multi_node, pack_rings, pcie_switch
 from collectives.topology import ring as ring_topology
-from collectives.topology.cost_model import DEFAULT_MODEL, CostModel, Traffic, predict, traffic
+from collectives.topology.cost_model import DEFAULT_MODEL, CostModel, Traffic, traffic
+from collectives.topology.link_model import predict
 from collectives.topology.strategies import aggregate_on, split_aggregation
 
 SIZE = 160 * 10**6  # the seeds' 160 MB of gradients

@@ -15,7 +15,8 @@ from collectives.prediction import predict_algorithm, predicts_by_sample, traffi
 from collectives.schedule import RankProgram, Schedule
 from collectives.specs import COLLECTIVES, get_spec
 from collectives.topology import Device, Link, Topology, dgx1
-from collectives.topology.cost_model import predict, predict_fast, traffic
+from collectives.topology.cost_model import traffic
+from collectives.topology.link_model import predict, predict_fast
 from collectives.topology.presets import multi_node
 from collectives.topology.programs import predict_programs
 from collectives.topology.strategies import aggregate_on, split_aggregation

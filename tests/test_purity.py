@@ -46,7 +46,7 @@ def test_pure_modules_and_the_package_import_no_mpi_gpu_or_torch() -> None:
         "default_selector(4).choose('allreduce', 4, 10, 4)\n"
         "print(collectives.explain('allreduce', 10, world_size=4))\n"
         "from collectives.topology import dgx1, pack_rings\n"
-        "from collectives.topology.cost_model import predict\n"
+        "from collectives.topology.link_model import predict\n"
         "predict(build_schedule('allreduce', 'multi_ring', 8, 10), dgx1(), 4)\n"
         "pack_rings(dgx1())\n"
         "print(sorted(m for m in ('mpi4py', 'cupy', 'torch') if m in sys.modules))\n"

@@ -20,7 +20,8 @@ __all__ = [
     "traffic",
 ]
 
-from .cost_model import CostModel, Prediction, Traffic, predict, traffic
+from .cost_model import CostModel, Traffic, traffic
 from .graph import Device, Link, Route, Topology
+from .link_model import Prediction, predict
 from .presets import dgx1, fully_connected, multi_node, pcie_switch, ring
 from .rings import RingPacking, find_rings, pack_rings

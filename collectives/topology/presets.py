@@ -3,7 +3,7 @@
 Bandwidths are in GB/s (10^9 bytes per second) per direction, as the seeds
 quote them: a PCIe 3.0 x16 link 16 GB/s, an NVLink of a V100 about 18 GB/s.
 Latencies are per hop and only orders of magnitude; the seeds' figures leave
-them out, and :func:`~collectives.topology.cost_model.predict` reports them
+them out, and :func:`~collectives.topology.link_model.predict` reports them
 apart from the bandwidth term.
 """
 

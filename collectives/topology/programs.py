@@ -1,6 +1,6 @@
 """The link model from ranks' own programs, without the global schedule: every machine's, or a sample's.
 
-:func:`~collectives.topology.cost_model.predict` routes every transfer of a
+:func:`~collectives.topology.link_model.predict` routes every transfer of a
 global schedule, and a ring's at 4,096 ranks holds 33 million of them. On a
 topology whose machines meet only at one network switch (the hub,
 :func:`~collectives.topology.presets.multi_node`), every link has an end on one
@@ -37,8 +37,9 @@ from collections.abc import Callable, Iterable, Sequence
 
 from ..errors import TopologyError
 from ..schedule import RankProgram
-from .cost_model import HubRoutes, Prediction, StepPrediction, Traffic, add_step, hub_of, summed
+from .cost_model import Traffic
 from .graph import LinkId, Topology
+from .link_model import HubRoutes, Prediction, StepPrediction, add_step, hub_of, summed
 
 ALL_RANKS_BUDGET = 1_000_000
 """The most sends and receives the programs of all ranks may hold for every machine to be followed.

@@ -243,7 +243,7 @@ class MPISharedMemory(SharedMemory):
         parity = (self._number + 1) & 1
         self._messages[self._rank][parity][: len(message)] = message
         if self._signed[parity]:  # no digest stands for this message: peers compare it whole
-            self._numbers[self._message_words[self._rank][parity] + _DIGEST_WORD] = 0
+            self._numbers[self._own_words[parity] + _DIGEST_WORD] = 0
             self._signed[parity] = 0
 
     def post_signature(self, packed: bytearray, digest: int, sequence: int) -> None:
@@ -251,7 +251,7 @@ class MPISharedMemory(SharedMemory):
             self.post(packed)
             return
         parity = (self._number + 1) & 1
-        at = self._message_words[self._rank][parity]
+        at = self._own_words[parity]
         numbers = self._numbers
         if self._signed[parity] == digest:  # the rest of the signature is there from the last post
             numbers[at] = sequence
