@@ -11,6 +11,7 @@ import pytest
 from collectives import Communicator
 from collectives.errors import KeyMismatchError, KVStoreError
 from collectives.kvstore import KVStore
+from collectives.kvstore._wire import QUIET, Fault, Kind, decode, encode, local
 from tests.mpirun import records
 from tests.test_kvstore import run_store
 from tests.ulfm.launch import INSTALL, openmpi_prefix, run_ulfm
@@ -120,3 +121,62 @@ def test_a_dead_server_is_a_store_error_naming_it_from_calls_and_close(servers: 
             assert dead is not None and "2" in dead.group(1).split(", "), seen  # (a survivor may have left)
         assert "key 'w'" in survivor["push_pull"]["text"], seen  # type: ignore[index]
         assert survivor["seconds"] < 20, seen
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {
+            "kind": Kind.PUSH,
+            "part": 2,
+            "req": 9,
+            "stamp": 4,
+            "key": b"sgrad",
+            "data": np.arange(7, dtype=np.float32),
+        },
+        {"kind": Kind.PULL, "req": 3, "stamp": 1, "key": b"i12", "flags": QUIET},
+        {"kind": Kind.INIT, "key": b"sw", "text": "float64|[2, 3]", "data": np.ones((2, 3))[:, ::2]},
+        {
+            "kind": Kind.ERROR,
+            "aux": int(Fault.LATE),
+            "text": "waited for workers 1, 2",
+            "data": np.array([1, 2]),
+        },
+        {"kind": Kind.DATA, "stamp": 5, "data": np.zeros(0, np.int8)},
+    ],
+)
+def test_a_message_kept_in_the_process_is_what_its_bytes_decode_to(fields: dict[str, Any]) -> None:
+    """A colocated worker and its server hand messages over without bytes: same fields, data copied."""
+    kept = local(origin=3, **fields)
+    sent = decode(encode(origin=3, **fields))
+    for name in ("kind", "origin", "part", "req", "stamp", "aux", "key", "text", "flags"):
+        assert getattr(kept, name) == getattr(sent, name), name
+    assert bytes(kept.data) == bytes(sent.data)
+    source = fields.get("data")
+    if source is not None and source.size:
+        before = bytes(kept.data)
+        source[...] = 42  # the sender's array changed after its call returned
+        assert bytes(kept.data) == before
+
+
+def test_a_colocated_updater_never_sees_the_workers_array_change_under_it() -> None:
+    """What a push hands the rank's own server is a copy: the worker may reuse its array at once."""
+    kept: list[np.ndarray] = []
+
+    def body(kv: KVStore, comm: Communicator) -> list[float]:
+        kv.init("w", np.zeros(3))
+
+        def keep(key: Any, received: np.ndarray, stored: np.ndarray) -> np.ndarray:
+            kept.append(received)  # an updater that holds on to what it was given
+            stored += received
+            return stored
+
+        kv.set_updater(keep)
+        value = np.full(3, 1.0)
+        kv.push("w", value, block=False).wait()
+        value[...] = -5.0  # reused at once, as a training loop reuses its gradient buffer
+        kv.push("w", value)
+        return [float(x) for x in kv.pull("w")]
+
+    assert run_store(1, body, mode="async") == [[-4.0, -4.0, -4.0]]
+    assert [list(r) for r in kept] == [[1.0] * 3, [-5.0] * 3]

@@ -27,6 +27,7 @@ from ._wire import (
     decode,
     encode,
     key_bytes,
+    local,
     unbundle,
 )
 from .handles import Claim, KeyInfo, Request, claimed, error_from
@@ -74,7 +75,8 @@ class Link:
         self.clock = 0
         self.closed = False
         self._server: Server | None = None
-        self.mailbox: deque[bytearray] = deque()  # replies of this rank's own server, which skip MPI
+        self.mailbox: deque[Message | bytearray] = deque()  # replies of this rank's own server: no MPI
+        self._serves_self = False  # whether requests to this rank go to its own server in this process
         self.thread: threading.Thread | None = None
         self.optimizer: Optimizer | None = None  # the one set, for checkpoints and states
         self.claim = Claim()  # one thread's call at a time
@@ -82,7 +84,8 @@ class Link:
         self._barriers = 0
         self.unconfirmed: dict[int, dict[int, Request]] = {}  # server -> req -> a quiet request sent to it
         self.refused: list[Request] = []  # quiet requests a server refused, raised by the next wait
-        self.outbox: dict[int, tuple[list[bytearray], list[Request]]] = {}  # server -> requests not sent yet
+        # server -> requests not sent yet (to this rank's own server: messages without bytes)
+        self.outbox: dict[int, tuple[list[Any], list[Request]]] = {}
         self.claim.flush = self.flush  # a call's requests leave when it returns
 
     @property
@@ -101,6 +104,7 @@ class Link:
         self._server = server
         if server is not None and self.roles.is_worker(self.rank):
             server.mailbox = self.mailbox
+        self._serves_self = server is not None and server.mailbox is self.mailbox
 
     # keys
 
@@ -155,7 +159,9 @@ class Link:
         quiet = kind in _QUIET_KINDS and len(pending) < WINDOW
         raw_key = b"" if key is None else key_bytes(key)
         index = 0 if part is None else part.index
-        message = encode(
+        # to this rank's own server: handed over as it is, never bundled (only bytes need that)
+        made = local if dst == self.rank and self._serves_self else encode
+        message = made(
             kind,
             self.rank,
             part=index,
@@ -167,7 +173,7 @@ class Link:
             data=data,
             flags=QUIET if quiet else 0,
         )
-        if len(message) > BUNDLE_BYTES:
+        if isinstance(message, bytearray) and len(message) > BUNDLE_BYTES:
             self.flush(dst)  # after the requests before it
             self._post(dst, message, [request])
         else:
@@ -187,13 +193,14 @@ class Link:
             return
         for dst in list(self.outbox) if server is None else [server]:
             messages, requests = self.outbox.pop(dst, ([], []))
-            if messages:
+            if not messages:
+                continue
+            if dst == self.rank and self._server is not None and self._serves_self:
+                self._server.take_all(messages)
+            else:
                 self._post(dst, messages[0] if len(messages) == 1 else bundle(self.rank, messages), requests)
 
     def _post(self, dst: int, message: bytearray, requests: list[Request]) -> None:
-        if dst == self.rank and self._server is not None and self._server.mailbox is self.mailbox:
-            self._server.take(decode(message))
-            return
         try:
             self.channel.send(message, dst, REQUEST_TAG)
         except TransportError as error:  # a dead server (ULFM): the store's error, naming it
@@ -233,12 +240,14 @@ class Link:
     def pump(self, timeout: float) -> bool:
         """Take one reply (or a bundle of them), waiting at most ``timeout`` seconds; whether one came."""
         if self.mailbox:
-            message: Message | None = decode(self.mailbox.popleft())
+            mail = self.mailbox.popleft()
+            message: Message | None = mail if isinstance(mail, Message) else decode(mail)
         elif timeout <= 0:  # a poll (the wait's spin): one probe, no deadline to keep
             message = self.channel.take(REPLY_TAG)
         else:
-            local = self._server is not None and self._server.mailbox is self.mailbox
-            message = self.channel.receive(REPLY_TAG, min(timeout, _MAILBOX_S) if local else timeout)
+            message = self.channel.receive(
+                REPLY_TAG, min(timeout, _MAILBOX_S) if self._serves_self else timeout
+            )
         if message is None:
             return False
         for reply in unbundle(message) if message.kind == Kind.BATCH else (message,):
@@ -309,6 +318,8 @@ class Link:
         limit = self.channel.timeout + GRACE_S
         deadline = time.monotonic() + limit
         busy = time.monotonic() + _SPIN_S
+        while self.mailbox and not all(r.done for r in requests):
+            self.pump(0.0)  # this rank's own server answered already: no probe needed for it
         while not all(r.done for r in requests):
             if time.monotonic() < busy:
                 # the answer is likely near: poll without sleeping, and serve this rank's

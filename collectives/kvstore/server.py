@@ -8,7 +8,7 @@ import os
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -29,6 +29,7 @@ from ._wire import (
     Message,
     bundle,
     encode,
+    local,
     parse_key,
     unbundle,
 )
@@ -104,12 +105,14 @@ class Server:
         self.waits: list[_Wait] = []
         self.barriers: dict[int, list[Message]] = {}  # the workers waiting in each barrier
         self.uses: dict[bytes, Counter[int]] = {}  # each worker's requests per key, to name mix-ups
+        self.default_update = assign if mode == "sync" else accumulate(op)  # made once, not per push
         self.stopping = threading.Event()
         self.lock = threading.Lock()  # the worker's collective pushpull updates partitions too
         self.error: BaseException | None = None
         self.idle = threading.Event()  # cleared while the rank's worker takes requests itself
-        self.outbox: dict[int, list[bytearray]] | None = None  # replies of one take(), by worker
-        self.mailbox: deque[bytearray] | None = None  # where replies to this rank's own worker go
+        self.outbox: dict[int, list[bytearray | Message]] | None = None  # replies of one take(), by worker
+        # where replies to this rank's own worker go: messages without bytes (see _wire.local)
+        self.mailbox: deque[bytearray | Message] | None = None
         self.idle.set()
         self._handlers: dict[Kind, Callable[[Message], None]] = {  # made once, not per message
             Kind.INIT: self._init,
@@ -170,32 +173,44 @@ class Server:
 
         The replies it makes to one worker leave together, as one message (a bundle).
         """
+        if message is None:
+            self.take_all(())
+        else:
+            self.take_all(unbundle(message) if message.kind == Kind.BATCH else (message,))
+
+    def take_all(self, messages: Sequence[Message]) -> None:
+        """:meth:`take` of ``messages`` in order (a bundle's, or this rank's own worker's)."""
         with self.lock:
             self.outbox = {}
             try:
-                if message is not None:
-                    for m in unbundle(message) if message.kind == Kind.BATCH else (message,):
-                        self.handle(m)
+                for m in messages:
+                    self.handle(m)
                 self._settle()
             finally:
                 outbox, self.outbox = self.outbox, None
                 for dst, replies in outbox.items():
                     self._send(dst, replies)
 
-    def _send(self, dst: int, replies: list[bytearray]) -> None:
-        if replies:
-            self._deliver(dst, replies[0] if len(replies) == 1 else bundle(self.rank, replies))
+    def _send(self, dst: int, replies: list[bytearray | Message]) -> None:
+        if dst == self.rank and self.mailbox is not None:  # this rank's worker: no MPI, no bundle
+            self.mailbox.extend(replies)
+        elif replies:
+            # replies to another rank are bytes (encoded)
+            self._deliver(
+                dst, replies[0] if len(replies) == 1 else bundle(self.rank, cast(list[bytearray], replies))
+            )
 
-    def _deliver(self, dst: int, reply: bytearray) -> None:
+    def _deliver(self, dst: int, reply: bytearray | Message) -> None:
         if dst == self.rank and self.mailbox is not None:  # this rank's worker: no MPI
             self.mailbox.append(reply)
         else:
+            assert not isinstance(reply, Message)
             self.channel.send(reply, dst, REPLY_TAG)
 
-    def _post(self, reply: bytearray, dst: int) -> None:
+    def _post(self, reply: bytearray | Message, dst: int) -> None:
         if self.outbox is None:  # outside take (a collective round's waits): at once
             self._deliver(dst, reply)
-        elif len(reply) > BUNDLE_BYTES:  # alone, after the replies before it
+        elif isinstance(reply, bytearray) and len(reply) > BUNDLE_BYTES:  # alone, after the replies before it
             self._send(dst, self.outbox.pop(dst, []))
             self._deliver(dst, reply)
         else:
@@ -204,7 +219,10 @@ class Server:
     def handle(self, m: Message) -> None:
         handler = self._handlers[m.kind]
         if m.key:
-            self.uses.setdefault(m.key, Counter())[m.origin] += 1
+            uses = self.uses.get(m.key)
+            if uses is None:  # not setdefault: a Counter made for every request costs a microsecond
+                uses = self.uses[m.key] = Counter()
+            uses[m.origin] += 1
         try:
             handler(m)
         except Exception as error:  # a bad request fails, not the server
@@ -266,7 +284,8 @@ class Server:
     ) -> None:
         if kind == Kind.OK and m.flags & QUIET:  # the worker takes a later reply as its OK
             return
-        reply = encode(
+        made = local if m.origin == self.rank and self.mailbox is not None else encode
+        reply = made(
             kind, self.rank, part=m.part, req=m.req, stamp=stamp, aux=aux, key=m.key, text=text, data=data
         )
         self._post(reply, m.origin)
@@ -274,11 +293,7 @@ class Server:
     def _error(
         self, m: Message, text: str, fault: Fault = Fault.OTHER, workers: tuple[int, ...] = ()
     ) -> None:
-        data = np.array(workers, np.int64)
-        reply = encode(
-            Kind.ERROR, self.rank, part=m.part, req=m.req, aux=fault, key=m.key, text=text, data=data
-        )
-        self._post(reply, m.origin)
+        self._reply(m, Kind.ERROR, aux=fault, text=text, data=np.array(workers, np.int64))
 
     def _name(self, m: Message) -> str:
         return self._name_of(m.key, m.part)
@@ -326,7 +341,7 @@ class Server:
         elif self.updater is not None:
             update = self.updater
         else:
-            update = assign if self.mode == "sync" else accumulate(self.op)
+            update = self.default_update
         new = update(key, received, part.value)
         if new is not part.value:
             part.value[...] = np.asarray(new).reshape(-1)
@@ -450,7 +465,7 @@ class Server:
         if self.optimizer is not None:
             self.optimizer.update_rows(key, index, ids, values, stored)
             return
-        update = self.updater or (assign if self.mode == "sync" else accumulate(self.op))
+        update = self.updater or self.default_update
         rows = stored[ids]
         new = update(key, np.ascontiguousarray(values).reshape(-1), rows.reshape(-1))
         stored[ids] = np.asarray(new).reshape(rows.shape)
