@@ -40,6 +40,7 @@ class Channel:
         self._sends: list[tuple[Request, Any]] = []  # (request, buffer kept alive until it completes)
         self._lock = threading.Lock()  # a colocated rank's worker and server thread both send
         self._taking: dict[int, threading.Lock] = {tag: threading.Lock() for tag in (REQUEST_TAG, REPLY_TAG)}
+        self.rank = self.comm.rank  # read on every request: an attribute, not a chain of properties
 
     @property
     def transport(self) -> Transport:
@@ -51,10 +52,6 @@ class Channel:
         if self.limit is not None:
             return math.inf if self.limit == 0 else self.limit
         return self.comm.timeout
-
-    @property
-    def rank(self) -> int:
-        return self.comm.rank
 
     @property
     def size(self) -> int:

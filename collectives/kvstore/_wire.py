@@ -152,7 +152,11 @@ def local(
     A colocated rank's worker and server hand each other messages without bytes:
     ``data`` is copied (its owner may change it once the call returns), nothing else.
     """
-    payload = _NO_DATA if data is None else np.array(data, copy=True).reshape(-1).view(np.uint8).data
+    payload = (
+        _NO_DATA
+        if data is None
+        else memoryview(bytearray(np.ascontiguousarray(data).reshape(-1).view(np.uint8)))
+    )
     return Message(kind, origin, part, req, stamp, aux, key, text, payload, flags)
 
 

@@ -67,6 +67,7 @@ class Link:
 
     def __init__(self, channel: Channel, roles: Roles, mode: str, partition_bytes: int) -> None:
         self.channel = channel
+        self.rank = channel.rank
         self.roles = roles
         self.mode = mode
         self.partition_bytes = partition_bytes
@@ -87,10 +88,6 @@ class Link:
         # server -> requests not sent yet (to this rank's own server: messages without bytes)
         self.outbox: dict[int, tuple[list[Any], list[Request]]] = {}
         self.claim.flush = self.flush  # a call's requests leave when it returns
-
-    @property
-    def rank(self) -> int:
-        return self.channel.rank
 
     @property
     def server(self) -> "Server | None":
