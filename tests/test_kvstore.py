@@ -370,6 +370,8 @@ def test_loopback_probe_finds_any_source_and_times_out() -> None:
     buffer = bytearray(24)
     c.waitall([c.irecv(buffer, 1, 11)])
     assert c.probe(11, 1.0) == (0, 2)
+    assert c.take(11) == (0, bytearray(2))  # the probed message, received whole
+    assert c.take(11) is None  # never waits
 
 
 @pytest.mark.parametrize("size", [1, 2, 3])

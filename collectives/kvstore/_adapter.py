@@ -96,14 +96,8 @@ class Channel:
         thread cannot receive the probed message in between.
         """
         with self._taking[tag]:
-            found = self.transport.probe(tag, 0.0)
-            if found is None:
-                return None
-            src, nbytes = found
-            buffer = bytearray(nbytes)
-            request = self.transport.irecv(buffer, src, tag)
-            self.transport.waitall([request])  # probed: it has arrived
-        return decode(buffer)
+            found = self.transport.take(tag)
+        return None if found is None else decode(found[1])
 
     def receive(self, tag: int, timeout: float) -> Message | None:
         """The next message with ``tag``, waiting at most ``timeout`` s; ``None`` if none came.

@@ -119,6 +119,21 @@ class Transport(ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} cannot probe")
 
+    def take(self, tag: int) -> tuple[int, bytearray] | None:
+        """The next message with ``tag`` from any rank, received, if one has arrived; never waits.
+
+        Its source and bytes, or ``None``. This default probes, then receives what
+        it found (so, as for :meth:`probe`, one thread of a rank at a time per tag);
+        a transport with a matched probe takes exactly the message it probed.
+        """
+        found = self.probe(tag, 0.0)
+        if found is None:
+            return None
+        src, nbytes = found
+        buffer = bytearray(nbytes)
+        self.waitall([self.irecv(buffer, src, tag)])  # probed: it has arrived
+        return src, buffer
+
     def abandon(self, receives: list[Request], sends: list[Request]) -> None:  # noqa: B027
         """Give up on requests a timeout left pending: cancel what can be, and let the process still end.
 

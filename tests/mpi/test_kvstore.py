@@ -231,3 +231,30 @@ def test_sparse_rows_sum_exactly(world: MPI.Intracomm) -> None:
         problems.expect_equal("rows", kv.pull("emb", rows=[63, 0]), expected[[63, 0]])
         kv.close()
     problems.check()
+
+
+def test_the_mpi_transport_takes_each_message_from_any_source_whole(world: MPI.Intracomm) -> None:
+    """``take`` (a matched probe and receive) gives each rank's message once, with its source and bytes."""
+    from collectives.transport.mpi import MPITransport
+
+    problems = Problems(world)
+    transport = MPITransport(world)
+    tag = 78
+    problems.expect(transport.take(tag) is None, "a take found a message nobody sent")
+    payload = np.arange(world.rank + 1, dtype=np.int64)
+    send = transport.isend(payload, 0, tag)
+    if world.rank == 0:
+        seen: dict[int, list[int]] = {}
+        deadline = time.monotonic() + 10.0
+        while len(seen) < world.size and time.monotonic() < deadline:
+            found = transport.take(tag)
+            if found is not None:
+                src, buffer = found
+                problems.expect(src not in seen, f"rank {src}'s message was taken twice")
+                seen[src] = np.frombuffer(buffer, np.int64).tolist()
+        problems.expect(seen == {r: list(range(r + 1)) for r in range(world.size)}, f"took {seen}")
+        problems.expect(transport.take(tag) is None, "a take found a message after every one was taken")
+    transport.waitall([send])
+    world.Barrier()
+    transport.close()
+    problems.check()

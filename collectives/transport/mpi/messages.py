@@ -244,6 +244,19 @@ class MPITransport(Transport):
             raise failed_error(error, "probing", self._comm) from error
         return status.Get_source(), status.Get_count(MPI.BYTE)
 
+    def take(self, tag: int) -> tuple[int, bytearray] | None:
+        # MPI_Improbe and MPI_Mrecv: the message probed is the one received, in two calls, not four
+        status = MPI.Status()
+        try:
+            message = self._comm.Improbe(MPI.ANY_SOURCE, tag, status)
+            if message is None:
+                return None
+            buffer = bytearray(status.Get_count(MPI.BYTE))
+            message.Recv([buffer, MPI.BYTE])
+        except MPI.Exception as error:  # a dead peer (ULFM): the library's error, as every other call gives
+            raise failed_error(error, "receiving", self._comm) from error
+        return status.Get_source(), buffer
+
     def abandon(self, receives: list[Request], sends: list[Request]) -> None:
         # a receive can be cancelled; a send cannot (MPI-4 deprecates it), and MPI_Finalize
         # waits for it, so a process left with one aborts the job at exit rather than hang
