@@ -72,6 +72,7 @@ class Link:
         self.mode = mode
         self.partition_bytes = partition_bytes
         self.keys: dict[Any, KeyInfo] = {}
+        self._raw_keys: dict[Any, bytes] = {}  # each key as it travels, made once (1 and "1" differ)
         self.requests: dict[int, Request] = {}
         self.clock = 0
         self.closed = False
@@ -154,7 +155,9 @@ class Link:
         pending = self.unconfirmed.setdefault(dst, {})
         # the window's last is answered, confirming the rest
         quiet = kind in _QUIET_KINDS and len(pending) < WINDOW
-        raw_key = b"" if key is None else key_bytes(key)
+        raw_key = b"" if key is None else self._raw_keys.get(key)
+        if raw_key is None:
+            raw_key = self._raw_keys[key] = key_bytes(key)
         index = 0 if part is None else part.index
         # to this rank's own server: handed over as it is, never bundled (only bytes need that)
         made = local if dst == self.rank and self._serves_self else encode
