@@ -112,7 +112,7 @@ class Server:
         self.idle = threading.Event()  # cleared while the rank's worker takes requests itself
         self.outbox: dict[int, list[bytearray | Message]] | None = None  # replies of one take(), by worker
         # where replies to this rank's own worker go: messages without bytes (see _wire.local)
-        self.mailbox: deque[bytearray | Message] | None = None
+        self.mailbox: deque[Message] | None = None
         self.idle.set()
         self._handlers: dict[Kind, Callable[[Message], None]] = {  # made once, not per message
             Kind.INIT: self._init,
@@ -192,19 +192,21 @@ class Server:
                     self._send(dst, replies)
 
     def _send(self, dst: int, replies: list[bytearray | Message]) -> None:
-        if dst == self.rank and self.mailbox is not None:  # this rank's worker: no MPI, no bundle
-            self.mailbox.extend(replies)
-        elif replies:
-            # replies to another rank are bytes (encoded)
+        if not replies:
+            return
+        if isinstance(replies[0], Message):  # to this rank's own worker (see _reply): no bundle needed
+            for reply in replies:
+                self._deliver(dst, reply)
+        else:
             self._deliver(
                 dst, replies[0] if len(replies) == 1 else bundle(self.rank, cast(list[bytearray], replies))
             )
 
     def _deliver(self, dst: int, reply: bytearray | Message) -> None:
-        if dst == self.rank and self.mailbox is not None:  # this rank's worker: no MPI
+        if isinstance(reply, Message):  # this rank's worker: no MPI, no bytes
+            assert self.mailbox is not None
             self.mailbox.append(reply)
         else:
-            assert not isinstance(reply, Message)
             self.channel.send(reply, dst, REPLY_TAG)
 
     def _post(self, reply: bytearray | Message, dst: int) -> None:
