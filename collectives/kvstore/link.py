@@ -175,6 +175,9 @@ class Link:
         if isinstance(message, bytearray) and len(message) > BUNDLE_BYTES:
             self.flush(dst)  # after the requests before it
             self._post(dst, message, [request])
+        elif isinstance(message, Message) and len(message.data) > BUNDLE_BYTES and self._server is not None:
+            self.flush(dst)  # handled now, as a large message is sent now: its copy is not kept
+            self._server.take_all([message])
         else:
             waiting = self.outbox.setdefault(dst, ([], []))
             waiting[0].append(message)
