@@ -3,6 +3,7 @@
 import re
 import subprocess
 import threading
+import tracemalloc
 from typing import Any
 
 import numpy as np
@@ -180,3 +181,21 @@ def test_a_colocated_updater_never_sees_the_workers_array_change_under_it() -> N
 
     assert run_store(1, body, mode="async") == [[-4.0, -4.0, -4.0]]
     assert [list(r) for r in kept] == [[1.0] * 3, [-5.0] * 3]
+
+
+def test_a_large_push_to_the_ranks_own_server_keeps_one_partitions_copy_at_a_time() -> None:
+    """Each large request to the rank's own server is handled as it is made, as a large message is sent."""
+
+    def body(kv: KVStore, comm: Communicator) -> int:
+        value = np.ones(2 * 2**20)  # 16 MiB: 16 partitions of 1 MiB, all on this rank's server
+        kv.init("big", np.zeros_like(value))
+        kv.push("big", value)
+        tracemalloc.start()
+        try:
+            kv.push("big", value)
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    (peak,) = run_store(1, body, mode="async", partition_bytes=1 << 20)
+    assert peak < 4 * 2**20, f"a push of 16 MiB held {peak / 2**20:.1f} MiB at its peak"
