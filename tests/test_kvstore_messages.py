@@ -199,3 +199,35 @@ def test_a_large_push_to_the_ranks_own_server_keeps_one_partitions_copy_at_a_tim
 
     (peak,) = run_store(1, body, mode="async", partition_bytes=1 << 20)
     assert peak < 4 * 2**20, f"a push of 16 MiB held {peak / 2**20:.1f} MiB at its peak"
+
+
+@pytest.mark.parametrize(("size", "mode", "options"), MESSAGE_LAYOUTS)
+def test_a_pull_of_one_key_into_an_out_is_the_general_pulls_value_and_errors(
+    size: int, mode: str, options: dict[str, Any]
+) -> None:
+    """The one-key pull into ``out`` (a training loop's) checks and answers as every pull does."""
+
+    def body(kv: KVStore, comm: Communicator) -> list[str]:
+        kv.init("w", np.zeros((3, 5), np.float32))  # 60 bytes: partitions of 16 over the servers
+        kv.push("w", np.full((3, 5), kv.rank + 1, np.float32))
+        out = np.empty((3, 5), np.float32)
+        got = kv.pull("w", out=out)
+        assert got is out
+        np.testing.assert_array_equal(out, kv.pull("w"))  # the general path's value, without out
+        if mode == "sync":
+            np.testing.assert_array_equal(out, np.full((3, 5), sum(range(1, kv.num_workers + 1))))
+        told = []
+        for wrong in (np.empty((5, 3), np.float32), np.empty((3, 5)), np.empty((3, 10), np.float32)[:, ::2]):
+            with pytest.raises(KeyMismatchError) as raised:
+                kv.pull("w", out=wrong)
+            told.append(str(raised.value))
+        with pytest.raises(KVStoreError, match="never initialised"):
+            kv.pull("nope", out=out)
+        return told
+
+    for told in run_store(size, body, mode=mode, **options):
+        if told is None:  # a dedicated server
+            continue
+        assert "is float32[5, 3]; the key is float32[3, 5]" in told[0], told[0]
+        assert "is float64[3, 5]; the key is float32[3, 5]" in told[1], told[1]
+        assert "is not C-contiguous" in told[2], told[2]

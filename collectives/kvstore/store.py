@@ -19,7 +19,7 @@ from ..ops import ReduceOp, get_op
 from ._adapter import Channel, open_channel
 from ._wire import Kind, check_key
 from .collective import Rounds
-from .handles import Handle, Pulled, Request, checked_value, claimed, filler
+from .handles import Handle, Pulled, Request, checked_value, claimed, error_from, filler
 from .layout import DEFAULT_PARTITION_BYTES, Roles
 from .link import GRACE_S, Link
 from .replicas import restore_states, state_of
@@ -204,6 +204,9 @@ class KVStore:
         if rows is not None:
             handle = pull_rows(self._link, key, out, rows, report)
             return handle if not block else handle.wait()
+        one = type(out) is np.ndarray and not isinstance(key, list | tuple)
+        if one and block and not report and self._rounds is None:
+            return self._pull_one(key, out)
         keys, outs = self._outs("pull", key, out)
         if self._rounds is not None:
             items = [(k, self._link.meta(k), o) for k, o in zip(keys, outs, strict=True)]
@@ -234,6 +237,29 @@ class KVStore:
 
         handle = Handle(self._link, requests, result)
         return handle if not block else handle.wait()
+
+    def _pull_one(self, key: Any, out: np.ndarray) -> np.ndarray:
+        """:meth:`pull` of one key into ``out`` by messages, waiting: no lists, no handle.
+
+        The same requests, checks and errors as the general path; a training loop's pull
+        is this one, and its Python is paid again by the serving rank (docs/kvstore.md).
+        """
+        link = self._link
+        meta = link.meta(key)
+        if out.shape != meta.shape or out.dtype != meta.dtype or not out.flags.c_contiguous:
+            checked_value(key, meta, out, self.rank, out=True)  # raises, naming what is wrong
+        flat = out.reshape(-1)
+        seen = [0] * len(meta.parts)
+        stamp = meta.pushes if self.mode == "sync" else link.clock
+        requests = [
+            link.send(Kind.PULL, key, p, stamp=stamp, on_data=filler(flat, p, meta.dtype, seen))
+            for p in meta.parts
+        ]
+        link.wait_for(requests)
+        for request in requests:
+            if request.error is not None:
+                raise error_from(request)
+        return out
 
     @claimed
     def pushpull(
