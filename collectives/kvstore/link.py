@@ -77,7 +77,7 @@ class Link:
         self.closed = False
         self._server: Server | None = None
         self.mailbox: deque[Message] = deque()  # replies of this rank's own server: no MPI, no bytes
-        self._serves_self = False  # whether requests to this rank go to its own server in this process
+        self._own: Server | None = None  # the server requests to this rank go to in this process, if any
         self.thread: threading.Thread | None = None
         self.optimizer: Optimizer | None = None  # the one set, for checkpoints and states
         self.claim = Claim()  # one thread's call at a time
@@ -101,7 +101,7 @@ class Link:
         self._server = server
         if server is not None and self.roles.is_worker(self.rank):
             server.mailbox = self.mailbox
-        self._serves_self = server is not None and server.mailbox is self.mailbox
+        self._own = server if server is not None and server.mailbox is self.mailbox else None
 
     # keys
 
@@ -159,7 +159,8 @@ class Link:
             raw_key = self._raw_keys[key] = key_bytes(key)
         index = 0 if part is None else part.index
         # to this rank's own server: handed over as it is, never bundled (only bytes need that)
-        made = local if dst == self.rank and self._serves_self else encode
+        own = self._own if dst == self.rank else None
+        made = encode if own is None else local
         message = made(
             kind,
             self.rank,
@@ -175,9 +176,9 @@ class Link:
         if isinstance(message, bytearray) and len(message) > BUNDLE_BYTES:
             self.flush(dst)  # after the requests before it
             self._post(dst, message, [request])
-        elif isinstance(message, Message) and len(message.data) > BUNDLE_BYTES and self._server is not None:
+        elif own is not None and isinstance(message, Message) and len(message.data) > BUNDLE_BYTES:
             self.flush(dst)  # handled now, as a large message is sent now: its copy is not kept
-            self._server.take_all([message])
+            own.take_all([message])
         else:
             waiting = self.outbox.setdefault(dst, ([], []))
             waiting[0].append(message)
@@ -197,8 +198,8 @@ class Link:
             messages, requests = self.outbox.pop(dst, ([], []))
             if not messages:
                 continue
-            if dst == self.rank and self._server is not None and self._serves_self:
-                self._server.take_all(messages)
+            if dst == self.rank and self._own is not None:
+                self._own.take_all(messages)
             else:
                 self._post(dst, messages[0] if len(messages) == 1 else bundle(self.rank, messages), requests)
 
@@ -259,7 +260,7 @@ class Link:
             message = self.channel.take(REPLY_TAG)
         else:
             message = self.channel.receive(
-                REPLY_TAG, min(timeout, _MAILBOX_S) if self._serves_self else timeout
+                REPLY_TAG, min(timeout, _MAILBOX_S) if self._own is not None else timeout
             )
         if message is None:
             return False

@@ -34,7 +34,7 @@ from ._wire import (
     unbundle,
 )
 from .checkpoint import read_manifest, restore_shards, write_shard
-from .updaters import Optimizer, Updater, accumulate, assign, optimizer_from_spec
+from .updaters import Optimizer, Updater, accumulate, assign, combine_rows, optimizer_from_spec
 
 _IDLE_WAKE_S = 0.05  # a server with nothing to do still wakes this often, to expire waits and finish sends
 _HOT_S = 1e-3  # after a request the thread polls without sleeping this long: requests come in bursts
@@ -109,11 +109,9 @@ class Server:
         self.stopping = threading.Event()
         self.lock = threading.Lock()  # the worker's collective pushpull updates partitions too
         self.error: BaseException | None = None
-        self.idle = threading.Event()  # cleared while the rank's worker takes requests itself
         self.outbox: dict[int, list[bytearray | Message]] | None = None  # replies of one take(), by worker
         # where replies to this rank's own worker go: messages without bytes (see _wire.local)
         self.mailbox: deque[Message] | None = None
-        self.idle.set()
         self._handlers: dict[Kind, Callable[[Message], None]] = {  # made once, not per message
             Kind.INIT: self._init,
             Kind.PUSH: self._push,
@@ -384,7 +382,7 @@ class Server:
             order = sorted(pushes)
             if any(isinstance(pushes[w], tuple) for w in order):
                 del part.pending[part.round]
-                ids, values = self._combine_rows(part, [pushes[w] for w in order])
+                ids, values = combine_rows(part.rows(), [pushes[w] for w in order], self.op)
                 self._update_rows(parse_key(key), index, ids, values, part)
                 part.round += 1
                 continue
@@ -437,29 +435,6 @@ class Server:
                     self._settle()  # pulls waiting for this round
                 return
         self.apply_round(key, held, aggregate, 0)
-
-    def _combine_rows(self, part: _Part, pushes: "list[np.ndarray | _Rows]") -> _Rows:
-        """A round's sparse pushes combined in worker order: the rows any worker pushed, and their sum."""
-        total = np.zeros_like(part.rows())
-        seen = np.zeros(len(total), bool)
-        combine = backend_for(total).combine
-        for push in pushes:
-            ids, values = (
-                push if isinstance(push, tuple) else (np.arange(len(total)), push.reshape(total.shape))
-            )
-            fresh = ~seen[ids]
-            total[ids[fresh]] = values[fresh]
-            old = ids[~fresh]
-            if old.size:
-                rows = total[old]
-                combine(self.op, rows, np.ascontiguousarray(values[~fresh]))
-                total[old] = rows
-            seen[ids] = True
-        touched = np.flatnonzero(seen)
-        aggregate = total[touched]
-        if self.op.averages:
-            aggregate /= len(pushes)
-        return touched, aggregate
 
     def _update_rows(self, key: Any, index: int, ids: np.ndarray, values: np.ndarray, part: _Part) -> None:
         """Run the updater on rows ``ids`` of the partition only."""

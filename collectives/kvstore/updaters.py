@@ -1,9 +1,18 @@
 """What a server does with what it receives: the reducer, the default updaters, and the optimizers."""
 
-__all__ = ["SGD", "Adam", "Optimizer", "Updater", "accumulate", "assign", "optimizer_from_spec"]
+__all__ = [
+    "SGD",
+    "Adam",
+    "Optimizer",
+    "Updater",
+    "accumulate",
+    "assign",
+    "combine_rows",
+    "optimizer_from_spec",
+]
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,6 +43,36 @@ def accumulate(op: ReduceOp) -> Updater:
         return stored
 
     return update
+
+
+def combine_rows(
+    like: np.ndarray, pushes: Sequence["np.ndarray | tuple[np.ndarray, np.ndarray]"], op: ReduceOp
+) -> tuple[np.ndarray, np.ndarray]:
+    """A round's pushes to a partition of rows ``like``'s shape, combined in worker order.
+
+    A push is the whole partition or (row indices, those rows); the result is the
+    rows any worker pushed and their combination (divided by the pushes for ``avg``).
+    """
+    from ..backends import backend_for
+
+    total = np.zeros_like(like)
+    seen = np.zeros(len(total), bool)
+    combine = backend_for(total).combine
+    for push in pushes:
+        ids, values = push if isinstance(push, tuple) else (np.arange(len(total)), push.reshape(total.shape))
+        fresh = ~seen[ids]
+        total[ids[fresh]] = values[fresh]
+        old = ids[~fresh]
+        if old.size:
+            rows = total[old]
+            combine(op, rows, np.ascontiguousarray(values[~fresh]))
+            total[old] = rows
+        seen[ids] = True
+    touched = np.flatnonzero(seen)
+    aggregate = total[touched]
+    if op.averages:
+        aggregate /= len(pushes)
+    return touched, aggregate
 
 
 class Optimizer:
