@@ -37,6 +37,7 @@ __all__ = [
     "StepPrediction",
     "add_step",
     "hub_of",
+    "placed",
     "predict",
     "predict_fast",
     "summed",
@@ -121,7 +122,7 @@ def predict(
     """
     if itemsize < 1:
         raise TopologyError(f"itemsize must be at least 1, got {itemsize}")
-    devices = _placement(schedule, topology, placement)
+    devices = placed(schedule.world_size, topology, placement, schedule.name)
     return _predict(schedule, topology, itemsize, devices, topology.route)
 
 
@@ -145,7 +146,7 @@ def predict_fast(
     """
     if itemsize < 1:
         raise TopologyError(f"itemsize must be at least 1, got {itemsize}")
-    devices = _placement(schedule, topology, placement)
+    devices = placed(schedule.world_size, topology, placement, schedule.name)
     hub = hub_of(topology)
     if hub is None:
         return _predict(schedule, topology, itemsize, devices, topology.route)
@@ -289,18 +290,16 @@ def summed(
     )
 
 
-def _placement(schedule: Schedule, topology: Topology, placement: Sequence[str] | None) -> tuple[str, ...]:
-    size = schedule.world_size
+def placed(size: int, topology: Topology, placement: Sequence[str] | None, name: str = "") -> tuple[str, ...]:
+    """The devices of ``size`` ranks (of schedule ``name``): ``placement`` checked, or the first GPUs."""
     if placement is None:
         if size > len(topology.gpus):
-            raise TopologyError(
-                f"{topology.name} has {len(topology.gpus)} GPUs, {schedule.name} has {size} ranks; "
-                "give a placement"
-            )
+            ranks = f", {name} has {size} ranks" if name else f" for {size} ranks"
+            raise TopologyError(f"{topology.name} has {len(topology.gpus)} GPUs{ranks}; give a placement")
         return topology.gpus[:size]
     devices = tuple(placement)
     if len(devices) != size:
         raise TopologyError(f"placement names {len(devices)} devices for {size} ranks")
-    for name in devices:
-        topology.device(name)
+    for device in devices:
+        topology.device(device)
     return devices

@@ -39,7 +39,7 @@ from ..errors import TopologyError
 from ..schedule import RankProgram
 from .cost_model import Traffic
 from .graph import LinkId, Topology
-from .link_model import HubRoutes, Prediction, StepPrediction, add_step, hub_of, summed
+from .link_model import HubRoutes, Prediction, StepPrediction, add_step, hub_of, placed, summed
 
 ALL_RANKS_BUDGET = 1_000_000
 """The most sends and receives the programs of all ranks may hold for every machine to be followed.
@@ -274,15 +274,4 @@ def _sum_steps(
 def _placement(world_size: int, topology: Topology, placement: Sequence[str] | None) -> tuple[str, ...]:
     if world_size < 1:
         raise TopologyError(f"world size must be at least 1, got {world_size}")
-    if placement is None:
-        if world_size > len(topology.gpus):
-            raise TopologyError(
-                f"{topology.name} has {len(topology.gpus)} GPUs for {world_size} ranks; give a placement"
-            )
-        return topology.gpus[:world_size]
-    devices = tuple(placement)
-    if len(devices) != world_size:
-        raise TopologyError(f"placement names {len(devices)} devices for {world_size} ranks")
-    for name in devices:
-        topology.device(name)
-    return devices
+    return placed(world_size, topology, placement)
