@@ -68,7 +68,7 @@ from .buffers import (
     widened,
 )
 from .communicator import Communicator, communicator_of
-from .dispatch import Job, keeps_order, perform
+from .dispatch import Job, escaped, keeps_order, perform
 from .explanation import Explanation
 from .host_copy import on_host_copy, through_host
 from .ops import ReduceOp, itemsize
@@ -114,18 +114,23 @@ def allreduce(
     Returns:
         The result, ``out`` when given.
     """
-    if x.__class__ is not _NDARRAY and algorithm == AUTO:
-        result = on_host_copy(x, op, out, comm, check, allreduce)
-        if result is not None:
-            return result
-    if op == "avg" or op.__class__ is ReduceOp:
-        wide = _widened(x, op, out, comm)
-        if wide is not None:
-            return narrowed(allreduce(wide, op, algorithm=algorithm, comm=comm, check=check), out)
-    key = allreduce_key(x, op, out, algorithm, check)
-    return perform(
-        comm, "allreduce", algorithm, check, key, x, out, _delivered, allreduce_job, x, op, out, check, key
-    )
+    try:
+        if x.__class__ is not _NDARRAY and algorithm == AUTO:
+            result = on_host_copy(x, op, out, comm, check, allreduce)
+            if result is not None:
+                return result
+        if op == "avg" or op.__class__ is ReduceOp:
+            wide = _widened(x, op, out, comm)
+            if wide is not None:
+                return narrowed(allreduce(wide, op, algorithm=algorithm, comm=comm, check=check), out)
+        key = allreduce_key(x, op, out, algorithm, check)
+        return perform(
+            comm, "allreduce", algorithm, check, key, x, out, _delivered, allreduce_job,
+            x, op, out, check, key,
+        )  # fmt: skip
+    except BaseException as error:
+        escaped(comm, "allreduce", error)
+        raise
 
 
 def reduce_scatter(
@@ -159,28 +164,20 @@ def reduce_scatter(
     Returns:
         This rank's share of the result, ``out`` when given.
     """
-    if op == "avg" or op.__class__ is ReduceOp:
-        wide = _widened(x, op, out, comm)
-        if wide is not None:
-            share = reduce_scatter(wide, op, counts=counts, algorithm=algorithm, comm=comm, check=check)
-            return narrowed(share, out)
-    key = shares_key("reduce_scatter", x, op, counts, out, algorithm, check)
-    return perform(
-        comm,
-        "reduce_scatter",
-        algorithm,
-        check,
-        key,
-        x,
-        out,
-        _share,
-        reduce_scatter_job,
-        x,
-        op,
-        counts,
-        out,
-        key,
-    )
+    try:
+        if op == "avg" or op.__class__ is ReduceOp:
+            wide = _widened(x, op, out, comm)
+            if wide is not None:
+                share = reduce_scatter(wide, op, counts=counts, algorithm=algorithm, comm=comm, check=check)
+                return narrowed(share, out)
+        key = shares_key("reduce_scatter", x, op, counts, out, algorithm, check)
+        return perform(
+            comm, "reduce_scatter", algorithm, check, key, x, out, _share, reduce_scatter_job,
+            x, op, counts, out, key,
+        )  # fmt: skip
+    except BaseException as error:
+        escaped(comm, "reduce_scatter", error)
+        raise
 
 
 def allgather(
@@ -211,10 +208,14 @@ def allgather(
     Returns:
         The concatenation, ``out`` when given.
     """
-    key = shares_key("allgather", x, None, counts, out, algorithm, check)
-    return perform(
-        comm, "allgather", algorithm, check, key, x, out, _delivered, _allgather_job, x, counts, out, key
-    )
+    try:
+        key = shares_key("allgather", x, None, counts, out, algorithm, check)
+        return perform(
+            comm, "allgather", algorithm, check, key, x, out, _delivered, _allgather_job, x, counts, out, key
+        )
+    except BaseException as error:
+        escaped(comm, "allgather", error)
+        raise
 
 
 def broadcast(
@@ -247,7 +248,13 @@ def broadcast(
     Raises:
         InvalidRootError: ``root`` is not a rank of the communicator.
     """
-    return perform(comm, "broadcast", algorithm, check, None, x, out, _delivered, broadcast_job, x, root, out)
+    try:
+        return perform(
+            comm, "broadcast", algorithm, check, None, x, out, _delivered, broadcast_job, x, root, out
+        )
+    except BaseException as error:
+        escaped(comm, "broadcast", error)
+        raise
 
 
 def reduce(
@@ -280,10 +287,14 @@ def reduce(
     Raises:
         InvalidRootError: ``root`` is not a rank of the communicator.
     """
-    wide = _widened(x, op, out, comm)
-    if wide is not None:
-        return narrowed(reduce(wide, op, root, algorithm=algorithm, comm=comm, check=check), out)
-    return perform(comm, "reduce", algorithm, check, None, x, out, _at_root, reduce_job, x, op, root, out)
+    try:
+        wide = _widened(x, op, out, comm)
+        if wide is not None:
+            return narrowed(reduce(wide, op, root, algorithm=algorithm, comm=comm, check=check), out)
+        return perform(comm, "reduce", algorithm, check, None, x, out, _at_root, reduce_job, x, op, root, out)
+    except BaseException as error:
+        escaped(comm, "reduce", error)
+        raise
 
 
 def gather(
@@ -319,9 +330,26 @@ def gather(
     Raises:
         InvalidRootError: ``root`` is not a rank of the communicator.
     """
-    return perform(
-        comm, "gather", algorithm, check, None, x, out, _at_root, gather_job, "gather", x, root, counts, out
-    )
+    try:
+        return perform(
+            comm,
+            "gather",
+            algorithm,
+            check,
+            None,
+            x,
+            out,
+            _at_root,
+            gather_job,
+            "gather",
+            x,
+            root,
+            counts,
+            out,
+        )
+    except BaseException as error:
+        escaped(comm, "gather", error)
+        raise
 
 
 def scatter(
@@ -363,9 +391,13 @@ def scatter(
         InvalidBufferError: the root has no ``x``, or another rank has
             neither ``x`` nor ``out``.
     """
-    return perform(
-        comm, "scatter", algorithm, check, None, x, out, _scattered, scatter_job, x, root, counts, out
-    )
+    try:
+        return perform(
+            comm, "scatter", algorithm, check, None, x, out, _scattered, scatter_job, x, root, counts, out
+        )
+    except BaseException as error:
+        escaped(comm, "scatter", error)
+        raise
 
 
 def alltoall(
@@ -393,7 +425,11 @@ def alltoall(
     Returns:
         The shares from every rank, ``out`` when given.
     """
-    return perform(comm, "alltoall", algorithm, check, None, x, out, _exchanged, alltoall_job, x, out)
+    try:
+        return perform(comm, "alltoall", algorithm, check, None, x, out, _exchanged, alltoall_job, x, out)
+    except BaseException as error:
+        escaped(comm, "alltoall", error)
+        raise
 
 
 def barrier(
@@ -406,7 +442,11 @@ def barrier(
         algorithm: the algorithm's name, or ``"auto"``; see :mod:`collectives.api`.
         check: whether the ranks agree on the call first; see :mod:`collectives.api`.
     """
-    perform(comm, "barrier", algorithm, check, None, None, None, _nothing, barrier_job)
+    try:
+        perform(comm, "barrier", algorithm, check, None, None, None, _nothing, barrier_job)
+    except BaseException as error:
+        escaped(comm, "barrier", error)
+        raise
 
 
 # --- what each collective returns, from the buffer with this rank's result (``finish`` of dispatch.perform)

@@ -252,18 +252,13 @@ class Call:
         watchdog = self.watchdog
         shared = watchdog.shared
         by = shared.broken_by() if shared is not None else None
-        why = "see its error"
         if by is None:
-            try:
-                found = watchdog.transport.probe(Tag.BROKEN, 0.0)
-            except NotImplementedError:
+            told = _notice(watchdog.transport, 0.0)
+            if told is None:
                 return
-            if found is None:
-                return
-            notice = bytearray(NOTICE.size)
-            watchdog.transport.waitall([watchdog.transport.irecv(notice, found[0], Tag.BROKEN)])
-            by, _, told = NOTICE.unpack(notice)
-            why = told.rstrip(b"\0").decode(errors="replace")
+            by, why = told
+        else:
+            why = _why(watchdog.transport, by)
         # the broken rank's messages will not come: leave the receives posted, keep the sends alive
         stuck = [Tracked(r, p.peer, p.sends) for r, p in zip(requests, peers, strict=True)]
         watchdog.abandoned.extend(stuck)
@@ -376,10 +371,11 @@ class Call:
             return missing
         watchdog = self.watchdog
         self.outcome = "broken"
-        watchdog.break_off("its call did not finish; see its error", by)
+        why = _why(watchdog.transport, by)
+        watchdog.break_off(why, by)
         raise BrokenCommunicatorError(
             f"rank {watchdog.transport.rank}: {self.signature.collective} #{self.sequence} cannot complete: "
-            f"rank {by} broke the communicator; this communicator is unusable now",
+            f"rank {by} broke the communicator ({why}); this communicator is unusable now",
             rank=by,
         )
 
@@ -472,3 +468,26 @@ class SteppedCall(Call):
 def _ranks(peers: Iterator[int] | tuple[int, ...]) -> str:
     ranks = sorted(set(peers))
     return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+
+
+_NOTICE_WAIT_S = 0.1  # a mark in shared memory goes first; its rank's notice says why, moments later
+
+
+def _notice(transport: Transport, timeout: float) -> tuple[int, str] | None:
+    """A Tag.BROKEN notice waiting for this rank: the rank that broke the communicator, and why."""
+    try:
+        found = transport.probe(Tag.BROKEN, timeout)
+    except NotImplementedError:
+        return None
+    if found is None:
+        return None
+    notice = bytearray(NOTICE.size)
+    transport.waitall([transport.irecv(notice, found[0], Tag.BROKEN)])
+    by, _, told = NOTICE.unpack(notice)
+    return by, told.rstrip(b"\0").decode(errors="replace")
+
+
+def _why(transport: Transport, by: int) -> str:
+    """Why rank ``by`` broke the communicator, as its notice says; its error tells otherwise."""
+    told = _notice(transport, _NOTICE_WAIT_S)
+    return told[1] if told is not None and told[0] == by else "its call did not finish; see its error"

@@ -1,6 +1,6 @@
 """The communicator a call runs on: the user's mpi4py communicator, its selector, watchdog, shared memory."""
 
-__all__ = ["Communicator", "communicator_of", "default"]
+__all__ = ["Communicator", "communicator_of", "default", "made_for"]
 
 import json
 import math
@@ -438,6 +438,15 @@ def communicator_of(comm: "Communicator | MPI.Comm | None") -> Communicator:
     _wrapped[:] = [(r, w) for r, w in _wrapped if r() is not None]
     _wrapped.append((weakref.ref(comm), wrapper))
     return wrapper
+
+
+def made_for(comm: "Communicator | MPI.Comm | None") -> Communicator | None:
+    """The communicator a call with ``comm=comm`` ran on, if one was made; never makes one."""
+    if isinstance(comm, Communicator):
+        return comm
+    if comm is None:
+        return default
+    return next((wrapper for ref, wrapper in _wrapped if ref() is comm), None)
 
 
 # the cost model rank 0 sends: alpha, beta, gamma, barrier, copy, network alpha, network beta (-1: none),

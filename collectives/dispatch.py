@@ -8,7 +8,7 @@ ranks if the checks fail), then :func:`run` agrees on the call with the other
 ranks, chooses its algorithm and runs it under the watchdog.
 """
 
-__all__ = ["Job", "checked", "decide", "keeps_order", "perform", "refuse", "run"]
+__all__ = ["Job", "checked", "decide", "escaped", "keeps_order", "perform", "refuse", "run"]
 
 from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass
@@ -21,7 +21,7 @@ from .algorithms.base import implements, required_feature
 from .backends import ArrayBackend
 from .call import Call
 from .chunking import even_split
-from .communicator import Communicator, communicator_of
+from .communicator import Communicator, communicator_of, made_for
 from .errors import CollectivesError, MismatchError, UnsupportedOpError
 from .execute import execute
 from .execute import run as run_plan
@@ -110,6 +110,20 @@ def refuse(
     The caller raises ``error`` then.
     """
     group.watchdog.poison(collective, algorithm, error, check)
+
+
+def escaped(comm: "Communicator | MPI.Comm | None", collective: str, error: BaseException) -> None:
+    """Account for ``error`` leaving a public call of ``collective`` on ``comm``; the caller re-raises it.
+
+    Every public collective's body is one ``try`` whose handler calls this, so an
+    error from anywhere between its first line and its return (a
+    ``KeyboardInterrupt`` included) is either one the watchdog ended the call with,
+    or breaks the communicator on every rank (:meth:`Watchdog.escaped`): a rank
+    never stays a call behind or ahead of its peers.
+    """
+    group = made_for(comm)
+    if group is not None:
+        group.watchdog.escaped(collective, error)
 
 
 def checked(

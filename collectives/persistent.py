@@ -32,7 +32,7 @@ from . import api
 from .buffers import allreduce_job, broadcast_job, gather_job, reduce_scatter_job
 from .call import Starts
 from .communicator import Communicator, communicator_of
-from .dispatch import Job, checked, decide
+from .dispatch import Job, checked, decide, escaped
 from .errors import FreedCommunicatorError, InvalidBufferError, PersistentStateError
 from .faults import PLAN as FAULTS
 from .lean import LeanAllreduce
@@ -101,21 +101,25 @@ class Persistent:
             PersistentStateError: a :meth:`start` is waiting for its :meth:`wait`.
             InvalidBufferError: a buffer's shape or dtype changed since the init.
         """
-        if self._request is not None:
-            raise PersistentStateError(
-                f"persistent {self.collective} was started and not waited for; call wait() first"
-            )
-        for array, shape, dtype in self._arrays:  # _fits inline: a tenth of a small start
-            if array.shape != shape or (array.dtype is not dtype and array.dtype != dtype):
-                self._fits()
-        if started:  # calls started on some communicator: those on this one go first
-            settle(self._group)
-        self.starts += 1
-        lean = self._lean
-        if lean is not None and not FAULTS.armed and not lean.watchdog.debug:
-            lean.run(self._work, self._source)
-            return self._result
-        return self._plain()
+        try:
+            if self._request is not None:
+                raise PersistentStateError(
+                    f"persistent {self.collective} was started and not waited for; call wait() first"
+                )
+            for array, shape, dtype in self._arrays:  # _fits inline: a tenth of a small start
+                if array.shape != shape or (array.dtype is not dtype and array.dtype != dtype):
+                    self._fits()
+            if started:  # calls started on some communicator: those on this one go first
+                settle(self._group)
+            self.starts += 1
+            lean = self._lean
+            if lean is not None and not FAULTS.armed and not lean.watchdog.debug:
+                lean.run(self._work, self._source)
+                return self._result
+            return self._plain()
+        except BaseException as error:
+            escaped(self._group, self.collective, error)
+            raise
 
     def start(self) -> None:
         """Start the collective on the buffers' contents now; :meth:`wait` for its result.

@@ -138,6 +138,7 @@ class Watchdog:
         self.broken: str | None = None
         self.broken_by: int | None = None  # the rank where it broke
         self.freed = False
+        self.ended: BaseException | None = None  # the last error a call ended with here (see escaped)
         self.abandoned: list[Tracked] = []
         # the arrays of calls that broke the communicator: receives posted into them may still land
         self.kept: list[object] = []
@@ -327,6 +328,8 @@ class Watchdog:
                 self.end(call, failure)
                 raise
         call.outcome = "ok" if error is None else f"failed: {type(error).__name__}"
+        if error is not None:
+            self.ended = error
         call.seconds = time.monotonic() - call.began
         if self.watched is not None:
             self.watched.call = None
@@ -355,6 +358,28 @@ class Watchdog:
             ) from error
         if self.broken is None:
             self.break_off(f"{what} did not finish ({type(error).__name__})")
+
+    def escaped(self, collective: str, error: BaseException) -> None:
+        """Account for ``error`` leaving a call of ``collective``: the boundary of every public call.
+
+        An error this watchdog ended a call with was dealt with there (told,
+        agreed, or the communicator broken), and the library's own errors raised
+        outside a call are its checks, made before the call sends or counts
+        anything. Any other (an interrupt or a signal handler's exception before
+        the call was numbered or after it ended, an error between the claim and
+        the call's ``try``) may have left this rank a call behind or ahead of its
+        peers, whose next calls would pair with the wrong ones: it breaks the
+        communicator on every rank, naming the error. A claim the call took and
+        never gave back is released.
+        """
+        if self._claim.locked() and self._owner in (0, _get_ident()):
+            self._owner = 0
+            self._claim.release()
+        if error is self.ended or self.broken is not None or isinstance(error, CollectivesError):
+            return
+        why = f"{collective} interrupted ({type(error).__name__})"
+        self.break_off(why)
+        error.add_note(f"rank {self._rank}: {why}; this communicator is unusable now")
 
     def break_off(self, why: str, rank: int | None = None) -> None:
         """Mark the communicator broken (by ``rank``, this one by default) and, if here, tell the others.
