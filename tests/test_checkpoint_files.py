@@ -370,3 +370,21 @@ def test_a_wrong_trailer_magic_is_named_not_called_a_checksum_mismatch(tmp_path:
     text = str(caught.value)
     assert str(path) in text and "trailer" in text and "XYZ" in text and "checksum" not in text, text
 
+
+def test_a_save_or_load_on_a_closed_store_says_so(tmp_path: Path) -> None:
+    def body(kv: Any, comm: Communicator) -> list[str]:
+        kv.init("w", np.arange(4.0))
+        kv.close()
+        texts = []
+        for what in ("save", "load"):
+            with pytest.raises(KVStoreError) as caught:
+                getattr(kv, what)(tmp_path / "kv")
+            texts.append(str(caught.value))
+        return texts
+
+    for rank, texts in enumerate(run_store(2, body, mode="async")):
+        assert texts == [
+            f"save: the store is closed on rank {rank}",
+            f"load: the store is closed on rank {rank}",
+        ]
+    assert not (tmp_path / "kv").exists()
