@@ -209,7 +209,8 @@ class Codec:
     ``encode(value)`` gives the value's bytes (a C-contiguous uint8 array) and a
     dict of JSON fields; ``decode(buffer, fields)`` makes the value again from a
     view of those bytes, checking the fields (a ValueError or TypeError names
-    what is wrong). Both come from library code: a file only names the codec.
+    what is wrong; a ``"shape"`` field is bounded first, as an array's). Both
+    come from library code: a file only names the codec.
     """
 
     name: str
@@ -451,11 +452,8 @@ def decode_state(
     if crc != actual:
         raise _bad(name, f"checksum mismatch (stored {crc:08x}, computed {actual:08x}): the file is damaged")
     if digest is not None and digest != (total, crc):
-        raise _bad(
-            name,
-            f"{total} bytes of CRC-32 {crc:08x}, the manifest lists {digest[0]} bytes of {digest[1]:08x}: "
-            "a file of another save",
-        )
+        listed = f"the manifest lists {digest[0]} bytes of {digest[1]:08x}: a file of another save"
+        raise _bad(name, f"{total} bytes of CRC-32 {crc:08x}, {listed}")
     buffers = [view[start + offset : start + offset + n] for offset, n in header["buffers"]]
     return _Decoder(name, [n for _, n in header["buffers"]], buffers, copy).decode(header["tree"])
 
@@ -589,6 +587,8 @@ class _Decoder:
                                       "(torch tensors: import collectives.torch_integration)")  # fmt: skip
             if not isinstance(node["fields"], dict):
                 raise _bad(self.name, f"codec {codec.name!r}'s fields are not an object")
+            if "shape" in node["fields"]:  # bounded here, before the codec's arithmetic on it
+                count_of(node["fields"]["shape"], self.name)
             try:
                 return codec.decode(memoryview(bytearray(buffer)) if self.copy else buffer, node["fields"])
             except (TypeError, ValueError, RuntimeError) as error:

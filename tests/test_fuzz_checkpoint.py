@@ -588,3 +588,20 @@ def test_a_state_file_that_is_a_fifo_or_a_link_is_refused_at_once(tmp_path: Path
                 outcome,
             )
             assert why in str(outcome) and took < HANG_GUARD_S
+
+
+def test_a_tensor_of_100_000_dimensions_is_refused_before_the_codec_multiplies_them(tmp_path: Path) -> None:
+    pytest.importorskip("torch", reason="the tensors' codec needs torch")
+    import collectives.torch_integration  # noqa: F401  (registers the tensors' codec)
+
+    fields = {"dtype": "float32", "shape": [2**62] * 100_000, "requires_grad": False}
+    tree = {"t": "x", "codec": "torch.tensor", "fields": fields, "b": 0}
+    path = tmp_path / "tensor.state"
+    header = {"format": "F", "owner": None, "size": 64, "buffers": [[0, 64]], "tree": tree}
+    for fmt in ("collectives.state/1", "collectives.state/2"):
+        _write_state(path, json.dumps({**header, "format": fmt}), bytes(64))
+        outcome, took = _bounded(lambda: read_state(path))
+        if isinstance(outcome, CheckpointError) and "expected 'collectives.state" in str(outcome):
+            continue  # not this code's format
+        assert isinstance(outcome, CheckpointError) and str(path) in str(outcome), str(outcome)[:300]
+        assert "100000 dimensions" in str(outcome) and len(str(outcome)) < 2000 and took < HANG_GUARD_S
