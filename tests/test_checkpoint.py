@@ -40,12 +40,16 @@ def test_a_first_run_finds_nothing_and_later_ones_the_newest_complete_version(tm
     assert complete_versions(tmp_path) == [4, 6]  # keep=2: the oldest lost its files
     assert not folder_of(tmp_path, 2).exists()
     manifest = json.loads((folder_of(tmp_path, 6) / "manifest.json").read_text())
+    files = [folder_of(tmp_path, 6) / f"rank-{r}.state" for r in range(3)]
     assert manifest == {
-        "format": "collectives.resilience/2",
+        "format": "collectives.resilience/3",
         "size": 3,
         "version": 6,
+        "checkpoint": manifest["checkpoint"],
+        "files": [[f.stat().st_size, int.from_bytes(f.read_bytes()[-4:], "little")] for f in files],
         "crc32": manifest["crc32"],
     }
+    assert len(manifest["checkpoint"]) == 32
 
 
 def test_a_write_cut_off_fails_every_rank_naming_it_and_the_version_before_is_loaded(tmp_path: Path) -> None:

@@ -290,7 +290,13 @@ def _craft(header: Any, data: bytes = b"") -> bytes:
 
 
 def _header(tree: Any, buffers: Any = (), size: int = 0) -> dict[str, Any]:
-    return {"format": "collectives.state/1", "size": size, "buffers": list(buffers), "tree": tree}
+    return {
+        "format": "collectives.state/2",
+        "owner": None,
+        "size": size,
+        "buffers": list(buffers),
+        "tree": tree,
+    }
 
 
 CRAFTED = {
@@ -300,7 +306,11 @@ CRAFTED = {
     ),
     "a shape too large": (
         _header({"t": "a", "dtype": "<f8", "shape": [2**40, 2**40], "b": 0}, [[0, 8]], 8),
-        "buffer of 8",
+        "counts more than",
+    ),
+    "a shape larger than its buffer": (
+        _header({"t": "a", "dtype": "<f8", "shape": [2, 3], "b": 0}, [[0, 8]], 8),
+        r"\(2, 3\) in a buffer of 8",
     ),
     "a buffer out of range": (
         _header({"t": "a", "dtype": "<f8", "shape": [1], "b": 3}, [[0, 8]], 8),
@@ -308,7 +318,7 @@ CRAFTED = {
     ),
     "an offset past the data": (_header({"t": "b", "b": 0}, [[4, 8]], 8), "runs past"),
     "an unknown tag": (_header({"t": "pickle", "v": "cos\nsystem\n"}), "unknown tag"),
-    "no tree": ({"format": "collectives.state/1", "size": 0, "buffers": []}, "lacks"),
+    "no tree": ({"format": "collectives.state/2", "owner": None, "size": 0, "buffers": []}, "lacks"),
     "a wrong size": (_header(None, [], 64), "cut short"),
     "an untagged list": (_header(json.loads("[" * 50 + "]" * 50)), "not a tagged value"),
     "an unknown codec": (
@@ -338,7 +348,9 @@ def test_a_crafted_header_raises_naming_the_file_and_what_is_wrong(tmp_path: Pat
 
 def test_a_header_nested_past_the_recursion_limit_raises_naming_the_file(tmp_path: Path) -> None:
     deep = '{"t":"l","v":[' * 100_000 + "]}" * 100_000
-    text = ('{"format":"collectives.state/1","size":0,"buffers":[],"tree":' + deep + "}").encode()
+    text = (
+        '{"format":"collectives.state/2","owner":null,"size":0,"buffers":[],"tree":' + deep + "}"
+    ).encode()
     head = b"CLSTATE\x00" + len(text).to_bytes(8, "little") + text
     body = head + bytes(-len(head) % 64)
     path = tmp_path / "rank-0.state"
@@ -346,3 +358,33 @@ def test_a_header_nested_past_the_recursion_limit_raises_naming_the_file(tmp_pat
     with pytest.raises(CheckpointError, match=r"not JSON|nested too deep") as caught:
         read_state(path)
     assert str(path) in str(caught.value)
+
+
+def test_a_wrong_trailer_magic_is_named_not_called_a_checksum_mismatch(tmp_path: Path) -> None:
+    path = tmp_path / "rank-0.state"
+    data = bytearray(b"".join(bytes(p) for p in state_pieces({"w": np.arange(3.0)})))
+    data[-8:-4] = b"XYZ\x00"  # the CRC stays right: only the magic is wrong
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError) as caught:
+        read_state(path)
+    text = str(caught.value)
+    assert str(path) in text and "trailer" in text and "XYZ" in text and "checksum" not in text, text
+
+
+def test_a_save_or_load_on_a_closed_store_says_so(tmp_path: Path) -> None:
+    def body(kv: Any, comm: Communicator) -> list[str]:
+        kv.init("w", np.arange(4.0))
+        kv.close()
+        texts = []
+        for what in ("save", "load"):
+            with pytest.raises(KVStoreError) as caught:
+                getattr(kv, what)(tmp_path / "kv")
+            texts.append(str(caught.value))
+        return texts
+
+    for rank, texts in enumerate(run_store(2, body, mode="async")):
+        assert texts == [
+            f"save: the store is closed on rank {rank}",
+            f"load: the store is closed on rank {rank}",
+        ]
+    assert not (tmp_path / "kv").exists()

@@ -1,14 +1,16 @@
 """Checkpoints of the store: a shard file per server, then a manifest, so a partial one is recognised.
 
 A shard ``shard-<i>.state`` is a state file (:mod:`collectives.files`: JSON of
-allowed values, the arrays' raw bytes, a checksum; loading runs no code): the
-checkpoint's id and, per partition the server held, its key, index, shape text,
-round, value and optimizer state. ``manifest.json`` names the keys (shape, dtype,
-round, partition bounds), the servers, mode, clock and optimizer. Before any
-value is used, the manifest is checked against the shards: every listed
-partition found exactly once, of the manifest's dtype and size, no other.
-Shards of format 1 (``shard-<i>.npz``, which ``np.load`` opens without pickle)
-still load, checked alike, without a checksum.
+allowed values, the arrays' raw bytes, a checksum; loading runs no code), whose
+header names its index: the checkpoint's id and, per partition the server held,
+its key, index, shape text, round, value and optimizer state. ``manifest.json``
+names the keys (shape, dtype, round, partition bounds), the servers, mode, clock
+and optimizer. Before any value is used, the manifest is checked against the
+shards: every listed partition found exactly once, of the manifest's dtype and
+size, no other; each shape bounded before any arithmetic on it, so a crafted
+one is refused at once. Only regular files are read (no link followed, no FIFO
+waited on). Shards of format 1 (``shard-<i>.npz``, which ``np.load`` opens
+without pickle) still load, checked alike, without a checksum.
 """
 
 __all__ = [
@@ -29,7 +31,18 @@ from typing import Any
 import numpy as np
 
 from ..errors import CheckpointError, KVStoreError
-from ..files import Outline, atomic_write, check_json, dump_json, read_outline, read_state, state_pieces
+from ..files import (
+    Outline,
+    atomic_write,
+    check_json,
+    count_of,
+    dump_json,
+    kind_of,
+    read_json,
+    read_outline,
+    read_state,
+    state_pieces,
+)
 from ._wire import parse_key
 from .updaters import Optimizer, optimizer_from_spec
 
@@ -56,7 +69,7 @@ def write_shard(
         saved = {} if optimizer is None else optimizer._state.get((parse_key(raw), part_index), {})
         parts.append({"key": raw.decode(), "part": part_index, "shape": part.shape, "round": part.round,
                       "value": part.value, "state": dict(saved)})  # fmt: skip
-    pieces = state_pieces({"id": checkpoint, "parts": parts}, f"shard {index}")
+    pieces = state_pieces({"id": checkpoint, "parts": parts}, f"shard {index}", owner={"shard": index})
     directory.mkdir(parents=True, exist_ok=True)
     atomic_write(directory / _shard_name(index), lambda file: [file.write(p) for p in pieces])
 
@@ -65,6 +78,12 @@ def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
     """Write the manifest last: a checkpoint is whole once it names shards that carry its id."""
     text = dump_json({"format": FORMAT, **manifest})
     atomic_write(directory / _MANIFEST, lambda file: file.write(text))
+
+
+def _brief(value: Any) -> str:
+    """``repr(value)`` cut short: a crafted file's values can be megabytes."""
+    text = f"[{len(value)} items]" if isinstance(value, list) and len(value) > 16 else repr(value)
+    return text if len(text) <= 60 else f"{text[:55]}...{text[-2:]}"
 
 
 def _count(value: Any) -> bool:
@@ -85,10 +104,12 @@ def _check_manifest(path: Path, manifest: Any) -> dict[str, Any]:
         except CheckpointError as error:
             raise KVStoreError(str(error)) from None
     elif manifest.get("format") != _LEGACY:
-        raise KVStoreError(f"{str(path)!r} is of format {manifest.get('format')!r}, expected {FORMAT!r}")
+        raise KVStoreError(
+            f"{str(path)!r} is of format {_brief(manifest.get('format'))}, expected {FORMAT!r}"
+        )
     for name, kind in _FIELDS.items():
         if type(manifest.get(name)) is not kind:
-            raise bad(f"field {name!r} is {manifest.get(name)!r}, not a {kind.__name__}")
+            raise bad(f"field {name!r} is {_brief(manifest.get(name))}, not a {kind.__name__}")
     if manifest["servers"] < 1 or manifest["workers"] < 1 or manifest["clock"] < 0:
         raise bad(f"{manifest['servers']} servers, {manifest['workers']} workers, clock {manifest['clock']}")
     if manifest.get("optimizer") is not None:
@@ -96,7 +117,7 @@ def _check_manifest(path: Path, manifest: Any) -> dict[str, Any]:
             optimizer_from_spec(manifest["optimizer"])
         except Exception as error:
             raise bad(
-                f"field 'optimizer' is {manifest['optimizer']!r} ({type(error).__name__}: {error})"
+                f"field 'optimizer' is {_brief(manifest['optimizer'])} ({type(error).__name__}: {error})"
             ) from None
     elif "optimizer" not in manifest:
         raise bad("field 'optimizer' is missing")
@@ -107,27 +128,33 @@ def _check_manifest(path: Path, manifest: Any) -> dict[str, Any]:
             or not isinstance(entry.get("key"), str)
             or entry["key"][:1] not in "is"
         ):
-            raise bad(f"a key entry {entry!r}")
+            raise bad(f"a key entry {_brief(entry)}")
         key, shape, bounds = entry["key"], entry.get("shape"), entry.get("bounds")
         if key in seen:
-            raise bad(f"key {key!r} is listed twice")
+            raise bad(f"key {_brief(key)} is listed twice")
         seen.add(key)
-        if not isinstance(shape, list) or not all(_count(n) for n in shape) or not _count(entry.get("round")):
-            raise bad(f"key {key!r}: shape {shape!r}, round {entry.get('round')!r}")
+        try:  # bounded before any arithmetic: a crafted shape is refused at once
+            count = count_of(shape, f"key {_brief(key)}")
+        except CheckpointError as error:
+            raise bad(str(error)) from None
+        if not _count(entry.get("round")):
+            raise bad(f"key {_brief(key)}: round {_brief(entry.get('round'))}")
         try:
             parse_key(key.encode())
             dtype = np.dtype(entry.get("dtype"))
         except (TypeError, ValueError):
-            raise bad(f"key {key!r}: key text or dtype {entry.get('dtype')!r}") from None
-        if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None:
-            raise bad(f"key {key!r}: dtype {dtype} is not allowed")
-        count = math.prod(shape)
+            raise bad(f"key {_brief(key)}: key text or dtype {_brief(entry.get('dtype'))}") from None
+        if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None or not dtype.itemsize:
+            raise bad(f"key {_brief(key)}: dtype {dtype} is not allowed")
         if (
             not isinstance(bounds, list) or not bounds or bounds[0] != 0
             or not all(_count(b) for b in bounds)
             or any(a > b for a, b in zip(bounds, [*bounds[1:], count], strict=True))
         ):  # fmt: skip
-            raise bad(f"key {key!r}: partition bounds {bounds!r} do not cover its {count} elements in order")
+            raise bad(
+                f"key {_brief(key)}: partition bounds {_brief(bounds)} do not cover its {count} elements "
+                "in order"
+            )
     checked: dict[str, Any] = manifest
     return checked
 
@@ -139,7 +166,8 @@ def _shard(directory: Path, index: int, manifest: dict[str, Any], outline: bool)
     try:
         if legacy:
             return _legacy_shard(path)
-        tree: Any = read_outline(path) if outline else read_state(path)
+        owner = {"shard": index}  # a shard renamed or copied over another is refused by name
+        tree: Any = read_outline(path, owner=owner) if outline else read_state(path, owner=owner)
     except CheckpointError as error:
         raise KVStoreError(f"checkpoint {str(directory)!r} is partial or damaged: {error}") from None
     if (
@@ -153,6 +181,9 @@ def _shard(directory: Path, index: int, manifest: dict[str, Any], outline: bool)
 
 def _legacy_shard(path: Path) -> dict[str, Any]:
     """A format-1 shard (``np.load`` without pickle) as the tree of a state file's."""
+    kind = kind_of(path)
+    if kind not in (None, "file"):  # np.load would follow a link, or wait on a FIFO
+        raise KVStoreError(f"{str(path)!r} is a {kind}, not a regular file: refused")
     try:
         with np.load(path, allow_pickle=False) as data:
             meta = json.loads(str(data["meta"]))
@@ -186,7 +217,8 @@ def _check_shards(directory: Path, manifest: dict[str, Any], outline: bool) -> l
             where = _check_part(name, part, keys)
             if where in found:
                 raise KVStoreError(
-                    f"{name!r}: partition {where[1]} of key {where[0]!r} is also in shard {found[where]}"
+                    f"{name!r}: partition {where[1]} of key {_brief(where[0])} is also in shard "
+                    f"{found[where]}"
                 )
             found[where] = index
         shards.append(shard)
@@ -194,7 +226,7 @@ def _check_shards(directory: Path, manifest: dict[str, Any], outline: bool) -> l
         for p in range(len(entry["bounds"])):
             if (key, p) not in found:
                 raise KVStoreError(
-                    f"{str(directory / _MANIFEST)!r} lists partition {p} of key {key!r}, "
+                    f"{str(directory / _MANIFEST)!r} lists partition {p} of key {_brief(key)}, "
                     f"which none of its {manifest['servers']} shards holds"
                 )
     return shards
@@ -207,10 +239,12 @@ def _check_part(name: str, part: Any, keys: dict[str, dict[str, Any]]) -> tuple[
     key, index = part["key"], part["part"]
     entry = keys.get(key)
     if entry is None:
-        raise KVStoreError(f"{name!r} holds key {key!r}, which its manifest does not list")
+        raise KVStoreError(f"{name!r} holds key {_brief(key)}, which its manifest does not list")
     bounds, count = entry["bounds"], math.prod(entry["shape"])
     if index >= len(bounds):
-        raise KVStoreError(f"{name!r}: partition {index} of key {key!r}, the manifest lists {len(bounds)}")
+        raise KVStoreError(
+            f"{name!r}: partition {index} of key {_brief(key)}, the manifest lists {len(bounds)}"
+        )
     size = [*bounds[1:], count][index] - bounds[index]
     dtype = np.dtype(entry["dtype"])
     shape_text = f"{dtype.name}|{','.join(map(str, entry['shape']))}"
@@ -220,19 +254,20 @@ def _check_part(name: str, part: Any, keys: dict[str, dict[str, Any]]) -> tuple[
         or not isinstance(part.get("state"), dict)
     ):
         raise KVStoreError(
-            f"{name!r}: partition {index} of key {key!r}: shape {part.get('shape')!r} (the manifest's "
-            f"{shape_text!r}), round {part.get('round')!r}, state of type {type(part.get('state')).__name__}"
+            f"{name!r}: partition {index} of key {_brief(key)}: shape {_brief(part.get('shape'))} "
+            f"(the manifest's {shape_text!r}), round {_brief(part.get('round'))}, "
+            f"state of type {type(part.get('state')).__name__}"
         )
     for what, value in [("value", part.get("value")), *part["state"].items()]:
         if isinstance(value, np.ndarray | Outline):
             if (what == "value" and value.dtype != dtype) or math.prod(value.shape) != size:
                 raise KVStoreError(
-                    f"{name!r}: partition {index} of key {key!r}: {what} is {value.dtype} "
+                    f"{name!r}: partition {index} of key {_brief(key)}: {what} is {value.dtype} "
                     f"{tuple(value.shape)}, the manifest says {dtype} of {size} elements"
                 )
         elif what == "value" or not (value is None or type(value) in (bool, int, float)):
             raise KVStoreError(
-                f"{name!r}: partition {index} of key {key!r}: {what} is {type(value).__name__}"
+                f"{name!r}: partition {index} of key {_brief(key)}: {what} is {type(value).__name__}"
             )
     return key, index
 
@@ -249,13 +284,13 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     if not directory.is_dir():
         raise KVStoreError(f"no checkpoint directory {str(directory)!r}")
     try:
-        manifest = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise KVStoreError(
-            f"{str(directory)!r} holds no {_MANIFEST}: not a checkpoint, or a partial one"
-        ) from None
-    except (OSError, ValueError) as error:
+        manifest = read_json(path)
+    except CheckpointError as error:
+        raise KVStoreError(f"not a manifest: {error}") from None
+    except OSError as error:
         raise KVStoreError(f"{str(path)!r} is not a manifest: {error}") from None
+    if manifest is None:
+        raise KVStoreError(f"{str(directory)!r} holds no {_MANIFEST}: not a checkpoint, or a partial one")
     manifest = _check_manifest(path, manifest)
     _check_shards(directory, manifest, outline=True)
     return manifest

@@ -21,6 +21,7 @@ from .updaters import optimizer_from_spec
 
 def save_store(link: Link, directory: "str | os.PathLike[str]") -> None:
     """The body of :meth:`KVStore.save`."""
+    _check_open(link, "save")
     link.settle()
     _on_worker_zero(link, lambda: _save(link, Path(directory).resolve()), f"save to {str(directory)!r}")
 
@@ -46,6 +47,7 @@ def _save(link: Link, path: Path) -> None:
 
 def load_store(link: Link, directory: "str | os.PathLike[str]") -> None:
     """The body of :meth:`KVStore.load`."""
+    _check_open(link, "load")
     path = Path(directory).resolve()
     manifest = read_manifest(path)
     if manifest["mode"] != link.mode:
@@ -77,6 +79,12 @@ def _load(link: Link, path: Path, metas: dict[Any, KeyInfo]) -> None:
         text = json.dumps({"dir": str(path), "parts": parts})
         requests.append(link.send(Kind.LOAD, None, server=server, text=text))
     Handle(link, requests, lambda: None).wait()
+
+
+def _check_open(link: Link, what: str) -> None:
+    """Raise before any message: a closed store's channel is gone, and MPI would say only that."""
+    if link.closed:
+        raise KVStoreError(f"{what}: the store is closed on rank {link.rank}")
 
 
 def _on_worker_zero(link: Link, action: Callable[[], None], what: str) -> None:

@@ -258,3 +258,24 @@ def test_the_mpi_transport_takes_each_message_from_any_source_whole(world: MPI.I
     world.Barrier()
     transport.close()
     problems.check()
+
+
+def test_a_save_or_load_after_close_names_the_closed_store(world: MPI.Intracomm) -> None:
+    import tempfile
+    from pathlib import Path
+
+    from collectives.errors import KVStoreError
+
+    problems = Problems(world)
+    directory = Path(world.bcast(tempfile.mkdtemp(prefix="kvstore-") if world.rank == 0 else None)) / "ckpt"
+    kv = _store(world, "sync", None)
+    kv.init("w", np.arange(4.0))
+    kv.close()
+    for what in ("save", "load"):
+        try:
+            getattr(kv, what)(directory)
+            problems.expect(False, f"{what} after close returned")
+        except KVStoreError as error:  # not MPI's "Invalid communicator" of the channel closed
+            problems.expect(f"{what}: the store is closed on rank {world.rank}" == str(error), str(error))
+    problems.expect(not directory.exists(), "a save after close wrote")
+    problems.check()
