@@ -30,4 +30,5 @@ def test_a_sigint_into_a_loop_of_repeated_calls_never_gives_a_wrong_result(colle
         both = [r for r in rounds if r["round"] == number]
         if any(r["ended"] for r in both):
             assert all(r["ended"] for r in both) or max(r["done"] for r in both) == CALLS, both
-    assert sum(r["interrupts"] for r in rounds) >= ROUNDS // 2, "the SIGINTs missed the calls"
+    interrupted = sum(r["interrupts"] for r in rounds)
+    assert interrupted >= ROUNDS // 4, f"the SIGINTs missed the calls: {interrupted} of {ROUNDS} landed"

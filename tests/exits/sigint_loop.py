@@ -40,17 +40,19 @@ def main(collective: str, rounds: int, calls: int) -> None:
     signal.signal(signal.SIGINT, interrupt)
     x = np.empty(COUNT, np.float32)
     rng = random.Random(rank)
+    took = 0.01  # the last round's loop, in seconds
     for round_ in range(rounds):
         comm = collectives.Communicator(world, timeout=10.0)
         collectives.allreduce(x, comm=comm)  # set up before the clock
         if rank == VICTIM:
-            delay = rng.uniform(0.0, 0.05)
+            delay = rng.uniform(0.0, 0.8 * took)  # within the loop, mostly
             threading.Timer(
                 delay, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT)
             ).start()
         done = wrong = interrupts = 0
         ended = ""
         i = 0
+        began = time.monotonic()
         while i < calls:
             x[...] = rank + 1 + i
             result = None
@@ -75,7 +77,9 @@ def main(collective: str, rounds: int, calls: int) -> None:
                 wrong += 1
             done += 1
             i += 1
-        time.sleep(0.06)  # the timer has fired by now, wherever the loop was
+        if done == calls:
+            took = time.monotonic() - began
+        time.sleep(took)  # the timer has fired by now, wherever the loop was
         world.Barrier()
         comm.free()
         record = {"rank": rank, "round": round_, "done": done, "wrong": wrong, "interrupts": interrupts}
