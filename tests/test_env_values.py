@@ -22,6 +22,7 @@ _CALLS = f"is not a whole number of calls from 0 to {MAX_RECORDED}"
         ("COLLECTIVES_CHECK", "²", _FLAG),
         ("COLLECTIVES_TUNE", "2", _FLAG),
         ("COLLECTIVES_DEBUG", "Verbose", _FLAG),  # shown as written, not lowered
+        ("COLLECTIVES_CUDA_IPC", "-1", _FLAG),  # was read only at the first call on device arrays
         ("COLLECTIVES_FLIGHT_RECORDER", "²", _CALLS),  # was a raw ValueError
         ("COLLECTIVES_FLIGHT_RECORDER", "100000000000000000000000", _CALLS),  # was a raw OverflowError
         ("COLLECTIVES_FLIGHT_RECORDER", "-1", _CALLS),
