@@ -10,18 +10,20 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ._env import env_flag
 from .backends import ArrayBackend
 from .call import Call, Tracked
-from .errors import CalibrationError, InvalidBufferError
+from .errors import CalibrationError, ConfigurationError, InvalidBufferError, MismatchError
 from .execute import Scratch
 from .execute_shared import OVERSUBSCRIBED_SEGMENT_BYTES, SEGMENT_BYTES, SharedExecutor, oversubscribed
 from .selector import Selector, default_selector, selector_for
 from .topology.cost_model import CostModel
 from .transport.base import NodeSplit, Transport
 from .transport.device import Device
-from .transport.device_path import DevicePath
+from .transport.device_path import CUDA_IPC_ENV, DevicePath
 from .transport.tags import Tag
-from .tuner import Tuner, tuning_wanted
+from .tuner import TUNE_ENV, Tuner, tuning_wanted
+from .watch_settings import CHECK_ENV, flag
 from .watchdog import Watchdog
 
 if TYPE_CHECKING:
@@ -62,6 +64,18 @@ class Communicator:
             best predicted algorithms timed on a call shape's first calls, the fastest
             kept; ``$COLLECTIVES_TUNE`` or off by default. The same on every rank.
 
+    The settings that change what the ranks do (``check``, ``tune``,
+    ``$COLLECTIVES_RANKS_PER_NODE``, ``$COLLECTIVES_CUDA_AWARE``, ``$COLLECTIVES_CUDA_IPC``)
+    are compared as it is made, in a message exchange bounded by the timeout.
+
+    Raises:
+        MismatchError: on every rank, where the ranks' settings differ, naming each
+            setting's value on each rank.
+        ConfigurationError: a setting has a value that cannot be used (on every
+            rank where that setting is compared, the others raising
+            :class:`~collectives.MismatchError`).
+        CollectiveTimeout: a rank did not take part in the comparison in time.
+
     Attributes:
         watchdog: numbers, checks, bounds and records every call (for the library's modules).
         scratch: buffers reused by every call, so repeated calls allocate nothing.
@@ -78,7 +92,8 @@ class Communicator:
         check: bool | None = None,
         tune: bool | None = None,
     ) -> None:
-        self.tuner: Tuner | None = Tuner() if tuning_wanted(tune) else None
+        checks, tunes = _compared(flag, check, CHECK_ENV, True), _compared(tuning_wanted, tune)
+        self.tuner: Tuner | None = Tuner() if tunes.value else None
         self._selector: Selector | None = None  # agreed on the first algorithm="auto"
         self._shared: SharedExecutor | None = None
         self._nodes: NodeSplit | None = None  # where the ranks span several nodes
@@ -97,7 +112,17 @@ class Communicator:
             from .transport.mpi import MPITransport
 
             self._transport = MPITransport(comm)
-        self.watchdog = Watchdog(self._transport, timeout=timeout, stall_warning=stall_warning, check=check)
+        # an unusable check is raised after the comparison, so that the other ranks raise too
+        checked = checks.value is not False
+        self.watchdog = Watchdog(self._transport, timeout=timeout, stall_warning=stall_warning, check=checked)
+        settings = {f"{CHECK_ENV} or check=": checks, f"{TUNE_ENV} or tune=": tunes}
+        settings[CUDA_IPC_ENV] = _compared(env_flag, CUDA_IPC_ENV)
+        if self._transport.FINDS_NODES_TOGETHER:  # the MPI transport's own: read where mpi4py is imported
+            from .transport.mpi import CUDA_AWARE_ENV, RANKS_PER_NODE_ENV, ranks_per_node
+
+            settings[RANKS_PER_NODE_ENV] = _compared(lambda: ranks_per_node() or None)  # 0: unset
+            settings[CUDA_AWARE_ENV] = _compared(env_flag, CUDA_AWARE_ENV)
+        self._agree_on_settings(settings)
 
     @property
     def rank(self) -> int:
@@ -160,17 +185,52 @@ class Communicator:
         if self.size > 1 and self._transport.FINDS_NODES_TOGETHER:
             self._meet_by_messages(call, step)
 
-    def _meet_by_messages(self, call: Call, step: str) -> None:
-        """Meet the other ranks under ``call``'s deadline: every rank has sent, and heard every other."""
+    def _meet_by_messages(self, call: Call, step: str, record: bytes = b"\0") -> list[bytes]:
+        """Meet the other ranks under ``call``'s deadline: every rank has sent, and heard every other.
+
+        The first round carries ``record`` (of one size on every rank); returns the
+        record each rank sent, by rank (this rank's own too).
+        """
+        records = [record] * self.size
         if self.size > 1:
             # twice: a late rank finds the first messages of ranks that sent them and then timed
             # out; a rank sends its second only once it has every first, so the late one times out too
             transport = self._transport
             peers = _peers(transport)
-            for _ in range(2):
-                theirs = [bytearray(1) for _ in peers]
-                mine = [(bytearray(1), peer) for peer in peers]
+            for round_, sent in enumerate((record, b"\0")):
+                theirs = [bytearray(len(sent)) for _ in peers]
+                mine = [(bytearray(sent), peer) for peer in peers]
                 _exchange(call, transport, mine, list(zip(theirs, peers, strict=True)), Tag.NODES, step)
+                if round_ == 0:
+                    for peer, heard in zip(peers, theirs, strict=True):
+                        records[peer] = bytes(heard)
+        return records
+
+    def _agree_on_settings(self, settings: "dict[str, _Setting]") -> None:
+        """Compare ``settings`` with the other ranks' in the setup's bounded exchange; raise if they differ.
+
+        Before anything that acts on them: a pretend node split on one rank only
+        would wait in MPI for ever, checks or tuning on one rank only pair the calls
+        wrongly. Where the transport has no nodes to find (a loopback transport,
+        whose ranks share one environment) nothing is sent.
+        """
+        shown = {name: setting.shown for name, setting in settings.items()}
+        problem: Exception | None = next((s.problem for s in settings.values() if s.problem), None)
+        if self.size > 1 and self._transport.FINDS_NODES_TOGETHER:
+            # short texts of ours (no raw values), so the record always fits
+            record = json.dumps(shown).encode().ljust(_SETTINGS_BYTES)
+            watchdog = self.watchdog
+            # unnumbered and unrecorded: a creation is no collective call ($COLLECTIVES_FAULT counts calls)
+            watchdog.claim("setup")
+            with Call(watchdog, watchdog.guard("setup", "-", 0).signature, watchdog.sequence) as call:
+                records = self._meet_by_messages(call, "the settings' comparison", record)
+            differ = _differences([_settings_of(r) for r in records])
+            if problem is None and differ is not None:
+                problem = differ
+        if problem is not None:
+            if self._transport.FINDS_NODES_TOGETHER:  # made for this communicator; every rank raises here
+                self._transport.close(self.watchdog.timeout)
+            raise problem
 
     def _find_features(self) -> frozenset[str]:
         """Ask the transport for its shared memory or node split (collective), and set up the executors."""
@@ -508,6 +568,67 @@ def _agree_on_selector(call: Call, transport: Transport, nodes: int = 1) -> Sele
         source="calibration of rank 0",
     )
     return selector_for(model)
+
+
+_SETTINGS_BYTES = 512
+"""The settings' record each rank sends at creation: JSON of short texts, padded with spaces."""
+
+
+class _Setting:
+    """One compared setting on this rank: its value, how the comparison shows it, and why it is unusable."""
+
+    __slots__ = ("problem", "shown", "value")
+
+    def __init__(self, value: object, shown: str, problem: ConfigurationError | None = None) -> None:
+        self.value = value
+        self.shown = shown
+        self.problem = problem
+
+
+def _compared(read: Callable[..., object], *args: object) -> _Setting:
+    """The setting ``read(*args)`` gives; where it raises, an unusable one the comparison shows as such."""
+    try:
+        value = read(*args)
+    except ConfigurationError as error:
+        return _Setting(None, "unusable (see its error)", error)
+    shown = "unset" if value is None else str(int(value)) if isinstance(value, bool | int) else str(value)
+    return _Setting(value, shown)
+
+
+def _settings_of(record: bytes) -> dict[str, str]:
+    try:
+        settings = json.loads(record)
+    except ValueError:
+        settings = None
+    if not isinstance(settings, dict):  # another version of the library, say
+        return {"the settings' record": "unreadable"}
+    return {str(name): str(value) for name, value in settings.items()}
+
+
+def _differences(settings: list[dict[str, str]]) -> MismatchError | None:
+    """The error every rank raises where the ranks' settings (one dict per rank) differ; else ``None``."""
+    fields: dict[str, dict[str, tuple[int, ...]]] = {}
+    for name in dict.fromkeys(name for each in settings for name in each):
+        values: dict[str, list[int]] = {}
+        for rank, each in enumerate(settings):
+            values.setdefault(each.get(name, "not compared"), []).append(rank)
+        if len(values) > 1:
+            fields[name] = {value: tuple(ranks) for value, ranks in values.items()}
+    if not fields:
+        return None
+    clauses = [
+        f"{name}: " + "; ".join(f"{value} on {_ranks(ranks)}" for value, ranks in values.items())
+        for name, values in fields.items()
+    ]
+    return MismatchError(
+        "the ranks' settings differ, so their calls would not pair; set them alike on every rank: "
+        + " | ".join(clauses),
+        fields,
+    )
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 
 
 def _peers(transport: Transport) -> list[int]:

@@ -120,7 +120,7 @@ def launch_rank() -> int | None:
     """This process's rank as its launcher set it in the environment; ``None`` where none did."""
     for name in _LAUNCH_RANK_ENVS:
         text = os.environ.get(name, "").strip()
-        if text.isdigit():
+        if text.isascii() and text.isdigit():  # int() refuses some of what isdigit takes
             return int(text)
     return None
 

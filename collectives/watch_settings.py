@@ -7,6 +7,7 @@ __all__ = [
     "DEFAULT_RECORDED",
     "DEFAULT_STALL_WARNING_S",
     "DEFAULT_TIMEOUT_S",
+    "MAX_RECORDED",
     "RECORDER_ENV",
     "STALL_WARNING_ENV",
     "TIMEOUT_ENV",
@@ -19,7 +20,7 @@ __all__ = [
 import math
 import os
 
-from ._env import env_flag
+from ._env import env_count, env_flag
 from .errors import ConfigurationError
 
 TIMEOUT_ENV = "COLLECTIVES_TIMEOUT"
@@ -38,17 +39,30 @@ DEFAULT_STALL_WARNING_S = 60.0
 DEFAULT_RECORDED = 64
 """The calls a flight recorder keeps unless ``$COLLECTIVES_FLIGHT_RECORDER`` says otherwise."""
 
+MAX_RECORDED = 100_000
+"""The most calls ``$COLLECTIVES_FLIGHT_RECORDER`` may ask a recorder to keep: a bound on its memory."""
+
+_SECONDS = "(accepted: a number >= 0 such as 30 or 2.5; 0 or inf for no limit)"
+
 
 def seconds(value: float | None, env: str, default: float) -> float:
-    """A duration from the argument, else the environment, else ``default``; 0 or inf means never."""
+    """A duration from the argument, else the environment, else ``default``; 0 or inf means never.
+
+    Raises:
+        ConfigurationError: the value is not a number of seconds >= 0; one from the
+            environment is named with its variable.
+    """
     if value is None:
         text = os.environ.get(env, "").strip()
         if not text:
             return default
+        shown = text if len(text) <= 40 else f"{text[:40]}..."
         try:
             value = float(text)
         except ValueError:
-            raise ConfigurationError(f"{env}={text!r} is not a number of seconds") from None
+            value = math.nan
+        if math.isnan(value) or value < 0:
+            raise ConfigurationError(f"{env}={shown!r} is not a number of seconds {_SECONDS}") from None
     if math.isnan(value) or value < 0:
         raise ConfigurationError(f"a duration must be a non-negative number of seconds, got {value}")
     return math.inf if value == 0 else float(value)
@@ -81,9 +95,7 @@ def recorded_calls() -> int:
     """How many calls a flight recorder keeps: ``$COLLECTIVES_FLIGHT_RECORDER`` or :data:`DEFAULT_RECORDED`.
 
     Raises:
-        ConfigurationError: the variable is not a whole number.
+        ConfigurationError: the variable is not a whole number from 0 to :data:`MAX_RECORDED`.
     """
-    kept = os.environ.get(RECORDER_ENV, "").strip()
-    if kept and not kept.isdigit():
-        raise ConfigurationError(f"{RECORDER_ENV}={kept!r} is not a number of calls")
-    return int(kept) if kept else DEFAULT_RECORDED
+    kept = env_count(RECORDER_ENV, "calls", 0, MAX_RECORDED)
+    return DEFAULT_RECORDED if kept is None else kept

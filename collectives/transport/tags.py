@@ -35,7 +35,10 @@ class Tag(IntEnum):
     """CUDA IPC: "I have unmapped your mailbox"."""
 
     NODES = 14
-    """The ranks meet under the watchdog before they find their nodes, which MPI cannot bound."""
+    """The ranks meet under the watchdog before they find their nodes, which MPI cannot bound.
+
+    Also as a communicator is made, each sending its settings for the others to compare.
+    """
 
     KV_REQUEST = 15
     """The key-value store: a worker's request (push, pull, clock, ...) to a server, found by probing."""

@@ -7,9 +7,10 @@ __all__ = [
     "MPISharedMemory",
     "MPITransport",
     "end_without_finalize",
+    "ranks_per_node",
     "ulfm_missing",
 ]
 
 from .failures import end_without_finalize, ulfm_missing
-from .messages import CUDA_AWARE_ENV, RANKS_PER_NODE_ENV, MPITransport
+from .messages import CUDA_AWARE_ENV, RANKS_PER_NODE_ENV, MPITransport, ranks_per_node
 from .shared_memory import SHARED_REGION_BYTES, MPISharedMemory

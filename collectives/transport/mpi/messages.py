@@ -1,6 +1,6 @@
 """Point-to-point over mpi4py on a private duplicate of the user's communicator, and its ends at exit."""
 
-__all__ = ["CUDA_AWARE_ENV", "RANKS_PER_NODE_ENV", "MPITransport"]
+__all__ = ["CUDA_AWARE_ENV", "RANKS_PER_NODE_ENV", "MPITransport", "ranks_per_node"]
 
 import atexit
 import contextlib
@@ -15,7 +15,7 @@ from typing import Any, cast
 
 from mpi4py import MPI
 
-from ..._env import env_flag
+from ..._env import env_count, env_flag
 from ...errors import ConfigurationError
 from ..base import NodeSplit, Request, Transport
 from .failures import failed_error, failed_ranks, need_ulfm, ulfm_missing
@@ -38,13 +38,14 @@ _THREAD_LEVELS = {
 }
 
 
-def _ranks_per_node() -> int:
-    text = os.environ.get(RANKS_PER_NODE_ENV, "").strip()
-    if not text:
-        return 0
-    if not text.isdigit() or int(text) < 1:
-        raise ConfigurationError(f"{RANKS_PER_NODE_ENV}={text!r} is not a positive number of ranks")
-    return int(text)
+def ranks_per_node() -> int:
+    """``$COLLECTIVES_RANKS_PER_NODE``, or 0 where it is unset.
+
+    Raises:
+        ConfigurationError: it is not a whole number of ranks from 1 to MPI's largest int.
+    """
+    per_node = env_count(RANKS_PER_NODE_ENV, "ranks", 1, 2**31 - 1)
+    return 0 if per_node is None else per_node
 
 
 class MPITransport(Transport):
@@ -168,7 +169,7 @@ class MPITransport(Transport):
             return
         self._shared_known = True
         node = cast(MPI.Intracomm, self._comm.Split_type(MPI.COMM_TYPE_SHARED))
-        per_node = _ranks_per_node()
+        per_node = ranks_per_node()
         if per_node:
             pretend = cast(MPI.Intracomm, node.Split(node.Get_rank() // per_node, node.Get_rank()))
             node.Free()
@@ -196,7 +197,7 @@ class MPITransport(Transport):
         if self._node_local is None:
             node = cast(MPI.Intracomm, self._comm.Split_type(MPI.COMM_TYPE_SHARED))
             # pretend nodes (for testing) are separate nodes here too
-            per_node = _ranks_per_node() or node.Get_size()
+            per_node = ranks_per_node() or node.Get_size()
             local = node.Get_size() == self._size and per_node >= self._size
             self._node_local = bool(self._comm.allreduce(local, op=MPI.LAND))
             node.Free()
