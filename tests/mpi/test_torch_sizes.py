@@ -1,0 +1,138 @@
+"""The collectives torch.distributed backend under mpiexec: tensors it leaves as it found them."""
+
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+
+import pytest
+from mpi4py import MPI
+
+torch = pytest.importorskip("torch", reason="the torch integration needs torch (pip install torch==2.13.0)")
+dist = torch.distributed
+
+import collectives.torch_integration  # noqa: E402, F401 - registers the backend and mpi://
+from tests.mpi.helpers import Problems  # noqa: E402
+
+pytestmark = pytest.mark.mpi
+# the names torch 2.13 gives all_gather_into_tensor and reduce_scatter_tensor (the old ones warn there)
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+@pytest.fixture
+def group(world: MPI.Intracomm) -> Iterator[int]:
+    """The default group on the collectives backend; yields the world size."""
+    dist.init_process_group("collectives", init_method="mpi://", timeout=timedelta(seconds=60))
+    try:
+        yield world.size
+    finally:
+        dist.destroy_process_group()
+
+
+def test_tensors_stay_resizable_after_every_collective(group: int, world: MPI.Intracomm) -> None:
+    p, r = group, world.rank
+    problems = Problems(world)
+    calls: dict[str, Callable[[], list[torch.Tensor]]] = {}
+
+    def call(name: str) -> Callable[[Callable[[], list[torch.Tensor]]], None]:
+        def register(body: Callable[[], list[torch.Tensor]]) -> None:
+            calls[name] = body
+
+        return register
+
+    @call("all_reduce")
+    def _() -> list[torch.Tensor]:
+        t = torch.ones(4)
+        dist.all_reduce(t)
+        return [t]
+
+    @call("all_reduce async")
+    def _() -> list[torch.Tensor]:
+        t, flags = torch.ones(4, dtype=torch.bfloat16), torch.ones(3, dtype=torch.bool)
+        works = [dist.all_reduce(t, async_op=True), dist.all_reduce(flags, async_op=True)]
+        for work in works:
+            work.wait()
+        return [t, flags]
+
+    @call("all_reduce_coalesced")
+    def _() -> list[torch.Tensor]:
+        ts = [torch.ones(3), torch.ones(2, dtype=torch.int64)]
+        with dist._coalescing_manager():
+            for t in ts:
+                dist.all_reduce(t)
+        return ts
+
+    @call("broadcast")
+    def _() -> list[torch.Tensor]:
+        t = torch.full((4,), float(r))
+        dist.broadcast(t, src=0)
+        return [t]
+
+    @call("reduce")
+    def _() -> list[torch.Tensor]:
+        t = torch.ones(4)
+        dist.reduce(t, dst=0)
+        return [t]
+
+    @call("all_gather")
+    def _() -> list[torch.Tensor]:
+        mine, outputs = torch.ones(2), [torch.empty(2) for _ in range(p)]
+        dist.all_gather(outputs, mine)
+        return [mine, *outputs]
+
+    @call("all_gather_single")
+    def _() -> list[torch.Tensor]:
+        mine, out = torch.ones(2), torch.empty(2 * p)
+        all_gather_single(out, mine)
+        return [mine, out]
+
+    @call("reduce_scatter")
+    def _() -> list[torch.Tensor]:
+        inputs, out = [torch.ones(2) for _ in range(p)], torch.empty(2)
+        dist.reduce_scatter(out, inputs)
+        return [out, *inputs]
+
+    @call("reduce_scatter_single")
+    def _() -> list[torch.Tensor]:
+        whole, out = torch.ones(2 * p), torch.empty(2)
+        reduce_scatter_single(out, whole)
+        return [out, whole]
+
+    @call("gather and scatter")
+    def _() -> list[torch.Tensor]:
+        mine, outputs = torch.ones(2), [torch.empty(2) for _ in range(p)] if r == 0 else None
+        dist.gather(mine, outputs, dst=0)
+        share, inputs = torch.empty(2), [torch.ones(2) for _ in range(p)] if r == 0 else None
+        dist.scatter(share, inputs, src=0)
+        return [mine, share, *(outputs or []), *(inputs or [])]
+
+    @call("all_to_all and all_to_all_single")
+    def _() -> list[torch.Tensor]:
+        ins, outs = [torch.ones(2) for _ in range(p)], [torch.empty(2) for _ in range(p)]
+        dist.all_to_all(outs, ins)
+        whole, out = torch.ones(2 * p), torch.empty(2 * p)
+        dist.all_to_all_single(out, whole)
+        # every rank sends two rows to rank 0 and one to each other rank
+        rows, got = torch.ones(p + 1), torch.empty(2 * p if r == 0 else p)
+        dist.all_to_all_single(got, rows, [2 if r == 0 else 1] * p, [2] + [1] * (p - 1))
+        return [*ins, *outs, whole, out, rows, got]
+
+    @call("send and recv")
+    def _() -> list[torch.Tensor]:
+        if p == 1:
+            return []
+        sent, got = torch.ones(3), torch.empty(3)
+        works = dist.batch_isend_irecv(
+            [dist.P2POp(dist.isend, sent, (r + 1) % p), dist.P2POp(dist.irecv, got, (r - 1) % p)]
+        )
+        for work in works:
+            work.wait()
+        return [sent, got]
+
+    for name, body in calls.items():
+        with problems.guard(name):
+            for i, tensor in enumerate(body()):
+                try:
+                    tensor.resize_(tensor.numel() + 8)
+                except RuntimeError as error:
+                    problems.expect(False, f"{name}: tensor {i}: {error}")
+    problems.check()
