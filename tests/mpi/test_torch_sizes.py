@@ -1,5 +1,6 @@
-"""The collectives torch.distributed backend under mpiexec: tensors it leaves as it found them."""
+"""The collectives torch.distributed backend under mpiexec: sizes checked, resizable tensors."""
 
+import re
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 
@@ -10,6 +11,7 @@ torch = pytest.importorskip("torch", reason="the torch integration needs torch (
 dist = torch.distributed
 
 import collectives.torch_integration  # noqa: E402, F401 - registers the backend and mpi://
+from collectives.errors import MismatchError  # noqa: E402
 from tests.mpi.helpers import Problems  # noqa: E402
 
 pytestmark = pytest.mark.mpi
@@ -26,6 +28,22 @@ def group(world: MPI.Intracomm) -> Iterator[int]:
         yield world.size
     finally:
         dist.destroy_process_group()
+
+
+def _raises(problems: Problems, label: str, call: Callable[[], object], *patterns: str) -> None:
+    """Record a problem unless ``call`` raises MismatchError whose message matches every pattern."""
+    try:
+        call()
+    except MismatchError as error:
+        for pattern in patterns:
+            problems.expect(
+                re.search(pattern, str(error)) is not None, f"{label}: {pattern!r} not in {error}"
+            )
+        return
+    except Exception as error:
+        problems.expect(False, f"{label}: raised {type(error).__name__}: {error}, not MismatchError")
+        return
+    problems.expect(False, f"{label}: no error")
 
 
 def test_tensors_stay_resizable_after_every_collective(group: int, world: MPI.Intracomm) -> None:
@@ -135,4 +153,35 @@ def test_tensors_stay_resizable_after_every_collective(group: int, world: MPI.In
                     tensor.resize_(tensor.numel() + 8)
                 except RuntimeError as error:
                     problems.expect(False, f"{name}: tensor {i}: {error}")
+    problems.check()
+
+
+def test_all_to_all_whose_split_sizes_disagree_raises_naming_both_sizes(
+    group: int, world: MPI.Intracomm
+) -> None:
+    p, r = group, world.rank
+    if p < 2:
+        pytest.skip("a share between two ranks needs two ranks")
+    problems = Problems(world)
+    last = p - 1
+
+    def uneven() -> None:
+        # every rank sends one row to each rank but the last, which expects two from rank 0
+        sends = [1] * p
+        receives = [2 if r == last else 1] + [1] * (p - 1)
+        dist.all_to_all_single(torch.empty(sum(receives)), torch.ones(p), receives, sends)
+
+    _raises(problems, "all_to_all_single", uneven, f"rank 0 sends 1 elements to rank {last}, which expects 2")
+
+    def listed() -> None:
+        # rank 0 sends three elements to the last rank, which has room for two
+        ins = [torch.ones(3 if (r, j) == (0, last) else 2) for j in range(p)]
+        dist.all_to_all([torch.empty(2) for _ in range(p)], ins)
+
+    _raises(problems, "all_to_all", listed, f"rank 0 sends 3 elements to rank {last}, which expects 2")
+    with problems.guard("an all_to_all after them"):
+        outs = [torch.empty(2) for _ in range(p)]
+        dist.all_to_all(outs, [torch.full((2,), float(10 * r + j)) for j in range(p)])
+        for i, out in enumerate(outs):
+            problems.expect(torch.equal(out, torch.full((2,), float(10 * i + r))), f"from {i}: {out}")
     problems.check()
