@@ -185,3 +185,37 @@ def test_all_to_all_whose_split_sizes_disagree_raises_naming_both_sizes(
         for i, out in enumerate(outs):
             problems.expect(torch.equal(out, torch.full((2,), float(10 * i + r))), f"from {i}: {out}")
     problems.check()
+
+
+def test_recv_into_a_tensor_of_another_size_or_dtype_raises(group: int, world: MPI.Intracomm) -> None:
+    p, r = group, world.rank
+    if p < 2:
+        pytest.skip("messages need two ranks")
+    problems = Problems(world)
+    # rank 0 sends, rank 1 receives into a tensor that does not fit; then a message that does
+    wrong = {
+        "shorter": (torch.arange(3.0), torch.zeros(5), "sent 12 bytes of torch.float32.*has 20 bytes"),
+        "longer": (torch.arange(5.0), torch.zeros(3), "sent 20 bytes of torch.float32.*has 12 bytes"),
+        "another dtype": (
+            torch.arange(4, dtype=torch.int32),
+            torch.zeros(4),
+            "sent 16 bytes of torch.int32.*has 16 bytes of torch.float32",
+        ),
+    }
+    for name, (sent, room, pattern) in wrong.items():
+        with problems.guard(name):
+            if r == 0:
+                dist.send(sent, 1, tag=3)
+                dist.send(torch.arange(2.0), 1, tag=3)
+            elif r == 1:
+                _raises(problems, f"{name}: recv", lambda room=room: dist.recv(room, 0, tag=3), pattern)
+                after = torch.zeros(2)
+                dist.recv(after, 0, tag=3)
+                problems.expect(torch.equal(after, torch.arange(2.0)), f"{name}: the next message: {after}")
+    with problems.guard("from any source"):
+        if r == 0:
+            dist.send(torch.arange(3, dtype=torch.float64), 1, tag=4)
+        elif r == 1:
+            room, pattern = torch.zeros(3), "rank 0 sent 24 bytes of torch.float64"
+            _raises(problems, "any source", lambda: dist.recv(room, tag=4), pattern)
+    problems.check()
