@@ -16,11 +16,14 @@ from .process_group_base import (
     checked_args,
     host_tensors,
     op_for,
+    premul_factor,
+    premultiplied,
     root_of,
     staged_tensors,
     tensor_like,
     write_back,
 )
+from .tensors import host_view
 
 
 def _one(tensors: list[torch.Tensor], collective: str) -> torch.Tensor:
@@ -37,15 +40,17 @@ class RootedCollectives(GroupBase):
     ) -> dist.Work:
         root = 0 if opts is None else opts.rootRank
 
-        def check() -> tuple[str, Staged]:
+        def check() -> tuple[str, float | None, Staged]:
             op = c10d_op(opts)
             root_of(root, self.size())
-            return op, Staged(checked_args(_one(tensors, "reduce"), op))
+            return op, premul_factor(opts), Staged(checked_args(_one(tensors, "reduce"), op))
 
-        op, stage = self._checks("reduce", check)
+        op, factor, stage = self._checks("reduce", check)
 
         def job(communicator: api.Communicator) -> None:
-            view = stage.view
+            # a premul_sum scales the root's tensor in place (the result replaces it), the others' a copy
+            scaled = premultiplied(stage.stage, factor, in_place=communicator.rank == root)
+            view = stage.view if scaled is stage.stage else host_view(scaled).reshape(-1)
             api.reduce(view, op_for(op, stage.tensor), root, out=view, comm=communicator)
             if communicator.rank == root:
                 stage.finish()

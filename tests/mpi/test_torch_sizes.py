@@ -1,4 +1,4 @@
-"""The collectives torch.distributed backend under mpiexec: sizes checked, resizable tensors."""
+"""The collectives torch.distributed backend under mpiexec: sizes checked, resizable tensors, PREMUL_SUM."""
 
 import re
 from collections.abc import Callable, Iterator
@@ -11,13 +11,18 @@ torch = pytest.importorskip("torch", reason="the torch integration needs torch (
 dist = torch.distributed
 
 import collectives.torch_integration  # noqa: E402, F401 - registers the backend and mpi://
-from collectives.errors import MismatchError  # noqa: E402
+from collectives.errors import MismatchError, UnsupportedOpError  # noqa: E402
 from tests.mpi.helpers import Problems  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 # the names torch 2.13 gives all_gather_into_tensor and reduce_scatter_tensor (the old ones warn there)
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+# importing FSDP costs seconds a process, and it does not depend on the world size
+at_two_ranks = pytest.mark.skipif(
+    MPI.COMM_WORLD.size != 2, reason="runs at 2 ranks, the MPI suite's others skip it"
+)
 
 
 @pytest.fixture
@@ -218,4 +223,98 @@ def test_recv_into_a_tensor_of_another_size_or_dtype_raises(group: int, world: M
         elif r == 1:
             room, pattern = torch.zeros(3), "rank 0 sent 24 bytes of torch.float64"
             _raises(problems, "any source", lambda: dist.recv(room, tag=4), pattern)
+    problems.check()
+
+
+def test_premul_sum_scales_each_rank_then_sums_in_every_reduction(group: int, world: MPI.Intracomm) -> None:
+    p, r = group, world.rank
+    problems = Problems(world)
+    premul = dist._make_nccl_premul_sum
+    # rank i's factor is i + 1 (a tensor) or 0.5 (a number): exact sums of small integers
+    factors = {
+        "number": (premul(0.5), [0.5] * p),
+        "tensor": (premul(torch.tensor([r + 1.0])), range(1, p + 1)),
+    }
+    for kind, (op, every) in factors.items():
+        total = sum(f * (i + 1) for i, f in enumerate(every))  # rank i's values are i + 1
+        with problems.guard(f"all_reduce, {kind} factor"):
+            t = torch.full((5,), r + 1.0, dtype=torch.float64)
+            dist.all_reduce(t, op=op)
+            problems.expect(torch.equal(t, torch.full((5,), total, dtype=torch.float64)), f"all_reduce {t}")
+            halves = [torch.full((3,), r + 1.0, dtype=torch.bfloat16), torch.full((2, 3), r + 1.0).t()]
+            dist.all_reduce(halves[0], op=op, async_op=True).wait()
+            with dist._coalescing_manager():
+                dist.all_reduce(halves[1], op=op)
+            for t in halves:
+                problems.expect(torch.equal(t, torch.full_like(t, total)), f"all_reduce {t}")
+        with problems.guard(f"reduce, {kind} factor"):
+            t = torch.full((4,), r + 1.0)
+            dist.reduce(t, dst=p - 1, op=op)
+            expected = total if r == p - 1 else r + 1.0  # a rank that is not the root keeps its tensor
+            problems.expect(torch.equal(t, torch.full((4,), expected)), f"reduce {t}")
+        with problems.guard(f"reduce_scatter, {kind} factor"):
+            inputs = [torch.full((2,), r + 1.0) for _ in range(p)]
+            out = torch.empty(2)
+            dist.reduce_scatter(out, inputs, op=op)
+            problems.expect(torch.equal(out, torch.full((2,), total)), f"reduce_scatter {out}")
+            whole = torch.full((3 * p,), r + 1.0)
+            reduce_scatter_single(out := torch.empty(3), whole, op=op)
+            problems.expect(torch.equal(out, torch.full((3,), total)), f"reduce_scatter_single {out}")
+            problems.expect(torch.equal(whole, torch.full((3 * p,), r + 1.0)), f"its input changed: {whole}")
+            outs = [torch.empty(1), torch.empty(2)]
+            with dist._coalescing_manager():
+                for out in outs:
+                    reduce_scatter_single(out, torch.full((out.numel() * p,), r + 1.0), op=op)
+            for out in outs:
+                problems.expect(torch.equal(out, torch.full_like(out, total)), f"coalesced {out}")
+    refused = "'premul_sum' scales floating tensors, not torch.int32 ones"
+    with problems.guard("an integer tensor"), pytest.raises(UnsupportedOpError, match=re.escape(refused)):
+        dist.all_reduce(torch.ones(2, dtype=torch.int32), op=premul(2.0))
+    problems.check()
+
+
+@at_two_ranks
+def test_fsdp2_with_a_gradient_divide_factor_trains_as_one_process_does(
+    group: int, world: MPI.Intracomm
+) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    factor, steps, lr = 4.0, 3, 0.1  # not the world size, which FSDP2 would turn into an average
+
+    def model() -> "torch.nn.Module":
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+
+    def batch(rank: int, step: int) -> "torch.Tensor":
+        return torch.randn(4, 6, generator=torch.Generator().manual_seed(100 * rank + step))
+
+    problems = Problems(world)
+    with problems.guard("FSDP2 with set_gradient_divide_factor"):
+        mesh = init_device_mesh("cpu", (group,))
+        sharded = model()
+        for layer in (*[m for m in sharded if isinstance(m, torch.nn.Linear)], sharded):
+            fully_shard(layer, mesh=mesh)
+            layer.set_gradient_divide_factor(factor)  # type: ignore[operator]
+        optimizer = torch.optim.SGD(sharded.parameters(), lr=lr)
+        for step in range(steps):
+            sharded(batch(world.rank, step)).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        trained = [param.full_tensor().detach() for param in sharded.parameters()]  # type: ignore[attr-defined]
+        # one process: the gradients of every rank's batch, summed, divided by the factor
+        reference = model()
+        for step in range(steps):
+            grads = [torch.zeros_like(param) for param in reference.parameters()]
+            for rank in range(group):
+                reference.zero_grad()
+                reference(batch(rank, step)).square().mean().backward()
+                for grad, param in zip(grads, reference.parameters(), strict=True):
+                    grad += param.grad
+            with torch.no_grad():
+                for grad, param in zip(grads, reference.parameters(), strict=True):
+                    param -= lr * grad / factor
+        for ours, expected in zip(trained, reference.parameters(), strict=True):
+            gap = (ours - expected).abs().max().item()
+            problems.expect(gap <= 1e-6, f"{tuple(ours.shape)}: {gap:.3g} from one process")
     problems.check()
