@@ -710,9 +710,13 @@ def test_the_process_group_runs_c10d_collectives(ranks: Ranks) -> None:
         whole = torch.arange(2.0 * p)
         group.reduce_scatter_single(out["reduce_scatter_single"], whole, ReduceScatterOptions()).wait()
         group.barrier().wait()
-        unsupported = types.SimpleNamespace(reduceOp=torch.distributed._make_nccl_premul_sum(2.0))
-        with pytest.raises(UnsupportedOpError, match="cannot reduce with"):
-            group.allreduce([torch.ones(1)], unsupported)
+        premul = types.SimpleNamespace(reduceOp=torch.distributed._make_nccl_premul_sum(2.0))
+        with pytest.raises(
+            UnsupportedOpError, match=r"'premul_sum' scales floating tensors, not torch\.int64"
+        ):
+            group.allreduce([torch.ones(1, dtype=torch.int64)], premul)
+        out["premul_sum"] = torch.full((2,), float(r))
+        group.allreduce([out["premul_sum"]], premul).wait()
         out["strided"] = torch.arange(6.0).reshape(2, 3).t()  # through a contiguous copy, as gloo takes it
         group.allreduce([out["strided"]], AllreduceOptions()).wait()
         return out
@@ -728,6 +732,7 @@ def test_the_process_group_runs_c10d_collectives(ranks: Ranks) -> None:
         assert torch.equal(out["all_gather_single"], torch.arange(float(p)).repeat_interleave(2))
         assert torch.equal(out["reduce_scatter"], torch.full((2,), float(3 * r + 3)))
         assert torch.equal(out["reduce_scatter_single"], torch.arange(2.0 * r, 2.0 * r + 2) * p)
+        assert torch.equal(out["premul_sum"], torch.full((2,), 2.0 * sum(range(p))))
         assert torch.equal(out["strided"], torch.arange(6.0).reshape(2, 3).t() * p)
 
 
@@ -766,8 +771,8 @@ C10D_CASES: list[tuple[str, Callable[[Group], Any], Callable[[Group], Any], type
      InvalidBufferError),
     ("allreduce", lambda g: g.allreduce([torch.ones(4)], _options("allreduce", SUM)),
      lambda g: g.allreduce([torch.ones(4)], _options("allreduce", BAND)), UnsupportedOpError),
-    ("allreduce", lambda g: g.allreduce([torch.ones(4)], _options("allreduce", SUM)),
-     lambda g: g.allreduce([torch.ones(4)], types.SimpleNamespace(
+    ("allreduce", lambda g: g.allreduce([torch.ones(4, dtype=torch.int32)], _options("allreduce", SUM)),
+     lambda g: g.allreduce([torch.ones(4, dtype=torch.int32)], types.SimpleNamespace(
          reduceOp=torch.distributed._make_nccl_premul_sum(2.0))), UnsupportedOpError),
     ("allreduce",
      lambda g: g.allreduce_coalesced([torch.ones(4, dtype=torch.int32)], _options("coalesced", SUM)),
@@ -800,7 +805,7 @@ C10D_CASES: list[tuple[str, Callable[[Group], Any], Callable[[Group], Any], type
 
 
 C10D_IDS = [
-    "allreduce-complex", "allreduce-meta", "allreduce-band-float", "allreduce-premul-sum",
+    "allreduce-complex", "allreduce-meta", "allreduce-band-float", "allreduce-premul-sum-int",
     "allreduce_coalesced-avg-int", "broadcast-root", "broadcast-meta", "allgather-outputs",
     "allgather-output-lists", "all_gather_single-size", "reduce_scatter-inputs",
     "reduce_scatter_single-dtype",

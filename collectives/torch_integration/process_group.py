@@ -36,6 +36,8 @@ from .process_group_base import (
     checked_args,
     host_tensors,
     op_for,
+    premul_factor,
+    premultiplied,
     root_of,
     sized,
     staged_tensors,
@@ -103,14 +105,15 @@ class MPIProcessGroup(PointToPoint, RootedCollectives):
         if any(isinstance(t, torch.Tensor) and t.layout == torch.sparse_coo for t in tensors):
             return self._sparse_allreduce(tensors, opts)
 
-        def check() -> tuple[str, list[Staged]]:
+        def check() -> tuple[str, float | None, list[Staged]]:
             op = c10d_op(opts)
-            return op, staged_tensors(host_tensors(tensors, op))
+            return op, premul_factor(opts), staged_tensors(host_tensors(tensors, op))
 
-        op, staged = self._checks("allreduce", check)
+        op, factor, staged = self._checks("allreduce", check)
 
         def job(communicator: api.Communicator) -> None:
             for stage in staged:
+                premultiplied(stage.stage, factor, in_place=True)  # the result replaces it
                 view = stage.view
                 api.allreduce(view, op_for(op, stage.tensor), out=view, comm=communicator)
                 stage.finish()
@@ -246,20 +249,21 @@ class MPIProcessGroup(PointToPoint, RootedCollectives):
         input_lists: list[list[torch.Tensor]],
         opts: ReduceScatterOptions | None = None,
     ) -> dist.Work:
-        def check() -> tuple[str, list[Staged]]:
+        def check() -> tuple[str, float | None, list[Staged]]:
             op = c10d_op(opts)
             outs = host_tensors(outputs, op)
             tensor_pairs(outs, input_lists, "outputs", "input lists")
             for output, inputs in zip(outs, input_lists, strict=True):
                 host_tensors(inputs, op)
                 tensor_like(inputs, self.size(), output, "reduce_scatter needs {} inputs of shape {}, {}")
-            return op, staged_tensors(outs, read=False)
+            return op, premul_factor(opts), staged_tensors(outs, read=False)
 
-        op, staged = self._checks("reduce_scatter", check)
+        op, factor, staged = self._checks("reduce_scatter", check)
 
         def job(communicator: api.Communicator) -> None:
             for stage, inputs in zip(staged, input_lists, strict=True):
-                whole = Staged(torch.cat([t.reshape(-1) for t in inputs]))
+                joined = torch.cat([t.reshape(-1) for t in inputs])  # a copy: scaled in place
+                whole = Staged(premultiplied(joined, factor, in_place=True))
                 reduction = op_for(op, stage.tensor)
                 api.reduce_scatter(whole.view, reduction, out=stage.view, comm=communicator)
                 stage.finish()
@@ -269,17 +273,19 @@ class MPIProcessGroup(PointToPoint, RootedCollectives):
     def reduce_scatter_single(
         self, output: torch.Tensor, tensor: torch.Tensor, opts: ReduceScatterOptions | None = None
     ) -> dist.Work:
-        def check() -> tuple[str, Staged, Staged]:
+        def check() -> tuple[str, float | None, Staged, Staged]:
             op = c10d_op(opts)
             out, whole = host_tensors([output, tensor], op)
             sized(whole, out.numel() * self.size(), out.dtype, "input")
-            return op, Staged(out, read=False), Staged(whole)
+            return op, premul_factor(opts), Staged(out, read=False), Staged(whole)
 
-        op, staged_out, staged_in = self._checks("reduce_scatter", check)
+        op, factor, staged_out, staged_in = self._checks("reduce_scatter", check)
 
         def job(communicator: api.Communicator) -> None:
             reduction = op_for(op, output)
-            api.reduce_scatter(staged_in.view, reduction, out=staged_out.view, comm=communicator)
+            # the input stays as it was: a premul_sum scales a copy of it, in the one pass that makes it
+            source = staged_in if factor is None else Staged(premultiplied(staged_in.stage, factor, False))
+            api.reduce_scatter(source.view, reduction, out=staged_out.view, comm=communicator)
             staged_out.finish()
 
         return self._run(job, [output])

@@ -32,14 +32,58 @@ _BOOL_OPS = {
 }
 
 
+PREMUL_SUM = "premul_sum"
+"""c10d's ``PREMUL_SUM``: each rank's tensor times a factor, then summed (as NCCL's)."""
+
+
 def c10d_op(opts: AllreduceOptions | AllreduceCoalescedOptions | ReduceScatterOptions | Any | None) -> str:
-    """Our name of the c10d op in ``opts`` (a sum without them)."""
+    """Our name of the c10d op in ``opts`` (a sum without them); :data:`PREMUL_SUM` for that op."""
     if opts is None:
         return "sum"
+    reduce_op = cast(object, opts.reduceOp)  # a ReduceOp equals its RedOpType
     for name, torch_op in TORCH_OPS.items():
-        if cast(object, opts.reduceOp) == torch_op:  # a ReduceOp equals its RedOpType
+        if reduce_op == torch_op:
             return name
-    raise UnsupportedOpError(f"the collectives backend cannot reduce with {opts.reduceOp}")
+    if reduce_op == dist.ReduceOp.PREMUL_SUM:
+        return PREMUL_SUM
+    # a ReduceOp prints as its address; its type has the name
+    kind = getattr(reduce_op, "op", reduce_op)
+    raise UnsupportedOpError(
+        f"the collectives backend cannot reduce with ReduceOp.{getattr(kind, 'name', None) or kind}"
+    )
+
+
+def premul_factor(
+    opts: AllreduceOptions | AllreduceCoalescedOptions | ReduceScatterOptions | Any | None,
+) -> float | None:
+    """The factor of a :data:`PREMUL_SUM` in ``opts``, as it is now; ``None`` for every other op.
+
+    torch gives it as a number or a one-element tensor (``_make_nccl_premul_sum``).
+    """
+    if opts is None or c10d_op(opts) != PREMUL_SUM:
+        return None
+    factor = getattr(opts.reduceOp, "factor", None)
+    if isinstance(factor, torch.Tensor):
+        if factor.numel() != 1:
+            raise InvalidBufferError(
+                "premul_sum's factor is a number or a one-element tensor, "
+                f"not a tensor of shape {tuple(factor.shape)}"
+            )
+        return float(factor.item())
+    if not isinstance(factor, int | float):
+        raise UnsupportedOpError(f"premul_sum needs a factor (torch gives {type(factor).__name__})")
+    return float(factor)
+
+
+def premultiplied(tensor: torch.Tensor, factor: float | None, in_place: bool) -> torch.Tensor:
+    """``tensor`` times a premul_sum's ``factor`` (``tensor`` itself without one), in place or new.
+
+    Each rank scales its own tensor once, before the sum, as NCCL's premul_sum
+    does, so the sum is of the scaled values and nothing is scaled after it.
+    """
+    if factor is None:
+        return tensor
+    return tensor.mul_(factor) if in_place else torch.mul(tensor, factor)
 
 
 def _flat(tensor: torch.Tensor) -> np.ndarray:
@@ -54,13 +98,16 @@ def checked_args(tensor: object, op: str | None = None) -> torch.Tensor:
         raise InvalidBufferError(f"tensor has layout {tensor.layout}; only dense (strided) tensors are taken")
     if tensor.device.type != "cpu":
         raise InvalidBufferError(f"the collectives backend takes cpu tensors, not {tensor.device} ones")
+    if op == PREMUL_SUM and not tensor.dtype.is_floating_point:
+        # as NCCL's, whose factor multiplies floating types only
+        raise UnsupportedOpError(f"op {op!r} scales floating tensors, not {tensor.dtype} ones")
     if tensor.dtype == torch.bool:
         if op is not None and op not in _BOOL_OPS:
             raise UnsupportedOpError(f"op {op!r} does not reduce bool tensors")
         return tensor
     name = torch_dtype_name(tensor.dtype)
     if op is not None:
-        get_op(op).check_dtype(name)
+        get_op(op_for(op, tensor)).check_dtype(name)
     return tensor
 
 
@@ -70,7 +117,12 @@ def host_tensors(tensors: Iterable[torch.Tensor], op: str | None = None) -> list
 
 
 def op_for(op: str, tensor: torch.Tensor) -> str:
-    """The op that reduces ``tensor`` as c10d's ``op`` would: a bool's as logic on its byte."""
+    """The op that reduces ``tensor`` as c10d's ``op`` would: a bool's as logic on its byte.
+
+    A premul_sum is a sum of the tensors once each is scaled (see :func:`premultiplied`).
+    """
+    if op == PREMUL_SUM:
+        return "sum"
     return _BOOL_OPS[op] if tensor.dtype == torch.bool else op
 
 

@@ -8,7 +8,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import AllToAllOptions, GatherOptions, ReduceOptions, ScatterOptions
 
 from .. import api
-from ..errors import InvalidBufferError
+from ..errors import InvalidBufferError, MismatchError
 from .process_group_base import (
     GroupBase,
     Staged,
@@ -16,11 +16,14 @@ from .process_group_base import (
     checked_args,
     host_tensors,
     op_for,
+    premul_factor,
+    premultiplied,
     root_of,
     staged_tensors,
     tensor_like,
     write_back,
 )
+from .tensors import host_view
 
 
 def _one(tensors: list[torch.Tensor], collective: str) -> torch.Tensor:
@@ -37,15 +40,17 @@ class RootedCollectives(GroupBase):
     ) -> dist.Work:
         root = 0 if opts is None else opts.rootRank
 
-        def check() -> tuple[str, Staged]:
+        def check() -> tuple[str, float | None, Staged]:
             op = c10d_op(opts)
             root_of(root, self.size())
-            return op, Staged(checked_args(_one(tensors, "reduce"), op))
+            return op, premul_factor(opts), Staged(checked_args(_one(tensors, "reduce"), op))
 
-        op, stage = self._checks("reduce", check)
+        op, factor, stage = self._checks("reduce", check)
 
         def job(communicator: api.Communicator) -> None:
-            view = stage.view
+            # a premul_sum scales the root's tensor in place (the result replaces it), the others' a copy
+            scaled = premultiplied(stage.stage, factor, in_place=communicator.rank == root)
+            view = stage.view if scaled is stage.stage else host_view(scaled).reshape(-1)
             api.reduce(view, op_for(op, stage.tensor), root, out=view, comm=communicator)
             if communicator.rank == root:
                 stage.finish()
@@ -160,7 +165,8 @@ class RootedCollectives(GroupBase):
             )
 
         stage, sends, receives = self._checks("alltoall", check)
-        # without splits every rank's shares are equal (and alike, which the call's checks confirm)
+        # without splits every rank's shares are equal (and alike, which the call's checks confirm);
+        # with them the ranks agree on every rank's splits first
         equal = not input_splits and not output_splits and sends == receives
 
         def job(communicator: api.Communicator) -> None:
@@ -197,13 +203,16 @@ def _exchange(
 ) -> list[np.ndarray]:
     """Send share ``j`` of ``whole`` (``sends[j]`` elements) to rank ``j``; get ``receives[i]`` from ``i``.
 
-    Shares of one size are one ``alltoall``; of several, every share is padded to
-    the largest any rank sends (agreed by an allreduce first), then cut back.
+    The ranks agree on every rank's sends and receives first, and raise
+    :class:`~collectives.MismatchError` where a share's size differs between its
+    sender and its receiver. Shares of one size are then one ``alltoall``; of
+    several, every share is padded to the largest one, then cut back.
     """
     size = communicator.size
-    most = np.array([max(sends + receives, default=0)], np.int64)
-    api.allreduce(most, "max", out=most, comm=communicator)
-    width = int(most[0])
+    mine = np.array(sends + receives, np.int64)
+    every = np.asarray(api.allgather(mine, comm=communicator)).reshape(size, 2, size)
+    _agreed(every[:, 0], every[:, 1])
+    width = int(every.max(initial=0))
     if width == 0:
         return [whole[:0]] * size
     if all(n == width for n in sends + receives):
@@ -214,3 +223,21 @@ def _exchange(
         padded[j * width : j * width + sends[j]] = whole[offsets[j] : offsets[j] + sends[j]]
     result = api.alltoall(padded, comm=communicator)
     return [result[i * width : i * width + receives[i]] for i in range(size)]
+
+
+def _agreed(sends: np.ndarray, receives: np.ndarray) -> None:
+    """Raise unless what each rank ``i`` sends rank ``j``, ``sends[i, j]``, is what ``j`` expects of ``i``.
+
+    ``receives[j, i]`` is that; every rank has the same matrices, so raises alike.
+    """
+    differ = np.argwhere(sends != receives.T)
+    if not len(differ):
+        return
+    clauses: list[str] = []
+    fields: dict[str, dict[str, tuple[int, ...]]] = {}
+    for i, j in differ[:4].tolist():
+        sent, expected = int(sends[i, j]), int(receives[j, i])
+        clauses.append(f"rank {i} sends {sent} elements to rank {j}, which expects {expected}")
+        fields[f"share from rank {i} to rank {j}"] = {f"{sent} sent": (i,), f"{expected} expected": (j,)}
+    more = f" (and {len(differ) - 4} more shares)" if len(differ) > 4 else ""
+    raise MismatchError(f"all_to_all: the ranks' split sizes disagree: {'; '.join(clauses)}{more}", fields)

@@ -11,6 +11,7 @@ import torch
 
 from .. import api
 from ..persistent import Persistent, allreduce_init
+from .tensors import host_view
 
 KEPT = 256
 """Buckets kept per communicator; past it they are forgotten together (the same on every rank)."""
@@ -53,7 +54,7 @@ class Repeated:
         ``tensor`` must pass :meth:`takes` (on every rank alike).
         """
         key = (name, tuple(tensor.shape), tensor.dtype, op)
-        view = tensor.detach().numpy()
+        view = host_view(tensor)
         kept = self._kept.get(key)
         if kept is None:
             if len(self._kept) >= KEPT:

@@ -140,13 +140,44 @@ def explain_path(tensor: torch.Tensor, comm: Comm = None) -> str:
     return f"torch.distributed: {name} tensor on {tensor.device} through the default NCCL process group"
 
 
+# numpy's type of each dtype whose bits numpy reads as torch does; bfloat16 goes through int16
+_NUMPY_TYPES: dict[torch.dtype, np.dtype[Any]] = {
+    **{dtype: np.dtype(name) for dtype, name in TORCH_DTYPES.items() if dtype != torch.bfloat16},
+    torch.bfloat16: np.dtype(np.int16),
+    torch.bool: np.dtype(np.bool_),
+}
+
+
+class _Memory:
+    """A cpu tensor's memory as numpy's array interface describes it; holds the tensor while viewed."""
+
+    __slots__ = ("__array_interface__", "tensor")
+
+    def __init__(self, tensor: torch.Tensor, kind: np.dtype[Any]) -> None:
+        self.tensor = tensor
+        self.__array_interface__ = {
+            "data": (tensor.data_ptr(), False),
+            "shape": tuple(tensor.shape),
+            "strides": tuple(s * kind.itemsize for s in tensor.stride()),
+            "typestr": kind.str,
+            "version": 3,
+        }
+
+
 def host_view(tensor: torch.Tensor) -> np.ndarray:
-    """A numpy array over ``tensor``'s memory: no copy (bfloat16 through ml_dtypes)."""
-    data = tensor.detach()
-    if data.dtype == torch.bfloat16:
-        # torch has no numpy bfloat16 to give; the same bits through int16 are ml_dtypes' bfloat16
-        return data.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return data.numpy()
+    """A numpy array over a cpu ``tensor``'s memory: no copy (bfloat16 through ml_dtypes).
+
+    Made from the tensor's address rather than ``Tensor.numpy()``, which marks the
+    storage as never resizable again (gloo leaves it resizable, and PowerSGD resizes).
+    """
+    kind = _NUMPY_TYPES.get(tensor.dtype)
+    if kind is None:
+        raise UnsupportedDtypeError(f"no numpy view of a {tensor.dtype} tensor")
+    if tensor.device.type != "cpu":
+        raise InvalidBufferError(f"a numpy view needs a cpu tensor, not a {tensor.device} one")
+    view = np.asarray(_Memory(tensor, kind))
+    # the same bits through int16 are ml_dtypes' bfloat16, which torch has no numpy type to give
+    return view.view(ml_dtypes.bfloat16) if tensor.dtype == torch.bfloat16 else view
 
 
 def array_view(tensor: torch.Tensor) -> Any:

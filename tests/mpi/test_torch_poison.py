@@ -63,8 +63,8 @@ CASES: list[tuple[str, Call, Call, type]] = [
     ("allreduce", _all_reduce(torch.ones(4)), _all_reduce(torch.ones(4), ReduceOp.BAND), UnsupportedOpError),
     ("allreduce", _all_reduce(torch.ones(4, dtype=torch.int32), ReduceOp.MAX),
      _all_reduce(torch.ones(4, dtype=torch.int32), ReduceOp.AVG), UnsupportedOpError),
-    ("allreduce", _all_reduce(torch.ones(4)), _all_reduce(torch.ones(4), dist._make_nccl_premul_sum(2.0)),
-     UnsupportedOpError),
+    ("allreduce", _all_reduce(torch.ones(4, dtype=torch.int32)),
+     _all_reduce(torch.ones(4, dtype=torch.int32), dist._make_nccl_premul_sum(2.0)), UnsupportedOpError),
     ("allreduce", lambda size: dist.all_reduce(torch.ones(4), async_op=True).wait(),
      _all_reduce(torch.ones(4, dtype=torch.float8_e4m3fn)), UnsupportedDtypeError),
     ("broadcast", lambda size: dist.broadcast(torch.ones(4), src=0),
@@ -83,7 +83,7 @@ CASES: list[tuple[str, Call, Call, type]] = [
 
 IDS = [
     "all_reduce-float8", "all_reduce-meta", "all_reduce-band-float", "all_reduce-avg-int",
-    "all_reduce-premul-sum", "all_reduce-async", "broadcast-float8", "all_gather-outputs",
+    "all_reduce-premul-sum-int", "all_reduce-async", "broadcast-float8", "all_gather-outputs",
     "all_gather_single-size", "reduce_scatter-inputs", "reduce_scatter_single-dtype",
 ]  # fmt: skip
 
