@@ -317,7 +317,7 @@ class MPIProcessGroup(PointToPoint, RootedCollectives):
 
     def shutdown(self) -> None:
         """Free the communicator after its calls; ``destroy_process_group`` calls it on every rank."""
-        self._worker.submit(self._communicator.free).result()
+        self._worker.wait(self._worker.submit(self._communicator.free), "destroy_process_group")
         self._close_point_to_point()
 
 
@@ -408,7 +408,7 @@ def _mpi_rendezvous(
         except Exception as error:  # the others learn of it from the empty address, rather than wait
             failure = error
     worker = background_worker(communicator)
-    address = worker.submit(lambda: broadcast_bytes(address, 0, worker.communicator)).result()
+    address = worker.wait(worker.submit(lambda: broadcast_bytes(address, 0, worker.communicator)), "mpi://")
     if failure is not None:
         raise failure
     if not address:
