@@ -27,7 +27,8 @@ from torch.distributed.constants import default_pg_timeout
 from torch.distributed.rendezvous import register_rendezvous_handler
 
 from .. import api
-from ..errors import CollectivesError, InvalidBufferError, UnsupportedOpError
+from .. import communicator as communicator_module
+from ..errors import CollectivesError, ConfigurationError, InvalidBufferError, UnsupportedOpError
 from .collective_jobs import broadcast_bytes
 from .launch import launcher_mismatch
 from .process_group_base import (
@@ -350,13 +351,26 @@ def _create_process_group(options: _DistributedBackendOptions, backend_options: 
     c10d calls it on the group's members only. The default group and a group
     of every rank get a duplicate of ``MPI.COMM_WORLD``; a subgroup
     (``torch.distributed.new_group(ranks)``) gets a communicator over those
-    ranks of it, created by them alone. Either way torch's global ranks must be
-    MPI's, as ``init_method="mpi://"`` makes them.
+    ranks of it, created by them alone after they agree on the library's
+    communicator over every rank, which the default group's creation (or
+    ``mpi://``) makes on every rank. Either way torch's global ranks must be
+    MPI's, as ``init_method="mpi://"`` makes them (``env://`` and ``file://``
+    need the ranks MPI gives).
     """
     ranks = list(options.global_ranks_in_group)
     # init_process_group(timeout=) and new_group(timeout=) bound every call of the group; torch's
     # default (given when the user gave none) leaves $COLLECTIVES_TIMEOUT or the library's own
     timeout = None if options.timeout == default_pg_timeout else options.timeout.total_seconds()
+    if not dist.is_initialized():
+        # the default group, made by every rank: so is the communicator over MPI.COMM_WORLD on which a
+        # later new_group's members agree (mpi:// made it already), since a non-member never joins one
+        api_communicator(None)
+    elif ranks and len(ranks) < dist.get_world_size() and communicator_module.default is None:
+        raise ConfigurationError(
+            f"new_group({ranks}) with the collectives backend needs its communicator over every rank, "
+            "which the ranks make together: init with init_method='mpi://', make the default group a "
+            "collectives one, or make a collectives group of every rank first"
+        )
     if ranks and dist.is_initialized():
         # new_group: MPI's group creation cannot be bounded, so the members agree on it first
         agree_on_members(api_communicator(None), ranks, timeout)
