@@ -78,6 +78,12 @@ class MPIProcessGroup(PointToPoint, RootedCollectives):
     def getBackendName(self) -> str:
         return BACKEND
 
+    def _get_backend(self, device: torch.device) -> "MPIProcessGroup":  # type: ignore[override]
+        """This group, its own cpu backend, as torch's Python groups are (torch 2.14 asks for it)."""
+        if torch.device(device).type != "cpu":
+            raise RuntimeError(f"No backend type associated with device type {torch.device(device).type}")
+        return self
+
     # c10d keeps a group's name in its backends, and this group has none: it keeps its own
     def setGroupName(self, name: str) -> None:
         self._group_name = name
