@@ -62,8 +62,8 @@ class BackgroundWorker:
     thread. A callback that submits a job, or waits for one, would wait for
     itself, so then a new thread takes over the queue and the old one ends
     with its callbacks: the jobs still run one at a time, in the order
-    submitted. A job that submits another runs it at once, inside itself, as
-    every rank does.
+    submitted. A job that waits for a later one (a mistake) raises
+    :class:`~collectives.CollectiveTimeout` after the timeout, from :meth:`wait`.
     """
 
     def __init__(self, inline: bool, communicator: Communicator) -> None:
@@ -82,8 +82,7 @@ class BackgroundWorker:
 
     def submit(self, job: Callable[[], T]) -> "Job[T]":
         future: Job[T] = Job(self)
-        if self._inline or (_here.worker is self and _here.phase == "job"):
-            # a job's own jobs run inside it, where every rank runs them; queued, they would wait on it
+        if self._inline:
             future.set_running_or_notify_cancel()
             _settle(future, _outcome(job))
         else:
