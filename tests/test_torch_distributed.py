@@ -1,5 +1,6 @@
 """The collectives c10d backend's calls beyond allreduce, on loopback ranks (threads, no MPI)."""
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -10,8 +11,10 @@ torch = pytest.importorskip("torch", reason="the torch integration needs torch (
 from torch._C import _distributed_c10d as c10d  # noqa: E402
 
 from collectives import Communicator  # noqa: E402
-from collectives.errors import InvalidBufferError, InvalidRootError, PeerInputError  # noqa: E402
+from collectives.errors import CollectiveTimeout, InvalidBufferError, InvalidRootError, PeerInputError  # noqa: E402
 from collectives.torch_integration import process_group as ti_process_group  # noqa: E402
+from collectives.torch_integration import process_group_base as ti_process_group_base  # noqa: E402
+from collectives.torch_integration.worker import background_worker  # noqa: E402
 
 Ranks = Callable[..., list[Any]]
 P = 3
@@ -167,3 +170,51 @@ def test_a_message_with_a_negative_tag_or_two_tensors_is_refused(ranks: Ranks) -
             group.send([torch.ones(1)], 5, 0)
 
     ranks(1, run)
+
+
+def _gated_group(comm: Communicator) -> tuple[Any, threading.Event]:
+    """A group whose thread waits for the event first, so the calls after finish on that thread."""
+    communicator = Communicator(comm.transport, timeout=20.0, stall_warning=0)
+    gate = threading.Event()
+    background_worker(communicator).submit(gate.wait)
+    return ti_process_group.MPIProcessGroup(communicator), gate
+
+
+def test_a_callback_on_the_groups_thread_starts_calls_and_waits_for_them(ranks: Ranks) -> None:
+    # as DDP's PowerSGD hook does: its callbacks run on the thread that must run what they wait for
+    def run(comm: Communicator) -> list[list[float]]:
+        group, gate = _gated_group(comm)
+        first, second, queued = torch.ones(2), torch.ones(3), torch.ones(1)
+        later = group.allreduce([queued])  # submitted before the callback runs, after the first call
+
+        def then(done: Any) -> Any:
+            group.allreduce([second]).get_future().wait()
+            later.wait()
+            return done.value()
+
+        chained = group.allreduce([first]).get_future().then(then)
+        gate.set()
+        chained.wait()
+        group.barrier().wait()
+        return [first.tolist(), second.tolist(), queued.tolist()]
+
+    for out in ranks(2, run, timeout=40.0):
+        assert out == [[2.0, 2.0], [2.0, 2.0, 2.0], [2.0]]
+
+
+def test_a_wait_that_could_never_end_raises_after_the_timeout(ranks: Ranks) -> None:
+    def run(comm: Communicator) -> None:
+        worker = background_worker(Communicator(comm.transport, timeout=1.0, stall_warning=0))
+        gate, later = threading.Event(), []
+
+        def first() -> None:  # waits on its own thread for a job queued after it
+            gate.wait()
+            ti_process_group_base.GroupWork(later[0], None).wait()
+
+        earlier = worker.submit(first)
+        later.append(worker.submit(lambda: None))
+        gate.set()
+        with pytest.raises(CollectiveTimeout, match="ran no job for 1 s"):
+            ti_process_group_base.GroupWork(earlier, None).wait()
+
+    ranks(1, run, timeout=20.0)

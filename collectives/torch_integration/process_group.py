@@ -27,7 +27,8 @@ from torch.distributed.constants import default_pg_timeout
 from torch.distributed.rendezvous import register_rendezvous_handler
 
 from .. import api
-from ..errors import CollectivesError, InvalidBufferError, UnsupportedOpError
+from .. import communicator as communicator_module
+from ..errors import CollectivesError, ConfigurationError, InvalidBufferError, UnsupportedOpError
 from .collective_jobs import broadcast_bytes
 from .launch import launcher_mismatch
 from .process_group_base import (
@@ -78,6 +79,12 @@ class MPIProcessGroup(PointToPoint, RootedCollectives):
 
     def getBackendName(self) -> str:
         return BACKEND
+
+    def _get_backend(self, device: torch.device) -> "MPIProcessGroup":  # type: ignore[override]
+        """This group, its own cpu backend, as torch's Python groups are (torch 2.14 asks for it)."""
+        if torch.device(device).type != "cpu":
+            raise RuntimeError(f"No backend type associated with device type {torch.device(device).type}")
+        return self
 
     # c10d keeps a group's name in its backends, and this group has none: it keeps its own
     def setGroupName(self, name: str) -> None:
@@ -323,7 +330,7 @@ class MPIProcessGroup(PointToPoint, RootedCollectives):
 
     def shutdown(self) -> None:
         """Free the communicator after its calls; ``destroy_process_group`` calls it on every rank."""
-        self._worker.submit(self._communicator.free).result()
+        self._worker.wait(self._worker.submit(self._communicator.free), "destroy_process_group")
         self._close_point_to_point()
 
 
@@ -356,13 +363,26 @@ def _create_process_group(options: _DistributedBackendOptions, backend_options: 
     c10d calls it on the group's members only. The default group and a group
     of every rank get a duplicate of ``MPI.COMM_WORLD``; a subgroup
     (``torch.distributed.new_group(ranks)``) gets a communicator over those
-    ranks of it, created by them alone. Either way torch's global ranks must be
-    MPI's, as ``init_method="mpi://"`` makes them.
+    ranks of it, created by them alone after they agree on the library's
+    communicator over every rank, which the default group's creation (or
+    ``mpi://``) makes on every rank. Either way torch's global ranks must be
+    MPI's, as ``init_method="mpi://"`` makes them (``env://`` and ``file://``
+    need the ranks MPI gives).
     """
     ranks = list(options.global_ranks_in_group)
     # init_process_group(timeout=) and new_group(timeout=) bound every call of the group; torch's
     # default (given when the user gave none) leaves $COLLECTIVES_TIMEOUT or the library's own
     timeout = None if options.timeout == default_pg_timeout else options.timeout.total_seconds()
+    if not dist.is_initialized():
+        # the default group, made by every rank: so is the communicator over MPI.COMM_WORLD on which a
+        # later new_group's members agree (mpi:// made it already), since a non-member never joins one
+        api_communicator(None)
+    elif ranks and len(ranks) < dist.get_world_size() and communicator_module.default is None:
+        raise ConfigurationError(
+            f"new_group({ranks}) with the collectives backend needs its communicator over every rank, "
+            "which the ranks make together: init with init_method='mpi://', make the default group a "
+            "collectives one, or make a collectives group of every rank first"
+        )
     if ranks and dist.is_initialized():
         # new_group: MPI's group creation cannot be bounded, so the members agree on it first
         agree_on_members(api_communicator(None), ranks, timeout)
@@ -414,7 +434,7 @@ def _mpi_rendezvous(
         except Exception as error:  # the others learn of it from the empty address, rather than wait
             failure = error
     worker = background_worker(communicator)
-    address = worker.submit(lambda: broadcast_bytes(address, 0, worker.communicator)).result()
+    address = worker.wait(worker.submit(lambda: broadcast_bytes(address, 0, worker.communicator)), "mpi://")
     if failure is not None:
         raise failure
     if not address:

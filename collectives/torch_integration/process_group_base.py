@@ -16,7 +16,7 @@ from .. import api
 from ..errors import InvalidBufferError, InvalidRootError, UnsupportedOpError
 from ..ops import get_op
 from .tensors import TORCH_OPS, host_view, torch_dtype_name
-from .worker import background_worker, tell_refusal
+from .worker import background_worker, before_waiting, tell_refusal, wait_for
 
 T = TypeVar("T")
 
@@ -215,12 +215,11 @@ class GroupWork(dist.Work):
 
         Args:
             timeout: the most time to wait (then ``TimeoutError``); zero, c10d's
-                default, waits as long as it takes.
+                default, waits while the group's thread runs its jobs, and raises
+                :class:`~collectives.CollectiveTimeout` if it runs none for the
+                group's timeout.
         """
-        seconds = timeout.total_seconds() or None
-        error = self._future.exception(seconds)
-        if error is not None:
-            raise error
+        wait_for(self._future, "wait()", timeout.total_seconds() or None)
         return True
 
     def is_completed(self) -> bool:
@@ -253,6 +252,8 @@ class GroupWork(dist.Work):
         ``Future.set_exception`` alone would make it.
         """
         if self._torch_future is None:
+            if not self._future.done():
+                before_waiting()  # asked for in a callback on the thread that must run the call
             outcome: torch.futures.Future[Any] = torch.futures.Future()
             result = self._result
 

@@ -279,3 +279,33 @@ def test_fsdp2_trains_as_it_does_on_gloo(group: int, world: MPI.Intracomm) -> No
             problems.expect(torch.allclose(ours, theirs, rtol=1e-6, atol=1e-7), f"{ours} != {theirs}")
         dist.destroy_process_group(gloo)
     problems.check()
+
+
+@at_two_ranks
+def test_ddp_with_the_powersgd_hook_trains_as_it_does_on_gloo(group: int, world: MPI.Intracomm) -> None:
+    # the hook starts a collective, and waits for it, inside a callback of another's future
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+
+    problems = Problems(world)
+    with problems.guard("PowerSGD on both backends"):
+        gloo = dist.new_group(list(range(group)), backend="gloo")
+        trained = {}
+        for backend, process_group in (("collectives", dist.group.WORLD), ("gloo", gloo)):
+            torch.manual_seed(0)
+            net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+            model = torch.nn.parallel.DistributedDataParallel(net, process_group=process_group)
+            # compressed from the third step on; the first two are plain allreduces
+            state = powersgd.PowerSGDState(process_group=process_group, start_powerSGD_iter=2)
+            model.register_comm_hook(state, powersgd.powerSGD_hook)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            data = torch.Generator().manual_seed(world.rank)
+            for _ in range(6):
+                loss = model(torch.randn(5, 8, generator=data)).square().mean()
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+            trained[backend] = [p.detach().clone() for p in model.parameters()]
+        for ours, theirs in zip(trained["collectives"], trained["gloo"], strict=True):
+            problems.expect(torch.equal(ours, theirs), f"{ours} != {theirs}")
+        dist.destroy_process_group(gloo)
+    problems.check()
