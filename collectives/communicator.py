@@ -8,7 +8,7 @@ import struct
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ._env import env_flag
 from .backends import ArrayBackend
@@ -484,17 +484,14 @@ def communicator_of(comm: "Communicator | MPI.Comm | None") -> Communicator:
     its first call and reused while it lives (collective, as making one is).
     """
     global default
-    if isinstance(comm, Communicator):
-        return comm
+    made = made_for(comm)
+    if made is not None:
+        return made
     if comm is None:
-        if default is None:
-            default = Communicator()
+        default = Communicator()
         return default
     # an mpi4py communicator: duplicate it once and reuse that (mpi4py comms are not hashable)
-    for ref, wrapper in _wrapped:
-        if ref() is comm:
-            return wrapper
-    wrapper = Communicator(comm)
+    wrapper = Communicator(cast("MPI.Comm", comm))  # not one made already: not a Communicator
     _wrapped[:] = [(r, w) for r, w in _wrapped if r() is not None]
     _wrapped.append((weakref.ref(comm), wrapper))
     return wrapper
@@ -502,10 +499,8 @@ def communicator_of(comm: "Communicator | MPI.Comm | None") -> Communicator:
 
 def made_for(comm: "Communicator | MPI.Comm | None") -> Communicator | None:
     """The communicator a call with ``comm=comm`` ran on, if one was made; never makes one."""
-    if isinstance(comm, Communicator):
-        return comm
-    if comm is None:
-        return default
+    if comm is None or isinstance(comm, Communicator):
+        return default if comm is None else comm
     return next((wrapper for ref, wrapper in _wrapped if ref() is comm), None)
 
 
@@ -570,8 +565,7 @@ def _agree_on_selector(call: Call, transport: Transport, nodes: int = 1) -> Sele
     return selector_for(model)
 
 
-_SETTINGS_BYTES = 512
-"""The settings' record each rank sends at creation: JSON of short texts, padded with spaces."""
+_SETTINGS_BYTES = 512  # the settings' record each rank sends at creation: JSON of short texts, padded
 
 
 class _Setting:
