@@ -1,6 +1,16 @@
 """One collective under its watchdog: the transport it runs on, its deadlines, its flight-recorder entry."""
 
-__all__ = ["NOTICE", "Call", "Owner", "Posted", "Starts", "SteppedCall", "Tracked", "WatchedTransport"]
+__all__ = [
+    "NOTICE",
+    "Call",
+    "Owner",
+    "Posted",
+    "Starts",
+    "SteppedCall",
+    "Tracked",
+    "WatchedTransport",
+    "heard_of_break",
+]
 
 import logging
 import struct
@@ -398,6 +408,8 @@ class Call:
             f"{watchdog.timeout:g} s; stuck {where} waiting for {_ranks(peers)}; "
             "this communicator is unusable now"
         )
+        # the ranks that come late learn of it before their call returns (Watchdog.end)
+        watchdog.break_off(f"{collective} #{sequence} timed out")
         watchdog.broken = message
         raise CollectiveTimeout(
             f"{message}\n{watchdog.flight_record_text()}",
@@ -471,6 +483,15 @@ def _ranks(peers: Iterator[int] | tuple[int, ...]) -> str:
 
 
 _NOTICE_WAIT_S = 0.1  # a mark in shared memory goes first; its rank's notice says why, moments later
+
+
+def heard_of_break(watchdog: Owner) -> tuple[int, str] | None:
+    """Who broke the communicator, and why, by its mark in shared memory or its notice; None if no one."""
+    shared = watchdog.shared
+    by = shared.broken_by() if shared is not None else None
+    if by is not None:
+        return by, _why(watchdog.transport, by)
+    return _notice(watchdog.transport, 0.0)
 
 
 def _notice(transport: Transport, timeout: float) -> tuple[int, str] | None:

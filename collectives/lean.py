@@ -17,6 +17,7 @@ fails, so a rank that never calls leaves the others a
 
 __all__ = ["SPIN_S", "LeanAllreduce", "Repeats"]
 
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
     from .communicator import Communicator
     from .execute_shared import SharedExecutor
     from .ops import ReduceOp
+
+_monotonic = time.monotonic
 
 SPIN_S = 0.001
 """How long a lean call waits at a barrier before it makes its Call: its deadline, warnings and record.
@@ -121,6 +124,7 @@ class LeanAllreduce:
         """``work`` = the allreduce of every rank's ``source`` (may be ``work``), divided for ``avg``."""
         watchdog = self.watchdog
         watchdog.claim("allreduce")
+        began = _monotonic()
         sequence = watchdog.sequence
         watchdog.sequence = sequence + 1
         self._sequence = sequence
@@ -158,6 +162,9 @@ class LeanAllreduce:
         call = self._call
         if call is None:
             watchdog.release()
+            if began - watchdog.last_began >= watchdog.late_after:  # as Watchdog.end asks
+                watchdog.late("allreduce", sequence)
+            watchdog.last_began = began
         else:
             watchdog.end(call)
         if self.averages:

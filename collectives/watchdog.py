@@ -60,7 +60,7 @@ import time
 from collections.abc import Callable
 
 from .agreement import FUSED_BYTES, Agreement, Guard
-from .call import NOTICE, Call, SteppedCall, Tracked, WatchedTransport
+from .call import NOTICE, Call, SteppedCall, Tracked, WatchedTransport, heard_of_break
 from .errors import (
     BrokenCommunicatorError,
     CollectivesError,
@@ -135,6 +135,10 @@ class Watchdog:
         self.debug_file = debug_file(transport.rank)
         self.recorder = new_recorder()
         self.sequence = 0
+        # when the last call began; a call ending half a timeout or more after it asks whether a
+        # peer timed out on it meanwhile (see end), which no quicker call can meet
+        self.last_began = time.monotonic()
+        self.late_after = self.timeout / 2
         self.broken: str | None = None
         self.broken_by: int | None = None  # the rank where it broke
         self.freed = False
@@ -327,16 +331,23 @@ class Watchdog:
             except BaseException as failure:
                 self.end(call, failure)
                 raise
+        now = time.monotonic()
+        late = None
+        if error is None and now - self.last_began >= self.late_after and self.broken is None:
+            error = late = self._late(call.signature.collective, call.sequence)
+        self.last_began = call.began
         call.outcome = "ok" if error is None else f"failed: {type(error).__name__}"
         if error is not None:
             self.ended = error
-        call.seconds = time.monotonic() - call.began
+        call.seconds = now - call.began
         if self.watched is not None:
             self.watched.call = None
         self._owner = 0
         self._claim.release()
         if self.debug:
             write_debug_line(self.debug_file, self._rank, call.line(self._rank))
+        if late is not None:
+            raise late
         if error is not None:
             self._ended_badly(call, error)
 
@@ -358,6 +369,35 @@ class Watchdog:
             ) from error
         if self.broken is None:
             self.break_off(f"{what} did not finish ({type(error).__name__})")
+
+    def late(self, collective: str, sequence: int) -> None:
+        """Raise if a peer broke the communicator while call ``sequence`` ran: a lean call's :meth:`end`.
+
+        Raises:
+            BrokenCommunicatorError: a peer timed out on the call, or broke the communicator otherwise.
+        """
+        if self.broken is None:
+            error = self._late(collective, sequence)
+            if error is not None:
+                self.ended = error
+                raise error
+
+    def _late(self, collective: str, sequence: int) -> BrokenCommunicatorError | None:
+        """The error of a call that ran to its end after a peer broke the communicator (a timeout), if any.
+
+        A peer's call times out only a timeout after it began, and it began no
+        earlier than this rank's call before; only a call ending that late asks.
+        """
+        heard = heard_of_break(self)
+        if heard is None:
+            return None
+        by, why = heard
+        self.break_off(why, by)
+        return BrokenCommunicatorError(
+            f"rank {self._rank}: {collective} #{sequence} cannot complete: "
+            f"rank {by} broke the communicator ({why}); this communicator is unusable now",
+            rank=by,
+        )
 
     def escaped(self, collective: str, error: BaseException) -> None:
         """Account for ``error`` leaving a call of ``collective``: the boundary of every public call.
