@@ -19,11 +19,6 @@ pytestmark = pytest.mark.mpi
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
-# importing FSDP costs seconds a process, and it does not depend on the world size
-at_two_ranks = pytest.mark.skipif(
-    MPI.COMM_WORLD.size != 2, reason="runs at 2 ranks, the MPI suite's others skip it"
-)
-
 
 @pytest.fixture
 def group(world: MPI.Intracomm) -> Iterator[int]:
@@ -270,51 +265,4 @@ def test_premul_sum_scales_each_rank_then_sums_in_every_reduction(group: int, wo
     refused = "'premul_sum' scales floating tensors, not torch.int32 ones"
     with problems.guard("an integer tensor"), pytest.raises(UnsupportedOpError, match=re.escape(refused)):
         dist.all_reduce(torch.ones(2, dtype=torch.int32), op=premul(2.0))
-    problems.check()
-
-
-@at_two_ranks
-def test_fsdp2_with_a_gradient_divide_factor_trains_as_one_process_does(
-    group: int, world: MPI.Intracomm
-) -> None:
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    factor, steps, lr = 4.0, 3, 0.1  # not the world size, which FSDP2 would turn into an average
-
-    def model() -> "torch.nn.Module":
-        torch.manual_seed(0)
-        return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
-
-    def batch(rank: int, step: int) -> "torch.Tensor":
-        return torch.randn(4, 6, generator=torch.Generator().manual_seed(100 * rank + step))
-
-    problems = Problems(world)
-    with problems.guard("FSDP2 with set_gradient_divide_factor"):
-        mesh = init_device_mesh("cpu", (group,))
-        sharded = model()
-        for layer in (*[m for m in sharded if isinstance(m, torch.nn.Linear)], sharded):
-            fully_shard(layer, mesh=mesh)
-            layer.set_gradient_divide_factor(factor)  # type: ignore[operator]
-        optimizer = torch.optim.SGD(sharded.parameters(), lr=lr)
-        for step in range(steps):
-            sharded(batch(world.rank, step)).square().mean().backward()
-            optimizer.step()
-            optimizer.zero_grad()
-        trained = [param.full_tensor().detach() for param in sharded.parameters()]  # type: ignore[attr-defined]
-        # one process: the gradients of every rank's batch, summed, divided by the factor
-        reference = model()
-        for step in range(steps):
-            grads = [torch.zeros_like(param) for param in reference.parameters()]
-            for rank in range(group):
-                reference.zero_grad()
-                reference(batch(rank, step)).square().mean().backward()
-                for grad, param in zip(grads, reference.parameters(), strict=True):
-                    grad += param.grad
-            with torch.no_grad():
-                for grad, param in zip(grads, reference.parameters(), strict=True):
-                    param -= lr * grad / factor
-        for ours, expected in zip(trained, reference.parameters(), strict=True):
-            gap = (ours - expected).abs().max().item()
-            problems.expect(gap <= 1e-6, f"{tuple(ours.shape)}: {gap:.3g} from one process")
     problems.check()
