@@ -30,9 +30,12 @@ deadlines in :mod:`collectives.call`; the watchdog puts them together.
 
 MPI cannot cancel a send in general, so after a timeout the messages in flight
 stay posted and the communicator refuses further collectives; make a new one.
-A call that ends on any other error than the ranks' agreed ones (a
-``KeyboardInterrupt`` or a signal handler's exception mid-call, an MPI failure)
-breaks the communicator too, and this rank tells the others (a message on
+The timeout tells the other ranks, and a rank that comes to the call late learns
+of it before its call returns (:meth:`Watchdog.end`). A call that ends on any
+other error than the ranks' agreed ones (a ``KeyboardInterrupt`` or a signal
+handler's exception anywhere from the public function's first line to its
+return: :meth:`Watchdog.escaped`, an MPI failure) breaks the communicator too,
+and this rank tells the others (a message on
 :attr:`~collectives.transport.tags.Tag.BROKEN`, and a mark in the shared memory),
 whose next wait raises :class:`~collectives.errors.BrokenCommunicatorError` naming
 it. One call runs at a time: a second thread's call while one runs raises
