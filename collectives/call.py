@@ -53,6 +53,8 @@ class Owner(Protocol):
 
     def break_off(self, why: str, rank: int | None = None) -> None: ...
 
+    def tell_timed_out(self, why: str) -> None: ...
+
     def compare_posted(self, shared: SharedMemory, guard: Posted, sequence: int) -> None: ...
 
     def flight_record_text(self) -> str: ...
@@ -408,8 +410,9 @@ class Call:
             f"{watchdog.timeout:g} s; stuck {where} waiting for {_ranks(peers)}; "
             "this communicator is unusable now"
         )
-        # the ranks that come late learn of it before their call returns (Watchdog.end)
-        watchdog.break_off(f"{collective} #{sequence} timed out")
+        # the ranks that come late learn of it before their call returns (Watchdog.end); those
+        # waiting time out on their own, naming whom they wait for
+        watchdog.tell_timed_out(f"{collective} #{sequence} timed out waiting for {_ranks(peers)}")
         watchdog.broken = message
         raise CollectiveTimeout(
             f"{message}\n{watchdog.flight_record_text()}",
@@ -486,24 +489,29 @@ _NOTICE_WAIT_S = 0.1  # a mark in shared memory goes first; its rank's notice sa
 
 
 def heard_of_break(watchdog: Owner) -> tuple[int, str] | None:
-    """Who broke the communicator, and why, by its mark in shared memory or its notice; None if no one."""
-    shared = watchdog.shared
-    by = shared.broken_by() if shared is not None else None
-    if by is not None:
-        return by, _why(watchdog.transport, by)
-    return _notice(watchdog.transport, 0.0)
+    """Who broke the communicator or timed out, and why, by a mark in shared memory or a notice; or None."""
+    shared, transport = watchdog.shared, watchdog.transport
+    if shared is not None:
+        by = shared.broken_by()
+        if by is not None:
+            return by, _why(transport, by)
+        by = shared.timed_out_by()
+        if by is not None:
+            told = _notice(transport, _NOTICE_WAIT_S, Tag.TIMED_OUT)
+            return by, told[1] if told is not None else "its call timed out"
+    return _notice(transport, 0.0) or _notice(transport, 0.0, Tag.TIMED_OUT)
 
 
-def _notice(transport: Transport, timeout: float) -> tuple[int, str] | None:
-    """A Tag.BROKEN notice waiting for this rank: the rank that broke the communicator, and why."""
+def _notice(transport: Transport, timeout: float, tag: int = Tag.BROKEN) -> tuple[int, str] | None:
+    """A notice waiting for this rank (Tag.BROKEN, or ``tag``): the rank it names, and why."""
     try:
-        found = transport.probe(Tag.BROKEN, timeout)
+        found = transport.probe(tag, timeout)
     except NotImplementedError:
         return None
     if found is None:
         return None
     notice = bytearray(NOTICE.size)
-    transport.waitall([transport.irecv(notice, found[0], Tag.BROKEN)])
+    transport.waitall([transport.irecv(notice, found[0], tag)])
     by, _, told = NOTICE.unpack(notice)
     return by, told.rstrip(b"\0").decode(errors="replace")
 

@@ -424,6 +424,21 @@ class Watchdog:
         self.break_off(why)
         error.add_note(f"rank {self._rank}: {why}; this communicator is unusable now")
 
+    def tell_timed_out(self, why: str) -> None:
+        """Tell the other ranks that this rank's call timed out, for a late one to find before it returns.
+
+        Unlike :meth:`break_off`, no wait of theirs ends on it: a rank waiting in the
+        call times out on its own, naming whom it waits for.
+        """
+        if self.freed or self.broken is not None:
+            return
+        if self.shared is not None:
+            self.shared.time_out()
+        for peer in self._peers:
+            notice = bytearray(NOTICE.pack(self._rank, self.sequence - 1, why.encode()[:64]))
+            with contextlib.suppress(CollectivesError):  # a peer that cannot be told learns by its timeout
+                self._notices.append((self.transport.isend(notice, peer, Tag.TIMED_OUT), notice))
+
     def break_off(self, why: str, rank: int | None = None) -> None:
         """Mark the communicator broken (by ``rank``, this one by default) and, if here, tell the others.
 

@@ -288,6 +288,13 @@ class SharedMemory(ABC):
         """The rank named by the first other rank that called :meth:`break_off`, if any did."""
         return None
 
+    def time_out(self) -> None:  # noqa: B027 - memories that cannot tell the others say nothing
+        """Mark that this rank's call timed out: no wait ends on it; a late rank's call looks at its end."""
+
+    def timed_out_by(self) -> int | None:
+        """The first other rank that called :meth:`time_out` (and broke off no more), if any did."""
+        return None
+
     def barrier(self) -> None:
         """Return once every rank has called it, waiting without bound."""
         self.arrive()

@@ -55,6 +55,9 @@ class Tag(IntEnum):
     TUNER = 19
     """The online tuner: each rank's timings to rank 0, and rank 0's choice back, once per call shape."""
 
+    TIMED_OUT = 20
+    """"A call of mine timed out", to every peer; found only by a late rank's call before it returns."""
+
     POINT_TO_POINT = 1024
     """torch.distributed's ``send``/``recv``: a user's tag ``t`` travels as ``POINT_TO_POINT + t``.
 

@@ -31,7 +31,7 @@ small enough for a core's cache.
 _HEADER_BYTES = 128  # of a rank's slot in the control window: its barrier number, then its notes by parity
 _LEAVING_INT = 13  # the header's integer set once the rank came to free the windows
 _DECISION_INT = 14  # rank 0's header only: whether the windows are freed, decided once by compare-and-swap
-_BROKEN_INT = 15  # the header's last integer: nonzero once the rank broke off (see MPISharedMemory.break_off)
+_BROKEN_INT = 15  # the header's last integer: > 0 once the rank broke off, -1 once it timed out (time_out)
 _MESSAGE_BYTES = 256
 _LITTLE_ENDIAN = sys.byteorder == "little"  # a packed signature's sequence number is little-endian
 _DIGEST_WORD = _MESSAGE_BYTES // 8 - 1  # a message's last 8 bytes: the digest of a posted signature
@@ -286,8 +286,19 @@ class MPISharedMemory(SharedMemory):
         self._numbers[self._rank * self._stride + _BROKEN_INT] = rank + 1
 
     def broken_by(self) -> int | None:
+        numbers, stride = self._numbers, self._stride  # > 0: broken off (< 0: timed out, time_out)
+        return next(
+            (numbers[at] - 1 for r in self._others if (numbers[at := r * stride + _BROKEN_INT]) > 0), None
+        )
+
+    def time_out(self) -> None:
+        at = self._rank * self._stride + _BROKEN_INT
+        if not self._numbers[at]:  # a break's mark says more
+            self._numbers[at] = -1
+
+    def timed_out_by(self) -> int | None:
         numbers, stride = self._numbers, self._stride
-        return next((numbers[at] - 1 for r in self._others if numbers[at := r * stride + _BROKEN_INT]), None)
+        return next((r for r in self._others if numbers[r * stride + _BROKEN_INT] < 0), None)
 
     def abandon(self) -> None:
         # the ranks that never arrived would leave MPI_Finalize waiting for them forever
