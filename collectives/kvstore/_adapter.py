@@ -61,6 +61,10 @@ class Channel:
         """Put ``tag`` in the signature of the store's next collectives (``b""``: none)."""
         self.comm.watchdog.tag = tag
 
+    def break_off(self, why: str) -> None:
+        """Break the store's communicator on every rank (its calls may be one apart), naming ``why``."""
+        self.comm.watchdog.break_off(why)
+
     def send(self, buffer: Any, dst: int, tag: int) -> None:
         """Start sending ``buffer``; it completes later (:meth:`progress`): no send waits for its receiver."""
         with self._lock:

@@ -53,6 +53,7 @@ class Kind(IntEnum):
     LOAD = 9
     CONFIRM = 10  # answered at once: its OK confirms the quiet requests sent to that server before it
     BATCH = 11  # several messages to one rank as one (see bundle): requests or replies
+    BREAK = 12  # a worker's call was interrupted: the server refuses everything but a close from now on
     OK = 16
     DATA = 17
     ERROR = 18
@@ -64,6 +65,7 @@ class Fault(IntEnum):
     OTHER = 0
     LATE = 1  # waited in vain for the workers listed
     MISMATCH = 2  # a worker described a key differently from worker 0
+    BROKEN = 3  # the store is broken (a worker's call was interrupted); the text says whose and why
 
 
 @dataclass

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CollectiveTimeout, KeyMismatchError, KVStoreTimeout, MismatchError
+from ..errors import CollectiveTimeout, KeyMismatchError, KVStoreError, KVStoreTimeout, MismatchError
 from ..ops import ReduceOp
 from ._adapter import Channel
 from ._wire import key_bytes
@@ -344,6 +344,8 @@ class Rounds:
                     for p, part in zip(held, stored, strict=True):
                         run[p.lo - start : p.hi - start] = part.value
                     return run
+            if server.broken is not None:  # the round will not come
+                raise KVStoreError(server.broken)
             if time.monotonic() > deadline:
                 raise KVStoreTimeout(
                     f"pull of key {key!r} on rank {self._channel.rank}: its server waited "

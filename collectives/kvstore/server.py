@@ -109,6 +109,7 @@ class Server:
         self.stopping = threading.Event()
         self.lock = threading.Lock()  # the worker's collective pushpull updates partitions too
         self.error: BaseException | None = None
+        self.broken: str | None = None  # why the store is broken (Kind.BREAK), if it is
         self.outbox: dict[int, list[bytearray | Message]] | None = None  # replies of one take(), by worker
         # where replies to this rank's own worker go: messages without bytes (see _wire.local)
         self.mailbox: deque[Message] | None = None
@@ -123,6 +124,7 @@ class Server:
             Kind.SAVE: self._save,
             Kind.LOAD: self._load,
             Kind.CONFIRM: self._confirm,
+            Kind.BREAK: self._break,
         }
 
     # the loop
@@ -526,6 +528,37 @@ class Server:
         if self.mode == "sync":
             for (key, index), part in self.parts.items():
                 self._complete_rounds(key, index, part)
+        self._reply(m, Kind.OK)
+
+    def _break(self, m: Message) -> None:
+        """A worker's call was interrupted: fail every wait, and refuse every request but a close from now on.
+
+        The handlers are swapped rather than each checking, so that serving costs nothing more.
+        """
+        if self.broken is None:
+            self.broken = m.text
+            refuse: Callable[[Message], None] = self._refuse
+            self._handlers = dict.fromkeys(self._handlers, refuse) | {
+                Kind.CLOSE: self._leave,
+                Kind.BREAK: self._break,
+            }
+            waits, self.waits = self.waits, []
+            self.barriers.clear()
+            for wait in waits:
+                self._refuse(wait.message)
+            # every other worker is told too: a request of its that this rank's worker thread was
+            # handling when interrupted will get no answer
+            for worker in self.open - {m.origin}:
+                made = local if worker == self.rank and self.mailbox is not None else encode
+                self._post(made(Kind.ERROR, self.rank, aux=Fault.BROKEN, text=self.broken), worker)
+        self._reply(m, Kind.OK)
+
+    def _refuse(self, m: Message) -> None:
+        self._error(m, self.broken or "", Fault.BROKEN)
+
+    def _leave(self, m: Message) -> None:
+        """A close on a broken store: no round completes without the worker."""
+        self.open.discard(m.origin)
         self._reply(m, Kind.OK)
 
     def _save(self, m: Message) -> None:
