@@ -249,11 +249,7 @@ class Link:
         server = self._server
         if server is None or self.thread is None:
             return False
-        message = self.channel.take(REQUEST_TAG)
-        if message is None:
-            return False
-        server.take(message)
-        return True
+        return server.take_next(wait=False)  # a busy server thread is serving meanwhile
 
     def pump(self, timeout: float) -> bool:
         """Take one reply (or a bundle of them), waiting at most ``timeout`` seconds; whether one came.

@@ -147,12 +147,12 @@ class Server:
             while self.open and not self.stopping.is_set():
                 now = time.monotonic()
                 wake = min((w.deadline for w in self.waits), default=math.inf)
-                message = self.channel.take(REQUEST_TAG)
-                if message is not None or now >= wake:
-                    self.take(message)
-                    if message is not None:
-                        hot, pause = time.monotonic() + _HOT_S, _FIRST_PAUSE_S
-                        continue
+                took = self.take_next()
+                if not took and now >= wake:
+                    self.take(None)
+                if took:
+                    hot, pause = time.monotonic() + _HOT_S, _FIRST_PAUSE_S
+                    continue
                 if now < hot:
                     os.sched_yield()
                     continue
@@ -178,18 +178,39 @@ class Server:
         else:
             self.take_all(unbundle(message) if message.kind == Kind.BATCH else (message,))
 
+    def take_next(self, wait: bool = True) -> bool:
+        """Receive a request that has come, if any, and handle it; whether one came.
+
+        Received and handled under one lock: a colocated rank's worker thread takes
+        requests too, and a worker's requests must be handled in the order sent (a
+        push taken by one thread must not be handled after the close the other took).
+        ``wait=False``: none is taken while the other thread holds the lock.
+        """
+        if not self.lock.acquire(wait):
+            return False
+        try:
+            message = self.channel.take(REQUEST_TAG)
+            if message is not None:
+                self._take_all(unbundle(message) if message.kind == Kind.BATCH else (message,))
+            return message is not None
+        finally:
+            self.lock.release()
+
     def take_all(self, messages: Sequence[Message]) -> None:
         """:meth:`take` of ``messages`` in order (a bundle's, or this rank's own worker's)."""
         with self.lock:
-            self.outbox = {}
-            try:
-                for m in messages:
-                    self.handle(m)
-                self._settle()
-            finally:
-                outbox, self.outbox = self.outbox, None
-                for dst, replies in outbox.items():
-                    self._send(dst, replies)
+            self._take_all(messages)
+
+    def _take_all(self, messages: Sequence[Message]) -> None:
+        self.outbox = {}
+        try:
+            for m in messages:
+                self.handle(m)
+            self._settle()
+        finally:
+            outbox, self.outbox = self.outbox, None
+            for dst, replies in outbox.items():
+                self._send(dst, replies)
 
     def _send(self, dst: int, replies: list[bytearray | Message]) -> None:
         if not replies:
