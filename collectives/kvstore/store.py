@@ -18,7 +18,7 @@ from ..errors import (
 from ..ops import ReduceOp, get_op
 from ._adapter import Channel, open_channel
 from ._wire import Kind, check_key
-from .collective import Rounds
+from .collective import Rounds, number_store
 from .handles import Handle, Pulled, Request, checked_value, claimed, error_from, filler
 from .layout import DEFAULT_PARTITION_BYTES, Roles
 from .link import GRACE_S, Link
@@ -411,6 +411,9 @@ class KVStore:
             return  # closed, or a dedicated server's store (a broken store is still closed: the servers wait)
         link.left = self._closed = True
         try:
+            if link.broken is not None:  # told by one server: a server not told yet must not
+                for s in self._roles.server_ranks:  # complete the others' rounds without this worker
+                    link.send(Kind.BREAK, None, server=s, text=link.broken)
             requests = [link.send(Kind.CLOSE, None, server=s) for s in self._roles.server_ranks]
             link.wait_for(requests)
             thread = link.thread
@@ -550,6 +553,8 @@ def create(
                 f"colocated servers need MPI_THREAD_MULTIPLE, MPI gives {channel.transport.thread_level!r}; "
                 "use servers=k dedicated server ranks, or initialise MPI with threads"
             )
+        if channel.owned:  # a duplicate made now, collectively: MPI may give it a freed store's context
+            number_store(channel)
     except BaseException:
         channel.close()
         raise
