@@ -63,11 +63,11 @@ def test_a_second_threads_call_on_a_store_is_refused_naming_both_threads() -> No
         taken, done = threading.Event(), threading.Event()
 
         def hold() -> None:  # a call of another thread, running
-            with kv.claim.lock:
-                kv.claim.owner = threading.get_ident()
-                taken.set()
-                done.wait(10)
-                kv.claim.owner = 0
+            kv.claim.owner = kv.claim.held[0] = threading.get_ident()
+            taken.set()
+            done.wait(10)
+            kv.claim.owner = 0
+            del kv.claim.held[0]
 
         holder = threading.Thread(target=hold, name=f"holder-{kv.rank}")
         holder.start()

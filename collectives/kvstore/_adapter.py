@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError
 from ..transport.base import Request, Transport
-from ._wire import REPLY_TAG, REQUEST_TAG, Message, decode
+from ._wire import REPLY_TAG, REQUEST_TAG, STORE_FIELD, Message, decode
 
 if TYPE_CHECKING:
     from ..communicator import Communicator
@@ -30,11 +30,17 @@ class Channel:
             communicator), for the collectives the store runs; on a loopback
             transport, which cannot be duplicated, the user's own.
         owned: whether the store made ``comm`` and frees it on close.
+        store: the store's number, agreed by the ranks as it is created (see
+            ``store.create``) and carried by each of its messages. MPI gives a freed
+            communicator's context to the next one made, so messages of a store
+            closed with some unreceived (the break of a store cut requests short)
+            could otherwise be taken as a later store's own: they are dropped.
     """
 
     comm: "Communicator"
     owned: bool
     limit: float | None = None  # the store's own timeout, where it differs from the communicator's
+    store: int = 0
 
     def __post_init__(self) -> None:
         self._sends: list[tuple[Request, Any]] = []  # (request, buffer kept alive until it completes)
@@ -61,8 +67,13 @@ class Channel:
         """Put ``tag`` in the signature of the store's next collectives (``b""``: none)."""
         self.comm.watchdog.tag = tag
 
+    def break_off(self, why: str) -> None:
+        """Break the store's communicator on every rank (its calls may be one apart), naming ``why``."""
+        self.comm.watchdog.break_off(why)
+
     def send(self, buffer: Any, dst: int, tag: int) -> None:
-        """Start sending ``buffer``; it completes later (:meth:`progress`): no send waits for its receiver."""
+        """Start sending message ``buffer``; it completes later (:meth:`progress`): no send waits for it."""
+        STORE_FIELD[0].pack_into(buffer, STORE_FIELD[1], self.store)
         with self._lock:
             self._sends.append((self.transport.isend(buffer, dst, tag), buffer))
             crowded = len(self._sends) >= _UNTESTED or memoryview(buffer).nbytes >= _LARGE
@@ -93,11 +104,17 @@ class Channel:
 
         A colocated rank's worker and server thread may both take requests, so a
         probe and the receive of what it found happen under one lock: another
-        thread cannot receive the probed message in between.
+        thread cannot receive the probed message in between. A message of another
+        store (see :attr:`store`) is dropped.
         """
-        with self._taking[tag]:
-            found = self.transport.take(tag)
-        return None if found is None else decode(found[1])
+        while True:
+            with self._taking[tag]:
+                found = self.transport.take(tag)
+            if found is None:
+                return None
+            message = decode(found[1])
+            if message.store == self.store:
+                return message
 
     def receive(self, tag: int, timeout: float) -> Message | None:
         """The next message with ``tag``, waiting at most ``timeout`` s; ``None`` if none came.

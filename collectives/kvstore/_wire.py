@@ -5,6 +5,7 @@ __all__ = [
     "QUIET",
     "REPLY_TAG",
     "REQUEST_TAG",
+    "STORE_FIELD",
     "Fault",
     "Kind",
     "Message",
@@ -31,7 +32,9 @@ from ..transport.tags import Tag
 REQUEST_TAG = Tag.KV_REQUEST
 REPLY_TAG = Tag.KV_REPLY
 
-_HEADER = struct.Struct("<iiiiqqqii")
+_HEADER = struct.Struct("<iiiiqqqiii")
+STORE_FIELD = (struct.Struct("<i"), _HEADER.size - 4)
+"""Where the store's number is in a message (its header's last field): the channel writes it on sending."""
 _LENGTH = struct.Struct("<q8x")  # a bundled message's length, padded to keep the message aligned
 _DATA_ALIGN = 16  # the data starts on this boundary, so its views are aligned
 
@@ -53,6 +56,7 @@ class Kind(IntEnum):
     LOAD = 9
     CONFIRM = 10  # answered at once: its OK confirms the quiet requests sent to that server before it
     BATCH = 11  # several messages to one rank as one (see bundle): requests or replies
+    BREAK = 12  # a worker's call was interrupted: the server refuses everything but a close from now on
     OK = 16
     DATA = 17
     ERROR = 18
@@ -64,6 +68,7 @@ class Fault(IntEnum):
     OTHER = 0
     LATE = 1  # waited in vain for the workers listed
     MISMATCH = 2  # a worker described a key differently from worker 0
+    BROKEN = 3  # the store is broken (a worker's call was interrupted); the text says whose and why
 
 
 @dataclass
@@ -80,6 +85,7 @@ class Message:
     text: str
     data: memoryview
     flags: int = 0  # QUIET or 0
+    store: int = 0  # the store's number (see Channel.store): a message of another store is not taken
 
 
 def check_key(key: object) -> None:
@@ -127,7 +133,7 @@ def encode(
     start = -(-head // _DATA_ALIGN) * _DATA_ALIGN
     payload = None if data is None else np.ascontiguousarray(data).reshape(-1).view(np.uint8).data
     buffer = bytearray(start + (0 if payload is None else payload.nbytes))
-    _HEADER.pack_into(buffer, 0, kind, origin, part, flags, req, stamp, aux, len(key), len(raw_text))
+    _HEADER.pack_into(buffer, 0, kind, origin, part, flags, req, stamp, aux, len(key), len(raw_text), 0)
     buffer[_HEADER.size : head] = key + raw_text
     if payload is not None:
         buffer[start:] = payload
@@ -168,12 +174,12 @@ def decode(buffer: Any) -> Message:
     view = memoryview(buffer)
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
-    kind, origin, part, flags, req, stamp, aux, key_len, text_len = _HEADER.unpack_from(view, 0)
+    kind, origin, part, flags, req, stamp, aux, key_len, text_len, store = _HEADER.unpack_from(view, 0)
     at = _HEADER.size
     key = bytes(view[at : at + key_len])
     text = str(view[at + key_len : at + key_len + text_len], "utf-8") if text_len else ""
     start = -(-(at + key_len + text_len) // _DATA_ALIGN) * _DATA_ALIGN
-    return Message(_KINDS[kind], origin, part, req, stamp, aux, key, text, view[start:], flags)
+    return Message(_KINDS[kind], origin, part, req, stamp, aux, key, text, view[start:], flags, store)
 
 
 BUNDLE_BYTES = 1 << 16

@@ -4,6 +4,7 @@ __all__ = ["WHOLE_BYTES", "Plan", "Rounds", "key_tag"]
 
 import hashlib
 import itertools
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CollectiveTimeout, KeyMismatchError, KVStoreTimeout, MismatchError
+from ..errors import CollectiveTimeout, KeyMismatchError, KVStoreError, KVStoreTimeout, MismatchError
 from ..ops import ReduceOp
 from ._adapter import Channel
 from ._wire import key_bytes
@@ -63,6 +64,29 @@ class Plan:
 
 def _in_rank_order(parts: tuple[Partition, ...]) -> bool:
     return all(a.server <= b.server for a, b in itertools.pairwise(parts))
+
+
+_numbers_lock = threading.Lock()
+_last_number = 0  # the highest store number this process has taken part in
+
+
+def number_store(channel: Channel) -> None:
+    """Give the store a number no earlier store of this process had, the same on every rank; collective.
+
+    Each rank offers one more than the highest it has seen and all take the
+    largest, so that no message of an earlier store on a reused MPI context (or on
+    the same loopback communicator) is taken as this store's (see ``Channel.store``).
+    """
+    global _last_number
+    from .. import api
+
+    with _numbers_lock:
+        offer = _last_number + 1
+    agreed = api.allreduce(np.array([offer], np.int64), "max", comm=channel.comm)
+    number = int(agreed[0]) % (1 << 31)
+    with _numbers_lock:
+        _last_number = max(_last_number, int(agreed[0]))
+    channel.store = number
 
 
 class Rounds:
@@ -344,6 +368,8 @@ class Rounds:
                     for p, part in zip(held, stored, strict=True):
                         run[p.lo - start : p.hi - start] = part.value
                     return run
+            if server.broken is not None:  # the round will not come
+                raise KVStoreError(server.broken)
             if time.monotonic() > deadline:
                 raise KVStoreTimeout(
                     f"pull of key {key!r} on rank {self._channel.rank}: its server waited "

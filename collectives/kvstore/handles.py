@@ -35,15 +35,29 @@ T = TypeVar("T")
 class Claim:
     """Which thread's call runs on a store: one at a time, so no call's messages meet another's.
 
-    Taken without waiting (a lock, atomic with or without the GIL) before a call
-    checks or sends anything; a call the store makes inside one of the same
-    thread's holds it already.
+    Taken without waiting before a call checks or sends anything, in one step that
+    also records the thread (a dict's ``setdefault``, atomic with or without the
+    GIL), so that no interrupt falls between taking it and knowing who holds it; a
+    call the store makes inside one of the same thread's holds it already.
     """
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.held: dict[int, int] = {}  # {0: the thread holding it}, while one does
         self.owner = 0  # the thread holding it; only this thread ever finds its own number here
         self.flush: Callable[[], None] | None = None  # run as the outermost call returns: its requests leave
+        # run with an error leaving the outermost call (see Link.escaped): the store's boundary
+        self.escaped: Callable[[str, BaseException], None] | None = None
+
+    def ended(self, what: str, error: BaseException, me: int) -> None:
+        """``error`` leaves thread ``me``'s call ``what``: if it held the claim, account and give it back."""
+        if self.held.get(0) != me:  # refused (another thread's call runs), or interrupted before taking it
+            return
+        try:
+            if self.escaped is not None:
+                self.escaped(what, error)
+        finally:
+            self.owner = 0
+            del self.held[0]
 
 
 class Claimant(Protocol):
@@ -61,6 +75,9 @@ C = TypeVar("C", bound=Claimant)
 def claimed(method: Callable[Concatenate[C, P], T]) -> Callable[Concatenate[C, P], T]:
     """``method`` of the store (or its link), run only while this thread holds the store's :class:`Claim`.
 
+    The boundary of every call on the store: an error leaving it is accounted for
+    by :attr:`Claim.escaped` (an interrupt breaks the store on every rank).
+
     Raises:
         KVStoreError: another thread's call on the store is running; nothing of this one was sent.
     """
@@ -70,21 +87,22 @@ def claimed(method: Callable[Concatenate[C, P], T]) -> Callable[Concatenate[C, P
         claim, me = store.claim, threading.get_ident()
         if claim.owner == me:
             return method(store, *args, **kwargs)
-        if not claim.lock.acquire(False):
-            raise KVStoreError(
-                f"rank {store.rank}: {_thread_name(me)} called {method.__name__} on a store while "
-                f"{_thread_name(claim.owner)}'s call on it was running; order the threads' calls on one store"
-            )
-        claim.owner = me
         try:
+            owner = claim.held.setdefault(0, me)
+            if owner != me:
+                raise KVStoreError(
+                    f"rank {store.rank}: {_thread_name(me)} called {method.__name__} on a store while "
+                    f"{_thread_name(owner)}'s call on it was running; order the threads' calls on one store"
+                )
+            claim.owner = me
             result = method(store, *args, **kwargs)
-        finally:
-            try:
-                if claim.flush is not None:
-                    claim.flush()
-            finally:
-                claim.owner = 0
-                claim.lock.release()
+            if claim.flush is not None:
+                claim.flush()
+        except BaseException as error:
+            claim.ended(method.__name__, error, me)
+            raise
+        claim.owner = 0  # no interrupt can fall between these two (no call between them)
+        del claim.held[0]
         return result
 
     return call

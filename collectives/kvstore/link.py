@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import KVStoreError, KVStoreTimeout, TransportError, UnknownKeyError
+from ..errors import CollectivesError, KVStoreError, KVStoreTimeout, TransportError, UnknownKeyError
 from ._adapter import Channel
 from ._wire import (
     BUNDLE_BYTES,
@@ -74,7 +74,10 @@ class Link:
         self._raw_keys: dict[Any, bytes] = {}  # each key as it travels, made once (1 and "1" differ)
         self.requests: dict[int, Request] = {}
         self.clock = 0
-        self.closed = False
+        self.closed = False  # closed, or broken: no call goes on
+        self.left = False  # close() sent its requests
+        self.broken: str | None = None  # why the store is broken (see escaped), if it is
+        self.collective = False  # whether the store runs collectives on its channel (sync rounds)
         self._server: Server | None = None
         self.mailbox: deque[Message] = deque()  # replies of this rank's own server: no MPI, no bytes
         self._own: Server | None = None  # the server requests to this rank go to in this process, if any
@@ -88,6 +91,7 @@ class Link:
         # server -> requests not sent yet (to this rank's own server: messages without bytes)
         self.outbox: dict[int, tuple[list[Any], list[Request]]] = {}
         self.claim.flush = self.flush  # a call's requests leave when it returns
+        self.claim.escaped = self.escaped
 
     @property
     def server(self) -> "Server | None":
@@ -112,12 +116,18 @@ class Link:
             KVStoreError: the store is closed, or ``key`` is not a key; UnknownKeyError: never initialised.
         """
         if self.closed:
-            raise KVStoreError(f"the store is closed on rank {self.rank}")
+            raise self.unusable()
         check_key(key)
         meta = self.keys.get(key)
         if meta is None:
             raise UnknownKeyError(f"key {key!r} was never initialised (rank {self.rank}); call init first")
         return meta
+
+    def unusable(self) -> KVStoreError:
+        """The error of a call on a closed or broken store."""
+        if self.broken is not None:
+            return KVStoreError(f"rank {self.rank}: {self.broken}")
+        return KVStoreError(f"the store is closed on rank {self.rank}")
 
     def layout(self, key: Any, shape: tuple[int, ...], dtype: np.dtype[Any], pushes: int = 0) -> KeyInfo:
         """``key``'s partitions over this store's servers, for a value of ``shape`` and ``dtype``."""
@@ -239,11 +249,7 @@ class Link:
         server = self._server
         if server is None or self.thread is None:
             return False
-        message = self.channel.take(REQUEST_TAG)
-        if message is None:
-            return False
-        server.take(message)
-        return True
+        return server.take_next(wait=False)  # a busy server thread is serving meanwhile
 
     def pump(self, timeout: float) -> bool:
         """Take one reply (or a bundle of them), waiting at most ``timeout`` seconds; whether one came.
@@ -280,15 +286,20 @@ class Link:
         request = self.requests.pop(message.req, None)
         if request is not None:
             self._fill(request, message)
+        elif message.kind == Kind.ERROR and message.aux == Fault.BROKEN and self.broken is None:
+            self.broken = message.text  # a server's notice that another worker broke the store
+            self.closed = True
 
-    @staticmethod
-    def _fill(request: Request, message: Message) -> None:
+    def _fill(self, request: Request, message: Message) -> None:
         request.stamp = message.stamp
         request.aux = message.aux
         if message.kind == Kind.ERROR:
             request.error = message.text
             request.fault = Fault(message.aux)
             request.workers = tuple(int(w) for w in np.frombuffer(message.data, np.int64))
+            if request.fault == Fault.BROKEN and self.broken is None:  # another worker's call was interrupted
+                self.broken = message.text
+                self.closed = True
         elif request.on_data is not None:
             request.on_data(message)
         request.done = True
@@ -296,7 +307,8 @@ class Link:
     def _raise_refused(self) -> None:
         if self.refused:
             request = self.refused.pop(0)
-            raise error_from(request)
+            if self.broken is None or not self.left:  # a broken store's close is clean: the break was told
+                raise error_from(request)
 
     @claimed
     def test(self, requests: list[Request]) -> None:
@@ -349,6 +361,8 @@ class Link:
                 continue
             if self.server is not None and self.server.error is not None:
                 raise KVStoreError(f"the server on rank {self.rank} failed: {self.server.error!r}")
+            if self.broken is not None and not self.left:  # its answers may never come
+                raise self.unusable()
             left = deadline - time.monotonic()
             if left <= 0:
                 raise self._silent(requests, limit)
@@ -362,6 +376,48 @@ class Link:
             key=requests[0].key,
             servers=tuple(silent),
         )
+
+    def escaped(self, what: str, error: BaseException) -> None:
+        """Account for ``error`` leaving the store's call ``what``: every call's boundary (see ``claimed``).
+
+        The store's own errors are its checks, made before anything is sent or
+        counted, or what the servers or collectives told every worker concerned: the
+        call's requests leave as they would have. Any other (an interrupt, a signal
+        handler's exception) may have left this worker's rounds, clock or requests
+        sent in part, or its collectives a call apart from its peers': the store
+        breaks on every rank (:meth:`break_off`), naming the error.
+        """
+        if isinstance(error, CollectivesError):
+            if self.broken is None:
+                self.flush()
+            return
+        if self.broken is None:
+            self.break_off(f"the store's {what} interrupted ({type(error).__name__})")
+            error.add_note(f"rank {self.rank}: {self.broken}")
+
+    def break_off(self, why: str) -> None:
+        """Break the store on every rank, naming ``why``: every server refuses all but a close from now on.
+
+        Each server fails the requests waiting at it and answers every later one
+        with the reason (a worker so told is broken too); the store's communicator
+        is broken on every rank where its calls are collectives. Nothing is waited for.
+        """
+        if self.broken is not None:
+            return
+        self.broken = f"rank {self.rank} broke the store: {why}; it is unusable now"
+        self.closed = True
+        self.outbox.clear()  # this call's requests not sent yet stay unsent
+        self.refused.clear()
+        if self.collective:
+            self.channel.break_off(why)  # (a short why: the communicator's notice keeps 64 bytes)
+        try:
+            for server in self.roles.server_ranks:
+                self.send(Kind.BREAK, None, server=server, text=self.broken)
+                if self.left:  # an interrupted close: the servers need not wait for this worker
+                    self.send(Kind.CLOSE, None, server=server)
+            self.flush()
+        except CollectivesError:  # a dead server: nothing to tell it
+            self.outbox.clear()
 
     def settle(self) -> None:
         """Wait for every request in flight, quiet ones confirmed (before a checkpoint or state is taken)."""

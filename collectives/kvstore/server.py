@@ -109,6 +109,7 @@ class Server:
         self.stopping = threading.Event()
         self.lock = threading.Lock()  # the worker's collective pushpull updates partitions too
         self.error: BaseException | None = None
+        self.broken: str | None = None  # why the store is broken (Kind.BREAK), if it is
         self.outbox: dict[int, list[bytearray | Message]] | None = None  # replies of one take(), by worker
         # where replies to this rank's own worker go: messages without bytes (see _wire.local)
         self.mailbox: deque[Message] | None = None
@@ -123,6 +124,7 @@ class Server:
             Kind.SAVE: self._save,
             Kind.LOAD: self._load,
             Kind.CONFIRM: self._confirm,
+            Kind.BREAK: self._break,
         }
 
     # the loop
@@ -145,12 +147,12 @@ class Server:
             while self.open and not self.stopping.is_set():
                 now = time.monotonic()
                 wake = min((w.deadline for w in self.waits), default=math.inf)
-                message = self.channel.take(REQUEST_TAG)
-                if message is not None or now >= wake:
-                    self.take(message)
-                    if message is not None:
-                        hot, pause = time.monotonic() + _HOT_S, _FIRST_PAUSE_S
-                        continue
+                took = self.take_next()
+                if not took and now >= wake:
+                    self.take(None)
+                if took:
+                    hot, pause = time.monotonic() + _HOT_S, _FIRST_PAUSE_S
+                    continue
                 if now < hot:
                     os.sched_yield()
                     continue
@@ -176,18 +178,39 @@ class Server:
         else:
             self.take_all(unbundle(message) if message.kind == Kind.BATCH else (message,))
 
+    def take_next(self, wait: bool = True) -> bool:
+        """Receive a request that has come, if any, and handle it; whether one came.
+
+        Received and handled under one lock: a colocated rank's worker thread takes
+        requests too, and a worker's requests must be handled in the order sent (a
+        push taken by one thread must not be handled after the close the other took).
+        ``wait=False``: none is taken while the other thread holds the lock.
+        """
+        if not self.lock.acquire(wait):
+            return False
+        try:
+            message = self.channel.take(REQUEST_TAG)
+            if message is not None:
+                self._take_all(unbundle(message) if message.kind == Kind.BATCH else (message,))
+            return message is not None
+        finally:
+            self.lock.release()
+
     def take_all(self, messages: Sequence[Message]) -> None:
         """:meth:`take` of ``messages`` in order (a bundle's, or this rank's own worker's)."""
         with self.lock:
-            self.outbox = {}
-            try:
-                for m in messages:
-                    self.handle(m)
-                self._settle()
-            finally:
-                outbox, self.outbox = self.outbox, None
-                for dst, replies in outbox.items():
-                    self._send(dst, replies)
+            self._take_all(messages)
+
+    def _take_all(self, messages: Sequence[Message]) -> None:
+        self.outbox = {}
+        try:
+            for m in messages:
+                self.handle(m)
+            self._settle()
+        finally:
+            outbox, self.outbox = self.outbox, None
+            for dst, replies in outbox.items():
+                self._send(dst, replies)
 
     def _send(self, dst: int, replies: list[bytearray | Message]) -> None:
         if not replies:
@@ -526,6 +549,37 @@ class Server:
         if self.mode == "sync":
             for (key, index), part in self.parts.items():
                 self._complete_rounds(key, index, part)
+        self._reply(m, Kind.OK)
+
+    def _break(self, m: Message) -> None:
+        """A worker's call was interrupted: fail every wait, and refuse every request but a close from now on.
+
+        The handlers are swapped rather than each checking, so that serving costs nothing more.
+        """
+        if self.broken is None:
+            self.broken = m.text
+            refuse: Callable[[Message], None] = self._refuse
+            self._handlers = dict.fromkeys(self._handlers, refuse) | {
+                Kind.CLOSE: self._leave,
+                Kind.BREAK: self._break,
+            }
+            waits, self.waits = self.waits, []
+            self.barriers.clear()
+            for wait in waits:
+                self._refuse(wait.message)
+            # every other worker is told too: a request of its that this rank's worker thread was
+            # handling when interrupted will get no answer
+            for worker in self.open - {m.origin}:
+                made = local if worker == self.rank and self.mailbox is not None else encode
+                self._post(made(Kind.ERROR, self.rank, aux=Fault.BROKEN, text=self.broken), worker)
+        self._reply(m, Kind.OK)
+
+    def _refuse(self, m: Message) -> None:
+        self._error(m, self.broken or "", Fault.BROKEN)
+
+    def _leave(self, m: Message) -> None:
+        """A close on a broken store: no round completes without the worker."""
+        self.open.discard(m.origin)
         self._reply(m, Kind.OK)
 
     def _save(self, m: Message) -> None:

@@ -18,7 +18,7 @@ from ..errors import (
 from ..ops import ReduceOp, get_op
 from ._adapter import Channel, open_channel
 from ._wire import Kind, check_key
-from .collective import Rounds
+from .collective import Rounds, number_store
 from .handles import Handle, Pulled, Request, checked_value, claimed, error_from, filler
 from .layout import DEFAULT_PARTITION_BYTES, Roles
 from .link import GRACE_S, Link
@@ -406,30 +406,37 @@ class KVStore:
         once every worker has closed (or raises :class:`KVStoreTimeout` naming those
         that have not within the timeout). Idempotent.
         """
-        if self._closed:
-            return
-        self._closed = True
+        link = self._link
+        if link.left or (self._closed and link.broken is None):
+            return  # closed, or a dedicated server's store (a broken store is still closed: the servers wait)
+        link.left = self._closed = True
         try:
-            requests = [self._link.send(Kind.CLOSE, None, server=s) for s in self._roles.server_ranks]
-            self._link.wait_for(requests)
-            thread = self._link.thread
-            if thread is not None and self._link.server is not None:
+            if link.broken is not None:  # told by one server: a server not told yet must not
+                for s in self._roles.server_ranks:  # complete the others' rounds without this worker
+                    link.send(Kind.BREAK, None, server=s, text=link.broken)
+            requests = [link.send(Kind.CLOSE, None, server=s) for s in self._roles.server_ranks]
+            link.wait_for(requests)
+            thread = link.thread
+            if thread is not None and link.server is not None:
                 limit = self._channel.timeout + GRACE_S
                 thread.join(None if math.isinf(limit) else limit)
                 if thread.is_alive():
-                    self._link.server.stopping.set()
-                    still = tuple(sorted(self._link.server.open))
+                    link.server.stopping.set()
+                    still = tuple(sorted(link.server.open))
                     raise KVStoreTimeout(
                         f"close: rank {self.rank} waited {self._channel.timeout:g} s "
                         f"for workers {list(still)} to close",
                         workers=still,
                     )
-                if self._link.server.error is not None:
-                    raise KVStoreError(f"the server on rank {self.rank} failed: {self._link.server.error!r}")
+                if link.server.error is not None:
+                    raise KVStoreError(f"the server on rank {self.rank} failed: {link.server.error!r}")
             try:
                 self._channel.flush(min(self._channel.timeout, 30.0))
             except TransportError as error:  # a dead server (ULFM)
-                raise self._link.failed(error, requests) from error
+                raise link.failed(error, requests) from error
+        except BaseException as error:  # close's boundary: an interrupt breaks the store (the close goes)
+            link.escaped("close", error)
+            raise
         finally:
             self._release()
 
@@ -447,7 +454,7 @@ class KVStore:
 
     def _pairs(self, key: Any, value: Any) -> tuple[list[Any], list[Any]]:
         if self._closed:
-            raise KVStoreError(f"the store is closed on rank {self.rank}")
+            raise self._link.unusable()
         keys = list(key) if isinstance(key, list | tuple) else [key]
         for k in keys:  # every key checked before any is sent
             check_key(k)
@@ -546,6 +553,8 @@ def create(
                 f"colocated servers need MPI_THREAD_MULTIPLE, MPI gives {channel.transport.thread_level!r}; "
                 "use servers=k dedicated server ranks, or initialise MPI with threads"
             )
+        if channel.owned:  # a duplicate made now, collectively: MPI may give it a freed store's context
+            number_store(channel)
     except BaseException:
         channel.close()
         raise
@@ -557,6 +566,7 @@ def create(
         store._link.server = server
         if collective and mode == "sync" and not roles.dedicated:
             store._rounds = Rounds(channel, server, reduce_op)
+            store._link.collective = True
         if not roles.is_worker(rank):
             store._closed = True
             try:

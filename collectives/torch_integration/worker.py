@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from ..communicator import Communicator, communicator_of
-from ..dispatch import refuse
+from ..dispatch import escaped, refuse
 from ..errors import CollectiveTimeout
 from ..selector import AUTO
 
@@ -84,7 +84,10 @@ class BackgroundWorker:
         future: Job[T] = Job(self)
         if self._inline:
             future.set_running_or_notify_cancel()
-            _settle(future, _outcome(job))
+            outcome = _outcome(job)
+            if outcome[1] is not None:  # on the caller's thread: an interrupt between a job's collectives
+                escaped(self.communicator, "a torch job", outcome[1])
+            _settle(future, outcome)
         else:
             self._jobs.put((job, future))
             before_waiting()
