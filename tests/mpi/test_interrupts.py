@@ -103,8 +103,8 @@ PATHS = [(collective, cold) for collective in ("allreduce", "allgather", "reduce
 def test_an_interrupt_entering_any_function_of_a_call_never_shifts_the_ranks(
     world: MPI.Intracomm, collective: str, cold: bool
 ) -> None:
-    if world.size == 1:
-        pytest.skip("needs a peer to interrupt")
+    if world.size not in (2, 3):  # each function of the path in turn: long past 3 ranks on 2 cores
+        pytest.skip("2 and 3 ranks show it")
     problems = Problems(world)
     # the functions rank 1's call enters on this path, after two calls of the same shape
     comm = collectives.Communicator(world, timeout=20.0)

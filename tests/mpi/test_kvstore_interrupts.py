@@ -121,6 +121,8 @@ def test_an_interrupt_entering_any_function_of_a_stores_call_never_shifts_the_wo
 ) -> None:
     if _workers(case) < 2:
         pytest.skip("needs a worker beside the one interrupted")
+    if world.size > 3:  # each function of the step in turn: long past 3 ranks on 2 cores
+        pytest.skip("2 and 3 ranks show it")
     problems = Problems(world)
     # the functions worker 1's step enters, after steps of the same shape
     kv = _store(world, case)
