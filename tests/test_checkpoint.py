@@ -136,3 +136,34 @@ def test_training_state_round_trips_model_optimizer_and_step(tmp_path: Path) -> 
     for straight, resumed in run_ranks(2, body):
         for a, b in zip(straight, resumed, strict=True):
             assert torch.equal(a, b)  # bitwise: the momentum came back too
+
+
+def test_a_training_checkpoints_store_folder_that_is_a_link_is_never_followed(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch", reason="the torch helpers need torch (pip install torch==2.13.0)")
+    from collectives.torch_integration import load_training, save_training
+    from tests.test_kvstore import run_store
+
+    outside = tmp_path / "outside"
+    (outside / "v00000003").mkdir(parents=True)
+    (outside / "marker").write_text("untouched")
+    before = sorted(p.relative_to(outside) for p in outside.rglob("*"))
+    checkpoints = tmp_path / "checkpoints"
+
+    def body(kv: Any, comm: Communicator) -> list[str]:
+        net = torch.nn.Linear(2, 2)
+        kv.init("w", np.zeros(4, np.float32))
+        save_training(checkpoints, 2, net, comm=comm, kv=kv)
+        store = folder_of(checkpoints, 2) / "kvstore"  # a link planted where the store's folder is read
+        store.rename(tmp_path / "moved")
+        store.symlink_to(outside)
+        errors = []
+        try:
+            load_training(checkpoints, torch.nn.Linear(2, 2), comm=comm, kv=kv)
+        except CheckpointError as error:
+            errors.append(str(error))
+        return errors
+
+    for errors in run_store(1, body):
+        assert errors and "symbolic link" in errors[0] and "kvstore" in errors[0], errors
+    assert sorted(p.relative_to(outside) for p in outside.rglob("*")) == before
+    assert (outside / "marker").read_text() == "untouched"

@@ -123,7 +123,7 @@ def save_training(
 
     def save_store(folder: Path) -> None:
         if kv is not None:
-            kv.save(folder / _STORE_FOLDER)
+            kv.save(_store_folder(folder))
 
     return save(directory, state, step, comm=comm, keep=keep, before_manifest=save_store)
 
@@ -157,5 +157,15 @@ def load_training(
     version, state = found
     step = restore_training(state, model, optimizer)
     if kv is not None:
-        kv.load(folder_of(directory, version) / _STORE_FOLDER)
+        kv.load(_store_folder(folder_of(directory, version)))
     return step
+
+
+def _store_folder(version: Path) -> Path:
+    """The store's folder inside a version's; never a link, which could lead out of the checkpoint."""
+    folder = version / _STORE_FOLDER
+    if folder.is_symlink():
+        raise CheckpointError(
+            f"{str(folder)!r} is a symbolic link; a store's checkpoint is not followed out of it"
+        )
+    return folder
