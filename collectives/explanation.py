@@ -90,6 +90,16 @@ class Explanation:
     measured: tuple[tuple[str, float], ...] = ()
     note: str | None = None
 
+    def __repr__(self) -> str:
+        # one short line, as a REPL shows it; str() (print) gives the whole table
+        size = _bytes(self.count * itemsize(self.dtype))
+        chosen = next((c for c in self.candidates if c.algorithm == self.choice), None)
+        choice = "none applies" if chosen is None else f"{chosen.algorithm} ({chosen.time * 1e6:.2f} us)"
+        return (
+            f"<Explanation {self.collective} of {size} {self.dtype} over {self.world_size} ranks: {choice}; "
+            f"{len(self.candidates)} candidates, {len(self.rejected)} rejected; print() it for the table>"
+        )
+
     def __str__(self) -> str:
         size = self.count * itemsize(self.dtype)
         op = "" if self.op is None else f", op {self.op}"

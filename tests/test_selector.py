@@ -191,6 +191,15 @@ def test_explain_checks_its_arguments() -> None:
         C.explain("allreduce", -1, world_size=2)
 
 
+def test_an_explanations_repr_is_one_short_line_naming_the_choice() -> None:
+    explanation = C.explain("allreduce", 1 << 20, world_size=4)
+    shown = repr(explanation)
+    assert "\n" not in shown and len(shown) < 200, shown
+    assert shown.startswith("<Explanation allreduce of 4 MiB float32 over 4 ranks: ")
+    assert f"{explanation.choice} (" in shown and "print() it for the table" in shown
+    assert str(explanation).count("\n") > 5  # print() still shows the table
+
+
 def test_explain_takes_the_world_size_from_the_communicator(ranks: Ranks) -> None:
     explanations = ranks(3, lambda comm: C.explain("allreduce", 30, comm=comm))
     assert [e.world_size for e in explanations] == [3, 3, 3]
