@@ -229,6 +229,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     settings = _settings(parser, args, world.size)
+    if world.size == 1:  # started without mpiexec, most likely: say so, not only a table of one rank
+        print(
+            f"bench: one rank, so nothing travels between ranks; to measure {args.collective} across "
+            f"ranks, start it under mpiexec: mpiexec -n 4 {sys.executable} -m bench {args.collective}",
+            file=sys.stderr,
+        )
     rows = _abort_on_error(world, lambda: run(settings, world, emit))
     if args.json is not None and world.rank == 0:
         record = to_json(settings, world.size, library_version(), rows)

@@ -90,7 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--array", choices=("cupy", "numpy"), default="cupy")
     args = parser.parse_args(argv)
     world = MPI.COMM_WORLD
-    xp, synchronize = _array_module(args.array, world.rank)
+    try:
+        xp, synchronize = _array_module(args.array, world.rank)
+    except ImportError:
+        parser.error("--array cupy needs CuPy on a machine with a CUDA GPU (pip install the cupy extra); "
+                     "--array numpy times host arrays instead")  # fmt: skip
     comm = collectives.Communicator(world)
     if world.rank == 0:
         loops = f"{args.calls} calls x {args.rounds} rounds"

@@ -551,3 +551,31 @@ def test_bench_kvstore_rejects_more_servers_than_ranks() -> None:
     result = run_mpi(2, ["-m", "bench", "kvstore", "-s", "2"], timeout=30)
     assert result.returncode != 0
     assert "a count from 1 to 1" in result.stdout
+
+
+def test_a_bench_started_without_mpiexec_says_it_runs_on_one_rank() -> None:
+    import subprocess
+    import sys
+
+    from tests.mpirun import ROOT
+
+    args = [sys.executable, "-m", "bench", "allreduce", "-b", "8", "-e", "8", "-n", "1", "-w", "0"]
+    result = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "bench: one rank, so nothing travels between ranks" in result.stderr
+    assert "mpiexec -n 4" in result.stderr
+    assert result.stdout.startswith("# collectives allreduce benchmark")  # the table as before
+
+
+def test_the_device_bench_without_cupy_says_what_it_needs() -> None:
+    import subprocess
+    import sys
+
+    from tests.mpirun import ROOT
+
+    code = "import sys; sys.modules['cupy'] = None; from bench.device_allreduce import main; main([])"
+    command = [sys.executable, "-c", code]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "--array cupy needs CuPy" in result.stderr and "--array numpy" in result.stderr
+    assert "Traceback" not in result.stderr
