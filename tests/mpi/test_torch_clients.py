@@ -5,7 +5,6 @@ where a single process can compute the same, as one process does.
 """
 
 from collections.abc import Callable, Iterator
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -25,16 +24,6 @@ pytestmark = [
 
 ONE_PROCESS_TOLERANCE = 1e-6
 """Largest gap from one process's parameters (float32 sums in another order)."""
-
-
-@pytest.fixture
-def group(world: MPI.Intracomm) -> Iterator[int]:
-    """The default group on the collectives backend; yields the world size."""
-    dist.init_process_group("collectives", init_method="mpi://", timeout=timedelta(seconds=60))
-    try:
-        yield world.size
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.fixture

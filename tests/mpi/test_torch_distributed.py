@@ -1,6 +1,5 @@
 """The collectives torch.distributed backend's calls beyond allreduce, under mpiexec, with exact answers."""
 
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -19,16 +18,6 @@ pytestmark = pytest.mark.mpi
 at_two_ranks = pytest.mark.skipif(
     MPI.COMM_WORLD.size != 2, reason="runs at 2 ranks, the MPI suite's others skip it"
 )
-
-
-@pytest.fixture
-def group(world: MPI.Intracomm) -> Iterator[int]:
-    """The default group on the collectives backend; yields the world size."""
-    dist.init_process_group("collectives", init_method="mpi://", timeout=timedelta(seconds=60))
-    try:
-        yield world.size
-    finally:
-        dist.destroy_process_group()
 
 
 def _same(problems: Problems, label: str, actual: "torch.Tensor", expected: "torch.Tensor") -> None:

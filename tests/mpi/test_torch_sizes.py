@@ -1,8 +1,7 @@
 """The collectives torch.distributed backend under mpiexec: sizes checked, resizable tensors, PREMUL_SUM."""
 
 import re
-from collections.abc import Callable, Iterator
-from datetime import timedelta
+from collections.abc import Callable
 
 import pytest
 from mpi4py import MPI
@@ -18,16 +17,6 @@ pytestmark = pytest.mark.mpi
 # the names torch 2.13 gives all_gather_into_tensor and reduce_scatter_tensor (the old ones warn there)
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-
-
-@pytest.fixture
-def group(world: MPI.Intracomm) -> Iterator[int]:
-    """The default group on the collectives backend; yields the world size."""
-    dist.init_process_group("collectives", init_method="mpi://", timeout=timedelta(seconds=60))
-    try:
-        yield world.size
-    finally:
-        dist.destroy_process_group()
 
 
 def _raises(problems: Problems, label: str, call: Callable[[], object], *patterns: str) -> None:
