@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING, Any, cast
 from ._env import env_flag
 from .backends import ArrayBackend
 from .call import Call, Tracked
-from .errors import CalibrationError, ConfigurationError, InvalidBufferError, MismatchError
+from .errors import CalibrationError, InvalidBufferError
 from .execute import Scratch
 from .execute_shared import OVERSUBSCRIBED_SEGMENT_BYTES, SEGMENT_BYTES, SharedExecutor, oversubscribed
 from .selector import Selector, default_selector, selector_for
+from .settings_agreement import SETTINGS_BYTES, Setting, compared, differences, settings_of
 from .topology.cost_model import CostModel
 from .transport.base import NodeSplit, Transport
 from .transport.device import Device
@@ -92,7 +93,7 @@ class Communicator:
         check: bool | None = None,
         tune: bool | None = None,
     ) -> None:
-        checks, tunes = _compared(flag, check, CHECK_ENV, True), _compared(tuning_wanted, tune)
+        checks, tunes = compared(flag, check, CHECK_ENV, True), compared(tuning_wanted, tune)
         self.tuner: Tuner | None = Tuner() if tunes.value else None
         self._selector: Selector | None = None  # agreed on the first algorithm="auto"
         self._shared: SharedExecutor | None = None
@@ -116,12 +117,12 @@ class Communicator:
         checked = checks.value is not False
         self.watchdog = Watchdog(self._transport, timeout=timeout, stall_warning=stall_warning, check=checked)
         settings = {f"{CHECK_ENV} or check=": checks, f"{TUNE_ENV} or tune=": tunes}
-        settings[CUDA_IPC_ENV] = _compared(env_flag, CUDA_IPC_ENV)
+        settings[CUDA_IPC_ENV] = compared(env_flag, CUDA_IPC_ENV)
         if self._transport.FINDS_NODES_TOGETHER:  # the MPI transport's own: read where mpi4py is imported
             from .transport.mpi import CUDA_AWARE_ENV, RANKS_PER_NODE_ENV, ranks_per_node
 
-            settings[RANKS_PER_NODE_ENV] = _compared(lambda: ranks_per_node() or None)  # 0: unset
-            settings[CUDA_AWARE_ENV] = _compared(env_flag, CUDA_AWARE_ENV)
+            settings[RANKS_PER_NODE_ENV] = compared(lambda: ranks_per_node() or None)  # 0: unset
+            settings[CUDA_AWARE_ENV] = compared(env_flag, CUDA_AWARE_ENV)
         self._agree_on_settings(settings)
 
     @property
@@ -206,7 +207,7 @@ class Communicator:
                         records[peer] = bytes(heard)
         return records
 
-    def _agree_on_settings(self, settings: "dict[str, _Setting]") -> None:
+    def _agree_on_settings(self, settings: "dict[str, Setting]") -> None:
         """Compare ``settings`` with the other ranks' in the setup's bounded exchange; raise if they differ.
 
         Before anything that acts on them: a pretend node split on one rank only
@@ -218,13 +219,13 @@ class Communicator:
         problem: Exception | None = next((s.problem for s in settings.values() if s.problem), None)
         if self.size > 1 and self._transport.FINDS_NODES_TOGETHER:
             # short texts of ours (no raw values), so the record always fits
-            record = json.dumps(shown).encode().ljust(_SETTINGS_BYTES)
+            record = json.dumps(shown).encode().ljust(SETTINGS_BYTES)
             watchdog = self.watchdog
             # unnumbered and unrecorded: a creation is no collective call ($COLLECTIVES_FAULT counts calls)
             watchdog.claim("setup")
             with Call(watchdog, watchdog.guard("setup", "-", 0).signature, watchdog.sequence) as call:
                 records = self._meet_by_messages(call, "the settings' comparison", record)
-            differ = _differences([_settings_of(r) for r in records])
+            differ = differences([settings_of(r) for r in records])
             if problem is None and differ is not None:
                 problem = differ
         if problem is not None:
@@ -563,66 +564,6 @@ def _agree_on_selector(call: Call, transport: Transport, nodes: int = 1) -> Sele
         source="calibration of rank 0",
     )
     return selector_for(model)
-
-
-_SETTINGS_BYTES = 512  # the settings' record each rank sends at creation: JSON of short texts, padded
-
-
-class _Setting:
-    """One compared setting on this rank: its value, how the comparison shows it, and why it is unusable."""
-
-    __slots__ = ("problem", "shown", "value")
-
-    def __init__(self, value: object, shown: str, problem: ConfigurationError | None = None) -> None:
-        self.value = value
-        self.shown = shown
-        self.problem = problem
-
-
-def _compared(read: Callable[..., object], *args: object) -> _Setting:
-    """The setting ``read(*args)`` gives; where it raises, an unusable one the comparison shows as such."""
-    try:
-        value = read(*args)
-    except ConfigurationError as error:
-        return _Setting(None, "unusable (see its error)", error)
-    shown = "unset" if value is None else str(int(value)) if isinstance(value, bool | int) else str(value)
-    return _Setting(value, shown)
-
-
-def _settings_of(record: bytes) -> dict[str, str]:
-    try:
-        settings = json.loads(record)
-    except ValueError:
-        settings = None
-    if not isinstance(settings, dict):  # another version of the library, say
-        return {"the settings' record": "unreadable"}
-    return {str(name): str(value) for name, value in settings.items()}
-
-
-def _differences(settings: list[dict[str, str]]) -> MismatchError | None:
-    """The error every rank raises where the ranks' settings (one dict per rank) differ; else ``None``."""
-    fields: dict[str, dict[str, tuple[int, ...]]] = {}
-    for name in dict.fromkeys(name for each in settings for name in each):
-        values: dict[str, list[int]] = {}
-        for rank, each in enumerate(settings):
-            values.setdefault(each.get(name, "not compared"), []).append(rank)
-        if len(values) > 1:
-            fields[name] = {value: tuple(ranks) for value, ranks in values.items()}
-    if not fields:
-        return None
-    clauses = [
-        f"{name}: " + "; ".join(f"{value} on {_ranks(ranks)}" for value, ranks in values.items())
-        for name, values in fields.items()
-    ]
-    return MismatchError(
-        "the ranks' settings differ, so their calls would not pair; set them alike on every rank: "
-        + " | ".join(clauses),
-        fields,
-    )
-
-
-def _ranks(ranks: Sequence[int]) -> str:
-    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 
 
 def _peers(transport: Transport) -> list[int]:
