@@ -23,7 +23,6 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from concurrent.futures import wait as wait_futures
 from typing import TYPE_CHECKING, Any
 
 from .communicator import Communicator, communicator_of
@@ -80,7 +79,9 @@ def wait_all(requests: Iterable[Request]) -> list[Any]:
         Exception: the first failed request's error, once all have completed.
     """
     requests = list(requests)
-    wait_futures([r._future for r in requests])
+    for request in requests:  # every call completes before an error is raised
+        with contextlib.suppress(Exception):
+            request.wait()
     return [r.wait() for r in requests]
 
 

@@ -66,7 +66,7 @@ def write_shard(
     """Write the partitions a server ``held`` (value, shape, round) and optimizer state as shard ``index``."""
     parts = []
     for (raw, part_index), part in sorted(held.items()):
-        saved = {} if optimizer is None else optimizer._state.get((parse_key(raw), part_index), {})
+        saved = {} if optimizer is None else optimizer.partition_state(parse_key(raw), part_index)
         parts.append({"key": raw.decode(), "part": part_index, "shape": part.shape, "round": part.round,
                       "value": part.value, "state": dict(saved)})  # fmt: skip
     pieces = state_pieces({"id": checkpoint, "parts": parts}, f"shard {index}", owner={"shard": index})

@@ -119,7 +119,6 @@ class Rounds:
 
         self._allreduce = api.allreduce  # looked up once: api is imported lazily (it imports the package)
         self._comm = channel.comm
-        self._watchdog = channel.comm.watchdog
 
     def push_keys(self, items: list[tuple[Any, KeyInfo, Any]]) -> None:
         """:meth:`push` each (key, its info, value), every value checked before any round runs."""
@@ -179,8 +178,8 @@ class Rounds:
         self, plan: Plan, key: Any, what: str, tag: bytes, value: np.ndarray, target: np.ndarray
     ) -> None:
         """The plan's allreduce of ``value`` into ``target``, tagged; the servers assign the result."""
-        watchdog = self._watchdog
-        watchdog.tag = tag
+        tag_calls = self._channel.tag_calls
+        tag_calls(tag)
         try:
             self._allreduce(value, self._op, out=target, comm=self._comm, check=True)
         except (MismatchError, CollectiveTimeout) as error:
@@ -189,7 +188,7 @@ class Rounds:
                 raise
             raise failure from error
         finally:
-            watchdog.tag = b""
+            tag_calls(b"")
         self._server.assign_round(plan.raw, plan.held, target if plan.flat else target.reshape(-1))
         plan.meta.pushes += 1
 

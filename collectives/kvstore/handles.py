@@ -206,6 +206,10 @@ class Handle:
                     raise error_from(request)
         return self._result()
 
+    def followed_by(self, later: "Handle") -> "Handle":
+        """This call and ``later`` (a pull after a push) as one handle: both waited for, ``later``'s value."""
+        return Handle(self._link, self._requests + later._requests, later._result)
+
 
 def checked_value(key: Any, meta: KeyInfo, value: Any, rank: int, out: bool = False) -> np.ndarray:
     """``value`` (or an ``out``) of ``key`` as a flat array, checked against the key's shape and dtype."""

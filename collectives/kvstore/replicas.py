@@ -44,7 +44,7 @@ def state_of(link: Link) -> dict[str, Any]:
     with server.lock:
         optimizer = server.optimizer
         for (raw, index), part in sorted(server.parts.items()):
-            saved = {} if optimizer is None else optimizer._state.get((parse_key(raw), index), {})
+            saved = {} if optimizer is None else optimizer.partition_state(parse_key(raw), index)
             parts.append({
                 "key": raw.decode(), "part": index, "shape": part.shape, "round": part.round,
                 "value": part.value.copy(),

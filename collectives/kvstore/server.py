@@ -638,6 +638,6 @@ def take_parts(
         server.parts[(raw, index)] = _Part(whole["value"][lo:hi].copy(), whole["shape"], whole["round"])
         if optimizer is not None and (whole["state"] or whole["scalars"]):
             state = {name: array[lo:hi].copy() for name, array in whole["state"].items()}
-            optimizer._state[(parse_key(raw), index)] = {**state, **whole["scalars"]}
+            optimizer.load_partition_state(parse_key(raw), index, {**state, **whole["scalars"]})
     server.optimizer = optimizer
     server.clocks = dict.fromkeys(server.workers, clock)

@@ -56,7 +56,14 @@ class KVStore:
         op: ReduceOp,
         partition_bytes: int,
         collective: bool = True,
+        *,
+        server: Server | None = None,
     ) -> None:
+        """A store over ``channel``; ``server`` is this rank's own, if it serves.
+
+        A dedicated server rank's store is closed from the start (its :func:`create` serves,
+        then returns it); a colocated server answers on a thread started here.
+        """
         self._channel = channel
         self._roles = roles
         self.mode = mode
@@ -66,6 +73,19 @@ class KVStore:
         self._keys = self._link.keys
         self._rounds: Rounds | None = None  # sync rounds by collectives: see create(collective=)
         self.claim = self._link.claim  # one thread's call at a time
+        if server is None:
+            return
+        self._link.server = server
+        if collective and mode == "sync" and not roles.dedicated:
+            self._rounds = Rounds(channel, server, op)
+            self._link.collective = True
+        if not roles.is_worker(channel.rank):
+            self._closed = True
+            return
+        thread = self._link.thread = threading.Thread(
+            target=server.serve, name=f"kvstore-server-{channel.rank}", daemon=True
+        )
+        thread.start()
 
     @property
     def _closed(self) -> bool:
@@ -288,7 +308,7 @@ class KVStore:
             self._outs("pushpull", key, out)  # a bad out raises before the push goes, which would be applied
         first = self.push(key, value, rows=rows, block=False)
         second = self.pull(key, out, rows=rows, block=False)
-        handle = Handle(self._link, first._requests + second._requests, second._result)
+        handle = first.followed_by(second)
         return handle if not block else handle.wait()
 
     # server-side updates
@@ -558,24 +578,14 @@ def create(
     except BaseException:
         channel.close()
         raise
-    store = KVStore(channel, roles, mode, staleness, reduce_op, partition_bytes, collective)
-    rank = channel.rank
-    if roles.is_server(rank):
+    server = None
+    if roles.is_server(channel.rank):
         server = Server(channel, mode, staleness, roles.worker_ranks, reduce_op)
         server.updater = updater
-        store._link.server = server
-        if collective and mode == "sync" and not roles.dedicated:
-            store._rounds = Rounds(channel, server, reduce_op)
-            store._link.collective = True
-        if not roles.is_worker(rank):
-            store._closed = True
-            try:
-                server.serve()
-            finally:
-                channel.close()
-            return store
-        thread = store._link.thread = threading.Thread(
-            target=server.serve, name=f"kvstore-server-{rank}", daemon=True
-        )
-        thread.start()
+    store = KVStore(channel, roles, mode, staleness, reduce_op, partition_bytes, collective, server=server)
+    if server is not None and not roles.is_worker(channel.rank):  # a dedicated server serves until the end
+        try:
+            server.serve()
+        finally:
+            channel.close()
     return store

@@ -92,6 +92,14 @@ class Optimizer:
         """The optimizer as text, to send to dedicated servers."""
         return json.dumps({"name": self.name, **self.options}, sort_keys=True)
 
+    def partition_state(self, key: Any, part: int) -> dict[str, Any]:
+        """The state (momentum, moments, step count) of partition ``part`` of ``key``; empty before a step."""
+        return self._state.get((key, part), {})
+
+    def load_partition_state(self, key: Any, part: int, state: dict[str, Any]) -> None:
+        """Take ``state`` (from a checkpoint) as partition ``part`` of ``key``'s state."""
+        self._state[(key, part)] = state
+
     def updater(self, part: int) -> Updater:
         """The updater of partition ``part``."""
 

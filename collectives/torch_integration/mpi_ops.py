@@ -60,7 +60,7 @@ def communicator_for(comm: Comm) -> api.Communicator:
     a collective call), not torch's default group.
     """
     if isinstance(comm, MPIProcessGroup):
-        return comm._communicator
+        return comm.communicator
     if isinstance(comm, dist.ProcessGroup):
         raise ConfigurationError(
             f"comm is a torch.distributed group of the {comm.name()!r} backend; collectives runs on the "

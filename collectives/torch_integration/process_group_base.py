@@ -283,6 +283,11 @@ class GroupBase(dist.ProcessGroup):
         self._communicator = communicator
         self._worker = background_worker(communicator)
 
+    @property
+    def communicator(self) -> api.Communicator:
+        """The library's communicator the group runs on."""
+        return self._communicator
+
     def _run(self, job: Callable[[api.Communicator], Any], result: Any) -> dist.Work:
         """Submit ``job``; the work completes with ``result`` (what c10d expects of the call)."""
         communicator = self._worker.communicator

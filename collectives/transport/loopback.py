@@ -73,12 +73,13 @@ class LoopbackWorld:
                 self._failure = reason
             self._changed.notify_all()
 
-    def _post(self, src: int, dst: int, tag: int, data: bytes) -> None:
+    def post(self, src: int, dst: int, tag: int, data: bytes) -> None:
+        """Leave ``data`` in ``dst``'s mailbox for ``src`` and ``tag`` (its transports' sends)."""
         with self._changed:
             self._mailboxes.setdefault((src, dst, tag), deque()).append(data)
             self._changed.notify_all()
 
-    def _take(self, src: int, dst: int, tag: int, until: float | None = None) -> bytes | None:
+    def take(self, src: int, dst: int, tag: int, until: float | None = None) -> bytes | None:
         """The next message, or ``None`` once the monotonic time ``until`` has passed."""
         deadline = time.monotonic() + self.timeout
         with self._changed:
@@ -98,7 +99,7 @@ class LoopbackWorld:
                     )
                 self._changed.wait(left if until is None else min(left, until - now))
 
-    def _probe(self, dst: int, tag: int, until: float) -> tuple[int, int] | None:
+    def probe(self, dst: int, tag: int, until: float) -> tuple[int, int] | None:
         """Source and size of the first message to ``dst`` with ``tag``; ``None`` once ``until`` passed."""
         with self._changed:
             while True:
@@ -149,7 +150,7 @@ class LoopbackTransport(Transport):
 
     def isend(self, buffer: Any, dst: int, tag: int) -> Request:
         self._check_peer(dst)
-        self._world._post(self._rank, dst, tag, bytes(memoryview(buffer).cast("B")))
+        self._world.post(self._rank, dst, tag, bytes(memoryview(buffer).cast("B")))
         return None
 
     def irecv(self, buffer: Any, src: int, tag: int) -> Request:
@@ -163,14 +164,14 @@ class LoopbackTransport(Transport):
         until = time.monotonic() + timeout
         for i, request in enumerate(requests):
             if isinstance(request, _Receive) and not request.done:
-                data = self._world._take(request.src, self._rank, request.tag, until)
+                data = self._world.take(request.src, self._rank, request.tag, until)
                 if data is None:
                     return [j for j in range(i, len(requests)) if isinstance(requests[j], _Receive)]
                 self._deliver(request, data)
         return []
 
     def probe(self, tag: int, timeout: float) -> tuple[int, int] | None:
-        return self._world._probe(self._rank, tag, time.monotonic() + timeout)
+        return self._world.probe(self._rank, tag, time.monotonic() + timeout)
 
     def _deliver(self, request: "_Receive", data: bytes) -> None:
         target = memoryview(request.buffer).cast("B")

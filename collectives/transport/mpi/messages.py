@@ -283,7 +283,16 @@ class MPITransport(Transport):
                 atexit.register(_end_at_exit)  # runs before mpi4py's own MPI_Finalize
             _AT_EXIT.append(self)
 
-    def _drain(self) -> None:
+    @property
+    def draining(self) -> bool:
+        """Whether messages still coming are to be received and dropped at exit (a broken communicator)."""
+        return self._draining
+
+    def sends_left_ended(self) -> bool:
+        """Whether every send a timeout left behind has ended, so that MPI_Finalize will not wait for it."""
+        return bool(MPI.Request.Testall(self._stuck))
+
+    def drop_late_messages(self) -> None:
         """Take and drop every message that has come (a broken communicator's late messages)."""
         if not self._draining or self._comm == MPI.COMM_NULL:
             return
@@ -323,7 +332,7 @@ class MPITransport(Transport):
         for old in made:
             with contextlib.suppress(MPI.Exception):
                 old.Free()
-        group = transport._comm.Get_group()
+        group = transport.comm.Get_group()
         kept = set(MPI.Group.Translate_ranks(group, list(range(group.Get_size())), everyone))
         self.forsake()
         return transport, tuple(r for r in range(self._size) if r not in kept)
@@ -409,13 +418,13 @@ def _end_at_exit() -> None:
     """
     if MPI.Is_finalized():
         return
-    if any(t._draining for t in _AT_EXIT):
+    if any(t.draining for t in _AT_EXIT):
         deadline = time.monotonic() + _DRAIN_S
         while time.monotonic() < deadline:
             for transport in _AT_EXIT:
-                transport._drain()
+                transport.drop_late_messages()
             time.sleep(1e-3)
-    if all(MPI.Request.Testall(t._stuck) for t in _AT_EXIT):
+    if all(t.sends_left_ended() for t in _AT_EXIT):
         return
     print(
         "collectives: a timed-out collective left sends that never completed; "
