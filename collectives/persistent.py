@@ -35,6 +35,7 @@ from .communicator import Communicator, communicator_of
 from .dispatch import Job, checked, decide, escaped
 from .errors import FreedCommunicatorError, InvalidBufferError, PersistentStateError
 from .faults import PLAN as FAULTS
+from .host_copy import through_host
 from .lean import LeanAllreduce
 from .ops import ReduceOp
 from .requests import Request, settle, start
@@ -291,9 +292,13 @@ def allreduce_init(
         group, "allreduce", algorithm, check, allreduce_job, x, op, out, check, None
     )
     buffers = [x, out]
+    # a start runs the init's choice; a small "auto" one of device arrays keeps the plain call's host copy
+    nbytes = job.count * job.item_bytes
+    on_host = through_host("allreduce", algorithm, nbytes) and job.backend.device() is not None
+    started_as = algorithm if on_host else chosen
 
     def plain() -> Any:
-        return api.allreduce(buffers[0], op, out=buffers[1], algorithm=algorithm, comm=group, check=check)
+        return api.allreduce(buffers[0], op, out=buffers[1], algorithm=started_as, comm=group, check=check)
 
     persistent = Persistent("allreduce", group, chosen, plain, (x, out))
 
@@ -357,7 +362,7 @@ def reduce_scatter_init(
 
     def plain() -> Any:
         return api.reduce_scatter(
-            x, op, counts=counts, out=share, algorithm=algorithm, comm=group, check=check
+            x, op, counts=counts, out=share, algorithm=chosen, comm=group, check=check
         )
 
     return Persistent("reduce_scatter", group, chosen, plain, (x, share))
@@ -379,7 +384,7 @@ def allgather_init(
     )
 
     def run(into: Any) -> Any:
-        return api.allgather(x, counts=counts, out=into, algorithm=algorithm, comm=group, check=check)
+        return api.allgather(x, counts=counts, out=into, algorithm=chosen, comm=group, check=check)
 
     return Persistent("allgather", group, chosen, _keeping(run, out), (x, out))
 
@@ -398,6 +403,6 @@ def broadcast_init(
     _, chosen, _, _ = _decided(group, "broadcast", algorithm, check, broadcast_job, x, root, out)
 
     def run(into: Any) -> Any:
-        return api.broadcast(x, root, out=into, algorithm=algorithm, comm=group, check=check)
+        return api.broadcast(x, root, out=into, algorithm=chosen, comm=group, check=check)
 
     return Persistent("broadcast", group, chosen, _keeping(run, out), (x, out))

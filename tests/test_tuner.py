@@ -116,3 +116,29 @@ def test_a_single_candidate_is_decided_without_trials() -> None:
     # decided on the first call, with no trial and no agreement: the model's choice
     assert world.run(body) == [default_selector(1).choose("allreduce", 1, 8, 4)]
     assert not tuner.timing
+
+
+INITS = {
+    "allreduce": lambda x, comm: C.allreduce_init(x, comm=comm),
+    "reduce_scatter": lambda x, comm: C.reduce_scatter_init(x, comm=comm),
+    "allgather": lambda x, comm: C.allgather_init(x, comm=comm),
+    "broadcast": lambda x, comm: C.broadcast_init(x, comm=comm),
+}
+
+
+@pytest.mark.parametrize("collective", sorted(INITS))
+def test_persistent_starts_run_the_algorithm_their_init_chose(collective: str) -> None:
+    # with the tuner on, an "auto" call tries its candidates in turn: a start must not be one of them
+    world = LoopbackWorld(2, timeout=30.0)
+
+    def body(transport: object) -> tuple[str, list[str]]:
+        comm = C.Communicator(transport, tune=True)  # type: ignore[arg-type]
+        persistent = INITS[collective](np.arange(4096, dtype=np.float32), comm)
+        for _ in range(3 * (ROUNDS + 1) + 2):
+            persistent()
+        started = [line for line in comm.flight_record() if f" {collective} " in line]
+        return persistent.algorithm, [line.split("algorithm=")[1].split()[0] for line in started]
+
+    for chosen, ran in world.run(body):
+        assert len(ran) == 3 * (ROUNDS + 1) + 2
+        assert set(ran) == {chosen}
