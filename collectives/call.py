@@ -244,6 +244,25 @@ class Call:
         except TransportError as error:
             self._peer_failed(error, step, peers)
 
+    def exchange(
+        self,
+        transport: Transport,
+        sends: list[tuple[Any, int]],
+        receives: list[tuple[Any, int]],
+        tag: int,
+        step: str,
+    ) -> None:
+        """Send and receive ``(buffer, peer)`` messages of ``tag``, waiting no longer than the call may.
+
+        A timeout names ``step`` as where the call was stuck.
+        """
+        requests = [transport.irecv(buffer, peer, tag) for buffer, peer in receives]
+        requests += [transport.isend(buffer, peer, tag) for buffer, peer in sends]
+        peers = [Tracked(None, peer, False) for _, peer in receives] + [
+            Tracked(None, peer, True) for _, peer in sends
+        ]
+        self.wait(requests, step, peers, transport)
+
     def _warn(self, step: int | str, peers: Iterator[int], rank: int) -> None:
         _log.warning(
             "rank %d: %s #%d has waited %.3g s %s for %s",

@@ -4,7 +4,6 @@ __all__ = ["Communicator", "communicator_of", "default", "made_for"]
 
 import json
 import math
-import struct
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -12,13 +11,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ._env import env_flag
 from .backends import ArrayBackend
-from .call import Call, Tracked
-from .errors import CalibrationError, InvalidBufferError
+from .call import Call
+from .errors import InvalidBufferError
 from .execute import Scratch
 from .execute_shared import OVERSUBSCRIBED_SEGMENT_BYTES, SEGMENT_BYTES, SharedExecutor, oversubscribed
-from .selector import Selector, default_selector, selector_for
+from .selector import Selector
+from .selector_agreement import agree_on_selector
 from .settings_agreement import SETTINGS_BYTES, Setting, compared, differences, settings_of
-from .topology.cost_model import CostModel
 from .transport.base import NodeSplit, Transport
 from .transport.device import Device
 from .transport.device_path import CUDA_IPC_ENV, DevicePath
@@ -201,7 +200,7 @@ class Communicator:
             for round_, sent in enumerate((record, b"\0")):
                 theirs = [bytearray(len(sent)) for _ in peers]
                 mine = [(bytearray(sent), peer) for peer in peers]
-                _exchange(call, transport, mine, list(zip(theirs, peers, strict=True)), Tag.NODES, step)
+                call.exchange(transport, mine, list(zip(theirs, peers, strict=True)), Tag.NODES, step)
                 if round_ == 0:
                     for peer, heard in zip(peers, theirs, strict=True):
                         records[peer] = bytes(heard)
@@ -297,7 +296,7 @@ class Communicator:
         if selector is None:
             # on several nodes, rank 0 reads the calibration of the job's shape (both classes of link)
             nodes = 1 if self._nodes is None else self.size // len(self._nodes.node_ranks)
-            selector = self._selector = _agree_on_selector(call, self._transport, nodes)
+            selector = self._selector = agree_on_selector(call, self._transport, nodes)
         return selector
 
     @property
@@ -505,86 +504,5 @@ def made_for(comm: "Communicator | MPI.Comm | None") -> Communicator | None:
     return next((wrapper for ref, wrapper in _wrapped if ref() is comm), None)
 
 
-# the cost model rank 0 sends: alpha, beta, gamma, barrier, copy, network alpha, network beta (-1: none),
-# overhead, step
-_MODEL_FORMAT = struct.Struct("<9dq")  # the constants, then the bytes of the corrections' message after it
-
-
-def _agree_on_selector(call: Call, transport: Transport, nodes: int = 1) -> Selector:
-    """Rank 0's selector on every rank of ``transport``: rank 0 sends its cost model under ``call``."""
-    size = transport.size
-    message = bytearray(_MODEL_FORMAT.size)
-    if size == 1:
-        return default_selector(size)
-    step = "the selector's agreement"
-    if transport.rank == 0:
-        try:
-            selector = default_selector(size) if nodes == 1 else default_selector(size, nodes)
-        except CalibrationError:
-            # tell the others, or they would wait for constants that never come
-            _MODEL_FORMAT.pack_into(message, 0, *(math.nan,) * 9, 0)
-            _exchange(call, transport, [(message, p) for p in _peers(transport)], [], Tag.SELECTOR, step)
-            raise
-        model = selector.model
-        sent = -1.0 if model.network_beta is None else model.network_beta
-        constants = (model.alpha, model.beta, model.gamma, model.barrier, model.copy, model.network_alpha)
-        # the measured corrections change choices as much as the constants do: they go too (JSON keeps
-        # a float's every bit), in a second message of the same tag, which MPI delivers after the first
-        measured = bytearray(json.dumps(model.corrections).encode()) if model.corrections else bytearray()
-        _MODEL_FORMAT.pack_into(message, 0, *constants, sent, model.overhead, model.step, len(measured))
-        sends = [(message, p) for p in _peers(transport)]
-        sends += [(measured, p) for p in _peers(transport)] if measured else []
-        _exchange(call, transport, sends, [], Tag.SELECTOR, step)
-        return selector
-    _exchange(call, transport, [], [(message, 0)], Tag.SELECTOR, step)
-    alpha, beta, gamma, barrier, copy, network_alpha, network_beta, overhead, step_cost, length = (
-        _MODEL_FORMAT.unpack(message)
-    )
-    if math.isnan(alpha):
-        raise CalibrationError("rank 0 could not load its calibration; see its error")
-    corrections: tuple[tuple[str, tuple[tuple[int, float], ...]], ...] = ()
-    if length:
-        text = bytearray(length)
-        _exchange(call, transport, [], [(text, 0)], Tag.SELECTOR, step)
-        corrections = tuple(
-            (str(name), tuple((int(b), float(r)) for b, r in points)) for name, points in json.loads(text)
-        )
-    between = None if network_beta < 0 else network_beta
-    model = CostModel(
-        alpha,
-        beta,
-        gamma,
-        barrier,
-        copy,
-        network_alpha,
-        between,
-        overhead,
-        step_cost,
-        corrections,
-        source="calibration of rank 0",
-    )
-    return selector_for(model)
-
-
 def _peers(transport: Transport) -> list[int]:
     return [peer for peer in range(transport.size) if peer != transport.rank]
-
-
-def _exchange(
-    call: Call,
-    transport: Transport,
-    sends: list[tuple[Any, int]],
-    receives: list[tuple[Any, int]],
-    tag: int,
-    step: str,
-) -> None:
-    """Send and receive ``(buffer, peer)`` messages of ``tag``, waiting no longer than ``call`` may.
-
-    A timeout names ``step`` as where the call was stuck.
-    """
-    requests = [transport.irecv(buffer, peer, tag) for buffer, peer in receives]
-    requests += [transport.isend(buffer, peer, tag) for buffer, peer in sends]
-    peers = [Tracked(None, peer, False) for _, peer in receives] + [
-        Tracked(None, peer, True) for _, peer in sends
-    ]
-    call.wait(requests, step, peers, transport)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import collectives as C
-from collectives import communicator
+from collectives import selector_agreement
 from collectives.algorithms import ALGORITHMS
 from collectives.algorithms.base import implements
 from collectives.calibration import CALIBRATION_ENV, load_model, save_model
@@ -151,7 +151,7 @@ def test_the_ranks_agree_on_rank_0s_per_call_constants(ranks: Any, monkeypatch: 
     def local(world_size: int) -> Selector:
         return Selector(models[int(threading.current_thread().name.removeprefix("rank-"))])
 
-    monkeypatch.setattr(communicator, "default_selector", local)
+    monkeypatch.setattr(selector_agreement, "default_selector", local)
 
     def run(comm: C.Communicator) -> CostModel:
         C.allreduce(np.ones(8, np.int64), comm=comm)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import collectives as C
-from collectives import algorithms, communicator, prepared, selector
+from collectives import algorithms, prepared, selector, selector_agreement
 from collectives.algorithms import ALGORITHMS, build_schedule, ring, schedule_traffic
 from collectives.calibration import CALIBRATION_ENV, save_model
 from collectives.errors import (
@@ -268,7 +268,7 @@ def test_the_ranks_agree_on_rank_0s_model(ranks: Ranks, monkeypatch: pytest.Monk
         asked.append(world_size)
         return Selector(models[int(threading.current_thread().name.removeprefix("rank-"))])
 
-    monkeypatch.setattr(communicator, "default_selector", local)
+    monkeypatch.setattr(selector_agreement, "default_selector", local)
 
     def run(comm: C.Communicator) -> tuple[np.ndarray, CostModel, str | None]:
         result = C.allreduce(np.ones(100, np.int64), comm=comm)
@@ -289,7 +289,7 @@ def test_a_bad_calibration_on_rank_0_fails_every_rank(ranks: Ranks, monkeypatch:
             raise CalibrationError("malformed calibration /somewhere: not JSON")
         return Selector(DEFAULT_MODEL)
 
-    monkeypatch.setattr(communicator, "default_selector", local)
+    monkeypatch.setattr(selector_agreement, "default_selector", local)
     failures = []
 
     def run(comm: C.Communicator) -> None:
