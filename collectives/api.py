@@ -67,19 +67,17 @@ from .buffers import (
     scatter_job,
     widened,
 )
-from .communicator import Communicator, communicator_of
-from .dispatch import Job, escaped, keeps_order, perform
-from .explanation import Explanation
-from .host_copy import on_host_copy, through_host
-from .ops import ReduceOp, itemsize
+from .communicator import Communicator
+from .dispatch import Job, escaped, perform
+from .explaining import explain
+from .host_copy import on_host_copy
+from .ops import ReduceOp
 from .prepared import allreduce_key, shares_key
 from .requests import busy, settle
-from .selector import AUTO, default_selector, nodes_of
+from .selector import AUTO
 
 if TYPE_CHECKING:
     from mpi4py import MPI
-
-    from .topology import Topology
 
 
 _NDARRAY = np.ndarray  # a module global: an allreduce tells numpy arrays by their class at once
@@ -518,114 +516,3 @@ def _allgather_job(
     job = gather_job(group, algorithm, "allgather", x, -1, counts, out)
     job.key = key
     return job
-
-
-def explain(
-    collective: str,
-    count: int,
-    dtype: object = "float32",
-    *,
-    world_size: int | None = None,
-    comm: "Communicator | MPI.Comm | None" = None,
-    op: "str | ReduceOp" = "sum",
-    topology: "Topology | None" = None,
-    device: bool = False,
-) -> Explanation:
-    """What ``algorithm="auto"`` runs for ``collective`` of ``count`` elements, and why.
-
-    Nothing is sent: the explanation is this rank's, with the cost model the
-    communicator agreed on if it already has (rank 0's), else this process's
-    calibration for ``world_size`` ranks. ``print()`` it for a table of every
-    algorithm's predicted time. For device arrays, and wherever the communicator
-    already has a device path, it also says how device buffers travel (CUDA IPC,
-    CUDA-aware MPI or host staging, and why).
-
-    Args:
-        collective: ``allreduce``, ``reduce_scatter`` or ``allgather``.
-        count: elements of the full buffer (allreduce's buffer, reduce_scatter's
-            input, allgather's output).
-        dtype: the element type, by name (``"float32"``) or as a dtype.
-        world_size: the number of ranks; the communicator's size by default.
-        comm: the communicator; the one over ``MPI.COMM_WORLD`` by default.
-        op: the reduction, for the collectives that reduce.
-        topology: predict on this machine's links instead (one GPU per rank), as
-            :meth:`collectives.selector.Selector.explain` says; the choice is then advice
-            for that machine, and what this communicator's ``"auto"`` runs is unchanged.
-        device: explain a call on device arrays: they never use the host's shared
-            memory, and the explanation names their path (the communicator's once its
-            first device call chose it, else as far as is known without asking the ranks);
-            an allreduce of at most ``host_copy.DEVICE_THROUGH_HOST_BYTES`` a rank runs on a
-            pinned host copy instead, as the host's allreduce, and the explanation says so.
-
-    Returns:
-        Each candidate's prediction, the rejected algorithms with their reasons, and the choice.
-    """
-    selector = None
-    group = None
-    if world_size is None or comm is not None:
-        group = communicator_of(comm)
-        world_size = group.size if world_size is None else world_size
-        selector = group.selector
-        features = (
-            group.known_features or frozenset()
-        )  # as agreed by earlier calls; asking would be collective
-    else:
-        features = frozenset()
-    # a small device allreduce runs on a host copy; other device calls never use the host's shared memory
-    on_host = device and through_host(collective, AUTO, count * itemsize(dtype))
-    device = device and not on_host
-    features = frozenset() if device else features
-    # the node split the communicator found (the one dispatch uses) gives the job's shape and link classes
-    split = nodes_of(world_size, features)
-    nodes = 1 if split is None else split[0]
-    explanation = (selector or default_selector(world_size, nodes)).explain(
-        collective, count, dtype, world_size=world_size, op=op, features=features, topology=topology
-    )
-    from dataclasses import replace
-
-    if isinstance(op, ReduceOp) and not op.commutative and explanation.op is not None and world_size > 1:
-        explanation = _in_rank_order(explanation, features)
-    if group is not None and group.known_features is None and world_size == group.size > 1 and not device:
-        note = (
-            "the communicator's node split is not known yet (its first collective, or comm.features, "
-            "finds it); until then shared memory and nodes are not weighed, and auto may run another"
-        )
-        explanation = replace(explanation, note=note)
-    tuner = None if group is None or world_size != group.size else group.tuner
-    if tuner is not None:  # what the online tuner measured for this shape, and chose
-        shape = (collective, world_size, count, itemsize(explanation.dtype), features)
-        measured, decided = tuner.measured(*shape), tuner.decided(*shape)
-        if decided is not None and measured:
-            explanation = replace(explanation, measured=measured, choice=decided)
-    if on_host:
-        route = "a pinned host copy, reduced as host arrays and copied back (an auto allreduce this small)"
-        return replace(explanation, device=route)
-    path = None if group is None else group.chosen_device_path
-    if path is None and not device:
-        return explanation
-    from .transport.device_path import foresee
-
-    route = path.describe() if path is not None else foresee(None if group is None else group.transport)
-    return replace(explanation, device=route)
-
-
-def _in_rank_order(explanation: Explanation, features: frozenset[str]) -> Explanation:
-    """``explanation`` for a non-commutative op: the candidates that combine out of rank order, rejected.
-
-    As a call of contiguous numpy arrays chooses (see :func:`collectives.dispatch.keeps_order`).
-    """
-    from dataclasses import replace
-
-    from .explanation import Candidate, Rejected
-
-    collective, size, count = explanation.collective, explanation.world_size, explanation.count
-    on_shared = collective in ("allreduce", "reduce_scatter")
-    kept: list[Candidate] = []
-    dropped: list[Candidate] = []
-    for candidate in explanation.candidates:
-        ordered = keeps_order(collective, candidate.algorithm, size, count, None, 0, on_shared, features)
-        (kept if ordered else dropped).append(candidate)
-    reason = ("combines the ranks' contributions out of rank order, which a non-commutative op needs",)
-    rejected = explanation.rejected + tuple(Rejected(c.algorithm, reason) for c in dropped)
-    choice = kept[0].algorithm if kept else None
-    return replace(explanation, candidates=tuple(kept), rejected=rejected, choice=choice)
