@@ -12,7 +12,7 @@ are not offered. See the README's "For Horovod users" for what differs.
 
 This module only hands names on, as Horovod's ``horovod/torch/__init__.py``
 does: the basics, ops, functions and optimizer live in
-``collectives.torch_integration``'s ``horovod_*`` modules.
+the sub-package ``collectives.torch_integration.horovod``.
 """
 
 __all__ = [
@@ -72,9 +72,7 @@ __all__ = [
     "synchronize",
 ]
 
-from .torch_integration.compression import Compression
-from .torch_integration.elastic import HostsUpdatedInterrupt
-from .torch_integration.horovod_basics import (
+from .torch_integration.horovod.basics import (
     Adasum,
     Average,
     HorovodInternalError,
@@ -100,13 +98,15 @@ from .torch_integration.horovod_basics import (
     shutdown,
     size,
 )
-from .torch_integration.horovod_functions import (
+from .torch_integration.horovod.compression import Compression
+from .torch_integration.horovod.elastic import HostsUpdatedInterrupt
+from .torch_integration.horovod.functions import (
     allgather_object,
     broadcast_object,
     broadcast_optimizer_state,
     broadcast_parameters,
 )
-from .torch_integration.horovod_ops import (
+from .torch_integration.horovod.ops import (
     allgather,
     allgather_async,
     allreduce,
@@ -130,5 +130,5 @@ from .torch_integration.horovod_ops import (
     reducescatter_async,
     synchronize,
 )
-from .torch_integration.horovod_optimizer import DistributedOptimizer
-from .torch_integration.sync_batch_norm import SyncBatchNorm
+from .torch_integration.horovod.optimizer import DistributedOptimizer
+from .torch_integration.horovod.sync_batch_norm import SyncBatchNorm

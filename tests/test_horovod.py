@@ -12,9 +12,9 @@ torch = pytest.importorskip("torch", reason="collectives.horovod needs torch (pi
 import collectives.horovod as hvd  # noqa: E402
 from collectives import Communicator  # noqa: E402
 from collectives.errors import CollectivesError  # noqa: E402
-from collectives.torch_integration import horovod_basics  # noqa: E402
 from collectives.torch_integration.adasum import adasum, adasum_allreduce_, adasum_tree  # noqa: E402
 from collectives.torch_integration.collective_jobs import reducescatter_shares  # noqa: E402
+from collectives.torch_integration.horovod import basics as horovod_basics  # noqa: E402
 from collectives.torch_integration.named import NamedOps  # noqa: E402
 from tests.conftest import run_ranks  # noqa: E402
 

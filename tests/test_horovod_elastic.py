@@ -14,7 +14,7 @@ from tests.ulfm.launch import INSTALL, openmpi_prefix, run_ulfm
 torch = pytest.importorskip("torch")
 
 from collectives.errors import PeerFailedError  # noqa: E402
-from collectives.torch_integration.elastic import (  # noqa: E402
+from collectives.torch_integration.horovod.elastic import (  # noqa: E402
     REPLACE_ENV,
     HostsUpdatedInterrupt,
     ObjectState,
@@ -227,7 +227,7 @@ def test_with_replace_the_commit_after_a_loss_announces_hosts_and_the_reset_grow
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # the MPI calls stood in for: shrinking loses one rank, growing records what it was asked
-    from collectives.torch_integration import elastic
+    from collectives.torch_integration.horovod import elastic
 
     grown: list[tuple[list[str], int]] = []
     worlds: list[int] = []

@@ -13,7 +13,7 @@ from torch._C import _distributed_c10d as c10d  # noqa: E402
 from collectives import Communicator  # noqa: E402
 from collectives.errors import CollectiveTimeout, InvalidBufferError, InvalidRootError, PeerInputError  # noqa: E402
 from collectives.torch_integration import process_group as ti_process_group  # noqa: E402
-from collectives.torch_integration import process_group_base as ti_process_group_base  # noqa: E402
+from collectives.torch_integration.process_group import base as ti_process_group_base  # noqa: E402
 from collectives.torch_integration.worker import background_worker  # noqa: E402
 
 Ranks = Callable[..., list[Any]]

@@ -30,7 +30,7 @@ from .. import api
 from ..errors import CollectivesError, ConfigurationError, InvalidBufferError, MismatchError
 from ..ops import get_op
 from .collective_jobs import broadcast_bytes
-from .process_group import BACKEND, MPIProcessGroup
+from .process_group.backend import BACKEND, MPIProcessGroup
 from .tensors import (
     FALLBACK,
     TORCH_DTYPES,

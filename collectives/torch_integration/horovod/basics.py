@@ -41,12 +41,12 @@ from typing import Any
 
 import torch
 
-from .. import api
-from ..errors import CollectivesError, ConfigurationError
-from .collective_jobs import allgather_bytes
+from ... import api
+from ...errors import CollectivesError, ConfigurationError
+from ..collective_jobs import allgather_bytes
+from ..mpi_ops import communicator_for
+from ..worker import background_worker
 from .elastic import Elastic
-from .mpi_ops import communicator_for
-from .worker import background_worker
 
 Average, Sum, Adasum, Min, Max, Product = range(6)
 """The reduction ops, as Horovod's constants."""
@@ -105,7 +105,7 @@ def _new_world() -> None:
 
 
 elastic = Elastic(_new_world, lambda: state.comm)
-"""Horovod Elastic, ``@hvd.elastic.run`` and ``TorchState``: :mod:`collectives.torch_integration.elastic`."""
+"""Horovod Elastic, ``@hvd.elastic.run`` and ``TorchState``: :mod:`.elastic`."""
 
 
 def shutdown() -> None:

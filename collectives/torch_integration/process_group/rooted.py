@@ -7,9 +7,10 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllToAllOptions, GatherOptions, ReduceOptions, ScatterOptions
 
-from .. import api
-from ..errors import InvalidBufferError, MismatchError
-from .process_group_base import (
+from ... import api
+from ...errors import InvalidBufferError, MismatchError
+from ..tensors import host_view
+from .base import (
     GroupBase,
     Staged,
     c10d_op,
@@ -23,7 +24,6 @@ from .process_group_base import (
     tensor_like,
     write_back,
 )
-from .tensors import host_view
 
 
 def _one(tensors: list[torch.Tensor], collective: str) -> torch.Tensor:

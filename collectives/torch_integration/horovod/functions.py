@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from . import collective_jobs as jobs
-from .horovod_basics import check_global, rank
-from .horovod_ops import broadcast_async_, start, synchronize
+from .. import collective_jobs as jobs
+from .basics import check_global, rank
+from .ops import broadcast_async_, start, synchronize
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, process_set: Any = None) -> Any:

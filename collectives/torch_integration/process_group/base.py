@@ -12,11 +12,11 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllreduceCoalescedOptions, AllreduceOptions, ReduceScatterOptions
 
-from .. import api
-from ..errors import InvalidBufferError, InvalidRootError, UnsupportedOpError
-from ..ops import get_op
-from .tensors import TORCH_OPS, host_view, torch_dtype_name
-from .worker import background_worker, before_waiting, tell_refusal, wait_for
+from ... import api
+from ...errors import InvalidBufferError, InvalidRootError, UnsupportedOpError
+from ...ops import get_op
+from ..tensors import TORCH_OPS, host_view, torch_dtype_name
+from ..worker import background_worker, before_waiting, tell_refusal, wait_for
 
 T = TypeVar("T")
 

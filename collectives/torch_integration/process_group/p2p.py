@@ -11,13 +11,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .. import api
-from ..errors import CollectiveTimeout, InvalidBufferError, InvalidRootError, MismatchError, TransportError
-from ..transport.base import Transport
-from ..transport.tags import Tag
-from .process_group_base import GroupBase, GroupWork, Staged, checked_args
-from .tensors import TORCH_DTYPES
-from .worker import BackgroundWorker
+from ... import api
+from ...errors import CollectiveTimeout, InvalidBufferError, InvalidRootError, MismatchError, TransportError
+from ...transport.base import Transport
+from ...transport.tags import Tag
+from ..tensors import TORCH_DTYPES
+from ..worker import BackgroundWorker
+from .base import GroupBase, GroupWork, Staged, checked_args
 
 _HEADER = 2  # a message's byte count and its dtype's number
 _DTYPES = [*TORCH_DTYPES, torch.bool]  # a dtype's number on the wire is its place here

@@ -9,15 +9,15 @@ from typing import Any
 
 import torch
 
-from ..errors import CollectivesError, InvalidBufferError, UnsupportedOpError
-from .collective_jobs import allreduce_scaled_
+from ...errors import CollectivesError, InvalidBufferError, UnsupportedOpError
+from ..collective_jobs import allreduce_scaled_
+from ..mpi_ops import communicator_for
+from ..named import named_ops
+from ..optimizer import DistributedOptimizer as Engine
+from ..optimizer import check_passes_and_predivide
+from ..tensors import Comm
+from .basics import OPS, Adasum, Average, check_global, size, state
 from .compression import Compression
-from .horovod_basics import OPS, Adasum, Average, check_global, size, state
-from .mpi_ops import communicator_for
-from .named import named_ops
-from .optimizer import DistributedOptimizer as Engine
-from .optimizer import check_passes_and_predivide
-from .tensors import Comm
 
 _DEFAULT_FUSION_BYTES = 64 * 2**20
 _COMPRESSIONS: dict[Any, str | None] = {Compression.none: None, Compression.fp16: "fp16"}

@@ -26,12 +26,14 @@ from torch._C._distributed_c10d import (
 from torch.distributed.constants import default_pg_timeout
 from torch.distributed.rendezvous import register_rendezvous_handler
 
-from .. import api
-from .. import communicator as communicator_module
-from ..errors import CollectivesError, ConfigurationError, InvalidBufferError, UnsupportedOpError
-from .collective_jobs import broadcast_bytes
-from .launch import launcher_mismatch
-from .process_group_base import (
+from ... import api
+from ... import communicator as communicator_module
+from ...errors import CollectivesError, ConfigurationError, InvalidBufferError, UnsupportedOpError
+from ..collective_jobs import broadcast_bytes
+from ..launch import launcher_mismatch
+from ..tensors import host_view
+from ..worker import api_communicator, background_worker
+from .base import (
     Staged,
     c10d_op,
     checked_args,
@@ -46,12 +48,10 @@ from .process_group_base import (
     tensor_pairs,
     write_back,
 )
-from .process_group_members import agree_on_members
-from .process_group_ops import route_to
-from .process_group_p2p import PointToPoint
-from .process_group_rooted import RootedCollectives
-from .tensors import host_view
-from .worker import api_communicator, background_worker
+from .dispatcher_ops import route_to
+from .members import agree_on_members
+from .p2p import PointToPoint
+from .rooted import RootedCollectives
 
 BACKEND = "collectives"
 """The name ``torch.distributed.init_process_group`` knows this library's backend by."""
@@ -68,8 +68,8 @@ class MPIProcessGroup(PointToPoint, RootedCollectives):
     where the checks fail the other ranks are told and their collective raises
     :class:`~collectives.PeerInputError`. Strided tensors go through a
     contiguous copy and bools as their bytes, as gloo takes both. The rooted
-    collectives and all-to-all are in :mod:`.process_group_rooted`, sends and
-    receives in :mod:`.process_group_p2p`.
+    collectives and all-to-all are in :mod:`.rooted`, sends and
+    receives in :mod:`.p2p`.
     """
 
     def __init__(self, communicator: api.Communicator) -> None:
@@ -404,7 +404,7 @@ def _create_process_group(options: _DistributedBackendOptions, backend_options: 
 
 def _subgroup_communicator(ranks: list[int], timeout: float | None) -> api.Communicator:
     """A communicator over ``ranks`` of ``MPI.COMM_WORLD``; this process is one of them."""
-    from ..transport.mpi import MPITransport
+    from ...transport.mpi import MPITransport
 
     # torch's global rank is the rank in the default group, which mpi:// numbers as MPI does
     return api.Communicator(MPITransport.of_world_ranks(ranks, dist.get_rank()), timeout=timeout)

@@ -33,11 +33,12 @@ from typing import Any
 
 import torch
 
-from ..errors import ConfigurationError, InvalidBufferError
-from . import collective_jobs as jobs
-from .autograd import REDUCED, Allreduce, Collective, Reduction, differentiate
-from .compression import Compression
-from .horovod_basics import (
+from ...errors import ConfigurationError, InvalidBufferError
+from .. import collective_jobs as jobs
+from ..autograd import REDUCED, Allreduce, Collective, Reduction, differentiate
+from ..named import named_ops
+from ..tensors import FALLBACK, check_tensor, route_of
+from .basics import (
     OPS,
     Average,
     check_global,
@@ -47,8 +48,7 @@ from .horovod_basics import (
     size,
     state,
 )
-from .named import named_ops
-from .tensors import FALLBACK, check_tensor, route_of
+from .compression import Compression
 
 
 def _name(kind: str, name: str | None) -> str:

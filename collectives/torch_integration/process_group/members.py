@@ -6,9 +6,9 @@ import time
 
 import numpy as np
 
-from ..communicator import Communicator
-from ..errors import CollectiveTimeout, MismatchError
-from ..transport.tags import Tag
+from ...communicator import Communicator
+from ...errors import CollectiveTimeout, MismatchError
+from ...transport.tags import Tag
 
 
 def agree_on_members(parent: Communicator, ranks: list[int], timeout: float | None) -> None:

@@ -9,10 +9,10 @@ import torch
 from torch.autograd.function import FunctionCtx
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from .. import api
-from .collective_jobs import allreduce_scaled_
-from .mpi_ops import communicator_for
-from .named import named_ops
+from ... import api
+from ..collective_jobs import allreduce_scaled_
+from ..mpi_ops import communicator_for
+from ..named import named_ops
 
 _calls = itertools.count()  # the same sequence on every rank: each forward and backward is named by it
 

@@ -39,12 +39,12 @@ from typing import Any, TypeVar
 
 import torch
 
-from .._env import env_flag
-from ..communicator import communicator_of
-from ..errors import ConfigurationError, TransportError
-from ..resilience import fault_tolerance_missing, grow, hung_ranks, join_grown, shrink
-from .collective_jobs import broadcast_bytes
-from .mpi_ops import broadcast_optimizer_state, broadcast_parameters
+from ..._env import env_flag
+from ...communicator import communicator_of
+from ...errors import ConfigurationError, TransportError
+from ...resilience import fault_tolerance_missing, grow, hung_ranks, join_grown, shrink
+from ..collective_jobs import broadcast_bytes
+from ..mpi_ops import broadcast_optimizer_state, broadcast_parameters
 
 R = TypeVar("R")
 
