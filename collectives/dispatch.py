@@ -242,8 +242,7 @@ def decide(group: Communicator, job: Job, check: bool | None) -> tuple[str, Shar
         MismatchError: on every rank, when their calls differ.
     """
     job.opening = None  # its first messages, if packed already, are the init's data, not a start's
-    start = _guard(group, job)
-    signature = start.signature
+    signature = _guard(group, job).signature
     init = group.watchdog.guard(
         f"{job.collective}_init", job.algorithm, signature.count, signature.dtype, signature.op,
         signature.root, signature.counts, backend=signature.backend,
@@ -252,6 +251,11 @@ def decide(group: Communicator, job: Job, check: bool | None) -> tuple[str, Shar
         device = _on_device(group, call, job.backend)
         algorithm = call.algorithm = _algorithm_for(group, call, job, device)
         shared = None if device else _shared(group, call, job)
+    # a start signs the algorithm it runs, on the lean path as on the plain call
+    start = group.watchdog.guard(
+        job.collective, algorithm, signature.count, signature.dtype, signature.op,
+        signature.root, signature.counts, backend=signature.backend,
+    )  # fmt: skip
     return algorithm, shared, start
 
 

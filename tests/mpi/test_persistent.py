@@ -251,3 +251,22 @@ def test_lean_starts_in_a_row_share_a_flight_recorder_entry(world: MPI.Intracomm
         problems.expect("barrier" in record, record)
     comm.free()
     problems.check()
+
+
+def test_a_lean_start_pairs_with_a_plain_one(world: MPI.Intracomm) -> None:
+    # both sign the algorithm the init chose, whichever path a rank takes (rank 1's is the plain call)
+    if world.size == 1:
+        pytest.skip("ranks can differ only where there are several")
+    comm = collectives.Communicator(world, timeout=60)
+    problems = Problems(world)
+    x = np.ones(4, np.float32)
+    persistent = collectives.allreduce_init(x, out=x, comm=comm)
+    comm.watchdog.debug = world.rank == 1
+    for start in range(3):
+        x[:] = 1
+        with problems.guard(f"start {start}"):
+            problems.expect_equal(f"start {start}", persistent(), np.full(4, world.size, np.float32))
+    comm.watchdog.debug = False
+    problems.expect(persistent.lean or world.rank == 1, "rank 0's starts did not take the lean path")
+    comm.free()
+    problems.check()
