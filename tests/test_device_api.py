@@ -353,6 +353,20 @@ def test_a_small_auto_allreduce_of_device_arrays_runs_on_a_host_copy(
     assert not through_host.reduced, "the device reduced what the host was to reduce"
 
 
+def test_a_small_auto_persistent_allreduce_of_device_arrays_starts_on_a_host_copy(
+    through_host: FakeDeviceBackend,
+) -> None:
+    def run(comm: C.Communicator) -> list[np.ndarray]:
+        x = _x(comm.rank).view(DeviceArray)
+        persistent = C.allreduce_init(x, comm=comm)
+        return [persistent().view(np.ndarray).copy() for _ in range(3)]
+
+    for starts in LoopbackWorld(2, timeout=20).run(lambda t: _run_on(t, run)):
+        for got in starts:
+            np.testing.assert_array_equal(got, _x(0) + _x(1))
+    assert not through_host.reduced, "a start reduced on the device what the plain call reduces on the host"
+
+
 def _run_on(transport: Transport, fn: Any) -> Any:
     comm = C.Communicator(transport)
     try:
