@@ -4,6 +4,7 @@ __all__ = [
     "AUTO",
     "Selector",
     "check_algorithm",
+    "clear_traffic_counts",
     "default_selector",
     "nodes_of",
     "rejection_reasons",
@@ -109,6 +110,12 @@ def _counted_on_nodes(
             counted, network_messages=split.network_messages, network_elements=split.network_elements
         )
     return name, replace(counted, network_messages=counted.messages, network_elements=counted.elements)
+
+
+def clear_traffic_counts() -> None:
+    """Forget the memoized traffic counts, so that the next choice or ``explain`` counts afresh."""
+    _counted.cache_clear()
+    _counted_on_nodes.cache_clear()
 
 
 def nodes_of(world_size: int, features: frozenset[str]) -> tuple[int, int] | None:

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from bench.progress import progress
+from collectives.bench.progress import progress
 
 
 class _Terminal(io.StringIO):

@@ -18,7 +18,7 @@ def progress(items: Iterable[T], total: int | None = None, what: str = "", shown
         yield from items
         return
     try:
-        from tqdm import tqdm
+        from tqdm import tqdm  # type: ignore[import-untyped,unused-ignore]
     except ImportError:  # tqdm comes with the test extra; without it, no bar
         yield from items
         return

@@ -1,4 +1,4 @@
-"""``python -m bench compare``: our allreduce against MPI's and gloo's, interleaved, in one launch.
+"""``bench compare``: our allreduce against MPI's and gloo's, interleaved, in one launch.
 
 Every round runs each contender once, each started together after a barrier,
 so slow spells of a shared machine fall on all contenders alike; the order is
@@ -50,7 +50,7 @@ _TORCH_DTYPES = ("float32", "float64", "float16", "int32", "int64", "uint8", "in
 def _parser() -> argparse.ArgumentParser:
     ours = [AUTO, *(name for name, module in ALGORITHMS.items() if implements(module, "allreduce"))]
     parser = argparse.ArgumentParser(
-        prog="python -m bench compare",
+        prog="python -m collectives bench compare",
         description="Time our allreduce against the MPI library's (and gloo's) in one launch, interleaved.",
     )
     add = parser.add_argument
@@ -223,7 +223,8 @@ def _measure(
     for name in contenders:
         np.copyto(buffers[name], source)
         calls[name]()
-        wrong[name] = int(world.allreduce(count_wrong(buffers[name], expected), op=MPI.SUM))
+        mine = 0 if expected is None else count_wrong(buffers[name], expected)  # allreduce: never None
+        wrong[name] = int(world.allreduce(mine, op=MPI.SUM))
         buffers[name].fill(0)
         for _ in range(args.warmup):
             calls[name]()

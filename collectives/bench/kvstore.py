@@ -1,4 +1,4 @@
-"""``python -m bench kvstore``: the key-value store's push, pull and pushpull beside allreduce of its bytes.
+"""``bench kvstore``: the key-value store's push, pull and pushpull beside allreduce of its bytes.
 
 For each number of servers (colocated: every rank a server; ``k``: the last k
 ranks dedicated servers) and each mode, a store over ``MPI.COMM_WORLD`` is made
@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 from mpi4py import MPI
@@ -68,7 +69,7 @@ class Row:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m bench kvstore",
+        prog="python -m collectives bench kvstore",
         description="Time the key-value store's push, pull and pushpull beside allreduce of the same bytes.",
     )
     add = parser.add_argument
@@ -229,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     for k in servers:
         for mode in modes:
             is_worker = k is None or world.rank < world.size - k  # dedicated servers are the last k
-            workers = world.Split(0 if is_worker else MPI.UNDEFINED)  # before create: servers serve in it
+            # before create: servers serve in it
+            workers = cast(MPI.Intracomm, world.Split(0 if is_worker else MPI.UNDEFINED))
             paths = (True, False) if k is None and mode == "sync" else (False,)
             stores = {
                 path: kvstore.create(

@@ -1,4 +1,4 @@
-"""The arithmetic, table, JSON and plot of ``python -m bench compare``, without MPI."""
+"""The arithmetic, table, JSON and plot of ``python -m collectives bench compare``, without MPI."""
 
 __all__ = ["Ratio", "SizeResult", "format_table", "plot", "ratio", "to_json"]
 
