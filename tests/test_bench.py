@@ -541,6 +541,9 @@ def test_bench_kvstore_times_each_mode_and_layout_beside_allreduce(tmp_path: Pat
     result = run_mpi(2, [*args, "-n", "2", "-w", "1", "--json", str(record)], timeout=120)
     assert result.returncode == 0, result.stdout
     assert "# collectives kvstore benchmark" in result.stdout
+    # its length up front, and the time left as rows come (stderr, here merged into the output)
+    assert "# rows        : 14, each printed" in result.stdout
+    assert "bench kvstore: 1 of 14 rows after" in result.stdout and "14 of 14 rows" in result.stdout
     assert "allreduce(us)" in result.stdout and "pushpull/ar" in result.stdout
     assert "# Out of bounds values : 0 OK" in result.stdout
     rows = json.loads(record.read_text())["rows"]

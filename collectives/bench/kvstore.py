@@ -39,6 +39,7 @@ from collectives import kvstore
 
 from .collective import library_version
 from .config import size_argument, size_sweep
+from .progress import Countdown
 
 BATCH_BYTES = 1 << 20
 MAX_BATCH = 50
@@ -122,6 +123,11 @@ def _timed(workers: MPI.Intracomm, call: Callable[[], object], calls: int) -> fl
     took, slowest = np.array([(time.perf_counter() - start) / calls]), np.empty(1)
     workers.Allreduce(took, slowest, op=MPI.MAX)
     return float(slowest[0])
+
+
+def _weight(size: int) -> float:
+    """A row's expected cost beside others': its calls, each a fixed cost plus its bytes (64 KiB alike)."""
+    return _calls(size) * (1 + size / 65536)
 
 
 def _check(kv: kvstore.KVStore, key: str, count: int) -> int:
@@ -224,8 +230,19 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         parser.error(str(error))
     printing = world.rank == 0
+    # the rows in order, weighed for the countdown: sync over colocated servers has two paths
+    planned = [
+        _weight(size)
+        for k in servers
+        for mode in modes
+        for size in sizes
+        for _ in range(2 if k is None and mode == "sync" else 1)
+    ]
     if printing:
-        print("\n".join(_header(args, world.size, modes, servers)), flush=True)
+        header = _header(args, world.size, modes, servers)
+        rows_line = f"# rows        : {len(planned)}, each printed as it is measured; the time left on stderr"
+        print("\n".join([*header[:-2], rows_line, *header[-2:]]), flush=True)
+    countdown = Countdown("bench kvstore", planned, shown=printing)
     rows: list[Row] = []
     for k in servers:
         for mode in modes:
@@ -257,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     if printing:
                         print(format_row(rows[-1]), flush=True)
+                    countdown.done()
             for kv in stores.values():
                 kv.close()
             communicator.free()
