@@ -599,3 +599,23 @@ def test_the_device_bench_without_cupy_says_what_it_needs() -> None:
     assert result.returncode == 2, result.stderr
     assert "--array cupy needs CuPy" in result.stderr and "--array numpy" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_repository_bench_package_runs_the_shipped_suite() -> None:
+    import subprocess
+    import sys
+
+    from tests.mpirun import ROOT
+
+    def run(*args: str) -> str:
+        result = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=90)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    shipped = run(*BENCH, "--help")
+    assert run("-m", "bench", "--help") == shipped  # python -m bench is python -m collectives bench
+    for name in ("simulate", "kvstore", "segments", "small_path", "checkpoint", "guard_cost"):
+        assert name in shipped
+    # the old module paths still run, as the same modules
+    assert "--segments" in run("-m", "bench.segments", "--help")
+    assert run("-m", "bench", "plans", "--help") == run(*BENCH, "plans", "--help")
