@@ -619,3 +619,22 @@ def test_the_repository_bench_package_runs_the_shipped_suite() -> None:
     # the old module paths still run, as the same modules
     assert "--segments" in run("-m", "bench.segments", "--help")
     assert run("-m", "bench", "plans", "--help") == run(*BENCH, "plans", "--help")
+
+
+def test_the_standing_table_needs_auto_and_mpi_and_updates_a_page(tmp_path: Path) -> None:
+    from collectives.bench.standing import BEGIN, main, render
+
+    source = Path(__file__).resolve().parent.parent / "bench" / "compare-2ranks.json"
+    record = json.loads(source.read_text())
+    text = render(record, "r.json")
+    assert text.startswith(f"Measured on {record['date']}, on {record['machine']}: 2 ranks")
+    assert "| 8 B | shared_memory | 6.5 | 2.1 | 3.05x | 2.86-3.19x |" in text
+    with pytest.raises(ValueError, match="need auto and mpi"):
+        render({**record, "peers": ["gloo"]}, "r.json")
+    with pytest.raises(ValueError, match="lacks the field 'sizes'"):
+        render({k: v for k, v in record.items() if k != "sizes"}, "r.json")
+    page = tmp_path / "page.md"
+    page.write_text(f"# page\n{BEGIN}\nold\n<!-- end generated -->\nafter\n")
+    assert main([str(source), "--update", str(page)]) == 0
+    table = render(record, source.as_posix())
+    assert page.read_text() == f"# page\n{BEGIN}\n{table}<!-- end generated -->\nafter\n"

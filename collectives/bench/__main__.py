@@ -4,8 +4,8 @@ Every collective has a sub-command (nccl-tests' table); the barrier's table has 
 latency. ``calibrate`` measures the cost model and saves it where ``auto`` reads it, so later
 runs on this machine choose by it. The other sub-commands are the modules of this package, each
 with options of its own (``python -m collectives bench NAME --help``): see :data:`TOOLS`. Those
-that need no MPI (``simulate``, ``algorithms``, ``plans``, ``kernels``) run before MPI is
-imported. In the repository, ``python -m collectives bench ...`` runs the same.
+that need no MPI (``simulate``, ``algorithms``, ``plans``, ``standing``, ``kernels``) run before
+MPI is imported. In the repository, ``python -m bench ...`` runs the same.
 """
 
 __all__ = ["main"]
@@ -41,6 +41,7 @@ TOOLS = {
     "plans": ("plans", "one rank's plan and explain at 4,096 ranks, without MPI"),
     "compare": ("compare", "allreduce against MPI's and gloo's, interleaved"),
     "floor": ("floor", "allreduce against the single-copy floor and MPI's, interleaved"),
+    "standing": ("standing", "the README's table of auto against MPI, from a compare JSON file"),
     "kernels": ("kernel_bench", "GB/s of the CUDA reduction kernels on one GPU"),
     "kvstore": ("kvstore", "the key-value store beside allreduce"),
     "segments": ("segments", "allreduce time by segment size"),

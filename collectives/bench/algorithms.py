@@ -255,37 +255,37 @@ def render(world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES, count: int = DEFAUL
     return "\n\n".join("\n".join(section) for section in sections) + "\n"
 
 
-def _markers(lines: Sequence[str]) -> tuple[int, int]:
-    """The indices of the :data:`BEGIN` and :data:`END` lines."""
-    starts = [i for i, line in enumerate(lines) if line.strip() == BEGIN]
+def _markers(lines: Sequence[str], opening: str) -> tuple[int, int]:
+    """The indices of the ``opening`` and :data:`END` lines."""
+    starts = [i for i, line in enumerate(lines) if line.strip() == opening]
     ends = [i for i, line in enumerate(lines) if line.strip() == END]
     if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
         raise ValueError(
-            f"expected one {BEGIN!r} line and, after it, one {END!r} line; "
+            f"expected one {opening!r} line and, after it, one {END!r} line; "
             f"found {len(starts)} and {len(ends)}"
         )
     return starts[0], ends[0]
 
 
-def generated_part(page: str) -> str:
-    """The text between :data:`BEGIN` and :data:`END` in ``page``, without the marker lines.
+def generated_part(page: str, opening: str = BEGIN) -> str:
+    """The text between ``opening`` (:data:`BEGIN`) and :data:`END` in ``page``, without the marker lines.
 
     Raises:
         ValueError: the page lacks a marker, or has them out of order or more than once.
     """
     lines = page.splitlines(keepends=True)
-    begin, end = _markers(lines)
+    begin, end = _markers(lines, opening)
     return "".join(lines[begin + 1 : end])
 
 
-def splice(page: str, generated: str) -> str:
-    """``page`` with its generated part replaced by ``generated``.
+def splice(page: str, generated: str, opening: str = BEGIN) -> str:
+    """``page`` with its generated part (after ``opening``, :data:`BEGIN`) replaced by ``generated``.
 
     Raises:
         ValueError: as :func:`generated_part`.
     """
     lines = page.splitlines(keepends=True)
-    begin, end = _markers(lines)
+    begin, end = _markers(lines, opening)
     return "".join([*lines[: begin + 1], generated, *lines[end:]])
 
 

@@ -16,6 +16,7 @@ finite); each contender's result is first checked once on exact integer inputs.
 __all__ = ["main"]
 
 import argparse
+import datetime
 import json
 import socket
 import sys
@@ -34,7 +35,7 @@ from collectives.selector import AUTO
 from collectives.specs import get_spec
 
 from .collective import library_version, mpi_datatype
-from .compare_report import SizeResult, format_table, plot, ratio, to_json
+from .compare_report import SizeResult, format_table, machine, plot, ratio, to_json
 from .config import plan_sizes, size_argument, size_sweep
 from .floor import CROSS_MEMORY, SHARED_WINDOW, Floor, cross_memory_error
 from .patterns import ExactData, count_wrong, numpy_dtype
@@ -182,6 +183,7 @@ def main(argv: list[str]) -> int:
             "world_size": world.size, "dtype": args.datatype, "op": "sum", "in_place": True,
             "mpi_library_version": library_version(), "iters": args.iters, "warmup": args.warmup,
             "ours": list(ours), "peers": list(peers), "alloc": args.alloc,
+            "date": datetime.date.today().isoformat(), "machine": machine(),
         }  # fmt: skip
         if args.json is not None:
             args.json.write_text(json.dumps(to_json(results, metadata), indent=2) + "\n")
