@@ -1,4 +1,4 @@
-"""Fitting the cost model's constants to timings (bench/fitting.py), in process: it imports no MPI."""
+"""Fitting the cost model's constants to timings (collectives.bench.fitting), in process: no MPI imported."""
 
 import subprocess
 import sys

@@ -64,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
         "-p",
         "--peers",
         default=",".join(PEERS),
-        help="peers: mpi, gloo, floor (default all three; gloo needs torch; floor: see bench/floor.py)",
+        help="peers: mpi, gloo, floor (default all three; gloo needs torch; floor: see bench floor --help)",
     )
     add("-n", "--iters", type=int, default=20, help="timed rounds per size (default 20)")
     add("-w", "--warmup", type=int, default=3, help="untimed calls of each contender per size (default 3)")
