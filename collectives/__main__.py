@@ -1,13 +1,15 @@
-"""``python -m collectives info`` (what this machine and job offer) and ``check`` (a self-test of the job)."""
+"""``python -m collectives info`` (what the job offers), ``check`` (a self-test), ``bench`` (benchmarks)."""
 
 import sys
 
-_USAGE = """usage: python -m collectives {info,check} [options]
+_USAGE = """usage: python -m collectives {info,check,bench} [options]
 
   info   what this machine and job offer: versions, MPI and its thread level, nodes,
          shared memory, calibration, torch/CuPy/GPU, fault tolerance (--json for bug reports)
   check  run every collective with every algorithm on this job (under mpiexec -n N),
          checked against exact results and the MPI library's own; exit 1 on any failure
+  bench  the benchmark suite: every collective nccl-tests style under mpiexec, calibrate,
+         compare, simulate, kvstore and more (python -m collectives bench --help)
 """
 
 
@@ -25,6 +27,10 @@ def main(argv: list[str]) -> int:
         from .selfcheck import main as check
 
         return check(rest)
+    if command == "bench":
+        from .bench.__main__ import main as bench
+
+        return bench(rest)
     print(f"unknown command {command!r}\n{_USAGE}", end="", file=sys.stderr)
     return 2
 

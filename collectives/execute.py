@@ -6,6 +6,7 @@ __all__ = [
     "PLANS_KEPT",
     "Plan",
     "Scratch",
+    "clear_plans",
     "execute",
     "opening",
     "pack_opening",
@@ -254,6 +255,11 @@ the count bounds it first.
 _programs_planned: Bounded[tuple[int, int, bool], tuple["weakref.ref[RankProgram]", Plan]] = Bounded(
     PLANS_KEPT, PLANS_BUDGET, lambda kept: kept[1].size
 )
+
+
+def clear_plans() -> None:
+    """Forget the plans :func:`program_plan` remembers, so that the next of each is made afresh."""
+    _programs_planned.cache_clear()
 
 
 def program_plan(program: RankProgram, segment: int = 0, separate_source: bool = False) -> Plan:

@@ -16,7 +16,7 @@ from .dispatch import keeps_order
 from .explanation import Candidate, Explanation, Rejected
 from .host_copy import through_host
 from .ops import ReduceOp, itemsize
-from .selector import AUTO, default_selector, nodes_of
+from .selector import AUTO, default_selector, layout_features, nodes_of
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -34,6 +34,7 @@ def explain(
     op: "str | ReduceOp" = "sum",
     topology: "Topology | None" = None,
     device: bool = False,
+    ranks_per_node: int | None = None,
 ) -> Explanation:
     """What ``algorithm="auto"`` runs for ``collective`` of ``count`` elements, and why.
 
@@ -60,6 +61,13 @@ def explain(
             first device call chose it, else as far as is known without asking the ranks);
             an allreduce of at most ``host_copy.DEVICE_THROUGH_HOST_BYTES`` a rank runs on a
             pinned host copy instead, as the host's allreduce, and the explanation says so.
+        ranks_per_node: the node layout to assume, as a job of ``world_size`` ranks with
+            this many to a node would find it: ``world_size`` or more is one node whose
+            ranks share memory (``shared_memory`` is weighed); fewer, dividing it, is
+            nodes sharing memory within each (``hierarchical_shared_memory``); 1, or a
+            count that does not divide it, shares none. By default the communicator's
+            layout once a call found it; with ``world_size`` and no communicator, no
+            shared memory.
 
     Returns:
         Each candidate's prediction, the rejected algorithms with their reasons, and the choice.
@@ -75,6 +83,8 @@ def explain(
         )  # as agreed by earlier calls; asking would be collective
     else:
         features = frozenset()
+    if ranks_per_node is not None:
+        features = layout_features(world_size, ranks_per_node)
     # a small device allreduce runs on a host copy; other device calls never use the host's shared memory
     on_host = device and through_host(collective, AUTO, count * itemsize(dtype))
     device = device and not on_host
@@ -87,7 +97,13 @@ def explain(
     )
     if isinstance(op, ReduceOp) and not op.commutative and explanation.op is not None and world_size > 1:
         explanation = _in_rank_order(explanation, features)
-    if group is not None and group.known_features is None and world_size == group.size > 1 and not device:
+    if (
+        group is not None
+        and group.known_features is None
+        and ranks_per_node is None
+        and world_size == group.size > 1
+        and not device
+    ):
         note = (
             "the communicator's node split is not known yet (its first collective, or comm.features, "
             "finds it); until then shared memory and nodes are not weighed, and auto may run another"

@@ -4,7 +4,9 @@ __all__ = [
     "AUTO",
     "Selector",
     "check_algorithm",
+    "clear_traffic_counts",
     "default_selector",
+    "layout_features",
     "nodes_of",
     "rejection_reasons",
     "selector_for",
@@ -111,12 +113,38 @@ def _counted_on_nodes(
     return name, replace(counted, network_messages=counted.messages, network_elements=counted.elements)
 
 
+def clear_traffic_counts() -> None:
+    """Forget the memoized traffic counts, so that the next choice or ``explain`` counts afresh."""
+    _counted.cache_clear()
+    _counted_on_nodes.cache_clear()
+
+
 def nodes_of(world_size: int, features: frozenset[str]) -> tuple[int, int] | None:
     """``(nodes, ranks per node)`` where ``features`` say the ranks span several nodes, else ``None``."""
     if "shared_memory_nodes" not in features:
         return None
     per_node = algorithms.hierarchical_shared_memory.ranks_per_node(features) or world_size
     return max(world_size // per_node, 1), per_node
+
+
+def layout_features(world_size: int, ranks_per_node: int) -> frozenset[str]:
+    """The features a communicator finds where ``world_size`` ranks run ``ranks_per_node`` to a node.
+
+    As the MPI transport splits the ranks: all on one node share its memory; nodes of
+    equal size, more than one rank each, share memory within each node; otherwise
+    (one rank a node, or nodes of unequal size) the ranks share none.
+
+    Raises:
+        ValueError: ``ranks_per_node`` is not a whole number of at least 1.
+    """
+    whole = isinstance(ranks_per_node, numbers.Integral) and not isinstance(ranks_per_node, bool)
+    if not whole or ranks_per_node < 1:
+        raise ValueError(f"ranks_per_node is a whole number of at least 1; got {ranks_per_node!r}")
+    if ranks_per_node >= world_size:
+        return frozenset({"shared_memory"})
+    if ranks_per_node > 1 and world_size % ranks_per_node == 0:
+        return frozenset({"shared_memory_nodes", f"ranks_per_node={ranks_per_node}"})
+    return frozenset()
 
 
 def check_algorithm(collective: str, algorithm: str) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+BENCH = ["-m", "collectives", "bench"]  # the benchmark suite, as an installed package runs it
 
 
 def mpiexec() -> str | None:
@@ -37,8 +38,10 @@ def run_mpi(ranks: int, args: list[str], timeout: float) -> subprocess.Completed
     return run_bounded([launcher, "-n", str(ranks), sys.executable, *args], env, timeout)
 
 
-def run_bounded(command: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
-    """Run ``command`` from the repository root in a session of its own; kill it after ``timeout`` s.
+def run_bounded(
+    command: list[str], env: dict[str, str], timeout: float, cwd: Path = ROOT
+) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` from ``cwd`` (the repository root) in a session of its own; kill it after ``timeout``.
 
     Whatever the session still runs when the launcher returns (ranks a launcher gave up on) is
     killed too.
@@ -47,7 +50,7 @@ def run_bounded(command: list[str], env: dict[str, str], timeout: float) -> subp
         subprocess.TimeoutExpired: the job ran too long (a deadlock); its output so far is attached.
     """
     with subprocess.Popen(
-        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, start_new_session=True,
     ) as process:  # fmt: skip
         try:

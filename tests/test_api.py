@@ -268,3 +268,26 @@ def test_unequal_shares_on_loopback_match_numpy(counts: tuple[int, ...], op: str
     for rank, (mine, gathered) in enumerate(run_ranks(world_size, run)):
         assert np.array_equal(mine, expected[starts[rank] : starts[rank + 1]])
         assert np.array_equal(gathered, expected)
+
+
+def test_a_node_layout_gives_the_features_a_communicator_finds() -> None:
+    from collectives.selector import layout_features
+
+    assert layout_features(4, 4) == layout_features(4, 8) == {"shared_memory"}
+    assert layout_features(8, 4) == {"shared_memory_nodes", "ranks_per_node=4"}
+    assert layout_features(8, 1) == layout_features(8, 3) == frozenset()  # one a node, or unequal nodes
+    for bad in (0, -2, 2.5, True):
+        with pytest.raises(ValueError, match="ranks_per_node"):
+            layout_features(8, bad)  # type: ignore[arg-type]
+
+
+def test_explain_without_a_communicator_weighs_the_node_layout_it_is_told() -> None:
+    import collectives
+
+    bare = collectives.explain("allreduce", 1024, world_size=4)
+    assert "shared_memory" in {r.algorithm for r in bare.rejected}
+    one_node = collectives.explain("allreduce", 1024, world_size=4, ranks_per_node=4)
+    assert "shared_memory" in {c.algorithm for c in one_node.candidates}
+    nodes = collectives.explain("allreduce", 1 << 24, world_size=16, ranks_per_node=8)
+    assert "hierarchical_shared_memory" in {c.algorithm for c in nodes.candidates}
+    assert "shared_memory" not in {c.algorithm for c in nodes.candidates}

@@ -196,12 +196,12 @@ def test_the_init_checker_sees_work() -> None:
 
 
 def _bench_graph() -> dict[str, set[str]]:
-    """bench/'s modules and the bench modules each imports (inside functions too)."""
-    names = {path.stem for path in (ROOT / "bench").glob("*.py")}
+    """collectives/bench/'s modules and the bench modules each imports (inside functions too)."""
+    names = {path.stem for path in (PACKAGE / "bench").glob("*.py")}
     graph: dict[str, set[str]] = {}
     for name in names:
         found: set[str] = set()
-        for node in ast.walk(ast.parse((ROOT / "bench" / f"{name}.py").read_text())):
+        for node in ast.walk(ast.parse((PACKAGE / "bench" / f"{name}.py").read_text())):
             if isinstance(node, ast.ImportFrom) and node.level == 1:
                 found |= {node.module} if node.module else {alias.name for alias in node.names}
         graph[name] = (found & names) - {name}

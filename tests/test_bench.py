@@ -9,14 +9,29 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.config import Settings, default_algorithm, element_count, parse_size, plan_sizes, size_sweep
-from bench.patterns import ExactData, count_wrong, numpy_dtype
-from bench.report import Row, Timing, bandwidths, format_footer, format_header, format_row, to_json
 from collectives.algorithms import ALGORITHMS
+from collectives.bench.config import (
+    Settings,
+    default_algorithm,
+    element_count,
+    parse_size,
+    plan_sizes,
+    size_sweep,
+)
+from collectives.bench.patterns import ExactData, count_wrong, numpy_dtype
+from collectives.bench.report import (
+    Row,
+    Timing,
+    bandwidths,
+    format_footer,
+    format_header,
+    format_row,
+    to_json,
+)
 from collectives.calibration import load_model, save_model
 from collectives.specs import get_spec
 from collectives.topology.cost_model import CostModel
-from tests.mpirun import mpiexec, run_mpi
+from tests.mpirun import BENCH, mpiexec, run_mpi
 
 MiB = 1024**2
 
@@ -269,7 +284,7 @@ def test_bench_under_mpiexec(
     collective: str, algorithms: tuple[str, ...] | None, root: int | None, tmp_path: Path
 ) -> None:
     record = tmp_path / "rows.json"
-    args = ["-m", "bench", collective, "-b", "8", "-e", "64K", "-n", "3", "-w", "1"]
+    args = [*BENCH, collective, "-b", "8", "-e", "64K", "-n", "3", "-w", "1"]
     args += ["--json", str(record)]
     if algorithms is not None:
         args += ["-a", ",".join(algorithms)]
@@ -305,7 +320,7 @@ def test_bench_under_mpiexec(
 @needs_mpiexec
 def test_bench_barrier_times_one_row_per_algorithm(tmp_path: Path) -> None:
     record = tmp_path / "rows.json"
-    args = ["-m", "bench", "barrier", "-a", "dissemination,direct,mpi", "-n", "3", "-w", "1"]
+    args = [*BENCH, "barrier", "-a", "dissemination,direct,mpi", "-n", "3", "-w", "1"]
     result = run_mpi(2, [*args, "--json", str(record)], timeout=60)
     assert result.returncode == 0, result.stdout
     rows = json.loads(record.read_text())["rows"]
@@ -317,14 +332,14 @@ def test_bench_barrier_times_one_row_per_algorithm(tmp_path: Path) -> None:
 
 @needs_mpiexec
 def test_bench_rejects_a_root_outside_the_world() -> None:
-    result = run_mpi(2, ["-m", "bench", "reduce", "-r", "2"], timeout=30)
+    result = run_mpi(2, [*BENCH, "reduce", "-r", "2"], timeout=30)
     assert result.returncode == 2
     assert "root 2 is not a rank: valid roots are 0..1" in result.stdout
 
 
 @needs_mpiexec
 def test_bench_rejects_an_op_the_dtype_lacks() -> None:
-    result = run_mpi(1, ["-m", "bench", "allreduce", "-d", "int8", "-o", "avg"], timeout=30)
+    result = run_mpi(1, [*BENCH, "allreduce", "-d", "int8", "-o", "avg"], timeout=30)
     assert result.returncode == 2
     assert "avg" in result.stdout and "int8" in result.stdout
 
@@ -359,7 +374,7 @@ def _no_calibration(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 def test_bench_auto_shows_its_choice_and_explains(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     _no_calibration(monkeypatch, tmp_path)
     record = tmp_path / "rows.json"
-    args = ["-m", "bench", "reduce_scatter", "-b", "8", "-e", "4K", "-f", "8", "-n", "2", "-w", "1"]
+    args = [*BENCH, "reduce_scatter", "-b", "8", "-e", "4K", "-f", "8", "-n", "2", "-w", "1"]
     args += ["-a", "auto,ring", "--explain", "--json", str(record)]
     result = run_mpi(2, args, timeout=60)
     assert result.returncode == 0, result.stdout
@@ -379,7 +394,7 @@ def test_bench_auto_shows_its_choice_and_explains(monkeypatch: pytest.MonkeyPatc
 
 @needs_mpiexec
 def test_bench_lists_auto_among_the_valid_algorithms() -> None:
-    result = run_mpi(1, ["-m", "bench", "allgather", "-a", "ring,rign"], timeout=30)
+    result = run_mpi(1, [*BENCH, "allgather", "-a", "ring,rign"], timeout=30)
     assert result.returncode == 2
     valid = ", ".join(name for name, module in ALGORITHMS.items() if hasattr(module, "allgather"))
     assert (
@@ -396,7 +411,7 @@ def test_calibrate_under_mpiexec_saves_where_the_env_var_says(
     at_3 = CostModel(alpha=1e-6, beta=2e-10, gamma=3e-10)
     save_model(at_3, path, world_size=3, host="elsewhere")
     before = json.loads(path.read_text())["calibrations"]["3"]
-    result = run_mpi(2, ["-m", "bench", "calibrate", "--quick", "-n", "2", "-w", "0"], timeout=120)
+    result = run_mpi(2, [*BENCH, "calibrate", "--quick", "-n", "2", "-w", "0"], timeout=120)
     assert result.returncode == 0, result.stdout
     assert f"# saved to {path}" in result.stdout
     assert "# alpha " in result.stdout and "measured" in result.stdout
@@ -439,7 +454,7 @@ def test_calibrate_under_mpiexec_saves_where_the_env_var_says(
 @needs_mpiexec
 def test_calibrate_needs_two_ranks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     path = _no_calibration(monkeypatch, tmp_path)
-    result = run_mpi(1, ["-m", "bench", "calibrate", "--quick"], timeout=30)
+    result = run_mpi(1, [*BENCH, "calibrate", "--quick"], timeout=30)
     assert result.returncode == 2
     assert "calibrate times messages between ranks; run it under mpiexec -n 2 or more" in result.stdout
     assert not path.exists()
@@ -449,7 +464,7 @@ def test_calibrate_needs_two_ranks(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
 def test_the_exchange_fit_recovers_known_constants() -> None:
     # bench.calibrate imports mpi4py, which the test process itself keeps out of
     code = (
-        "from bench.calibrate import Measurement, fit_exchange\n"
+        "from collectives.bench.calibrate import Measurement, fit_exchange\n"
         "alpha, beta, overhead = 5e-6, 1e-10, 2e-6\n"
         "cases = [Measurement(k, b, overhead + k * (alpha + beta * b)) for k in (1, 4) for b in (8, 2**20)]\n"
         "fitted = fit_exchange(cases)\n"
@@ -463,7 +478,7 @@ def test_the_exchange_fit_recovers_known_constants() -> None:
 
 
 def test_compare_ratio_is_the_ratio_of_medians_with_the_spread_of_rounds() -> None:
-    from bench.compare_report import ratio
+    from collectives.bench.compare_report import ratio
 
     ours = [1.0, 2.0, 3.0, 4.0, 100.0]
     peer = [2.0, 2.0, 2.0, 2.0, 2.0]
@@ -482,7 +497,7 @@ def test_compare_ratio_is_the_ratio_of_medians_with_the_spread_of_rounds() -> No
 @needs_mpiexec
 def test_bench_compare_end_to_end(tmp_path: Path) -> None:
     record, picture = tmp_path / "compare.json", tmp_path / "compare.png"
-    args = ["-m", "bench", "compare", "-b", "8", "-e", "1K", "-f", "8", "-n", "3", "-w", "1"]
+    args = [*BENCH, "compare", "-b", "8", "-e", "1K", "-f", "8", "-n", "3", "-w", "1"]
     args += ["-a", "auto,ring", "-p", "mpi", "--json", str(record), "--plot", str(picture)]
     result = run_mpi(2, args, timeout=90)
     assert result.returncode == 0, result.stdout
@@ -498,7 +513,7 @@ def test_bench_compare_end_to_end(tmp_path: Path) -> None:
 
 
 def test_compare_times_small_messages_in_batches_and_large_ones_singly() -> None:
-    from bench.compare import BATCH_BYTES, MAX_BATCH, calls_per_sample
+    from collectives.bench.compare import BATCH_BYTES, MAX_BATCH, calls_per_sample
 
     assert calls_per_sample(8) == MAX_BATCH
     assert calls_per_sample(64 * 1024) == BATCH_BYTES // (64 * 1024)
@@ -510,8 +525,7 @@ def test_compare_times_small_messages_in_batches_and_large_ones_singly() -> None
 def test_bench_kvstore_times_each_mode_and_layout_beside_allreduce(tmp_path: Path) -> None:
     record = tmp_path / "kvstore.json"
     args = [
-        "-m",
-        "bench",
+        *BENCH,
         "kvstore",
         "-b",
         "4K",
@@ -527,6 +541,9 @@ def test_bench_kvstore_times_each_mode_and_layout_beside_allreduce(tmp_path: Pat
     result = run_mpi(2, [*args, "-n", "2", "-w", "1", "--json", str(record)], timeout=120)
     assert result.returncode == 0, result.stdout
     assert "# collectives kvstore benchmark" in result.stdout
+    # its length up front, and the time left as rows come (stderr, here merged into the output)
+    assert "# rows        : 14, each printed" in result.stdout
+    assert "bench kvstore: 1 of 14 rows after" in result.stdout and "14 of 14 rows" in result.stdout
     assert "allreduce(us)" in result.stdout and "pushpull/ar" in result.stdout
     assert "# Out of bounds values : 0 OK" in result.stdout
     rows = json.loads(record.read_text())["rows"]
@@ -548,7 +565,7 @@ def test_bench_kvstore_times_each_mode_and_layout_beside_allreduce(tmp_path: Pat
 
 @needs_mpiexec
 def test_bench_kvstore_rejects_more_servers_than_ranks() -> None:
-    result = run_mpi(2, ["-m", "bench", "kvstore", "-s", "2"], timeout=30)
+    result = run_mpi(2, [*BENCH, "kvstore", "-s", "2"], timeout=30)
     assert result.returncode != 0
     assert "a count from 1 to 1" in result.stdout
 
@@ -559,7 +576,7 @@ def test_a_bench_started_without_mpiexec_says_it_runs_on_one_rank() -> None:
 
     from tests.mpirun import ROOT
 
-    args = [sys.executable, "-m", "bench", "allreduce", "-b", "8", "-e", "8", "-n", "1", "-w", "0"]
+    args = [sys.executable, *BENCH, "allreduce", "-b", "8", "-e", "8", "-n", "1", "-w", "0"]
     result = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "bench: one rank, so nothing travels between ranks" in result.stderr
@@ -573,9 +590,51 @@ def test_the_device_bench_without_cupy_says_what_it_needs() -> None:
 
     from tests.mpirun import ROOT
 
-    code = "import sys; sys.modules['cupy'] = None; from bench.device_allreduce import main; main([])"
+    code = (
+        "import sys; sys.modules['cupy'] = None; "
+        "from collectives.bench.device_allreduce import main; main([])"
+    )
     command = [sys.executable, "-c", code]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr
     assert "--array cupy needs CuPy" in result.stderr and "--array numpy" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_repository_bench_package_runs_the_shipped_suite() -> None:
+    import subprocess
+    import sys
+
+    from tests.mpirun import ROOT
+
+    def run(*args: str) -> str:
+        result = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=90)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    shipped = run(*BENCH, "--help")
+    assert run("-m", "bench", "--help") == shipped  # python -m bench is python -m collectives bench
+    for name in ("simulate", "kvstore", "segments", "small_path", "checkpoint", "guard_cost"):
+        assert name in shipped
+    # the old module paths still run, as the same modules
+    assert "--segments" in run("-m", "bench.segments", "--help")
+    assert run("-m", "bench", "plans", "--help") == run(*BENCH, "plans", "--help")
+
+
+def test_the_standing_table_needs_auto_and_mpi_and_updates_a_page(tmp_path: Path) -> None:
+    from collectives.bench.standing import BEGIN, main, render
+
+    source = Path(__file__).resolve().parent.parent / "bench" / "compare-2ranks.json"
+    record = json.loads(source.read_text())
+    text = render(record, "r.json")
+    assert text.startswith(f"Measured on {record['date']}, on {record['machine']}: 2 ranks")
+    assert "| 8 B | shared_memory | 6.5 | 2.1 | 3.05x | 2.86-3.19x |" in text
+    with pytest.raises(ValueError, match="need auto and mpi"):
+        render({**record, "peers": ["gloo"]}, "r.json")
+    with pytest.raises(ValueError, match="lacks the field 'sizes'"):
+        render({k: v for k, v in record.items() if k != "sizes"}, "r.json")
+    page = tmp_path / "page.md"
+    page.write_text(f"# page\n{BEGIN}\nold\n<!-- end generated -->\nafter\n")
+    assert main([str(source), "--update", str(page)]) == 0
+    table = render(record, source.as_posix())
+    assert page.read_text() == f"# page\n{BEGIN}\n{table}<!-- end generated -->\nafter\n"

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.algorithms import (
+from collectives.algorithms import ALGORITHMS
+from collectives.bench.algorithms import (
     BEGIN,
     DEFAULT_COUNT,
     DEFAULT_WORLD_SIZES,
@@ -24,7 +25,6 @@ from bench.algorithms import (
     splice,
     support_section,
 )
-from collectives.algorithms import ALGORITHMS
 from collectives.calibration import CALIBRATION_ENV, load_model
 from collectives.selector import Selector, default_selector
 from collectives.specs import COLLECTIVES
@@ -183,7 +183,7 @@ def test_bad_options_are_parser_errors(argv: list[str], capsys: pytest.CaptureFi
 def test_the_sub_command_runs_without_mpi() -> None:
     code = (
         "import sys\n"
-        "from bench.__main__ import main\n"
+        "from collectives.bench.__main__ import main\n"
         "assert main(['algorithms', '-p', '2', '-c', '8']) == 0\n"
         "print(sorted(m for m in ('mpi4py', 'cupy', 'torch') if m in sys.modules))\n"
     )

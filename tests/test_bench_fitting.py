@@ -1,13 +1,13 @@
-"""Fitting the cost model's constants to timings (bench/fitting.py), in process: it imports no MPI."""
+"""Fitting the cost model's constants to timings (collectives.bench.fitting), in process: no MPI imported."""
 
 import subprocess
 import sys
 
 import pytest
 
-from bench.fitting import Measurement, Timed, fit_exchange, fit_per_byte
 from collectives.algorithms import build_schedule
 from collectives.algorithms.shared_memory import traffic as shared_traffic
+from collectives.bench.fitting import Measurement, Timed, fit_exchange, fit_per_byte
 from collectives.errors import CalibrationError
 from collectives.selector import Selector
 from collectives.topology.cost_model import CostModel, Traffic, traffic
@@ -34,7 +34,7 @@ def _timed(algorithm: str, count: int, fixed: float, truth: CostModel) -> Timed:
 
 
 def test_fitting_imports_no_mpi() -> None:
-    code = "import sys, bench.fitting; print('mpi4py' in sys.modules)"
+    code = "import sys, collectives.bench.fitting; print('mpi4py' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.mpirun import mpiexec, run_mpi
+from tests.mpirun import BENCH, mpiexec, run_mpi
 
 needs_mpiexec = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec (install the mpich extra)")
 
@@ -10,7 +10,7 @@ needs_mpiexec = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec (instal
 _CHECK = """
 import numpy as np
 from mpi4py import MPI
-from bench.floor import CROSS_MEMORY, SHARED_WINDOW, Floor, cross_memory_error
+from collectives.bench.floor import CROSS_MEMORY, SHARED_WINDOW, Floor, cross_memory_error
 
 world = MPI.COMM_WORLD
 methods = [SHARED_WINDOW] + ([CROSS_MEMORY] if cross_memory_error(world) is None else [])
@@ -46,7 +46,7 @@ def test_the_floor_sums_as_mpi_does(ranks: int) -> None:
 
 @needs_mpiexec
 def test_bench_floor_prints_ours_against_the_floor_and_mpi() -> None:
-    result = run_mpi(2, ["-m", "bench", "floor", "-b", "64K", "-e", "256K", "-n", "3", "-w", "1"], timeout=90)
+    result = run_mpi(2, [*BENCH, "floor", "-b", "64K", "-e", "256K", "-n", "3", "-w", "1"], timeout=90)
     assert result.returncode == 0, result.stdout
     assert "# floor       : " in result.stdout
     assert (

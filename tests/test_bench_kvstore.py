@@ -9,7 +9,7 @@ from tests.mpirun import mpiexec, run_mpi
 _WAITING = """
 import threading, time
 from mpi4py import MPI
-from bench.kvstore import _timed
+from collectives.bench.kvstore import _timed
 world = MPI.COMM_WORLD
 ran, done = [0], threading.Event()
 def other():

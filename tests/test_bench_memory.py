@@ -4,14 +4,14 @@ import re
 
 import pytest
 
-from tests.mpirun import mpiexec, run_mpi
+from tests.mpirun import BENCH, mpiexec, run_mpi
 
 needs_mpiexec = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec: install the mpich extra")
 
 
 @needs_mpiexec
 def test_resident_memory_stays_flat_over_repeated_allreduces() -> None:
-    args = ["-m", "bench.memory", "-n", "2000", "--sizes", "8,64K", "--max-growth-kib", "1024"]
+    args = [*BENCH, "memory", "-n", "2000", "--sizes", "8,64K", "--max-growth-kib", "1024"]
     result = run_mpi(2, args, timeout=120)
     assert result.returncode == 0, result.stdout
     rows = re.findall(r"growth after warm-up ([+-]\d+) KiB", result.stdout)
@@ -23,7 +23,7 @@ def test_resident_memory_stays_flat_over_repeated_allreduces() -> None:
 @needs_mpiexec
 def test_memory_bench_fails_when_growth_exceeds_the_bound() -> None:
     # a bound below zero cannot be met: the check itself must be able to fail
-    args = ["-m", "bench.memory", "-n", "20", "--sizes", "8", "--max-growth-kib", "-1"]
+    args = [*BENCH, "memory", "-n", "20", "--sizes", "8", "--max-growth-kib", "-1"]
     result = run_mpi(1, args, timeout=60)
     assert result.returncode == 1, result.stdout
     assert "more than -1 KiB" in result.stdout
@@ -31,7 +31,7 @@ def test_memory_bench_fails_when_growth_exceeds_the_bound() -> None:
 
 @needs_mpiexec
 def test_segment_bench_times_every_segment_size_against_the_default() -> None:
-    args = ["-m", "bench.segments", "--segments", "64K,4M,whole", "--sizes", "64K", "-n", "2"]
+    args = [*BENCH, "segments", "--segments", "64K,4M,whole", "--sizes", "64K", "-n", "2"]
     result = run_mpi(2, args, timeout=120)
     assert result.returncode == 0, result.stdout
     row = next(line for line in result.stdout.splitlines() if line.strip().startswith("65536 B"))
@@ -41,7 +41,7 @@ def test_segment_bench_times_every_segment_size_against_the_default() -> None:
 
 @needs_mpiexec
 def test_small_path_bench_times_every_layer() -> None:
-    result = run_mpi(2, ["-m", "bench.small_path", "-n", "20", "-r", "2"], timeout=120)
+    result = run_mpi(2, [*BENCH, "small_path", "-n", "20", "-r", "2"], timeout=120)
     assert result.returncode == 0, result.stdout
     layers = re.findall(r"^(\w+) +(\d+\.\d+) us +(\d+\.\d+)x mpi$", result.stdout, re.MULTILINE)
     names = ["floor", "watchdog", "executor", "prepared", "allreduce", "persistent", "mpi"]
@@ -52,7 +52,7 @@ def test_small_path_bench_times_every_layer() -> None:
 
 @needs_mpiexec
 def test_small_path_bench_refuses_sizes_off_the_one_barrier_path() -> None:
-    result = run_mpi(2, ["-m", "bench.small_path", "--size", "1M"], timeout=60)
+    result = run_mpi(2, [*BENCH, "small_path", "--size", "1M"], timeout=60)
     assert result.returncode == 2, result.stdout
     assert "size x ranks <= 524288 bytes" in result.stdout
 
@@ -62,7 +62,7 @@ def test_device_allreduce_bench_checks_and_times_each_size() -> None:
     # on host arrays: the GPU run (bench/README.md) takes the same loops with CuPy arrays
     args = [
         "-m",
-        "bench.device_allreduce",
+        "collectives", "bench", "device_allreduce",
         "--array",
         "numpy",
         "-b",

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.parameter_servers import parameter_server_sweep
-from bench.simulate import main
+from collectives.bench.parameter_servers import parameter_server_sweep
+from collectives.bench.simulate import main
 from collectives.schedule import RankProgram, Schedule, Step
 from collectives.topology import multi_node, predict
 from collectives.topology.programs import predict_programs

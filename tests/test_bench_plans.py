@@ -2,7 +2,7 @@
 
 import pytest
 
-from bench.plans import ALGORITHMS_TIMED, main, measure, measure_plan
+from collectives.bench.plans import ALGORITHMS_TIMED, main, measure, measure_plan
 
 
 def test_the_plans_benchmark_runs_small(capsys: pytest.CaptureFixture[str]) -> None:

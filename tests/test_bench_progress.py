@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from bench.progress import progress
+from collectives.bench.progress import progress
 
 
 class _Terminal(io.StringIO):
@@ -30,3 +30,20 @@ def test_a_terminal_gets_a_bar_on_stderr_and_rank_zero_alone(monkeypatch: pytest
     monkeypatch.setattr(sys, "stderr", quiet)
     assert list(progress(range(3), 3, "sizes", shown=False)) == [0, 1, 2]
     assert quiet.getvalue() == ""
+
+
+def test_a_countdown_says_the_time_left_by_the_weight_left() -> None:
+    import io
+
+    from collectives.bench.progress import Countdown
+
+    stream = io.StringIO()
+    countdown = Countdown("bench x", [1.0, 3.0], stream=stream)
+    countdown.started -= 2.0  # the first part took 2 s: the second weighs three times as much
+    first = countdown.done()
+    assert first.startswith("bench x: 1 of 2 rows after 2.0 s; about 6.0 s to go"), first
+    assert countdown.done().endswith(", done")
+    assert stream.getvalue().splitlines()[0] == first
+    quiet = Countdown("bench x", [1.0], shown=False, stream=stream)
+    quiet.done()
+    assert len(stream.getvalue().splitlines()) == 2  # not shown: not printed

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.simulate import format_table, main, parse_bytes, parse_topology, rows
 from collectives.algorithms import ALGORITHMS, build_schedule
+from collectives.bench.simulate import format_table, main, parse_bytes, parse_topology, rows
 from collectives.topology import dgx1, multi_node, pcie_switch, predict
 from collectives.topology.strategies import split_star
 

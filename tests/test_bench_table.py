@@ -2,7 +2,7 @@
 
 import pytest
 
-from bench.table import Column, Table, human_bytes
+from collectives.bench.table import Column, Table, human_bytes
 
 
 def test_columns_line_up_names_left_numbers_right_and_missing_values_dash() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.fitting import Timed, measured_corrections
+from collectives.bench.fitting import Timed, measured_corrections
 from collectives.calibration import load_model, save_model
 from collectives.errors import CalibrationError
 from collectives.selector import Selector

@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from bench.fitting import Timed, fit_model
+from collectives.bench.fitting import Timed, fit_model
 from collectives.errors import CalibrationError
 from collectives.selector import Selector
 from collectives.topology.cost_model import CostModel

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from bench.kernel_bench import INPUTS, Measurement, bytes_moved, format_table, to_json
+from collectives.bench.kernel_bench import INPUTS, Measurement, bytes_moved, format_table, to_json
 
 MiB = 1024**2
 
@@ -69,18 +69,19 @@ def test_json_record() -> None:
 def test_without_cupy_it_says_so_and_fails() -> None:
     # None in sys.modules makes `import cupy` fail even where CuPy is installed
     code = (
-        "import sys; sys.modules['cupy'] = None; from bench.__main__ import main; sys.exit(main(['kernels']))"
+        "import sys; sys.modules['cupy'] = None; from collectives.bench.__main__ import main; "
+        "sys.exit(main(['kernels']))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert result.stdout == ""
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1
-    assert lines[0].startswith("python -m bench kernels needs CuPy")
+    assert lines[0].startswith("python -m collectives bench kernels needs CuPy")
 
 
 def test_bad_arguments_are_refused() -> None:
-    code = "import sys; from bench.__main__ import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from collectives.bench.__main__ import main; sys.exit(main(sys.argv[1:]))"
     result = subprocess.run(
         [sys.executable, "-c", code, "kernels", "-d", "float32", "-o", "bxor"], capture_output=True, text=True
     )

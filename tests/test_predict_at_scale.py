@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 
 import collectives
-from bench.simulate import main, sweep
 from collectives import algorithms, prediction
 from collectives.algorithms import ALGORITHMS, build_schedule, hierarchical, rank_program, registry
 from collectives.algorithms.base import implements, topology_program_builder
+from collectives.bench.simulate import main, sweep
 from collectives.errors import TopologyError
 from collectives.prediction import predict_algorithm, predicts_by_sample, traffic_on
 from collectives.schedule import RankProgram, Schedule

@@ -55,7 +55,7 @@ def test_pure_modules_and_the_package_import_no_mpi_gpu_or_torch() -> None:
     assert result.stdout.strip().splitlines()[-1] == "[]"
 
 
-def test_mpi4py_is_imported_only_by_the_mpi_transport() -> None:
+def test_mpi4py_is_imported_only_by_the_mpi_transport_and_the_benchmarks() -> None:
     from pathlib import Path
 
     import collectives
@@ -67,7 +67,9 @@ def test_mpi4py_is_imported_only_by_the_mpi_transport() -> None:
         for path in package.rglob("*.py")
         if any(line.startswith(("import mpi4py", "from mpi4py")) for line in path.read_text().splitlines())
     )
-    assert importers and all(path.startswith("transport/mpi/") for path in importers), importers
+    # the benchmarks time the MPI library's own collectives beside ours, and launch as MPI programs
+    assert importers and all(path.startswith(("transport/mpi/", "bench/")) for path in importers), importers
+    assert any(path.startswith("transport/mpi/") for path in importers)
 
 
 def test_topology_imports_only_the_schedule_layer() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from .mpirun import mpiexec, run_mpi
+from .mpirun import BENCH, mpiexec, run_mpi
 
 BOUND_S = 120  # one job; the survivors' own timeout is 5 s
 
@@ -116,7 +116,7 @@ def test_a_killed_store_run_relaunched_resumes_its_servers_and_ends_bitwise(
 
 
 def test_the_checkpoint_bench_prints_a_row_a_size(monkeypatch: pytest.MonkeyPatch) -> None:
-    args = ["-m", "bench.checkpoint", "-b", "1K", "-e", "8K", "-n", "1"]
+    args = [*BENCH, "checkpoint", "-b", "1K", "-e", "8K", "-n", "1"]
     status, output = _run(2, args, monkeypatch, None)
     assert status == 0, output
     rows = [line.split() for line in output.splitlines() if line.strip()[:1].isdigit()]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from collectives.calibration import load_model
-from tests.mpirun import mpiexec, run_bounded
+from tests.mpirun import BENCH, mpiexec, run_bounded
 
 TIMEOUT_S = 150  # the whole job
 TEST_TIMEOUT_S = 60  # one test
@@ -77,7 +77,7 @@ def test_calibrate_on_two_nodes_saves_both_link_classes_under_the_jobs_shape(tmp
     path = tmp_path / "calibration.json"
     env = dict(os.environ, PYTHONUNBUFFERED="1", COLLECTIVES_CALIBRATION=str(path))
     command = [launcher, "-launcher", "fork", "-hosts", hosts(2, 2), "-n", "4", sys.executable]
-    bench = ["-m", "bench", "calibrate", "--quick", "-n", "2", "-w", "0"]
+    bench = [*BENCH, "calibrate", "--quick", "-n", "2", "-w", "0"]
     finished = run_bounded([*command, *bench], env, TIMEOUT_S)
     assert finished.returncode == 0, finished.stdout
     assert "2 nodes x 2 ranks" in finished.stdout and "# network: alpha" in finished.stdout

@@ -8,6 +8,7 @@ __all__ = [
     "PROGRAMS_BUDGET",
     "PROGRAMS_KEPT",
     "build_schedule",
+    "clear_programs",
     "rank_program",
     "schedule_traffic",
 ]
@@ -17,6 +18,7 @@ from .registry import (
     PROGRAMS_BUDGET,
     PROGRAMS_KEPT,
     build_schedule,
+    clear_programs,
     rank_program,
     schedule_traffic,
 )

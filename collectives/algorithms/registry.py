@@ -5,6 +5,7 @@ __all__ = [
     "PROGRAMS_BUDGET",
     "PROGRAMS_KEPT",
     "build_schedule",
+    "clear_programs",
     "rank_program",
     "schedule_traffic",
 ]
@@ -141,6 +142,11 @@ def _program_size(program: RankProgram) -> int:
 _programs: Bounded[tuple[str, str, tuple[int, ...], int | None, int], RankProgram] = Bounded(
     PROGRAMS_KEPT, PROGRAMS_BUDGET, _program_size
 )
+
+
+def clear_programs() -> None:
+    """Forget the memoized rank programs, so that the next of each is built afresh (to time a first call)."""
+    _programs.cache_clear()
 
 
 def _cached_program(

@@ -128,3 +128,28 @@ def test_alloc_on_some_ranks_only_is_a_mismatch_everywhere(world: MPI.Intracomm)
         problems.expect(bool((buffer == world.size).all()), "wrong sum after the mismatch")
     comm.free()
     problems.check()
+
+
+def test_explain_told_the_node_layout_names_what_a_call_runs(world: MPI.Intracomm) -> None:
+    import os
+    import re
+
+    if world.size > (os.cpu_count() or 1):
+        pytest.skip("the ranks outnumber the cores: the communicator weighs that, an assumed layout does not")
+    comm = collectives.Communicator(world)
+    if "shared_memory" not in comm.features:
+        comm.free()
+        pytest.skip("the ranks share no memory here")
+    problems = Problems(world)
+    for count in (8, 65_536, 1 << 20):
+        x = np.ones(count, np.float32)
+        with problems.guard(f"count={count}"):
+            collectives.allreduce(x, comm=comm)
+            ran = re.search(r"algorithm=(\S+)", comm.flight_record()[-1])
+            # no communicator: the layout is told, not found
+            told = collectives.explain("allreduce", count, world_size=world.size, ranks_per_node=world.size)
+            problems.expect(
+                ran is not None and ran.group(1) == told.choice, f"{count}: ran {ran}, explain {told.choice}"
+            )
+    comm.free()
+    problems.check()

@@ -1,22 +1,17 @@
-"""The command line: ``mpiexec -n 4 python -m bench allreduce -b 8 -e 64M -a ring,mpi``, and more.
+"""The command line: ``mpiexec -n 4 python -m collectives bench allreduce -b 8 -e 64M -a ring,mpi``, and more.
 
-``calibrate`` measures the cost model; ``compare`` times our allreduce against
-the MPI library's and gloo's (see :mod:`bench.compare`); ``floor`` against the
-machine's single-copy floor and the MPI library's (see :mod:`bench.floor`); ``kernels`` times the CUDA
-reduction kernels on one GPU, without MPI (see :mod:`bench.kernel_bench`); ``kvstore``
-times the key-value store's push and pull beside allreduce (see :mod:`bench.kvstore`).
-
-Every collective has a sub-command; the barrier's table has one row, its latency.
-``python -m bench simulate`` predicts times on a topology instead, without
-MPI (see :mod:`bench.simulate`); it is dispatched before MPI is imported, as is
-``python -m bench algorithms``, which prints the algorithms' support matrix,
-simulated steps and elements sent, and ``auto``'s choices as Markdown, the
-generated part of docs/algorithms.md (see :mod:`bench.algorithms`).
+Every collective has a sub-command (nccl-tests' table); the barrier's table has one row, its
+latency. ``calibrate`` measures the cost model and saves it where ``auto`` reads it, so later
+runs on this machine choose by it. The other sub-commands are the modules of this package, each
+with options of its own (``python -m collectives bench NAME --help``): see :data:`TOOLS`. Those
+that need no MPI (``simulate``, ``algorithms``, ``plans``, ``standing``, ``kernels``) run before
+MPI is imported. In the repository, ``python -m bench ...`` runs the same.
 """
 
 __all__ = ["main"]
 
 import argparse
+import importlib
 import json
 import sys
 import traceback
@@ -37,6 +32,27 @@ if TYPE_CHECKING:
     from mpi4py import MPI
 
 T = TypeVar("T")
+
+PROG = "python -m collectives bench"
+
+TOOLS = {
+    "simulate": ("simulate", "predict times on a topology, without MPI"),
+    "algorithms": ("algorithms", "docs/algorithms.md's tables, without MPI"),
+    "plans": ("plans", "one rank's plan and explain at 4,096 ranks, without MPI"),
+    "compare": ("compare", "allreduce against MPI's and gloo's, interleaved"),
+    "floor": ("floor", "allreduce against the single-copy floor and MPI's, interleaved"),
+    "standing": ("standing", "the README's table of auto against MPI, from a compare JSON file"),
+    "kernels": ("kernel_bench", "GB/s of the CUDA reduction kernels on one GPU"),
+    "kvstore": ("kvstore", "the key-value store beside allreduce"),
+    "segments": ("segments", "allreduce time by segment size"),
+    "memory": ("memory", "resident memory over many calls"),
+    "small_path": ("small_path", "where a small allreduce's time goes, layer by layer"),
+    "device_allreduce": ("device_allreduce", "CuPy arrays' allreduce against MPI's through host copies"),
+    "checkpoint": ("checkpoint", "what an in-memory and a directory checkpoint cost"),
+    "recovery": ("recovery", "time from a rank's death to the next step (Open MPI with ULFM)"),
+    "guard_cost": ("guard_cost", "the cost of the mismatch check and the bounded waits"),
+}
+"""The sub-commands with options of their own: name -> (module of this package, help)."""
 
 
 def _options() -> argparse.ArgumentParser:
@@ -80,7 +96,7 @@ def _options() -> argparse.ArgumentParser:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m bench",
+        prog=PROG,
         description="Time the collectives under mpiexec and print an nccl-tests style table.",
     )
     from .collective import COLLECTIVES  # imports MPI, which simulate does without
@@ -99,17 +115,8 @@ def _parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--quick", action="store_true", help="fewer, smaller cases: seconds, rougher")
     calibrate.add_argument("-n", "--iters", type=int, default=20, help="timed calls per case (default 20)")
     calibrate.add_argument("-w", "--warmup", type=int, default=3, help="untimed calls first (default 3)")
-    commands.add_parser("simulate", add_help=False, help="predict times on a topology, without MPI")
-    commands.add_parser("algorithms", add_help=False, help="docs/algorithms.md's tables, without MPI")
-    commands.add_parser(
-        "plans", add_help=False, help="one rank's plan and explain at 4,096 ranks, without MPI"
-    )
-    commands.add_parser("compare", add_help=False, help="allreduce against MPI's and gloo's, interleaved")
-    commands.add_parser(
-        "floor", add_help=False, help="allreduce against the single-copy floor and MPI's, interleaved"
-    )
-    commands.add_parser("kernels", add_help=False, help="GB/s of the CUDA reduction kernels on one GPU")
-    commands.add_parser("kvstore", add_help=False, help="the key-value store beside allreduce")
+    for name, (_, text) in TOOLS.items():
+        commands.add_parser(name, add_help=False, help=text)
     return parser
 
 
@@ -181,35 +188,15 @@ def _abort_on_error(world: "MPI.Intracomm", call: Callable[[], T]) -> T:
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark on every rank; rank 0 prints. The exit status is 1 if anything was wrong."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["simulate"]:
-        from .simulate import main as simulate
-
-        return simulate(argv[1:])
-    if argv[:1] == ["algorithms"]:
-        from .algorithms import main as algorithms
-
-        return algorithms(argv[1:])
-    if argv[:1] == ["plans"]:
-        from .plans import main as plans
-
-        return plans(argv[1:])
-    if argv[:1] == ["compare"]:
-        from .compare import main as compare
-
-        return compare(argv[1:])
     if argv[:1] == ["floor"]:
         from .compare import main as compare
         from .floor import DEFAULTS
 
         return compare([*DEFAULTS, *argv[1:]])
-    if argv[:1] == ["kvstore"]:
-        from .kvstore import main as kvstore
-
-        return kvstore(argv[1:])
-    if argv[:1] == ["kernels"]:
-        from .kernel_bench import main as kernels
-
-        return kernels(argv[1:])
+    if argv[:1] and argv[0] in TOOLS:
+        module = importlib.import_module(f"{__package__}.{TOOLS[argv[0]][0]}")
+        status: int = module.main(argv[1:])
+        return status
     from mpi4py import MPI
 
     from .calibrate import calibrate
@@ -232,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     if world.size == 1:  # started without mpiexec, most likely: say so, not only a table of one rank
         print(
             f"bench: one rank, so nothing travels between ranks; to measure {args.collective} across "
-            f"ranks, start it under mpiexec: mpiexec -n 4 {sys.executable} -m bench {args.collective}",
+            f"ranks, start it under mpiexec: mpiexec -n 4 {sys.executable} -m collectives bench "
+            f"{args.collective}",
             file=sys.stderr,
         )
     rows = _abort_on_error(world, lambda: run(settings, world, emit))

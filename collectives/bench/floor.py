@@ -15,7 +15,7 @@ copies the reduced buffer out. Where both can run, the faster at the size at
 hand is the floor (on a machine whose cache holds the buffer, the window's
 copies cost less than the kernel's page pinning): ``Floor.method`` says which.
 
-``python -m bench floor`` is ``python -m bench compare`` with this floor and the
+``python -m collectives bench floor`` is ``python -m collectives bench compare`` with this floor and the
 MPI library's allreduce as the peers, from 64 KiB up.
 """
 
@@ -24,6 +24,7 @@ __all__ = ["CROSS_MEMORY", "DEFAULTS", "PIECE", "SHARED_WINDOW", "Floor", "cross
 import itertools
 import os
 from collections.abc import Callable
+from typing import Any, cast
 
 import numpy as np
 from mpi4py import MPI
@@ -124,7 +125,7 @@ class Floor:
             views = []
             for r in range(world.size):
                 memory, _ = self.window.Shared_query(r)
-                views.append(np.frombuffer(memory, np.uint8, x.nbytes))
+                views.append(np.frombuffer(cast(Any, memory), np.uint8, x.nbytes))
             self.views = views
             self._call = self._shared_window
 

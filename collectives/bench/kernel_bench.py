@@ -1,4 +1,4 @@
-"""``python -m bench kernels``: bandwidth of the CUDA reduction kernels against a copy, CuPy and torch.
+"""``bench kernels``: bandwidth of the CUDA reduction kernels against a copy, CuPy and torch.
 
 Every contender runs on buffers of ``size`` bytes on one GPU, timed with CUDA events
 around each call (after warmup calls), and the median is reported. Each timed call is queued
@@ -143,7 +143,7 @@ def to_json(measurements: Sequence[Measurement], metadata: dict[str, Any]) -> di
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m bench kernels",
+        prog="python -m collectives bench kernels",
         description="GB/s of the CUDA reduction kernels against a device copy, CuPy and torch, on one GPU.",
     )
     add = parser.add_argument
@@ -277,7 +277,7 @@ def main(argv: list[str]) -> int:
     try:
         cupy, device = _device()
     except RuntimeError as error:
-        print(f"python -m bench kernels {error}", file=sys.stderr)
+        print(f"python -m collectives bench kernels {error}", file=sys.stderr)
         return 2
     torch = _torch(cupy)
     storage = "uint16" if args.datatype == "bfloat16" else args.datatype

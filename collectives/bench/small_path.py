@@ -1,4 +1,4 @@
-"""Where a small allreduce's time goes, layer by layer: ``mpiexec -n 2 python -m bench.small_path``.
+"""Where a small allreduce's time goes, layer by layer: ``bench small_path`` under mpiexec.
 
 Times, interleaved round by round, loops of in-place float32 sums of one size on
 one node's shared memory, each adding one layer of the library to the one before:
@@ -107,7 +107,9 @@ def interleaved_medians(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.small_path", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m collectives bench small_path", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--size", type=parse_size, default=8, help="bytes per rank (default 8)")
     parser.add_argument("-n", "--calls", type=int, default=1000, help="calls per loop (default 1000)")
     parser.add_argument("-r", "--rounds", type=int, default=12, help="rounds (default 12)")

@@ -1,4 +1,4 @@
-"""The cost of the mismatch check and the bounded waits: ``mpiexec -n 2 python -m bench.guard_cost``.
+"""The cost of the mismatch check and the bounded waits: ``bench guard_cost`` under mpiexec.
 
 Times allreduce of 8 B and 1 MiB on four communicators of the same ranks (the
 check on or off, the timeout on or off), interleaved round by round in one run
@@ -8,16 +8,18 @@ time and its ratio to the one with neither.
 
 __all__ = ["main"]
 
+import argparse
 import statistics
 import sys
 import time
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
 import collectives
 
-VARIANTS = {
+VARIANTS: dict[str, dict[str, Any]] = {
     "check+timeout": {"check": True, "timeout": None},
     "check": {"check": True, "timeout": 0, "stall_warning": 0},
     "timeout": {"check": False, "timeout": None},
@@ -25,7 +27,14 @@ VARIANTS = {
 }
 
 
-def main(rounds: int = 30, iterations: int = 200) -> None:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m collectives bench guard_cost", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("-r", "--rounds", type=int, default=30, help="interleaved rounds (default 30)")
+    parser.add_argument("-n", "--iters", type=int, default=200, help="8 B calls per sample (default 200)")
+    args = parser.parse_args(argv)
+    rounds, iterations = args.rounds, args.iters
     world = MPI.COMM_WORLD
     comms = {name: collectives.Communicator(world, **settings) for name, settings in VARIANTS.items()}
     for nbytes in (8, 1 << 20):
@@ -50,7 +59,8 @@ def main(rounds: int = 30, iterations: int = 200) -> None:
             sys.stdout.flush()
     for comm in comms.values():
         comm.free()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

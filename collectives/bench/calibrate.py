@@ -28,10 +28,19 @@ from collectives.ops import get_op
 from collectives.schedule import Schedule, Step, Transfer
 from collectives.selector import Selector, nodes_of
 from collectives.topology.cost_model import DEFAULT_MODEL, CostModel, Traffic
+from collectives.transport.base import SharedMemory
 from collectives.transport.mpi import MPITransport
 
 from .collective import library_version
-from .fitting import Measurement, Timed, fit_exchange, fit_model, fit_per_byte, measured_corrections
+from .fitting import (
+    Measurement,
+    Timed,
+    fit_exchange,
+    fit_model,
+    fit_per_byte,
+    measured_corrections,
+    with_terms,
+)
 
 _ITEMSIZE = 4  # float32, the default dtype
 # (bytes per message, steps per schedule) of the exchanges timed; the step counts tell
@@ -127,7 +136,7 @@ def measure_barrier(world: MPI.Intracomm, transport: MPITransport, iters: int, w
     Timed as a run of barriers, each call's slowest rank, least disturbed
     iteration (as :func:`_fastest`), divided by the P - 1 peers each rank waits for.
     """
-    shared = transport.shared_memory()
+    shared: SharedMemory | None = transport.shared_memory()
     ranks = world.size
     if shared is None:
         split = transport.node_split()  # on several nodes, a barrier is a node's
@@ -136,11 +145,12 @@ def measure_barrier(world: MPI.Intracomm, transport: MPITransport, iters: int, w
         shared, ranks = split.shared, len(split.node_ranks)
     if ranks < 2:
         return None
+    node = shared
     run = 16  # barriers per timed call, so the clock's own cost is small beside them
 
     def barriers() -> None:
         for _ in range(run):
-            shared.barrier()
+            node.barrier()
 
     return _fastest(world, barriers, iters, warmup) / run / (ranks - 1)
 
@@ -217,7 +227,8 @@ def _fit_collectives(
     """
     comm = collectives.Communicator(world)
     per_node = None
-    wanted, terms = _TIMED, _TERMS
+    wanted: tuple[str, ...] = _TIMED
+    terms: tuple[str, ...] = _TERMS
     try:
         features = comm.features
         split = nodes_of(world.size, features)
@@ -341,8 +352,8 @@ def calibrate(
     if barrier is None:
         emit("# barrier: the ranks share no memory; the default is kept")
         barrier = DEFAULT_MODEL.barrier
-    exchanged = replace(
-        CostModel(alpha, exchange_beta, gamma, barrier, DEFAULT_MODEL.copy, source="measured"), **network
+    exchanged = with_terms(
+        CostModel(alpha, exchange_beta, gamma, barrier, DEFAULT_MODEL.copy, source="measured"), network
     )
     sizes = _QUICK_ALLREDUCE_BYTES if quick else _FULL_ALLREDUCE_BYTES
     model, timed = _fit_collectives(world, emit, exchanged, sizes, iters, warmup)

@@ -1,7 +1,9 @@
-"""The arithmetic, table, JSON and plot of ``python -m bench compare``, without MPI."""
+"""The arithmetic, table, JSON and plot of ``python -m collectives bench compare``, without MPI."""
 
-__all__ = ["Ratio", "SizeResult", "format_table", "plot", "ratio", "to_json"]
+__all__ = ["Ratio", "SizeResult", "format_table", "machine", "plot", "ratio", "to_json"]
 
+import os
+import platform
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -108,6 +110,18 @@ def format_table(results: Sequence[SizeResult], ours: Sequence[str], peers: Sequ
                 ]
             rows.append(row)
     return Table(columns).lines(rows)
+
+
+def machine() -> str:
+    """This machine in a few words for a record: its processor, cores and system."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as info:
+            names = [line.split(":", 1)[1].strip() for line in info if line.startswith("model name")]
+        model = names[0] if names else model
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}"
 
 
 def to_json(results: Sequence[SizeResult], metadata: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""What a checkpoint costs, by the size of each rank's state: ``mpiexec -n 2 python -m bench.checkpoint``.
+"""What a checkpoint costs, by the size of each rank's state: ``bench checkpoint`` under mpiexec.
 
 Per size, the median over rounds of the slowest rank's time of:
 
@@ -20,6 +20,7 @@ __all__ = ["main"]
 import argparse
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -50,7 +51,7 @@ def _time(world: MPI.Intracomm, body: Callable[[], object], rounds: int) -> floa
         began = time.perf_counter()
         body()
         samples.append(world.allreduce(time.perf_counter() - began, op=MPI.MAX))
-    return statistics.median(samples)
+    return float(statistics.median(samples))
 
 
 def _row(
@@ -73,8 +74,10 @@ def _row(
     return [1e3 * t for t in times]
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m collectives bench checkpoint", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("-b", "--minbytes", default="1K", help="smallest state per rank (default 1K)")
     parser.add_argument("-e", "--maxbytes", default="64M", help="largest state per rank (default 64M)")
     parser.add_argument("-f", "--stepfactor", type=int, default=8, help="size multiplier (default 8)")
@@ -100,7 +103,8 @@ def main(argv: list[str] | None = None) -> None:
     world.Barrier()
     if world.rank == 0 and args.dir is None:
         shutil.rmtree(folder, ignore_errors=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

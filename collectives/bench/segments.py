@@ -1,4 +1,4 @@
-"""Allreduce time by segment size: ``mpiexec -n 2 python -m bench.segments``.
+"""Allreduce time by segment size: ``mpiexec -n 2 python -m collectives bench segments``.
 
 Times one algorithm's in-place float32 allreduce with each segment size (the
 executor's pipelining piece, see ``collectives.execute.DEFAULT_SEGMENT_BYTES``),
@@ -25,7 +25,9 @@ WHOLE = 1 << 40
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.segments", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m collectives bench segments", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("-a", "--algorithm", default="ring")
     parser.add_argument("--segments", default="32K,256K,1M,4M,whole", help="segment sizes to compare")
     parser.add_argument("--sizes", default="1M,4M,16M,64M", help="message sizes")
@@ -33,7 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     segments = [WHOLE if s == "whole" else parse_size(s) for s in args.segments.split(",")]
     world = MPI.COMM_WORLD
-    default = prepared.DEFAULT_SEGMENT_BYTES
+    # the segment size the call path plans with, a global of the module it reads at each plan
+    default = prepared.DEFAULT_SEGMENT_BYTES  # type: ignore[attr-defined]
     comms = {s: collectives.Communicator(world) for s in segments}
     try:
         for size in (parse_size(s) for s in args.sizes.split(",")):
@@ -41,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
             times: dict[int, list[float]] = {s: [] for s in segments}
 
             def call(segment: int, x: np.ndarray = x) -> None:
-                prepared.DEFAULT_SEGMENT_BYTES = segment
+                prepared.DEFAULT_SEGMENT_BYTES = segment  # type: ignore[attr-defined]
                 collectives.allreduce(x, out=x, algorithm=args.algorithm, comm=comms[segment])
 
             for segment in segments:
@@ -64,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
                     cells.append(f"{name} {median * 1e3:.2f} ms{versus}")
                 print(f"{size:>10} B  {args.algorithm}  " + "  ".join(cells), flush=True)
     finally:
-        prepared.DEFAULT_SEGMENT_BYTES = default
+        prepared.DEFAULT_SEGMENT_BYTES = default  # type: ignore[attr-defined]
         for comm in comms.values():
             comm.free()
     return 0

@@ -1,4 +1,4 @@
-"""Resident memory over many collectives: ``mpiexec -n 2 python -m bench.memory``.
+"""Resident memory over many collectives: ``mpiexec -n 2 python -m collectives bench memory``.
 
 Runs ``--calls`` allreduces per size on one communicator, samples each rank's
 resident set size (RSS) every tenth of the run, and prints the samples of the
@@ -48,7 +48,9 @@ def _series(comm: collectives.Communicator, nbytes: int, calls: int, algorithm: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.memory", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m collectives bench memory", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("-n", "--calls", type=int, default=10_000, help="allreduces per size")
     parser.add_argument("--sizes", default="8,64K,1M", help="comma-separated message sizes")
     parser.add_argument("-a", "--algorithm", default="auto")
@@ -68,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         growth = samples[-1] - samples[0]
         everyone = world.gather((growth, samples), root=0)
         worst = max(worst, world.allreduce(growth, op=MPI.MAX))
-        if world.rank == 0:
+        if everyone is not None:  # rank 0
             growth, samples = max(everyone, key=lambda pair: pair[0])
             mib = " ".join(f"{s / 2**20:.2f}" for s in samples)
             print(

@@ -9,10 +9,12 @@ __all__ = [
     "fit_model",
     "fit_per_byte",
     "measured_corrections",
+    "with_terms",
 ]
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -51,6 +53,12 @@ class Timed:
     count: int
     seconds: float
     traffic: Traffic
+
+
+def with_terms(model: CostModel, values: Mapping[str, float]) -> CostModel:
+    """``model`` with the constants named in ``values`` replaced."""
+    fields: dict[str, Any] = dict(values)
+    return replace(model, **fields)
 
 
 def fit_exchange(measurements: Sequence[Measurement]) -> tuple[float, float, float]:
@@ -101,7 +109,7 @@ def fit_per_byte(
         raise CalibrationError(
             f"fitting {term} needs calls of at least two sizes in {field}; got {sorted(set(nbytes.tolist()))}"
         )
-    rest = replace(model, **{term: 0.0})
+    rest = with_terms(model, {term: 0.0})
     seconds = np.array([t.seconds for t in timed])
     left = seconds - np.array(
         [sum(rest.terms(t.traffic, itemsize, world_size, ranks_per_node=ranks_per_node)) for t in timed]
@@ -166,7 +174,7 @@ def fit_model(
         raise CalibrationError(f"cannot fit {unknown}; the fitted terms are {', '.join(FITTED_TERMS)}")
     if len(timed) < len(terms):
         raise CalibrationError(f"fitting {len(terms)} terms needs as many calls; got {len(timed)}")
-    zero = replace(model, **({"network_beta": model.between_beta} | {t: 0.0 for t in terms}))
+    zero = with_terms(model, {"network_beta": model.between_beta} | {t: 0.0 for t in terms})
 
     def predicted(m: CostModel, t: Timed) -> float:
         return sum(m.terms(t.traffic, itemsize, world_size, ranks_per_node=ranks_per_node))
@@ -174,7 +182,7 @@ def fit_model(
     base = np.array([predicted(zero, t) for t in timed])
     columns = np.array(
         [
-            [predicted(replace(zero, **{term: 1.0}), t) - b for term in terms]
+            [predicted(with_terms(zero, {term: 1.0}), t) - b for term in terms]
             for t, b in zip(timed, base, strict=True)
         ]
     )
@@ -190,7 +198,7 @@ def fit_model(
         spread = np.maximum(np.abs(columns @ values + base - seconds) / seconds, _LEAST_SPREAD)
     # a term no call exercises (copy where no memory is shared) keeps the value it was given
     kept = {term: getattr(model, term) for j, term in enumerate(terms) if not columns[:, j].any()}
-    fitted = replace(zero, **({term: float(v) for term, v in zip(terms, values, strict=True)} | kept))
+    fitted = with_terms(zero, {term: float(v) for term, v in zip(terms, values, strict=True)} | kept)
     residual: dict[str, list[float]] = {}
     for t in timed:
         residual.setdefault(t.algorithm, []).append(predicted(fitted, t) / t.seconds - 1.0)

@@ -1,4 +1,4 @@
-"""``python -m bench kvstore``: the key-value store's push, pull and pushpull beside allreduce of its bytes.
+"""``bench kvstore``: the key-value store's push, pull and pushpull beside allreduce of its bytes.
 
 For each number of servers (colocated: every rank a server; ``k``: the last k
 ranks dedicated servers) and each mode, a store over ``MPI.COMM_WORLD`` is made
@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 from mpi4py import MPI
@@ -38,6 +39,7 @@ from collectives import kvstore
 
 from .collective import library_version
 from .config import size_argument, size_sweep
+from .progress import Countdown
 
 BATCH_BYTES = 1 << 20
 MAX_BATCH = 50
@@ -68,7 +70,7 @@ class Row:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m bench kvstore",
+        prog="python -m collectives bench kvstore",
         description="Time the key-value store's push, pull and pushpull beside allreduce of the same bytes.",
     )
     add = parser.add_argument
@@ -121,6 +123,11 @@ def _timed(workers: MPI.Intracomm, call: Callable[[], object], calls: int) -> fl
     took, slowest = np.array([(time.perf_counter() - start) / calls]), np.empty(1)
     workers.Allreduce(took, slowest, op=MPI.MAX)
     return float(slowest[0])
+
+
+def _weight(size: int) -> float:
+    """A row's expected cost beside others': its calls, each a fixed cost plus its bytes (64 KiB alike)."""
+    return _calls(size) * (1 + size / 65536)
 
 
 def _check(kv: kvstore.KVStore, key: str, count: int) -> int:
@@ -223,13 +230,25 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         parser.error(str(error))
     printing = world.rank == 0
+    # the rows in order, weighed for the countdown: sync over colocated servers has two paths
+    planned = [
+        _weight(size)
+        for k in servers
+        for mode in modes
+        for size in sizes
+        for _ in range(2 if k is None and mode == "sync" else 1)
+    ]
     if printing:
-        print("\n".join(_header(args, world.size, modes, servers)), flush=True)
+        header = _header(args, world.size, modes, servers)
+        rows_line = f"# rows        : {len(planned)}, each printed as it is measured; the time left on stderr"
+        print("\n".join([*header[:-2], rows_line, *header[-2:]]), flush=True)
+    countdown = Countdown("bench kvstore", planned, shown=printing)
     rows: list[Row] = []
     for k in servers:
         for mode in modes:
             is_worker = k is None or world.rank < world.size - k  # dedicated servers are the last k
-            workers = world.Split(0 if is_worker else MPI.UNDEFINED)  # before create: servers serve in it
+            # before create: servers serve in it
+            workers = cast(MPI.Intracomm, world.Split(0 if is_worker else MPI.UNDEFINED))
             paths = (True, False) if k is None and mode == "sync" else (False,)
             stores = {
                 path: kvstore.create(
@@ -255,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     if printing:
                         print(format_row(rows[-1]), flush=True)
+                    countdown.done()
             for kv in stores.values():
                 kv.close()
             communicator.free()

@@ -1,6 +1,6 @@
-"""``python -m bench plans``: one rank's plan and ``explain`` at thousands of ranks, timed and traced.
+"""``bench plans``: one rank's plan and ``explain`` at thousands of ranks, timed and traced.
 
-For each allreduce algorithm of the issue's list, rank r's part is built from
+For each allreduce algorithm of :data:`ALGORITHMS_TIMED`, rank r's part is built from
 its rank number (:func:`collectives.algorithms.rank_program`, memo cleared) and
 timed, its peak of allocated memory taken by ``tracemalloc``; then the
 executor's plan of that part (:func:`collectives.execute.program_plan`, what a
@@ -19,12 +19,11 @@ from collections.abc import Sequence
 
 import collectives
 from collectives import algorithms, execute, selector
-from collectives.algorithms import registry
 
 from .table import Column, Table
 
 ALGORITHMS_TIMED = ("ring", "tree", "double_tree", "butterfly", "halving_doubling", "hierarchical")
-"""The allreduces whose plans the issue asks to build in 50 ms and 50 MB at 4,096 ranks."""
+"""The allreduces whose plans should build within 50 ms and 50 MB at 4,096 ranks."""
 
 
 def measure(algorithm: str, world_size: int, count: int, rank: int) -> tuple[float, int, int]:
@@ -32,16 +31,16 @@ def measure(algorithm: str, world_size: int, count: int, rank: int) -> tuple[flo
 
     Timed and traced in separate builds, as tracing slows every allocation.
     """
-    registry._programs.cache_clear()
+    algorithms.clear_programs()
     start = time.perf_counter()
     program = algorithms.rank_program("allreduce", algorithm, world_size, count, rank=rank)
     elapsed = time.perf_counter() - start
-    registry._programs.cache_clear()
+    algorithms.clear_programs()
     tracemalloc.start()
     algorithms.rank_program("allreduce", algorithm, world_size, count, rank=rank)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    registry._programs.cache_clear()
+    algorithms.clear_programs()
     return elapsed, peak, len(program.steps)
 
 
@@ -53,29 +52,29 @@ def measure_plan(algorithm: str, world_size: int, count: int, rank: int) -> tupl
     """
     program = algorithms.rank_program("allreduce", algorithm, world_size, count, rank=rank)
     segment = execute.DEFAULT_SEGMENT_BYTES // 4
-    execute._programs_planned.cache_clear()
+    execute.clear_plans()
     start = time.perf_counter()
     made = execute.program_plan(program, segment, True)
     elapsed = time.perf_counter() - start
-    execute._programs_planned.cache_clear()
+    execute.clear_plans()
     tracemalloc.start()
     execute.program_plan(program, segment, True)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    execute._programs_planned.cache_clear()
-    registry._programs.cache_clear()
+    execute.clear_plans()
+    algorithms.clear_programs()
     return elapsed, peak, sum(len(step.recvs) + len(step.sends) for step in made.steps)
 
 
 def _explain_seconds(world_size: int, count: int) -> float:
-    selector._counted.cache_clear()
+    selector.clear_traffic_counts()
     start = time.perf_counter()
     collectives.explain("allreduce", count, world_size=world_size)
     return time.perf_counter() - start
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench plans", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m collectives bench plans", description=__doc__)
     parser.add_argument("-n", "--world-size", type=int, default=4096, help="ranks (default 4096)")
     parser.add_argument("-c", "--count", type=int, default=2**24, help="float32 elements (default 2**24)")
     parser.add_argument("-r", "--rank", type=int, default=None, help="the rank (default the middle one)")

@@ -1,4 +1,4 @@
-"""``python -m bench simulate --parameter-servers``: a parameter server's round predicted on 1 to M machines.
+"""``bench simulate --parameter-servers``: a parameter server's round predicted on 1 to M machines.
 
 The seeds' argument: with one central server, m workers' gradients all cross
 that server's link, so a round takes O(m); spread over n servers, each

@@ -1,4 +1,4 @@
-"""``python -m bench compare``: our allreduce against MPI's and gloo's, interleaved, in one launch.
+"""``bench compare``: our allreduce against MPI's and gloo's, interleaved, in one launch.
 
 Every round runs each contender once, each started together after a barrier,
 so slow spells of a shared machine fall on all contenders alike; the order is
@@ -16,6 +16,7 @@ finite); each contender's result is first checked once on exact integer inputs.
 __all__ = ["main"]
 
 import argparse
+import datetime
 import json
 import socket
 import sys
@@ -34,7 +35,7 @@ from collectives.selector import AUTO
 from collectives.specs import get_spec
 
 from .collective import library_version, mpi_datatype
-from .compare_report import SizeResult, format_table, plot, ratio, to_json
+from .compare_report import SizeResult, format_table, machine, plot, ratio, to_json
 from .config import plan_sizes, size_argument, size_sweep
 from .floor import CROSS_MEMORY, SHARED_WINDOW, Floor, cross_memory_error
 from .patterns import ExactData, count_wrong, numpy_dtype
@@ -50,7 +51,7 @@ _TORCH_DTYPES = ("float32", "float64", "float16", "int32", "int64", "uint8", "in
 def _parser() -> argparse.ArgumentParser:
     ours = [AUTO, *(name for name, module in ALGORITHMS.items() if implements(module, "allreduce"))]
     parser = argparse.ArgumentParser(
-        prog="python -m bench compare",
+        prog="python -m collectives bench compare",
         description="Time our allreduce against the MPI library's (and gloo's) in one launch, interleaved.",
     )
     add = parser.add_argument
@@ -63,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
         "-p",
         "--peers",
         default=",".join(PEERS),
-        help="peers: mpi, gloo, floor (default all three; gloo needs torch; floor: see bench/floor.py)",
+        help="peers: mpi, gloo, floor (default all three; gloo needs torch; floor: see bench floor --help)",
     )
     add("-n", "--iters", type=int, default=20, help="timed rounds per size (default 20)")
     add("-w", "--warmup", type=int, default=3, help="untimed calls of each contender per size (default 3)")
@@ -182,6 +183,7 @@ def main(argv: list[str]) -> int:
             "world_size": world.size, "dtype": args.datatype, "op": "sum", "in_place": True,
             "mpi_library_version": library_version(), "iters": args.iters, "warmup": args.warmup,
             "ours": list(ours), "peers": list(peers), "alloc": args.alloc,
+            "date": datetime.date.today().isoformat(), "machine": machine(),
         }  # fmt: skip
         if args.json is not None:
             args.json.write_text(json.dumps(to_json(results, metadata), indent=2) + "\n")
@@ -223,7 +225,8 @@ def _measure(
     for name in contenders:
         np.copyto(buffers[name], source)
         calls[name]()
-        wrong[name] = int(world.allreduce(count_wrong(buffers[name], expected), op=MPI.SUM))
+        mine = 0 if expected is None else count_wrong(buffers[name], expected)  # allreduce: never None
+        wrong[name] = int(world.allreduce(mine, op=MPI.SUM))
         buffers[name].fill(0)
         for _ in range(args.warmup):
             calls[name]()

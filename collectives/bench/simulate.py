@@ -1,4 +1,4 @@
-"""``python -m bench simulate``: every algorithm and strategy's predicted time on a topology, without MPI.
+"""``bench simulate``: every algorithm and strategy's predicted time on a topology, without MPI.
 
 Each row is a schedule placed on the topology's devices and timed by the cost
 model (:func:`collectives.topology.link_model.predict_fast`, the same
@@ -35,6 +35,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from collectives.algorithms import ALGORITHMS, build_schedule, hierarchical, multi_ring
 from collectives.algorithms.base import implements
@@ -391,7 +392,7 @@ def _busiest(topology: Topology, prediction: Prediction | None) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m bench simulate",
+        prog="python -m collectives bench simulate",
         description="Predict each algorithm's time on a topology with the cost model; needs no MPI.",
     )
     add = parser.add_argument
@@ -496,7 +497,9 @@ def _sweep(
         parser.error(
             "--sweep-ranks and --parameter-servers need a multi_node topology (and at least 2 ranks)"
         )
-    shape = {"gpus_per_node": len(topology.nodes[0]), "nic_gbps": network[0].bandwidth * 8 / 1e9}
+    shape: dict[str, Any] = {
+        "gpus_per_node": len(topology.nodes[0]), "nic_gbps": network[0].bandwidth * 8 / 1e9
+    }
     if args.parameter_servers:
         from .parameter_servers import parameter_server_sweep
 

@@ -2,7 +2,7 @@
 
 Run under Open MPI's launcher with fault tolerance on::
 
-    mpiexec --oversubscribe --with-ft ulfm -n 4 python -m bench.recovery --state-mib 1,16
+    mpiexec --oversubscribe --with-ft ulfm -n 4 python -m collectives bench recovery --state-mib 1,16
 
 For each state size, one launch-long training loop of allreduces of ``--count`` float32
 with an in-memory checkpoint of ``--state-mib`` MiB per rank every ``--every`` steps; at
@@ -13,10 +13,14 @@ Each size needs a launch of its own (a rank dies in each): give one size per lau
 Rank 0 prints one row: the slowest survivor's times in milliseconds.
 """
 
+__all__ = ["main"]
+
 import argparse
 import os
 import signal
+import sys
 import time
+from typing import Any
 
 import numpy as np
 
@@ -29,18 +33,20 @@ from .table import Column, Table
 _TIMES = ("detect(ms)", "recover(ms)", "to_next_step(ms)")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m collectives bench recovery", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--state-mib", type=float, default=1.0, help="checkpointed state per rank, MiB")
     parser.add_argument("--count", type=int, default=1 << 18, help="float32 elements per allreduce")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--every", type=int, default=5, help="checkpoint every this many steps")
     parser.add_argument("--kill-at", type=int, default=12, help="the step at which the last rank dies")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     comm = collectives.Communicator(timeout=60.0)
     ranks, victim = comm.size, comm.size - 1
     checkpointer = Checkpointer(comm, replicas=1)
-    state = {"step": 0, "data": np.zeros(int(args.state_mib * (1 << 20)) // 8)}
+    state: dict[str, Any] = {"step": 0, "data": np.zeros(int(args.state_mib * (1 << 20)) // 8)}
     checkpointer.checkpoint(state)
     x = np.ones(args.count, np.float32)
     times = np.zeros(3)
@@ -69,7 +75,8 @@ def main() -> None:
     if comm.rank == 0:
         table = Table([Column("ranks"), Column("state(MiB)", "g"), *(Column(t, ".1f") for t in _TIMES)])
         print("\n".join(table.lines([(ranks, args.state_mib, *slowest)])))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,4 +1,4 @@
-"""GPU arrays' allreduce, ours against MPI through host copies: ``python -m bench.device_allreduce``.
+"""GPU arrays' allreduce, ours against MPI through host copies: ``bench device_allreduce``.
 
 Per size, interleaved round by round, in-place float32 sums of a CuPy array on
 each rank (ranks share the GPUs, round robin):
@@ -80,7 +80,7 @@ def _check(xp: Any, comm: collectives.Communicator, world: MPI.Intracomm, count:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.device_allreduce", description=__doc__.splitlines()[0]
+        prog="python -m collectives bench device_allreduce", description=__doc__.splitlines()[0]
     )
     parser.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("4K"))
     parser.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("256M"))

@@ -1,0 +1,1 @@
+"""Benchmarks of the collectives under mpiexec, in the style of nccl-tests."""
