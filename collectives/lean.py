@@ -12,7 +12,9 @@ numbers, and how many); a call gets a :class:`~collectives.call.Call` of its own
 with its deadline and stall warning, only where it waits past :data:`SPIN_S` or
 fails, so a rank that never calls leaves the others a
 :class:`~collectives.CollectiveTimeout`. With ``$COLLECTIVES_DEBUG`` or an armed
-``$COLLECTIVES_FAULT`` the callers take the plain path instead.
+``$COLLECTIVES_FAULT`` the callers take the plain path instead. Where the compiled
+engine runs (:mod:`collectives.engine`) and reduces the call's dtype and op, a small
+call's copy-in, barrier, signature check and reduction are one call into it.
 """
 
 __all__ = ["SPIN_S", "LeanAllreduce", "Repeats"]
@@ -70,6 +72,7 @@ class LeanAllreduce:
         "_call",
         "_check",
         "_entry",
+        "_kernel",
         "_pending",
         "_record_as",
         "_reduce",
@@ -118,6 +121,7 @@ class LeanAllreduce:
         # a call whose inputs together fit the small window skips the executor's choice of path
         self._run = executor.allreduce_small if small else executor.allreduce
         self._views: tuple[tuple[Any, list[Any]], ...] | None = None  # the small calls': made by the first
+        self._kernel: Any = None  # the compiled engine's call, where it takes this one: made by the first
         self._reduce = backend.reducer(op)
 
     def run(self, work: Any, source: Any) -> None:
@@ -140,14 +144,17 @@ class LeanAllreduce:
             recorder.append(entry)
         check = self._check
         try:
-            if (watchdog.check if check is None else check) and self.size > 1:
-                guard = self.guard
-                guard.stamp(sequence, watchdog.tag)
-                if self._small:
-                    self._signed_small(guard, work, source)
+            checked = (watchdog.check if check is None else check) and self.size > 1
+            if self._small and self.size > 1:
+                if checked:
+                    self.guard.stamp(sequence, watchdog.tag)
+                    self._small_call(self.guard, work, source)
                 else:
-                    self._pending = True
-                    self._run(self.backend, work, source, self.op, self.barrier)
+                    self._small_call(None, work, source)
+            elif checked:
+                self.guard.stamp(sequence, watchdog.tag)
+                self._pending = True
+                self._run(self.backend, work, source, self.op, self.barrier)
             else:
                 self._run(self.backend, work, source, self.op, self.barrier)
         except BaseException as error:
@@ -170,31 +177,53 @@ class LeanAllreduce:
         if self.averages:
             self.backend.divide(work, self.size)
 
-    def _signed_small(self, guard: Guard, work: Any, source: Any) -> None:
+    def _small_call(self, guard: Guard | None, work: Any, source: Any) -> None:
         """What the executor's ``allreduce_small`` does, its one barrier signed, in fewer Python calls.
 
         Inline rather than through the executor and :meth:`barrier` (they cost a
-        third of an 8-byte call's time): copy in, post the signature with the
-        arrival, and reduce every rank's copy once all arrived and signed alike.
+        third of an 8-byte call's time): copy in, post the signature (where
+        ``guard`` is given) with the arrival, and reduce every rank's copy once
+        all arrived and signed alike; in one call where the compiled engine takes it.
         """
         executor = self.executor
         views = self._views
         if views is None:
             views = self._views = executor.small_views(self.backend, source)
+            if self.backend.name == "numpy" and not self.op.custom:
+                halves = tuple(regions for _, regions in views)
+                dtype, count = str(source.dtype), source.shape[0]
+                self._kernel = executor.shared.small_kernel(halves, dtype, self.op.combine, count, SPIN_S)
+        kernel = self._kernel
+        if kernel is None and guard is None:
+            self._run(self.backend, work, source, self.op, self.barrier)
+            return
         turn = executor.turn
         executor.turn = turn ^ 1
-        mine, regions = views[turn]
-        mine[...] = source
         shared = executor.shared
         self._barriers = 1
-        matched = shared.pass_signed(guard.packed, guard.digest, self._sequence, SPIN_S)
+        if kernel is not None:
+            if guard is None:
+                matched = shared.pass_small(kernel, turn, work, source, 0, None, 0)
+            else:
+                matched = shared.pass_small(
+                    kernel, turn, work, source, self._sequence, guard.packed, guard.digest
+                )
+            if matched:
+                return
+        else:
+            mine, regions = views[turn]
+            mine[...] = source
+            assert guard is not None
+            matched = shared.pass_signed(guard.packed, guard.digest, self._sequence, SPIN_S)
         if matched is None:  # a rank is late: wait on as a Call, which compares the signatures after
             call = self._record()
             call.pending = guard
             call.arrived(shared, 0, None)
-        elif not matched:
+        elif not matched and guard is not None:
             self.watchdog.compare_posted(shared, guard, self._sequence)  # raises where they differ
-        if len(regions) == 2:
+        if kernel is not None:
+            kernel.reduce(turn, work)
+        elif len(regions) == 2:
             self._reduce(work, regions[0], regions[1])
         else:
             executor.reduce(self.backend, self.op, work, regions)

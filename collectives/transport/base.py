@@ -261,6 +261,42 @@ class SharedMemory(ABC):
             return None
         return self.signatures_match(packed, digest, sequence)
 
+    def small_kernel(
+        self, halves: tuple[Sequence[Any], ...], dtype: str, op: str, count: int, spin_s: float
+    ) -> Any:
+        """The compiled engine's repeated small allreduce over ``halves``, or ``None`` where it takes none.
+
+        ``halves``: per turn, every rank's small region (as arrays of ``count``
+        elements of ``dtype``); ``op``: the binary op's name; ``spin_s``: how long
+        its barrier waits before it hands the wait back (:meth:`pass_small` returns
+        ``None``). Memories without the control words the engine reads take none.
+        """
+        return None
+
+    def pass_small(
+        self,
+        kernel: Any,
+        turn: int,
+        work: Any,
+        source: Any,
+        sequence: int,
+        packed: bytearray | None,
+        digest: int,
+    ) -> bool | None:
+        """A repeated small allreduce of :meth:`small_kernel`'s in one call: copy in, sign, pass, reduce.
+
+        ``source`` goes into this rank's region of ``turn``; the signature
+        (``packed``, ``digest`` and ``sequence``, as :meth:`pass_signed`; no
+        signature where ``digest`` is 0) goes with the arrival.
+
+        Returns:
+            ``True``: passed, signatures alike, ``work`` reduced; ``False``: passed,
+            signatures differ, nothing reduced; ``None``: ranks still missing (go on
+            with :meth:`wait`). After either of the last two, ``kernel.reduce(turn,
+            work)`` reduces.
+        """
+        raise NotImplementedError(f"{type(self).__name__} runs no compiled calls")
+
     def message(self, rank: int) -> memoryview:
         """What ``rank`` posted for the last barrier passed (:data:`MESSAGE_BYTES` bytes).
 

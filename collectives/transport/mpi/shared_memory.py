@@ -12,9 +12,11 @@ import time
 import weakref
 from array import array
 from collections.abc import Sequence
+from typing import Any
 
 from mpi4py import MPI
 
+from ... import engine
 from ...errors import TransportError
 from ..base import SharedMemory
 from .failures import failed_ranks, ulfm_missing
@@ -40,6 +42,7 @@ _SLOT_BYTES = _HEADER_BYTES + 2 * _MESSAGE_BYTES  # then its messages by parity;
 EXIT_WAIT_S = 5.0
 """How long a rank whose barrier timed out waits at exit for the missing ranks to be leaving too."""
 
+_DONE, _LATE = 0, 1  # the compiled engine's run: passed and reduced; a rank is late (2: signatures differ)
 _FREE, _KEEP = 1, 2  # the decision on the windows (0: not yet decided)
 SPIN_POLLS = 64
 """Polls of a barrier before a waiting rank yields its core, where the node's ranks each have one.
@@ -222,6 +225,55 @@ class MPISharedMemory(SharedMemory):
             if numbers[at] != sequence or numbers[at + _DIGEST_WORD] != digest:
                 return False
         return True
+
+    def small_kernel(
+        self, halves: tuple[Sequence[Any], ...], dtype: str, op: str, count: int, spin_s: float
+    ) -> Any:
+        if engine.COMPILED is None or not _LITTLE_ENDIAN or not engine.reduces(dtype, op):
+            return None
+        size = len(self._message_words)
+        return engine.COMPILED.SmallAllreduce(
+            control=self._numbers,
+            slots=[r * self._stride for r in range(size)],
+            words=[[self._message_words[r][parity] for r in range(size)] for parity in (0, 1)],
+            digest_offset=_DIGEST_WORD,
+            regions=halves,
+            rank=self._rank,
+            dtype=dtype,
+            op=op,
+            count=count,
+            spin_polls=self._spin,
+            spin_seconds=spin_s,
+        )
+
+    def pass_small(
+        self,
+        kernel: Any,
+        turn: int,
+        work: Any,
+        source: Any,
+        sequence: int,
+        packed: bytearray | None,
+        digest: int,
+    ) -> bool | None:
+        # the barrier's numbers stay this object's: the engine is told the next and reports how it went
+        number = self._number
+        if self._passed != number:
+            raise RuntimeError("arrive called before the previous barrier was passed")
+        number += 1
+        if digest:
+            parity = number & 1
+            if self._signed[parity] != digest:  # the rest of the signature; the engine posts the number
+                assert packed is not None
+                self._messages[self._rank][parity][: len(packed)] = packed
+                self._numbers[self._own_words[parity] + _DIGEST_WORD] = digest
+                self._signed[parity] = digest
+        status = kernel.run(turn, work, source, number, sequence, digest)
+        self._number = number
+        if status == _LATE:
+            return None
+        self._passed = number
+        return bool(status == _DONE)
 
     def _given_up(self) -> bool:
         """Whether a peer broke off: no use waiting. Raises TransportError if a rank died (ULFM)."""

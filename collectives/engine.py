@@ -1,0 +1,63 @@
+"""The compiled engine: which path runs a repeated call's node-local steps, and why.
+
+The package builds a small C extension (``collectives._engine``, from
+``collectives/_engine.c``) when it is installed where a C compiler is found. It
+runs a repeated small allreduce's node-local steps (copy in, post the signature,
+the shared-memory barrier, the signatures' check, the reduction) in one call
+instead of a dozen interpreter calls; the algorithms stay schedules, and what the
+engine does not take (other dtypes and ops, other transports) runs the Python
+path, which gives the same bits. ``COLLECTIVES_COMPILED=0`` turns it off (the
+Python path runs everything); ``COLLECTIVES_COMPILED=1`` asks for it and fails
+where it was not built.
+"""
+
+__all__ = ["COMPILED", "Engine", "compiled", "reduces", "why"]
+
+import importlib
+from types import ModuleType
+from typing import Any
+
+from ._env import env_flag
+from .errors import ConfigurationError
+
+_FLAG = "COLLECTIVES_COMPILED"
+
+
+def _load() -> tuple[ModuleType | None, str]:
+    try:  # by name: an optional extension module, not one of the package's Python modules
+        _engine = importlib.import_module(f"{__package__}._engine")
+    except ImportError as error:
+        missing: ModuleType | None = None
+        reason = f"the Python path: the compiled engine was not built ({error})"
+    else:
+        missing, reason = _engine, f"compiled ({_engine.__file__})"
+    wanted = env_flag(_FLAG)
+    if wanted is False:
+        return None, f"the Python path: {_FLAG}=0"
+    if wanted and missing is None:
+        raise ConfigurationError(
+            f"{_FLAG}=1 asks for the compiled engine, but it was not built: reinstall the package where "
+            "a C compiler is found (pip install -e . builds it), or unset the variable"
+        )
+    return missing, reason
+
+
+Engine = Any
+"""The extension module's type, for annotations (it ships no type information)."""
+
+COMPILED, _WHY = _load()
+
+
+def compiled() -> bool:
+    """Whether the compiled engine runs (it was built, and ``COLLECTIVES_COMPILED`` is not 0)."""
+    return COMPILED is not None
+
+
+def why() -> str:
+    """Which path runs and why, in words (for ``python -m collectives info``)."""
+    return _WHY
+
+
+def reduces(dtype: str, op: str) -> bool:
+    """Whether the compiled engine reduces ``dtype`` with ``op`` (numpy names) with numpy's bits."""
+    return COMPILED is not None and bool(COMPILED.reduces(dtype, op))
