@@ -87,7 +87,7 @@ def _layers(
     def compiled() -> None:
         turn = executor.turn
         executor.turn = turn ^ 1
-        if shared.pass_small(kernel, turn, x, x, 0, None, 0) is None:
+        if kernel.run(turn, x, x, 0, None, 0):  # a rank was late
             shared.wait()
             kernel.reduce(turn, x)
 

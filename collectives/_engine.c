@@ -33,7 +33,8 @@ typedef enum { SUM, PROD, MIN, MAX, BAND, BOR, BXOR } Op;
 typedef struct {
     PyObject_HEAD
     int64_t *numbers;           /* the control window, as int64 words */
-    Py_buffer control;
+    int64_t *state;             /* the barrier's state: arrived at, passed, digest posted by parity */
+    Py_buffer control, state_buffer;
     Py_buffer regions[2][MAX_RANKS]; /* by turn, every rank's small region */
     int size, rank;
     Py_ssize_t own_slot;
@@ -41,6 +42,7 @@ typedef struct {
     Py_ssize_t own_words[2];                /* this rank's posted sequence number, by parity */
     Py_ssize_t peer_words[2][MAX_RANKS];    /* the peers', by parity */
     Py_ssize_t digest_offset;               /* from a posted sequence number to its digest */
+    Py_ssize_t message_bytes;               /* a posted signature's room */
     Py_ssize_t nbytes, count;
     Kind kind;
     Op op;
@@ -179,6 +181,7 @@ static PyObject *engine_reduces(PyObject *module, PyObject *const *args, Py_ssiz
 
 static void release_all(SmallAllreduce *self) {
     if (self->control.obj) PyBuffer_Release(&self->control);
+    if (self->state_buffer.obj) PyBuffer_Release(&self->state_buffer);
     for (int t = 0; t < 2; t++)
         for (int r = 0; r < MAX_RANKS; r++)
             if (self->regions[t][r].obj) PyBuffer_Release(&self->regions[t][r]);
@@ -197,26 +200,30 @@ static Py_ssize_t index_at(PyObject *sequence, Py_ssize_t i) {
     return value;
 }
 
-/* SmallAllreduce(control, slots, words, digest_offset, regions, rank, dtype, op, count, spin_polls, spin_seconds)
+/* SmallAllreduce(control, state, slots, words, digest_offset, message_bytes, regions, rank, dtype, op,
+ *                count, spin_polls, spin_seconds)
  *
- * control: the control window (writable, int64-aligned); slots: every rank's barrier-number word;
- * words: per parity, every rank's posted-sequence word; regions: per turn, every rank's small
- * region (writable, count elements of dtype each). */
+ * control: the control window (writable, int64-aligned); state: the barrier's state words (the
+ * number arrived at, the number passed, by parity the digest posted; shared with the Python
+ * barrier); slots: every rank's barrier-number word; words: per parity, every rank's posted
+ * signature's first word (its sequence number); regions: per turn, every rank's small region
+ * (writable, count elements of dtype each). */
 static int small_init(SmallAllreduce *self, PyObject *args, PyObject *kwargs) {
-    static char *names[] = {"control", "slots", "words", "digest_offset", "regions", "rank",
-                            "dtype", "op", "count", "spin_polls", "spin_seconds", NULL};
-    PyObject *control, *slots, *words, *regions;
+    static char *names[] = {"control", "state", "slots", "words", "digest_offset", "message_bytes", "regions",
+                            "rank", "dtype", "op", "count", "spin_polls", "spin_seconds", NULL};
+    PyObject *control, *state, *slots, *words, *regions;
     const char *dtype, *op_name;
-    Py_ssize_t digest_offset, count;
+    Py_ssize_t digest_offset, message_bytes, count;
     int rank;
     long spin_polls;
     double spin_seconds;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOnOissnld", names, &control, &slots, &words,
-                                     &digest_offset, &regions, &rank, &dtype, &op_name, &count,
-                                     &spin_polls, &spin_seconds))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOnnOissnld", names, &control, &state, &slots, &words,
+                                     &digest_offset, &message_bytes, &regions, &rank, &dtype, &op_name,
+                                     &count, &spin_polls, &spin_seconds))
         return -1;
     release_all(self);
     memset(&self->control, 0, sizeof self->control);
+    memset(&self->state_buffer, 0, sizeof self->state_buffer);
     memset(self->regions, 0, sizeof self->regions);
     Py_ssize_t size = PySequence_Size(slots);
     if (size < 1 || size > MAX_RANKS || rank < 0 || rank >= size) {
@@ -241,6 +248,17 @@ static int small_init(SmallAllreduce *self, PyObject *args, PyObject *kwargs) {
         return -1;
     }
     self->numbers = self->control.buf;
+    if (PyObject_GetBuffer(state, &self->state_buffer, PyBUF_WRITABLE) < 0) return -1;
+    if (self->state_buffer.len != 4 * 8 || ((uintptr_t)self->state_buffer.buf) % 8) {
+        PyErr_SetString(PyExc_ValueError, "the barrier's state is four aligned int64 words");
+        return -1;
+    }
+    self->state = self->state_buffer.buf;
+    if (message_bytes < 8 || message_bytes > digest_offset * 8) {
+        PyErr_SetString(PyExc_ValueError, "a posted signature's room ends before its digest");
+        return -1;
+    }
+    self->message_bytes = message_bytes;
     int peer = 0;
     for (Py_ssize_t r = 0; r < size; r++) {
         Py_ssize_t slot = index_at(slots, r);
@@ -306,35 +324,58 @@ static int get_buffers(SmallAllreduce *self, PyObject *work, PyObject *source, P
     return 0;
 }
 
-/* run(turn, work, source, number, sequence, digest) -> 0 done, 1 a rank is late, 2 signatures differ
+/* run(turn, work, source, sequence, packed, digest) -> 0 done, 1 a rank is late, 2 signatures differ
  *
- * work = the reduction of every rank's source (work may be source). digest 0: the call is not
- * checked (no sequence number posted, none compared). Late: this rank arrived at barrier
- * `number` and the caller waits on (then calls reduce); differ: the barrier was passed and
- * nothing reduced. */
+ * work = the reduction of every rank's source (work may be source), through the next barrier
+ * with the signature `packed` (its digest `digest`, its sequence number `sequence`, written into
+ * it first) posted; digest 0: the call is not checked (no signature posted or compared). Late:
+ * this rank arrived and the caller waits on (the barrier's wait), then calls reduce; differ: the
+ * barrier was passed and nothing reduced. */
 static PyObject *small_run(SmallAllreduce *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "run(turn, work, source, number, sequence, digest)");
+        PyErr_SetString(PyExc_TypeError, "run(turn, work, source, sequence, packed, digest)");
         return NULL;
     }
     long turn = PyLong_AsLong(args[0]);
-    long long number = PyLong_AsLongLong(args[3]);
-    long long sequence = PyLong_AsLongLong(args[4]);
+    long long sequence = PyLong_AsLongLong(args[3]);
     long long digest = PyLong_AsLongLong(args[5]);
-    if ((turn == -1 || number == -1 || sequence == -1 || digest == -1) && PyErr_Occurred()) return NULL;
+    if ((turn == -1 || sequence == -1 || digest == -1) && PyErr_Occurred()) return NULL;
     if (turn != 0 && turn != 1) {
         PyErr_SetString(PyExc_ValueError, "turn is 0 or 1");
         return NULL;
     }
+    int64_t *state = self->state, *numbers = self->numbers;
+    int64_t number = state[0];
+    if (state[1] != number) {
+        PyErr_SetString(PyExc_RuntimeError, "arrive called before the previous barrier was passed");
+        return NULL;
+    }
+    number++;
+    int parity = (int)(number & 1);
+    Py_ssize_t own = self->own_words[parity];
+    if (digest) {
+        if (!PyByteArray_CheckExact(args[4]) || PyByteArray_GET_SIZE(args[4]) < 8 ||
+            PyByteArray_GET_SIZE(args[4]) > self->message_bytes) {
+            PyErr_SetString(PyExc_TypeError, "a checked call's packed signature is a bytearray that fits a message");
+            return NULL;
+        }
+        char *packed = PyByteArray_AS_STRING(args[4]);
+        int64_t stamped = (int64_t)sequence;
+        memcpy(packed, &stamped, sizeof stamped); /* its sequence number, as the guard's stamp writes it */
+        if (state[2 + parity] != digest) {        /* the rest of the signature: posted once for repeats */
+            memcpy(&numbers[own], packed, (size_t)PyByteArray_GET_SIZE(args[4]));
+            numbers[own + self->digest_offset] = digest;
+            state[2 + parity] = digest;
+        }
+    }
     Py_buffer out, in;
     if (get_buffers(self, args[1], args[2], &out, &in) < 0) return NULL;
-    int64_t *numbers = self->numbers;
-    int parity = (int)(number & 1);
     int peers = self->size - 1;
     memcpy(self->regions[turn][self->rank].buf, in.buf, (size_t)self->nbytes);
     if (in.obj) PyBuffer_Release(&in);
-    if (digest) numbers[self->own_words[parity]] = sequence;
-    __atomic_store_n(&numbers[self->own_slot], (int64_t)number, __ATOMIC_RELEASE);
+    if (digest) numbers[own] = sequence;
+    __atomic_store_n(&numbers[self->own_slot], number, __ATOMIC_RELEASE);
+    state[0] = number;
     int status = DONE;
     long polls = 0;
     double began = 0.0;
@@ -352,6 +393,7 @@ static PyObject *small_run(SmallAllreduce *self, PyObject *const *args, Py_ssize
             }
         }
     }
+    state[1] = number;
     if (digest)
         for (int p = 0; p < peers; p++) {
             Py_ssize_t at = self->peer_words[parity][p];
@@ -433,7 +475,7 @@ static PyObject *engine_combine(PyObject *module, PyObject *const *args, Py_ssiz
 
 static PyMethodDef small_methods[] = {
     {"run", (PyCFunction)(void (*)(void))small_run, METH_FASTCALL,
-     "run(turn, work, source, number, sequence, digest) -> 0 done, 1 late, 2 signatures differ"},
+     "run(turn, work, source, sequence, packed, digest) -> 0 done, 1 late, 2 signatures differ"},
     {"reduce", (PyCFunction)(void (*)(void))small_reduce, METH_FASTCALL,
      "reduce(turn, work): every rank's region of the turn, reduced in rank order, into work"},
     {NULL, NULL, 0, NULL},

@@ -11,7 +11,7 @@ Python path runs everything); ``COLLECTIVES_COMPILED=1`` asks for it and fails
 where it was not built.
 """
 
-__all__ = ["COMPILED", "Engine", "compiled", "reduces", "why"]
+__all__ = ["COMPILED", "DONE", "LATE", "MISMATCH", "Engine", "compiled", "reduces", "why"]
 
 import importlib
 from types import ModuleType
@@ -21,6 +21,9 @@ from ._env import env_flag
 from .errors import ConfigurationError
 
 _FLAG = "COLLECTIVES_COMPILED"
+
+DONE, LATE, MISMATCH = 0, 1, 2
+"""What a compiled call's ``run`` returns: done; a rank is late (wait on, then reduce); signatures differ."""
 
 
 def _load() -> tuple[ModuleType | None, str]:

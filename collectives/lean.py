@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .call import Call, Starts
+from .engine import LATE
 from .errors import MismatchError
 from .ops import itemsize
 from .transport.base import SharedMemory
@@ -79,6 +80,7 @@ class LeanAllreduce:
         "_run",
         "_sequence",
         "_small",
+        "_tag",
         "_views",
         "algorithm",
         "averages",
@@ -122,6 +124,7 @@ class LeanAllreduce:
         self._run = executor.allreduce_small if small else executor.allreduce
         self._views: tuple[tuple[Any, list[Any]], ...] | None = None  # the small calls': made by the first
         self._kernel: Any = None  # the compiled engine's call, where it takes this one: made by the first
+        self._tag: bytes | None = None  # the watchdog's tag the compiled calls' signature has
         self._reduce = backend.reducer(op)
 
     def run(self, work: Any, source: Any) -> None:
@@ -144,14 +147,31 @@ class LeanAllreduce:
             recorder.append(entry)
         check = self._check
         try:
-            checked = (watchdog.check if check is None else check) and self.size > 1
-            if self._small and self.size > 1:
-                if checked:
+            kernel = self._kernel
+            if kernel is not None:  # the compiled engine's: copy in, signed barrier and reduction in one call
+                if watchdog.check if check is None else check:
+                    guard = self.guard
+                    tag = watchdog.tag
+                    if tag is not self._tag:  # a new tag is a new signature (the engine stamps the number)
+                        guard.stamp(sequence, tag)
+                        self._tag = tag
+                    packed, digest = guard.packed, guard.digest
+                else:
+                    packed, digest = None, 0
+                executor = self.executor
+                turn = executor.turn
+                executor.turn = turn ^ 1
+                self._barriers = 1
+                status = kernel.run(turn, work, source, sequence, packed, digest)
+                if status:
+                    self._compiled_waits(status, turn, work, digest)
+            elif self._small and self.size > 1:
+                if watchdog.check if check is None else check:
                     self.guard.stamp(sequence, watchdog.tag)
                     self._small_call(self.guard, work, source)
                 else:
                     self._small_call(None, work, source)
-            elif checked:
+            elif (watchdog.check if check is None else check) and self.size > 1:
                 self.guard.stamp(sequence, watchdog.tag)
                 self._pending = True
                 self._run(self.backend, work, source, self.op, self.barrier)
@@ -183,50 +203,48 @@ class LeanAllreduce:
         Inline rather than through the executor and :meth:`barrier` (they cost a
         third of an 8-byte call's time): copy in, post the signature (where
         ``guard`` is given) with the arrival, and reduce every rank's copy once
-        all arrived and signed alike; in one call where the compiled engine takes it.
+        all arrived and signed alike. The first call also makes the compiled
+        engine's call, where it takes this one, for the calls after it.
         """
         executor = self.executor
         views = self._views
         if views is None:
             views = self._views = executor.small_views(self.backend, source)
-            if self.backend.name == "numpy" and not self.op.custom:
+            if self.backend.name == "numpy" and not self.op.custom and not self.guard.outgoing:
                 halves = tuple(regions for _, regions in views)
                 dtype, count = str(source.dtype), source.shape[0]
                 self._kernel = executor.shared.small_kernel(halves, dtype, self.op.combine, count, SPIN_S)
-        kernel = self._kernel
-        if kernel is None and guard is None:
+        if guard is None:
             self._run(self.backend, work, source, self.op, self.barrier)
             return
         turn = executor.turn
         executor.turn = turn ^ 1
+        mine, regions = views[turn]
+        mine[...] = source
         shared = executor.shared
         self._barriers = 1
-        if kernel is not None:
-            if guard is None:
-                matched = shared.pass_small(kernel, turn, work, source, 0, None, 0)
-            else:
-                matched = shared.pass_small(
-                    kernel, turn, work, source, self._sequence, guard.packed, guard.digest
-                )
-            if matched:
-                return
-        else:
-            mine, regions = views[turn]
-            mine[...] = source
-            assert guard is not None
-            matched = shared.pass_signed(guard.packed, guard.digest, self._sequence, SPIN_S)
+        matched = shared.pass_signed(guard.packed, guard.digest, self._sequence, SPIN_S)
         if matched is None:  # a rank is late: wait on as a Call, which compares the signatures after
             call = self._record()
             call.pending = guard
             call.arrived(shared, 0, None)
-        elif not matched and guard is not None:
+        elif not matched:
             self.watchdog.compare_posted(shared, guard, self._sequence)  # raises where they differ
-        if kernel is not None:
-            kernel.reduce(turn, work)
-        elif len(regions) == 2:
+        if len(regions) == 2:
             self._reduce(work, regions[0], regions[1])
         else:
             executor.reduce(self.backend, self.op, work, regions)
+
+    def _compiled_waits(self, status: int, turn: int, work: Any, digest: int) -> None:
+        """After the compiled call came back without reducing: wait on as a Call, or compare; then reduce."""
+        shared = self.executor.shared
+        if status == LATE:  # a rank is late: wait on as a Call, which compares the signatures after
+            call = self._record()
+            call.pending = self.guard if digest else None
+            call.arrived(shared, 0, None)
+        else:  # the signatures differ
+            self.watchdog.compare_posted(shared, self.guard, self._sequence)  # raises where they differ
+        self._kernel.reduce(turn, work)
 
     def barrier(
         self, shared: SharedMemory, note: Sequence[int] = (), ranks: tuple[int, ...] | None = None

@@ -30,7 +30,17 @@ def test_a_machine_without_a_compiler_gets_a_working_pure_python_wheel(tmp_path:
         assert not [name for name in archive.namelist() if name.endswith(".so")]
 
     target = tmp_path / "site"
-    install = [sys.executable, "-m", "pip", "install", "--no-deps", "--quiet", "--target", str(target), str(wheel)]
+    install = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--no-deps",
+        "--quiet",
+        "--target",
+        str(target),
+        str(wheel),
+    ]
     subprocess.run(install, check=True, timeout=120)
     code = "from collectives import engine; print(engine.compiled()); print(engine.why())"
     result = subprocess.run(

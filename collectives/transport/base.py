@@ -267,35 +267,16 @@ class SharedMemory(ABC):
         """The compiled engine's repeated small allreduce over ``halves``, or ``None`` where it takes none.
 
         ``halves``: per turn, every rank's small region (as arrays of ``count``
-        elements of ``dtype``); ``op``: the binary op's name; ``spin_s``: how long
-        its barrier waits before it hands the wait back (:meth:`pass_small` returns
-        ``None``). Memories without the control words the engine reads take none.
+        elements of ``dtype``); ``op``: the binary op's name. Its
+        ``run(turn, work, source, sequence, packed, digest)`` is
+        :meth:`pass_signed` (no signature where ``digest`` is 0) with the copy of
+        ``source`` into this rank's region of ``turn`` before and the reduction of
+        every rank's into ``work`` after, in one call; it returns 0 (done), 1 (ranks
+        still missing after ``spin_s``: go on with :meth:`wait`) or 2 (the
+        signatures differ); after 1 or 2, ``reduce(turn, work)`` reduces. Memories
+        without the control words the engine reads take none.
         """
         return None
-
-    def pass_small(
-        self,
-        kernel: Any,
-        turn: int,
-        work: Any,
-        source: Any,
-        sequence: int,
-        packed: bytearray | None,
-        digest: int,
-    ) -> bool | None:
-        """A repeated small allreduce of :meth:`small_kernel`'s in one call: copy in, sign, pass, reduce.
-
-        ``source`` goes into this rank's region of ``turn``; the signature
-        (``packed``, ``digest`` and ``sequence``, as :meth:`pass_signed`; no
-        signature where ``digest`` is 0) goes with the arrival.
-
-        Returns:
-            ``True``: passed, signatures alike, ``work`` reduced; ``False``: passed,
-            signatures differ, nothing reduced; ``None``: ranks still missing (go on
-            with :meth:`wait`). After either of the last two, ``kernel.reduce(turn,
-            work)`` reduces.
-        """
-        raise NotImplementedError(f"{type(self).__name__} runs no compiled calls")
 
     def message(self, rank: int) -> memoryview:
         """What ``rank`` posted for the last barrier passed (:data:`MESSAGE_BYTES` bytes).

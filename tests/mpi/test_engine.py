@@ -60,16 +60,30 @@ def _results(
     return results
 
 
+class _Counted:
+    """A compiled call that counts its runs."""
+
+    def __init__(self, kernel: Any, calls: list[int]) -> None:
+        self.kernel, self.calls = kernel, calls
+
+    def run(self, *args: Any) -> Any:
+        self.calls[0] += 1
+        return self.kernel.run(*args)
+
+    def reduce(self, *args: Any) -> Any:
+        return self.kernel.reduce(*args)
+
+
 def _counting(monkeypatch: pytest.MonkeyPatch, shared: Any) -> list[int]:
-    """Count the calls into the engine's small allreduce (the shared memory's pass_small)."""
+    """Count the runs of the compiled calls the shared memory makes (small_kernel's)."""
     calls = [0]
-    original = type(shared).pass_small
+    original = type(shared).small_kernel
 
-    def pass_small(self: Any, *args: Any) -> Any:
-        calls[0] += 1
-        return original(self, *args)
+    def small_kernel(self: Any, *args: Any) -> Any:
+        kernel = original(self, *args)
+        return None if kernel is None else _Counted(kernel, calls)
 
-    monkeypatch.setattr(type(shared), "pass_small", pass_small)
+    monkeypatch.setattr(type(shared), "small_kernel", small_kernel)
     return calls
 
 
