@@ -103,10 +103,8 @@ def test_an_unusable_engine_setting_on_one_rank_is_named_there_and_makes_the_oth
     message = _raised(records[1], "ConfigurationError")
     assert message == "COLLECTIVES_COMPILED='fast' is neither 1 nor 0 (nor true/false, yes/no, on/off)"
     message = _raised(records[0], "MismatchError")
-    assert (
-        "the compiled engine (COLLECTIVES_COMPILED): " in message
-        and "unusable (see its error) on rank 1" in message
-    )
+    assert "the compiled engine (COLLECTIVES_COMPILED): " in message, output
+    assert "unusable (see its error) on rank 1" in message, output
 
 
 @needs_mpiexec
