@@ -9,6 +9,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+from . import engine
 from ._env import env_flag
 from .backends import ArrayBackend
 from .call import Call
@@ -117,6 +118,8 @@ class Communicator:
         self.watchdog = Watchdog(self._transport, timeout=timeout, stall_warning=stall_warning, check=checked)
         settings = {f"{CHECK_ENV} or check=": checks, f"{TUNE_ENV} or tune=": tunes}
         settings[CUDA_IPC_ENV] = compared(env_flag, CUDA_IPC_ENV)
+        # where one rank reduces in the engine and another in numpy, two NaNs could leave them different bits
+        settings[f"the compiled engine ({engine.FLAG})"] = compared(engine.compiled)
         if self._transport.FINDS_NODES_TOGETHER:  # the MPI transport's own: read where mpi4py is imported
             from .transport.mpi import CUDA_AWARE_ENV, RANKS_PER_NODE_ENV, ranks_per_node
 

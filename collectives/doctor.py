@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from . import __version__
+from . import __version__, engine
 from .calibration import calibration_path, load_model
 from .errors import CollectivesError
 from .transport import cross_memory
@@ -123,6 +123,7 @@ def gather() -> dict[str, Any]:
         "features": features,
         "shared_memory": _shared_memory(),
         "cross_memory_attach": _cross_memory(),
+        "engine": engine.why(),
         "calibration": _calibration(mpi["world_size"]),
         "ulfm": "yes" if missing is None else f"no: {missing}",
         **_optional(),
@@ -170,6 +171,7 @@ def render(facts: dict[str, Any]) -> list[str]:
         ("features", ", ".join(facts["features"]) or "none"),
         ("shared memory", f"{memory}, pages of {_bytes(shared['page_bytes'])}"),
         ("cross-memory attach", facts["cross_memory_attach"]),
+        ("engine", facts["engine"]),
         ("calibration", constants),
         ("fault tolerance (ULFM)", facts["ulfm"]),
         ("torch", facts["torch"] or "not installed"),

@@ -12,7 +12,9 @@ numbers, and how many); a call gets a :class:`~collectives.call.Call` of its own
 with its deadline and stall warning, only where it waits past :data:`SPIN_S` or
 fails, so a rank that never calls leaves the others a
 :class:`~collectives.CollectiveTimeout`. With ``$COLLECTIVES_DEBUG`` or an armed
-``$COLLECTIVES_FAULT`` the callers take the plain path instead.
+``$COLLECTIVES_FAULT`` the callers take the plain path instead. Where the compiled
+engine runs (:mod:`collectives.engine`) and reduces the call's dtype and op, a small
+call's copy-in, barrier, signature check and reduction are one call into it.
 """
 
 __all__ = ["SPIN_S", "LeanAllreduce", "Repeats"]
@@ -22,6 +24,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .call import Call, Starts
+from .engine import LATE
 from .errors import MismatchError
 from .ops import itemsize
 from .transport.base import SharedMemory
@@ -70,12 +73,14 @@ class LeanAllreduce:
         "_call",
         "_check",
         "_entry",
+        "_kernel",
         "_pending",
         "_record_as",
         "_reduce",
         "_run",
         "_sequence",
         "_small",
+        "_tag",
         "_views",
         "algorithm",
         "averages",
@@ -118,6 +123,8 @@ class LeanAllreduce:
         # a call whose inputs together fit the small window skips the executor's choice of path
         self._run = executor.allreduce_small if small else executor.allreduce
         self._views: tuple[tuple[Any, list[Any]], ...] | None = None  # the small calls': made by the first
+        self._kernel: Any = None  # the compiled engine's call, where it takes this one: made by the first
+        self._tag: bytes | None = None  # the watchdog's tag the compiled calls' signature has
         self._reduce = backend.reducer(op)
 
     def run(self, work: Any, source: Any) -> None:
@@ -140,14 +147,34 @@ class LeanAllreduce:
             recorder.append(entry)
         check = self._check
         try:
-            if (watchdog.check if check is None else check) and self.size > 1:
-                guard = self.guard
-                guard.stamp(sequence, watchdog.tag)
-                if self._small:
-                    self._signed_small(guard, work, source)
+            kernel = self._kernel
+            if kernel is not None:  # the compiled engine's: copy in, signed barrier and reduction in one call
+                if watchdog.check if check is None else check:
+                    guard = self.guard
+                    tag = watchdog.tag
+                    if tag is not self._tag:  # a new tag is a new signature (the engine stamps the number)
+                        guard.stamp(sequence, tag)
+                        self._tag = tag
+                    packed, digest = guard.packed, guard.digest
                 else:
-                    self._pending = True
-                    self._run(self.backend, work, source, self.op, self.barrier)
+                    packed, digest = None, 0
+                executor = self.executor
+                turn = executor.turn
+                executor.turn = turn ^ 1
+                self._barriers = 1
+                status = kernel.run(turn, work, source, sequence, packed, digest)
+                if status:
+                    self._compiled_waits(status, turn, work, digest)
+            elif self._small and self.size > 1:
+                if watchdog.check if check is None else check:
+                    self.guard.stamp(sequence, watchdog.tag)
+                    self._small_call(self.guard, work, source)
+                else:
+                    self._small_call(None, work, source)
+            elif (watchdog.check if check is None else check) and self.size > 1:
+                self.guard.stamp(sequence, watchdog.tag)
+                self._pending = True
+                self._run(self.backend, work, source, self.op, self.barrier)
             else:
                 self._run(self.backend, work, source, self.op, self.barrier)
         except BaseException as error:
@@ -170,17 +197,26 @@ class LeanAllreduce:
         if self.averages:
             self.backend.divide(work, self.size)
 
-    def _signed_small(self, guard: Guard, work: Any, source: Any) -> None:
+    def _small_call(self, guard: Guard | None, work: Any, source: Any) -> None:
         """What the executor's ``allreduce_small`` does, its one barrier signed, in fewer Python calls.
 
         Inline rather than through the executor and :meth:`barrier` (they cost a
-        third of an 8-byte call's time): copy in, post the signature with the
-        arrival, and reduce every rank's copy once all arrived and signed alike.
+        third of an 8-byte call's time): copy in, post the signature (where
+        ``guard`` is given) with the arrival, and reduce every rank's copy once
+        all arrived and signed alike. The first call also makes the compiled
+        engine's call, where it takes this one, for the calls after it.
         """
         executor = self.executor
         views = self._views
         if views is None:
             views = self._views = executor.small_views(self.backend, source)
+            if self.backend.name == "numpy" and not self.op.custom and not self.guard.outgoing:
+                halves = tuple(regions for _, regions in views)
+                dtype, count = str(source.dtype), source.shape[0]
+                self._kernel = executor.shared.small_kernel(halves, dtype, self.op.combine, count, SPIN_S)
+        if guard is None:
+            self._run(self.backend, work, source, self.op, self.barrier)
+            return
         turn = executor.turn
         executor.turn = turn ^ 1
         mine, regions = views[turn]
@@ -198,6 +234,17 @@ class LeanAllreduce:
             self._reduce(work, regions[0], regions[1])
         else:
             executor.reduce(self.backend, self.op, work, regions)
+
+    def _compiled_waits(self, status: int, turn: int, work: Any, digest: int) -> None:
+        """After the compiled call came back without reducing: wait on as a Call, or compare; then reduce."""
+        shared = self.executor.shared
+        if status == LATE:  # a rank is late: wait on as a Call, which compares the signatures after
+            call = self._record()
+            call.pending = self.guard if digest else None
+            call.arrived(shared, 0, None)
+        else:  # the signatures differ
+            self.watchdog.compare_posted(shared, self.guard, self._sequence)  # raises where they differ
+        self._kernel.reduce(turn, work)
 
     def barrier(
         self, shared: SharedMemory, note: Sequence[int] = (), ranks: tuple[int, ...] | None = None

@@ -6,6 +6,7 @@ import subprocess
 
 import pytest
 
+from collectives import engine
 from tests.mpirun import mpiexec, run_mpi
 
 TIMEOUT_S = 240  # the whole run; measured 7 s at 1 rank to 53 s at 5 ranks on 2 busy cores
@@ -19,8 +20,27 @@ MPI_PYTEST = [
 
 
 @pytest.mark.skipif(mpiexec() is None, reason="no mpiexec (install the mpich extra)")
-@pytest.mark.parametrize("ranks", [1, 2, 3, 4, 5])
-def test_mpi_suite(ranks: int, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("ranks", "compiled"),
+    [
+        (1, True),
+        (2, True),
+        (3, True),
+        (4, True),
+        (5, True),
+        # the Python path too where the compiled engine runs (elsewhere the runs above take it)
+        pytest.param(
+            2,
+            False,
+            id="2-python-path",
+            marks=pytest.mark.skipif(not engine.compiled(), reason="the runs above take the Python path"),
+        ),
+    ],
+    ids=lambda value: str(value) if isinstance(value, int) else None,
+)
+def test_mpi_suite(ranks: int, compiled: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    if not compiled:
+        monkeypatch.setenv("COLLECTIVES_COMPILED", "0")
     if ranks > (os.cpu_count() or 1) and "MPIR_CVAR_ENABLE_HEAVY_YIELD" not in os.environ:
         # oversubscribed, MPICH's busy polling starves the ranks it waits for; yielding the
         # core while waiting makes the run about twice as fast

@@ -5,6 +5,7 @@ import subprocess
 
 import pytest
 
+from collectives import engine
 from tests.exits.settings import TIMEOUT_S
 from tests.mpirun import mpiexec, run_mpi
 
@@ -56,6 +57,13 @@ def _raised(record: str, kind: str) -> str:
         ),
         (3, ["1:COLLECTIVES_CUDA_IPC=0"], "COLLECTIVES_CUDA_IPC: unset on ranks 0, 2; 0 on rank 1"),
         (3, ["2:COLLECTIVES_CUDA_AWARE=yes"], "COLLECTIVES_CUDA_AWARE: unset on ranks 0, 1; 1 on rank 2"),
+        # one rank reducing in the compiled engine, the other in numpy: of two NaNs each may keep another
+        pytest.param(
+            2,
+            ["1:COLLECTIVES_COMPILED=0"],
+            "the compiled engine (COLLECTIVES_COMPILED): 1 on rank 0; 0 on rank 1",
+            marks=pytest.mark.skipif(not engine.compiled(), reason="the compiled engine is not built here"),
+        ),
     ],
 )
 def test_a_setting_on_some_ranks_only_raises_on_every_rank_as_the_communicator_is_made(
@@ -87,6 +95,16 @@ def test_an_unusable_setting_on_one_rank_is_named_there_and_makes_the_others_rai
     message = _raised(records[1], "MismatchError")
     named = "COLLECTIVES_RANKS_PER_NODE: unusable (see its error) on rank 0; unset on rank 1"
     assert named in message, output
+
+
+@needs_mpiexec
+def test_an_unusable_engine_setting_on_one_rank_is_named_there_and_makes_the_others_raise_too() -> None:
+    output, records = _run(2, "1:COLLECTIVES_COMPILED=fast")
+    message = _raised(records[1], "ConfigurationError")
+    assert message == "COLLECTIVES_COMPILED='fast' is neither 1 nor 0 (nor true/false, yes/no, on/off)"
+    message = _raised(records[0], "MismatchError")
+    assert "the compiled engine (COLLECTIVES_COMPILED): " in message, output
+    assert "unusable (see its error) on rank 1" in message, output
 
 
 @needs_mpiexec

@@ -5,7 +5,9 @@ one node's shared memory, each adding one layer of the library to the one before
 
 * ``floor``: the copy into this rank's region, the shared-memory barrier and the
   reduction, called directly: what any implementation of the algorithm pays;
-* ``watchdog``: the same with the call numbered, recorded, bounded and its
+* ``compiled``: the same steps in one call into the compiled engine (where it is
+  built and on: :mod:`collectives.engine`), with the barrier's bookkeeping;
+* ``watchdog``: the floor with the call numbered, recorded, bounded and its
   signature posted and compared (``Watchdog.watch``, ``Call.barrier``, ``end``);
 * ``executor``: the watchdog around ``SharedExecutor.allreduce`` with the backend;
 * ``prepared``: the API's path for a call whose decisions an earlier one made
@@ -79,9 +81,20 @@ def _layers(
         executor.allreduce(backend, x, x, op, call.barrier)
         watchdog.end(call)
 
+    halves = tuple(regions for _, regions in executor.small_views(backend, x))
+    kernel = shared.small_kernel(halves, str(x.dtype), "sum", x.shape[0], 1.0)
+
+    def compiled() -> None:
+        turn = executor.turn
+        executor.turn = turn ^ 1
+        if kernel.run(turn, x, x, 0, None, 0):  # a rank was late
+            shared.wait()
+            kernel.reduce(turn, x)
+
     y = x.copy()
     return {
         "floor": floor,
+        **({"compiled": compiled} if kernel is not None else {}),
         "watchdog": with_watchdog,
         "executor": with_executor,
         "prepared": lambda: allreduce_prepared(comm, prepared, x, x, None),

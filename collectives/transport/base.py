@@ -261,6 +261,23 @@ class SharedMemory(ABC):
             return None
         return self.signatures_match(packed, digest, sequence)
 
+    def small_kernel(
+        self, halves: tuple[Sequence[Any], ...], dtype: str, op: str, count: int, spin_s: float
+    ) -> Any:
+        """The compiled engine's repeated small allreduce over ``halves``, or ``None`` where it takes none.
+
+        ``halves``: per turn, every rank's small region (as arrays of ``count``
+        elements of ``dtype``); ``op``: the binary op's name. Its
+        ``run(turn, work, source, sequence, packed, digest)`` is
+        :meth:`pass_signed` (no signature where ``digest`` is 0) with the copy of
+        ``source`` into this rank's region of ``turn`` before and the reduction of
+        every rank's into ``work`` after, in one call; it returns 0 (done), 1 (ranks
+        still missing after ``spin_s``: go on with :meth:`wait`) or 2 (the
+        signatures differ); after 1 or 2, ``reduce(turn, work)`` reduces. Memories
+        without the control words the engine reads take none.
+        """
+        return None
+
     def message(self, rank: int) -> memoryview:
         """What ``rank`` posted for the last barrier passed (:data:`MESSAGE_BYTES` bytes).
 

@@ -12,9 +12,11 @@ import time
 import weakref
 from array import array
 from collections.abc import Sequence
+from typing import Any
 
 from mpi4py import MPI
 
+from ... import engine
 from ...errors import TransportError
 from ..base import SharedMemory
 from .failures import failed_ranks, ulfm_missing
@@ -40,6 +42,7 @@ _SLOT_BYTES = _HEADER_BYTES + 2 * _MESSAGE_BYTES  # then its messages by parity;
 EXIT_WAIT_S = 5.0
 """How long a rank whose barrier timed out waits at exit for the missing ranks to be leaving too."""
 
+_NUMBER, _PASSED, _SIGNED = 0, 1, 2  # the barrier state's words (MPISharedMemory._state)
 _FREE, _KEEP = 1, 2  # the decision on the windows (0: not yet decided)
 SPIN_POLLS = 64
 """Polls of a barrier before a waiting rank yields its core, where the node's ranks each have one.
@@ -120,10 +123,11 @@ class MPISharedMemory(SharedMemory):
         self._peer_words = [[self._message_words[r][p] for r in self._others] for p in (0, 1)]
         self._own_words = self._message_words[rank]
         self._own_slot = rank * self._stride
-        self._signed = [0, 0]  # the digest of the signature this rank's message holds, by parity; 0: none
+        # the barrier's state, in words the compiled engine reads and writes too (small_kernel): the
+        # number of the last barrier arrived at, of the last passed, and by parity the digest of the
+        # signature this rank's message holds (0: none)
+        self._state = array("q", [0, 0, 0, 0])
         self._fence = not ORDERED_STORES
-        self._number = 0
-        self._passed = 0
         if rank == 0:
             control[:] = bytes(len(control))
         self._win.Lock_all(MPI.MODE_NOCHECK)
@@ -145,15 +149,18 @@ class MPISharedMemory(SharedMemory):
         return self._regions[rank]
 
     def arrive(self, note: Sequence[int] = ()) -> None:
-        if self._passed != self._number:
+        state = self._state
+        number = state[_NUMBER]
+        if state[_PASSED] != number:
             raise RuntimeError("arrive called before the previous barrier was passed")
-        self._number += 1
+        number += 1
+        state[_NUMBER] = number
         fence = self._fence
         if fence:
             self._win.Sync()
         if note:
             # by the barrier's parity: a peer may still read the note of the barrier before this one
-            at = self._rank * self._stride + 1 + (self._number & 1) * self.NOTE_INTS
+            at = self._rank * self._stride + 1 + (number & 1) * self.NOTE_INTS
             numbers = self._numbers
             for i, value in enumerate(note):
                 numbers[at + i] = value
@@ -161,14 +168,14 @@ class MPISharedMemory(SharedMemory):
                 numbers[at + i] = 0
         if fence:
             self._control.Sync()
-        self._numbers[self._rank * self._stride] = self._number
+        self._numbers[self._own_slot] = number
 
     def _missing(self, number: int) -> list[int]:
         numbers, stride = self._numbers, self._stride
         return [r for r in self._others if numbers[r * stride] < number]
 
     def wait(self, timeout: float = math.inf) -> list[int]:
-        number = self._number
+        number = self._state[_NUMBER]
         numbers = self._numbers
         for slot in self._slots:  # inline: most waits find everyone there, in a few microseconds a call
             if numbers[slot] < number:
@@ -178,7 +185,7 @@ class MPISharedMemory(SharedMemory):
         if self._fence:
             self._control.Sync()
             self._win.Sync()
-        self._passed = number
+        self._state[_PASSED] = number
         return []
 
     def _await(self, number: int, timeout: float) -> list[int]:
@@ -197,31 +204,54 @@ class MPISharedMemory(SharedMemory):
         # post_signature, arrive and wait inline: a repeated small call's whole barrier in one Python call
         if self._fence or not _LITTLE_ENDIAN:
             return super().pass_signed(packed, digest, sequence, timeout)
-        number = self._number
-        if self._passed != number:
+        state = self._state
+        number = state[_NUMBER]
+        if state[_PASSED] != number:
             raise RuntimeError("arrive called before the previous barrier was passed")
         number += 1
         parity = number & 1
         numbers = self._numbers
         at = self._own_words[parity]
-        if self._signed[parity] == digest:
+        if state[_SIGNED + parity] == digest:
             numbers[at] = sequence
         else:
             self._messages[self._rank][parity][: len(packed)] = packed
             numbers[at + _DIGEST_WORD] = digest
-            self._signed[parity] = digest
-        self._number = number
+            state[_SIGNED + parity] = digest
+        state[_NUMBER] = number
         numbers[self._own_slot] = number
         for slot in self._slots:
             if numbers[slot] < number:
                 if self._await(number, timeout):
                     return None
                 break
-        self._passed = number
+        state[_PASSED] = number
         for at in self._peer_words[parity]:
             if numbers[at] != sequence or numbers[at + _DIGEST_WORD] != digest:
                 return False
         return True
+
+    def small_kernel(
+        self, halves: tuple[Sequence[Any], ...], dtype: str, op: str, count: int, spin_s: float
+    ) -> Any:
+        if engine.COMPILED is None or not _LITTLE_ENDIAN or not engine.reduces(dtype, op):
+            return None
+        size = len(self._message_words)
+        return engine.COMPILED.SmallAllreduce(
+            control=self._numbers,
+            state=self._state,
+            slots=[r * self._stride for r in range(size)],
+            words=[[self._message_words[r][parity] for r in range(size)] for parity in (0, 1)],
+            digest_offset=_DIGEST_WORD,
+            message_bytes=self.MESSAGE_BYTES,
+            regions=halves,
+            rank=self._rank,
+            dtype=dtype,
+            op=op,
+            count=count,
+            spin_polls=self._spin,
+            spin_seconds=spin_s,
+        )
 
     def _given_up(self) -> bool:
         """Whether a peer broke off: no use waiting. Raises TransportError if a rank died (ULFM)."""
@@ -240,40 +270,40 @@ class MPISharedMemory(SharedMemory):
         )
 
     def post(self, message: bytes | bytearray | memoryview) -> None:
-        parity = (self._number + 1) & 1
+        parity = (self._state[_NUMBER] + 1) & 1
         self._messages[self._rank][parity][: len(message)] = message
-        if self._signed[parity]:  # no digest stands for this message: peers compare it whole
+        if self._state[_SIGNED + parity]:  # no digest stands for this message: peers compare it whole
             self._numbers[self._own_words[parity] + _DIGEST_WORD] = 0
-            self._signed[parity] = 0
+            self._state[_SIGNED + parity] = 0
 
     def post_signature(self, packed: bytearray, digest: int, sequence: int) -> None:
         if not _LITTLE_ENDIAN:  # the sequence number's word would not read as its packed bytes
             self.post(packed)
             return
-        parity = (self._number + 1) & 1
+        parity = (self._state[_NUMBER] + 1) & 1
         at = self._own_words[parity]
         numbers = self._numbers
-        if self._signed[parity] == digest:  # the rest of the signature is there from the last post
+        if self._state[_SIGNED + parity] == digest:  # the rest of the signature is there from the last post
             numbers[at] = sequence
             return
         self._messages[self._rank][parity][: len(packed)] = packed
         numbers[at + _DIGEST_WORD] = digest
-        self._signed[parity] = digest
+        self._state[_SIGNED + parity] = digest
 
     def signatures_match(self, packed: bytearray, digest: int, sequence: int) -> bool:
         if not _LITTLE_ENDIAN:
             return False
         numbers = self._numbers
-        for at in self._peer_words[self._passed & 1]:
+        for at in self._peer_words[self._state[_PASSED] & 1]:
             if numbers[at] != sequence or numbers[at + _DIGEST_WORD] != digest:
                 return False
         return True
 
     def message(self, rank: int) -> memoryview:
-        return self._messages[rank][self._passed & 1]
+        return self._messages[rank][self._state[_PASSED] & 1]
 
     def note(self, rank: int) -> tuple[int, ...]:
-        at = rank * self._stride + 1 + (self._passed & 1) * self.NOTE_INTS
+        at = rank * self._stride + 1 + (self._state[_PASSED] & 1) * self.NOTE_INTS
         return tuple(self._numbers[at : at + self.NOTE_INTS])
 
     def allocate(self, nbytes: int) -> list[memoryview]:
@@ -319,7 +349,7 @@ class MPISharedMemory(SharedMemory):
             return  # freed windows cannot be read; and every rank came to free them
         self.leave()
         deadline = time.monotonic() + EXIT_WAIT_S
-        while self._missing(self._number) and not self._all_leaving():
+        while self._missing(self._state[_NUMBER]) and not self._all_leaving():
             if time.monotonic() >= deadline:
                 break
             time.sleep(1e-3)

@@ -1,0 +1,78 @@
+"""The compiled engine: which path runs a repeated call's node-local steps, and why.
+
+The package builds a small C extension (``collectives._engine``, from
+``collectives/_engine.c``) when it is installed where a C compiler is found. It
+runs a repeated small allreduce's node-local steps (copy in, post the signature,
+the shared-memory barrier, the signatures' check, the reduction) in one call
+instead of a dozen interpreter calls; the algorithms stay schedules, and what the
+engine does not take (other dtypes and ops, other transports) runs the Python
+path, which gives the same bits. ``COLLECTIVES_COMPILED=0`` turns it off (the
+Python path runs everything); ``COLLECTIVES_COMPILED=1`` asks for it, and a
+communicator made where it was not built raises (as it does for a value that is
+neither).
+"""
+
+__all__ = ["COMPILED", "DONE", "FLAG", "LATE", "MISMATCH", "Engine", "compiled", "reduces", "why"]
+
+import importlib
+from types import ModuleType
+from typing import Any
+
+from ._env import env_flag
+from .errors import ConfigurationError
+
+FLAG = "COLLECTIVES_COMPILED"
+
+DONE, LATE, MISMATCH = 0, 1, 2
+"""What a compiled call's ``run`` returns: done; a rank is late (wait on, then reduce); signatures differ."""
+
+
+def _load() -> tuple[ModuleType | None, str, ConfigurationError | None]:
+    """The extension where it runs, why it runs or not, and the setting's error (``compiled`` raises it)."""
+    try:  # by name: an optional extension module, not one of the package's Python modules
+        _engine = importlib.import_module(f"{__package__}._engine")
+    except ImportError as error:
+        built: ModuleType | None = None
+        reason = f"the Python path: the compiled engine was not built ({error})"
+    else:
+        built, reason = _engine, f"compiled ({_engine.__file__})"
+    try:
+        wanted = env_flag(FLAG)
+    except ConfigurationError as error:
+        return None, f"the Python path: {error}", error
+    if wanted is False:
+        return None, f"the Python path: {FLAG}=0", None
+    if wanted and built is None:
+        problem = ConfigurationError(
+            f"{FLAG}=1 asks for the compiled engine, but it was not built: reinstall the package where "
+            "a C compiler is found (pip install -e . builds it), or unset the variable"
+        )
+        return None, f"the Python path: {problem}", problem
+    return built, reason, None
+
+
+Engine = Any
+"""The extension module's type, for annotations (it ships no type information)."""
+
+COMPILED, _WHY, _PROBLEM = _load()
+
+
+def compiled() -> bool:
+    """Whether the compiled engine runs (it was built, and ``COLLECTIVES_COMPILED`` is not 0).
+
+    Raises:
+        ConfigurationError: ``COLLECTIVES_COMPILED`` is unusable, or asks for an engine not built.
+    """
+    if _PROBLEM is not None:
+        raise _PROBLEM
+    return COMPILED is not None
+
+
+def why() -> str:
+    """Which path runs and why, in words (for ``python -m collectives info``)."""
+    return _WHY
+
+
+def reduces(dtype: str, op: str) -> bool:
+    """Whether the compiled engine reduces ``dtype`` with ``op`` (numpy names) with numpy's bits."""
+    return COMPILED is not None and bool(COMPILED.reduces(dtype, op))

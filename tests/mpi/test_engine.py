@@ -1,0 +1,141 @@
+"""The compiled engine under mpiexec: the same bits as the Python path, for every dtype and op it takes."""
+
+from collections.abc import Callable
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import collectives
+from collectives import engine
+from collectives.ops import OPS
+from tests.mpi.helpers import DTYPE_OPS, Problems
+from tests.test_special_bits import special_inputs
+
+pytestmark = [
+    pytest.mark.mpi,
+    pytest.mark.skipif(not engine.compiled(), reason=f"the compiled engine does not run: {engine.why()}"),
+]
+
+REPEATS = 4
+COUNTS = (1, 7, 301)
+
+
+def _inputs(dtype: str, count: int, rank: int, size: int, call: int) -> np.ndarray:
+    """This rank's input: random values of the dtype's range, and for floats +0, -0 and one rank's NaNs."""
+    rng = np.random.default_rng(1000 * call + 17 * rank + count)
+    if dtype in ("float16", "bfloat16", "float32", "float64"):
+        exponents = (
+            rng.integers(-3, 3, count) if dtype in ("float16", "bfloat16") else rng.integers(-30, 30, count)
+        )
+        values = rng.standard_normal(count) * 10.0**exponents
+        special = special_inputs(dtype, size, count, nan_ranks=1)[rank]
+        return np.where(rng.random(count) < 0.3, special, values.astype(special.dtype))
+    if dtype.startswith("complex"):
+        return (rng.standard_normal(count) + 1j * rng.standard_normal(count)).astype(dtype)
+    if dtype == "bool":
+        return rng.random(count) < 0.5
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max, count, dtype=dtype, endpoint=True)
+
+
+def _results(
+    comm: collectives.Communicator, dtype: str, op: str, count: int, persistent: bool
+) -> list[bytes]:
+    """The bits of REPEATS in-place calls (the later ones lean), plain or persistent, on ``comm``."""
+    x = np.zeros(count, dtype=ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+    start: Callable[[], Any] | None = (
+        collectives.allreduce_init(x, op, out=x, comm=comm) if persistent else None
+    )
+    results = []
+    for call in range(REPEATS):
+        x[...] = _inputs(dtype, count, comm.rank, comm.size, call)
+        if start is not None:
+            start()
+        else:
+            collectives.allreduce(x, op, out=x, comm=comm)
+        results.append(x.tobytes())
+    return results
+
+
+class _Counted:
+    """A compiled call that counts its runs."""
+
+    def __init__(self, kernel: Any, calls: list[int]) -> None:
+        self.kernel, self.calls = kernel, calls
+
+    def run(self, *args: Any) -> Any:
+        self.calls[0] += 1
+        return self.kernel.run(*args)
+
+    def reduce(self, *args: Any) -> Any:
+        return self.kernel.reduce(*args)
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch, shared: Any) -> list[int]:
+    """Count the runs of the compiled calls the shared memory makes (small_kernel's)."""
+    calls = [0]
+    original = type(shared).small_kernel
+
+    def small_kernel(self: Any, *args: Any) -> Any:
+        kernel = original(self, *args)
+        return None if kernel is None else _Counted(kernel, calls)
+
+    monkeypatch.setattr(type(shared), "small_kernel", small_kernel)
+    return calls
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["plain", "persistent"])
+def test_the_engine_and_the_python_path_give_the_same_bits(
+    world: MPI.Intracomm, monkeypatch: pytest.MonkeyPatch, persistent: bool
+) -> None:
+    problems = Problems(world)
+    compiled = collectives.Communicator(world)
+    collectives.barrier(comm=compiled)  # the first call sets up the shared memory
+    if world.size == 1 or compiled.watchdog.shared is None:
+        compiled.free()
+        pytest.skip("one rank, or ranks without shared memory: no lean small path")
+    calls = _counting(monkeypatch, compiled.watchdog.shared)
+    taken = 0
+    for dtype, op in DTYPE_OPS:
+        if OPS[op].custom:
+            continue
+        for count in COUNTS:
+            before = calls[0]
+            ours: list[bytes] | None = None
+            theirs: list[bytes] | None = None
+            with problems.guard(f"{dtype} {op} {count} compiled"):
+                ours = _results(compiled, dtype, op, count, persistent)
+            took = calls[0] > before
+            taken += took
+            # (others may reach it too: float16's avg sums in float32)
+            if engine.reduces(dtype, OPS[op].combine):
+                problems.expect(took, f"{dtype} {op} count {count}: the engine did not take the calls")
+            with monkeypatch.context() as python_only:
+                python_only.setattr(engine, "COMPILED", None)
+                python = collectives.Communicator(world)
+                with problems.guard(f"{dtype} {op} {count} python"):
+                    theirs = _results(python, dtype, op, count, persistent)
+                python.free()
+            if ours is not None and ours != theirs:
+                problems.expect(False, f"{dtype} {op} count {count}: the compiled and Python paths differ")
+    problems.expect(taken > 0, "the engine took no call")
+    compiled.free()
+    problems.check()
+
+
+def test_a_mismatch_on_the_compiled_path_is_found_on_every_rank(world: MPI.Intracomm) -> None:
+    comm = collectives.Communicator(world)
+    collectives.barrier(comm=comm)  # the first call sets up the shared memory
+    if world.size == 1 or comm.watchdog.shared is None:
+        comm.free()
+        pytest.skip("one rank, or ranks without shared memory: no lean small path")
+    x = np.ones(4, np.float32)
+    for op in ("sum", "prod"):  # both keys agreed once, so later calls of either run lean
+        collectives.allreduce(x, op, out=x, comm=comm)
+    mine = "sum" if world.rank == 0 else "prod"  # then the ranks' calls differ
+    with pytest.raises(collectives.MismatchError):
+        collectives.allreduce(x, mine, out=x, comm=comm)
+    comm.free()
