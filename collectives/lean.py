@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from .call import Call, Starts
 from .errors import MismatchError
 from .ops import itemsize
+from .tracing.recorder import TRACER as _TRACE
 from .transport.base import SharedMemory
 from .watchdog import Guard
 
@@ -165,7 +166,10 @@ class LeanAllreduce:
             if began - watchdog.last_began >= watchdog.late_after:  # as Watchdog.end asks
                 watchdog.late("allreduce", sequence)
             watchdog.last_began = began
+            if _TRACE.on:  # a record of its own only where traced (see collectives.tracing)
+                _TRACE.record((self, sequence, began, _monotonic()))
         else:
+            call.began = began  # it became a Call only as it waited: its time is the whole call's
             watchdog.end(call)
         if self.averages:
             self.backend.divide(work, self.size)
