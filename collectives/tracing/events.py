@@ -151,7 +151,7 @@ class RankFile:
                 self._templates.clear()
             event = call_event(number, signature, algorithm, -1, 0.0, 0.0, outcome, tag, comm_rank)
             kept = self._templates[key] = (signature, _template(event))
-        lines.append(kept[1] % (began * 1e6, (ended - began) * 1e6, sequence))
+        lines.append(kept[1] % {"ts": began * 1e6, "dur": (ended - began) * 1e6, "seq": sequence})
         return number, sequence, began, ended
 
     # --- files
@@ -252,13 +252,13 @@ class RankFile:
 
 
 def _template(event: dict[str, Any]) -> str:
-    """``event`` as a JSON line to fill with ``%`` (start, duration in microseconds, sequence number)."""
+    """``event`` as a JSON line to fill with ``%``: ``ts`` and ``dur`` (microseconds), ``seq``."""
     event = {**event, "ts": "\0ts", "dur": "\0dur", "args": {**event["args"], "seq": "\0seq"}}
     if event["cat"] == "setup":
         del event["args"]["seq"]
     text = json.dumps(event, separators=(",", ":")).replace("%", "%%")
-    text = text.replace('"\\u0000ts"', "%.3f").replace('"\\u0000dur"', "%.3f")
-    return text.replace('"\\u0000seq"', "%d") + "\n"
+    text = text.replace('"\\u0000ts"', "%(ts).3f").replace('"\\u0000dur"', "%(dur).3f")
+    return text.replace('"\\u0000seq"', "%(seq)d") + "\n"
 
 
 def _attribute(

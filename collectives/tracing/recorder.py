@@ -144,6 +144,12 @@ class Tracer:
         if outcome != "ok" and call.signature.collective != "setup":
             self.flush(dump=f"{call.signature.collective} #{call.sequence} {outcome}")
 
+    def clock(self, number: int, result: dict[str, Any]) -> None:
+        """State communicator ``number``'s clock comparison (:mod:`collectives.tracing.clock`) in the file."""
+        with self._lock:
+            if self._file is not None:
+                self._file.clock[number] = result
+
     def flush(self, dump: str | None = None) -> None:
         """Write the buffered records to the rank's file now; with ``dump``, flight records and stacks too."""
         with self._lock:
