@@ -1,13 +1,15 @@
-"""``python -m collectives info`` (what this machine and job offer) and ``check`` (a self-test of the job)."""
+"""``python -m collectives info`` (this machine and job), ``check`` (a self-test) and ``trace`` (traces)."""
 
 import sys
 
-_USAGE = """usage: python -m collectives {info,check} [options]
+_USAGE = """usage: python -m collectives {info,check,trace} [options]
 
   info   what this machine and job offer: versions, MPI and its thread level, nodes,
          shared memory, calibration, torch/CuPy/GPU, fault tolerance (--json for bug reports)
   check  run every collective with every algorithm on this job (under mpiexec -n N),
          checked against exact results and the MPI library's own; exit 1 on any failure
+  trace  merge DIR -o job.json [--predict]: the ranks' traces ($COLLECTIVES_TRACE=DIR) on one
+         timeline, with the cost model's times beside them; why DIR: why a job hung, in words
 """
 
 
@@ -25,6 +27,10 @@ def main(argv: list[str]) -> int:
         from .selfcheck import main as check
 
         return check(rest)
+    if command == "trace":
+        from .tracing.cli import main as trace
+
+        return trace(rest)
     print(f"unknown command {command!r}\n{_USAGE}", end="", file=sys.stderr)
     return 2
 

@@ -70,7 +70,7 @@ def _answer(transport: Transport, wait: float, rounds: int) -> dict[str, Any]:
         replies.append((transport.isend(reply, peer, Tag.CLOCK), reply))
         left -= 1
     transport.wait_for([r for r, _ in replies], max(deadline - _now(), 0.0))
-    answered = {"offset_us": 0.0, "round_trip_us": 0.0, "rounds": rounds, "reference": True}
+    answered: dict[str, Any] = {"offset_us": 0.0, "round_trip_us": 0.0, "rounds": rounds, "reference": True}
     if left:
         answered["why"] = f"{left} pings did not come in {wait:g} s (do all ranks trace?)"
     return answered

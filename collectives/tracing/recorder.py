@@ -15,6 +15,7 @@ With tracing off, a call pays one attribute test (``TRACER.on``).
 
 __all__ = [
     "BUFFER_ENV",
+    "HANG_MARKER",
     "LEVEL_ENV",
     "TRACER",
     "TRACE_ENV",
@@ -40,6 +41,7 @@ from .events import RankFile
 TRACE_ENV = "COLLECTIVES_TRACE"
 LEVEL_ENV = "COLLECTIVES_TRACE_LEVEL"
 BUFFER_ENV = "COLLECTIVES_TRACE_BUFFER"
+HANG_MARKER = "hang-marker.txt"  # a rank's dump on a timeout leaves it; the others' writers answer it
 DEFAULT_BUFFER = 200_000  # records per process: about 40 MB at most, written when half full
 _LEVELS = ("calls", "steps")
 _WRITER_POLL_S = 0.25
@@ -70,12 +72,13 @@ class Tracer:
 
     __slots__ = (
         "_buffer",
+        "_dumped",
+        "_dumped_own",
         "_file",
         "_lock",
         "_stack",
         "_wake",
         "_writer",
-        "dropped",
         "folder",
         "on",
         "record",
@@ -88,12 +91,13 @@ class Tracer:
         self.folder: str | None = None
         self._buffer: deque[tuple[Any, ...]] = deque(maxlen=DEFAULT_BUFFER)
         self.record: Callable[[tuple[Any, ...]], None] = self._buffer.append
-        self.dropped = 0
         self._file: RankFile | None = None
         self._lock = threading.RLock()
         self._stack: list[tuple[str | None, bool]] = []
         self._wake = threading.Event()
         self._writer: threading.Thread | None = None
+        self._dumped = 0.0  # when the folder's hang marker was last written or answered
+        self._dumped_own = False  # a dump of this rank's own timeout: not overwritten by answers
 
     # --- on and off
 
@@ -121,6 +125,8 @@ class Tracer:
             os.makedirs(folder, exist_ok=True)
             self._file = RankFile(folder)
             self.folder = folder
+            self._dumped = _stamp(folder)  # a marker of an earlier run is no news
+            self._dumped_own = False
         if buffer is not None and buffer != self._buffer.maxlen:
             self.flush()
             self._buffer = deque(maxlen=buffer)
@@ -150,15 +156,25 @@ class Tracer:
             if self._file is not None:
                 self._file.clock[number] = result
 
-    def flush(self, dump: str | None = None) -> None:
-        """Write the buffered records to the rank's file now; with ``dump``, flight records and stacks too."""
+    def flush(self, dump: str | None = None, answering: str | None = None) -> None:
+        """Write the buffered records to the rank's file now; with ``dump``, flight records and stacks too.
+
+        A dump of this rank's own (``answering`` is ``None``) leaves a marker in the
+        folder, which the other ranks' writers answer with dumps of theirs.
+        """
         with self._lock:
             file = self._spill()
             if file is None:
                 return
             file.write()
-            if dump is not None:
+            if dump is not None and not (answering and self._dumped_own):
                 file.dump(dump, dict(_communicators))
+                if answering is None:  # tell the other ranks' writers to dump too
+                    self._dumped_own = True
+                    with open(os.path.join(file.folder, HANG_MARKER), "w") as marker:
+                        marker.write(f"{file.rank}: {dump}\n")
+            if dump is not None:
+                self._dumped = _stamp(file.folder)
 
     def _spill(self) -> RankFile | None:
         """Append the buffered records to the rank's events file (``rank<R>.json`` is rewritten by flush)."""
@@ -179,9 +195,22 @@ class Tracer:
             self._wake.clear()
             buffer = self._buffer
             maxlen = buffer.maxlen or 1
-            if self.on and len(buffer) * 2 >= maxlen:
-                with contextlib.suppress(OSError):  # a full disk loses the trace, never the job
+            folder = self.folder
+            with contextlib.suppress(OSError):  # a full disk loses the trace, never the job
+                if self.on and len(buffer) * 2 >= maxlen:
                     self._spill()
+                if folder is not None and _stamp(folder) > self._dumped:
+                    with open(os.path.join(folder, HANG_MARKER)) as marker:
+                        told = marker.read().strip()
+                    self.flush(dump=f"rank {told}", answering=told)
+
+
+def _stamp(folder: str) -> float:
+    """When the folder's hang marker was written; 0 where there is none."""
+    try:
+        return os.stat(os.path.join(folder, HANG_MARKER)).st_mtime
+    except OSError:
+        return 0.0
 
 
 def _buffer_size() -> int:
