@@ -167,7 +167,7 @@ class LeanAllreduce:
                 watchdog.late("allreduce", sequence)
             watchdog.last_began = began
             if _TRACE.on:  # a record of its own only where traced (see collectives.tracing)
-                _TRACE.record((self, sequence, began, _monotonic()))
+                _TRACE.record((self, sequence, began, _monotonic(), watchdog.tag))
         else:
             call.began = began  # it became a Call only as it waited: its time is the whole call's
             watchdog.end(call)

@@ -10,7 +10,7 @@ states how to align them with the other ranks' (``clock``). Events accumulate in
 file on disk is always whole.
 """
 
-__all__ = ["FORMAT", "RankFile", "call_event", "launch_rank"]
+__all__ = ["FORMAT", "SPAN", "SPAN_TID", "RankFile", "call_event", "launch_rank"]
 
 import json
 import os
@@ -26,6 +26,8 @@ from ..ops import itemsize
 FORMAT = "collectives-trace/1"
 _LAUNCH_RANK_ENVS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 _UNATTRIBUTED = 0  # the thread of step events outside any traced call (an executor run directly)
+SPAN = "\0span"  # a record of an operation above the collectives: (SPAN, name, start, end, outcome)
+SPAN_TID = 999_999  # their thread: the key-value store's operations
 
 
 def launch_rank() -> int | None:
@@ -96,6 +98,7 @@ class RankFile:
         self.communicators: dict[int, dict[str, Any]] = {}
         self.clock: dict[int, dict[str, Any]] = {}
         self.events = 0
+        self.spans = False  # whether any operation above the collectives was recorded
         self.full = 0  # flushes that found the buffer full: records may have been dropped before them
         self._steps: list[tuple[Any, ...]] = []  # step records not yet inside a call's record
         # a call's event line with its times and number left out, per communicator and signature
@@ -113,8 +116,12 @@ class RankFile:
         lines: list[str] = []
         steps = self._steps
         for record in records:
-            if isinstance(record[0], str):  # a step: inside the next call record that contains it
-                steps.append(record)
+            if isinstance(record[0], str):
+                if record[0] == SPAN:
+                    lines.append(_span_line(record))
+                    self.spans = True
+                else:  # a step: inside the next call record that contains it
+                    steps.append(record)
                 continue
             tid, sequence, began, ended = self._call(record, lines)
             if steps:
@@ -132,10 +139,10 @@ class RankFile:
 
     def _call(self, record: tuple[Any, ...], lines: list[str]) -> tuple[int, int, float, float]:
         """Append the call's event line; its thread, sequence number, start and end."""
-        if len(record) == 4:  # a lean repeat: (its LeanAllreduce, sequence, start, end)
-            lean, sequence, began, ended = record
+        if len(record) == 5:  # a lean repeat: (its LeanAllreduce, sequence, start, end, tag)
+            lean, sequence, began, ended, tag = record
             watchdog = lean.watchdog
-            signature, algorithm, outcome, tag = lean.guard.signature, lean.algorithm, "ok", watchdog.tag
+            signature, algorithm, outcome = lean.guard.signature, lean.algorithm, "ok"
         else:
             watchdog, signature, algorithm, sequence, began, ended, outcome, tag = record
         number = watchdog.number
@@ -172,6 +179,11 @@ class RankFile:
             name = f"communicator {number} (rank {about['rank']} of {about['size']})"
             meta.append(
                 {"name": "thread_name", "ph": "M", "pid": rank, "tid": number, "args": {"name": name}}
+            )
+        if self.spans:
+            name = "key-value store operations"
+            meta.append(
+                {"name": "thread_name", "ph": "M", "pid": rank, "tid": SPAN_TID, "args": {"name": name}}
             )
         other = {
             "format": FORMAT,
@@ -272,6 +284,14 @@ def _attribute(
         else:
             left.append(record)
     return left
+
+
+def _span_line(record: tuple[Any, ...]) -> str:
+    _, name, began, ended, outcome = record
+    return (
+        f'{{"name":{json.dumps(name)},"cat":"operation","ph":"X","ts":{began * 1e6:.3f},'
+        f'"dur":{(ended - began) * 1e6:.3f},"tid":{SPAN_TID},"args":{{"outcome":{json.dumps(outcome)}}}}}\n'
+    )
 
 
 def _step_line(record: tuple[Any, ...], tid: int, sequence: int | None) -> str:

@@ -29,15 +29,17 @@ import atexit
 import contextlib
 import os
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from .._env import env_count
 from ..errors import ConfigurationError
-from .events import RankFile
+from .events import SPAN, RankFile
 
+T = TypeVar("T")
 TRACE_ENV = "COLLECTIVES_TRACE"
 LEVEL_ENV = "COLLECTIVES_TRACE_LEVEL"
 BUFFER_ENV = "COLLECTIVES_TRACE_BUFFER"
@@ -66,7 +68,7 @@ class Tracer:
     Attributes:
         on: whether calls are traced (read once by every call).
         steps: whether each schedule step is traced too (``$COLLECTIVES_TRACE_LEVEL=steps``).
-        record: appends one record to the buffer (a lean repeat's: itself, sequence, start, end).
+        record: appends one record to the buffer (a lean repeat's: itself, sequence, start, end, tag).
         folder: where the rank's files go, while on.
     """
 
@@ -149,6 +151,18 @@ class Tracer:
         )
         if outcome != "ok" and call.signature.collective != "setup":
             self.flush(dump=f"{call.signature.collective} #{call.sequence} {outcome}")
+
+    def span(self, name: str, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``function(*args, **kwargs)``, recorded as an operation ``name`` (a key-value store's push, say)."""
+        began = time.monotonic()
+        outcome = "ok"
+        try:
+            return function(*args, **kwargs)
+        except BaseException as error:
+            outcome = f"failed: {type(error).__name__}"
+            raise
+        finally:
+            self.record((SPAN, name, began, time.monotonic(), outcome))
 
     def clock(self, number: int, result: dict[str, Any]) -> None:
         """State communicator ``number``'s clock comparison (:mod:`collectives.tracing.clock`) in the file."""
