@@ -153,7 +153,7 @@ class Tracer:
             self.flush(dump=f"{call.signature.collective} #{call.sequence} {outcome}")
 
     def span(self, name: str, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """``function(*args, **kwargs)``, recorded as an operation ``name`` (a key-value store's push, say)."""
+        """``function(*args, **kwargs)``, recorded as an operation ``name`` (a key-value store's push)."""
         began = time.monotonic()
         outcome = "ok"
         try:
