@@ -194,7 +194,6 @@ def diagnose(ranks: list[_Rank]) -> Verdict:
             for rank, keys in zip(having, cut, strict=True):
                 shown.setdefault(_shown(keys[differs]), []).append(rank.rank)
             verdict.disagreements[number] = (sequence, shown)
-            continue
         reached = max(c.last for c in lists)
         behind = [r for r, c in zip(having, lists, strict=True) if c.last < reached]
         behind_ranks = [r.rank for r in behind] + (verdict.absent if number == world else [])
