@@ -290,7 +290,7 @@ class GroupBase(dist.ProcessGroup):
         communicator = self._worker.communicator
         # a torch.profiler range of the call (named after the method calling), where recorded
         call = ranged(
-            f"collectives.{sys._getframe(1).f_code.co_name}",
+            f"collectives.{sys._getframe(1).f_code.co_name.lstrip('_')}",
             lambda: tensors_text(result),
             lambda: job(communicator),
         )

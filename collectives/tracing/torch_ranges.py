@@ -1,7 +1,7 @@
 """The torch faces' calls as ``torch.profiler`` ranges, where the profiler records or tracing is on.
 
 The collectives torch.distributed backend and the Horovod API run their calls on
-a communication thread; :func:`ranged` wraps such a job in a ``record_function``
+a communication thread; :func:`ranged` puts such a job in a ``record_function``
 range named after the call, its parameters (tensors' shapes and dtypes, or the
 Horovod name) in the range's ``args``, so that a ``torch.profiler`` trace shows
 the communication beside the model's work. Otherwise the job is returned as it
@@ -42,15 +42,26 @@ def tensors_text(tensors: Any) -> str:
 
 
 def ranged(name: str, describe: Callable[[], str], job: Callable[[], T]) -> Callable[[], T]:
-    """``job``, run inside a ``record_function`` range ``name`` (``describe()`` its args) where recorded."""
+    """``job``, inside a ``record_function`` range ``name`` (``describe()`` its args) where recorded.
+
+    The range opens here, on the calling thread (the profiler records that
+    thread's ranges only), and closes when ``job`` has run on the communication
+    thread: it spans the call from its submission to its completion.
+    """
     if not (TRACER.on or profiling()):
         return job
+    import torch
     from torch.profiler import record_function
 
-    args = describe()
+    span = record_function(name, describe())
+    span.__enter__()  # type: ignore[no-untyped-call]  # torch leaves it untyped
+    done: torch.futures.Future[None] = torch.futures.Future()
+    span._call_end_callbacks_on_future(done)  # torch's way to end a range on another thread
 
     def run() -> T:
-        with record_function(name, args):
+        try:
             return job()
+        finally:
+            done.set_result(None)
 
     return run

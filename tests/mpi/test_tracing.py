@@ -23,7 +23,7 @@ def _folder(world: MPI.Intracomm) -> str:
 
 
 def _job(comm: collectives.Communicator) -> None:
-    """Calls of every kind: small repeats (the lean path), a large ring allreduce, rooted, persistent, store."""
+    """Calls of each kind: lean repeats, a large ring allreduce, rooted, persistent, the store."""
     x = np.arange(256, dtype=np.float32)
     for _ in range(5):
         collectives.allreduce(x, out=x, comm=comm)
@@ -126,3 +126,16 @@ def test_trace_why_names_the_rank_that_did_not_come(world: MPI.Intracomm) -> Non
         if "time.sleep(4.0)" not in verdict.places.get(late, ""):
             problems.append(f"rank {late}'s place is not its sleep: {verdict.places}, dumps {dumps}")
     assert_all(not problems, "; ".join(problems))
+
+
+def test_the_torch_backends_calls_are_profiler_ranges(world: MPI.Intracomm, group: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.ones(1024)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        dist.all_reduce(tensor)
+        dist.broadcast(tensor, src=0)
+    names = {event.name for event in profile.events()}
+    missing = {"collectives.allreduce", "collectives.broadcast"} - names
+    assert_all(not missing and float(tensor[0]) == world.size, f"ranges missing: {missing}")
