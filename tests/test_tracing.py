@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from collectives.tracing.merge import merge
 from collectives.tracing.predicted import predict_call
 from collectives.tracing.why import diagnose, read_ranks, verdict_text
 from collectives.transport.loopback import LoopbackWorld
+from tests.mpirun import mpiexec, run_mpi
 from tests.trace_format import nesting_problems, validate
 
 _STEP = '  File "/job/train.py", line 52, in step\n    collectives.allreduce(grads)\n'
@@ -228,3 +230,28 @@ def test_a_traced_loopback_job_writes_valid_nested_events(tmp_path: Path) -> Non
     assert sorted(e["args"]["seq"] for e in calls) == [0, 0, 1, 1, 2, 2, 3, 3]
     steps = [e for e in data["traceEvents"] if e.get("cat") == "step" and e["name"].startswith("step ")]
     assert steps and all("seq" in e["args"] for e in steps)
+
+
+@pytest.mark.skipif(mpiexec() is None, reason="no mpiexec: install the mpich extra")
+def test_the_tracing_cost_bench_times_every_mode() -> None:
+    args = [
+        "-m",
+        "bench.trace_cost",
+        "-n",
+        "20",
+        "-r",
+        "2",
+        "--size",
+        "64K",
+        "--algorithm",
+        "ring",
+        "--steps",
+    ]
+    result = run_mpi(2, args, timeout=120)
+    assert result.returncode == 0, result.stdout
+    rows = re.findall(r"^(\w+) +([\w+]+) +(\d+\.\d+) us +(\d+\.\d+)x off$", result.stdout, re.MULTILINE)
+    modes = ["off", "calls", "calls+write", "steps", "steps+write"]
+    assert [(name, mode) for name, mode, _, _ in rows] == [
+        (n, m) for n in ("allreduce", "persistent") for m in modes
+    ]
+    assert all(float(us) > 0 for _, _, us, _ in rows), result.stdout
