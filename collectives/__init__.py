@@ -56,6 +56,7 @@ __all__ = [
     "reduce_scatter_init",
     "scatter",
     "test_all",
+    "trace",
     "wait_all",
 ]
 
@@ -112,5 +113,6 @@ from .ops import OPS, Op, ReduceOp
 from .persistent import Persistent, allgather_init, allreduce_init, broadcast_init, reduce_scatter_init
 from .requests import Request, test_all, wait_all
 from .specs import COLLECTIVES
+from .tracing import trace
 
 __version__ = "0.1.0.dev0"

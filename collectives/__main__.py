@@ -1,8 +1,8 @@
-"""``python -m collectives info`` (what the job offers), ``check`` (a self-test), ``bench`` (benchmarks)."""
+"""``python -m collectives info`` (the job), ``check`` (a self-test), ``bench`` (benchmarks), ``trace``."""
 
 import sys
 
-_USAGE = """usage: python -m collectives {info,check,bench} [options]
+_USAGE = """usage: python -m collectives {info,check,bench,trace} [options]
 
   info   what this machine and job offer: versions, MPI and its thread level, nodes,
          shared memory, calibration, torch/CuPy/GPU, fault tolerance (--json for bug reports)
@@ -10,6 +10,8 @@ _USAGE = """usage: python -m collectives {info,check,bench} [options]
          checked against exact results and the MPI library's own; exit 1 on any failure
   bench  the benchmark suite: every collective nccl-tests style under mpiexec, calibrate,
          compare, simulate, kvstore and more (python -m collectives bench --help)
+  trace  merge DIR -o job.json [--predict]: the ranks' traces ($COLLECTIVES_TRACE=DIR) on one
+         timeline, with the cost model's times beside them; why DIR: why a job hung, in words
 """
 
 
@@ -31,6 +33,10 @@ def main(argv: list[str]) -> int:
         from .bench.__main__ import main as bench
 
         return bench(rest)
+    if command == "trace":
+        from .tracing.cli import main as trace
+
+        return trace(rest)
     print(f"unknown command {command!r}\n{_USAGE}", end="", file=sys.stderr)
     return 2
 

@@ -19,6 +19,8 @@ from .execute_shared import OVERSUBSCRIBED_SEGMENT_BYTES, SEGMENT_BYTES, SharedE
 from .selector import Selector
 from .selector_agreement import agree_on_selector
 from .settings_agreement import SETTINGS_BYTES, Setting, compared, differences, settings_of
+from .tracing.clock import align
+from .tracing.recorder import TRACER
 from .transport.base import NodeSplit, Transport
 from .transport.device import Device
 from .transport.device_path import CUDA_IPC_ENV, DevicePath
@@ -126,6 +128,8 @@ class Communicator:
             settings[RANKS_PER_NODE_ENV] = compared(lambda: ranks_per_node() or None)  # 0: unset
             settings[CUDA_AWARE_ENV] = compared(env_flag, CUDA_AWARE_ENV)
         self._agree_on_settings(settings)
+        if TRACER.on:  # the ranks' clocks against rank 0's, for the trace's one timeline
+            align(self._transport, self.watchdog.number, TRACER.clock)
 
     @property
     def rank(self) -> int:

@@ -26,6 +26,8 @@ from .backends.base import ArrayBackend
 from .memo import Bounded
 from .ops import ReduceOp
 from .schedule import RankProgram, Schedule
+from .tracing.recorder import TRACER as _TRACE
+from .tracing.steps import StepTracer
 from .transport.base import Transport
 from .transport.tags import Tag
 
@@ -433,9 +435,14 @@ def run(
     """
     reduce_op: ReduceOp = op  # type: ignore[assignment]  # execute checked it where the plan reduces
     src = buffer if source is None else source
+    traced = StepTracer(transport, backend, buffer) if _TRACE.steps else None
+    if traced is not None:  # each step, wait, reduction and copy on the trace
+        transport, backend = traced.transport, traced.backend
     message = backend.message
     fused = arrived is not None
-    for step in rank_plan.steps:
+    for index, step in enumerate(rank_plan.steps):
+        if traced is not None:
+            traced.step(index, step)
         for lo, hi in step.prefill:
             backend.copy(buffer[lo:hi], src[lo:hi])
         recvs = [
@@ -484,6 +491,8 @@ def run(
         if sends:
             transport.waitall(sends)
         fused = False
+    if traced is not None:
+        traced.end()
     if source is not None:
         for lo, hi in rank_plan.untouched:
             backend.copy(buffer[lo:hi], source[lo:hi])

@@ -27,6 +27,7 @@ from .call import Call, Starts
 from .engine import LATE
 from .errors import MismatchError
 from .ops import itemsize
+from .tracing.recorder import TRACER as _TRACE
 from .transport.base import SharedMemory
 from .watchdog import Guard
 
@@ -192,7 +193,10 @@ class LeanAllreduce:
             if began - watchdog.last_began >= watchdog.late_after:  # as Watchdog.end asks
                 watchdog.late("allreduce", sequence)
             watchdog.last_began = began
+            if _TRACE.on:  # a record of its own only where traced (see collectives.tracing)
+                _TRACE.record((self, sequence, began, _monotonic(), watchdog.tag))
         else:
+            call.began = began  # it became a Call only as it waited: its time is the whole call's
             watchdog.end(call)
         if self.averages:
             self.backend.divide(work, self.size)

@@ -77,6 +77,9 @@ from .errors import (
 from .faults import PLAN as _FAULTS
 from .flight_recorder import new_recorder, record_lines, record_text, write_debug_line
 from .signature import SIGNATURE_BYTES, Signature, problem_of
+from .tracing.recorder import TRACER as _TRACE
+from .tracing.recorder import number_of
+from .tracing.steps import TracedCall
 from .transport.base import SharedMemory, Transport
 from .transport.tags import Tag
 from .watch_settings import (
@@ -137,6 +140,7 @@ class Watchdog:
         self.debug = flag(None, DEBUG_ENV, False)
         self.debug_file = debug_file(transport.rank)
         self.recorder = new_recorder()
+        self.number = number_of(self)  # the communicator's number in this process, as traces name it
         self.sequence = 0
         # when the last call began; a call ending half a timeout or more after it asks whether a
         # peer timed out on it meanwhile (see end), which no quicker call can meet
@@ -257,6 +261,8 @@ class Watchdog:
         self.sequence = sequence + 1
         call = Call(self, guard.signature, sequence)
         self.recorder.append(call)
+        if _TRACE.steps:  # its barriers and signature wait recorded (see collectives.tracing.steps)
+            call.__class__ = TracedCall
         if _FAULTS.armed:  # $COLLECTIVES_FAULT: see collectives.faults
             self._inject(call)
         if (self.check if check is None else check) and self._size > 1:
@@ -349,6 +355,8 @@ class Watchdog:
         self._claim.release()
         if self.debug:
             write_debug_line(self.debug_file, self._rank, call.line(self._rank))
+        if _TRACE.on:
+            _TRACE.ended(self, call, now)
         if late is not None:
             raise late
         if error is not None:

@@ -51,6 +51,8 @@ TOOLS = {
     "checkpoint": ("checkpoint", "what an in-memory and a directory checkpoint cost"),
     "recovery": ("recovery", "time from a rank's death to the next step (Open MPI with ULFM)"),
     "guard_cost": ("guard_cost", "the cost of the mismatch check and the bounded waits"),
+    "trace_cost": ("trace_cost", "what tracing costs a call: off, calls, steps, interleaved"),
+    "trace_why": ("trace_why", "how long trace why takes on a large job's dumps, without MPI"),
 }
 """The sub-commands with options of their own: name -> (module of this package, help)."""
 

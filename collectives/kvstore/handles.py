@@ -25,6 +25,7 @@ from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 import numpy as np
 
 from ..errors import KeyMismatchError, KVStoreError, KVStoreTimeout
+from ..tracing.recorder import TRACER
 from ._wire import Fault, Message
 from .layout import Partition
 
@@ -95,7 +96,10 @@ def claimed(method: Callable[Concatenate[C, P], T]) -> Callable[Concatenate[C, P
                     f"{_thread_name(owner)}'s call on it was running; order the threads' calls on one store"
                 )
             claim.owner = me
-            result = method(store, *args, **kwargs)
+            if TRACER.on:  # the store's operation as a span on the trace
+                result = TRACER.span(f"kv.{method.__name__}", method, store, *args, **kwargs)
+            else:
+                result = method(store, *args, **kwargs)
             if claim.flush is not None:
                 claim.flush()
         except BaseException as error:

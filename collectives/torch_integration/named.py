@@ -29,6 +29,7 @@ from .. import api
 from ..dispatch import refuse
 from ..errors import CollectivesError, MismatchError
 from ..selector import AUTO
+from ..tracing.torch_ranges import ranged
 from .worker import background_worker
 
 T = TypeVar("T")
@@ -172,8 +173,8 @@ class NamedOps:
 
 
 def _run(op: _Op, communicator: api.Communicator) -> None:
-    try:
-        result = op.job(communicator)
+    try:  # a torch.profiler range named after the collective's Horovod name, where recorded
+        result = ranged(f"horovod.{op.name}", lambda: op.name, lambda: op.job(communicator))()
     except BaseException as error:
         op.future.set_exception(error)
     else:

@@ -58,6 +58,9 @@ class Tag(IntEnum):
     TIMED_OUT = 20
     """"A call of mine timed out", to every peer; found only by a late rank's call before it returns."""
 
+    CLOCK = 21
+    """A trace's clock comparison as a communicator is made: each rank's pings to rank 0, and its replies."""
+
     POINT_TO_POINT = 1024
     """torch.distributed's ``send``/``recv``: a user's tag ``t`` travels as ``POINT_TO_POINT + t``.
 

@@ -2,6 +2,7 @@
 
 __all__: list[str] = []
 
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from datetime import timedelta
@@ -15,6 +16,7 @@ from torch._C._distributed_c10d import AllreduceCoalescedOptions, AllreduceOptio
 from ... import api
 from ...errors import InvalidBufferError, InvalidRootError, UnsupportedOpError
 from ...ops import get_op
+from ...tracing.torch_ranges import ranged, tensors_text
 from ..tensors import TORCH_OPS, host_view, torch_dtype_name
 from ..worker import background_worker, before_waiting, tell_refusal, wait_for
 
@@ -291,7 +293,13 @@ class GroupBase(dist.ProcessGroup):
     def _run(self, job: Callable[[api.Communicator], Any], result: Any) -> dist.Work:
         """Submit ``job``; the work completes with ``result`` (what c10d expects of the call)."""
         communicator = self._worker.communicator
-        return GroupWork(self._worker.submit(lambda: job(communicator)), result)
+        # a torch.profiler range of the call (named after the method calling), where recorded
+        call = ranged(
+            f"collectives.{sys._getframe(1).f_code.co_name.lstrip('_')}",
+            lambda: tensors_text(result),
+            lambda: job(communicator),
+        )
+        return GroupWork(self._worker.submit(call), result)
 
     def _refuse(self, collective: str, error: Exception) -> None:
         """Tell the other ranks that this rank's checks of ``collective`` failed, after the jobs before."""
