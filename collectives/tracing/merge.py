@@ -26,6 +26,7 @@ from .predicted import predict_call
 
 MERGED_FORMAT = "collectives-trace-merged/1"
 SYNCHRONISING = frozenset({"allreduce", "allgather", "reduce_scatter", "alltoall", "barrier"})
+_LANE = 10_000  # between the tids of a predicted track's lanes (more than a rank's communicators)
 _PREDICTED_TID = 1_000_000  # a predicted track's thread: this plus the communicator's number
 
 
@@ -154,7 +155,7 @@ def _predicted(trace: TraceFile) -> list[dict[str, Any]]:
     for event in trace.events:
         if event.get("cat") == "step" and event["name"].startswith("step ") and "seq" in event["args"]:
             measured_steps.setdefault((event["tid"], event["args"]["seq"]), []).append(event)
-    threads = set()
+    lanes: dict[int, list[float]] = {}  # per communicator, where each lane's last prediction ends
     for (number, sequence), call in trace.calls.items():
         args = call["args"]
         if call.get("cat") == "setup" or number not in sizes:
@@ -163,12 +164,18 @@ def _predicted(trace: TraceFile) -> list[dict[str, Any]]:
             call["name"], args["algorithm"], sizes[number], args["count"], args["dtype"],
             args.get("op", ""), args.get("root", 0),
         )  # fmt: skip
-        tid = _PREDICTED_TID + number
-        threads.add(number)
+        ends = lanes.setdefault(number, [])
         if not predicted.total:
             args["predicted"] = predicted.why
             continue
         total_us = predicted.total * 1e6
+        # a call faster than its prediction ends before the prediction does: the next call's goes on
+        # another lane of the track, so no prediction overlaps another without nesting in it
+        lane = next((i for i, end in enumerate(ends) if end <= call["ts"]), len(ends))
+        if lane == len(ends):
+            ends.append(0.0)
+        ends[lane] = call["ts"] + total_us
+        tid = _PREDICTED_TID + number + _LANE * lane
         args["predicted_us"] = round(total_us, 3)
         args["measured_over_predicted"] = round(call["dur"] / total_us, 3) if total_us else None
         events.append(
@@ -193,13 +200,13 @@ def _predicted(trace: TraceFile) -> list[dict[str, Any]]:
                 }
             )  # fmt: skip
             at += seconds * 1e6
-    for number in sorted(threads):
-        events.append(
-            {
-                "name": "thread_name", "ph": "M", "pid": trace.rank, "tid": _PREDICTED_TID + number,
-                "args": {"name": f"communicator {number}: cost model"},
-            }
-        )  # fmt: skip
+    for number, ends in sorted(lanes.items()):
+        for lane in range(max(len(ends), 1)):
+            name = f"communicator {number}: cost model" + (f" ({lane + 1})" if lane else "")
+            tid = _PREDICTED_TID + number + _LANE * lane
+            events.append(
+                {"name": "thread_name", "ph": "M", "pid": trace.rank, "tid": tid, "args": {"name": name}}
+            )
     return events
 
 
