@@ -382,7 +382,11 @@ static PyObject *small_run(SmallAllreduce *self, PyObject *const *args, Py_ssize
     for (int p = 0; p < peers; p++) {
         while (__atomic_load_n(&numbers[self->peer_slots[p]], __ATOMIC_ACQUIRE) < number) {
             polls++;
-            if (polls > self->spin_polls) sched_yield();
+            if (polls > self->spin_polls) { /* the core to a late peer, the interpreter to other threads */
+                Py_BEGIN_ALLOW_THREADS
+                sched_yield();
+                Py_END_ALLOW_THREADS
+            }
             if ((polls & 63) == 0) {
                 double t = now_s();
                 if (began == 0.0) began = t;
