@@ -17,9 +17,9 @@ so that the max over the ranks says "some contribution is inf or NaN" and
 "every contribution is -0.0" at no extra cost.
 
 An accumulator (:class:`Levels`) does not know the agreed code while it adds, so
-it keeps ``LEVELS`` sums per element, cut at its own largest code so far and at
-the ``LEVELS - 1`` grid steps above; the agreed code picks one (or none, when the
-agreed code is ``LEVELS`` or more steps above). A step up of its own code moves
+it keeps ``family.levels`` sums per element, cut at its own largest code so far and
+at the grid steps above; the agreed code picks one (or none, when it is more steps
+above than that). A step up of its own code moves
 the sums down a level: cutting at a grid point depends only on the contribution
 and that point, so the order of the adds never matters.
 """
@@ -30,7 +30,6 @@ __all__ = [
     "EXACT_IN_FLOAT64",
     "FAMILIES",
     "GRID",
-    "LEVELS",
     "MOST_CONTRIBUTIONS",
     "SPECIAL",
     "Family",
@@ -56,8 +55,6 @@ GRID = 16
 WORD = 47
 """Value bits per int64 word: 2**16 contributions of less than 2**47 sum below 2**63."""
 
-LEVELS = 3
-"""An accumulator's sums per element: the cuts at its own code and the two grid steps above."""
 
 MOST_CONTRIBUTIONS = 1 << 15
 """The most contributions one sum takes (ranks times an accumulator's adds), so no word overflows."""
@@ -95,6 +92,12 @@ class Family:
     def bits(self) -> int:
         """Value bits of an element's words together."""
         return WORD * self.words
+
+    @property
+    def levels(self) -> int:
+        """An accumulator's sums per element: its cuts at its own code and the grid steps above that
+        can still hold some of a contribution (3 for the float32 family, 6 for float64)."""
+        return -(-self.bits // GRID)
 
     @property
     def negative_zero(self) -> int:
@@ -139,7 +142,7 @@ def family_of(dtype_name: str) -> Family:
 def codes_of(x: np.ndarray, family: Family) -> np.ndarray:
     """Each element's code (int8), of a flat array of the family's working dtype."""
     bits = x.view(family.unsigned)
-    codes = family.codes.take(bits >> family.exponent_bits)
+    codes: np.ndarray = family.codes.take(bits >> family.exponent_bits)
     signed = x.view(family.signed)
     least = np.iinfo(family.signed).min  # -0.0's bits
     if signed.size and signed.min() == least:
@@ -182,9 +185,11 @@ def words_of(x: np.ndarray, codes: np.ndarray, family: Family, wire: Any) -> np.
     if wire is np.float64:
         np.trunc(scaled, out=scaled)
         np.ldexp(scaled, -scale, out=scaled)
-        return np.add(scaled, 0.0, dtype=np.float64)  # and -0.0 (a cut negative) becomes +0.0
+        cut: np.ndarray = np.add(scaled, 0.0, dtype=np.float64)  # and -0.0 (a cut negative) becomes +0.0
+        return cut
     if family.words == 1:
-        return scaled.astype(np.int64)
+        whole: np.ndarray = scaled.astype(np.int64)
+        return whole
     words = np.empty((x.size, 2), np.int64)
     high = np.trunc(np.ldexp(scaled, -WORD))
     words[:, 0] = high
@@ -194,11 +199,12 @@ def words_of(x: np.ndarray, codes: np.ndarray, family: Family, wire: Any) -> np.
 
 def float64_sums(words: np.ndarray, codes: np.ndarray, family: Family) -> np.ndarray:
     """An accumulator's float32-family words (whole units) as the float64 values they stand for."""
-    return np.ldexp(words.astype(np.float64), -_scales(codes, family))
+    values: np.ndarray = np.ldexp(words.astype(np.float64), -_scales(codes, family))
+    return values
 
 
 class Levels:
-    """An accumulator's state: its codes so far and ``LEVELS`` sums of each element's cut contributions."""
+    """An accumulator's state: its codes so far, and ``family.levels`` sums of its cut contributions."""
 
     __slots__ = ("adds", "codes", "count", "family", "levels", "specials")
 
@@ -207,7 +213,7 @@ class Levels:
         self.count = count
         self.adds = 0
         self.codes = np.full(count, EMPTY, np.int8)
-        self.levels = np.zeros((LEVELS, count * family.words), np.int64)
+        self.levels = np.zeros((family.levels, count * family.words), np.int64)
         self.specials: np.ndarray | None = None
 
     def add(self, x: np.ndarray) -> None:
@@ -239,22 +245,22 @@ class Levels:
         """Move each element's sums down by the steps its code rose (the lowest ones drop out)."""
         steps = raised.astype(np.int16) - self.codes
         self.codes = raised
-        words = self.family.words
-        for by in range(1, LEVELS):
+        words, levels = self.family.words, self.family.levels
+        for by in range(1, levels):
             moved = np.repeat(steps == by, words)
             if moved.any():
-                self.levels[: LEVELS - by, moved] = self.levels[by:, moved]
-                self.levels[LEVELS - by :, moved] = 0
-        gone = np.repeat(steps >= LEVELS, words)
+                self.levels[: levels - by, moved] = self.levels[by:, moved]
+                self.levels[levels - by :, moved] = 0
+        gone = np.repeat(steps >= levels, words)
         if gone.any():
             self.levels[:, gone] = 0
 
     def words(self, agreed: np.ndarray) -> np.ndarray:
         """The sums cut at the ``agreed`` codes, whole units (int64; two words an element for float64)."""
-        level = np.clip(agreed.astype(np.int16) - self.codes, 0, LEVELS)
-        level = np.repeat(level, self.family.words)
+        levels = self.family.levels
+        level = np.repeat(np.clip(agreed.astype(np.int16) - self.codes, 0, levels), self.family.words)
         picked = np.zeros(self.levels.shape[1], np.int64)
-        for index in range(LEVELS):
+        for index in range(levels):
             np.copyto(picked, self.levels[index], where=level == index)
         return picked
 
@@ -263,7 +269,8 @@ def _bit_length(values: np.ndarray) -> np.ndarray:
     """Bits of each non-negative int64 (0 for 0)."""
     exponent = np.frexp(values.astype(np.float64))[1].astype(np.int64)  # rounding may add one
     over = (values >> np.clip(exponent - 1, 0, 63)) == 0
-    return exponent - (over & (values > 0))
+    length: np.ndarray = exponent - (over & (values > 0))
+    return length
 
 
 def _round_words(
@@ -298,7 +305,8 @@ def _round_words(
     kept = np.where(vanishes, 0, kept + up)
     with np.errstate(over="ignore"):
         value = np.ldexp(kept.astype(np.float64), (drop + unit).astype(np.int32))
-    return np.where(negative, -value, value)
+    signed: np.ndarray = np.where(negative, -value, value)
+    return signed
 
 
 _PRECISION = {"float16": (11, -24), "bfloat16": (8, -133), "float32": (24, -149), "float64": (53, -1074)}

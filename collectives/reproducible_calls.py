@@ -20,7 +20,11 @@ its own, so this module stands below it.
 __all__ = [
     "Sum",
     "Through",
+    "check_call",
+    "check_out",
+    "deliver",
     "reduced",
+    "refusing",
     "reproducibly",
     "shares_of",
 ]
@@ -100,7 +104,7 @@ def _flat(x: Any) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=family.work).reshape(-1)
 
 
-def _check_out(out: Any, dtype: Any, shape: tuple[int, ...]) -> None:
+def check_out(out: Any, dtype: Any, shape: tuple[int, ...]) -> None:
     if out is None:
         return
     if not isinstance(out, np.ndarray):
@@ -113,18 +117,19 @@ def _check_out(out: Any, dtype: Any, shape: tuple[int, ...]) -> None:
         raise InvalidBufferError("out is read-only")
 
 
-def _deliver(result: np.ndarray, out: Any, shape: tuple[int, ...]) -> np.ndarray:
+def deliver(result: np.ndarray, out: Any, shape: tuple[int, ...]) -> np.ndarray:
     if out is None:
         return result.reshape(shape)
     np.copyto(out, result.reshape(shape))
-    return out
+    given: np.ndarray = out
+    return given
 
 
 def _integer(x: Any) -> bool:
     return isinstance(x, np.ndarray) and x.dtype.name in INTEGER_DTYPES
 
 
-def _checked(
+def refusing(
     group: Communicator, collective: str, algorithm: str, check: bool | None, checks: Callable[[], Any]
 ) -> Any:
     """``checks()``; if they raise, the other ranks are told (their next call raises too)."""
@@ -147,7 +152,7 @@ def _plain(x: np.ndarray, flat: np.ndarray) -> Sum:
 
 
 def reduced(
-    group: Communicator,
+    group: Communicator | None,
     through: Through,
     collective: str,
     contributions: Sum,
@@ -160,11 +165,13 @@ def reduced(
 ) -> np.ndarray | None:
     """The reproducible sum of every rank's ``contributions``, flat: all, the root's, or this rank's share.
 
+    ``group`` ``None``: this rank's contributions alone, without communication.
+
     Raises:
         MismatchError: on every rank, where the ranks' dtypes or ops differ.
         CollectivesError: on every rank, past ``MOST_CONTRIBUTIONS`` contributions.
     """
-    size = group.size
+    size, rank = (1, 0) if group is None else (group.size, group.rank)
     family = contributions.family
     count = contributions.codes.size
     busiest = max(contributions.adds - 1, 0).bit_length()  # adds rounded up to a power of two, as its log
@@ -175,7 +182,9 @@ def reduced(
         message = through.allreduce(message, "max", algorithm=AUTO, comm=group, check=check)
     agreed, trailer = message[:count], message[count:].astype(np.int64)
     if trailer[0] != -trailer[1] or trailer[2] != -trailer[3]:
-        raise MismatchError(f"reproducible {collective}: the ranks' dtypes or ops differ")
+        raise MismatchError(
+            f"reproducible {collective}: the ranks' dtypes or ops differ", {"dtype or op": {}}
+        )
     most = size << int(trailer[4])
     if most > MOST_CONTRIBUTIONS:
         raise CollectivesError(
@@ -201,9 +210,9 @@ def reduced(
             return None
     elif collective == "reduce_scatter":
         assert counts is not None  # reduce-scatter's callers give each rank's count
-        lo = sum(counts[: group.rank])
-        agreed = agreed[lo : lo + counts[group.rank]]
-        specials = None if specials is None else specials[lo : lo + counts[group.rank]]
+        lo = sum(counts[:rank])
+        agreed = agreed[lo : lo + counts[rank]]
+        specials = None if specials is None else specials[lo : lo + counts[rank]]
         if size > 1:
             assert through.reduce_scatter is not None
             shares = [c * per for c in counts]
@@ -231,6 +240,31 @@ def shares_of(
     return given, (given[rank],)
 
 
+def check_call(
+    collective: str,
+    x: Any,
+    op: "str | ReduceOp",
+    out: Any,
+    group: Communicator,
+    root: int = 0,
+    counts: Sequence[int] | None = None,
+) -> tuple[np.ndarray, str, list[int] | None, tuple[int, ...]] | None:
+    """A reproducible call's checks: ``None`` for integers (their own call sums them), else the input
+    flat in its family's dtype, the op's name, each rank's share (a reduce-scatter's) and the result's shape.
+    """
+    name = _check_op(op)
+    if _integer(x):
+        return None
+    flat = _flat(x)
+    shape, shares = x.shape, None
+    if collective == "reduce" and not (isinstance(root, int) and 0 <= root < group.size):
+        raise InvalidRootError(f"root {root!r} is not a rank of this communicator of {group.size}")
+    if collective == "reduce_scatter":
+        shares, shape = shares_of(x.shape, counts, group.size, group.rank)
+    check_out(out, x.dtype, shape)
+    return flat, name, shares, shape
+
+
 def reproducibly(
     collective: str,
     x: Any,
@@ -251,31 +285,18 @@ def reproducibly(
     elsewhere), or this rank's share.
     """
     group = communicator_of(comm)
-    shape = getattr(x, "shape", ())
-    shares: list[int] | None = None
-
-    def checks() -> tuple[np.ndarray, str]:
-        nonlocal shape, shares
-        name = _check_op(op)
-        if _integer(x):
-            return x, name
-        flat = _flat(x)
-        if collective == "reduce" and not (isinstance(root, int) and 0 <= root < group.size):
-            raise InvalidRootError(f"root {root!r} is not a rank of this communicator of {group.size}")
-        if collective == "reduce_scatter":
-            shares, shape = shares_of(x.shape, counts, group.size, group.rank)
-        _check_out(out, x.dtype, shape)
-        return flat, name
-
-    flat, name = _checked(group, collective, algorithm, check, checks)
-    if flat is x:
+    checks = refusing(
+        group, collective, algorithm, check, lambda: check_call(collective, x, op, out, group, root, counts)
+    )
+    if checks is None:
         run = getattr(through, collective)
         if collective == "reduce":
             return run(x, op, root, out=out, algorithm=algorithm, comm=group, check=check)
         extra = {"counts": counts} if collective == "reduce_scatter" else {}
         return run(x, op, out=out, algorithm=algorithm, comm=group, check=check, **extra)
+    flat, name, shares, shape = checks
     result = reduced(
         group, through, collective, _plain(x, flat), op=name, root=root, counts=shares, algorithm=algorithm,
         check=check,
     )  # fmt: skip
-    return None if result is None else _deliver(result, out, shape)
+    return None if result is None else deliver(result, out, shape)
