@@ -162,10 +162,12 @@ def reduced(
     counts: Sequence[int] | None = None,
     algorithm: str = AUTO,
     check: bool | None = None,
+    divide_by: int | None = None,
 ) -> np.ndarray | None:
     """The reproducible sum of every rank's ``contributions``, flat: all, the root's, or this rank's share.
 
-    ``group`` ``None``: this rank's contributions alone, without communication.
+    ``group`` ``None``: this rank's contributions alone, without communication. ``divide_by``:
+    the sum's divisor, by default the world size for ``avg``.
 
     Raises:
         MismatchError: on every rank, where the ranks' dtypes or ops differ.
@@ -200,7 +202,8 @@ def reduced(
     wire = np.float64 if exact else np.int64
     words = contributions.words(agreed, wire)
     per = words.size // max(count, 1)
-    divide_by = size if op == "avg" else 1
+    if divide_by is None:
+        divide_by = size if op == "avg" else 1
     if size > 1 and collective == "allreduce":
         words = through.allreduce(words, "sum", algorithm=algorithm, comm=group, check=check)
     elif size > 1 and collective == "reduce":

@@ -82,10 +82,17 @@ class ReproducibleSum:
         """Forget every contribution."""
         self._levels = Levels(self._levels.count, self._levels.family)
 
-    def value(self, *, out: Any = None) -> Any:
-        """The sum of this rank's contributions alone, rounded once; local."""
+    def value(self, op: str = "sum", *, out: Any = None) -> Any:
+        """The sum of this rank's contributions alone, rounded once; local.
+
+        ``op="avg"``: their mean (the sum rounded to float64, divided by :attr:`count`,
+        rounded to the dtype, as ``allreduce(..., "avg", reproducible=True)`` does).
+        """
+        if op not in ("sum", "avg"):
+            raise UnsupportedOpError(f"ReproducibleSum: op must be 'sum' or 'avg', not {op!r}")
         check_out(out, self.dtype, self.shape)
-        result = reduced(None, _THROUGH, "allreduce", self._sum())
+        divide_by = max(self.count, 1) if op == "avg" else 1
+        result = reduced(None, _THROUGH, "allreduce", self._sum(), divide_by=divide_by)
         assert result is not None
         return deliver(result, out, self.shape)
 

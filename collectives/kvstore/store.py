@@ -488,6 +488,7 @@ def create(
     updater: Updater | None = None,
     timeout: float | None = None,
     collective: bool = True,
+    reproducible: bool = False,
 ) -> KVStore:
     """Make a key-value store over the ranks of ``comm``; collective over them.
 
@@ -533,6 +534,12 @@ def create(
             same calls in the same order, and none closes while the others go on.
             ``False`` sends messages to the servers, as every other mode (and
             ``rows=``) does, for workers that push and pull at will.
+        reproducible: with ``op`` ``sum`` or ``avg``, float pushes are summed
+            reproducibly (:class:`~collectives.ReproducibleSum`): a ``sync`` round's
+            aggregate, by messages or by collectives, and the value ``async`` and
+            ``ssp`` keep under the default updater (the initial value plus every push),
+            have bits that depend only on the pushes, not on the order they arrive in,
+            nor on which worker sent which. Sparse rows are combined as without it.
 
     Raises:
         ConfigurationError: an unknown mode, a negative staleness, too many servers,
@@ -545,6 +552,8 @@ def create(
     if staleness and mode != "ssp":
         raise ConfigurationError(f"staleness={staleness} applies to mode 'ssp', not {mode!r}")
     reduce_op = get_op(op)
+    if reproducible and reduce_op.name not in ("sum", "avg"):
+        raise ConfigurationError(f"reproducible=True sums: op must be 'sum' or 'avg', not {reduce_op.name!r}")
     channel = open_channel(comm, timeout)
     try:
         roles = Roles(channel.size, servers or 0)
@@ -561,7 +570,7 @@ def create(
     store = KVStore(channel, roles, mode, staleness, reduce_op, partition_bytes, collective)
     rank = channel.rank
     if roles.is_server(rank):
-        server = Server(channel, mode, staleness, roles.worker_ranks, reduce_op)
+        server = Server(channel, mode, staleness, roles.worker_ranks, reduce_op, reproducible)
         server.updater = updater
         store._link.server = server
         if collective and mode == "sync" and not roles.dedicated:

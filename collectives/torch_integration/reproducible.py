@@ -1,4 +1,4 @@
-"""Gradients summed reproducibly: a DDP hook, and micro-batch gradients accumulated with the same bits anywhere.
+"""Gradients summed reproducibly: a DDP hook, and micro-batch gradients with the same bits however dealt.
 
 :class:`ReproducibleGradients` makes a model's update independent of how the
 global batch's micro-batches are dealt to the ranks: each micro-batch's gradients
