@@ -38,6 +38,7 @@ __all__ = [
     "family_of",
     "finish",
     "float64_sums",
+    "name_of",
     "special_bits",
     "words_of",
 ]
@@ -83,10 +84,10 @@ class Family:
     words: int  # int64 words per element
     lowest: int  # the lowest grid step: cutting there is exact for every value of the dtype
     exponent_bits: int  # the position of the exponent field
+    negative_zero_bits: int  # -0.0's bits as a signed integer: the least one
     unsigned: Any
     signed: Any
     codes: np.ndarray = field(repr=False)  # the code of each sign-and-exponent field
-    scales: np.ndarray = field(repr=False)  # -T of each code (code + 128), for ldexp
 
     @property
     def bits(self) -> int:
@@ -117,17 +118,25 @@ def _family(
     steps = np.maximum(steps, lowest)
     steps[-1] = SPECIAL
     codes = np.concatenate([steps, steps]).astype(np.int8)  # both signs
-    scales = np.zeros(256, np.int32)
-    finite = np.arange(lowest, int(steps[-2]) + 1)
-    scales[finite + 128] = bits - GRID * finite
-    scales[SPECIAL + 128] = -(1 << 14)  # a finite value there scales to 0 (its infinities are zeroed first)
-    return Family(name, np.dtype(work), words, lowest, mantissa, unsigned, signed, codes, scales)
+    least = int(np.iinfo(signed).min)
+    return Family(name, np.dtype(work), words, lowest, mantissa, least, unsigned, signed, codes)
 
 
 FAMILIES = {
     "float32": _family("float32", np.float32, 1, 23, 8, np.uint32, np.int32),
     "float64": _family("float64", np.float64, 2, 52, 11, np.uint64, np.int64),
 }
+
+
+_NAMES: dict[Any, str] = {}
+
+
+def name_of(dtype: Any) -> str:
+    """``dtype.name``, remembered: numpy builds the name anew on every access, microseconds a call."""
+    name = _NAMES.get(dtype)
+    if name is None:
+        name = _NAMES[dtype] = dtype.name
+    return name
 
 
 def family_of(dtype_name: str) -> Family:
@@ -144,7 +153,7 @@ def codes_of(x: np.ndarray, family: Family) -> np.ndarray:
     bits = x.view(family.unsigned)
     codes: np.ndarray = family.codes.take(bits >> family.exponent_bits)
     signed = x.view(family.signed)
-    least = np.iinfo(family.signed).min  # -0.0's bits
+    least = family.negative_zero_bits
     if signed.size and signed.min() == least:
         codes[signed == least] = family.negative_zero
     return codes
@@ -168,8 +177,14 @@ def _finite(x: np.ndarray, codes: np.ndarray) -> np.ndarray:
 
 
 def _scales(codes: np.ndarray, family: Family) -> np.ndarray:
-    """``-T`` of each element's unit (int32), for ``np.ldexp``; 0 where the code is not a grid step."""
-    return family.scales.take(codes.astype(np.int16) + 128)
+    """``-T`` of each element's unit (int32), for ``np.ldexp``.
+
+    Only grid steps' are meaningful: at ``SPECIAL`` every contribution is zeroed first,
+    and at -0.0's code every one is a zero.
+    """
+    scales: np.ndarray = np.multiply(codes, -GRID, dtype=np.int32)
+    scales += family.bits
+    return scales
 
 
 def words_of(x: np.ndarray, codes: np.ndarray, family: Family, wire: Any) -> np.ndarray:
@@ -227,6 +242,8 @@ class Levels:
         raised = np.maximum(self.codes, codes)
         if not np.array_equal(raised, self.codes):
             self._lift(raised)
+        if self.specials is not None:  # an element an earlier add made special takes nothing more
+            x = _finite(x, raised)
         scaled = np.ldexp(x, _scales(raised, family))
         step = family.work.type(2.0**-GRID)
         for level in self.levels:
@@ -315,7 +332,7 @@ _PRECISION = {"float16": (11, -24), "bfloat16": (8, -133), "float32": (24, -149)
 def _to_dtype(value: np.ndarray, dtype: Any) -> np.ndarray:
     """Float64 values rounded once to ``dtype`` (nearest even; bfloat16 through float32 rounded to odd)."""
     with np.errstate(over="ignore"):
-        if dtype.name != "bfloat16":
+        if name_of(dtype) != "bfloat16":
             return value.astype(dtype)
         single = value.astype(np.float32)
         wide = single.astype(np.float64)
@@ -340,11 +357,11 @@ def finish(
     ``divide_by`` > 1 (``avg``): the sum rounded to float64, divided, then rounded to
     ``dtype``. ``specials``: the or-reduced :func:`special_bits`, where a code is ``SPECIAL``.
     """
-    unit = -_scales(codes, family).astype(np.int64)
     if sums.dtype == np.float64:  # the float32 family's exact sums
         value = sums
     else:
-        precision, least = _PRECISION["float64" if divide_by > 1 else dtype.name]
+        unit = -_scales(codes, family).astype(np.int64)
+        precision, least = _PRECISION["float64" if divide_by > 1 else name_of(dtype)]
         if family.words == 1:
             high, low = sums >> WORD, sums & ((1 << WORD) - 1)
         else:

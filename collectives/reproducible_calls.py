@@ -48,6 +48,7 @@ from .reproducible import (
     codes_of,
     family_of,
     finish,
+    name_of,
     special_bits,
     words_of,
 )
@@ -100,7 +101,7 @@ def _flat(x: Any) -> np.ndarray:
     """``x`` as a flat contiguous array of its family's working dtype; raises unless a float numpy array."""
     if not isinstance(x, np.ndarray):
         raise InvalidBufferError(f"reproducible=True takes numpy arrays, not {type(x).__name__}")
-    family = family_of(x.dtype.name)
+    family = family_of(name_of(x.dtype))
     return np.ascontiguousarray(x, dtype=family.work).reshape(-1)
 
 
@@ -126,7 +127,7 @@ def deliver(result: np.ndarray, out: Any, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def _integer(x: Any) -> bool:
-    return isinstance(x, np.ndarray) and x.dtype.name in INTEGER_DTYPES
+    return isinstance(x, np.ndarray) and name_of(x.dtype) in INTEGER_DTYPES
 
 
 def refusing(
@@ -142,7 +143,7 @@ def refusing(
 
 def _plain(x: np.ndarray, flat: np.ndarray) -> Sum:
     """A plain call's one contribution per rank."""
-    family = family_of(x.dtype.name)
+    family = family_of(name_of(x.dtype))
     codes = codes_of(flat, family)
 
     def words(agreed: np.ndarray, wire: Any) -> np.ndarray:
@@ -177,7 +178,7 @@ def reduced(
     family = contributions.family
     count = contributions.codes.size
     busiest = max(contributions.adds - 1, 0).bit_length()  # adds rounded up to a power of two, as its log
-    kind, how = BITS_OF[contributions.dtype.name], _OPS[op]
+    kind, how = BITS_OF[name_of(contributions.dtype)], _OPS[op]
     trailer = np.array([kind, -kind, how, -how, busiest], np.int8)
     message = np.concatenate([contributions.codes, trailer])
     if size > 1:
