@@ -1,4 +1,4 @@
-"""What ``reproducible=True`` costs: ``mpiexec -n 2 python -m bench.reproducible``, and the accumulator's rate.
+"""What ``reproducible=True`` costs: ``mpiexec -n 2 python -m bench.reproducible``; the accumulator's rate.
 
 Per size, float32 sums timed side by side, interleaved round by round (a barrier
 before each sample, up to 200 calls per sample for small sizes): the default
@@ -8,12 +8,15 @@ two reductions. A sample's time is its slowest rank's; the table gives medians
 and the ratio reproducible/default.
 
 ``python -m bench.reproducible --add`` (no MPI) times ``ReproducibleSum.add``
-of float32 arrays, in GB/s of input on one core.
+of float32 arrays, in GB/s of input on one core; ``--error`` (no MPI) measures the
+reproducible sum's error against float64 pairwise summation (numpy's ``sum``) on
+sums that cancel, both against the exact sum.
 """
 
-__all__ = ["add_rate", "main"]
+__all__ = ["add_rate", "errors", "main"]
 
 import argparse
+import functools
 import statistics
 import sys
 import time
@@ -40,6 +43,47 @@ def add_rate(nbytes: int, dtype: str = "float32", repeats: int = 20) -> float:
     return x.nbytes / best / 1e9
 
 
+def _cancelling(rng: np.random.Generator, terms: int, count: int, spread: int) -> np.ndarray:
+    """``terms`` contributions of ``count`` elements whose sums cancel: pairs x, -x over a range of
+    2**spread magnitudes, and one small remainder, shuffled."""
+    half = terms // 2
+    values = rng.uniform(1, 2, (half, count)) * np.exp2(rng.integers(-spread, spread, (half, count)))
+    rest = rng.normal(size=(terms - 2 * half or 1, count))[: terms - 2 * half]
+    parts = np.concatenate([values, -values * (1 + rng.normal(size=values.shape) * 1e-9), rest])
+    return parts[rng.permutation(len(parts))]
+
+
+def errors(
+    terms: int = 1000, count: int = 2000, spread: int = 30
+) -> list[tuple[str, float, float, float, float]]:
+    """Per dtype, over ``count`` sums of ``terms`` cancelling contributions: the largest error of the
+    reproducible sum and of float64 pairwise summation (numpy's ``sum``, rounded to the dtype), each
+    relative to the sum of the magnitudes; and the share of sums each rounds correctly."""
+    from fractions import Fraction
+
+    import collectives
+
+    rng = np.random.default_rng(1)
+    found = []
+    for dtype in ("float32", "float64"):
+        parts = _cancelling(rng, terms, count, spread).astype(dtype)
+        total = collectives.ReproducibleSum(like=parts[0])
+        for part in parts:
+            total.add(part)
+        wide = parts.astype(np.float64)
+        results = (total.value().astype(np.float64), wide.sum(axis=0).astype(dtype).astype(np.float64))
+        exact = [sum(map(Fraction, column.tolist()), Fraction(0)) for column in wide.T]
+        rounded = np.array([float(e) for e in exact]).astype(dtype).astype(np.float64)  # one rounding of each
+        magnitudes = np.abs(wide).sum(axis=0)
+        row: list[float] = []
+        for got in results:
+            error = [abs(Fraction(float(v)) - e) for v, e in zip(got, exact, strict=True)]
+            row.append(float(max(float(err) / m for err, m in zip(error, magnitudes, strict=True))))
+        row += [float((got == rounded).mean()) for got in results]
+        found.append((dtype, row[0], row[1], row[2], row[3]))
+    return found
+
+
 def _timed(comm: object, calls: int, body: Callable[[], object]) -> float:
     """Seconds a call of ``body``, the slowest rank's, over ``calls`` calls after a barrier."""
     from mpi4py import MPI
@@ -61,7 +105,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("-f", "--stepfactor", type=int, default=8)
     parser.add_argument("-n", "--rounds", type=int, default=15, help="samples per size (default 15)")
     parser.add_argument("--add", action="store_true", help="time ReproducibleSum.add instead (no MPI)")
+    parser.add_argument("--error", action="store_true", help="measure the error instead (no MPI)")
     options = parser.parse_args(argv)
+    if options.error:
+        print("dtype    largest |error| / sum |x|: reproducible  float64 pairwise", end="")
+        print("   correctly rounded: ours  pairwise")
+        for dtype, ours, pairwise, ours_right, pairwise_right in errors():
+            print(f"{dtype:<8} {ours:>35.3g} {pairwise:>17.3g} {ours_right:>24.1%} {pairwise_right:>9.1%}")
+        return
     if options.add:
         for nbytes in (64 << 10, 1 << 20, 16 << 20):
             print(f"add {nbytes:>9} B float32: {add_rate(nbytes):5.2f} GB/s")
@@ -81,11 +132,13 @@ def main(argv: list[str] | None = None) -> None:
         out = np.empty_like(x)
         calls = max(1, min(200, (1 << 20) // max(size, 1)))
         contenders = {
-            "default": lambda: collectives.allreduce(x, out=out, comm=comm),
-            "reproducible": lambda: collectives.allreduce(x, out=out, comm=comm, reproducible=True),
+            "default": functools.partial(collectives.allreduce, x, out=out, comm=comm),
+            "reproducible": functools.partial(
+                collectives.allreduce, x, out=out, comm=comm, reproducible=True
+            ),
         }
         times: dict[str, list[float]] = {name: [] for name in contenders}
-        for name, body in contenders.items():  # warm: the first calls decide and prepare
+        for body in contenders.values():  # warm: the first calls decide and prepare
             _timed(comm, 3, body)
         for round_ in range(options.rounds):
             order = list(contenders) if round_ % 2 == 0 else list(reversed(contenders))
