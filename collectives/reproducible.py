@@ -282,51 +282,63 @@ class Levels:
         return picked
 
 
-def _bit_length(values: np.ndarray) -> np.ndarray:
-    """Bits of each non-negative int64 (0 for 0)."""
-    exponent = np.frexp(values.astype(np.float64))[1].astype(np.int64)  # rounding may add one
-    over = (values >> np.clip(exponent - 1, 0, 63)) == 0
-    length: np.ndarray = exponent - (over & (values > 0))
-    return length
+def _one_word(high: np.ndarray, low: np.ndarray, unit: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(high * 2**WORD + low) * 2**unit`` as one int64 ``S * 2**unit'`` of at most 62 bits.
 
-
-def _round_words(
-    high: np.ndarray, low: np.ndarray, unit: np.ndarray, precision: int, least: int
-) -> np.ndarray:
-    """``(high * 2**WORD + low) * 2**unit`` rounded to ``precision`` bits, nearest even, as float64.
-
-    ``least`` is the exponent of the target's smallest subnormal: no bit below it is kept.
+    Bits cut off below are kept as a sticky last bit (``S`` is odd then): the value
+    lies strictly between the same two numbers of 60 bits as ``S`` does, so rounding
+    ``S`` to 55 bits or fewer rounds the value alike.
     """
     carry = low >> WORD
-    low = low - (carry << WORD)  # now 0 <= low < 2**WORD
+    low = low - (carry << WORD)  # 0 <= low < 2**WORD
     high = high + carry
-    negative = high < 0
-    if negative.any():
-        borrow = (low != 0).astype(np.int64)
-        high = np.where(negative, -high - borrow, high)
-        low = np.where(negative & (low != 0), (1 << WORD) - low, low)
-    length = np.where(high > 0, _bit_length(high) + WORD, _bit_length(low))
-    drop = np.maximum(np.maximum(length - precision, least - unit), 0)
-    vanishes = drop > length  # below half the least step: rounds to zero
-    drop = np.minimum(drop, length)
-    in_low = drop <= WORD
-    cut = np.minimum(drop, WORD)
-    kept = np.where(in_low, (high << (WORD - cut)) | (low >> cut), high >> np.clip(drop - WORD, 0, 62))
-    rest = np.where(
-        in_low,
-        low & ((np.int64(1) << cut) - 1),
-        ((high & ((np.int64(1) << np.clip(drop - WORD, 0, 62)) - 1)) << WORD) | low,
-    )
-    half = np.where(drop > 0, np.int64(1) << np.clip(drop - 1, 0, 62), 0)
-    up = (drop > 0) & ((rest > half) | ((rest == half) & ((kept & 1) == 1)))
-    kept = np.where(vanishes, 0, kept + up)
-    with np.errstate(over="ignore"):
-        value = np.ldexp(kept.astype(np.float64), (drop + unit).astype(np.int32))
-    signed: np.ndarray = np.where(negative, -value, value)
-    return signed
+    top = np.frexp(np.abs(high).astype(np.float64))[1].astype(np.int64)  # bits of |high|, or one more
+    cut = np.maximum(top - 13, 0)  # so that |S| < 2**61
+    if not cut.any():
+        return (high << WORD) + low, unit
+    part = np.minimum(cut, WORD)
+    kept = (high << (WORD - part)) + (low >> part)
+    sticky = (low & ((np.int64(1) << part) - 1)) != 0
+    beyond = cut > WORD  # only past 2**13 contributions near the largest value
+    if beyond.any():
+        more = np.minimum(np.maximum(cut - WORD, 0), 62)
+        kept = np.where(beyond, high >> more, kept)
+        sticky |= beyond & (((high & ((np.int64(1) << more) - 1)) != 0) | (low != 0))
+    return 2 * kept + sticky, unit + cut - 1
 
 
-_PRECISION = {"float16": (11, -24), "bfloat16": (8, -133), "float32": (24, -149), "float64": (53, -1074)}
+def _odd(whole: np.ndarray) -> np.ndarray:
+    """Int64s (below 2**62) to float64 rounded to odd: toward zero, the last bit set where inexact."""
+    value = whole.astype(np.float64)
+    rest = whole - value.astype(np.int64)
+    inexact = rest != 0
+    bits = value.view(np.int64)
+    bits -= inexact & ((rest ^ whole) < 0)  # rounded away from zero: one step back
+    bits |= inexact
+    return value
+
+
+def _rounded(whole: np.ndarray, unit: np.ndarray, precision: int) -> np.ndarray:
+    """``whole * 2**unit`` as float64: to nearest (``precision`` 53), else rounded to odd for one more
+    rounding to ``precision`` bits, which is then correct (53 >= precision + 2)."""
+    if precision < 53:
+        odd: np.ndarray = np.ldexp(_odd(whole), unit.astype(np.int32))
+        return odd
+    value: np.ndarray = np.ldexp(whole.astype(np.float64), unit.astype(np.int32))
+    tiny = (np.abs(value) < 2.0**-1022) & (whole != 0)
+    if tiny.any():  # a subnormal: rounded once at 2**-1074, not at 53 bits and again
+        drop = np.minimum(-1074 - unit[tiny], 63)
+        small = whole[tiny]
+        kept = np.where(drop > 0, small >> np.clip(drop, 0, 62), small << np.clip(-drop, 0, 62))
+        rest = small - (kept << np.clip(drop, 0, 62))
+        half = np.int64(1) << np.clip(drop - 1, 0, 62)
+        up = (drop > 0) & ((rest > half) | ((rest == half) & ((kept & 1) == 1)))
+        kept = np.where(drop >= 63, 0, kept + up)
+        value[tiny] = np.ldexp(kept.astype(np.float64), -1074)
+    return value
+
+
+_PRECISION = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
 
 
 def _to_dtype(value: np.ndarray, dtype: Any) -> np.ndarray:
@@ -361,13 +373,13 @@ def finish(
         value = sums
     else:
         unit = -_scales(codes, family).astype(np.int64)
-        precision, least = _PRECISION["float64" if divide_by > 1 else name_of(dtype)]
-        if family.words == 1:
-            high, low = sums >> WORD, sums & ((1 << WORD) - 1)
-        else:
+        precision = _PRECISION["float64" if divide_by > 1 else name_of(dtype)]
+        whole = sums
+        if family.words == 2:  # below 2**62 with at most MOST_CONTRIBUTIONS words of 2**47
             pair = sums.reshape(-1, 2)
-            high, low = pair[:, 0], pair[:, 1]
-        value = _round_words(high, low, unit, precision, least)
+            whole, unit = _one_word(pair[:, 0], pair[:, 1], unit)
+        with np.errstate(over="ignore"):
+            value = _rounded(whole, unit, precision)
     if divide_by > 1:
         value = value / divide_by
     result = _to_dtype(value, dtype)

@@ -206,7 +206,7 @@ def reduced(
     if divide_by is None:
         divide_by = size if op == "avg" else 1
     if size > 1 and collective == "allreduce":
-        words = through.allreduce(words, "sum", algorithm=algorithm, comm=group, check=check)
+        words = through.allreduce(words, "sum", out=words, algorithm=algorithm, comm=group, check=check)
     elif size > 1 and collective == "reduce":
         assert through.reduce is not None  # passed by reduce's callers
         words = through.reduce(words, "sum", root, algorithm=algorithm, comm=group, check=check)

@@ -4,7 +4,7 @@ The model is written from the definition in docs/determinism.md, in Python's exa
 integers and fractions, one element at a time, independently of the library's numpy code.
 """
 
-__all__ = ["DTYPES", "contributions", "model", "spread"]
+__all__ = ["DTYPES", "contributions", "model", "rounded", "spread"]
 
 import math
 from fractions import Fraction
@@ -74,7 +74,7 @@ def _code(value: float, lowest: int) -> int:
     return max(-(-math.frexp(value)[1] // _GRID), lowest)
 
 
-def _rounded(exact: Fraction, dtype: str) -> float:
+def rounded(exact: Fraction, dtype: str) -> float:
     """``exact`` rounded to ``dtype``, to nearest even, with its subnormals and overflow to infinity."""
     if exact == 0:
         return 0.0
@@ -87,9 +87,8 @@ def _rounded(exact: Fraction, dtype: str) -> float:
         exponent += 1
     step = Fraction(2) ** max(exponent - precision + 1, least)
     kept = round(size / step) * step  # Fraction's round: halves to even
-    if kept > top:
-        return math.copysign(math.inf, exact)
-    return math.copysign(float(kept), exact)
+    sign = 1.0 if exact > 0 else -1.0
+    return sign * (math.inf if kept > top else float(kept))
 
 
 def model(parts: list[np.ndarray], dtype: str, divide_by: int = 1) -> np.ndarray:
@@ -111,8 +110,8 @@ def model(parts: list[np.ndarray], dtype: str, divide_by: int = 1) -> np.ndarray
         unit = Fraction(2) ** (_GRID * code - bits)
         total = sum(math.trunc(Fraction(v) / unit) for v in column) * unit
         if divide_by > 1:
-            out.append(_rounded(Fraction(_rounded(total, "float64") / divide_by), dtype))
+            out.append(rounded(Fraction(rounded(total, "float64") / divide_by), dtype))
         else:
-            out.append(_rounded(total, dtype))
+            out.append(rounded(total, dtype))
     with np.errstate(over="ignore"):
         return np.array(out, np.float64).astype(_dtype(dtype))

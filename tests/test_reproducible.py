@@ -1,5 +1,6 @@
 """Reproducible sums: the same bits with every algorithm, world size, deal and order, as the model says."""
 
+from fractions import Fraction
 from typing import Any
 
 import ml_dtypes
@@ -10,11 +11,11 @@ from hypothesis import strategies as st
 
 import collectives as C
 from collectives.algorithms import ALGORITHMS
-from collectives.reproducible import FAMILIES, MOST_CONTRIBUTIONS, Levels
+from collectives.reproducible import FAMILIES, MOST_CONTRIBUTIONS, WORD, Levels, finish
 from collectives.reproducible_calls import Sum, Through, reduced
 from collectives.selector import rejection_reasons
 from tests.conftest import run_ranks
-from tests.reproducible_cases import DTYPES, contributions, model, spread
+from tests.reproducible_cases import DTYPES, contributions, model, rounded, spread
 
 COUNT = 1000  # elements: each one an independent sum, so 1,000 inputs per dtype a call
 
@@ -168,7 +169,7 @@ def test_signed_zeros_infinities_and_nan_as_stated() -> None:
 
 
 def test_the_error_is_within_the_stated_bound() -> None:
-    # |result - exact| <= n * 2**-32 * (the element's largest |contribution|) + half an ulp of the result
+    # |result - exact| < n * 2**-31 * (the element's largest |contribution|) + half an ulp of the result
     parts = contributions("float32", 8, COUNT, seed=9, specials=False)
     result = run_ranks(8, lambda comm: C.allreduce(parts[comm.rank], reproducible=True, comm=comm))[0]
     wide = np.array(parts, np.float64)
@@ -176,7 +177,7 @@ def test_the_error_is_within_the_stated_bound() -> None:
     largest = np.abs(wide).max(axis=0)
     finite = np.isfinite(result)
     error = np.abs(result[finite].astype(np.float64) - exact[finite])
-    bound = 8 * largest[finite] * 2.0**-32 + np.spacing(np.abs(result[finite])).astype(np.float64) / 2
+    bound = 8 * largest[finite] * 2.0**-31 + np.spacing(np.abs(result[finite])).astype(np.float64) / 2
     assert (error <= bound).all()
 
 
@@ -184,6 +185,35 @@ def _fraction(value: float) -> Any:
     from fractions import Fraction
 
     return Fraction(float(value))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_any_summed_words_are_rounded_once_to_nearest_even(dtype: str) -> None:
+    # words as large as MOST_CONTRIBUTIONS sums of them get, at every code: against exact fractions
+    family = FAMILIES["float64" if dtype == "float64" else "float32"]
+    rng = np.random.default_rng(7)
+    count = 3000
+    codes = rng.integers(family.lowest, 9 if family.words == 1 else 65, size=count).astype(np.int8)
+    codes[:50] = family.lowest  # the smallest units: subnormal results
+    size = rng.integers(0, 62, size=(count, family.words))
+    words = (rng.integers(-(2**62), 2**62, size=(count, family.words)) >> (62 - size)).reshape(-1)
+    for divide_by in (1, 3):
+        result = finish(words, codes, family, np.dtype(_numpy_dtype(dtype)), divide_by=divide_by)
+        pairs = words.reshape(count, family.words).tolist()
+        for got, code, pair in zip(result, codes.tolist(), pairs, strict=True):
+            whole = pair[0] if family.words == 1 else pair[0] * 2**WORD + pair[1]
+            exact = Fraction(whole) * Fraction(2) ** (16 * code - family.bits)
+            wide = rounded(exact, "float64") / divide_by
+            if divide_by > 1 and not np.isfinite(wide):
+                expected = np.array(wide).astype(_numpy_dtype(dtype))
+            else:
+                exact = Fraction(wide) if divide_by > 1 else exact
+                expected = np.array(rounded(exact, dtype)).astype(_numpy_dtype(dtype))
+            assert np.array(got).tobytes() == expected.tobytes(), (pair, code, got, expected)
+
+
+def _numpy_dtype(name: str) -> Any:
+    return ml_dtypes.bfloat16 if name == "bfloat16" else np.dtype(name)
 
 
 @settings(max_examples=60, deadline=None)
