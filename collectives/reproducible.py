@@ -43,7 +43,7 @@ __all__ = [
     "words_of",
 ]
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -83,11 +83,12 @@ class Family:
     work: Any  # the numpy dtype the conversion computes in
     words: int  # int64 words per element
     lowest: int  # the lowest grid step: cutting there is exact for every value of the dtype
+    top: int  # the highest code of a finite value
     exponent_bits: int  # the position of the exponent field
+    bias: int  # the exponent field's
     negative_zero_bits: int  # -0.0's bits as a signed integer: the least one
     unsigned: Any
     signed: Any
-    codes: np.ndarray = field(repr=False)  # the code of each sign-and-exponent field
 
     @property
     def bits(self) -> int:
@@ -110,16 +111,10 @@ def _family(
     name: str, work: Any, words: int, mantissa: int, exponent: int, unsigned: Any, signed: Any
 ) -> Family:
     bias = (1 << (exponent - 1)) - 1
-    fields = np.arange(1 << exponent)
-    magnitude = np.where(fields == 0, 1 - bias, fields + 1 - bias)  # |x| < 2**E; subnormals as the least
-    steps = -(-magnitude // GRID)
-    bits = WORD * words
-    lowest = (bits - (mantissa + bias - 1)) // GRID  # GRID * lowest - bits <= the smallest subnormal's E
-    steps = np.maximum(steps, lowest)
-    steps[-1] = SPECIAL
-    codes = np.concatenate([steps, steps]).astype(np.int8)  # both signs
+    lowest = (WORD * words - (mantissa + bias - 1)) // GRID  # GRID * lowest - bits <= the least subnormal's E
+    top = -(-((1 << exponent) - 1 - bias) // GRID)  # the largest finite field's code (E = 2**e - 1 - bias)
     least = int(np.iinfo(signed).min)
-    return Family(name, np.dtype(work), words, lowest, mantissa, least, unsigned, signed, codes)
+    return Family(name, np.dtype(work), words, lowest, top, mantissa, bias, least, unsigned, signed)
 
 
 FAMILIES = {
@@ -149,10 +144,21 @@ def family_of(dtype_name: str) -> Family:
 
 
 def codes_of(x: np.ndarray, family: Family) -> np.ndarray:
-    """Each element's code (int8), of a flat array of the family's working dtype."""
-    bits = x.view(family.unsigned)
-    codes: np.ndarray = family.codes.take(bits >> family.exponent_bits)
+    """Each element's code (int8), of a flat array of the family's working dtype.
+
+    ``ceil(E / GRID)`` for ``|x| < 2**E``, ``E = field + 1 - bias`` (a subnormal's as the
+    least normal's), computed on the exponent field: ``(field + GRID - bias) >> 4``.
+    """
     signed = x.view(family.signed)
+    shift = family.exponent_bits
+    field = signed & family.signed(((1 << (8 * signed.itemsize - 1)) - 1) >> shift << shift)
+    field += family.signed((GRID - family.bias) << shift)
+    field >>= shift + 4
+    codes: np.ndarray = field.astype(np.int8)
+    if (GRID - family.bias) >> 4 < family.lowest:  # float64's smallest exponents cut exactly one step up
+        np.maximum(codes, family.lowest, out=codes)
+    if codes.size and codes.max() > family.top:  # inf or NaN: the exponent field all ones
+        codes[codes > family.top] = SPECIAL
     least = family.negative_zero_bits
     if signed.size and signed.min() == least:
         codes[signed == least] = family.negative_zero
