@@ -24,6 +24,7 @@ __all__ = [
     "Persistent",
     "PersistentStateError",
     "ReduceOp",
+    "ReproducibleSum",
     "Request",
     "ScheduleError",
     "TransportError",
@@ -111,6 +112,7 @@ from .nonblocking import (
 )
 from .ops import OPS, Op, ReduceOp
 from .persistent import Persistent, allgather_init, allreduce_init, broadcast_init, reduce_scatter_init
+from .reproducible_sum import ReproducibleSum
 from .requests import Request, test_all, wait_all
 from .specs import COLLECTIVES
 from .tracing import trace

@@ -73,6 +73,7 @@ from .explaining import explain
 from .host_copy import on_host_copy
 from .ops import ReduceOp
 from .prepared import allreduce_key, shares_key
+from .reproducible_calls import Through, reproducibly
 from .requests import busy, settle
 from .selector import AUTO
 
@@ -91,6 +92,7 @@ def allreduce(
     algorithm: str = AUTO,
     comm: "Communicator | MPI.Comm | None" = None,
     check: bool | None = None,
+    reproducible: bool = False,
 ) -> Any:
     """Combine ``x`` element-wise across all ranks; every rank gets the result.
 
@@ -108,11 +110,15 @@ def allreduce(
             runs the one the cost model predicts fastest (see :func:`explain`).
         comm: the communicator; see :mod:`collectives.api`.
         check: whether the ranks agree on the call first; see :mod:`collectives.api`.
+        reproducible: a float ``sum`` or ``avg`` whose bits depend only on the inputs, not on the
+            algorithm or world size (numpy arrays; :mod:`collectives.reproducible_calls`).
 
     Returns:
         The result, ``out`` when given.
     """
     try:
+        if reproducible:
+            return reproducibly("allreduce", x, op, out, algorithm, comm, check, _THROUGH)
         if x.__class__ is not _NDARRAY and algorithm == AUTO:
             result = on_host_copy(x, op, out, comm, check, allreduce)
             if result is not None:
@@ -140,6 +146,7 @@ def reduce_scatter(
     algorithm: str = AUTO,
     comm: "Communicator | MPI.Comm | None" = None,
     check: bool | None = None,
+    reproducible: bool = False,
 ) -> Any:
     """Combine ``x`` across all ranks; each rank gets its own share of the result.
 
@@ -158,11 +165,14 @@ def reduce_scatter(
             it chooses for an even split of ``x``, whatever ``counts`` says.
         comm: the communicator; see :mod:`collectives.api`.
         check: whether the ranks agree on the call first; see :mod:`collectives.api`.
+        reproducible: the same bits whatever the algorithm or world size, as for :func:`allreduce`.
 
     Returns:
         This rank's share of the result, ``out`` when given.
     """
     try:
+        if reproducible:
+            return reproducibly("reduce_scatter", x, op, out, algorithm, comm, check, _THROUGH, counts=counts)
         if op == "avg" or op.__class__ is ReduceOp:
             wide = _widened(x, op, out, comm)
             if wide is not None:
@@ -264,6 +274,7 @@ def reduce(
     algorithm: str = AUTO,
     comm: "Communicator | MPI.Comm | None" = None,
     check: bool | None = None,
+    reproducible: bool = False,
 ) -> Any:
     """Combine ``x`` element-wise across all ranks; the root gets the result.
 
@@ -277,6 +288,7 @@ def reduce(
         algorithm: the algorithm's name, or ``"auto"``; see :mod:`collectives.api`.
         comm: the communicator; see :mod:`collectives.api`.
         check: whether the ranks agree on the call first; see :mod:`collectives.api`.
+        reproducible: the same bits whatever the algorithm or world size, as for :func:`allreduce`.
 
     Returns:
         At the root, the result (``out`` when given); ``None`` elsewhere, as
@@ -286,6 +298,8 @@ def reduce(
         InvalidRootError: ``root`` is not a rank of the communicator.
     """
     try:
+        if reproducible:
+            return reproducibly("reduce", x, op, out, algorithm, comm, check, _THROUGH, root=root)
         wide = _widened(x, op, out, comm)
         if wide is not None:
             return narrowed(reduce(wide, op, root, algorithm=algorithm, comm=comm, check=check), out)
@@ -446,6 +460,8 @@ def barrier(
         escaped(comm, "barrier", error)
         raise
 
+
+_THROUGH = Through(allreduce, reduce, reduce_scatter)  # a reproducible sum's reductions of its words
 
 # --- what each collective returns, from the buffer with this rank's result (``finish`` of dispatch.perform)
 

@@ -28,6 +28,8 @@ __all__ = ["Persistent", "allgather_init", "allreduce_init", "broadcast_init", "
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from . import api
 from .buffers import allreduce_job, broadcast_job, gather_job, reduce_scatter_job
 from .call import Starts
@@ -38,6 +40,7 @@ from .faults import PLAN as FAULTS
 from .host_copy import through_host
 from .lean import LeanAllreduce
 from .ops import ReduceOp
+from .reproducible_calls import check_call, refusing
 from .requests import Request, settle, start
 from .requests import busy as started
 from .selector import AUTO
@@ -275,16 +278,22 @@ def allreduce_init(
     algorithm: str = AUTO,
     comm: "Communicator | MPI.Comm | None" = None,
     check: bool | None = None,
+    reproducible: bool = False,
 ) -> Persistent:
     """A persistent :func:`~collectives.allreduce` of ``x`` into ``out``; collective.
 
     Arguments as for :func:`~collectives.allreduce`. Without ``out`` the result
-    goes to an array made here, returned by every start.
+    goes to an array made here, returned by every start. With ``reproducible``, a
+    start runs the reproducible sum, whose reductions agree at each start.
 
     Raises:
         MismatchError: on every rank, when the ranks' inits differ.
     """
     group = _group(comm)
+    if reproducible:
+        made = _reproducible("allreduce", group, x, op, None, out, algorithm, check)
+        if made is not None:
+            return made
     in_place = out is x
     if out is None and hasattr(x, "shape") and hasattr(x, "dtype"):
         out = checked(group, "allreduce", algorithm, check, _like, x)
@@ -336,6 +345,34 @@ def allreduce_init(
     return persistent
 
 
+def _reproducible(
+    collective: str,
+    group: Communicator,
+    x: Any,
+    op: "str | ReduceOp",
+    counts: Sequence[int] | None,
+    out: Any,
+    algorithm: str,
+    check: bool | None,
+) -> Persistent | None:
+    """A persistent reproducible sum (``None`` for integers, whose plain init serves): checked here;
+    each start runs the reproducible call into ``out`` (made here when not given)."""
+    checks = refusing(
+        group, collective, algorithm, check, lambda: check_call(collective, x, op, out, group, 0, counts)
+    )
+    if checks is None:
+        return None
+    if out is None:
+        out = np.empty(checks[3], x.dtype)
+    extra = {"counts": counts} if collective == "reduce_scatter" else {}
+    run = getattr(api, collective)
+
+    def plain() -> Any:
+        return run(x, op, out=out, algorithm=algorithm, comm=group, check=check, reproducible=True, **extra)
+
+    return Persistent(collective, group, algorithm, plain, (x, out))
+
+
 def _like(group: Communicator, algorithm: str, x: Any) -> Any:
     """A result array of ``x``'s shape and dtype (an allreduce's, when the init has no ``out``)."""
     from .backends import backend_for
@@ -352,9 +389,14 @@ def reduce_scatter_init(
     algorithm: str = AUTO,
     comm: "Communicator | MPI.Comm | None" = None,
     check: bool | None = None,
+    reproducible: bool = False,
 ) -> Persistent:
     """A persistent :func:`~collectives.reduce_scatter`; collective. Arguments as for it."""
     group = _group(comm)
+    if reproducible:
+        made = _reproducible("reduce_scatter", group, x, op, counts, out, algorithm, check)
+        if made is not None:
+            return made
     job, chosen, _, _ = _decided(
         group, "reduce_scatter", algorithm, check, reduce_scatter_job, x, op, counts, out, None
     )

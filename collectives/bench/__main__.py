@@ -51,6 +51,7 @@ TOOLS = {
     "checkpoint": ("checkpoint", "what an in-memory and a directory checkpoint cost"),
     "recovery": ("recovery", "time from a rank's death to the next step (Open MPI with ULFM)"),
     "guard_cost": ("guard_cost", "the cost of the mismatch check and the bounded waits"),
+    "reproducible": ("reproducible", "reproducible=True against the default; the accumulator's rate"),
     "trace_cost": ("trace_cost", "what tracing costs a call: off, calls, steps, interleaved"),
     "trace_why": ("trace_why", "how long trace why takes on a large job's dumps, without MPI"),
 }

@@ -110,6 +110,7 @@ class Rounds:
         self._channel = channel
         self._server = server
         self._op = op
+        self._reproducible = server.reproducible  # every reduction's sum then has the multiset's bits
         # per raw key: the last push's result buffer (the whole value, or this server's updated run),
         # kept for the next push; in _fresh while it is this round's, mapped to whether it is the whole
         self._buffers: dict[bytes, np.ndarray] = {}
@@ -181,7 +182,9 @@ class Rounds:
         tag_calls = self._channel.tag_calls
         tag_calls(tag)
         try:
-            self._allreduce(value, self._op, out=target, comm=self._comm, check=True)
+            self._allreduce(
+                value, self._op, out=target, comm=self._comm, check=True, reproducible=self._reproducible
+            )
         except (MismatchError, CollectiveTimeout) as error:
             failure = _failure(error, key, what, tag, self._channel.rank)
             if failure is error:
@@ -254,17 +257,30 @@ class Rounds:
         with self._calls(key, "push"):
             if whole:
                 result = self._buffer(raw, value.size, value.dtype)
-                api.allreduce(value, self._op, out=result, comm=comm, check=True)
+                api.allreduce(
+                    value, self._op, out=result, comm=comm, check=True, reproducible=self._reproducible
+                )
                 self._server.apply_round(raw, [p for p in parts if p.server == rank], result, 0)
             elif _in_rank_order(parts):
                 counts, held, start = self._runs(parts)
                 share = self._buffer(raw, counts[rank], value.dtype)
-                api.reduce_scatter(value, self._op, counts=counts, out=share, comm=comm, check=True)
+                api.reduce_scatter(
+                    value,
+                    self._op,
+                    counts=counts,
+                    out=share,
+                    comm=comm,
+                    check=True,
+                    reproducible=self._reproducible,
+                )
                 self._server.apply_round(raw, held, share, start)
             else:
                 for p in parts:
                     piece = np.empty(p.hi - p.lo, value.dtype)
-                    api.reduce(value[p.lo : p.hi], self._op, root=p.server, out=piece, comm=comm, check=True)
+                    api.reduce(
+                        value[p.lo : p.hi], self._op, root=p.server, out=piece, comm=comm, check=True,
+                        reproducible=self._reproducible,
+                    )  # fmt: skip
                     if rank == p.server:
                         self._server.apply_round(raw, [p], piece, p.lo)
                 return  # a pull broadcasts the stored partitions
@@ -318,18 +334,31 @@ class Rounds:
         with self._calls(key, "pushpull"):
             if self._server.assigns:
                 # the stored value simply becomes the aggregate: one allreduce, and each server keeps its part
-                api.allreduce(value, self._op, out=target, comm=comm, check=True)
+                api.allreduce(
+                    value, self._op, out=target, comm=comm, check=True, reproducible=self._reproducible
+                )
                 self._server.apply_round(raw, [p for p in parts if p.server == rank], target, 0)
             elif _in_rank_order(parts):
                 counts, held, start = self._runs(parts)
                 share = target[start : start + counts[rank]]  # reduced, updated and gathered in place
-                api.reduce_scatter(value, self._op, counts=counts, out=share, comm=comm, check=True)
+                api.reduce_scatter(
+                    value,
+                    self._op,
+                    counts=counts,
+                    out=share,
+                    comm=comm,
+                    check=True,
+                    reproducible=self._reproducible,
+                )
                 self._server.apply_round(raw, held, share, start)
                 api.allgather(share, counts=counts, out=target, comm=comm, check=True)
             else:
                 for p in parts:
                     piece = target[p.lo : p.hi]
-                    api.reduce(value[p.lo : p.hi], self._op, root=p.server, out=piece, comm=comm, check=True)
+                    api.reduce(
+                        value[p.lo : p.hi], self._op, root=p.server, out=piece, comm=comm, check=True,
+                        reproducible=self._reproducible,
+                    )  # fmt: skip
                     if rank == p.server:
                         self._server.apply_round(raw, [p], piece, p.lo)
                     api.broadcast(piece, root=p.server, out=piece, comm=comm, check=True)

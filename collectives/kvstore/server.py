@@ -15,7 +15,6 @@ from typing import Any, cast
 
 import numpy as np
 
-from ..backends import backend_for
 from ..errors import KVStoreError
 from ..ops import ReduceOp
 from ._adapter import Channel
@@ -34,7 +33,15 @@ from ._wire import (
     unbundle,
 )
 from .checkpoint import read_manifest, restore_shards, write_shard
-from .updaters import Optimizer, Updater, accumulate, assign, combine_rows, optimizer_from_spec
+from .updaters import (
+    Optimizer,
+    Updater,
+    accumulate,
+    assign,
+    combine_pushes,
+    combine_rows,
+    optimizer_from_spec,
+)
 
 _IDLE_WAKE_S = 0.05  # a server with nothing to do still wakes this often, to expire waits and finish sends
 _HOT_S = 1e-3  # after a request the thread polls without sleeping this long: requests come in bursts
@@ -86,12 +93,15 @@ class Server:
         staleness: ``ssp``'s bound.
         workers: the ranks of the workers.
         op: the reducer of a sync round's pushes, and of async/ssp's default updater.
+        reproducible: float sums whose bits do not depend on the pushes' order (see ``create``).
     """
 
     def __init__(
-        self, channel: Channel, mode: str, staleness: int, workers: tuple[int, ...], op: ReduceOp
-    ) -> None:
+        self, channel: Channel, mode: str, staleness: int, workers: tuple[int, ...], op: ReduceOp,
+        reproducible: bool = False,
+    ) -> None:  # fmt: skip
         self.channel = channel
+        self.reproducible = reproducible
         self.rank = channel.rank
         self.mode = mode
         self.staleness = staleness
@@ -105,7 +115,7 @@ class Server:
         self.waits: list[_Wait] = []
         self.barriers: dict[int, list[Message]] = {}  # the workers waiting in each barrier
         self.uses: dict[bytes, Counter[int]] = {}  # each worker's requests per key, to name mix-ups
-        self.default_update = assign if mode == "sync" else accumulate(op)  # made once, not per push
+        self.default_update = assign if mode == "sync" else accumulate(op, reproducible)  # once, not per push
         self.stopping = threading.Event()
         self.lock = threading.Lock()  # the worker's collective pushpull updates partitions too
         self.error: BaseException | None = None
@@ -409,13 +419,7 @@ class Server:
                 self._update_rows(parse_key(key), index, ids, values, part)
                 part.round += 1
                 continue
-            total = pushes[order[0]]
-            assert isinstance(total, np.ndarray)
-            combine = backend_for(total).combine
-            for worker in order[1:]:  # a fixed order: the same bits on every run
-                combine(self.op, total, cast(np.ndarray, pushes[worker]))
-            if self.op.averages:
-                total /= len(order)
+            total = combine_pushes([cast(np.ndarray, pushes[w]) for w in order], self.op, self.reproducible)
             del part.pending[part.round]
             self._update(parse_key(key), index, total, part)
             part.round += 1

@@ -508,6 +508,7 @@ def create(
     updater: Updater | None = None,
     timeout: float | None = None,
     collective: bool = True,
+    reproducible: bool = False,
 ) -> KVStore:
     """Make a key-value store over the ranks of ``comm``; collective over them.
 
@@ -553,6 +554,12 @@ def create(
             same calls in the same order, and none closes while the others go on.
             ``False`` sends messages to the servers, as every other mode (and
             ``rows=``) does, for workers that push and pull at will.
+        reproducible: with ``op`` ``sum`` or ``avg``, float pushes are summed
+            reproducibly (:class:`~collectives.ReproducibleSum`): a ``sync`` round's
+            aggregate, by messages or by collectives, and the value ``async`` and
+            ``ssp`` keep under the default updater (the initial value plus every push),
+            have bits that depend only on the pushes, not on the order they arrive in,
+            nor on which worker sent which. Sparse rows are combined as without it.
 
     Raises:
         ConfigurationError: an unknown mode, a negative staleness, too many servers,
@@ -565,6 +572,8 @@ def create(
     if staleness and mode != "ssp":
         raise ConfigurationError(f"staleness={staleness} applies to mode 'ssp', not {mode!r}")
     reduce_op = get_op(op)
+    if reproducible and reduce_op.name not in ("sum", "avg"):
+        raise ConfigurationError(f"reproducible=True sums: op must be 'sum' or 'avg', not {reduce_op.name!r}")
     channel = open_channel(comm, timeout)
     try:
         roles = Roles(channel.size, servers or 0)
@@ -580,7 +589,7 @@ def create(
         raise
     server = None
     if roles.is_server(channel.rank):
-        server = Server(channel, mode, staleness, roles.worker_ranks, reduce_op)
+        server = Server(channel, mode, staleness, roles.worker_ranks, reduce_op, reproducible)
         server.updater = updater
     store = KVStore(channel, roles, mode, staleness, reduce_op, partition_bytes, collective, server=server)
     if server is not None and not roles.is_worker(channel.rank):  # a dedicated server serves until the end

@@ -12,6 +12,7 @@ __all__ = [
 ]
 
 import json
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,15 +35,69 @@ def assign(key: Any, received: np.ndarray, stored: np.ndarray) -> np.ndarray:
     return stored
 
 
-def accumulate(op: ReduceOp) -> Updater:
-    """The stored value combined with each push by ``op`` (``async``'s and ``ssp``'s default)."""
+def accumulate(op: ReduceOp, reproducible: bool = False) -> Updater:
+    """The stored value combined with each push by ``op`` (``async``'s and ``ssp``'s default).
+
+    ``reproducible`` (float sums): the stored value becomes the reproducible sum of its
+    value when first pushed to and every push since (:class:`~collectives.ReproducibleSum`),
+    whose bits do not depend on the order the pushes arrive in; a value changed by anything
+    else (sparse rows, a load) starts the sum again from there.
+    """
     from ..backends import backend_for
 
     def update(key: Any, received: np.ndarray, stored: np.ndarray) -> np.ndarray:
         backend_for(stored).combine(op, stored, received)
         return stored
 
-    return update
+    if not reproducible:
+        return update
+    from ..reproducible_sum import ReproducibleSum
+
+    sums: dict[int, tuple[Any, Any, np.ndarray]] = {}  # by the stored array: it, its sum, the value written
+
+    def update_reproducibly(key: Any, received: np.ndarray, stored: np.ndarray) -> np.ndarray:
+        if not _floats(stored):
+            return update(key, received, stored)
+        held = sums.get(id(stored))
+        if held is None or held[0]() is not stored or not np.array_equal(held[2], stored, equal_nan=True):
+            total = ReproducibleSum(like=stored)
+            total.add(stored)
+        else:
+            total = held[1]
+        total.add(received)
+        total.value(out=stored)
+        sums[id(stored)] = (weakref.ref(stored), total, stored.copy())
+        return stored
+
+    return update_reproducibly
+
+
+def _floats(array: np.ndarray) -> bool:
+    """Whether a reproducible sum takes ``array``'s dtype (integers sum exactly anyway)."""
+    return array.dtype.name in ("float16", "bfloat16", "float32", "float64")
+
+
+def combine_pushes(pushes: Sequence[np.ndarray], op: ReduceOp, reproducible: bool = False) -> np.ndarray:
+    """A sync round's dense pushes combined by ``op`` in worker order (divided by their number for
+    ``avg``), into the first; with ``reproducible`` (float sums) their reproducible sum, whose bits
+    depend on the pushes alone, not on their order nor on the number of workers."""
+    from ..backends import backend_for
+
+    if reproducible and _floats(pushes[0]):
+        from ..reproducible_sum import ReproducibleSum
+
+        summed = ReproducibleSum(like=pushes[0])
+        for push in pushes:
+            summed.add(push)
+        result: np.ndarray = summed.value("avg" if op.averages else "sum")
+        return result
+    total = pushes[0]
+    combine = backend_for(total).combine
+    for push in pushes[1:]:  # a fixed order: the same bits on every run
+        combine(op, total, push)
+    if op.averages:
+        total /= len(pushes)
+    return total
 
 
 def combine_rows(

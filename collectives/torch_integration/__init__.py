@@ -20,6 +20,7 @@ from .mpi_ops import (
 )
 from .optimizer import DistributedOptimizer, fusion_buckets
 from .process_group import BACKEND, RENDEZVOUS
+from .reproducible import ReproducibleGradients, reproducible_allreduce_hook
 from .tensors import explain_path
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "DistributedOptimizer",
     "Handle",
     "KVStoreOptimizer",
+    "ReproducibleGradients",
     "allgather",
     "allreduce",
     "allreduce_",
@@ -45,6 +47,7 @@ __all__ = [
     "load_training",
     "rank",
     "reduce_scatter",
+    "reproducible_allreduce_hook",
     "restore_training",
     "save_training",
     "server_optimizer_of",

@@ -17,7 +17,7 @@ from .. import api
 from ..errors import CollectivesError, InvalidBufferError, UnsupportedDtypeError, UnsupportedOpError
 from .mpi_ops import communicator_for
 from .repeated import Repeated, repeated_for
-from .tensors import Comm, reduce_in_place, torch_dtype_name
+from .tensors import Comm, host_view, reduce_in_place, torch_dtype_name
 from .worker import background_worker
 
 _WIRE_DTYPES: dict[str | None, torch.dtype | None] = {
@@ -55,9 +55,12 @@ def fusion_buckets(params: Sequence[torch.Tensor], threshold_bytes: int) -> list
 class _Bucket:
     """The parameters of one fusion bucket, and the buffers their gradients travel in."""
 
-    def __init__(self, params: list[torch.Tensor], wire: torch.dtype | None, index: int = 0) -> None:
+    def __init__(
+        self, params: list[torch.Tensor], wire: torch.dtype | None, index: int = 0, reproducible: bool = False
+    ) -> None:
         self.params = params
         self.wire = wire
+        self.reproducible = reproducible
         self.index = index  # the same on every rank: names the bucket's kept allreduce
         self._fused: torch.Tensor | None = None
         self._packed: torch.Tensor | None = None
@@ -92,7 +95,13 @@ class _Bucket:
 
     def _reduce(self, tensor: torch.Tensor, op: str, communicator: api.Communicator) -> None:
         """Reduce ``tensor`` in place: through the bucket's kept persistent allreduce where it can be."""
-        if Repeated.takes(tensor):
+        if self.reproducible:  # a host copy of a device tensor: the reproducible sum takes numpy arrays
+            host = tensor if tensor.device.type == "cpu" else tensor.cpu()
+            view = host_view(host)
+            api.allreduce(view, op, out=view, comm=communicator, reproducible=True)
+            if host is not tensor:
+                tensor.copy_(host)
+        elif Repeated.takes(tensor):
             repeated_for(communicator).allreduce_(("optimizer bucket", self.index), tensor, op)
         else:
             reduce_in_place(tensor, op, communicator)
@@ -130,6 +139,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         gradient_predivide_factor: with ``op="avg"``, f: each gradient is
             divided by f before the sum and the sum by size/f after (Horovod's).
         comm: the communicator; the one over ``MPI.COMM_WORLD`` by default.
+        reproducible: sum the buckets with ``allreduce(..., reproducible=True)``: the
+            bits of the sum over the ranks depend only on their gradients, not on the
+            algorithm or the world size (docs/determinism.md).
 
     Sparse gradients travel dense (the same average). Horovod's
     ``DistributedOptimizer`` (``collectives.horovod``) is a face over this one.
@@ -146,6 +158,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         backward_passes_per_step: int = 1,
         gradient_predivide_factor: float = 1.0,
         comm: Comm = None,
+        reproducible: bool = False,
     ) -> None:
         if compression not in _WIRE_DTYPES:
             raise UnsupportedDtypeError(
@@ -170,7 +183,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         grouping = fusion_buckets(params, fusion_threshold_bytes)
         wire = _WIRE_DTYPES[compression]
         self._buckets = [
-            _Bucket([params[i] for i in indices], wire, index) for index, indices in enumerate(grouping)
+            _Bucket([params[i] for i in indices], wire, index, reproducible)
+            for index, indices in enumerate(grouping)
         ]
         self._bucket_names = [[names[i] for i in indices] for indices in grouping]
         self._bucket_indices = grouping

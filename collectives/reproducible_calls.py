@@ -1,0 +1,306 @@
+"""Reproducible allreduce, reduce and reduce-scatter: codes agreed, words summed by collectives, one rounding.
+
+A call with ``reproducible=True`` runs, on every rank alike:
+
+1. an int8 max-allreduce of each element's code (:mod:`collectives.reproducible`)
+   and a short trailer (dtype, op and contribution count, as ``v`` and ``-v`` so
+   the max shows whether the ranks differ);
+2. only where some element holds an infinity or a NaN, a bitwise-or allreduce of
+   one byte per element saying which;
+3. the sum of the words (float64 values for float16, bfloat16 and float32 sums of
+   at most 64 contributions, else int64 whole units, two per float64 element)
+   through the collective itself, with the caller's algorithm: exact, so every
+   algorithm, rank count and arrival order gives the same sums;
+4. one rounding to the dtype.
+
+The collectives are passed in (:class:`Through`): :mod:`collectives.api` hands
+its own, so this module stands below it.
+"""
+
+__all__ = [
+    "Sum",
+    "Through",
+    "check_call",
+    "check_out",
+    "deliver",
+    "reduced",
+    "refusing",
+    "reproducibly",
+    "shares_of",
+]
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .communicator import Communicator, communicator_of
+from .dispatch import refuse
+from .errors import CollectivesError, InvalidBufferError, InvalidRootError, MismatchError, UnsupportedOpError
+from .ops import INTEGER_DTYPES, ReduceOp
+from .reproducible import (
+    BITS_OF,
+    EXACT_IN_FLOAT64,
+    MOST_CONTRIBUTIONS,
+    SPECIAL,
+    Family,
+    codes_of,
+    family_of,
+    finish,
+    name_of,
+    special_bits,
+    words_of,
+)
+from .selector import AUTO
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+_OPS = {"sum": 1, "avg": 2}
+
+
+@dataclass(frozen=True)
+class Through:
+    """The collectives a reproducible sum runs its reductions through (``collectives.allreduce`` ...)."""
+
+    allreduce: Callable[..., Any]
+    reduce: Callable[..., Any] | None = None
+    reduce_scatter: Callable[..., Any] | None = None
+
+
+@dataclass
+class Sum:
+    """What a reproducible reduction needs of its contributions, whatever made them.
+
+    Attributes:
+        family: how the elements are cut into words.
+        dtype: the result's dtype.
+        codes: this rank's code per element (int8).
+        adds: this rank's contributions (1 for a plain call).
+        words: the contributions cut at the agreed codes: ``words(agreed, wire)``.
+        specials: this rank's :func:`~collectives.reproducible.special_bits`, when asked.
+    """
+
+    family: Family
+    dtype: Any
+    codes: np.ndarray
+    adds: int
+    words: Callable[[np.ndarray, Any], np.ndarray]
+    specials: Callable[[], np.ndarray]
+
+
+def _check_op(op: "str | ReduceOp") -> str:
+    name = op.name if isinstance(op, ReduceOp) and not op.custom else op
+    if not isinstance(name, str) or name not in _OPS:
+        raise UnsupportedOpError(f"reproducible=True sums: op must be 'sum' or 'avg', not {op!r}")
+    return name
+
+
+def _flat(x: Any) -> np.ndarray:
+    """``x`` as a flat contiguous array of its family's working dtype; raises unless a float numpy array."""
+    if not isinstance(x, np.ndarray):
+        raise InvalidBufferError(f"reproducible=True takes numpy arrays, not {type(x).__name__}")
+    family = family_of(name_of(x.dtype))
+    return np.ascontiguousarray(x, dtype=family.work).reshape(-1)
+
+
+def check_out(out: Any, dtype: Any, shape: tuple[int, ...]) -> None:
+    if out is None:
+        return
+    if not isinstance(out, np.ndarray):
+        raise InvalidBufferError(f"out is a {type(out).__name__}, but the input is a numpy array")
+    if out.dtype != dtype:
+        raise InvalidBufferError(f"out has dtype {out.dtype}, expected {dtype}")
+    if tuple(out.shape) != shape:
+        raise InvalidBufferError(f"out has shape {tuple(out.shape)}, expected {shape}")
+    if not out.flags.writeable:
+        raise InvalidBufferError("out is read-only")
+
+
+def deliver(result: np.ndarray, out: Any, shape: tuple[int, ...]) -> np.ndarray:
+    if out is None:
+        return result.reshape(shape)
+    np.copyto(out, result.reshape(shape))
+    given: np.ndarray = out
+    return given
+
+
+def _integer(x: Any) -> bool:
+    return isinstance(x, np.ndarray) and name_of(x.dtype) in INTEGER_DTYPES
+
+
+def refusing(
+    group: Communicator, collective: str, algorithm: str, check: bool | None, checks: Callable[[], Any]
+) -> Any:
+    """``checks()``; if they raise, the other ranks are told (their next call raises too)."""
+    try:
+        return checks()
+    except CollectivesError as error:
+        refuse(group, collective, algorithm, check, error)
+        raise
+
+
+def _plain(x: np.ndarray, flat: np.ndarray) -> Sum:
+    """A plain call's one contribution per rank."""
+    family = family_of(name_of(x.dtype))
+    codes = codes_of(flat, family)
+
+    def words(agreed: np.ndarray, wire: Any) -> np.ndarray:
+        return words_of(flat, agreed, family, wire)
+
+    return Sum(family, x.dtype, codes, 1, words, lambda: special_bits(flat))
+
+
+def reduced(
+    group: Communicator | None,
+    through: Through,
+    collective: str,
+    contributions: Sum,
+    *,
+    op: str = "sum",
+    root: int = 0,
+    counts: Sequence[int] | None = None,
+    algorithm: str = AUTO,
+    check: bool | None = None,
+    divide_by: int | None = None,
+) -> np.ndarray | None:
+    """The reproducible sum of every rank's ``contributions``, flat: all, the root's, or this rank's share.
+
+    ``group`` ``None``: this rank's contributions alone, without communication. ``divide_by``:
+    the sum's divisor, by default the world size for ``avg``.
+
+    Raises:
+        MismatchError: on every rank, where the ranks' dtypes or ops differ.
+        CollectivesError: on every rank, past ``MOST_CONTRIBUTIONS`` contributions.
+    """
+    size, rank = (1, 0) if group is None else (group.size, group.rank)
+    family = contributions.family
+    count = contributions.codes.size
+    busiest = max(contributions.adds - 1, 0).bit_length()  # adds rounded up to a power of two, as its log
+    kind, how = BITS_OF[name_of(contributions.dtype)], _OPS[op]
+    trailer = np.array([kind, -kind, how, -how, busiest], np.int8)
+    message = np.concatenate([contributions.codes, trailer])
+    if size > 1:
+        message = through.allreduce(message, "max", algorithm=AUTO, comm=group, check=check)
+    agreed, trailer = message[:count], message[count:].astype(np.int64)
+    if trailer[0] != -trailer[1] or trailer[2] != -trailer[3]:
+        raise MismatchError(
+            f"reproducible {collective}: the ranks' dtypes or ops differ", {"dtype or op": {}}
+        )
+    most = size << int(trailer[4])
+    if most > MOST_CONTRIBUTIONS:
+        raise CollectivesError(
+            f"reproducible {collective}: {size} ranks of up to {1 << int(trailer[4])} contributions each "
+            f"exceed the {MOST_CONTRIBUTIONS} a sum takes"
+        )
+    specials = None
+    if (agreed == SPECIAL).any():
+        specials = contributions.specials()
+        if size > 1:
+            specials = through.allreduce(specials, "bor", algorithm=AUTO, comm=group, check=check)
+    exact = family.words == 1 and most <= EXACT_IN_FLOAT64
+    wire = np.float64 if exact else np.int64
+    words = contributions.words(agreed, wire)
+    per = words.size // max(count, 1)
+    if divide_by is None:
+        divide_by = size if op == "avg" else 1
+    if size > 1 and collective == "allreduce":
+        words = through.allreduce(words, "sum", out=words, algorithm=algorithm, comm=group, check=check)
+    elif size > 1 and collective == "reduce":
+        assert through.reduce is not None  # passed by reduce's callers
+        words = through.reduce(words, "sum", root, algorithm=algorithm, comm=group, check=check)
+        if words is None:
+            return None
+    elif collective == "reduce_scatter":
+        assert counts is not None  # reduce-scatter's callers give each rank's count
+        lo = sum(counts[:rank])
+        agreed = agreed[lo : lo + counts[rank]]
+        specials = None if specials is None else specials[lo : lo + counts[rank]]
+        if size > 1:
+            assert through.reduce_scatter is not None
+            shares = [c * per for c in counts]
+            words = through.reduce_scatter(
+                words, "sum", counts=shares, algorithm=algorithm, comm=group, check=check
+            )
+    return finish(words, agreed, family, contributions.dtype, divide_by=divide_by, specials=specials)
+
+
+def shares_of(
+    shape: tuple[int, ...], counts: Sequence[int] | None, size: int, rank: int
+) -> tuple[list[int], tuple[int, ...]]:
+    """Each rank's elements of a reduce-scatter of ``shape``, and the shape of this rank's share."""
+    count = int(np.prod(shape))
+    if counts is None:
+        rows = shape[0] if shape else 1
+        if not shape or rows % size:
+            raise InvalidBufferError(f"reduce_scatter: x has {rows} rows, not a multiple of the {size} ranks")
+        return [count // size] * size, (rows // size, *shape[1:])
+    given = [int(c) for c in counts]
+    if len(given) != size or any(c < 0 for c in given) or sum(given) != count:
+        raise InvalidBufferError(
+            f"reduce_scatter: counts {list(counts)} must be {size} non-negative counts summing to {count}"
+        )
+    return given, (given[rank],)
+
+
+def check_call(
+    collective: str,
+    x: Any,
+    op: "str | ReduceOp",
+    out: Any,
+    group: Communicator,
+    root: int = 0,
+    counts: Sequence[int] | None = None,
+) -> tuple[np.ndarray, str, list[int] | None, tuple[int, ...]] | None:
+    """A reproducible call's checks: ``None`` for integers (their own call sums them), else the input
+    flat in its family's dtype, the op's name, each rank's share (a reduce-scatter's) and the result's shape.
+    """
+    name = _check_op(op)
+    if _integer(x):
+        return None
+    flat = _flat(x)
+    shape, shares = x.shape, None
+    if collective == "reduce" and not (isinstance(root, int) and 0 <= root < group.size):
+        raise InvalidRootError(f"root {root!r} is not a rank of this communicator of {group.size}")
+    if collective == "reduce_scatter":
+        shares, shape = shares_of(x.shape, counts, group.size, group.rank)
+    check_out(out, x.dtype, shape)
+    return flat, name, shares, shape
+
+
+def reproducibly(
+    collective: str,
+    x: Any,
+    op: "str | ReduceOp",
+    out: Any,
+    algorithm: str,
+    comm: "Communicator | MPI.Comm | None",
+    check: bool | None,
+    through: Through,
+    *,
+    root: int = 0,
+    counts: Sequence[int] | None = None,
+) -> Any:
+    """``collective`` (``allreduce``, ``reduce`` or ``reduce_scatter``) with ``reproducible=True``.
+
+    Integer arrays pass through to the collective itself (their sums are exact).
+    Returns what the collective returns: the result, the root's (``None``
+    elsewhere), or this rank's share.
+    """
+    group = communicator_of(comm)
+    checks = refusing(
+        group, collective, algorithm, check, lambda: check_call(collective, x, op, out, group, root, counts)
+    )
+    if checks is None:
+        run = getattr(through, collective)
+        if collective == "reduce":
+            return run(x, op, root, out=out, algorithm=algorithm, comm=group, check=check)
+        extra = {"counts": counts} if collective == "reduce_scatter" else {}
+        return run(x, op, out=out, algorithm=algorithm, comm=group, check=check, **extra)
+    flat, name, shares, shape = checks
+    result = reduced(
+        group, through, collective, _plain(x, flat), op=name, root=root, counts=shares, algorithm=algorithm,
+        check=check,
+    )  # fmt: skip
+    return None if result is None else deliver(result, out, shape)
