@@ -16,7 +16,7 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives
-import collectives.prepared as prepared
+import collectives.early_plan as early_plan
 
 from .config import parse_size
 
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     segments = [WHOLE if s == "whole" else parse_size(s) for s in args.segments.split(",")]
     world = MPI.COMM_WORLD
-    default = prepared.DEFAULT_SEGMENT_BYTES
+    default = early_plan.DEFAULT_SEGMENT_BYTES
     comms = {s: collectives.Communicator(world) for s in segments}
     try:
         for size in (parse_size(s) for s in args.sizes.split(",")):
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
             times: dict[int, list[float]] = {s: [] for s in segments}
 
             def call(segment: int, x: np.ndarray = x) -> None:
-                prepared.DEFAULT_SEGMENT_BYTES = segment
+                early_plan.DEFAULT_SEGMENT_BYTES = segment
                 collectives.allreduce(x, out=x, algorithm=args.algorithm, comm=comms[segment])
 
             for segment in segments:
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
                     cells.append(f"{name} {median * 1e3:.2f} ms{versus}")
                 print(f"{size:>10} B  {args.algorithm}  " + "  ".join(cells), flush=True)
     finally:
-        prepared.DEFAULT_SEGMENT_BYTES = default
+        early_plan.DEFAULT_SEGMENT_BYTES = default
         for comm in comms.values():
             comm.free()
     return 0

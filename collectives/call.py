@@ -120,6 +120,7 @@ class Call:
         seconds: how long the call took, once it ended.
         began: when the call began, by ``time.monotonic()``.
         pending: a signature to post with the call's first barrier and check after it.
+        keeps: what the call's messages may write into: kept alive if it breaks the communicator.
     """
 
     __slots__ = (
@@ -130,6 +131,7 @@ class Call:
         "_watched",
         "algorithm",
         "began",
+        "keeps",
         "outcome",
         "pending",
         "seconds",
@@ -155,6 +157,7 @@ class Call:
         self._warned = False
         self._barriers = 0
         self.pending: Posted | None = None  # a signature to post with the first barrier and check after it
+        self.keeps: object = None
         watched = watchdog.watched
         self._watched = watched is not None
         if watched is None:

@@ -80,7 +80,7 @@ class Communicator:
     Attributes:
         watchdog: numbers, checks, bounds and records every call (for the library's modules).
         scratch: buffers reused by every call, so repeated calls allocate nothing.
-        prepared: repeated calls' checked decisions, by key (see :mod:`collectives.prepared`).
+        repeats: repeated calls' kept decisions, by key (see :mod:`collectives.repeats`, which owns them).
         tuner: the online tuner, where tuning is on; else ``None``.
     """
 
@@ -106,7 +106,7 @@ class Communicator:
         self._before_free: list[Callable[[], None]] = []
         # plain attributes, not properties: a repeated small call reads them in a few microseconds
         self.scratch = Scratch()
-        self.prepared: dict[tuple[Any, ...], Any] = {}  # prepared.Prepared entries: that module owns them
+        self.repeats: dict[tuple[Any, ...], Any] = {}  # repeats.Repeat entries: that module owns them
         if isinstance(comm, Transport):
             self._transport = comm
         else:
@@ -247,7 +247,7 @@ class Communicator:
             # from the next call on, the ranks agree on signatures through a barrier, not messages,
             # so no data travels with them: forget the calls prepared to send it so
             self.watchdog.agree_through(shared, self._shared.reset)
-            self.prepared.clear()
+            self.repeats.clear()
             features = frozenset({"shared_memory", *extra})
         elif nodes is not None:
             self._nodes = nodes
@@ -453,7 +453,7 @@ class Communicator:
         for finish in self._before_free:  # calls started on it complete first, as MPI's would
             finish()
         if watchdog.broken is not None:  # receives of a call that did not finish may still land in them
-            watchdog.kept.append((self.scratch, list(self.prepared.values())))
+            watchdog.kept.append((self.scratch, list(self.repeats.values())))
             self.scratch = Scratch()
         watchdog.freed = True
         watchdog.break_off("it was freed")
@@ -463,7 +463,7 @@ class Communicator:
         for path in self._device_paths.values():
             path.close()
         self._device_paths.clear()
-        self.prepared.clear()
+        self.repeats.clear()
         # freeing shared windows is MPI's collective: bounded, as peers of a broken one may never come
         self._transport.close(self.timeout)
 

@@ -1,7 +1,7 @@
 """The lean path of a repeated shared-memory allreduce: a persistent start's, or a plain call's repeat.
 
 A call whose ranks agreed on its decisions once (a persistent call's init, or the
-first plain call of a key: :mod:`collectives.prepared`) runs here on the
+first plain call of a key: :mod:`collectives.repeats`) runs here on the
 shared-memory executor with the safeties of any call, at less cost: it claims the
 communicator against other threads, takes the next sequence number, and unless
 checking is off posts its signature (with that number and the watchdog's tag) for

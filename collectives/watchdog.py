@@ -230,18 +230,28 @@ class Watchdog:
         self._claim.release()
 
     def watch(
-        self, guard: Guard, check: bool | None = None, *, first_barrier: bool = False, claimed: bool = False
+        self,
+        guard: Guard,
+        check: bool | None = None,
+        *,
+        first_barrier: bool = False,
+        claimed: bool = False,
+        keeps: object = None,
     ) -> Call:
-        """Number, record and (unless ``check`` is off) check the call of ``guard``.
+        """Claim the communicator; number, record and (unless ``check`` is off) check the call of ``guard``.
 
-        The call ends with the ``with`` block it opens (``with watchdog.watch(guard) as
-        call:``), or with :meth:`end`, which must follow otherwise.
+        The one way a call runs under the watchdog: it ends with the ``with`` block it
+        opens (``with watchdog.watch(guard) as call:``), or with :meth:`end`, which
+        must follow otherwise; either gives the claim back. (The lean path,
+        :mod:`collectives.lean`, writes the same steps out for its hot loop.)
 
         With ``first_barrier``, where signatures go through shared memory (see
         :meth:`agree_through`), the call's first :meth:`Call.barrier` on that memory
         carries and checks the signature: the caller promises that the call does
         nothing another rank can see before it. Otherwise the check is done here.
         With ``claimed``, the caller holds the communicator's :meth:`claim` already.
+        ``keeps``: what the call's messages may still write into if it breaks the
+        communicator (its arrays): kept alive then, in :attr:`kept`.
 
         Raises:
             MismatchError: on every rank, when their calls differ.
@@ -256,6 +266,7 @@ class Watchdog:
         sequence = self.sequence
         self.sequence = sequence + 1
         call = Call(self, guard.signature, sequence)
+        call.keeps = keeps
         self.recorder.append(call)
         if _FAULTS.armed:  # $COLLECTIVES_FAULT: see collectives.faults
             self._inject(call)
@@ -352,7 +363,11 @@ class Watchdog:
         if late is not None:
             raise late
         if error is not None:
-            self._ended_badly(call, error)
+            try:
+                self._ended_badly(call, error)
+            finally:
+                if call.keeps is not None and self.broken is not None:  # receives posted may still land
+                    self.kept.append(call.keeps)
 
     def _ended_badly(self, call: Call, error: BaseException) -> None:
         """Break the communicator unless every rank raised ``error`` alike; name MPI's own errors."""
