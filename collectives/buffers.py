@@ -204,31 +204,30 @@ def _gathered(
 
 def broadcast_job(group: Communicator, algorithm: str, given: CallArguments) -> CheckedCall:
     """A broadcast's checked arguments, with the root's data in the workspace."""
-    root = given.root
-    x, out = adopt(given.x), adopt(given.out)  # other CUDA arrays as CuPy views, no copy
-    backend, _, item_bytes = _inspect(x, None, "broadcast", algorithm)
-    root, shape = _rooted(group, backend, x, root, out)
-    work, in_out = _workspace(backend, out, x.size, x)
-    if group.rank == root and not (in_out and out is x):
-        backend.copy(work, x)
-    return CheckedCall(
-        "broadcast", algorithm, backend, None, item_bytes, x.size, backend.dtype_name(x), work, root=root,
-        shape=shape, out=out, in_out=in_out,
-    )  # fmt: skip
+    return _rooted_job(group, algorithm, given, "broadcast")
 
 
 def reduce_job(group: Communicator, algorithm: str, given: CallArguments) -> CheckedCall:
     """A reduce's checked arguments, with this rank's data in the workspace."""
-    op, root = given.op, given.root
+    return _rooted_job(group, algorithm, given, "reduce")
+
+
+def _rooted_job(group: Communicator, algorithm: str, given: CallArguments, collective: str) -> CheckedCall:
+    """A broadcast's or a reduce's checked arguments and workspace (``out`` itself where it can be).
+
+    A reduce's workspace is a copy of ``x`` on every rank (an algorithm may
+    combine partial results in it off the root too), a broadcast's only at the root.
+    """
+    reduces = collective == "reduce"
     x, out = adopt(given.x), adopt(given.out)  # other CUDA arrays as CuPy views, no copy
-    backend, reduce_op, item_bytes = _inspect(x, op, "reduce", algorithm)
-    root, shape = _rooted(group, backend, x, root, out)
-    # elsewhere an algorithm may combine partial results in the buffer, so it is a copy of x too
-    work, in_out = _workspace(backend, out if group.rank == root else None, x.size, x)
-    if not (in_out and out is x):
+    backend, reduce_op, item_bytes = _inspect(x, given.op if reduces else None, collective, algorithm)
+    root, shape = _rooted(group, backend, x, given.root, out)
+    at_root = group.rank == root
+    work, in_out = _workspace(backend, out if at_root or not reduces else None, x.size, x)
+    if (at_root or reduces) and not (in_out and out is x):
         backend.copy(work, x)
     return CheckedCall(
-        "reduce", algorithm, backend, reduce_op, item_bytes, x.size, backend.dtype_name(x), work, root=root,
+        collective, algorithm, backend, reduce_op, item_bytes, x.size, backend.dtype_name(x), work, root=root,
         shape=shape, out=out, in_out=in_out,
     )  # fmt: skip
 

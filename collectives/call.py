@@ -465,16 +465,11 @@ class SteppedCall(Call):
 
     __slots__ = ()
 
-    def wait(
-        self,
-        requests: list[Request],
-        step: int | str,
-        peers: Sequence[Any],
-        transport: Transport | None = None,
-    ) -> None:
+    def wait(self, requests: list[Request], step: int | str, *where: Any) -> None:
+        """As :meth:`Call.wait` (``where``: its peers and transport), a step counted first."""
         if isinstance(step, int):  # a schedule's step, its messages posted; not the signature check
             _FAULTS.stepped(self.watchdog.transport.rank, self)
-        super().wait(requests, step, peers, transport)
+        super().wait(requests, step, *where)
 
     def barrier(
         self, shared: SharedMemory, note: Sequence[int] = (), ranks: tuple[int, ...] | None = None

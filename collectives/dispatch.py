@@ -264,7 +264,10 @@ def run(group: Communicator, job: CheckedCall, check: bool | None) -> Any:
                 call.algorithm = early.algorithm
                 shared = group.shared if early.plan is None else None
             if shared is not None:
-                return _ON_SHARED[job.collective](group, call, shared, guard, job, check)
+                result = _ON_SHARED[job.collective](group, call, shared, job)
+                if job.repeat is not None:
+                    _keep_shared(group, call, job, result, shared=shared, guard=guard, check=check)
+                return result
             if job.collective == "allreduce":
                 _allreduce(group, call, guard, job)
                 return job.work
@@ -572,76 +575,64 @@ def _allreduce_nodes(
 # --- the collectives the shared-memory executor runs, by name
 
 
-def _allreduce_shared(
-    group: Communicator,
-    call: Call,
-    shared: SharedExecutor,
-    guard: Guard,
-    job: CheckedCall,
-    check: bool | None,
-) -> Any:
+def _allreduce_shared(group: Communicator, call: Call, shared: SharedExecutor, job: CheckedCall) -> Any:
     work, source, op = job.work, job.source, job.op
     assert op is not None  # an allreduce reduces
     shared.allreduce(job.backend, work, work if source is None else source, op, call.barrier)
-    if job.repeat is not None and _repeatable(job):
-        lean = None
-        if group.watchdog.shared is not None:
-            # its signature travels with the executor's barrier: later calls of the key run lean
-            lean = LeanAllreduce(group, shared, guard, check, job.backend, op, call.algorithm)
-        job.repeat.keep(
-            RepeatedAllreduce(
-                backend=job.backend, op=op, guard=guard, shape=job.shape, shared=shared, lean=lean
-            )
-        )
     return work
 
 
-def _reduce_scatter_shared(
-    group: Communicator,
-    call: Call,
-    shared: SharedExecutor,
-    guard: Guard,
-    job: CheckedCall,
-    check: bool | None,
-) -> Any:
+def _reduce_scatter_shared(group: Communicator, call: Call, shared: SharedExecutor, job: CheckedCall) -> Any:
     backend, op, shares, mine = job.backend, job.op, job.shares, job.result
     assert op is not None and shares is not None  # see _shared
     # straight into the result, unless it overlaps the input
     target = backend.empty(shares[group.rank], job.source) if mine is None else mine
     shared.reduce_scatter(backend, target, job.source, shares, op, call.barrier)
-    if job.repeat is not None and target is mine and backend.name == "numpy":
-        job.repeat.keep(
-            RepeatedReduceScatter(
-                backend=backend, op=op, guard=guard, shape=job.shape, shared=shared, shares=shares
-            )
-        )
     return target
 
 
-def _allgather_shared(
-    group: Communicator,
-    call: Call,
-    shared: SharedExecutor,
-    guard: Guard,
-    job: CheckedCall,
-    check: bool | None,
-) -> Any:
+def _allgather_shared(group: Communicator, call: Call, shared: SharedExecutor, job: CheckedCall) -> Any:
     backend, work, shares = job.backend, job.work, job.shares
     assert shares is not None  # an allgather has its shares
     lo = sum(shares[: group.rank])
     shared.allgather(backend, work, work[lo : lo + shares[group.rank]], shares, call.barrier)
-    if job.repeat is not None and backend.name == "numpy":
-        job.repeat.keep(
-            RepeatedAllgather(
-                backend=backend, op=None, guard=guard, shape=job.shape, shared=shared, shares=shares
-            )
-        )
     return work
 
 
-_ON_SHARED: dict[
-    str, Callable[[Communicator, Call, SharedExecutor, Guard, CheckedCall, bool | None], Any]
-] = {
+def _keep_shared(
+    group: Communicator,
+    call: Call,
+    job: CheckedCall,
+    result: Any,
+    *,
+    shared: SharedExecutor,
+    guard: Guard,
+    check: bool | None,
+) -> None:
+    """Keep the decisions of a call the shared-memory executor ran, where a later call can run on them."""
+    backend, op, repeat, shares = job.backend, job.op, job.repeat, job.shares
+    assert repeat is not None  # only asked for calls that have one
+    if job.collective == "allreduce":
+        assert op is not None  # an allreduce reduces
+        if not _repeatable(job):
+            return
+        lean = None
+        if group.watchdog.shared is not None:
+            # its signature travels with the executor's barrier: later calls of the key run lean
+            lean = LeanAllreduce(group, shared, guard, check, backend, op, call.algorithm)
+        repeat.keep(
+            RepeatedAllreduce(backend=backend, op=op, guard=guard, shape=job.shape, shared=shared, lean=lean)
+        )
+        return
+    # a reduce-scatter's share in a buffer of its own is not one to repeat: a repeat writes into out
+    own_buffer = job.collective == "reduce_scatter" and result is not job.result
+    if backend.name != "numpy" or shares is None or own_buffer:
+        return
+    kind = RepeatedAllgather if job.collective == "allgather" else RepeatedReduceScatter
+    repeat.keep(kind(backend=backend, op=op, guard=guard, shape=job.shape, shared=shared, shares=shares))
+
+
+_ON_SHARED: dict[str, Callable[[Communicator, Call, SharedExecutor, CheckedCall], Any]] = {
     "allreduce": _allreduce_shared,
     "reduce_scatter": _reduce_scatter_shared,
     "allgather": _allgather_shared,

@@ -381,15 +381,9 @@ def allgather_init(
     """A persistent :func:`~collectives.allgather`; collective. Arguments as for it."""
     group = _group(comm)
     _, chosen, _, _ = _decided(
-        group,
-        "allgather",
-        algorithm=algorithm,
-        check=check,
-        checks=allgather_job,
-        x=x,
-        counts=counts,
-        out=out,
-    )
+        group, "allgather", algorithm=algorithm, check=check, checks=allgather_job,
+        x=x, counts=counts, out=out,
+    )  # fmt: skip
 
     def run(into: Any) -> Any:
         return api.allgather(x, counts=counts, out=into, algorithm=algorithm, comm=group, check=check)

@@ -230,14 +230,9 @@ class Watchdog:
         self._claim.release()
 
     def watch(
-        self,
-        guard: Guard,
-        check: bool | None = None,
-        *,
-        first_barrier: bool = False,
-        claimed: bool = False,
+        self, guard: Guard, check: bool | None = None, *, first_barrier: bool = False, claimed: bool = False,
         keeps: object = None,
-    ) -> Call:
+    ) -> Call:  # fmt: skip
         """Claim the communicator; number, record and (unless ``check`` is off) check the call of ``guard``.
 
         The one way a call runs under the watchdog: it ends with the ``with`` block it
