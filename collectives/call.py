@@ -32,7 +32,7 @@ NOTICE = struct.Struct("<qq64s")  # Tag.BROKEN: the rank that broke, its call's 
 
 
 class Posted(Protocol):
-    """A signature posted with a call's first barrier (:class:`~collectives.agreement.Guard`)."""
+    """A signature posted with a call's first barrier (:class:`~collectives.agreement.PackedSignature`)."""
 
     packed: bytearray
     signature: Signature

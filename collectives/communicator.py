@@ -20,7 +20,7 @@ from .selector import Selector, default_selector, selector_for
 from .settings_agreement import SETTINGS_BYTES, Setting, compared, differences, settings_of
 from .topology.cost_model import CostModel
 from .transport.base import NodeSplit, Transport
-from .transport.device import Device
+from .transport.device import GpuDevice
 from .transport.device_path import CUDA_IPC_ENV, DevicePath
 from .transport.tags import Tag
 from .tuner import TUNE_ENV, Tuner, tuning_wanted
@@ -158,7 +158,7 @@ class Communicator:
             return features
         # a call of its own, so that a rank that never asks makes the others time out, not hang in MPI
         watchdog = self.watchdog
-        with watchdog.watch(watchdog.guard("features", "-", 0)) as call:
+        with watchdog.watch(watchdog.signature_of("features", "-", 0)) as call:
             return self.features_in(call)
 
     def features_in(self, call: Call) -> frozenset[str]:
@@ -223,7 +223,7 @@ class Communicator:
             watchdog = self.watchdog
             # unnumbered and unrecorded: a creation is no collective call ($COLLECTIVES_FAULT counts calls)
             watchdog.claim("setup")
-            with Call(watchdog, watchdog.guard("setup", "-", 0).signature, watchdog.sequence) as call:
+            with Call(watchdog, watchdog.signature_of("setup", "-", 0).signature, watchdog.sequence) as call:
                 records = self._meet_by_messages(call, "the settings' comparison", record)
             differ = differences([settings_of(r) for r in records])
             if problem is None and differ is not None:
@@ -315,7 +315,7 @@ class Communicator:
         """The path device arrays take, once the first collective on them chose it; never collective."""
         return next(iter(self._device_paths.values()), None)
 
-    def staging_buffer(self, device: Device, nbytes: int) -> Any:
+    def staging_buffer(self, device: GpuDevice, nbytes: int) -> Any:
         """A pinned host buffer of ``nbytes`` for this thread's host copies of device arrays, kept.
 
         One per thread: a thread's copy never lands in a buffer another thread's call is
@@ -385,7 +385,7 @@ class Communicator:
         watchdog = self.watchdog
         # a call: raises FreedCommunicatorError once freed; and the ranks meet under its deadline before
         # MPI's collectives (the node split, the shared window), which a rank that never comes would hang
-        with watchdog.watch(watchdog.guard("alloc", "-", 0)) as call:
+        with watchdog.watch(watchdog.signature_of("alloc", "-", 0)) as call:
             if "shared_memory" not in self.features_in(call) or self._shared is None:
                 return np.empty(dims, kind)
             self._meet(call, "alloc's shared window")
@@ -421,7 +421,7 @@ class Communicator:
         if not self._transport.DUPLICATES:
             return None
         watchdog = self.watchdog
-        with watchdog.watch(watchdog.guard("duplicate", "-", 0)) as call:
+        with watchdog.watch(watchdog.signature_of("duplicate", "-", 0)) as call:
             self._meet_by_messages(call, "the duplicate")
             transport = self._transport.duplicate()
         if transport is None:

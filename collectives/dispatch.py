@@ -45,7 +45,7 @@ from .repeats import Repeat, RepeatedAllgather, RepeatedAllreduce, RepeatedReduc
 from .requests import busy, settle
 from .selector import AUTO, Selector
 from .transport.base import SharedMemory
-from .watchdog import Guard
+from .watchdog import PackedSignature
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -284,7 +284,7 @@ def run(group: Communicator, job: CheckedCall, check: bool | None) -> Any:
 
 def decide(
     group: Communicator, job: CheckedCall, check: bool | None
-) -> tuple[str, SharedExecutor | None, Guard]:
+) -> tuple[str, SharedExecutor | None, PackedSignature]:
     """Agree on ``job``'s call and choose its algorithm without running it: a persistent call's init.
 
     Collective. The ranks agree on a signature naming the collective with
@@ -299,7 +299,7 @@ def decide(
     """
     start = _guard(group, job)
     signature = start.signature
-    init = group.watchdog.guard(
+    init = group.watchdog.signature_of(
         f"{job.collective}_init", job.algorithm, signature.count, signature.dtype, signature.op,
         signature.root, signature.counts, backend=signature.backend,
     )  # fmt: skip
@@ -317,12 +317,12 @@ def _algorithm_for(group: Communicator, call: Call, job: CheckedCall, device: bo
     return _choose(group, call, job.collective, job.algorithm, job.count, job.item_bytes, device)
 
 
-def _guard(group: Communicator, job: CheckedCall) -> Guard:
+def _guard(group: Communicator, job: CheckedCall) -> PackedSignature:
     """The packed signature of ``job``'s call."""
     counts = None if job.counts is None else tuple(int(c) for c in job.counts)
     op = "" if job.op is None else job.op.agreed_name
     backend = job.backend.name if job.dtype else ""
-    return group.watchdog.guard(
+    return group.watchdog.signature_of(
         job.collective, job.algorithm, job.count, job.dtype, op, job.root, counts, backend=backend
     )
 
@@ -505,7 +505,7 @@ def _schedule(group: Communicator, call: Call, job: CheckedCall) -> Any:
     return work
 
 
-def _allreduce(group: Communicator, call: Call, guard: Guard, job: CheckedCall) -> None:
+def _allreduce(group: Communicator, call: Call, guard: PackedSignature, job: CheckedCall) -> None:
     """Run an allreduce through the node hierarchy or by its plan; keep a repeatable call's decisions."""
     op, backend, work, source = job.op, job.backend, job.work, job.source
     assert op is not None  # an allreduce reduces
@@ -606,7 +606,7 @@ def _keep_shared(
     result: Any,
     *,
     shared: SharedExecutor,
-    guard: Guard,
+    guard: PackedSignature,
     check: bool | None,
 ) -> None:
     """Keep the decisions of a call the shared-memory executor ran, where a later call can run on them."""

@@ -15,10 +15,10 @@ from .algorithms import ALGORITHMS, rank_program
 from .algorithms.base import required_feature
 from .backends import ArrayBackend
 from .errors import CollectivesError
-from .execute import DEFAULT_SEGMENT_BYTES, Plan, opening, pack_opening, program_plan
+from .execute import DEFAULT_SEGMENT_BYTES, ProgramPlan, opening, pack_opening, program_plan
 from .ops import ReduceOp
 from .selector import AUTO
-from .watchdog import FUSED_BYTES, Guard
+from .watchdog import FUSED_BYTES, PackedSignature
 
 if TYPE_CHECKING:
     from .communicator import Communicator
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 def allreduce_plan(
     group: "Communicator", algorithm: str, count: int, item_bytes: int, separate: bool
-) -> Plan:
+) -> ProgramPlan:
     """This rank's plan of an allreduce by ``algorithm`` (a name, not ``"auto"``), from its program alone."""
     program = rank_program("allreduce", algorithm, group.size, count, rank=group.rank)
     return program_plan(program, max(DEFAULT_SEGMENT_BYTES // item_bytes, 1), separate)
@@ -46,8 +46,8 @@ class EarlyPlan:
     """
 
     algorithm: str
-    plan: Plan | None
-    guard: Guard
+    plan: ProgramPlan | None
+    guard: PackedSignature
     sends: tuple[Any, ...]
     outgoing: dict[int, Any]
     arrived: dict[int, Any] | None
@@ -81,7 +81,7 @@ def early_plan(
     payloads = {m.peer: (m.hi - m.lo) * item_bytes for m in sends}
     watchdog = group.watchdog
     dtype = backend.dtype_name(work)
-    guard = watchdog.guard(
+    guard = watchdog.signature_of(
         "allreduce", algorithm, count, dtype, op.agreed_name, backend=backend.name, payloads=payloads
     )
     outgoing = {peer: backend.from_bytes(view, work) for peer, view in guard.outgoing.items()}
@@ -97,7 +97,7 @@ def early_plan(
 
 def _plan_early(
     group: "Communicator", algorithm: str, count: int, item_bytes: int, separate: bool, backend: ArrayBackend
-) -> tuple[str, Plan | None] | None:
+) -> tuple[str, ProgramPlan | None] | None:
     """The algorithm and plan, when they are known before the ranks agree on the call.
 
     They are for a named algorithm, or for ``"auto"`` once the ranks have agreed on

@@ -25,7 +25,7 @@ from .call import Call, Starts
 from .errors import MismatchError
 from .ops import itemsize
 from .transport.base import SharedMemory
-from .watchdog import Guard
+from .watchdog import PackedSignature
 
 if TYPE_CHECKING:
     from .backends import ArrayBackend
@@ -91,7 +91,7 @@ class LeanAllreduce:
         self,
         group: "Communicator",
         executor: "SharedExecutor",
-        guard: Guard,
+        guard: PackedSignature,
         check: bool | None,
         backend: "ArrayBackend",
         op: "ReduceOp",
@@ -172,7 +172,7 @@ class LeanAllreduce:
         if self.averages:
             self.backend.divide(work, self.size)
 
-    def _signed_small(self, guard: Guard, work: Any, source: Any) -> None:
+    def _signed_small(self, guard: PackedSignature, work: Any, source: Any) -> None:
         """What the executor's ``allreduce_small`` does, its one barrier signed, in fewer Python calls.
 
         Inline rather than through the executor and :meth:`barrier` (they cost a

@@ -40,7 +40,7 @@ from .ops import ReduceOp
 from .requests import Request, settle, start
 from .requests import busy as started
 from .selector import AUTO
-from .watchdog import Guard
+from .watchdog import PackedSignature
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -245,7 +245,7 @@ def _decided(
     check: bool | None,
     checks: Callable[[Communicator, str, CallArguments], CheckedCall],
     **arguments: Any,
-) -> "tuple[CheckedCall, str, SharedExecutor | None, Guard]":
+) -> "tuple[CheckedCall, str, SharedExecutor | None, PackedSignature]":
     """An init's call, checked by ``checks``, and what the ranks agreed on; ``arguments``: the call's.
 
     Returns:

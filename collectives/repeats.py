@@ -24,12 +24,12 @@ __all__ = [
 from typing import TYPE_CHECKING, Any
 
 from .backends import ArrayBackend
-from .execute import PLANS_BUDGET, Plan, pack_opening, run
+from .execute import PLANS_BUDGET, ProgramPlan, pack_opening, run
 from .execute_shared import SharedExecutor
 from .faults import PLAN as FAULTS
 from .lean import LeanAllreduce
 from .ops import ReduceOp
-from .watchdog import Guard
+from .watchdog import PackedSignature
 
 if TYPE_CHECKING:
     from .communicator import Communicator
@@ -153,9 +153,9 @@ class RepeatedAllreduce(Repeat):
         *,
         backend: ArrayBackend,
         op: ReduceOp,
-        guard: Guard,
+        guard: PackedSignature,
         shape: tuple[int, ...],
-        plan: Plan | None = None,
+        plan: ProgramPlan | None = None,
         scratch: Any = None,
         shared: SharedExecutor | None = None,
         sends: tuple[Any, ...] = (),
@@ -245,7 +245,7 @@ class _RepeatedShares(Repeat):
         *,
         backend: ArrayBackend,
         op: ReduceOp | None,
-        guard: Guard,
+        guard: PackedSignature,
         shape: tuple[int, ...],
         shared: SharedExecutor,
         shares: tuple[int, ...],

@@ -52,7 +52,7 @@ __all__ = [
     "RECORDER_ENV",
     "STALL_WARNING_ENV",
     "TIMEOUT_ENV",
-    "Guard",
+    "PackedSignature",
     "Watchdog",
 ]
 
@@ -62,7 +62,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from .agreement import FUSED_BYTES, Agreement, Guard
+from .agreement import FUSED_BYTES, Agreement, PackedSignature
 from .call import NOTICE, Call, SteppedCall, Tracked, WatchedTransport, heard_of_break
 from .errors import (
     BrokenCommunicatorError,
@@ -189,7 +189,7 @@ class Watchdog:
         """The recorded calls under a heading naming this rank, as a timeout's error shows them."""
         return record_text(self.recorder, self._rank)
 
-    def guard(
+    def signature_of(
         self,
         collective: str,
         algorithm: str,
@@ -201,12 +201,13 @@ class Watchdog:
         *,
         backend: str = "",
         payloads: dict[int, int] | None = None,
-    ) -> Guard:
+    ) -> PackedSignature:
         """The packed signature of a call; keep it to open repeated calls with (see :meth:`watch`).
 
         ``payloads`` gives, per peer, the bytes of data that travel with the signature.
         """
-        return Guard(Signature(0, collective, algorithm, dtype, op, root, count, counts, backend), payloads)
+        signature = Signature(0, collective, algorithm, dtype, op, root, count, counts, backend)
+        return PackedSignature(signature, payloads)
 
     def claim(self, collective: str) -> None:
         """Make this thread's call the one running on the communicator, before it touches anything shared.
@@ -230,8 +231,8 @@ class Watchdog:
         self._claim.release()
 
     def watch(
-        self, guard: Guard, check: bool | None = None, *, first_barrier: bool = False, claimed: bool = False,
-        keeps: object = None,
+        self, guard: PackedSignature, check: bool | None = None, *, first_barrier: bool = False,
+        claimed: bool = False, keeps: object = None,
     ) -> Call:  # fmt: skip
         """Claim the communicator; number, record and (unless ``check`` is off) check the call of ``guard``.
 
@@ -317,7 +318,7 @@ class Watchdog:
             self._inject(call)
         try:
             if (self.check if check is None else check) and self._size > 1:
-                self._agree(call, Guard(signature), sequence)
+                self._agree(call, PackedSignature(signature), sequence)
         except PeerInputError as others:
             # every rank's checks failed or the ranks were out of step too: say so beside this rank's own
             if set(others.problems) != {self._rank} or set(others.fields) != {"problem"}:
@@ -494,7 +495,7 @@ class Watchdog:
         self.break_off(f"{calling} called {collective} while {running}'s call ran")
         raise ConcurrentCallError(message, running=running, calling=calling, rank=self._rank)
 
-    def _agree(self, call: Call, guard: Guard, sequence: int) -> None:
+    def _agree(self, call: Call, guard: PackedSignature, sequence: int) -> None:
         """Agree with every other rank as :meth:`watch` does; raise on every rank if the signatures differ."""
         guard.stamp(sequence, self.tag)
         if self.shared is None:
