@@ -16,7 +16,6 @@ import torch
 from .. import api
 from ..errors import CollectivesError, InvalidBufferError, UnsupportedDtypeError, UnsupportedOpError
 from .mpi_ops import communicator_for
-from .repeated import Repeated, repeated_for
 from .tensors import Comm, reduce_in_place, torch_dtype_name
 from .worker import background_worker
 
@@ -58,7 +57,7 @@ class _Bucket:
     def __init__(self, params: list[torch.Tensor], wire: torch.dtype | None, index: int = 0) -> None:
         self.params = params
         self.wire = wire
-        self.index = index  # the same on every rank: names the bucket's kept allreduce
+        self.index = index  # the same on every rank
         self._fused: torch.Tensor | None = None
         self._packed: torch.Tensor | None = None
 
@@ -68,7 +67,7 @@ class _Bucket:
         if len(grads) < len(self.params):
             raise CollectivesError("a gradient went missing before it was reduced; was zero_grad() called?")
         if self.wire is None and len(grads) == 1 and grads[0].is_contiguous():
-            self._reduce(grads[0], op, communicator)  # one gradient needs no fusion buffer
+            reduce_in_place(grads[0], op, communicator)  # one gradient needs no fusion buffer
             return
         if self._fused is None:
             self._fused = torch.empty(sum(p.numel() for p in self.params), dtype=self.params[0].dtype)
@@ -78,24 +77,18 @@ class _Bucket:
         for piece, grad in zip(pieces, grads, strict=True):
             piece.copy_(grad.reshape(-1))
         if self.wire is None:
-            self._reduce(fused, op, communicator)
+            reduce_in_place(fused, op, communicator)
         else:
             if op == "avg":
                 fused.div_(communicator.size)  # before the cast, so float16 cannot overflow in the sum
             if self._packed is None:
                 self._packed = torch.empty(fused.numel(), dtype=self.wire)
             self._packed.copy_(fused)
-            self._reduce(self._packed, "sum", communicator)
+            reduce_in_place(self._packed, "sum", communicator)
             fused.copy_(self._packed)
         for piece, grad in zip(pieces, grads, strict=True):
             grad.copy_(piece.view_as(grad))
 
-    def _reduce(self, tensor: torch.Tensor, op: str, communicator: api.Communicator) -> None:
-        """Reduce ``tensor`` in place: through the bucket's kept persistent allreduce where it can be."""
-        if Repeated.takes(tensor):
-            repeated_for(communicator).allreduce_(("optimizer bucket", self.index), tensor, op)
-        else:
-            reduce_in_place(tensor, op, communicator)
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
