@@ -1,6 +1,6 @@
 """The ranks' agreement on a call: its packed signature (a guard) and the exchange and comparison of them."""
 
-__all__ = ["FUSED_BYTES", "Agreement", "Guard"]
+__all__ = ["FUSED_BYTES", "Agreement", "PackedSignature"]
 
 import hashlib
 import struct
@@ -15,7 +15,7 @@ from .transport.tags import Tag
 _SIGNATURE = Tag.SIGNATURE  # a module global: read by every call's exchange
 
 FUSED_BYTES = 4096
-"""The most data bytes that may travel to one peer with a call's signature (see :class:`Guard`)."""
+"""The most data bytes that may travel to one peer with a call's signature (see :class:`PackedSignature`)."""
 
 _SEQUENCE = struct.Struct("<q")  # a packed signature starts with its sequence number
 
@@ -32,7 +32,7 @@ def _nothing() -> None:
     """What a mismatch does before its error unless told otherwise."""
 
 
-class Guard:
+class PackedSignature:
     """What every call of one kind on a communicator agrees on, packed once and reused.
 
     The ranks exchange :attr:`packed` with the call's sequence number written in
@@ -103,10 +103,10 @@ class Agreement:
         self.on_mismatch: Callable[[], None] = _nothing
 
     def arrived(self, peer: int, size: int) -> memoryview:
-        """The ``size`` data bytes that came with the last signature from ``peer`` (see :class:`Guard`)."""
+        """The ``size`` data bytes that came with the last signature from ``peer`` (see `PackedSignature`)."""
         return memoryview(self.received[peer])[SIGNATURE_BYTES : SIGNATURE_BYTES + size]
 
-    def exchange(self, call: Call, guard: Guard, sequence: int) -> None:
+    def exchange(self, call: Call, guard: PackedSignature, sequence: int) -> None:
         """Exchange ``guard``'s stamped messages with every other rank; raise on every rank if any differ."""
         transport = self._transport
         mine = guard.packed

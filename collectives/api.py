@@ -27,12 +27,12 @@ Each has a non-blocking twin (:mod:`collectives.nonblocking`: ``iallreduce`` ...
 that starts it and returns a :class:`~collectives.Request`; a blocking call on a
 communicator waits for the calls started on it first (:mod:`collectives.requests`).
 
-Each function hands its arguments (and, for the collectives whose repeats are
-kept, the key of its decisions) to :func:`collectives.dispatch.perform`, the one
-path: it settles the calls started on the communicator, runs a repeated call on
-the decisions its first one kept (:mod:`collectives.prepared`), and otherwise
-checks the arguments into a :class:`~collectives.dispatch.Job` and agrees on the
-call, chooses its algorithm and runs it.
+Each function hands its arguments by name to
+:func:`collectives.dispatch.call_collective`, the one path: it settles the calls
+started on the communicator, runs a repeated call on the decisions its first one
+kept (:mod:`collectives.repeats`), and otherwise checks the arguments into a
+:class:`~collectives.dispatch.CheckedCall` and agrees on the call, chooses its
+algorithm and runs it.
 """
 
 __all__ = [
@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .buffers import (
+    allgather_job,
     allreduce_job,
     alltoall_job,
     barrier_job,
@@ -68,11 +69,10 @@ from .buffers import (
     widened,
 )
 from .communicator import Communicator
-from .dispatch import Job, escaped, perform
+from .dispatch import CheckedCall, call_collective, escaped
 from .explaining import explain
 from .host_copy import on_host_copy
 from .ops import ReduceOp
-from .prepared import allreduce_key, shares_key
 from .reproducible_calls import Through, reproducibly
 from .requests import busy, settle
 from .selector import AUTO
@@ -127,10 +127,9 @@ def allreduce(
             wide = _widened(x, op, out, comm)
             if wide is not None:
                 return narrowed(allreduce(wide, op, algorithm=algorithm, comm=comm, check=check), out)
-        key = allreduce_key(x, op, out, algorithm, check)
-        return perform(
-            comm, "allreduce", algorithm, check, key, x, out, _delivered, allreduce_job,
-            x, op, out, check, key,
+        return call_collective(
+            comm, "allreduce", algorithm=algorithm, check=check, checks=allreduce_job, finish=_delivered,
+            x=x, out=out, op=op,
         )  # fmt: skip
     except BaseException as error:
         escaped(comm, "allreduce", error)
@@ -178,10 +177,9 @@ def reduce_scatter(
             if wide is not None:
                 share = reduce_scatter(wide, op, counts=counts, algorithm=algorithm, comm=comm, check=check)
                 return narrowed(share, out)
-        key = shares_key("reduce_scatter", x, op, counts, out, algorithm, check)
-        return perform(
-            comm, "reduce_scatter", algorithm, check, key, x, out, _share, reduce_scatter_job,
-            x, op, counts, out, key,
+        return call_collective(
+            comm, "reduce_scatter", algorithm=algorithm, check=check, checks=reduce_scatter_job,
+            finish=_share, x=x, out=out, op=op, counts=counts,
         )  # fmt: skip
     except BaseException as error:
         escaped(comm, "reduce_scatter", error)
@@ -217,10 +215,10 @@ def allgather(
         The concatenation, ``out`` when given.
     """
     try:
-        key = shares_key("allgather", x, None, counts, out, algorithm, check)
-        return perform(
-            comm, "allgather", algorithm, check, key, x, out, _delivered, _allgather_job, x, counts, out, key
-        )
+        return call_collective(
+            comm, "allgather", algorithm=algorithm, check=check, checks=allgather_job, finish=_delivered,
+            x=x, out=out, counts=counts,
+        )  # fmt: skip
     except BaseException as error:
         escaped(comm, "allgather", error)
         raise
@@ -257,9 +255,10 @@ def broadcast(
         InvalidRootError: ``root`` is not a rank of the communicator.
     """
     try:
-        return perform(
-            comm, "broadcast", algorithm, check, None, x, out, _delivered, broadcast_job, x, root, out
-        )
+        return call_collective(
+            comm, "broadcast", algorithm=algorithm, check=check, checks=broadcast_job, finish=_delivered,
+            x=x, out=out, root=root,
+        )  # fmt: skip
     except BaseException as error:
         escaped(comm, "broadcast", error)
         raise
@@ -303,7 +302,10 @@ def reduce(
         wide = _widened(x, op, out, comm)
         if wide is not None:
             return narrowed(reduce(wide, op, root, algorithm=algorithm, comm=comm, check=check), out)
-        return perform(comm, "reduce", algorithm, check, None, x, out, _at_root, reduce_job, x, op, root, out)
+        return call_collective(
+            comm, "reduce", algorithm=algorithm, check=check, checks=reduce_job, finish=_at_root,
+            x=x, out=out, op=op, root=root,
+        )  # fmt: skip
     except BaseException as error:
         escaped(comm, "reduce", error)
         raise
@@ -343,22 +345,10 @@ def gather(
         InvalidRootError: ``root`` is not a rank of the communicator.
     """
     try:
-        return perform(
-            comm,
-            "gather",
-            algorithm,
-            check,
-            None,
-            x,
-            out,
-            _at_root,
-            gather_job,
-            "gather",
-            x,
-            root,
-            counts,
-            out,
-        )
+        return call_collective(
+            comm, "gather", algorithm=algorithm, check=check, checks=gather_job, finish=_at_root,
+            x=x, out=out, root=root, counts=counts,
+        )  # fmt: skip
     except BaseException as error:
         escaped(comm, "gather", error)
         raise
@@ -404,9 +394,10 @@ def scatter(
             neither ``x`` nor ``out``.
     """
     try:
-        return perform(
-            comm, "scatter", algorithm, check, None, x, out, _scattered, scatter_job, x, root, counts, out
-        )
+        return call_collective(
+            comm, "scatter", algorithm=algorithm, check=check, checks=scatter_job, finish=_scattered,
+            x=x, out=out, root=root, counts=counts,
+        )  # fmt: skip
     except BaseException as error:
         escaped(comm, "scatter", error)
         raise
@@ -438,7 +429,10 @@ def alltoall(
         The shares from every rank, ``out`` when given.
     """
     try:
-        return perform(comm, "alltoall", algorithm, check, None, x, out, _exchanged, alltoall_job, x, out)
+        return call_collective(
+            comm, "alltoall", algorithm=algorithm, check=check, checks=alltoall_job, finish=_exchanged,
+            x=x, out=out,
+        )  # fmt: skip
     except BaseException as error:
         escaped(comm, "alltoall", error)
         raise
@@ -455,7 +449,9 @@ def barrier(
         check: whether the ranks agree on the call first; see :mod:`collectives.api`.
     """
     try:
-        perform(comm, "barrier", algorithm, check, None, None, None, _nothing, barrier_job)
+        call_collective(
+            comm, "barrier", algorithm=algorithm, check=check, checks=barrier_job, finish=_nothing
+        )
     except BaseException as error:
         escaped(comm, "barrier", error)
         raise
@@ -463,24 +459,24 @@ def barrier(
 
 _THROUGH = Through(allreduce, reduce, reduce_scatter)  # a reproducible sum's reductions of its words
 
-# --- what each collective returns, from the buffer with this rank's result (``finish`` of dispatch.perform)
+# --- what each collective returns, from the buffer with its result (``finish`` of dispatch.call_collective)
 
 
-def _delivered(group: Communicator, job: Job, work: Any) -> Any:
+def _delivered(group: Communicator, job: CheckedCall, work: Any) -> Any:
     """The whole result (an allreduce's, all-gather's or broadcast's), divided for ``avg``."""
     if job.op is not None and job.op.averages:
         job.backend.divide(work, group.size)
     return deliver(job.backend, work, job.in_out, job.out, job.shape)
 
 
-def _at_root(group: Communicator, job: Job, work: Any) -> Any:
+def _at_root(group: Communicator, job: CheckedCall, work: Any) -> Any:
     """A rooted reduce's or gather's result at the root; ``None`` elsewhere."""
     if group.rank != job.root:
         return None
     return _delivered(group, job, work)
 
 
-def _share(group: Communicator, job: Job, share: Any) -> Any:
+def _share(group: Communicator, job: CheckedCall, share: Any) -> Any:
     """A reduce-scatter's share, divided for ``avg``, in ``job.out``."""
     if job.op is not None and job.op.averages:
         job.backend.divide(share, group.size)
@@ -489,7 +485,7 @@ def _share(group: Communicator, job: Job, share: Any) -> Any:
     return job.out
 
 
-def _scattered(group: Communicator, job: Job, work: Any) -> Any:
+def _scattered(group: Communicator, job: CheckedCall, work: Any) -> Any:
     """This rank's share of a scatter, in ``out`` or a new array."""
     shares, rank, backend = job.shares, group.rank, job.backend
     assert shares is not None  # a scatter has its shares
@@ -501,7 +497,7 @@ def _scattered(group: Communicator, job: Job, work: Any) -> Any:
     return out
 
 
-def _exchanged(group: Communicator, job: Job, work: Any) -> Any:
+def _exchanged(group: Communicator, job: CheckedCall, work: Any) -> Any:
     """An all-to-all's shares from every rank, in ``out`` or a new array."""
     result = work[job.count :]
     if job.out is None:
@@ -510,25 +506,16 @@ def _exchanged(group: Communicator, job: Job, work: Any) -> Any:
     return job.out
 
 
-def _nothing(group: Communicator, job: Job, work: Any) -> None:
+def _nothing(group: Communicator, job: CheckedCall, work: Any) -> None:
     """A barrier returns nothing."""
 
 
 def _widened(x: Any, op: "str | ReduceOp", out: Any, comm: "Communicator | MPI.Comm | None") -> Any | None:
     """``x`` in float32 for a float16 ``avg`` (:func:`~collectives.buffers.widened`), else ``None``.
 
-    The calls started on the communicator go first, as in :func:`~collectives.dispatch.perform`:
+    The calls started on the communicator go first, as in :func:`~collectives.dispatch.call_collective`:
     they may still write ``x``.
     """
     if busy:
         settle(comm)
     return widened(x, op, out)
-
-
-def _allgather_job(
-    group: Communicator, algorithm: str, x: Any, counts: Sequence[int] | None, out: Any, key: Any
-) -> Job:
-    """An all-gather's job, kept under ``key`` for its repeats."""
-    job = gather_job(group, algorithm, "allgather", x, -1, counts, out)
-    job.key = key
-    return job

@@ -1,6 +1,11 @@
-"""Each collective's checks of its arguments, and the buffers it works in: the job it hands to dispatch."""
+"""Each collective's checks of its arguments and the buffers it works in: the checked call dispatch runs.
+
+Every builder takes the communicator, the algorithm asked for and the call's
+arguments as the user gave them (:class:`~collectives.dispatch.CallArguments`).
+"""
 
 __all__ = [
+    "allgather_job",
     "allreduce_job",
     "alltoall_job",
     "barrier_job",
@@ -16,14 +21,13 @@ __all__ = [
 
 import operator
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from .backends import ArrayBackend, adopt, backend_for
 from .communicator import Communicator
-from .dispatch import Job
+from .dispatch import CallArguments, CheckedCall
 from .errors import CollectivesError, InvalidBufferError, UnsupportedOpError
 from .ops import ReduceOp, get_op, itemsize
-from .prepared import opening_of
 from .selector import check_algorithm
 from .specs import check_root
 
@@ -108,19 +112,12 @@ def deliver(backend: ArrayBackend, work: Any, in_out: bool, out: Any, shape: tup
     return out
 
 
-def allreduce_job(
-    group: Communicator,
-    algorithm: str,
-    x: Any,
-    op: "str | ReduceOp",
-    out: Any,
-    check: bool | None,
-    key: tuple[Any, ...] | None,
-) -> Job:
-    """An allreduce's checked arguments, its workspace, and what it can decide before agreeing."""
-    x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
+def allreduce_job(group: Communicator, algorithm: str, given: CallArguments) -> CheckedCall:
+    """An allreduce's checked arguments and its workspace."""
+    op = given.op
+    x, out = adopt(given.x), adopt(given.out)  # other CUDA arrays as CuPy views, no copy
     backend, checked_op, item_bytes = _inspect(x, op, "allreduce", algorithm)
-    reduce_op = get_op(op) if checked_op is None else checked_op  # get_op names a missing op
+    reduce_op = get_op(cast(str, op)) if checked_op is None else checked_op  # get_op names a missing op
     shape = tuple(x.shape)
     if out is not None:
         _check_out(backend, out, x, shape)
@@ -132,31 +129,17 @@ def allreduce_job(
         if source is None or backend.shares_memory(source, work):
             backend.copy(work, x)
             source = None
-    opening = None
-    if backend.device() is None:
-        opening = opening_of(group, check, algorithm, backend, reduce_op, work, source, item_bytes)
-    # calls decided before agreeing are the ones to repeat; a repeat must not copy x first
-    repeatable = (
-        opening is not None and backend.name == "numpy" and ((in_out and out is x) or source is not None)
-    )
-    return Job(
+    return CheckedCall(
         "allreduce", algorithm, backend, reduce_op, item_bytes, x.size, backend.dtype_name(x), work,
-        source=source, shape=shape, on_shared=True, key=key if repeatable else None, opening=opening,
-        out=out, in_out=in_out,
+        source=source, shape=shape, on_shared=True, out=out, in_out=in_out,
+        copied=source is None and not (in_out and out is x),
     )  # fmt: skip
 
 
-def reduce_scatter_job(
-    group: Communicator,
-    algorithm: str,
-    x: Any,
-    op: "str | ReduceOp",
-    counts: Sequence[int] | None,
-    out: Any,
-    key: tuple[Any, ...] | None,
-) -> Job:
+def reduce_scatter_job(group: Communicator, algorithm: str, given: CallArguments) -> CheckedCall:
     """A reduce-scatter's checked arguments and the array its share goes to."""
-    x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
+    op, counts = given.op, given.counts
+    x, out = adopt(given.x), adopt(given.out)  # other CUDA arrays as CuPy views, no copy
     backend, reduce_op, item_bytes = _inspect(x, op, "reduce_scatter", algorithm)
     size, rank = group.size, group.rank
     shares, share_shape, _ = _shares_of("reduce_scatter", x, counts, size, rank, x.size)
@@ -170,14 +153,24 @@ def reduce_scatter_job(
     mine = backend.flat_view(out) if on_shared else None
     if mine is not None and backend.shares_memory(mine, flat):
         mine = None
-    return Job(
+    return CheckedCall(
         "reduce_scatter", algorithm, backend, reduce_op, item_bytes, x.size, backend.dtype_name(x), None,
         source=x if flat is None else flat, counts=counts, shares=shares, shape=share_shape,
-        on_shared=on_shared, result=mine, key=key, out=out,
+        on_shared=on_shared, result=mine, out=out,
     )  # fmt: skip
 
 
-def gather_job(
+def allgather_job(group: Communicator, algorithm: str, given: CallArguments) -> CheckedCall:
+    """An allgather's checked arguments, with this rank's part in the workspace."""
+    return _gathered(group, algorithm, "allgather", given.x, -1, given.counts, given.out)
+
+
+def gather_job(group: Communicator, algorithm: str, given: CallArguments) -> CheckedCall:
+    """A gather's checked arguments, with this rank's part in the workspace."""
+    return _gathered(group, algorithm, "gather", given.x, given.root, given.counts, given.out)
+
+
+def _gathered(
     group: Communicator,
     algorithm: str,
     collective: str,
@@ -185,7 +178,7 @@ def gather_job(
     root: int,
     counts: Sequence[int] | None,
     out: Any,
-) -> Job:
+) -> CheckedCall:
     """An allgather's or a gather's checked arguments, with this rank's part in the workspace."""
     x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
     backend, _, item_bytes = _inspect(x, None, collective, algorithm)
@@ -202,47 +195,47 @@ def gather_job(
     work, in_out = _workspace(backend, out if gets else None, total, x)
     lo = sum(shares[:rank])
     backend.copy(work[lo : lo + shares[rank]], x)
-    return Job(
+    return CheckedCall(
         collective, algorithm, backend, None, item_bytes, total, backend.dtype_name(x), work, root=root,
         counts=counts, shares=shares, shape=whole_shape, on_shared=collective == "allgather", out=out,
         in_out=in_out,
     )  # fmt: skip
 
 
-def broadcast_job(group: Communicator, algorithm: str, x: Any, root: int, out: Any) -> Job:
+def broadcast_job(group: Communicator, algorithm: str, given: CallArguments) -> CheckedCall:
     """A broadcast's checked arguments, with the root's data in the workspace."""
-    x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
-    backend, _, item_bytes = _inspect(x, None, "broadcast", algorithm)
-    root, shape = _rooted(group, backend, x, root, out)
-    work, in_out = _workspace(backend, out, x.size, x)
-    if group.rank == root and not (in_out and out is x):
-        backend.copy(work, x)
-    return Job(
-        "broadcast", algorithm, backend, None, item_bytes, x.size, backend.dtype_name(x), work, root=root,
-        shape=shape, out=out, in_out=in_out,
-    )  # fmt: skip
+    return _rooted_job(group, algorithm, given, "broadcast")
 
 
-def reduce_job(group: Communicator, algorithm: str, x: Any, op: "str | ReduceOp", root: int, out: Any) -> Job:
+def reduce_job(group: Communicator, algorithm: str, given: CallArguments) -> CheckedCall:
     """A reduce's checked arguments, with this rank's data in the workspace."""
-    x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
-    backend, reduce_op, item_bytes = _inspect(x, op, "reduce", algorithm)
-    root, shape = _rooted(group, backend, x, root, out)
-    # elsewhere an algorithm may combine partial results in the buffer, so it is a copy of x too
-    work, in_out = _workspace(backend, out if group.rank == root else None, x.size, x)
-    if not (in_out and out is x):
+    return _rooted_job(group, algorithm, given, "reduce")
+
+
+def _rooted_job(group: Communicator, algorithm: str, given: CallArguments, collective: str) -> CheckedCall:
+    """A broadcast's or a reduce's checked arguments and workspace (``out`` itself where it can be).
+
+    A reduce's workspace is a copy of ``x`` on every rank (an algorithm may
+    combine partial results in it off the root too), a broadcast's only at the root.
+    """
+    reduces = collective == "reduce"
+    x, out = adopt(given.x), adopt(given.out)  # other CUDA arrays as CuPy views, no copy
+    backend, reduce_op, item_bytes = _inspect(x, given.op if reduces else None, collective, algorithm)
+    root, shape = _rooted(group, backend, x, given.root, out)
+    at_root = group.rank == root
+    work, in_out = _workspace(backend, out if at_root or not reduces else None, x.size, x)
+    if (at_root or reduces) and not (in_out and out is x):
         backend.copy(work, x)
-    return Job(
-        "reduce", algorithm, backend, reduce_op, item_bytes, x.size, backend.dtype_name(x), work, root=root,
+    return CheckedCall(
+        collective, algorithm, backend, reduce_op, item_bytes, x.size, backend.dtype_name(x), work, root=root,
         shape=shape, out=out, in_out=in_out,
     )  # fmt: skip
 
 
-def scatter_job(
-    group: Communicator, algorithm: str, x: Any, root: int, counts: Sequence[int] | None, out: Any
-) -> Job:
+def scatter_job(group: Communicator, algorithm: str, given: CallArguments) -> CheckedCall:
     """A scatter's checked arguments, with the root's data in the workspace."""
-    x, out = adopt(x), adopt(out)
+    root, counts = given.root, given.counts
+    x, out = adopt(given.x), adopt(given.out)
     size, rank = group.size, group.rank
     root = check_root(root, size)
     if x is None:
@@ -265,15 +258,15 @@ def scatter_job(
     work = backend.empty(total, like)
     if rank == root:
         backend.copy(work, x)
-    return Job(
+    return CheckedCall(
         "scatter", algorithm, backend, None, item_bytes, total, backend.dtype_name(like), work, root=root,
         counts=counts, shares=shares, shape=share_shape, out=out,
     )  # fmt: skip
 
 
-def alltoall_job(group: Communicator, algorithm: str, x: Any, out: Any) -> Job:
+def alltoall_job(group: Communicator, algorithm: str, given: CallArguments) -> CheckedCall:
     """An alltoall's checked arguments, with the input and this rank's own share in the workspace."""
-    x, out = adopt(x), adopt(out)  # other CUDA arrays as CuPy views, no copy
+    x, out = adopt(given.x), adopt(given.out)  # other CUDA arrays as CuPy views, no copy
     backend, _, item_bytes = _inspect(x, None, "alltoall", algorithm)
     size, rank = group.size, group.rank
     shape = tuple(x.shape)
@@ -288,18 +281,18 @@ def alltoall_job(group: Communicator, algorithm: str, x: Any, out: Any) -> Job:
     # no rank sends to itself, so its share for itself starts in its slot of the output
     mine = rank * share
     backend.copy(work[count + mine : count + mine + share], work[mine : mine + share])
-    return Job(
+    return CheckedCall(
         "alltoall", algorithm, backend, None, item_bytes, count, backend.dtype_name(x), work, shape=shape,
         out=out,
     )  # fmt: skip
 
 
-def barrier_job(group: Communicator, algorithm: str) -> Job:
+def barrier_job(group: Communicator, algorithm: str, given: CallArguments) -> CheckedCall:
     """A barrier's checked algorithm: no data of the caller's, so no dtype in its signature."""
     import numpy as np  # the schedule's tokens are host bytes, whatever library the user's arrays are from
 
     check_algorithm("barrier", algorithm)
-    return Job("barrier", algorithm, backend_for(np.empty(0, np.uint8)), None, 1, 0, "", None)
+    return CheckedCall("barrier", algorithm, backend_for(np.empty(0, np.uint8)), None, 1, 0, "", None)
 
 
 def _shares_of(

@@ -32,7 +32,7 @@ NOTICE = struct.Struct("<qq64s")  # Tag.BROKEN: the rank that broke, its call's 
 
 
 class Posted(Protocol):
-    """A signature posted with a call's first barrier (:class:`~collectives.agreement.Guard`)."""
+    """A signature posted with a call's first barrier (:class:`~collectives.agreement.PackedSignature`)."""
 
     packed: bytearray
     signature: Signature
@@ -120,6 +120,7 @@ class Call:
         seconds: how long the call took, once it ended.
         began: when the call began, by ``time.monotonic()``.
         pending: a signature to post with the call's first barrier and check after it.
+        keeps: what the call's messages may write into: kept alive if it breaks the communicator.
     """
 
     __slots__ = (
@@ -130,6 +131,7 @@ class Call:
         "_watched",
         "algorithm",
         "began",
+        "keeps",
         "outcome",
         "pending",
         "seconds",
@@ -155,6 +157,7 @@ class Call:
         self._warned = False
         self._barriers = 0
         self.pending: Posted | None = None  # a signature to post with the first barrier and check after it
+        self.keeps: object = None
         watched = watchdog.watched
         self._watched = watched is not None
         if watched is None:
@@ -481,16 +484,11 @@ class SteppedCall(Call):
 
     __slots__ = ()
 
-    def wait(
-        self,
-        requests: list[Request],
-        step: int | str,
-        peers: Sequence[Any],
-        transport: Transport | None = None,
-    ) -> None:
+    def wait(self, requests: list[Request], step: int | str, *where: Any) -> None:
+        """As :meth:`Call.wait` (``where``: its peers and transport), a step counted first."""
         if isinstance(step, int):  # a schedule's step, its messages posted; not the signature check
             _FAULTS.stepped(self.watchdog.transport.rank, self)
-        super().wait(requests, step, peers, transport)
+        super().wait(requests, step, *where)
 
     def barrier(
         self, shared: SharedMemory, note: Sequence[int] = (), ranks: tuple[int, ...] | None = None

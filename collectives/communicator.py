@@ -22,7 +22,7 @@ from .settings_agreement import SETTINGS_BYTES, Setting, compared, differences, 
 from .tracing.clock import align
 from .tracing.recorder import TRACER
 from .transport.base import NodeSplit, Transport
-from .transport.device import Device
+from .transport.device import GpuDevice
 from .transport.device_path import CUDA_IPC_ENV, DevicePath
 from .transport.tags import Tag
 from .tuner import TUNE_ENV, Tuner, tuning_wanted
@@ -82,7 +82,7 @@ class Communicator:
     Attributes:
         watchdog: numbers, checks, bounds and records every call (for the library's modules).
         scratch: buffers reused by every call, so repeated calls allocate nothing.
-        prepared: repeated calls' checked decisions, by key (see :mod:`collectives.prepared`).
+        repeats: repeated calls' kept decisions, by key (see :mod:`collectives.repeats`, which owns them).
         tuner: the online tuner, where tuning is on; else ``None``.
     """
 
@@ -108,7 +108,7 @@ class Communicator:
         self._before_free: list[Callable[[], None]] = []
         # plain attributes, not properties: a repeated small call reads them in a few microseconds
         self.scratch = Scratch()
-        self.prepared: dict[tuple[Any, ...], Any] = {}  # prepared.Prepared entries: that module owns them
+        self.repeats: dict[tuple[Any, ...], Any] = {}  # repeats.Repeat entries: that module owns them
         if isinstance(comm, Transport):
             self._transport = comm
         else:
@@ -164,7 +164,7 @@ class Communicator:
             return features
         # a call of its own, so that a rank that never asks makes the others time out, not hang in MPI
         watchdog = self.watchdog
-        with watchdog.watch(watchdog.guard("features", "-", 0)) as call:
+        with watchdog.watch(watchdog.signature_of("features", "-", 0)) as call:
             return self.features_in(call)
 
     def features_in(self, call: Call) -> frozenset[str]:
@@ -229,7 +229,7 @@ class Communicator:
             watchdog = self.watchdog
             # unnumbered and unrecorded: a creation is no collective call ($COLLECTIVES_FAULT counts calls)
             watchdog.claim("setup")
-            with Call(watchdog, watchdog.guard("setup", "-", 0).signature, watchdog.sequence) as call:
+            with Call(watchdog, watchdog.signature_of("setup", "-", 0).signature, watchdog.sequence) as call:
                 records = self._meet_by_messages(call, "the settings' comparison", record)
             differ = differences([settings_of(r) for r in records])
             if problem is None and differ is not None:
@@ -253,7 +253,7 @@ class Communicator:
             # from the next call on, the ranks agree on signatures through a barrier, not messages,
             # so no data travels with them: forget the calls prepared to send it so
             self.watchdog.agree_through(shared, self._shared.reset)
-            self.prepared.clear()
+            self.repeats.clear()
             features = frozenset({"shared_memory", *extra})
         elif nodes is not None:
             self._nodes = nodes
@@ -321,7 +321,7 @@ class Communicator:
         """The path device arrays take, once the first collective on them chose it; never collective."""
         return next(iter(self._device_paths.values()), None)
 
-    def staging_buffer(self, device: Device, nbytes: int) -> Any:
+    def staging_buffer(self, device: GpuDevice, nbytes: int) -> Any:
         """A pinned host buffer of ``nbytes`` for this thread's host copies of device arrays, kept.
 
         One per thread: a thread's copy never lands in a buffer another thread's call is
@@ -391,7 +391,7 @@ class Communicator:
         watchdog = self.watchdog
         # a call: raises FreedCommunicatorError once freed; and the ranks meet under its deadline before
         # MPI's collectives (the node split, the shared window), which a rank that never comes would hang
-        with watchdog.watch(watchdog.guard("alloc", "-", 0)) as call:
+        with watchdog.watch(watchdog.signature_of("alloc", "-", 0)) as call:
             if "shared_memory" not in self.features_in(call) or self._shared is None:
                 return np.empty(dims, kind)
             self._meet(call, "alloc's shared window")
@@ -427,7 +427,7 @@ class Communicator:
         if not self._transport.DUPLICATES:
             return None
         watchdog = self.watchdog
-        with watchdog.watch(watchdog.guard("duplicate", "-", 0)) as call:
+        with watchdog.watch(watchdog.signature_of("duplicate", "-", 0)) as call:
             self._meet_by_messages(call, "the duplicate")
             transport = self._transport.duplicate()
         if transport is None:
@@ -459,7 +459,7 @@ class Communicator:
         for finish in self._before_free:  # calls started on it complete first, as MPI's would
             finish()
         if watchdog.broken is not None:  # receives of a call that did not finish may still land in them
-            watchdog.kept.append((self.scratch, list(self.prepared.values())))
+            watchdog.kept.append((self.scratch, list(self.repeats.values())))
             self.scratch = Scratch()
         watchdog.freed = True
         watchdog.break_off("it was freed")
@@ -469,7 +469,7 @@ class Communicator:
         for path in self._device_paths.values():
             path.close()
         self._device_paths.clear()
-        self.prepared.clear()
+        self.repeats.clear()
         # freeing shared windows is MPI's collective: bounded, as peers of a broken one may never come
         self._transport.close(self.timeout)
 

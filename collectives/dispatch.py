@@ -1,27 +1,39 @@
 """Routes one call to a schedule, the shared-memory executor or the node hierarchy, under the watchdog.
 
-Every collective of :mod:`collectives.api` takes the same path, :func:`perform`:
-the calls started on the communicator go first; a call whose decisions an earlier
-one of the same key made runs on them (:mod:`collectives.prepared`); any other has
-its arguments checked into a :class:`Job` (:func:`checked`, which tells the other
-ranks if the checks fail), then :func:`run` agrees on the call with the other
-ranks, chooses its algorithm and runs it under the watchdog.
+Every collective of :mod:`collectives.api` takes the same path, :func:`call_collective`:
+the calls started on the communicator go first; the repeat room
+(:mod:`collectives.repeats`) is asked once for the call's ready repeat, which runs
+it on the decisions an earlier call of its key made; any other call has its
+arguments checked into a :class:`CheckedCall` (:func:`checked`, which tells the
+other ranks if the checks fail), then :func:`run` agrees on the call with the
+other ranks, chooses its algorithm and runs it under the watchdog, keeping its
+decisions in the repeat room's place for them where a later call can reuse them.
 """
 
-__all__ = ["Job", "checked", "decide", "escaped", "keeps_order", "perform", "refuse", "run"]
+__all__ = [
+    "CallArguments",
+    "CheckedCall",
+    "call_collective",
+    "checked",
+    "decide",
+    "escaped",
+    "keeps_order",
+    "refuse",
+    "run",
+]
 
 from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from . import communicator as communicators
 from .algorithms import ALGORITHMS, rank_program
 from .algorithms.base import implements, required_feature
 from .backends import ArrayBackend
 from .call import Call
 from .chunking import even_split
 from .communicator import Communicator, communicator_of, made_for
+from .early_plan import EarlyPlan, allreduce_plan, early_plan
 from .errors import CollectivesError, MismatchError, UnsupportedOpError
 from .execute import execute
 from .execute import run as run_plan
@@ -29,23 +41,41 @@ from .execute_shared import SharedExecutor
 from .lean import LeanAllreduce
 from .ops import ReduceOp, get_op, itemsize
 from .ordering import keeps_rank_order
-from .prepared import Opening, Prepared, allreduce_plan, check_of, remember
+from .repeats import Repeat, RepeatedAllgather, RepeatedAllreduce, RepeatedReduceScatter, find_repeat
 from .requests import busy, settle
 from .selector import AUTO, Selector
 from .transport.base import SharedMemory
-from .watchdog import Guard
+from .watchdog import PackedSignature
 
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-P = ParamSpec("P")
 T = TypeVar("T")
 
 _BOR = get_op("bor")  # the barrier's tokens combine by it
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallArguments:
+    """A collective call's arguments as the user gave them, for its checks (the defaults: not its own).
+
+    Attributes:
+        x: this rank's input.
+        out: where the result goes.
+        op: the reduction, of the collectives that reduce.
+        root: the root of a rooted collective.
+        counts: the elements of each rank's share, where they differ.
+    """
+
+    x: Any = None
+    out: Any = None
+    op: "str | ReduceOp | None" = None
+    root: int = -1
+    counts: Sequence[int] | None = None
+
+
 @dataclass(slots=True, eq=False)
-class Job:
+class CheckedCall:
     """One call with its arguments checked: what :func:`run` agrees on, routes and runs.
 
     Attributes:
@@ -71,9 +101,12 @@ class Job:
             (``None``: in a buffer of its own).
         out: where the caller wants the result (``None``: a new array).
         in_out: whether ``work`` is ``out`` itself.
-        key: where a call whose decisions later calls may reuse keeps them
-            (see :mod:`collectives.prepared`); ``None`` for others.
-        opening: an allreduce's decisions made before its ranks agree on the call.
+        copied: whether this rank's input was copied into ``work`` first (a
+            repeat runs without that copy, so only a call without one is kept).
+        repeat: where the call keeps the decisions a later call of its key may
+            reuse (see :mod:`collectives.repeats`); ``None`` for others.
+        early: an allreduce's decisions made before its ranks agree on the call
+            (see :mod:`collectives.early_plan`).
     """
 
     collective: str
@@ -92,10 +125,11 @@ class Job:
     shape: tuple[int, ...] = ()
     on_shared: bool = False
     result: Any = None
-    key: tuple[Any, ...] | None = None
-    opening: Opening | None = None
+    repeat: Repeat | None = None
+    early: EarlyPlan | None = None
     out: Any = None
     in_out: bool = False
+    copied: bool = False
 
 
 def refuse(
@@ -129,65 +163,84 @@ def escaped(comm: "Communicator | MPI.Comm | None", collective: str, error: Base
 def checked(
     group: Communicator,
     collective: str,
+    *,
     algorithm: str,
     check: bool | None,
-    prepare: Callable[Concatenate[Communicator, str, P], T],
-    *args: P.args,
-    **kwargs: P.kwargs,
+    checks: Callable[[Communicator, str, CallArguments], T],
+    given: CallArguments,
 ) -> T:
-    """``prepare(group, algorithm, *args, **kwargs)``, a call's checks; if they raise, the others are told."""
+    """``checks(group, algorithm, given)``, a call's checks; if they raise, the other ranks are told.
+
+    The one way a rank refuses a call before it runs: see :func:`refuse`.
+    """
     try:
-        return prepare(group, algorithm, *args, **kwargs)
+        return checks(group, algorithm, given)
     except Exception as error:
         refuse(group, collective, algorithm, check, error)
         raise
 
 
-def perform(
+def call_collective(
     comm: "Communicator | MPI.Comm | None",
     collective: str,
+    *,
     algorithm: str,
     check: bool | None,
-    key: tuple[Any, ...] | None,
-    x: Any,
-    out: Any,
-    finish: Callable[[Communicator, Job, Any], Any],
-    prepare: Callable[..., Job],
-    *args: Any,
+    checks: Callable[[Communicator, str, CallArguments], CheckedCall],
+    finish: Callable[[Communicator, CheckedCall, Any], Any],
+    x: Any = None,
+    out: Any = None,
+    op: "str | ReduceOp | None" = None,
+    root: int = -1,
+    counts: Sequence[int] | None = None,
 ) -> Any:
     """Run one call of ``collective``: the one entry of every function of :mod:`collectives.api`.
 
     The calls started on the communicator (:mod:`collectives.requests`) go first.
-    A call whose ``key`` an earlier call of the communicator kept its decisions
-    under, and whose arrays ``x`` and ``out`` pass that call's checks, runs on them
-    (:mod:`collectives.prepared`). Any other is checked into a job by
-    ``prepare(group, algorithm, *args)`` (the other ranks are told if that raises)
-    and run by :func:`run`; ``finish(group, job, work)`` turns the buffer with its
-    result into what the caller returns.
+    The repeat room is asked once for the call's ready repeat
+    (:func:`~collectives.repeats.find_repeat`): one whose arrays ``x`` and ``out``
+    pass its first call's checks runs on its decisions. Any other is checked into
+    a :class:`CheckedCall` by ``checks(group, algorithm, given)``, ``given`` its
+    :class:`CallArguments` (the other ranks are told if that raises), and run by
+    :func:`run`; ``finish(group, job, work)`` turns the buffer with its result
+    into what the caller returns.
 
     Returns:
         The call's result.
     """
     if busy:  # started calls on some communicator: those on this one go first
         settle(comm)
-    group = comm if isinstance(comm, Communicator) else communicators.default if comm is None else None
-    if key is not None and group is not None:
-        prepared = group.prepared.get(key)
-        if prepared is not None and prepared.fits(prepared, x, out):
-            return prepared.reuse(group, prepared, x, out, check)
-    if group is None:
-        group = communicator_of(comm)
-    job = checked(group, collective, algorithm, check, prepare, *args)
+    group = comm if comm.__class__ is Communicator else communicator_of(comm)
+    repeat = find_repeat(group, collective, x, out, op, counts, algorithm, check)
+    if repeat is not None and repeat.fits(x, out):
+        return repeat.run(group, x, out, check)
+    given = CallArguments(x=x, out=out, op=op, root=root, counts=counts)
+    job = checked(group, collective, algorithm=algorithm, check=check, checks=checks, given=given)
+    if collective == "allreduce" and job.backend.device() is None:
+        # decisions made before the ranks agree, where they can be: its first messages go with the signature
+        early = lambda group, algorithm, given: _early(group, job, check)  # noqa: E731
+        job.early = checked(group, collective, algorithm=algorithm, check=check, checks=early, given=given)
+    job.repeat = repeat
     return finish(group, job, run(group, job, check))
 
 
-def run(group: Communicator, job: Job, check: bool | None) -> Any:
+def _early(group: Communicator, job: CheckedCall, check: bool | None) -> EarlyPlan | None:
+    """An allreduce's decisions before its ranks agree, and its first messages (see :mod:`.early_plan`)."""
+    assert job.op is not None  # an allreduce reduces
+    return early_plan(
+        group, check=check, algorithm=job.algorithm, backend=job.backend, op=job.op, work=job.work,
+        source=job.source, item_bytes=job.item_bytes,
+    )  # fmt: skip
+
+
+def run(group: Communicator, job: CheckedCall, check: bool | None) -> Any:
     """Agree on ``job``'s call with the other ranks, choose its algorithm and run it, under the watchdog.
 
     The call runs on the shared-memory executor where its algorithm needs the
     node's shared memory and the arrays are numpy's; an allreduce whose algorithm
     needs several nodes' memory runs through the node hierarchy; any other runs
     its algorithm's schedule on the executor, over the device path for device arrays.
+    Where ``job.repeat`` is given and a later call can run on its decisions, they are kept there.
 
     Returns:
         The buffer with this rank's result: ``job.work``, or a reduce-scatter's share.
@@ -196,30 +249,31 @@ def run(group: Communicator, job: Job, check: bool | None) -> Any:
         MismatchError: on every rank, when their calls differ.
         CollectiveTimeout: the call did not complete in time.
     """
-    watchdog = group.watchdog
-    opening = job.opening
-    guard = _guard(group, job) if opening is None else opening.guard
+    early = job.early
+    guard = _guard(group, job) if early is None else early.guard
     try:
-        with watchdog.watch(guard, check, first_barrier=opening is not None and opening.plan is None) as call:
+        first_barrier = early is not None and early.plan is None
+        with group.watchdog.watch(guard, check, first_barrier=first_barrier, keeps=job) as call:
             device = _on_device(group, call, job.backend)
-            if opening is None:
+            if early is None:
                 call.algorithm = _algorithm_for(group, call, job, device)
                 if group.tuner is not None and group.tuner.timing:
-                    job.key = None  # a trial: the fast path must come back to the tuner
+                    job.repeat = None  # a trial: the fast path must come back to the tuner
                 shared = _shared(group, call, job)
             else:
-                call.algorithm = opening.algorithm
-                shared = group.shared if opening.plan is None else None
+                call.algorithm = early.algorithm
+                shared = group.shared if early.plan is None else None
             if shared is not None:
-                return _ON_SHARED[job.collective](group, call, shared, guard, job)
+                result = _ON_SHARED[job.collective](group, call, shared, job)
+                if job.repeat is not None:
+                    _keep_shared(group, call, job, result, shared=shared, guard=guard, check=check)
+                return result
             if job.collective == "allreduce":
                 _allreduce(group, call, guard, job)
                 return job.work
             return _schedule(group, call, job)
-    except BaseException as error:
-        if watchdog.broken is not None:  # receives posted into the job's arrays may still land
-            watchdog.kept.append(job)
-        if isinstance(error, MismatchError) and job.op is not None and job.op.custom:
+    except MismatchError as error:
+        if job.op is not None and job.op.custom:
             op = job.op
             error.add_note(f"rank {group.rank}'s op {op.name!r} is {op.agreed_name!r} in the signature")
         raise
@@ -228,7 +282,9 @@ def run(group: Communicator, job: Job, check: bool | None) -> Any:
             group.tuner.finish()  # a trial's time: the whole call, as its caller meets it
 
 
-def decide(group: Communicator, job: Job, check: bool | None) -> tuple[str, SharedExecutor | None, Guard]:
+def decide(
+    group: Communicator, job: CheckedCall, check: bool | None
+) -> tuple[str, SharedExecutor | None, PackedSignature]:
     """Agree on ``job``'s call and choose its algorithm without running it: a persistent call's init.
 
     Collective. The ranks agree on a signature naming the collective with
@@ -241,9 +297,9 @@ def decide(group: Communicator, job: Job, check: bool | None) -> tuple[str, Shar
     Raises:
         MismatchError: on every rank, when their calls differ.
     """
-    job.opening = None  # its first messages, if packed already, are the init's data, not a start's
+    job.early = None  # its first messages, if packed already, are the init's data, not a start's
     signature = _guard(group, job).signature
-    init = group.watchdog.guard(
+    init = group.watchdog.signature_of(
         f"{job.collective}_init", job.algorithm, signature.count, signature.dtype, signature.op,
         signature.root, signature.counts, backend=signature.backend,
     )  # fmt: skip
@@ -252,26 +308,26 @@ def decide(group: Communicator, job: Job, check: bool | None) -> tuple[str, Shar
         algorithm = call.algorithm = _algorithm_for(group, call, job, device)
         shared = None if device else _shared(group, call, job)
     # a start signs the algorithm it runs, on the lean path as on the plain call
-    start = group.watchdog.guard(
+    start = group.watchdog.signature_of(
         job.collective, algorithm, signature.count, signature.dtype, signature.op,
         signature.root, signature.counts, backend=signature.backend,
     )  # fmt: skip
     return algorithm, shared, start
 
 
-def _algorithm_for(group: Communicator, call: Call, job: Job, device: bool) -> str:
+def _algorithm_for(group: Communicator, call: Call, job: CheckedCall, device: bool) -> str:
     """The algorithm ``job`` runs, agreed under ``call``; one keeping rank order for a non-commutative op."""
     if job.op is not None and not job.op.commutative and group.size > 1:
         return _choose_ordered(group, call, job, device)
     return _choose(group, call, job.collective, job.algorithm, job.count, job.item_bytes, device)
 
 
-def _guard(group: Communicator, job: Job) -> Guard:
+def _guard(group: Communicator, job: CheckedCall) -> PackedSignature:
     """The packed signature of ``job``'s call."""
     counts = None if job.counts is None else tuple(int(c) for c in job.counts)
     op = "" if job.op is None else job.op.agreed_name
     backend = job.backend.name if job.dtype else ""
-    return group.watchdog.guard(
+    return group.watchdog.signature_of(
         job.collective, job.algorithm, job.count, job.dtype, op, job.root, counts, backend=backend
     )
 
@@ -308,7 +364,7 @@ def _choose(
     return selector.choose(collective, group.size, count, item_bytes, features)
 
 
-def _choose_ordered(group: Communicator, call: Call, job: Job, device: bool) -> str:
+def _choose_ordered(group: Communicator, call: Call, job: CheckedCall, device: bool) -> str:
     """As :func:`_choose`, for a non-commutative op: only an algorithm that keeps the ranks' order.
 
     ``"auto"`` takes the fastest of those; where no reduce algorithm keeps the
@@ -426,14 +482,14 @@ def _needs(group: Communicator, call: Call, algorithm: str, backend: ArrayBacken
     return needs == feature and backend.name == "numpy" and needs in group.features_in(call)
 
 
-def _shared(group: Communicator, call: Call, job: Job) -> SharedExecutor | None:
+def _shared(group: Communicator, call: Call, job: CheckedCall) -> SharedExecutor | None:
     """The shared-memory executor, when the call's algorithm needs shared memory and it can run the call."""
     if not job.on_shared or not _needs(group, call, call.algorithm, job.backend, "shared_memory"):
         return None
     return group.shared
 
 
-def _schedule(group: Communicator, call: Call, job: Job) -> Any:
+def _schedule(group: Communicator, call: Call, job: CheckedCall) -> Any:
     """Run the call's algorithm's schedule on the executor; the buffer with this rank's result."""
     collective, backend, op, shares = job.collective, job.backend, job.op, job.shares
     program = rank_program(
@@ -454,29 +510,39 @@ def _schedule(group: Communicator, call: Call, job: Job) -> Any:
     return work
 
 
-def _allreduce(group: Communicator, call: Call, guard: Guard, job: Job) -> None:
+def _allreduce(group: Communicator, call: Call, guard: PackedSignature, job: CheckedCall) -> None:
     """Run an allreduce through the node hierarchy or by its plan; keep a repeatable call's decisions."""
     op, backend, work, source = job.op, job.backend, job.work, job.source
     assert op is not None  # an allreduce reduces
     if _needs(group, call, call.algorithm, backend, "shared_memory_nodes"):
         _allreduce_nodes(group, call, backend, work, work if source is None else source, op)
         return
-    opening = job.opening
+    early = job.early
     rank_plan = (
-        opening.plan
-        if opening is not None and opening.plan is not None
+        early.plan
+        if early is not None and early.plan is not None
         else allreduce_plan(group, call.algorithm, job.count, job.item_bytes, source is not None)
     )
     scratch = group.scratch.get(backend, rank_plan.scratch, work)
-    arrived = None if opening is None else opening.arrived
+    arrived = None if early is None else early.arrived
     run_plan(rank_plan, call.transport, backend, work, op, scratch, source, arrived)
     # a call planned only after agreeing on the selector sent no data with its signature,
-    # which later calls of its signature do: it is not one to repeat (it has no key)
-    if job.key is not None and opening is not None:
-        kept = Prepared(
-            backend, op, guard, rank_plan, scratch, job.shape, opening.sends, opening.outgoing, arrived
-        )
-        remember(group, job.key, kept)
+    # which later calls of its signature do: it is not one to repeat
+    if _repeatable(job) and early is not None and job.repeat is not None:
+        job.repeat.keep(
+            RepeatedAllreduce(
+                backend=backend, op=op, guard=guard, shape=job.shape, plan=rank_plan, scratch=scratch,
+                sends=early.sends, outgoing=early.outgoing, arrived=arrived,
+            )
+        )  # fmt: skip
+
+
+def _repeatable(job: CheckedCall) -> bool:
+    """Whether a later call of ``job``'s key may run on its decisions: numpy arrays, decided before agreeing.
+
+    A repeat does not copy its input into the result first, so neither may the call it repeats.
+    """
+    return job.early is not None and job.backend.name == "numpy" and not job.copied
 
 
 def _allreduce_nodes(
@@ -514,54 +580,64 @@ def _allreduce_nodes(
 # --- the collectives the shared-memory executor runs, by name
 
 
-def _allreduce_shared(group: Communicator, call: Call, shared: SharedExecutor, guard: Guard, job: Job) -> Any:
+def _allreduce_shared(group: Communicator, call: Call, shared: SharedExecutor, job: CheckedCall) -> Any:
     work, source, op = job.work, job.source, job.op
     assert op is not None  # an allreduce reduces
     shared.allreduce(job.backend, work, work if source is None else source, op, call.barrier)
-    if job.key is not None:
-        kept = Prepared(job.backend, op, guard, None, None, job.shape, (), {}, None, shared)
-        if job.backend.name == "numpy" and group.watchdog.shared is not None:
-            # its signature travels with the executor's barrier: later calls of the key run lean
-            check = check_of(job.key)
-            kept.lean = LeanAllreduce(group, shared, guard, check, job.backend, op, call.algorithm)
-        remember(group, job.key, kept)
     return work
 
 
-def _reduce_scatter_shared(
-    group: Communicator, call: Call, shared: SharedExecutor, guard: Guard, job: Job
-) -> Any:
+def _reduce_scatter_shared(group: Communicator, call: Call, shared: SharedExecutor, job: CheckedCall) -> Any:
     backend, op, shares, mine = job.backend, job.op, job.shares, job.result
     assert op is not None and shares is not None  # see _shared
     # straight into the result, unless it overlaps the input
     target = backend.empty(shares[group.rank], job.source) if mine is None else mine
     shared.reduce_scatter(backend, target, job.source, shares, op, call.barrier)
-    if job.key is not None and target is mine and backend.name == "numpy":
-        remember(
-            group,
-            job.key,
-            Prepared(
-                backend, op, guard, None, None, job.shape, (), {}, None, shared, shares, "reduce_scatter"
-            ),
-        )
     return target
 
 
-def _allgather_shared(group: Communicator, call: Call, shared: SharedExecutor, guard: Guard, job: Job) -> Any:
+def _allgather_shared(group: Communicator, call: Call, shared: SharedExecutor, job: CheckedCall) -> Any:
     backend, work, shares = job.backend, job.work, job.shares
     assert shares is not None  # an allgather has its shares
     lo = sum(shares[: group.rank])
     shared.allgather(backend, work, work[lo : lo + shares[group.rank]], shares, call.barrier)
-    if job.key is not None and backend.name == "numpy":
-        remember(
-            group,
-            job.key,
-            Prepared(backend, None, guard, None, None, job.shape, (), {}, None, shared, shares, "allgather"),
-        )
     return work
 
 
-_ON_SHARED: dict[str, Callable[[Communicator, Call, SharedExecutor, Guard, Job], Any]] = {
+def _keep_shared(
+    group: Communicator,
+    call: Call,
+    job: CheckedCall,
+    result: Any,
+    *,
+    shared: SharedExecutor,
+    guard: PackedSignature,
+    check: bool | None,
+) -> None:
+    """Keep the decisions of a call the shared-memory executor ran, where a later call can run on them."""
+    backend, op, repeat, shares = job.backend, job.op, job.repeat, job.shares
+    assert repeat is not None  # only asked for calls that have one
+    if job.collective == "allreduce":
+        assert op is not None  # an allreduce reduces
+        if not _repeatable(job):
+            return
+        lean = None
+        if group.watchdog.shared is not None:
+            # its signature travels with the executor's barrier: later calls of the key run lean
+            lean = LeanAllreduce(group, shared, guard, check, backend, op, call.algorithm)
+        repeat.keep(
+            RepeatedAllreduce(backend=backend, op=op, guard=guard, shape=job.shape, shared=shared, lean=lean)
+        )
+        return
+    # a reduce-scatter's share in a buffer of its own is not one to repeat: a repeat writes into out
+    own_buffer = job.collective == "reduce_scatter" and result is not job.result
+    if backend.name != "numpy" or shares is None or own_buffer:
+        return
+    kind = RepeatedAllgather if job.collective == "allgather" else RepeatedReduceScatter
+    repeat.keep(kind(backend=backend, op=op, guard=guard, shape=job.shape, shared=shared, shares=shares))
+
+
+_ON_SHARED: dict[str, Callable[[Communicator, Call, SharedExecutor, CheckedCall], Any]] = {
     "allreduce": _allreduce_shared,
     "reduce_scatter": _reduce_scatter_shared,
     "allgather": _allgather_shared,

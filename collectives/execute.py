@@ -4,7 +4,7 @@ __all__ = [
     "DEFAULT_SEGMENT_BYTES",
     "PLANS_BUDGET",
     "PLANS_KEPT",
-    "Plan",
+    "ProgramPlan",
     "Scratch",
     "clear_plans",
     "execute",
@@ -77,7 +77,7 @@ class _StepPlan:
 
 
 @dataclass(frozen=True)
-class Plan:
+class ProgramPlan:
     """A rank's part of a schedule, ready to post: every message's range, peer and landing.
 
     Consecutive transfers of a step between the same two ranks whose chunks are
@@ -227,8 +227,8 @@ def _messages(raw: list[_Raw]) -> tuple[_Message, ...]:
 
 
 @lru_cache(maxsize=512)
-def plan(schedule: Schedule, rank: int, segment: int = 0, separate_source: bool = False) -> Plan:
-    """The plan of ``rank``'s part of ``schedule`` (memoized; see :class:`Plan`).
+def plan(schedule: Schedule, rank: int, segment: int = 0, separate_source: bool = False) -> ProgramPlan:
+    """The plan of ``rank``'s part of ``schedule`` (memoized; see :class:`ProgramPlan`).
 
     For the global view (tests, benchmarks); the call path plans from a rank's
     program, built without the schedule (:func:`program_plan`), to the same plan.
@@ -247,14 +247,14 @@ PLANS_KEPT = 512
 """Plans :func:`program_plan` remembers, at most."""
 
 PLANS_BUDGET = 1 << 19
-"""The most :attr:`Plan.size` the plans :func:`program_plan` remembers hold together.
+"""The most :attr:`ProgramPlan.size` the plans :func:`program_plan` remembers hold together.
 
 At 4,096 ranks a ring allreduce's plan has some 8,000 steps (size about 33,000), so
 a count of plans alone would let the memo grow with the world size; at 8 ranks
 the count bounds it first.
 """
 
-_programs_planned: Bounded[tuple[int, int, bool], tuple["weakref.ref[RankProgram]", Plan]] = Bounded(
+_programs_planned: Bounded[tuple[int, int, bool], tuple["weakref.ref[RankProgram]", ProgramPlan]] = Bounded(
     PLANS_KEPT, PLANS_BUDGET, lambda kept: kept[1].size
 )
 
@@ -264,7 +264,7 @@ def clear_plans() -> None:
     _programs_planned.cache_clear()
 
 
-def program_plan(program: RankProgram, segment: int = 0, separate_source: bool = False) -> Plan:
+def program_plan(program: RankProgram, segment: int = 0, separate_source: bool = False) -> ProgramPlan:
     """The plan of a rank's part from its program, as :func:`plan` makes it of the schedule.
 
     Memoized by the program's identity (programs are memoized by their shape, see
@@ -281,8 +281,8 @@ def program_plan(program: RankProgram, segment: int = 0, separate_source: bool =
     return made
 
 
-def _plan(program: RankProgram, segment: int, separate_source: bool) -> Plan:
-    """The plan of ``program``'s rank (see :class:`Plan` and :func:`plan`)."""
+def _plan(program: RankProgram, segment: int, separate_source: bool) -> ProgramPlan:
+    """The plan of ``program``'s rank (see :class:`ProgramPlan` and :func:`plan`)."""
     bounds = program.chunk_bounds
     written = [not separate_source] * program.num_chunks
     steps: list[_StepPlan] = []
@@ -338,7 +338,7 @@ def _plan(program: RankProgram, segment: int, separate_source: bool) -> Plan:
         for c in range(program.num_chunks)
         if not written[c] and bounds[c] < bounds[c + 1]
     )
-    return Plan(tuple(steps), scratch, untouched)
+    return ProgramPlan(tuple(steps), scratch, untouched)
 
 
 def execute(
@@ -387,7 +387,7 @@ def execute(
     run(rank_plan, transport, backend, buffer, op, scratch, source)
 
 
-def opening(rank_plan: Plan) -> tuple[tuple[_Message, ...], tuple[_Message, ...]]:
+def opening(rank_plan: ProgramPlan) -> tuple[tuple[_Message, ...], tuple[_Message, ...]]:
     """The sends and receives of the schedule's first step that may travel with a call's signature.
 
     Each is the only message between its two ranks in its direction in that step,
@@ -410,7 +410,7 @@ def pack_opening(
 
 
 def run(
-    rank_plan: Plan,
+    rank_plan: ProgramPlan,
     transport: Transport,
     backend: ArrayBackend,
     buffer: Any,

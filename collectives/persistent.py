@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import api
-from .buffers import allreduce_job, broadcast_job, gather_job, reduce_scatter_job
+from .buffers import allgather_job, allreduce_job, broadcast_job, reduce_scatter_job
 from .call import Starts
 from .communicator import Communicator, communicator_of
-from .dispatch import Job, checked, decide, escaped
+from .dispatch import CallArguments, CheckedCall, checked, decide, escaped
 from .errors import FreedCommunicatorError, InvalidBufferError, PersistentStateError
 from .faults import PLAN as FAULTS
 from .host_copy import through_host
@@ -44,7 +44,7 @@ from .reproducible_calls import check_call, refusing
 from .requests import Request, settle, start
 from .requests import busy as started
 from .selector import AUTO
-from .watchdog import Guard
+from .watchdog import PackedSignature
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -94,7 +94,7 @@ class Persistent:
         self._source: Any = None
         self._result: Any = None
         self._request: Request | None = None
-        self.rebinder: Callable[[Any, Any, Job | None], None] | None = None
+        self.rebinder: Callable[[Any, Any, CheckedCall | None], None] | None = None
         distinct = [a for i, a in enumerate(arrays) if a is not None and all(a is not b for b in arrays[:i])]
         self._arrays = tuple((a, a.shape, a.dtype) for a in distinct)
 
@@ -244,18 +244,20 @@ def _group(comm: "Communicator | MPI.Comm | None") -> Communicator:
 def _decided(
     group: Communicator,
     collective: str,
+    *,
     algorithm: str,
     check: bool | None,
-    prepare: Callable[..., Job],
-    *args: Any,
-) -> "tuple[Job, str, SharedExecutor | None, Guard]":
-    """An init's job, checked by ``prepare(group, algorithm, *args)``, and what the ranks agreed on for it.
+    checks: Callable[[Communicator, str, CallArguments], CheckedCall],
+    **arguments: Any,
+) -> "tuple[CheckedCall, str, SharedExecutor | None, PackedSignature]":
+    """An init's call, checked by ``checks``, and what the ranks agreed on; ``arguments``: the call's.
 
     Returns:
         The job; the algorithm its starts run; the shared-memory executor, where it
         runs them; the packed signature of the starts (see :func:`~collectives.dispatch.decide`).
     """
-    job = checked(group, collective, algorithm, check, prepare, *args)
+    given = CallArguments(**arguments)
+    job = checked(group, collective, algorithm=algorithm, check=check, checks=checks, given=given)
     return (job, *decide(group, job, check))
 
 
@@ -296,9 +298,11 @@ def allreduce_init(
             return made
     in_place = out is x
     if out is None and hasattr(x, "shape") and hasattr(x, "dtype"):
-        out = checked(group, "allreduce", algorithm, check, _like, x)
+        out = checked(
+            group, "allreduce", algorithm=algorithm, check=check, checks=_like, given=CallArguments(x=x)
+        )
     job, chosen, executor, guard = _decided(
-        group, "allreduce", algorithm, check, allreduce_job, x, op, out, check, None
+        group, "allreduce", algorithm=algorithm, check=check, checks=allreduce_job, x=x, op=op, out=out
     )
     buffers = [x, out]
     # a start runs the init's choice; a small "auto" one of device arrays keeps the plain call's host copy
@@ -311,7 +315,7 @@ def allreduce_init(
 
     persistent = Persistent("allreduce", group, chosen, plain, (x, out))
 
-    def bind(new: Any, new_out: Any, job: Job | None) -> None:
+    def bind(new: Any, new_out: Any, job: CheckedCall | None) -> None:
         """Point the starts at ``new`` and ``new_out``, of the init's shapes and dtypes (checked locally)."""
         if job is None:
             if new_out is None:
@@ -323,7 +327,7 @@ def allreduce_init(
                         f"persistent allreduce: rebind to a buffer of shape {shape} and dtype {dtype}; "
                         f"the init's is of shape {was.shape} and dtype {was.dtype}"
                     )
-            job = allreduce_job(group, algorithm, new, op, new_out, check, None)
+            job = allreduce_job(group, algorithm, CallArguments(x=new, op=op, out=new_out))
         buffers[:] = [new, new_out]
         lean = (
             executor is not None
@@ -373,10 +377,11 @@ def _reproducible(
     return Persistent(collective, group, algorithm, plain, (x, out))
 
 
-def _like(group: Communicator, algorithm: str, x: Any) -> Any:
-    """A result array of ``x``'s shape and dtype (an allreduce's, when the init has no ``out``)."""
+def _like(group: Communicator, algorithm: str, given: CallArguments) -> Any:
+    """A result array of ``given.x``'s shape and dtype (an allreduce's, when the init has no ``out``)."""
     from .backends import backend_for
 
+    x = given.x
     return backend_for(x).empty(x.size, x).reshape(x.shape)
 
 
@@ -398,14 +403,13 @@ def reduce_scatter_init(
         if made is not None:
             return made
     job, chosen, _, _ = _decided(
-        group, "reduce_scatter", algorithm, check, reduce_scatter_job, x, op, counts, out, None
-    )
+        group, "reduce_scatter", algorithm=algorithm, check=check, checks=reduce_scatter_job,
+        x=x, op=op, counts=counts, out=out,
+    )  # fmt: skip
     share = job.out  # this rank's share, made by the checks when not given
 
     def plain() -> Any:
-        return api.reduce_scatter(
-            x, op, counts=counts, out=share, algorithm=chosen, comm=group, check=check
-        )
+        return api.reduce_scatter(x, op, counts=counts, out=share, algorithm=chosen, comm=group, check=check)
 
     return Persistent("reduce_scatter", group, chosen, plain, (x, share))
 
@@ -422,8 +426,9 @@ def allgather_init(
     """A persistent :func:`~collectives.allgather`; collective. Arguments as for it."""
     group = _group(comm)
     _, chosen, _, _ = _decided(
-        group, "allgather", algorithm, check, gather_job, "allgather", x, -1, counts, out
-    )
+        group, "allgather", algorithm=algorithm, check=check, checks=allgather_job,
+        x=x, counts=counts, out=out,
+    )  # fmt: skip
 
     def run(into: Any) -> Any:
         return api.allgather(x, counts=counts, out=into, algorithm=chosen, comm=group, check=check)
@@ -442,7 +447,9 @@ def broadcast_init(
 ) -> Persistent:
     """A persistent :func:`~collectives.broadcast`; collective. Arguments as for it."""
     group = _group(comm)
-    _, chosen, _, _ = _decided(group, "broadcast", algorithm, check, broadcast_job, x, root, out)
+    _, chosen, _, _ = _decided(
+        group, "broadcast", algorithm=algorithm, check=check, checks=broadcast_job, x=x, root=root, out=out
+    )
 
     def run(into: Any) -> Any:
         return api.broadcast(x, root, out=into, algorithm=chosen, comm=group, check=check)

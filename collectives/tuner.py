@@ -8,7 +8,7 @@ one untimed round and then :data:`ROUNDS` timed ones; on the next call the ranks
 agree on one algorithm: rank 0 takes, per candidate, the slowest rank's median
 (what a collective waits for) and sends the index of the least to every rank.
 From then on the shape runs that algorithm, and may take the repeat-call fast
-path, which trial calls never take (see :mod:`collectives.prepared`).
+path, which trial calls never take (see :mod:`collectives.repeats`).
 
 Every rank makes the same calls in the same order (the watchdog checks it), so
 every rank's tuner is at the same trial of a shape in the same call, and the

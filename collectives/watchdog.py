@@ -52,7 +52,7 @@ __all__ = [
     "RECORDER_ENV",
     "STALL_WARNING_ENV",
     "TIMEOUT_ENV",
-    "Guard",
+    "PackedSignature",
     "Watchdog",
 ]
 
@@ -62,7 +62,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from .agreement import FUSED_BYTES, Agreement, Guard
+from .agreement import FUSED_BYTES, Agreement, PackedSignature
 from .call import NOTICE, Call, SteppedCall, Tracked, WatchedTransport, heard_of_break
 from .errors import (
     BrokenCommunicatorError,
@@ -193,7 +193,7 @@ class Watchdog:
         """The recorded calls under a heading naming this rank, as a timeout's error shows them."""
         return record_text(self.recorder, self._rank)
 
-    def guard(
+    def signature_of(
         self,
         collective: str,
         algorithm: str,
@@ -205,12 +205,13 @@ class Watchdog:
         *,
         backend: str = "",
         payloads: dict[int, int] | None = None,
-    ) -> Guard:
+    ) -> PackedSignature:
         """The packed signature of a call; keep it to open repeated calls with (see :meth:`watch`).
 
         ``payloads`` gives, per peer, the bytes of data that travel with the signature.
         """
-        return Guard(Signature(0, collective, algorithm, dtype, op, root, count, counts, backend), payloads)
+        signature = Signature(0, collective, algorithm, dtype, op, root, count, counts, backend)
+        return PackedSignature(signature, payloads)
 
     def claim(self, collective: str) -> None:
         """Make this thread's call the one running on the communicator, before it touches anything shared.
@@ -234,18 +235,23 @@ class Watchdog:
         self._claim.release()
 
     def watch(
-        self, guard: Guard, check: bool | None = None, *, first_barrier: bool = False, claimed: bool = False
-    ) -> Call:
-        """Number, record and (unless ``check`` is off) check the call of ``guard``.
+        self, guard: PackedSignature, check: bool | None = None, *, first_barrier: bool = False,
+        claimed: bool = False, keeps: object = None,
+    ) -> Call:  # fmt: skip
+        """Claim the communicator; number, record and (unless ``check`` is off) check the call of ``guard``.
 
-        The call ends with the ``with`` block it opens (``with watchdog.watch(guard) as
-        call:``), or with :meth:`end`, which must follow otherwise.
+        The one way a call runs under the watchdog: it ends with the ``with`` block it
+        opens (``with watchdog.watch(guard) as call:``), or with :meth:`end`, which
+        must follow otherwise; either gives the claim back. (The lean path,
+        :mod:`collectives.lean`, writes the same steps out for its hot loop.)
 
         With ``first_barrier``, where signatures go through shared memory (see
         :meth:`agree_through`), the call's first :meth:`Call.barrier` on that memory
         carries and checks the signature: the caller promises that the call does
         nothing another rank can see before it. Otherwise the check is done here.
         With ``claimed``, the caller holds the communicator's :meth:`claim` already.
+        ``keeps``: what the call's messages may still write into if it breaks the
+        communicator (its arrays): kept alive then, in :attr:`kept`.
 
         Raises:
             MismatchError: on every rank, when their calls differ.
@@ -260,6 +266,7 @@ class Watchdog:
         sequence = self.sequence
         self.sequence = sequence + 1
         call = Call(self, guard.signature, sequence)
+        call.keeps = keeps
         self.recorder.append(call)
         if _TRACE.steps:  # its barriers and signature wait recorded (see collectives.tracing.steps)
             call.__class__ = TracedCall
@@ -317,7 +324,7 @@ class Watchdog:
             self._inject(call)
         try:
             if (self.check if check is None else check) and self._size > 1:
-                self._agree(call, Guard(signature), sequence)
+                self._agree(call, PackedSignature(signature), sequence)
         except PeerInputError as others:
             # every rank's checks failed or the ranks were out of step too: say so beside this rank's own
             if set(others.problems) != {self._rank} or set(others.fields) != {"problem"}:
@@ -360,7 +367,11 @@ class Watchdog:
         if late is not None:
             raise late
         if error is not None:
-            self._ended_badly(call, error)
+            try:
+                self._ended_badly(call, error)
+            finally:
+                if call.keeps is not None and self.broken is not None:  # receives posted may still land
+                    self.kept.append(call.keeps)
 
     def _ended_badly(self, call: Call, error: BaseException) -> None:
         """Break the communicator unless every rank raised ``error`` alike; name MPI's own errors."""
@@ -492,7 +503,7 @@ class Watchdog:
         self.break_off(f"{calling} called {collective} while {running}'s call ran")
         raise ConcurrentCallError(message, running=running, calling=calling, rank=self._rank)
 
-    def _agree(self, call: Call, guard: Guard, sequence: int) -> None:
+    def _agree(self, call: Call, guard: PackedSignature, sequence: int) -> None:
         """Agree with every other rank as :meth:`watch` does; raise on every rank if the signatures differ."""
         guard.stamp(sequence, self.tag)
         if self.shared is None:

@@ -8,7 +8,7 @@ import numpy as np
 
 from collectives.backends.numpy_backend import NumpyBackend
 from collectives.transport.base import Request, Transport
-from collectives.transport.device import IPC_HANDLE_BYTES, Device
+from collectives.transport.device import IPC_HANDLE_BYTES, GpuDevice
 
 GARBAGE = 0xA5
 """What new fake device memory holds, so a copy that never happened shows."""
@@ -23,7 +23,7 @@ def device_array(values: Any) -> DeviceArray:
     return np.array(values).view(DeviceArray)
 
 
-class FakeDevice(Device):
+class FakeDevice(GpuDevice):
     """Device operations on :class:`DeviceArray`; it logs every copy and synchronisation.
 
     IPC handles name buffers in a registry shared by the threads of a loopback world.

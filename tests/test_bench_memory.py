@@ -62,7 +62,9 @@ def test_device_allreduce_bench_checks_and_times_each_size() -> None:
     # on host arrays: the GPU run (bench/README.md) takes the same loops with CuPy arrays
     args = [
         "-m",
-        "collectives", "bench", "device_allreduce",
+        "collectives",
+        "bench",
+        "device_allreduce",
         "--array",
         "numpy",
         "-b",

@@ -11,7 +11,7 @@ from collectives.errors import KeyMismatchError, KVStoreTimeout, MismatchError
 from collectives.kvstore import SGD, Adam, KVStore, collective
 from collectives.ops import DTYPES
 from collectives.signature import SIGNATURE_BYTES, Signature, disagreement, stamp_tag
-from collectives.watchdog import Guard
+from collectives.watchdog import PackedSignature
 from tests.test_kvstore import run_store
 
 
@@ -40,7 +40,7 @@ def test_the_tag_travels_in_the_signature_and_is_named_where_it_differs() -> Non
     assert isinstance(error, MismatchError)
     assert error.fields == {"tag": {"none": (0,), b"abcdefiP".hex(): (1,)}}
     # a guard kept for repeated calls takes each call's tag, and drops it again
-    guard = Guard(plain)
+    guard = PackedSignature(plain)
     guard.stamp(3, b"abcdefiP")
     assert bytes(guard.packed) == tagged.pack()
     guard.stamp(3)

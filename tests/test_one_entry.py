@@ -1,4 +1,4 @@
-"""Every collective of the API goes through one entry, dispatch.perform; repeats reuse their decisions."""
+"""Every collective of the API goes through one entry, dispatch.call_collective; repeats reuse decisions."""
 
 import time
 from typing import Any
@@ -35,13 +35,13 @@ def _every_collective(comm: Communicator) -> None:
 
 def test_every_collective_goes_through_the_one_entry(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[tuple[int, str]] = []
-    perform = dispatch.perform
+    call_collective = dispatch.call_collective
 
-    def counted(comm: Any, collective: str, *args: Any) -> Any:
+    def counted(comm: Any, collective: str, **arguments: Any) -> Any:
         seen.append((comm.rank, collective))
-        return perform(comm, collective, *args)
+        return call_collective(comm, collective, **arguments)
 
-    monkeypatch.setattr(api, "perform", counted)
+    monkeypatch.setattr(api, "call_collective", counted)
     run_ranks(WORLD, _every_collective)
     expected = [
         "allreduce", "allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "gather", "scatter",
@@ -55,7 +55,7 @@ def test_a_repeated_call_reuses_its_first_calls_decisions(monkeypatch: pytest.Mo
     def run(comm: Communicator) -> tuple[int, list[float]]:
         x = np.arange(4, dtype=np.float64)
         results = [C.allreduce(x, comm=comm) for _ in range(3)]
-        return len(comm.prepared), [float(r.sum()) for r in results]
+        return len(comm.repeats), [float(r.sum()) for r in results]
 
     for kept, sums in run_ranks(WORLD, run):
         assert kept == 1  # one key, its decisions kept by the first call and reused
@@ -75,3 +75,27 @@ def test_a_widened_call_waits_for_the_started_calls_first() -> None:
         return [float(v) for v in y]
 
     assert run_ranks(WORLD, run) == [[2.0] * 3] * WORLD
+
+
+def test_the_repeat_room_is_asked_once_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[tuple[int, str]] = []
+    find_repeat = dispatch.find_repeat
+
+    def counted(group: Communicator, collective: str, *args: Any) -> Any:
+        asked.append((group.rank, collective))
+        return find_repeat(group, collective, *args)
+
+    monkeypatch.setattr(dispatch, "find_repeat", counted)
+
+    def run(comm: Communicator) -> None:
+        x = np.arange(2 * comm.size, dtype=np.float32)
+        for _ in range(3):  # a first call, then two repeats of it
+            C.allreduce(x, comm=comm)
+            C.reduce_scatter(x, comm=comm)
+            C.allgather(x, comm=comm)
+        C.broadcast(x, comm=comm)
+
+    run_ranks(WORLD, run)
+    expected = ["allreduce", "reduce_scatter", "allgather"] * 3 + ["broadcast"]
+    for rank in range(WORLD):
+        assert [c for r, c in asked if r == rank] == expected

@@ -128,14 +128,13 @@ def test_the_memos_of_the_call_path_stay_flat_at_thousands_of_ranks() -> None:
 
 
 def test_the_repeat_call_cache_holds_plans_within_the_budget() -> None:
-    from types import SimpleNamespace
+    from collectives.ops import get_op
+    from collectives.repeats import Repeat, RepeatedAllreduce
 
-    from collectives.prepared import Prepared, remember
-
-    group: Any = SimpleNamespace(prepared={})
+    kept: dict[Any, Any] = {}
     heavy = execute.program_plan(rank_program("allreduce", "ring", 4096, 1 << 20, rank=3), 1 << 18, False)
     for key in range(3 * execute.PLANS_BUDGET // heavy.size):
-        prepared = Prepared(None, None, None, heavy, None, (), (), {}, None)  # type: ignore[arg-type]
-        remember(group, (key,), prepared)
-        assert sum(p.plan.size for p in group.prepared.values()) <= execute.PLANS_BUDGET
-        assert group.prepared[(key,)] is prepared  # the latest is always kept
+        ready = RepeatedAllreduce(backend=None, op=get_op("sum"), guard=None, shape=(), plan=heavy)  # type: ignore[arg-type]
+        Repeat(kept, (key,)).keep(ready)
+        assert sum(p.plan.size for p in kept.values()) <= execute.PLANS_BUDGET
+        assert kept[(key,)] is ready  # the latest is always kept

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import collectives as C
-from collectives import algorithms, prepared, selector, selector_agreement
+from collectives import algorithms, early_plan, selector, selector_agreement
 from collectives.algorithms import ALGORITHMS, build_schedule, ring, schedule_traffic
 from collectives.calibration import CALIBRATION_ENV, save_model
 from collectives.errors import (
@@ -241,13 +241,13 @@ def test_auto_is_the_default_and_gives_what_ring_gives(ranks: Ranks) -> None:
 def test_auto_runs_the_algorithm_it_chooses(ranks: Ranks, monkeypatch: pytest.MonkeyPatch) -> None:
     _register(monkeypatch, "direct_auto", allreduce=_direct_allreduce)
     ran = []
-    original = prepared.program_plan  # allreduce plans its rank's program once per call, then runs the plan
+    original = early_plan.program_plan  # allreduce plans its rank's program once per call, then runs the plan
 
     def spy(program: RankProgram, *args: Any, **kwargs: Any) -> Any:
         ran.append(program.name)
         return original(program, *args, **kwargs)
 
-    monkeypatch.setattr(prepared, "program_plan", spy)
+    monkeypatch.setattr(early_plan, "program_plan", spy)
     inputs = [np.full(n, 1.5, np.float32) for n in (10, 10**6)]
     results = ranks(2, lambda comm: [C.allreduce(x, comm=comm) for x in inputs])
     for mine in results:

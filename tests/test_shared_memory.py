@@ -59,7 +59,7 @@ def test_a_barrier_no_peer_reaches_times_out_naming_it() -> None:
     stuck = r"stuck in barrier 0 waiting for rank 1"
     with (
         pytest.raises(CollectiveTimeout, match=stuck) as caught,
-        watchdog.watch(watchdog.guard("allreduce", "shared_memory", 8)) as call,
+        watchdog.watch(watchdog.signature_of("allreduce", "shared_memory", 8)) as call,
     ):
         call.barrier(shared, (7, 8))
     assert time.monotonic() - started < 5
@@ -68,7 +68,7 @@ def test_a_barrier_no_peer_reaches_times_out_naming_it() -> None:
     assert shared.notes == [(7, 8)] and len(shared.waited) == 2 and shared.abandoned
     with (
         pytest.raises(TransportError, match="unusable"),
-        watchdog.watch(watchdog.guard("allreduce", "shared_memory", 8)),
+        watchdog.watch(watchdog.signature_of("allreduce", "shared_memory", 8)),
     ):
         pass
 

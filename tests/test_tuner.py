@@ -81,10 +81,10 @@ def test_trial_calls_stay_off_the_fast_path_until_chosen() -> None:
         x = np.ones(256, np.float32)
         for _ in range(3 * (ROUNDS + 1)):
             C.allreduce(x, comm=comm)
-        during = len(comm.prepared)
+        during = len(comm.repeats)
         for _ in range(3):
             C.allreduce(x, comm=comm)
-        return during, len(comm.prepared)
+        return during, len(comm.repeats)
 
     for during, after in world.run(body):
         assert during == 0  # no trial was remembered for the fast path

@@ -30,7 +30,7 @@ EXPORTED = {
     "STALL_WARNING_ENV": watch_settings,
     "TIMEOUT_ENV": watch_settings,
     "FUSED_BYTES": agreement,
-    "Guard": agreement,
+    "PackedSignature": agreement,
 }
 
 
@@ -112,7 +112,7 @@ def test_a_call_through_shared_memory_runs_the_same_functions_as_before_the_spli
         watchdog.agree_through(shared_world.memory(transport.rank))
         shared = watchdog.shared
         assert shared is not None
-        guard = watchdog.guard("allreduce", "shared_memory", 2, "float32", "sum")
+        guard = watchdog.signature_of("allreduce", "shared_memory", 2, "float32", "sum")
 
         def one() -> None:
             call = watchdog.watch(guard, first_barrier=True)
@@ -131,7 +131,7 @@ def test_a_call_through_shared_memory_runs_the_same_functions_as_before_the_spli
 def test_a_call_agreeing_by_messages_runs_no_more_functions_than_before_the_split() -> None:
     def rank(transport: Transport) -> Counter[str]:
         watchdog = Watchdog(transport)
-        guard = watchdog.guard("allreduce", "ring", 2, "float32", "sum")
+        guard = watchdog.signature_of("allreduce", "ring", 2, "float32", "sum")
 
         def one() -> None:
             watchdog.end(watchdog.watch(guard))

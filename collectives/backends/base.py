@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from ..ops import ReduceOp
 
 if TYPE_CHECKING:
-    from ..transport.device import Device
+    from ..transport.device import GpuDevice
 
 
 class ArrayBackend(ABC):
@@ -88,7 +88,7 @@ class ArrayBackend(ABC):
         """
         raise NotImplementedError(f"{self.name} arrays cannot use shared host memory")
 
-    def device(self) -> "Device | None":
+    def device(self) -> "GpuDevice | None":
         """The device operations for this library's arrays, ``None`` for host arrays (the default).
 
         A backend with a device has its messages sent over the communicator's device

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..errors import UnsupportedDtypeError
 from ..ops import ReduceOp, check_dtype
-from ..transport.device import IPC_HANDLE_BYTES, Device
+from ..transport.device import IPC_HANDLE_BYTES, GpuDevice
 from . import gpu_kernels
 from .base import ArrayBackend
 
@@ -128,7 +128,7 @@ class CupyBackend(ArrayBackend):
         return bool(cupy.may_share_memory(a, b))
 
 
-class CupyDevice(Device):
+class CupyDevice(GpuDevice):
     """The device operations of the device transports, with CuPy, on its current device and stream."""
 
     def __init__(self) -> None:

@@ -16,7 +16,7 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives
-import collectives.prepared as prepared
+import collectives.early_plan as early_plan
 
 from .config import parse_size
 
@@ -35,8 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     segments = [WHOLE if s == "whole" else parse_size(s) for s in args.segments.split(",")]
     world = MPI.COMM_WORLD
-    # the segment size the call path plans with, a global of the module it reads at each plan
-    default = prepared.DEFAULT_SEGMENT_BYTES  # type: ignore[attr-defined]
+    default = early_plan.DEFAULT_SEGMENT_BYTES  # type: ignore[attr-defined]
     comms = {s: collectives.Communicator(world) for s in segments}
     try:
         for size in (parse_size(s) for s in args.sizes.split(",")):
@@ -44,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
             times: dict[int, list[float]] = {s: [] for s in segments}
 
             def call(segment: int, x: np.ndarray = x) -> None:
-                prepared.DEFAULT_SEGMENT_BYTES = segment  # type: ignore[attr-defined]
+                early_plan.DEFAULT_SEGMENT_BYTES = segment  # type: ignore[attr-defined]
                 collectives.allreduce(x, out=x, algorithm=args.algorithm, comm=comms[segment])
 
             for segment in segments:
@@ -67,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
                     cells.append(f"{name} {median * 1e3:.2f} ms{versus}")
                 print(f"{size:>10} B  {args.algorithm}  " + "  ".join(cells), flush=True)
     finally:
-        prepared.DEFAULT_SEGMENT_BYTES = default  # type: ignore[attr-defined]
+        early_plan.DEFAULT_SEGMENT_BYTES = default  # type: ignore[attr-defined]
         for comm in comms.values():
             comm.free()
     return 0

@@ -498,7 +498,8 @@ def _sweep(
             "--sweep-ranks and --parameter-servers need a multi_node topology (and at least 2 ranks)"
         )
     shape: dict[str, Any] = {
-        "gpus_per_node": len(topology.nodes[0]), "nic_gbps": network[0].bandwidth * 8 / 1e9
+        "gpus_per_node": len(topology.nodes[0]),
+        "nic_gbps": network[0].bandwidth * 8 / 1e9,
     }
     if args.parameter_servers:
         from .parameter_servers import parameter_server_sweep

@@ -10,9 +10,9 @@ one node's shared memory, each adding one layer of the library to the one before
 * ``watchdog``: the floor with the call numbered, recorded, bounded and its
   signature posted and compared (``Watchdog.watch``, ``Call.barrier``, ``end``);
 * ``executor``: the watchdog around ``SharedExecutor.allreduce`` with the backend;
-* ``prepared``: the API's path for a call whose decisions an earlier one made
-  (on shared memory, the lean path of :mod:`collectives.lean`);
-* ``allreduce``: ``collectives.allreduce(x, out=x)`` itself (through ``dispatch.perform``
+* ``prepared``: the ready repeat of a call whose decisions an earlier one made
+  (:mod:`collectives.repeats`; on shared memory, the lean path of :mod:`collectives.lean`);
+* ``allreduce``: ``collectives.allreduce(x, out=x)`` itself (through ``dispatch.call_collective``
   to the same lean path);
 * ``persistent``: ``p()`` of ``p = collectives.allreduce_init(x, out=x)`` (the lean path too);
 * ``mpi``: the MPI library's ``comm.Allreduce`` in place, for scale.
@@ -37,7 +37,6 @@ import collectives
 from collectives.backends.numpy_backend import UFUNCS, NumpyBackend
 from collectives.execute_shared import SMALL_TOTAL_BYTES
 from collectives.ops import get_op
-from collectives.prepared import allreduce_prepared
 
 from .config import parse_size
 
@@ -48,7 +47,7 @@ def _layers(
     """The loop bodies, by layer, for in-place sums of ``x`` on ``comm``."""
     for _ in range(100):  # the first calls decide and prepare; later ones reuse it
         collectives.allreduce(x, out=x, comm=comm)
-    prepared = next(p for key, p in comm.prepared.items() if key[1] == x.shape)
+    prepared = next(p for key, p in comm.repeats.items() if key[1] == x.shape)
     watchdog, executor = comm.watchdog, comm.shared
     shared = watchdog.shared
     if shared is None or executor is None or prepared.plan is not None:
@@ -97,7 +96,7 @@ def _layers(
         **({"compiled": compiled} if kernel is not None else {}),
         "watchdog": with_watchdog,
         "executor": with_executor,
-        "prepared": lambda: allreduce_prepared(comm, prepared, x, x, None),
+        "prepared": lambda: prepared.run(comm, x, x, None),
         "allreduce": lambda: collectives.allreduce(x, out=x, comm=comm),
         "persistent": collectives.allreduce_init(x, out=x, comm=comm),
         "mpi": lambda: world.Allreduce(MPI.IN_PLACE, y),

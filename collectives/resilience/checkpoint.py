@@ -159,7 +159,7 @@ class Checkpointer:
         buffers = {src: _fitting(spare.get(src), sizes[src]) for src in sources}
         mine = data
         watchdog = comm.watchdog
-        guard = watchdog.guard("checkpoint", f"ring(replicas={replicas})", sum(sizes), "uint8")
+        guard = watchdog.signature_of("checkpoint", f"ring(replicas={replicas})", sum(sizes), "uint8")
         transport = comm.transport
         with watchdog.watch(guard) as call:
             if _FAULTS.armed:  # sizes agreed, no copy sent: a checkpoint cut off mid-way

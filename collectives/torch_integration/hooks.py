@@ -11,7 +11,6 @@ from torch._C._distributed_c10d import GradBucket  # at run time: DDP checks hoo
 from .. import api
 from ..errors import CollectivesError
 from .mpi_ops import checked_call, submit_job
-from .repeated import Repeated, repeated_for
 from .tensors import FALLBACK, Comm, reduce_in_place
 
 TensorFuture = torch.futures.Future[torch.Tensor]
@@ -22,15 +21,15 @@ def _hook_future(state: Comm, bucket: GradBucket, wire: torch.dtype | None) -> "
     if checked_call(buffer, "avg", state, "allreduce") == FALLBACK:
         return _fallback_hook_future(buffer, wire)
 
-    # a bucket's index, shape and dtype are the same on every rank: its allreduce is kept for the next steps
-    name = ("ddp hook", bucket.index(), wire)
+    # a bucket's shape and dtype are the same on every rank: its later steps repeat its allreduce
+    # (collectives.repeats), on the lean path on one node's shared memory
 
     def job(communicator: api.Communicator) -> torch.Tensor:
         if wire is None:
-            return _reduce(name, buffer, "avg", communicator)
+            return reduce_in_place(buffer, "avg", communicator)
         buffer.div_(communicator.size)  # before the cast, so float16 cannot overflow in the sum
         packed = buffer.to(wire)
-        _reduce(name, packed, "sum", communicator)
+        reduce_in_place(packed, "sum", communicator)
         return buffer.copy_(packed)
 
     result: TensorFuture = torch.futures.Future()
@@ -44,13 +43,6 @@ def _hook_future(state: Comm, bucket: GradBucket, wire: torch.dtype | None) -> "
 
     submit_job(state, job).add_done_callback(finish)
     return result
-
-
-def _reduce(name: object, tensor: torch.Tensor, op: str, communicator: api.Communicator) -> torch.Tensor:
-    """Reduce ``tensor`` in place: through the bucket's kept persistent allreduce where it can be."""
-    if Repeated.takes(tensor):
-        return repeated_for(communicator).allreduce_(name, tensor, op)
-    return reduce_in_place(tensor, op, communicator)
 
 
 def _fallback_hook_future(buffer: torch.Tensor, wire: torch.dtype | None) -> "TensorFuture":

@@ -16,7 +16,6 @@ import torch
 from .. import api
 from ..errors import CollectivesError, InvalidBufferError, UnsupportedDtypeError, UnsupportedOpError
 from .mpi_ops import communicator_for
-from .repeated import Repeated, repeated_for
 from .tensors import Comm, host_view, reduce_in_place, torch_dtype_name
 from .worker import background_worker
 
@@ -61,7 +60,7 @@ class _Bucket:
         self.params = params
         self.wire = wire
         self.reproducible = reproducible
-        self.index = index  # the same on every rank: names the bucket's kept allreduce
+        self.index = index  # the same on every rank
         self._fused: torch.Tensor | None = None
         self._packed: torch.Tensor | None = None
 
@@ -94,15 +93,13 @@ class _Bucket:
             grad.copy_(piece.view_as(grad))
 
     def _reduce(self, tensor: torch.Tensor, op: str, communicator: api.Communicator) -> None:
-        """Reduce ``tensor`` in place: through the bucket's kept persistent allreduce where it can be."""
+        """Reduce ``tensor`` in place (its repeats through the repeat room, as any call's)."""
         if self.reproducible:  # a host copy of a device tensor: the reproducible sum takes numpy arrays
             host = tensor if tensor.device.type == "cpu" else tensor.cpu()
             view = host_view(host)
             api.allreduce(view, op, out=view, comm=communicator, reproducible=True)
             if host is not tensor:
                 tensor.copy_(host)
-        elif Repeated.takes(tensor):
-            repeated_for(communicator).allreduce_(("optimizer bucket", self.index), tensor, op)
         else:
             reduce_in_place(tensor, op, communicator)
 

@@ -64,13 +64,18 @@ def torch_dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
-def check_tensor(tensor: torch.Tensor) -> str:
-    """Raise unless ``tensor`` is dense, contiguous and of a dtype the library moves; its dtype name."""
+def dense_tensor(tensor: object) -> torch.Tensor:
+    """``tensor``; raises unless it is a dense (strided) torch tensor: every tensor check starts here."""
     if not isinstance(tensor, torch.Tensor):
         raise InvalidBufferError(f"expected a torch.Tensor, got {type(tensor).__name__}")
     if tensor.layout != torch.strided:
         raise InvalidBufferError(f"tensor has layout {tensor.layout}; only dense (strided) tensors are taken")
-    name = torch_dtype_name(tensor.dtype)
+    return tensor
+
+
+def check_tensor(tensor: torch.Tensor) -> str:
+    """Raise unless ``tensor`` is dense, contiguous and of a dtype the library moves; its dtype name."""
+    name = torch_dtype_name(dense_tensor(tensor).dtype)
     if not tensor.is_contiguous():
         raise InvalidBufferError(
             f"tensor of shape {tuple(tensor.shape)} and strides {tensor.stride()} is not contiguous; "

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import CollectiveTimeout, TransportError
 from .base import Request, Transport, WrappedTransport
-from .device import IPC_HANDLE_BYTES, Device
+from .device import IPC_HANDLE_BYTES, GpuDevice
 from .tags import Tag
 
 DEFAULT_SLOT_BYTES = 1 << 22
@@ -89,7 +89,7 @@ class CudaIpcTransport(WrappedTransport):
     """
 
     def __init__(
-        self, inner: Transport, device: Device, mailbox: Any, peers: list[Any], slot_bytes: int, slots: int
+        self, inner: Transport, device: GpuDevice, mailbox: Any, peers: list[Any], slot_bytes: int, slots: int
     ) -> None:
         super().__init__(inner)
         self._device = device
@@ -105,7 +105,7 @@ class CudaIpcTransport(WrappedTransport):
     def connect(
         cls,
         inner: Transport,
-        device: Device,
+        device: GpuDevice,
         *,
         slot_bytes: int = DEFAULT_SLOT_BYTES,
         slots: int = DEFAULT_SLOTS,

@@ -1,6 +1,6 @@
 """What the device transports need from a GPU: copies, pinned host memory, a stream to wait on, IPC."""
 
-__all__ = ["IPC_HANDLE_BYTES", "Device"]
+__all__ = ["IPC_HANDLE_BYTES", "GpuDevice"]
 
 from abc import ABC, abstractmethod
 from typing import Any
@@ -9,7 +9,7 @@ IPC_HANDLE_BYTES = 64
 """Bytes of a CUDA IPC memory handle (``cudaIpcMemHandle_t``)."""
 
 
-class Device(ABC):
+class GpuDevice(ABC):
     """The device operations under the staging and CUDA IPC transports.
 
     Device buffers are 1-D ``uint8`` arrays of the device's library (the messages an

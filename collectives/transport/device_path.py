@@ -17,7 +17,7 @@ from typing import Any
 from .._env import env_flag
 from ..errors import ConfigurationError
 from .base import Request, SharedMemory, Transport, WrappedTransport
-from .device import Device
+from .device import GpuDevice
 
 CUDA_IPC = "cuda ipc"
 CUDA_AWARE_MPI = "cuda-aware mpi"
@@ -37,7 +37,7 @@ class SynchronizedTransport(WrappedTransport):
     reading its landing area.
     """
 
-    def __init__(self, inner: Transport, device: Device) -> None:
+    def __init__(self, inner: Transport, device: GpuDevice) -> None:
         super().__init__(inner)
         self._device = device
 
@@ -102,7 +102,7 @@ class DevicePath:
             self.transport.close()
 
 
-def connect(inner: Transport, device: Device) -> DevicePath:
+def connect(inner: Transport, device: GpuDevice) -> DevicePath:
     """Choose and make the device path of a communicator; collective over its ranks.
 
     CUDA IPC when every rank is on one node (unless ``$COLLECTIVES_CUDA_IPC=0``),

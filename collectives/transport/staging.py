@@ -9,7 +9,7 @@ from collections import deque
 from typing import Any
 
 from .base import Request, SharedMemory, Transport, WrappedTransport
-from .device import Device
+from .device import GpuDevice
 
 PIECE_BYTES = 1 << 22
 """Bytes of the largest piece of a staged device message: a larger message goes as several
@@ -52,7 +52,7 @@ class PinnedPool:
         most_lent: the most buffers lent at once so far.
     """
 
-    def __init__(self, device: Device) -> None:
+    def __init__(self, device: GpuDevice) -> None:
         self._device = device
         self._free: dict[int, list[Any]] = {}
         self.allocations = 0
@@ -173,7 +173,7 @@ class StagingTransport(WrappedTransport):
     def __init__(
         self,
         inner: Transport,
-        device: Device,
+        device: GpuDevice,
         pool: PinnedPool | None = None,
         *,
         piece_bytes: int | None = None,

@@ -84,7 +84,7 @@ def test_small_auto_allreduces_of_device_arrays_repeat_on_the_lean_host_path(fak
     problems.expect(comm.device_path is None, f"took the device path {comm.device_path}")
     if size > 1 and comm.shared is not None:
         # the host copies' calls are in place (the host references above make new arrays)
-        lean = [key for key, p in comm.prepared.items() if p.lean is not None and "in place" in key]
+        lean = [key for key, p in comm.repeats.items() if p.lean is not None and "in place" in key]
         problems.expect(len(lean) == 2, f"{len(lean)} lean entries: the host copies' repeats are not lean")
     comm.free()
     problems.check()

@@ -51,7 +51,7 @@ def test_repeated_plain_calls_run_lean_and_stay_correct(world: MPI.Intracomm) ->
     if _lean(
         comm
     ):  # every key's first call (or second: the first "auto" one agrees on the selector) kept its lean path
-        kept = list(comm.prepared.values())
+        kept = list(comm.repeats.values())
         problems.expect(
             len(kept) == 3 and all(p.lean is not None for p in kept), f"{len(kept)} kept, not lean"
         )
@@ -95,7 +95,7 @@ def test_lean_repeats_that_differ_raise_on_every_rank(world: MPI.Intracomm) -> N
         "after", collectives.allreduce(x, out=x, comm=comm), np.full(4, world.size, np.float32)
     )
     if lean:
-        problems.expect(all(p.lean is not None for p in comm.prepared.values()), "a repeat is not lean")
+        problems.expect(all(p.lean is not None for p in comm.repeats.values()), "a repeat is not lean")
     comm.free()
     problems.check()
 
@@ -169,7 +169,7 @@ def test_lean_repeats_of_every_dtype_and_op_give_mpis_results_with_a_late_rank(w
                     got = collectives.allreduce(x, op, out=out, comm=comm)
                     problems.expect_equal(f"{dtype} {op} count {count} call {call}", got, expected)
     if _lean(comm):
-        problems.expect(all(p.lean is not None for p in comm.prepared.values()), "a repeat is not lean")
+        problems.expect(all(p.lean is not None for p in comm.repeats.values()), "a repeat is not lean")
         lines = comm.watchdog.flight_record()
         alone = [i for i in range(1, len(lines)) if "repeated calls=" in lines[i - 1] and "time=" in lines[i]]
         problems.expect(world.rank == world.size - 1 or alone, "no late repeat was recorded alone")

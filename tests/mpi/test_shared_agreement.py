@@ -157,7 +157,7 @@ def test_repeated_reduce_scatters_and_allgathers_take_the_prepared_path_and_stay
             problems.expect_equal(f"ag {i}", collectives.allgather(mine, comm=comm), expected)
             collectives.allgather(mine, out=gathered, comm=comm)
             problems.expect_equal(f"ag out= {i}", gathered, expected)
-    kinds = {key[0] for key in comm.prepared if isinstance(key[0], str)}
+    kinds = {key[0] for key in comm.repeats if isinstance(key[0], str)}
     problems.expect(p == 1 or kinds == {"reduce_scatter", "allgather"}, f"prepared {kinds}")
     comm.free()
     problems.check()

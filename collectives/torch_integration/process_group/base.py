@@ -17,7 +17,7 @@ from ... import api
 from ...errors import InvalidBufferError, InvalidRootError, UnsupportedOpError
 from ...ops import get_op
 from ...tracing.torch_ranges import ranged, tensors_text
-from ..tensors import TORCH_OPS, host_view, torch_dtype_name
+from ..tensors import TORCH_OPS, dense_tensor, host_view, torch_dtype_name
 from ..worker import background_worker, before_waiting, tell_refusal, wait_for
 
 T = TypeVar("T")
@@ -94,10 +94,7 @@ def _flat(tensor: torch.Tensor) -> np.ndarray:
 
 def checked_args(tensor: object, op: str | None = None) -> torch.Tensor:
     """``tensor``; raises unless it is a dense cpu tensor of a dtype the backend moves (and ``op`` takes)."""
-    if not isinstance(tensor, torch.Tensor):
-        raise InvalidBufferError(f"expected a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.layout != torch.strided:
-        raise InvalidBufferError(f"tensor has layout {tensor.layout}; only dense (strided) tensors are taken")
+    tensor = dense_tensor(tensor)
     if tensor.device.type != "cpu":
         raise InvalidBufferError(f"the collectives backend takes cpu tensors, not {tensor.device} ones")
     if op == PREMUL_SUM and not tensor.dtype.is_floating_point:
