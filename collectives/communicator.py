@@ -18,9 +18,17 @@ from .execute import Scratch
 from .execute_shared import OVERSUBSCRIBED_SEGMENT_BYTES, SEGMENT_BYTES, SharedExecutor, oversubscribed
 from .selector import Selector
 from .selector_agreement import agree_on_selector
-from .settings_agreement import SETTINGS_BYTES, Setting, compared, differences, settings_of
+from .settings_agreement import (
+    NUMBER_KEY,
+    SETTINGS_BYTES,
+    Setting,
+    compared,
+    differences,
+    number_in,
+    settings_of,
+)
 from .tracing.clock import align
-from .tracing.recorder import TRACER
+from .tracing.recorder import TRACER, agreed
 from .transport.base import NodeSplit, Transport
 from .transport.device import GpuDevice
 from .transport.device_path import CUDA_IPC_ENV, DevicePath
@@ -225,13 +233,16 @@ class Communicator:
         problem: Exception | None = next((s.problem for s in settings.values() if s.problem), None)
         if self.size > 1 and self._transport.FINDS_NODES_TOGETHER:
             # short texts of ours (no raw values), so the record always fits
-            record = json.dumps(shown).encode().ljust(SETTINGS_BYTES)
+            record = json.dumps({**shown, NUMBER_KEY: self.watchdog.number}).encode().ljust(SETTINGS_BYTES)
             watchdog = self.watchdog
             # unnumbered and unrecorded: a creation is no collective call ($COLLECTIVES_FAULT counts calls)
             watchdog.claim("setup")
             with Call(watchdog, watchdog.signature_of("setup", "-", 0).signature, watchdog.sequence) as call:
                 records = self._meet_by_messages(call, "the settings' comparison", record)
             differ = differences([settings_of(r) for r in records])
+            numbers = [number_in(r) for r in records]
+            if None not in numbers:  # one name for the communicator in every rank's trace
+                watchdog.number = agreed(watchdog, watchdog.number, cast("list[int]", numbers))
             if problem is None and differ is not None:
                 problem = differ
         if problem is not None:

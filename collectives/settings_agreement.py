@@ -1,6 +1,6 @@
 """The settings that change what the ranks do, as each rank reads them, and their comparison across ranks."""
 
-__all__ = ["SETTINGS_BYTES", "Setting", "compared", "differences", "settings_of"]
+__all__ = ["NUMBER_KEY", "SETTINGS_BYTES", "Setting", "compared", "differences", "number_in", "settings_of"]
 
 import json
 from collections.abc import Callable, Sequence
@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from .errors import ConfigurationError, MismatchError
 
 SETTINGS_BYTES = 512  # the settings' record each rank sends at creation: JSON of short texts, padded
+NUMBER_KEY = "(communicator number)"  # the record's one entry not compared: the ranks take the largest
 
 
 class Setting:
@@ -38,7 +39,16 @@ def settings_of(record: bytes) -> dict[str, str]:
         settings = None
     if not isinstance(settings, dict):  # another version of the library, say
         return {"the settings' record": "unreadable"}
-    return {str(name): str(value) for name, value in settings.items()}
+    return {str(name): str(value) for name, value in settings.items() if name != NUMBER_KEY}
+
+
+def number_in(record: bytes) -> int | None:
+    """The communicator number a rank's settings' record carries (``None``: none readable)."""
+    try:
+        number = json.loads(record).get(NUMBER_KEY)
+    except (ValueError, AttributeError):
+        return None
+    return number if isinstance(number, int) and not isinstance(number, bool) else None
 
 
 def differences(settings: list[dict[str, str]]) -> MismatchError | None:

@@ -48,18 +48,34 @@ DEFAULT_BUFFER = 200_000  # records per process: about 40 MB at most, written wh
 _LEVELS = ("calls", "steps")
 _WRITER_POLL_S = 0.25
 
-_numbers = iter(range(1, 1 << 62))
+_next_number = [1]  # the next communicator's number in this process
 _communicators: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
 
 
 def number_of(watchdog: Any) -> int:
-    """A new communicator's number in this process: the same on every rank where they are made alike.
+    """A new communicator's number in this process (its ranks agree on one as it is made: :func:`agreed`).
 
     The watchdog is kept (weakly) so that a timeout's dump can show every communicator's last calls.
     """
-    number = next(_numbers)
+    number = _next_number[0]
+    _next_number[0] = number + 1
     _communicators[number] = watchdog
     return number
+
+
+def agreed(watchdog: Any, number: int, numbers: list[int]) -> int:
+    """The number the ranks of a new communicator agree on: the largest of theirs (``numbers``).
+
+    Ranks that made different numbers of communicators before (a store's server, a subgroup's
+    members) would name one communicator differently, and a merged trace could not pair its calls;
+    this process numbers its later ones past the agreed number.
+    """
+    chosen = max(numbers, default=number)
+    if chosen != number:
+        _communicators.pop(number, None)
+        _communicators[chosen] = watchdog
+        _next_number[0] = max(_next_number[0], chosen + 1)
+    return chosen
 
 
 class Tracer:
