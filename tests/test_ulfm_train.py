@@ -1,10 +1,9 @@
 """examples/train.py --survive: torch training that loses a rank and finishes (Open MPI with ULFM).
 
 Each job: 4 ranks, 12 steps, an in-memory checkpoint every 4 steps. ``COLLECTIVES_FAULT``
-SIGKILLs a rank at its call #25, the gradient allreduce of step 10 (counted from the
+SIGKILLs a rank at its call #24, the gradient allreduce of step 10 (counted from the
 start: the torch backend's own communicator, the broadcast of the parameters, the first
-checkpoint, the bucket's persistent allreduce made, one allreduce per step, two calls per
-checkpoint), so the survivors go back to the checkpoint of step 8 and redo
+checkpoint, one allreduce per step, two calls per checkpoint), so the survivors go back to the checkpoint of step 8 and redo
 steps 8 and 9.
 """
 
@@ -32,7 +31,7 @@ STEPS, EVERY, WIDTH, BATCH = 12, 4, 32, 16
 TRAIN = ["examples/train.py", "--survive", "--steps", str(STEPS), "--checkpoint-every", str(EVERY)]
 TRAIN += ["--width", str(WIDTH), "--batch", str(BATCH)]
 Ranks = Callable[..., list[Any]]
-STEP_10 = 25  # the call the fault kills: step 10's gradient allreduce (see the module's docstring)
+STEP_10 = 24  # the call the fault kills: step 10's gradient allreduce (see the module's docstring)
 
 
 def _train(fault: str | None, *extra: str) -> list[dict[str, object]]:
