@@ -19,6 +19,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <sched.h>
 #include <stdint.h>
 #include <string.h>
@@ -48,6 +49,7 @@ typedef struct {
     Op op;
     long spin_polls;
     double spin_seconds;
+    long long runs; /* calls that arrived at a barrier (for tests and benchmarks) */
 } SmallAllreduce;
 
 static double now_s(void) {
@@ -324,56 +326,44 @@ static int get_buffers(SmallAllreduce *self, PyObject *work, PyObject *source, P
     return 0;
 }
 
-/* run(turn, work, source, sequence, packed, digest) -> 0 done, 1 a rank is late, 2 signatures differ
- *
- * work = the reduction of every rank's source (work may be source), through the next barrier
- * with the signature `packed` (its digest `digest`, its sequence number `sequence`, written into
- * it first) posted; digest 0: the call is not checked (no signature posted or compared). Late:
- * this rank arrived and the caller waits on (the barrier's wait), then calls reduce; differ: the
- * barrier was passed and nothing reduced. */
-static PyObject *small_run(SmallAllreduce *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "run(turn, work, source, sequence, packed, digest)");
-        return NULL;
-    }
-    long turn = PyLong_AsLong(args[0]);
-    long long sequence = PyLong_AsLongLong(args[3]);
-    long long digest = PyLong_AsLongLong(args[5]);
-    if ((turn == -1 || sequence == -1 || digest == -1) && PyErr_Occurred()) return NULL;
+/* The call of run(): status 0 done, 1 a rank is late, 2 signatures differ; -1 with an exception set. */
+static int small_call(SmallAllreduce *self, long turn, PyObject *work, PyObject *source, long long sequence,
+                      PyObject *packed_object, long long digest) {
     if (turn != 0 && turn != 1) {
         PyErr_SetString(PyExc_ValueError, "turn is 0 or 1");
-        return NULL;
+        return -1;
     }
     int64_t *state = self->state, *numbers = self->numbers;
     int64_t number = state[0];
     if (state[1] != number) {
         PyErr_SetString(PyExc_RuntimeError, "arrive called before the previous barrier was passed");
-        return NULL;
+        return -1;
     }
     number++;
     int parity = (int)(number & 1);
     Py_ssize_t own = self->own_words[parity];
     if (digest) {
-        if (!PyByteArray_CheckExact(args[4]) || PyByteArray_GET_SIZE(args[4]) < 8 ||
-            PyByteArray_GET_SIZE(args[4]) > self->message_bytes) {
+        if (!packed_object || !PyByteArray_CheckExact(packed_object) || PyByteArray_GET_SIZE(packed_object) < 8 ||
+            PyByteArray_GET_SIZE(packed_object) > self->message_bytes) {
             PyErr_SetString(PyExc_TypeError, "a checked call's packed signature is a bytearray that fits a message");
-            return NULL;
+            return -1;
         }
-        char *packed = PyByteArray_AS_STRING(args[4]);
+        char *packed = PyByteArray_AS_STRING(packed_object);
         int64_t stamped = (int64_t)sequence;
         memcpy(packed, &stamped, sizeof stamped); /* its sequence number, as the guard's stamp writes it */
         if (state[2 + parity] != digest) {        /* the rest of the signature: posted once for repeats */
-            memcpy(&numbers[own], packed, (size_t)PyByteArray_GET_SIZE(args[4]));
+            memcpy(&numbers[own], packed, (size_t)PyByteArray_GET_SIZE(packed_object));
             numbers[own + self->digest_offset] = digest;
             state[2 + parity] = digest;
         }
     }
     Py_buffer out, in;
-    if (get_buffers(self, args[1], args[2], &out, &in) < 0) return NULL;
+    if (get_buffers(self, work, source, &out, &in) < 0) return -1;
     int peers = self->size - 1;
     memcpy(self->regions[turn][self->rank].buf, in.buf, (size_t)self->nbytes);
     if (in.obj) PyBuffer_Release(&in);
     if (digest) numbers[own] = sequence;
+    self->runs++;
     __atomic_store_n(&numbers[self->own_slot], number, __ATOMIC_RELEASE);
     state[0] = number;
     int status = DONE;
@@ -409,7 +399,27 @@ static PyObject *small_run(SmallAllreduce *self, PyObject *const *args, Py_ssize
     reduce_regions(self, (int)turn, out.buf);
 done:
     PyBuffer_Release(&out);
-    return PyLong_FromLong(status);
+    return status;
+}
+
+/* run(turn, work, source, sequence, packed, digest) -> 0 done, 1 a rank is late, 2 signatures differ
+ *
+ * work = the reduction of every rank's source (work may be source), through the next barrier
+ * with the signature `packed` (its digest `digest`, its sequence number `sequence`, written into
+ * it first) posted; digest 0: the call is not checked (no signature posted or compared). Late:
+ * this rank arrived and the caller waits on (the barrier's wait), then calls reduce; differ: the
+ * barrier was passed and nothing reduced. */
+static PyObject *small_run(SmallAllreduce *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "run(turn, work, source, sequence, packed, digest)");
+        return NULL;
+    }
+    long turn = PyLong_AsLong(args[0]);
+    long long sequence = PyLong_AsLongLong(args[3]);
+    long long digest = PyLong_AsLongLong(args[5]);
+    if ((turn == -1 || sequence == -1 || digest == -1) && PyErr_Occurred()) return NULL;
+    int status = small_call(self, turn, args[1], args[2], sequence, args[4], digest);
+    return status < 0 ? NULL : PyLong_FromLong(status);
 }
 
 /* reduce(turn, work): work = every rank's region of the turn reduced in rank order (after a late barrier) */
@@ -485,6 +495,11 @@ static PyMethodDef small_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyMemberDef small_members[] = {
+    {"runs", T_LONGLONG, offsetof(SmallAllreduce, runs), READONLY, "calls that arrived at a barrier"},
+    {NULL, 0, 0, 0, NULL},
+};
+
 static PyTypeObject SmallAllreduceType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "collectives._engine.SmallAllreduce",
@@ -495,6 +510,271 @@ static PyTypeObject SmallAllreduceType = {
     .tp_init = (initproc)small_init,
     .tp_dealloc = (destructor)small_dealloc,
     .tp_methods = small_methods,
+    .tp_members = small_members,
+};
+
+/* ---- LeanCore: a repeated small allreduce's bookkeeping and its compiled call, in one call ----
+ *
+ * The base of collectives.lean.LeanAllreduce where the engine runs: its start() is the compiled twin
+ * of LeanAllreduce's Python path for a call the engine takes: the communicator's claim, the call's
+ * sequence number, the flight recorder's count of calls in a row, the signature stamped with the
+ * watchdog's tag, the turn of the window, the engine's call (small_call), the claim given back and
+ * the late check, all on the objects' public attributes (the watchdog's, the executor's, the
+ * recorder entry's) and on this object's own fields. Whatever is not as usual (a broken or claimed
+ * communicator before the claim; a late rank, differing signatures, a late check due, tracing or
+ * an average after it) is handed back to the Python path by the status. */
+enum { NOT_TAKEN = -1, FINISH = 3 };
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *kernel;   /* _kernel: the SmallAllreduce, or None */
+    PyObject *watchdog; /* watchdog */
+    PyObject *executor; /* executor */
+    PyObject *guard;    /* guard: the packed signature */
+    PyObject *check;    /* _check: the call's check (None: the watchdog's) */
+    PyObject *entry;    /* _entry: the flight-recorder entry counting the calls in a row */
+    PyObject *tag;      /* _tag: the watchdog's tag the signature was stamped with */
+    PyObject *call;     /* _call: the Call made where a call waits or fails */
+    PyObject *tracer;   /* _tracer: its "on" says whether calls are traced */
+    PyObject *acquire;  /* _acquire, _release: the claim's lock's methods */
+    PyObject *release;
+    long long sequence; /* _sequence */
+    long long posted;   /* _posted: the digest the last compiled call posted (0: unchecked) */
+    double began;       /* _began */
+    int barriers;       /* _barriers */
+    int turn;           /* _turn */
+    char averages;      /* averages */
+} LeanCore;
+
+static PyObject *s_broken, *s_claimed_by, *s_sequence, *s_recorder, *s_check, *s_tag, *s_turn, *s_stamp,
+    *s_digest, *s_packed, *s_last, *s_starts, *s_last_began, *s_late_after, *s_on, *s_new_entry;
+
+static int get_long(PyObject *object, PyObject *name, long long *value) {
+    PyObject *got = PyObject_GetAttr(object, name);
+    if (!got) return -1;
+    *value = PyLong_AsLongLong(got);
+    Py_DECREF(got);
+    return (*value == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static int set_long(PyObject *object, PyObject *name, long long value) {
+    PyObject *number = PyLong_FromLongLong(value);
+    if (!number) return -1;
+    int result = PyObject_SetAttr(object, name, number);
+    Py_DECREF(number);
+    return result;
+}
+
+static int get_double(PyObject *object, PyObject *name, double *value) {
+    PyObject *got = PyObject_GetAttr(object, name);
+    if (!got) return -1;
+    *value = PyFloat_AsDouble(got);
+    Py_DECREF(got);
+    return (*value == -1.0 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static int is_true(PyObject *object, PyObject *name) {
+    PyObject *got = PyObject_GetAttr(object, name);
+    if (!got) return -1;
+    int truth = PyObject_IsTrue(got);
+    Py_DECREF(got);
+    return truth;
+}
+
+/* start(work, source) -> -1 not taken (nothing done), 0 done, 1 a rank is late, 2 signatures differ,
+ * 3 done but for the end's late check, trace record or average (claim given back) */
+static PyObject *core_start(LeanCore *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "start(work, source)");
+        return NULL;
+    }
+    if (!self->kernel || !PyObject_TypeCheck(self->kernel, &SmallAllreduceType) || !self->watchdog ||
+        !self->executor || !self->guard || !self->acquire || !self->release || !self->tracer)
+        return PyLong_FromLong(NOT_TAKEN);
+    PyObject *watchdog = self->watchdog;
+    PyObject *broken = PyObject_GetAttr(watchdog, s_broken);
+    if (!broken) return NULL;
+    int usual = broken == Py_None;
+    Py_DECREF(broken);
+    if (!usual) return PyLong_FromLong(NOT_TAKEN); /* the Python path refuses it, naming why */
+    PyObject *got = PyObject_CallOneArg(self->acquire, Py_False);
+    if (!got) return NULL;
+    int taken = got == Py_True;
+    Py_DECREF(got);
+    if (!taken) return PyLong_FromLong(NOT_TAKEN); /* the Python path's claim raises, naming the thread */
+    /* claimed: from here an error is the call's, which the caller ends */
+    PyObject *ident = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
+    if (!ident || PyObject_SetAttr(watchdog, s_claimed_by, ident) < 0) {
+        Py_XDECREF(ident);
+        return NULL;
+    }
+    Py_DECREF(ident);
+    double began = now_s(); /* CLOCK_MONOTONIC: time.monotonic's clock */
+    long long sequence;
+    if (get_long(watchdog, s_sequence, &sequence) < 0 || set_long(watchdog, s_sequence, sequence + 1) < 0)
+        return NULL;
+    self->sequence = sequence;
+    self->began = began;
+    self->barriers = 0;
+    Py_XSETREF(self->call, Py_NewRef(Py_None));
+    PyObject *recorder = PyObject_GetAttr(watchdog, s_recorder);
+    if (!recorder) return NULL;
+    int counted = 0;
+    if (self->entry && self->entry != Py_None) {
+        Py_ssize_t length = PyObject_Length(recorder);
+        if (length > 0) {
+            PyObject *last = PySequence_GetItem(recorder, length - 1);
+            counted = last == self->entry;
+            Py_XDECREF(last);
+        }
+    }
+    Py_DECREF(recorder);
+    if (PyErr_Occurred()) return NULL;
+    if (counted) { /* no other call since: count it in */
+        long long starts;
+        if (set_long(self->entry, s_last, sequence) < 0 || get_long(self->entry, s_starts, &starts) < 0 ||
+            set_long(self->entry, s_starts, starts + 1) < 0)
+            return NULL;
+    } else {
+        PyObject *number = PyLong_FromLongLong(sequence);
+        PyObject *made = number ? PyObject_CallMethodOneArg((PyObject *)self, s_new_entry, number) : NULL;
+        Py_XDECREF(number);
+        if (!made) return NULL;
+        Py_DECREF(made);
+    }
+    int checked = (self->check && self->check != Py_None) ? PyObject_IsTrue(self->check) : is_true(watchdog, s_check);
+    if (checked < 0) return NULL;
+    long long digest = 0;
+    PyObject *packed = NULL;
+    if (checked) {
+        PyObject *tag = PyObject_GetAttr(watchdog, s_tag);
+        if (!tag) return NULL;
+        if (tag != self->tag) { /* a new tag is a new signature (the engine stamps the number) */
+            PyObject *number = PyLong_FromLongLong(sequence);
+            PyObject *done = number ? PyObject_CallMethodObjArgs(self->guard, s_stamp, number, tag, NULL) : NULL;
+            Py_XDECREF(number);
+            if (!done) {
+                Py_DECREF(tag);
+                return NULL;
+            }
+            Py_DECREF(done);
+            Py_XSETREF(self->tag, tag);
+        } else
+            Py_DECREF(tag);
+        packed = PyObject_GetAttr(self->guard, s_packed);
+        if (!packed) return NULL;
+        if (get_long(self->guard, s_digest, &digest) < 0) {
+            Py_DECREF(packed);
+            return NULL;
+        }
+    }
+    long long turn;
+    if (get_long(self->executor, s_turn, &turn) < 0 || set_long(self->executor, s_turn, turn ^ 1) < 0) {
+        Py_XDECREF(packed);
+        return NULL;
+    }
+    self->turn = (int)turn;
+    self->barriers = 1;
+    self->posted = digest;
+    int status = small_call((SmallAllreduce *)self->kernel, (long)turn, args[0], args[1], sequence, packed, digest);
+    Py_XDECREF(packed);
+    if (status < 0) return NULL;
+    if (status != DONE) return PyLong_FromLong(status);
+    /* the call's end: the claim given back; the late check, a trace record or an average: Python's */
+    if (set_long(watchdog, s_claimed_by, 0) < 0) return NULL;
+    PyObject *released = PyObject_CallNoArgs(self->release);
+    if (!released) return NULL;
+    Py_DECREF(released);
+    double last_began, late_after;
+    if (get_double(watchdog, s_last_began, &last_began) < 0 || get_double(watchdog, s_late_after, &late_after) < 0)
+        return NULL;
+    int traced = is_true(self->tracer, s_on);
+    if (traced < 0) return NULL;
+    if (began - last_began >= late_after || traced || self->averages) return PyLong_FromLong(FINISH);
+    PyObject *when = PyFloat_FromDouble(began);
+    if (!when || PyObject_SetAttr(watchdog, s_last_began, when) < 0) {
+        Py_XDECREF(when);
+        return NULL;
+    }
+    Py_DECREF(when);
+    return PyLong_FromLong(DONE);
+}
+
+static int core_traverse(LeanCore *self, visitproc visit, void *arg) {
+    Py_VISIT(self->kernel);
+    Py_VISIT(self->watchdog);
+    Py_VISIT(self->executor);
+    Py_VISIT(self->guard);
+    Py_VISIT(self->check);
+    Py_VISIT(self->entry);
+    Py_VISIT(self->tag);
+    Py_VISIT(self->call);
+    Py_VISIT(self->tracer);
+    Py_VISIT(self->acquire);
+    Py_VISIT(self->release);
+    return 0;
+}
+
+static int core_clear(LeanCore *self) {
+    Py_CLEAR(self->kernel);
+    Py_CLEAR(self->watchdog);
+    Py_CLEAR(self->executor);
+    Py_CLEAR(self->guard);
+    Py_CLEAR(self->check);
+    Py_CLEAR(self->entry);
+    Py_CLEAR(self->tag);
+    Py_CLEAR(self->call);
+    Py_CLEAR(self->tracer);
+    Py_CLEAR(self->acquire);
+    Py_CLEAR(self->release);
+    return 0;
+}
+
+static void core_dealloc(LeanCore *self) {
+    PyObject_GC_UnTrack(self);
+    core_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef core_members[] = {
+    {"_kernel", T_OBJECT, offsetof(LeanCore, kernel), 0, "the engine's call, or None"},
+    {"watchdog", T_OBJECT, offsetof(LeanCore, watchdog), 0, "the communicator's watchdog"},
+    {"executor", T_OBJECT, offsetof(LeanCore, executor), 0, "its shared-memory executor"},
+    {"guard", T_OBJECT, offsetof(LeanCore, guard), 0, "the packed signature"},
+    {"_check", T_OBJECT, offsetof(LeanCore, check), 0, "the call's check (None: the watchdog's)"},
+    {"_entry", T_OBJECT, offsetof(LeanCore, entry), 0, "the flight-recorder entry of the calls in a row"},
+    {"_tag", T_OBJECT, offsetof(LeanCore, tag), 0, "the tag the compiled calls' signature has"},
+    {"_call", T_OBJECT, offsetof(LeanCore, call), 0, "the Call, where the call waited or failed"},
+    {"_tracer", T_OBJECT, offsetof(LeanCore, tracer), 0, "the tracer (its on)"},
+    {"_acquire", T_OBJECT, offsetof(LeanCore, acquire), 0, "the claim's lock's acquire"},
+    {"_release", T_OBJECT, offsetof(LeanCore, release), 0, "the claim's lock's release"},
+    {"_sequence", T_LONGLONG, offsetof(LeanCore, sequence), 0, "the call's sequence number"},
+    {"_posted", T_LONGLONG, offsetof(LeanCore, posted), 0, "the digest the last compiled call posted"},
+    {"_began", T_DOUBLE, offsetof(LeanCore, began), 0, "when the last compiled call began"},
+    {"_barriers", T_INT, offsetof(LeanCore, barriers), 0, "barriers the call passed"},
+    {"_turn", T_INT, offsetof(LeanCore, turn), 0, "the window's turn the last compiled call took"},
+    {"averages", T_BOOL, offsetof(LeanCore, averages), 0, "whether the op divides by the world size"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyMethodDef core_methods[] = {
+    {"start", (PyCFunction)(void (*)(void))core_start, METH_FASTCALL,
+     "start(work, source) -> -1 not taken, 0 done, 1 late, 2 signatures differ, 3 done but for the end"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject LeanCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "collectives._engine.LeanCore",
+    .tp_doc = "A repeated small allreduce's bookkeeping and compiled call in one call (LeanAllreduce's base).",
+    .tp_basicsize = sizeof(LeanCore),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)core_dealloc,
+    .tp_traverse = (traverseproc)core_traverse,
+    .tp_clear = (inquiry)core_clear,
+    .tp_members = core_members,
+    .tp_methods = core_methods,
 };
 
 static PyMethodDef engine_methods[] = {
@@ -514,10 +794,20 @@ static struct PyModuleDef engine_module = {
 };
 
 PyMODINIT_FUNC PyInit__engine(void) {
-    if (PyType_Ready(&SmallAllreduceType) < 0) return NULL;
+    if (PyType_Ready(&SmallAllreduceType) < 0 || PyType_Ready(&LeanCoreType) < 0) return NULL;
+    static const char *names[] = {"broken", "claimed_by", "sequence", "recorder", "check", "tag", "turn", "stamp",
+                                  "digest", "packed", "last", "starts", "last_began", "late_after", "on",
+                                  "_new_entry"};
+    PyObject **interned[] = {&s_broken, &s_claimed_by, &s_sequence, &s_recorder, &s_check, &s_tag, &s_turn,
+                             &s_stamp, &s_digest, &s_packed, &s_last, &s_starts, &s_last_began, &s_late_after,
+                             &s_on, &s_new_entry};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!(*interned[i] = PyUnicode_InternFromString(names[i]))) return NULL;
     PyObject *module = PyModule_Create(&engine_module);
     if (!module) return NULL;
     if (PyModule_AddObjectRef(module, "SmallAllreduce", (PyObject *)&SmallAllreduceType) < 0 ||
+        PyModule_AddObjectRef(module, "LeanCore", (PyObject *)&LeanCoreType) < 0 ||
+        PyModule_AddIntConstant(module, "NOT_TAKEN", NOT_TAKEN) < 0 || PyModule_AddIntConstant(module, "FINISH", FINISH) < 0 ||
         PyModule_AddIntConstant(module, "DONE", DONE) < 0 || PyModule_AddIntConstant(module, "LATE", LATE) < 0 ||
         PyModule_AddIntConstant(module, "MISMATCH", MISMATCH) < 0 ||
         PyModule_AddIntConstant(module, "MAX_RANKS", MAX_RANKS) < 0) {

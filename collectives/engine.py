@@ -12,11 +12,24 @@ communicator made where it was not built raises (as it does for a value that is
 neither).
 """
 
-__all__ = ["COMPILED", "DONE", "FLAG", "LATE", "MISMATCH", "Engine", "compiled", "reduces", "why"]
+__all__ = [
+    "COMPILED",
+    "DONE",
+    "FINISH",
+    "FLAG",
+    "LATE",
+    "MISMATCH",
+    "NOT_TAKEN",
+    "Engine",
+    "LeanCore",
+    "compiled",
+    "reduces",
+    "why",
+]
 
 import importlib
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._env import env_flag
 from .errors import ConfigurationError
@@ -25,6 +38,8 @@ FLAG = "COLLECTIVES_COMPILED"
 
 DONE, LATE, MISMATCH = 0, 1, 2
 """What a compiled call's ``run`` returns: done; a rank is late (wait on, then reduce); signatures differ."""
+NOT_TAKEN, FINISH = -1, 3
+"""What a :class:`LeanCore`'s ``start`` returns besides: nothing done; done but for the call's end."""
 
 
 def _load() -> tuple[ModuleType | None, str, ConfigurationError | None]:
@@ -55,6 +70,7 @@ Engine = Any
 """The extension module's type, for annotations (it ships no type information)."""
 
 COMPILED, _WHY, _PROBLEM = _load()
+_BUILT = COMPILED  # the module whose LeanCore is the base (COMPILED may be set to None later, by tests)
 
 
 def compiled() -> bool:
@@ -76,3 +92,58 @@ def why() -> str:
 def reduces(dtype: str, op: str) -> bool:
     """Whether the compiled engine reduces ``dtype`` with ``op`` (numpy names) with numpy's bits."""
     return COMPILED is not None and bool(COMPILED.reduces(dtype, op))
+
+
+class _PythonLeanCore:
+    """:class:`LeanCore` where the engine does not run: the same fields, and a start that takes no call."""
+
+    __slots__ = (
+        "_acquire",
+        "_barriers",
+        "_began",
+        "_call",
+        "_check",
+        "_entry",
+        "_kernel",
+        "_posted",
+        "_release",
+        "_sequence",
+        "_tag",
+        "_tracer",
+        "_turn",
+        "averages",
+        "executor",
+        "guard",
+        "watchdog",
+    )
+
+    _acquire: Any
+    _barriers: int
+    _began: float
+    _call: Any
+    _check: bool | None
+    _entry: Any
+    _kernel: Any
+    _posted: int
+    _release: Any
+    _sequence: int
+    _tag: bytes | None
+    _tracer: Any
+    _turn: int
+    averages: bool
+    executor: Any
+    guard: Any
+    watchdog: Any
+
+    def start(self, work: Any, source: Any) -> int:
+        """Take no call: the Python path runs it."""
+        return NOT_TAKEN
+
+
+if TYPE_CHECKING:
+    LeanCore = _PythonLeanCore
+else:
+    LeanCore = _PythonLeanCore if _BUILT is None else _BUILT.LeanCore
+"""The base of :class:`~collectives.lean.LeanAllreduce`: the engine's (whose ``start`` runs a repeated
+small allreduce's bookkeeping and compiled call in one call) where it runs, else a Python one whose
+``start`` takes no call. A call takes the engine only where its compiled call was made (``_kernel``)."""

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .call import Call, Starts
-from .engine import LATE
+from .engine import DONE, FINISH, LATE, NOT_TAKEN, LeanCore
 from .errors import MismatchError
 from .ops import itemsize
 from .tracing.recorder import TRACER as _TRACE
@@ -55,7 +55,7 @@ class Repeats(Starts):
         return super().line(rank).replace(" persistent starts=", " repeated calls=")
 
 
-class LeanAllreduce:
+class LeanAllreduce(LeanCore):
     """A repeated allreduce on the shared-memory executor, its signature carried by the executor's barrier.
 
     Args:
@@ -69,28 +69,17 @@ class LeanAllreduce:
         record: the flight-recorder entry's type (:class:`Starts` for persistent starts).
     """
 
-    __slots__ = (
-        "_barriers",
-        "_call",
-        "_check",
-        "_entry",
-        "_kernel",
+    __slots__ = (  # and LeanCore's fields
         "_pending",
         "_record_as",
         "_reduce",
         "_run",
-        "_sequence",
         "_small",
-        "_tag",
         "_views",
         "algorithm",
-        "averages",
         "backend",
-        "executor",
-        "guard",
         "op",
         "size",
-        "watchdog",
     )
 
     def __init__(
@@ -127,9 +116,33 @@ class LeanAllreduce:
         self._kernel: Any = None  # the compiled engine's call, where it takes this one: made by the first
         self._tag: bytes | None = None  # the watchdog's tag the compiled calls' signature has
         self._reduce = backend.reducer(op)
+        claim = self.watchdog.claim_lock
+        self._acquire, self._release = claim.acquire, claim.release
+        self._tracer = _TRACE
+        self._posted, self._turn, self._began = 0, 0, 0.0
 
     def run(self, work: Any, source: Any) -> None:
         """``work`` = the allreduce of every rank's ``source`` (may be ``work``), divided for ``avg``."""
+        try:
+            status = self.start(work, source)  # the compiled engine's whole call, where it takes this one
+        except BaseException as error:  # raised after its claim: the call's error
+            self._failed(error)
+            raise
+        if status == DONE:
+            return
+        if status == NOT_TAKEN:
+            self._run_here(work, source)
+            return
+        if status != FINISH:  # claimed and arrived: a rank is late, or the signatures differ
+            try:
+                self._compiled_waits(status, self._turn, work, self._posted)
+            except BaseException as error:
+                self._failed(error)
+                raise
+        self._end(work, self._sequence, self._began, released=status == FINISH)
+
+    def _run_here(self, work: Any, source: Any) -> None:
+        """:meth:`run` on the Python path (the compiled engine's call, where made, called from here)."""
         # Watchdog.watch/end's steps written out, not called: they make a Call per call, a third of
         # this path's time; a Call is made here only where the call waits or fails (_record)
         watchdog = self.watchdog
@@ -146,8 +159,7 @@ class LeanAllreduce:
             entry.last = sequence
             entry.starts += 1
         else:
-            entry = self._entry = self._record_as(self.guard.signature, sequence, self.algorithm)
-            recorder.append(entry)
+            self._new_entry(sequence)
         check = self._check
         try:
             kernel = self._kernel
@@ -181,17 +193,31 @@ class LeanAllreduce:
             else:
                 self._run(self.backend, work, source, self.op, self.barrier)
         except BaseException as error:
-            failed = self._call or self._record()
-            failed.pending = None  # the error is the call's, whatever its signature
-            if isinstance(error, MismatchError) and self.op.custom:
-                error.add_note(
-                    f"rank {watchdog.transport.rank}'s op {self.op.name!r} is {self.op.agreed_name!r}"
-                )
-            watchdog.end(failed, error)
+            self._failed(error)
             raise
+        self._end(work, sequence, began, released=False)
+
+    def _new_entry(self, sequence: int) -> None:
+        """A flight-recorder entry of its own for the calls in a row from call ``sequence`` on."""
+        entry = self._entry = self._record_as(self.guard.signature, sequence, self.algorithm)
+        self.watchdog.recorder.append(entry)
+
+    def _failed(self, error: BaseException) -> None:
+        """End the claimed call with ``error`` (its Call made if it had none), as every call's end does."""
+        watchdog = self.watchdog
+        failed = self._call or self._record()
+        failed.pending = None  # the error is the call's, whatever its signature
+        if isinstance(error, MismatchError) and self.op.custom:
+            error.add_note(f"rank {watchdog.transport.rank}'s op {self.op.name!r} is {self.op.agreed_name!r}")
+        watchdog.end(failed, error)
+
+    def _end(self, work: Any, sequence: int, began: float, released: bool) -> None:
+        """A call's end: the claim given back (unless ``released``), the late check, the average."""
+        watchdog = self.watchdog
         call = self._call
         if call is None:
-            watchdog.release()
+            if not released:
+                watchdog.release()
             if began - watchdog.last_began >= watchdog.late_after:  # as Watchdog.end asks
                 watchdog.late("allreduce", sequence)
             watchdog.last_began = began

@@ -154,11 +154,13 @@ class Watchdog:
         # the arrays of calls that broke the communicator: receives posted into them may still land
         self.kept: list[object] = []
         self._notices: list[tuple[object, bytearray]] = []  # the Tag.BROKEN sends, kept alive
-        # the claim of the communicator: a lock taken without waiting, atomic with or without the GIL,
-        # so of two threads exactly one gets it; _owner, the thread holding it, only names it in errors
-        self._claim = threading.Lock()
-        self._take = self._claim.acquire
-        self._owner = 0
+        self.claim_lock = threading.Lock()
+        """The claim of the communicator: a lock taken without waiting, atomic with or without the GIL,
+        so of two threads exactly one gets it (:meth:`claim`; the compiled engine's repeated calls take
+        and give it back themselves)."""
+        self._take = self.claim_lock.acquire
+        self.claimed_by = 0
+        """The thread holding the claim (0: none); it only names that thread in errors."""
         watched = math.isfinite(self.timeout) or math.isfinite(self.stall_warning)
         self.watched = WatchedTransport(transport) if watched else None
         self._rank, self._size = transport.rank, transport.size
@@ -227,12 +229,12 @@ class Watchdog:
             self._refuse()
         if not self._take(False):
             self._concurrent(collective)
-        self._owner = _get_ident()
+        self.claimed_by = _get_ident()
 
     def release(self) -> None:
         """Give up a :meth:`claim` whose call ends before :meth:`watch` (its preparation raised)."""
-        self._owner = 0
-        self._claim.release()
+        self.claimed_by = 0
+        self.claim_lock.release()
 
     def watch(
         self, guard: PackedSignature, check: bool | None = None, *, first_barrier: bool = False,
@@ -358,8 +360,8 @@ class Watchdog:
         call.seconds = now - call.began
         if self.watched is not None:
             self.watched.call = None
-        self._owner = 0
-        self._claim.release()
+        self.claimed_by = 0
+        self.claim_lock.release()
         if self.debug:
             write_debug_line(self.debug_file, self._rank, call.line(self._rank))
         if _TRACE.on:
@@ -434,9 +436,9 @@ class Watchdog:
         communicator on every rank, naming the error. A claim the call took and
         never gave back is released.
         """
-        if self._claim.locked() and self._owner in (0, _get_ident()):
-            self._owner = 0
-            self._claim.release()
+        if self.claim_lock.locked() and self.claimed_by in (0, _get_ident()):
+            self.claimed_by = 0
+            self.claim_lock.release()
         if error is self.ended or self.broken is not None or isinstance(error, CollectivesError):
             return
         why = f"{collective} interrupted ({type(error).__name__})"
@@ -492,7 +494,7 @@ class Watchdog:
 
     def _concurrent(self, collective: str) -> None:
         """Refuse a call made while another thread's runs; break the communicator on every rank."""
-        owner = self._owner  # 0 only in the instant between another thread's claim and its mark
+        owner = self.claimed_by  # 0 only in the instant between another thread's claim and its mark
         running = _thread_name(owner) if owner else "another thread"
         calling = _thread_name(threading.get_ident())
         message = (

@@ -60,31 +60,23 @@ def _results(
     return results
 
 
-class _Counted:
-    """A compiled call that counts its runs."""
-
-    def __init__(self, kernel: Any, calls: list[int]) -> None:
-        self.kernel, self.calls = kernel, calls
-
-    def run(self, *args: Any) -> Any:
-        self.calls[0] += 1
-        return self.kernel.run(*args)
-
-    def reduce(self, *args: Any) -> Any:
-        return self.kernel.reduce(*args)
-
-
-def _counting(monkeypatch: pytest.MonkeyPatch, shared: Any) -> list[int]:
-    """Count the runs of the compiled calls the shared memory makes (small_kernel's)."""
-    calls = [0]
+def _counting(monkeypatch: pytest.MonkeyPatch, shared: Any) -> list[Any]:
+    """The compiled calls the shared memory makes (small_kernel's), whose runs count their calls."""
+    made: list[Any] = []
     original = type(shared).small_kernel
 
     def small_kernel(self: Any, *args: Any) -> Any:
         kernel = original(self, *args)
-        return None if kernel is None else _Counted(kernel, calls)
+        if kernel is not None:
+            made.append(kernel)
+        return kernel
 
     monkeypatch.setattr(type(shared), "small_kernel", small_kernel)
-    return calls
+    return made
+
+
+def _runs(made: list[Any]) -> int:
+    return sum(kernel.runs for kernel in made)
 
 
 @pytest.mark.parametrize("persistent", [False, True], ids=["plain", "persistent"])
@@ -97,18 +89,18 @@ def test_the_engine_and_the_python_path_give_the_same_bits(
     if world.size == 1 or compiled.watchdog.shared is None:
         compiled.free()
         pytest.skip("one rank, or ranks without shared memory: no lean small path")
-    calls = _counting(monkeypatch, compiled.watchdog.shared)
+    made = _counting(monkeypatch, compiled.watchdog.shared)
     taken = 0
     for dtype, op in DTYPE_OPS:
         if OPS[op].custom:
             continue
         for count in COUNTS:
-            before = calls[0]
+            before = _runs(made)
             ours: list[bytes] | None = None
             theirs: list[bytes] | None = None
             with problems.guard(f"{dtype} {op} {count} compiled"):
                 ours = _results(compiled, dtype, op, count, persistent)
-            took = calls[0] > before
+            took = _runs(made) > before
             taken += took
             # (others may reach it too: float16's avg sums in float32)
             if engine.reduces(dtype, OPS[op].combine):
@@ -139,3 +131,34 @@ def test_a_mismatch_on_the_compiled_path_is_found_on_every_rank(world: MPI.Intra
     with pytest.raises(collectives.MismatchError):
         collectives.allreduce(x, mine, out=x, comm=comm)
     comm.free()
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["plain", "persistent"])
+def test_repeated_calls_are_one_call_into_the_engine(
+    world: MPI.Intracomm, monkeypatch: pytest.MonkeyPatch, persistent: bool
+) -> None:
+    from collectives.lean import LeanAllreduce
+
+    comm = collectives.Communicator(world)
+    collectives.barrier(comm=comm)  # the first call sets up the shared memory
+    if world.size == 1 or comm.watchdog.shared is None:
+        comm.free()
+        pytest.skip("one rank, or ranks without shared memory: no lean small path")
+    x = np.ones(4, np.float32)
+    start = collectives.allreduce_init(x, out=x, comm=comm) if persistent else None
+    for _ in range(3):  # the first call decides, the next makes the compiled call
+        start() if start is not None else collectives.allreduce(x, out=x, comm=comm)
+    in_python = [0]
+    original = LeanAllreduce._run_here
+
+    def counted(self: LeanAllreduce, work: Any, source: Any) -> None:
+        in_python[0] += 1
+        original(self, work, source)
+
+    monkeypatch.setattr(LeanAllreduce, "_run_here", counted)
+    for _ in range(REPEATS * 5):
+        x[...] = 1.0
+        start() if start is not None else collectives.allreduce(x, out=x, comm=comm)
+        assert (x == world.size).all()
+    comm.free()
+    assert in_python[0] == 0, f"{in_python[0]} of {REPEATS * 5} repeated calls ran the Python path"
