@@ -497,11 +497,25 @@ static PyTypeObject SmallAllreduceType = {
     .tp_methods = small_methods,
 };
 
+/* the reproducible sums' loops: defined in their own section at the end of this file */
+static PyObject *repro_codes(PyObject *, PyObject *const *, Py_ssize_t);
+static PyObject *repro_words(PyObject *, PyObject *const *, Py_ssize_t);
+static PyObject *repro_finish(PyObject *, PyObject *const *, Py_ssize_t);
+static PyObject *repro_rows(PyObject *, PyObject *const *, Py_ssize_t);
+
 static PyMethodDef engine_methods[] = {
     {"reduces", (PyCFunction)(void (*)(void))engine_reduces, METH_FASTCALL,
      "reduces(dtype, op) -> whether the engine reduces that dtype with that op (with numpy's bits)"},
     {"combine", (PyCFunction)(void (*)(void))engine_combine, METH_FASTCALL,
      "combine(dtype, op, out, a, b): out = a op b with the engine's loop"},
+    {"repro_codes", (PyCFunction)(void (*)(void))repro_codes, METH_FASTCALL,
+     "repro_codes(x, codes) -> flags: each element's code (1 a special code, 2 -0.0's, found)"},
+    {"repro_words", (PyCFunction)(void (*)(void))repro_words, METH_FASTCALL,
+     "repro_words(x, agreed, words): the contributions cut at the agreed codes"},
+    {"repro_finish", (PyCFunction)(void (*)(void))repro_finish, METH_FASTCALL,
+     "repro_finish(sums, codes, out, to_odd, divide_by, specials): the summed words rounded once"},
+    {"repro_rows", (PyCFunction)(void (*)(void))repro_rows, METH_FASTCALL,
+     "repro_rows(message, size, count, out, to_odd, divide_by) -> whether the rows' trailers agree"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -525,4 +539,387 @@ PyMODINIT_FUNC PyInit__engine(void) {
         return NULL;
     }
     return module;
+}
+
+/* ===================================================================================================
+ * Reproducible sums: the conversion's loops (collectives/reproducible.py is the numpy path they
+ * stand for, and says what each step means). One pass each: every element's code, the contributions
+ * cut at the agreed codes into words, the summed words rounded once, and the whole sum of every
+ * rank's raw contribution gathered on each rank. Float16, bfloat16 and float32 arrive as float32 (the
+ * float32 family), float64 as float64; a buffer's item size says which. The results are the numpy
+ * path's bits: the arithmetic is exact but for the one rounding, which goes through the same C casts
+ * and ldexp as numpy's loops.
+ * =================================================================================================== */
+#include <math.h>
+
+enum { R_WORD = 47, R_SPECIAL = 127, R_NAN = 1, R_PLUS_INF = 2, R_MINUS_INF = 4 };
+enum { R32_BITS = 47, R32_LOWEST = -7, R32_TOP = 8 };   /* the float32 family: 47 value bits, one word */
+enum { R64_BITS = 94, R64_LOWEST = -62, R64_TOP = 64 }; /* float64: 94 value bits, two words */
+
+/* 2**k exactly, for the normal exponents; ldexp beyond them (0 or inf) */
+static inline double repro_pow2(int k) {
+    if (k < -1022 || k > 1023) return ldexp(1.0, k);
+    uint64_t bits = (uint64_t)(k + 1023) << 52;
+    double value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+/* x * 2**k, as ldexp gives it: a product by an exact power of two is rounded once, as ldexp is */
+static inline double repro_ldexp(double x, int64_t k) {
+    if (k > 1023 && k <= 1023 + 600) return x * repro_pow2((int)k - 600) * repro_pow2(600);
+    if (k < -1022 || k > 1023) return ldexp(x, (int)k);
+    return x * repro_pow2((int)k);
+}
+
+/* ceil(E / 16) for |x| < 2**E, from the exponent field: floor((field + 16 - bias) / 16) */
+static inline int repro_code32(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if (u == UINT32_C(0x80000000)) return R32_LOWEST - 1; /* -0.0 */
+    int code = (int)(((u >> 23) & 0xffu) + 17u) / 16 - 8;
+    return code > R32_TOP ? R_SPECIAL : code;
+}
+
+static inline int repro_code64(double x) {
+    uint64_t u;
+    memcpy(&u, &x, sizeof u);
+    if (u == UINT64_C(0x8000000000000000)) return R64_LOWEST - 1;
+    int code = (int)(((u >> 52) & 0x7ffu) + 1u) / 16 - 63;
+    return code > R64_TOP ? R_SPECIAL : code < R64_LOWEST ? R64_LOWEST : code;
+}
+
+static inline unsigned repro_special_bits(double x) {
+    return x != x ? R_NAN : x == INFINITY ? R_PLUS_INF : x == -INFINITY ? R_MINUS_INF : 0;
+}
+
+/* x * 2**(47 - 16 code): exact for every float32 at a code not below its own (|result| < 2**47),
+ * and below one unit where numpy's float32 ldexp would round, so truncated alike */
+static inline double repro_scaled32(float x, int code) {
+    return code == R_SPECIAL ? 0.0 : (double)x * repro_pow2(R32_BITS - 16 * code);
+}
+
+/* the two words of x cut at code: high = trunc(scaled / 2**47), low = the rest, truncated */
+static inline void repro_cut64(double x, int code, int64_t *high, int64_t *low) {
+    if (code == R_SPECIAL) x = 0.0;
+    double scaled = repro_ldexp(x, R64_BITS - 16 * code);
+    double top = trunc(repro_ldexp(scaled, -R_WORD));
+    *high = (int64_t)top;
+    *low = (int64_t)(scaled - repro_ldexp(top, R_WORD));
+}
+
+/* an int64 below 2**62 as float64, toward zero, its last bit set where inexact (rounded to odd) */
+static inline double repro_odd(int64_t whole) {
+    double value = (double)whole;
+    int64_t rest = whole - (int64_t)value;
+    if (rest != 0) {
+        int64_t bits;
+        memcpy(&bits, &value, sizeof bits);
+        if ((rest ^ whole) < 0) bits -= 1;
+        bits |= 1;
+        memcpy(&value, &bits, sizeof value);
+    }
+    return value;
+}
+
+static inline int repro_clip(int64_t v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : (int)v; }
+
+/* whole * 2**unit as float64: to nearest (a subnormal rounded once, at 2**-1074), or to odd */
+static inline double repro_rounded(int64_t whole, int64_t unit, int to_odd) {
+    if (to_odd) return repro_ldexp(repro_odd(whole), unit);
+    double value = repro_ldexp((double)whole, unit);
+    if (whole != 0 && fabs(value) < 0x1p-1022) {
+        int64_t drop = -1074 - unit;
+        if (drop > 63) drop = 63;
+        int right = repro_clip(drop, 0, 62), left = repro_clip(-drop, 0, 62);
+        int64_t kept = drop > 0 ? whole >> right : (int64_t)((uint64_t)whole << left);
+        int64_t rest = whole - (int64_t)((uint64_t)kept << right);
+        int64_t half = (int64_t)1 << repro_clip(drop - 1, 0, 62);
+        int up = drop > 0 && (rest > half || (rest == half && (kept & 1)));
+        kept = drop >= 63 ? 0 : kept + up;
+        value = ldexp((double)kept, -1074); /* exact: |kept| <= 2**52 */
+    }
+    return value;
+}
+
+/* a float64 element's two summed words as one of at most 62 bits (the bits cut off kept as a
+ * sticky last bit), then rounded */
+static inline double repro_rounded_pair(int64_t high, int64_t low, int64_t unit, int to_odd) {
+    int64_t carry = low >> R_WORD;
+    low -= (int64_t)((uint64_t)carry << R_WORD);
+    high += carry;
+    int top;
+    frexp((double)(high < 0 ? -high : high), &top);
+    int64_t cut = top - 13 > 0 ? top - 13 : 0;
+    if (cut == 0) return repro_rounded((int64_t)((uint64_t)high << R_WORD) + low, unit, to_odd);
+    int part = cut < R_WORD ? (int)cut : R_WORD;
+    int64_t kept = (int64_t)((uint64_t)high << (R_WORD - part)) + (low >> part);
+    int sticky = (low & (((int64_t)1 << part) - 1)) != 0;
+    if (cut > R_WORD) {
+        int more = repro_clip(cut - R_WORD, 0, 62);
+        kept = high >> more;
+        sticky |= ((high & (((int64_t)1 << more) - 1)) != 0) || low != 0;
+    }
+    return repro_rounded(2 * kept + sticky, unit + cut - 1, to_odd);
+}
+
+/* NaN where some contribution is NaN or both infinities are, else the infinity there is */
+static inline double repro_special_value(unsigned bits) {
+    if ((bits & R_NAN) || (bits & (R_PLUS_INF | R_MINUS_INF)) == (R_PLUS_INF | R_MINUS_INF))
+        return __builtin_nan("");
+    return (bits & R_PLUS_INF) ? INFINITY : -INFINITY;
+}
+
+/* one element's result: special and -0.0 codes as stated, else value / divide_by */
+static inline void repro_store(void *out, int out_size, Py_ssize_t i, int code, int negative_zero,
+                               double value, long divide_by, unsigned bits) {
+    if (code == R_SPECIAL)
+        value = repro_special_value(bits);
+    else if (code == negative_zero)
+        value = -0.0;
+    else if (divide_by > 1)
+        value = value / (double)divide_by;
+    if (out_size == 4)
+        ((float *)out)[i] = (float)value;
+    else
+        ((double *)out)[i] = value;
+}
+
+/* a C-contiguous buffer of n items of one size and kind ('f' float, 'i' signed, 'u' unsigned) */
+static int repro_buffer(PyObject *object, Py_buffer *view, int writable, char kind, const char *name) {
+    if (PyObject_GetBuffer(object, view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0)
+        return -1;
+    char format = view->format ? view->format[strlen(view->format) - 1] : 'B';
+    int is_float = format == 'f' || format == 'd';
+    int is_unsigned = format == 'B' || format == 'H' || format == 'I' || format == 'L' || format == 'Q';
+    int ok = kind == 'f' ? is_float : kind == 'u' ? is_unsigned : !is_float && !is_unsigned;
+    if (!ok) {
+        PyErr_Format(PyExc_TypeError, "%s: a buffer of format '%s' is not what it takes", name, view->format);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *repro_codes(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 2) return PyErr_Format(PyExc_TypeError, "repro_codes(x, codes)");
+    Py_buffer x, codes;
+    if (repro_buffer(args[0], &x, 0, 'f', "repro_codes x") < 0) return NULL;
+    if (repro_buffer(args[1], &codes, 1, 'i', "repro_codes codes") < 0) {
+        PyBuffer_Release(&x);
+        return NULL;
+    }
+    Py_ssize_t n = x.len / x.itemsize;
+    long flags = -1;
+    if (codes.itemsize != 1 || codes.len != n)
+        PyErr_SetString(PyExc_ValueError, "repro_codes takes an int8 code per element");
+    else {
+        int8_t *c = codes.buf;
+        int special = 0, negative_zero = 0;
+        if (x.itemsize == 4) {
+            const float *v = x.buf;
+            for (Py_ssize_t i = 0; i < n; i++) {
+                int code = repro_code32(v[i]);
+                special |= code == R_SPECIAL;
+                negative_zero |= code == R32_LOWEST - 1;
+                c[i] = (int8_t)code;
+            }
+        } else {
+            const double *v = x.buf;
+            for (Py_ssize_t i = 0; i < n; i++) {
+                int code = repro_code64(v[i]);
+                special |= code == R_SPECIAL;
+                negative_zero |= code == R64_LOWEST - 1;
+                c[i] = (int8_t)code;
+            }
+        }
+        flags = special | negative_zero << 1;
+    }
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&codes);
+    return flags < 0 ? NULL : PyLong_FromLong(flags);
+}
+
+static PyObject *repro_words(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 3) return PyErr_Format(PyExc_TypeError, "repro_words(x, agreed, words)");
+    Py_buffer x, agreed, words;
+    if (repro_buffer(args[0], &x, 0, 'f', "repro_words x") < 0) return NULL;
+    if (repro_buffer(args[1], &agreed, 0, 'i', "repro_words agreed") < 0) {
+        PyBuffer_Release(&x);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[2], &words, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&x);
+        PyBuffer_Release(&agreed);
+        return NULL;
+    }
+    Py_ssize_t n = x.len / x.itemsize;
+    int as_float = words.format && strchr(words.format, 'd') != NULL;
+    Py_ssize_t per = x.itemsize == 8 ? 2 : 1;
+    PyObject *result = NULL;
+    if (agreed.itemsize != 1 || agreed.len != n || words.itemsize != 8 || words.len != 8 * n * per ||
+        (as_float && per == 2))
+        PyErr_SetString(PyExc_ValueError, "repro_words: an int8 code per element, and the words' room");
+    else {
+        const int8_t *c = agreed.buf;
+        if (x.itemsize == 4 && as_float) {
+            const float *v = x.buf;
+            double *w = words.buf;
+            for (Py_ssize_t i = 0; i < n; i++) {
+                double cut = c[i] == R_SPECIAL ? 0.0 : trunc(repro_scaled32(v[i], c[i])) * repro_pow2(16 * c[i] - R32_BITS);
+                w[i] = cut + 0.0; /* -0.0 becomes +0.0 */
+            }
+        } else if (x.itemsize == 4) {
+            const float *v = x.buf;
+            int64_t *w = words.buf;
+            for (Py_ssize_t i = 0; i < n; i++) w[i] = (int64_t)repro_scaled32(v[i], c[i]);
+        } else {
+            const double *v = x.buf;
+            int64_t *w = words.buf;
+            for (Py_ssize_t i = 0; i < n; i++) repro_cut64(v[i], c[i], &w[2 * i], &w[2 * i + 1]);
+        }
+        result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&agreed);
+    PyBuffer_Release(&words);
+    return result;
+}
+
+/* finish(sums, codes, out, to_odd, divide_by, specials or None): the summed words of elements with
+ * agreed codes, rounded once into out (float32, or float64 for float64 and for float16 and bfloat16,
+ * whose last rounding numpy does) */
+static PyObject *repro_finish(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 6) return PyErr_Format(PyExc_TypeError, "repro_finish(sums, codes, out, to_odd, divide_by, specials)");
+    int to_odd = PyObject_IsTrue(args[3]);
+    long divide_by = PyLong_AsLong(args[4]);
+    if (to_odd < 0 || (divide_by == -1 && PyErr_Occurred())) return NULL;
+    Py_buffer sums, codes, out, specials = {0};
+    if (PyObject_GetBuffer(args[0], &sums, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (repro_buffer(args[1], &codes, 0, 'i', "repro_finish codes") < 0) {
+        PyBuffer_Release(&sums);
+        return NULL;
+    }
+    if (repro_buffer(args[2], &out, 1, 'f', "repro_finish out") < 0) {
+        PyBuffer_Release(&sums);
+        PyBuffer_Release(&codes);
+        return NULL;
+    }
+    if (args[5] != Py_None && repro_buffer(args[5], &specials, 0, 'u', "repro_finish specials") < 0) {
+        PyBuffer_Release(&sums);
+        PyBuffer_Release(&codes);
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    Py_ssize_t n = codes.len;
+    int exact = sums.format && strchr(sums.format, 'd') != NULL;
+    Py_ssize_t per = sums.itemsize == 8 ? sums.len / 8 / (n ? n : 1) : 0;
+    int pairs = per == 2;
+    PyObject *result = NULL;
+    if (codes.itemsize != 1 || sums.itemsize != 8 || sums.len != 8 * n * (n ? per : 0) || (exact && pairs) ||
+        (per != 1 && per != 2 && n) || out.len != n * out.itemsize || (specials.obj && specials.len != n) ||
+        divide_by < 1)
+        PyErr_SetString(PyExc_ValueError, "repro_finish: the sums, codes, result and specials of one count");
+    else {
+        const int8_t *c = codes.buf;
+        const uint8_t *bits = specials.obj ? specials.buf : NULL;
+        int negative_zero = pairs ? R64_LOWEST - 1 : R32_LOWEST - 1;
+        int64_t bits_of = pairs ? R64_BITS : R32_BITS;
+        int out_size = (int)out.itemsize;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            double value;
+            int64_t unit = 16 * (int64_t)c[i] - bits_of;
+            if (exact)
+                value = ((const double *)sums.buf)[i];
+            else if (pairs)
+                value = repro_rounded_pair(((const int64_t *)sums.buf)[2 * i], ((const int64_t *)sums.buf)[2 * i + 1],
+                                           unit, to_odd);
+            else
+                value = repro_rounded(((const int64_t *)sums.buf)[i], unit, to_odd);
+            repro_store(out.buf, out_size, i, c[i], negative_zero, value, divide_by, bits ? bits[i] : 0);
+        }
+        result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&sums);
+    PyBuffer_Release(&codes);
+    PyBuffer_Release(&out);
+    if (specials.obj) PyBuffer_Release(&specials);
+    return result;
+}
+
+/* rows(message, size, count, out, to_odd, divide_by) -> whether the rows' trailers agree: the
+ * reproducible sum of ``size`` ranks' raw contributions, each rank's row of ``message`` (its
+ * ``count`` floats, as float32 or float64 bits, then a trailer), into out (as finish's) */
+static PyObject *repro_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 6) return PyErr_Format(PyExc_TypeError, "repro_rows(message, size, count, out, to_odd, divide_by)");
+    Py_ssize_t size = PyNumber_AsSsize_t(args[1], PyExc_OverflowError);
+    Py_ssize_t n = PyNumber_AsSsize_t(args[2], PyExc_OverflowError);
+    int to_odd = PyObject_IsTrue(args[4]);
+    long divide_by = PyLong_AsLong(args[5]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer message, out;
+    if (PyObject_GetBuffer(args[0], &message, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (repro_buffer(args[3], &out, 1, 'f', "repro_rows out") < 0) {
+        PyBuffer_Release(&message);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t item = message.itemsize, stride = size > 0 ? message.len / item / size : 0;
+    if (size < 1 || size > 64 || (item != 4 && item != 8) || message.len != size * stride * item || stride < n ||
+        out.len != n * out.itemsize || divide_by < 1)
+        PyErr_SetString(PyExc_ValueError, "repro_rows: 1 to 64 rows of count floats and a trailer, and a result of count");
+    else {
+        const char *base = message.buf;
+        int agree = 1;
+        for (Py_ssize_t r = 1; r < size && agree; r++)
+            agree = memcmp(base + (n * item), base + (r * stride + n) * item, (size_t)((stride - n) * item)) == 0;
+        if (agree && item == 4) {
+            const float *rows = message.buf;
+            for (Py_ssize_t i = 0; i < n; i++) {
+                int code = R32_LOWEST - 1;
+                for (Py_ssize_t r = 0; r < size; r++) {
+                    int own = repro_code32(rows[r * stride + i]);
+                    code = own > code ? own : code;
+                }
+                int64_t whole = 0;
+                unsigned bits = 0;
+                if (code == R_SPECIAL)
+                    for (Py_ssize_t r = 0; r < size; r++) bits |= repro_special_bits(rows[r * stride + i]);
+                else
+                    for (Py_ssize_t r = 0; r < size; r++) whole += (int64_t)repro_scaled32(rows[r * stride + i], code);
+                double value = code == R_SPECIAL ? 0.0 : repro_rounded(whole, 16 * (int64_t)code - R32_BITS, to_odd);
+                repro_store(out.buf, (int)out.itemsize, i, code, R32_LOWEST - 1, value, divide_by, bits);
+            }
+        } else if (agree) {
+            const double *rows = message.buf;
+            for (Py_ssize_t i = 0; i < n; i++) {
+                int code = R64_LOWEST - 1;
+                for (Py_ssize_t r = 0; r < size; r++) {
+                    int own = repro_code64(rows[r * stride + i]);
+                    code = own > code ? own : code;
+                }
+                int64_t high = 0, low = 0, h, l;
+                unsigned bits = 0;
+                for (Py_ssize_t r = 0; r < size; r++) {
+                    if (code == R_SPECIAL)
+                        bits |= repro_special_bits(rows[r * stride + i]);
+                    else {
+                        repro_cut64(rows[r * stride + i], code, &h, &l);
+                        high += h;
+                        low += l;
+                    }
+                }
+                double value = code == R_SPECIAL ? 0.0 : repro_rounded_pair(high, low, 16 * (int64_t)code - R64_BITS, to_odd);
+                repro_store(out.buf, (int)out.itemsize, i, code, R64_LOWEST - 1, value, divide_by, bits);
+            }
+        }
+        result = PyBool_FromLong(agree);
+    }
+    PyBuffer_Release(&message);
+    PyBuffer_Release(&out);
+    return result;
 }
