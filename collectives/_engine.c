@@ -556,9 +556,8 @@ enum { R_WORD = 47, R_SPECIAL = 127, R_NAN = 1, R_PLUS_INF = 2, R_MINUS_INF = 4 
 enum { R32_BITS = 47, R32_LOWEST = -7, R32_TOP = 8 };   /* the float32 family: 47 value bits, one word */
 enum { R64_BITS = 94, R64_LOWEST = -62, R64_TOP = 64 }; /* float64: 94 value bits, two words */
 
-/* 2**k exactly, for the normal exponents; ldexp beyond them (0 or inf) */
-static inline double repro_pow2(int k) {
-    if (k < -1022 || k > 1023) return ldexp(1.0, k);
+/* 2**k, for k in -1022..1023 (the loops below keep to them, without branches, so they vectorize) */
+static inline double repro_pow2(int64_t k) {
     uint64_t bits = (uint64_t)(k + 1023) << 52;
     double value;
     memcpy(&value, &bits, sizeof value);
@@ -567,26 +566,27 @@ static inline double repro_pow2(int k) {
 
 /* x * 2**k, as ldexp gives it: a product by an exact power of two is rounded once, as ldexp is */
 static inline double repro_ldexp(double x, int64_t k) {
-    if (k > 1023 && k <= 1023 + 600) return x * repro_pow2((int)k - 600) * repro_pow2(600);
+    if (k > 1023 && k <= 1023 + 600) return x * repro_pow2(k - 600) * repro_pow2(600);
     if (k < -1022 || k > 1023) return ldexp(x, (int)k);
-    return x * repro_pow2((int)k);
+    return x * repro_pow2(k);
 }
 
 /* ceil(E / 16) for |x| < 2**E, from the exponent field: floor((field + 16 - bias) / 16) */
 static inline int repro_code32(float x) {
     uint32_t u;
     memcpy(&u, &x, sizeof u);
-    if (u == UINT32_C(0x80000000)) return R32_LOWEST - 1; /* -0.0 */
-    int code = (int)(((u >> 23) & 0xffu) + 17u) / 16 - 8;
-    return code > R32_TOP ? R_SPECIAL : code;
+    int code = (int)((((u >> 23) & 0xffu) + 17u) >> 4) - 8;
+    code = code > R32_TOP ? R_SPECIAL : code;
+    return u == UINT32_C(0x80000000) ? R32_LOWEST - 1 : code; /* -0.0 */
 }
 
 static inline int repro_code64(double x) {
     uint64_t u;
     memcpy(&u, &x, sizeof u);
-    if (u == UINT64_C(0x8000000000000000)) return R64_LOWEST - 1;
-    int code = (int)(((u >> 52) & 0x7ffu) + 1u) / 16 - 63;
-    return code > R64_TOP ? R_SPECIAL : code < R64_LOWEST ? R64_LOWEST : code;
+    int code = (int)((((u >> 52) & 0x7ffu) + 1u) >> 4) - 63;
+    code = code < R64_LOWEST ? R64_LOWEST : code;
+    code = code > R64_TOP ? R_SPECIAL : code;
+    return u == UINT64_C(0x8000000000000000) ? R64_LOWEST - 1 : code;
 }
 
 static inline unsigned repro_special_bits(double x) {
@@ -596,16 +596,21 @@ static inline unsigned repro_special_bits(double x) {
 /* x * 2**(47 - 16 code): exact for every float32 at a code not below its own (|result| < 2**47),
  * and below one unit where numpy's float32 ldexp would round, so truncated alike */
 static inline double repro_scaled32(float x, int code) {
-    return code == R_SPECIAL ? 0.0 : (double)x * repro_pow2(R32_BITS - 16 * code);
+    int special = code == R_SPECIAL;
+    double factor = repro_pow2(special ? 0 : R32_BITS - 16 * code);
+    return special ? 0.0 : (double)x * factor;
 }
 
-/* the two words of x cut at code: high = trunc(scaled / 2**47), low = the rest, truncated */
+/* the two words of x cut at code: high = trunc(scaled / 2**47), low = the rest, truncated; scaled =
+ * x * 2**(94 - 16 code) as ldexp gives it (past 2**1023 in two exact steps: x is tiny there) */
 static inline void repro_cut64(double x, int code, int64_t *high, int64_t *low) {
-    if (code == R_SPECIAL) x = 0.0;
-    double scaled = repro_ldexp(x, R64_BITS - 16 * code);
-    double top = trunc(repro_ldexp(scaled, -R_WORD));
-    *high = (int64_t)top;
-    *low = (int64_t)(scaled - repro_ldexp(top, R_WORD));
+    int special = code == R_SPECIAL;
+    int64_t k = special ? 0 : R64_BITS - 16 * code; /* -930 .. 1102 */
+    int far = k > 1023;
+    double scaled = (special ? 0.0 : x) * repro_pow2(far ? k - 600 : k) * repro_pow2(far ? 600 : 0);
+    int64_t top = (int64_t)(scaled * 0x1p-47);
+    *high = top;
+    *low = (int64_t)(scaled - (double)top * 0x1p47);
 }
 
 /* an int64 below 2**62 as float64, toward zero, its last bit set where inexact (rounded to odd) */
@@ -648,10 +653,12 @@ static inline double repro_rounded_pair(int64_t high, int64_t low, int64_t unit,
     int64_t carry = low >> R_WORD;
     low -= (int64_t)((uint64_t)carry << R_WORD);
     high += carry;
-    int top;
-    frexp((double)(high < 0 ? -high : high), &top);
+    double magnitude = (double)(high < 0 ? -high : high);
+    uint64_t field;
+    memcpy(&field, &magnitude, sizeof field);
+    int64_t top = high == 0 ? 0 : (int64_t)(field >> 52) - 1022; /* frexp's exponent of |high| as float64 */
     int64_t cut = top - 13 > 0 ? top - 13 : 0;
-    if (cut == 0) return repro_rounded((int64_t)((uint64_t)high << R_WORD) + low, unit, to_odd);
+    /* cut 0 gives 2 * whole at unit - 1: the same value, without a branch on the data */
     int part = cut < R_WORD ? (int)cut : R_WORD;
     int64_t kept = (int64_t)((uint64_t)high << (R_WORD - part)) + (low >> part);
     int sticky = (low & (((int64_t)1 << part) - 1)) != 0;
@@ -663,6 +670,19 @@ static inline double repro_rounded_pair(int64_t high, int64_t low, int64_t unit,
     return repro_rounded(2 * kept + sticky, unit + cut - 1, to_odd);
 }
 
+/* the same, where it can be had directly: the words' carry taken, high below 2**52, and the result
+ * not subnormal, high * 2**47 + low is the one rounding (a float addition of exact terms) and the
+ * scaling by 2**unit exact; elsewhere the sticky-bit route above */
+static inline double repro_pair_value(int64_t high, int64_t low, int64_t unit, int to_odd) {
+    int64_t carry = low >> R_WORD;
+    int64_t rest = low - (int64_t)((uint64_t)carry << R_WORD), top = high + carry;
+    if (!to_odd && top > -(INT64_C(1) << 52) && top < (INT64_C(1) << 52) && unit >= -1022 && unit <= 1023) {
+        double value = ((double)top * 0x1p47 + (double)rest) * repro_pow2(unit);
+        if (value == 0.0 || fabs(value) >= 0x1p-1022) return value;
+    }
+    return repro_rounded_pair(high, low, unit, to_odd);
+}
+
 /* NaN where some contribution is NaN or both infinities are, else the infinity there is */
 static inline double repro_special_value(unsigned bits) {
     if ((bits & R_NAN) || (bits & (R_PLUS_INF | R_MINUS_INF)) == (R_PLUS_INF | R_MINUS_INF))
@@ -670,15 +690,16 @@ static inline double repro_special_value(unsigned bits) {
     return (bits & R_PLUS_INF) ? INFINITY : -INFINITY;
 }
 
-/* one element's result: special and -0.0 codes as stated, else value / divide_by */
+/* one element's result: the special and -0.0 codes' values as stated, else value */
+static inline double repro_fixed(double value, int code, int negative_zero, unsigned bits) {
+    value = code == negative_zero ? -0.0 : value;
+    return code == R_SPECIAL ? repro_special_value(bits) : value;
+}
+
 static inline void repro_store(void *out, int out_size, Py_ssize_t i, int code, int negative_zero,
                                double value, long divide_by, unsigned bits) {
-    if (code == R_SPECIAL)
-        value = repro_special_value(bits);
-    else if (code == negative_zero)
-        value = -0.0;
-    else if (divide_by > 1)
-        value = value / (double)divide_by;
+    if (divide_by > 1) value = value / (double)divide_by;
+    value = repro_fixed(value, code, negative_zero, bits);
     if (out_size == 4)
         ((float *)out)[i] = (float)value;
     else
@@ -768,8 +789,9 @@ static PyObject *repro_words(PyObject *module, PyObject *const *args, Py_ssize_t
             const float *v = x.buf;
             double *w = words.buf;
             for (Py_ssize_t i = 0; i < n; i++) {
-                double cut = c[i] == R_SPECIAL ? 0.0 : trunc(repro_scaled32(v[i], c[i])) * repro_pow2(16 * c[i] - R32_BITS);
-                w[i] = cut + 0.0; /* -0.0 becomes +0.0 */
+                int special = c[i] == R_SPECIAL;
+                double whole = (double)(int64_t)repro_scaled32(v[i], c[i]); /* truncated, exact */
+                w[i] = whole * repro_pow2(special ? 0 : 16 * c[i] - R32_BITS) + 0.0; /* and never -0.0 */
             }
         } else if (x.itemsize == 4) {
             const float *v = x.buf;
@@ -787,6 +809,26 @@ static PyObject *repro_words(PyObject *module, PyObject *const *args, Py_ssize_t
     PyBuffer_Release(&words);
     return result;
 }
+
+/* finish's values into o, by the kind of sums: exact float64, one word (float32 family), two words */
+#define REPRO_VALUES(o)                                                                              \
+    if (exact) {                                                                                     \
+        const double *values = sums.buf;                                                             \
+        for (Py_ssize_t i = 0; i < n; i++) o[i] = values[i] / by;                                    \
+    } else if (!pairs) {                                                                             \
+        const int64_t *whole = sums.buf;                                                             \
+        for (Py_ssize_t i = 0; i < n; i++) {                                                         \
+            int special = c[i] == R_SPECIAL;                                                         \
+            double value = to_odd ? repro_odd(whole[i]) : (double)whole[i];                          \
+            o[i] = value * repro_pow2(special ? 0 : 16 * c[i] - R32_BITS) / by;                      \
+        }                                                                                            \
+    } else {                                                                                         \
+        const int64_t *words = sums.buf;                                                             \
+        for (Py_ssize_t i = 0; i < n; i++) {                                                         \
+            int64_t unit = c[i] == R_SPECIAL ? 0 : 16 * (int64_t)c[i] - R64_BITS;                    \
+            o[i] = repro_pair_value(words[2 * i], words[2 * i + 1], unit, to_odd) / by;              \
+        }                                                                                            \
+    }
 
 /* finish(sums, codes, out, to_odd, divide_by, specials or None): the summed words of elements with
  * agreed codes, rounded once into out (float32, or float64 for float64 and for float16 and bfloat16,
@@ -825,22 +867,25 @@ static PyObject *repro_finish(PyObject *module, PyObject *const *args, Py_ssize_
         PyErr_SetString(PyExc_ValueError, "repro_finish: the sums, codes, result and specials of one count");
     else {
         const int8_t *c = codes.buf;
-        const uint8_t *bits = specials.obj ? specials.buf : NULL;
-        int negative_zero = pairs ? R64_LOWEST - 1 : R32_LOWEST - 1;
-        int64_t bits_of = pairs ? R64_BITS : R32_BITS;
-        int out_size = (int)out.itemsize;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            double value;
-            int64_t unit = 16 * (int64_t)c[i] - bits_of;
-            if (exact)
-                value = ((const double *)sums.buf)[i];
-            else if (pairs)
-                value = repro_rounded_pair(((const int64_t *)sums.buf)[2 * i], ((const int64_t *)sums.buf)[2 * i + 1],
-                                           unit, to_odd);
-            else
-                value = repro_rounded(((const int64_t *)sums.buf)[i], unit, to_odd);
-            repro_store(out.buf, out_size, i, c[i], negative_zero, value, divide_by, bits ? bits[i] : 0);
+        double by = (double)divide_by; /* x / 1.0 is x */
+        if (out.itemsize == 4) {
+            float *o = out.buf;
+            REPRO_VALUES(o)
+        } else {
+            double *o = out.buf;
+            REPRO_VALUES(o)
         }
+        int negative_zero = pairs ? R64_LOWEST - 1 : R32_LOWEST - 1, fix = 0;
+        for (Py_ssize_t i = 0; i < n; i++) fix |= (c[i] == R_SPECIAL) | (c[i] == negative_zero);
+        const uint8_t *bits = specials.obj ? specials.buf : NULL;
+        for (Py_ssize_t i = 0; fix && i < n; i++)
+            if (c[i] == R_SPECIAL || c[i] == negative_zero) {
+                double value = repro_fixed(0.0, c[i], negative_zero, bits ? bits[i] : 0);
+                if (out.itemsize == 4)
+                    ((float *)out.buf)[i] = (float)value;
+                else
+                    ((double *)out.buf)[i] = value;
+            }
         result = Py_NewRef(Py_None);
     }
     PyBuffer_Release(&sums);
@@ -913,7 +958,7 @@ static PyObject *repro_rows(PyObject *module, PyObject *const *args, Py_ssize_t 
                         low += l;
                     }
                 }
-                double value = code == R_SPECIAL ? 0.0 : repro_rounded_pair(high, low, 16 * (int64_t)code - R64_BITS, to_odd);
+                double value = code == R_SPECIAL ? 0.0 : repro_pair_value(high, low, 16 * (int64_t)code - R64_BITS, to_odd);
                 repro_store(out.buf, (int)out.itemsize, i, code, R64_LOWEST - 1, value, divide_by, bits);
             }
         }
