@@ -551,6 +551,19 @@ PyMODINIT_FUNC PyInit__engine(void) {
  * and ldexp as numpy's loops.
  * =================================================================================================== */
 #include <math.h>
+#if defined(__GNUC__) && !defined(__clang__)
+/* the loops below read no floating-point flags: let the compiler vectorize their choices (values are
+ * unchanged: this allows no reassociation, no contraction, no change of signed zeros) */
+#pragma GCC optimize("no-trapping-math")
+#endif
+
+/* the loops over many elements, built also for the x86-64 levels with wide vectors where the compiler
+ * can (GCC on Linux), the processor's chosen at load: the same arithmetic, so the same bits */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && __GNUC__ >= 11
+#define REPRO_WIDE __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define REPRO_WIDE
+#endif
 
 enum { R_WORD = 47, R_SPECIAL = 127, R_NAN = 1, R_PLUS_INF = 2, R_MINUS_INF = 4 };
 enum { R32_BITS = 47, R32_LOWEST = -7, R32_TOP = 8 };   /* the float32 family: 47 value bits, one word */
@@ -593,12 +606,22 @@ static inline unsigned repro_special_bits(double x) {
     return x != x ? R_NAN : x == INFINITY ? R_PLUS_INF : x == -INFINITY ? R_MINUS_INF : 0;
 }
 
-/* x * 2**(47 - 16 code): exact for every float32 at a code not below its own (|result| < 2**47),
- * and below one unit where numpy's float32 ldexp would round, so truncated alike */
-static inline double repro_scaled32(float x, int code) {
+/* trunc(v) for |v| < 2**51 without a call or a conversion to integers, so that it vectorizes:
+ * v + 1.5 * 2**52 rounds v to an integer (nearest), then one step back toward zero where it went past */
+static inline double repro_trunc(double v) {
+    double r = (v + 0x1.8p52) - 0x1.8p52;
+    return r - copysign((double)(fabs(r) > fabs(v)), v);
+}
+
+/* the whole units of x cut at code, as a float64 integer (exact: below 2**47), 0 at the special code */
+static inline double repro_units32(float x, int code) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
     int special = code == R_SPECIAL;
-    double factor = repro_pow2(special ? 0 : R32_BITS - 16 * code);
-    return special ? 0.0 : (double)x * factor;
+    u = special ? 0 : u;
+    float finite;
+    memcpy(&finite, &u, sizeof finite);
+    return repro_trunc((double)finite * repro_pow2(special ? 0 : R32_BITS - 16 * code));
 }
 
 /* the two words of x cut at code: high = trunc(scaled / 2**47), low = the rest, truncated; scaled =
@@ -696,14 +719,48 @@ static inline double repro_fixed(double value, int code, int negative_zero, unsi
     return code == R_SPECIAL ? repro_special_value(bits) : value;
 }
 
-static inline void repro_store(void *out, int out_size, Py_ssize_t i, int code, int negative_zero,
-                               double value, long divide_by, unsigned bits) {
-    if (divide_by > 1) value = value / (double)divide_by;
-    value = repro_fixed(value, code, negative_zero, bits);
-    if (out_size == 4)
-        ((float *)out)[i] = (float)value;
-    else
-        ((double *)out)[i] = value;
+/* each element's code into c; returns 1 where a special code was found, | 2 where -0.0's was */
+REPRO_WIDE static long repro_codes_loop(const void *x, Py_ssize_t itemsize, int8_t *c, Py_ssize_t n) {
+        int special = 0, negative_zero = 0;
+        if (itemsize == 4) {
+            const float *v = x;
+            for (Py_ssize_t i = 0; i < n; i++) {
+                int code = repro_code32(v[i]);
+                special |= code == R_SPECIAL;
+                negative_zero |= code == R32_LOWEST - 1;
+                c[i] = (int8_t)code;
+            }
+        } else {
+            const double *v = x;
+            for (Py_ssize_t i = 0; i < n; i++) {
+                int code = repro_code64(v[i]);
+                special |= code == R_SPECIAL;
+                negative_zero |= code == R64_LOWEST - 1;
+                c[i] = (int8_t)code;
+            }
+        }
+        return special | negative_zero << 1;
+}
+
+/* the contributions cut at the agreed codes: float64 values or int64 whole units (two for float64) */
+REPRO_WIDE static void repro_words_loop(const void *x, Py_ssize_t itemsize, const int8_t *c, void *words, int as_float,
+                                        Py_ssize_t n) {
+        if (itemsize == 4 && as_float) {
+            const float *v = x;
+            double *w = words;
+            for (Py_ssize_t i = 0; i < n; i++) {
+                int special = c[i] == R_SPECIAL;
+                w[i] = repro_units32(v[i], c[i]) * repro_pow2(special ? 0 : 16 * c[i] - R32_BITS) + 0.0; /* never -0.0 */
+            }
+        } else if (itemsize == 4) {
+            const float *v = x;
+            int64_t *w = words;
+            for (Py_ssize_t i = 0; i < n; i++) w[i] = (int64_t)repro_units32(v[i], c[i]);
+        } else {
+            const double *v = x;
+            int64_t *w = words;
+            for (Py_ssize_t i = 0; i < n; i++) repro_cut64(v[i], c[i], &w[2 * i], &w[2 * i + 1]);
+        }
 }
 
 /* a C-contiguous buffer of n items of one size and kind ('f' float, 'i' signed, 'u' unsigned) */
@@ -736,26 +793,7 @@ static PyObject *repro_codes(PyObject *module, PyObject *const *args, Py_ssize_t
     if (codes.itemsize != 1 || codes.len != n)
         PyErr_SetString(PyExc_ValueError, "repro_codes takes an int8 code per element");
     else {
-        int8_t *c = codes.buf;
-        int special = 0, negative_zero = 0;
-        if (x.itemsize == 4) {
-            const float *v = x.buf;
-            for (Py_ssize_t i = 0; i < n; i++) {
-                int code = repro_code32(v[i]);
-                special |= code == R_SPECIAL;
-                negative_zero |= code == R32_LOWEST - 1;
-                c[i] = (int8_t)code;
-            }
-        } else {
-            const double *v = x.buf;
-            for (Py_ssize_t i = 0; i < n; i++) {
-                int code = repro_code64(v[i]);
-                special |= code == R_SPECIAL;
-                negative_zero |= code == R64_LOWEST - 1;
-                c[i] = (int8_t)code;
-            }
-        }
-        flags = special | negative_zero << 1;
+        flags = repro_codes_loop(x.buf, x.itemsize, codes.buf, n);
     }
     PyBuffer_Release(&x);
     PyBuffer_Release(&codes);
@@ -784,24 +822,7 @@ static PyObject *repro_words(PyObject *module, PyObject *const *args, Py_ssize_t
         (as_float && per == 2))
         PyErr_SetString(PyExc_ValueError, "repro_words: an int8 code per element, and the words' room");
     else {
-        const int8_t *c = agreed.buf;
-        if (x.itemsize == 4 && as_float) {
-            const float *v = x.buf;
-            double *w = words.buf;
-            for (Py_ssize_t i = 0; i < n; i++) {
-                int special = c[i] == R_SPECIAL;
-                double whole = (double)(int64_t)repro_scaled32(v[i], c[i]); /* truncated, exact */
-                w[i] = whole * repro_pow2(special ? 0 : 16 * c[i] - R32_BITS) + 0.0; /* and never -0.0 */
-            }
-        } else if (x.itemsize == 4) {
-            const float *v = x.buf;
-            int64_t *w = words.buf;
-            for (Py_ssize_t i = 0; i < n; i++) w[i] = (int64_t)repro_scaled32(v[i], c[i]);
-        } else {
-            const double *v = x.buf;
-            int64_t *w = words.buf;
-            for (Py_ssize_t i = 0; i < n; i++) repro_cut64(v[i], c[i], &w[2 * i], &w[2 * i + 1]);
-        }
+        repro_words_loop(x.buf, x.itemsize, agreed.buf, words.buf, as_float, n);
         result = Py_NewRef(Py_None);
     }
     PyBuffer_Release(&x);
@@ -813,22 +834,34 @@ static PyObject *repro_words(PyObject *module, PyObject *const *args, Py_ssize_t
 /* finish's values into o, by the kind of sums: exact float64, one word (float32 family), two words */
 #define REPRO_VALUES(o)                                                                              \
     if (exact) {                                                                                     \
-        const double *values = sums.buf;                                                             \
+        const double *values = sums;                                                                 \
         for (Py_ssize_t i = 0; i < n; i++) o[i] = values[i] / by;                                    \
     } else if (!pairs) {                                                                             \
-        const int64_t *whole = sums.buf;                                                             \
+        const int64_t *whole = sums;                                                                 \
         for (Py_ssize_t i = 0; i < n; i++) {                                                         \
             int special = c[i] == R_SPECIAL;                                                         \
             double value = to_odd ? repro_odd(whole[i]) : (double)whole[i];                          \
             o[i] = value * repro_pow2(special ? 0 : 16 * c[i] - R32_BITS) / by;                      \
         }                                                                                            \
     } else {                                                                                         \
-        const int64_t *words = sums.buf;                                                             \
+        const int64_t *words = sums;                                                                 \
         for (Py_ssize_t i = 0; i < n; i++) {                                                         \
             int64_t unit = c[i] == R_SPECIAL ? 0 : 16 * (int64_t)c[i] - R64_BITS;                    \
             o[i] = repro_pair_value(words[2 * i], words[2 * i + 1], unit, to_odd) / by;              \
         }                                                                                            \
     }
+
+/* finish's values into out, by the kind of sums: exact float64, one word (float32 family), two words */
+REPRO_WIDE static void repro_finish_loop(const void *sums, int exact, int pairs, int to_odd, const int8_t *c,
+                                         void *out, int out_size, double by, Py_ssize_t n) {
+    if (out_size == 4) {
+        float *o = out;
+        REPRO_VALUES(o)
+    } else {
+        double *o = out;
+        REPRO_VALUES(o)
+    }
+}
 
 /* finish(sums, codes, out, to_odd, divide_by, specials or None): the summed words of elements with
  * agreed codes, rounded once into out (float32, or float64 for float64 and for float16 and bfloat16,
@@ -867,14 +900,7 @@ static PyObject *repro_finish(PyObject *module, PyObject *const *args, Py_ssize_
         PyErr_SetString(PyExc_ValueError, "repro_finish: the sums, codes, result and specials of one count");
     else {
         const int8_t *c = codes.buf;
-        double by = (double)divide_by; /* x / 1.0 is x */
-        if (out.itemsize == 4) {
-            float *o = out.buf;
-            REPRO_VALUES(o)
-        } else {
-            double *o = out.buf;
-            REPRO_VALUES(o)
-        }
+        repro_finish_loop(sums.buf, exact, pairs, to_odd, c, out.buf, (int)out.itemsize, (double)divide_by, n);
         int negative_zero = pairs ? R64_LOWEST - 1 : R32_LOWEST - 1, fix = 0;
         for (Py_ssize_t i = 0; i < n; i++) fix |= (c[i] == R_SPECIAL) | (c[i] == negative_zero);
         const uint8_t *bits = specials.obj ? specials.buf : NULL;
@@ -893,6 +919,107 @@ static PyObject *repro_finish(PyObject *module, PyObject *const *args, Py_ssize_
     PyBuffer_Release(&out);
     if (specials.obj) PyBuffer_Release(&specials);
     return result;
+}
+
+
+enum { R_BLOCK = 256 }; /* elements a pass of the gathered sum takes, so that its loops vectorize */
+
+static inline void repro_put(void *out, int out_size, Py_ssize_t i, double value) {
+    if (out_size == 4)
+        ((float *)out)[i] = (float)value;
+    else
+        ((double *)out)[i] = value;
+}
+
+/* the elements of a block whose code is special or -0.0's: their values as stated */
+static void repro_rows_fixed(const int8_t *codes, Py_ssize_t m, int negative_zero, const char *rows, Py_ssize_t item,
+                             Py_ssize_t size, Py_ssize_t stride, void *out, int out_size, Py_ssize_t start) {
+    for (Py_ssize_t i = 0; i < m; i++) {
+        if (codes[i] != R_SPECIAL && codes[i] != negative_zero) continue;
+        unsigned bits = 0;
+        for (Py_ssize_t r = 0; r < size && codes[i] == R_SPECIAL; r++) {
+            const char *at = rows + (r * stride + start + i) * item;
+            bits |= item == 4 ? repro_special_bits(*(const float *)at) : repro_special_bits(*(const double *)at);
+        }
+        repro_put(out, out_size, start + i, repro_fixed(0.0, codes[i], negative_zero, bits));
+    }
+}
+
+/* the float32 family's rows: each element's cuts summed exactly in float64 (below 2**53 for at
+ * most 64 rows), as the distributed sum's float64 words, then scaled exactly and rounded once */
+#define REPRO_ROWS32_PUT(T)                                                                         \
+    {                                                                                               \
+        T *o = (T *)out + start;                                                                    \
+        for (Py_ssize_t i = 0; i < m; i++) {                                                        \
+            int special = codes[i] == R_SPECIAL;                                                    \
+            double value = sums[i] * repro_pow2(special ? 0 : 16 * codes[i] - R32_BITS);            \
+            o[i] = (T)(value / by); /* exact where by is 1 */                                       \
+        }                                                                                           \
+    }
+
+REPRO_WIDE static void repro_rows32(const float *rows, Py_ssize_t size, Py_ssize_t stride, Py_ssize_t n, void *out,
+                                    int out_size, double by) {
+    int8_t codes[R_BLOCK];
+    double sums[R_BLOCK];
+    for (Py_ssize_t start = 0; start < n; start += R_BLOCK) {
+        Py_ssize_t m = n - start < R_BLOCK ? n - start : R_BLOCK;
+        for (Py_ssize_t i = 0; i < m; i++) codes[i] = R32_LOWEST - 1;
+        for (Py_ssize_t r = 0; r < size; r++) {
+            const float *row = rows + r * stride + start;
+            for (Py_ssize_t i = 0; i < m; i++) {
+                int own = repro_code32(row[i]);
+                codes[i] = (int8_t)(own > codes[i] ? own : codes[i]);
+            }
+        }
+        for (Py_ssize_t i = 0; i < m; i++) sums[i] = 0.0;
+        for (Py_ssize_t r = 0; r < size; r++) {
+            const float *row = rows + r * stride + start;
+            for (Py_ssize_t i = 0; i < m; i++) sums[i] += repro_units32(row[i], codes[i]);
+        }
+        if (out_size == 4)
+            REPRO_ROWS32_PUT(float)
+        else
+            REPRO_ROWS32_PUT(double)
+        int fix = 0;
+        for (Py_ssize_t i = 0; i < m; i++) fix |= (codes[i] == R_SPECIAL) | (codes[i] == R32_LOWEST - 1);
+        if (fix) repro_rows_fixed(codes, m, R32_LOWEST - 1, (const char *)rows, 4, size, stride, out, out_size, start);
+    }
+}
+
+/* float64's rows: each element's two words summed, as the distributed sum's, then rounded once */
+REPRO_WIDE static void repro_rows64(const double *rows, Py_ssize_t size, Py_ssize_t stride, Py_ssize_t n, void *out,
+                         int out_size, double by, int to_odd) {
+    int8_t codes[R_BLOCK];
+    int64_t high[R_BLOCK], low[R_BLOCK];
+    for (Py_ssize_t start = 0; start < n; start += R_BLOCK) {
+        Py_ssize_t m = n - start < R_BLOCK ? n - start : R_BLOCK;
+        for (Py_ssize_t i = 0; i < m; i++) codes[i] = R64_LOWEST - 1;
+        for (Py_ssize_t r = 0; r < size; r++) {
+            const double *row = rows + r * stride + start;
+            for (Py_ssize_t i = 0; i < m; i++) {
+                int own = repro_code64(row[i]);
+                codes[i] = (int8_t)(own > codes[i] ? own : codes[i]);
+            }
+        }
+        for (Py_ssize_t i = 0; i < m; i++) high[i] = low[i] = 0;
+        for (Py_ssize_t r = 0; r < size; r++) {
+            const double *row = rows + r * stride + start;
+            for (Py_ssize_t i = 0; i < m; i++) {
+                int64_t h, l;
+                repro_cut64(row[i], codes[i], &h, &l);
+                high[i] += h;
+                low[i] += l;
+            }
+        }
+        int fix = 0;
+        for (Py_ssize_t i = 0; i < m; i++) {
+            int special = codes[i] == R_SPECIAL;
+            fix |= special | (codes[i] == R64_LOWEST - 1);
+            int64_t unit = special ? 0 : 16 * (int64_t)codes[i] - R64_BITS;
+            repro_put(out, out_size, start + i, repro_pair_value(high[i], low[i], unit, to_odd) / by);
+        }
+        if (fix) repro_rows_fixed(codes, m, R64_LOWEST - 1, (const char *)rows, 8, size, stride, out, out_size, start);
+    }
 }
 
 /* rows(message, size, count, out, to_odd, divide_by) -> whether the rows' trailers agree: the
@@ -922,46 +1049,10 @@ static PyObject *repro_rows(PyObject *module, PyObject *const *args, Py_ssize_t 
         int agree = 1;
         for (Py_ssize_t r = 1; r < size && agree; r++)
             agree = memcmp(base + (n * item), base + (r * stride + n) * item, (size_t)((stride - n) * item)) == 0;
-        if (agree && item == 4) {
-            const float *rows = message.buf;
-            for (Py_ssize_t i = 0; i < n; i++) {
-                int code = R32_LOWEST - 1;
-                for (Py_ssize_t r = 0; r < size; r++) {
-                    int own = repro_code32(rows[r * stride + i]);
-                    code = own > code ? own : code;
-                }
-                int64_t whole = 0;
-                unsigned bits = 0;
-                if (code == R_SPECIAL)
-                    for (Py_ssize_t r = 0; r < size; r++) bits |= repro_special_bits(rows[r * stride + i]);
-                else
-                    for (Py_ssize_t r = 0; r < size; r++) whole += (int64_t)repro_scaled32(rows[r * stride + i], code);
-                double value = code == R_SPECIAL ? 0.0 : repro_rounded(whole, 16 * (int64_t)code - R32_BITS, to_odd);
-                repro_store(out.buf, (int)out.itemsize, i, code, R32_LOWEST - 1, value, divide_by, bits);
-            }
-        } else if (agree) {
-            const double *rows = message.buf;
-            for (Py_ssize_t i = 0; i < n; i++) {
-                int code = R64_LOWEST - 1;
-                for (Py_ssize_t r = 0; r < size; r++) {
-                    int own = repro_code64(rows[r * stride + i]);
-                    code = own > code ? own : code;
-                }
-                int64_t high = 0, low = 0, h, l;
-                unsigned bits = 0;
-                for (Py_ssize_t r = 0; r < size; r++) {
-                    if (code == R_SPECIAL)
-                        bits |= repro_special_bits(rows[r * stride + i]);
-                    else {
-                        repro_cut64(rows[r * stride + i], code, &h, &l);
-                        high += h;
-                        low += l;
-                    }
-                }
-                double value = code == R_SPECIAL ? 0.0 : repro_pair_value(high, low, 16 * (int64_t)code - R64_BITS, to_odd);
-                repro_store(out.buf, (int)out.itemsize, i, code, R64_LOWEST - 1, value, divide_by, bits);
-            }
-        }
+        if (agree && item == 4)
+            repro_rows32(message.buf, size, stride, n, out.buf, (int)out.itemsize, (double)divide_by);
+        else if (agree)
+            repro_rows64(message.buf, size, stride, n, out.buf, (int)out.itemsize, (double)divide_by, to_odd);
         result = PyBool_FromLong(agree);
     }
     PyBuffer_Release(&message);
