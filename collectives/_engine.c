@@ -502,6 +502,7 @@ static PyObject *repro_codes(PyObject *, PyObject *const *, Py_ssize_t);
 static PyObject *repro_words(PyObject *, PyObject *const *, Py_ssize_t);
 static PyObject *repro_finish(PyObject *, PyObject *const *, Py_ssize_t);
 static PyObject *repro_rows(PyObject *, PyObject *const *, Py_ssize_t);
+static PyObject *repro_pack(PyObject *, PyObject *const *, Py_ssize_t);
 
 static PyMethodDef engine_methods[] = {
     {"reduces", (PyCFunction)(void (*)(void))engine_reduces, METH_FASTCALL,
@@ -516,6 +517,8 @@ static PyMethodDef engine_methods[] = {
      "repro_finish(sums, codes, out, to_odd, divide_by, specials): the summed words rounded once"},
     {"repro_rows", (PyCFunction)(void (*)(void))repro_rows, METH_FASTCALL,
      "repro_rows(message, size, count, out, to_odd, divide_by) -> whether the rows' trailers agree"},
+    {"repro_pack", (PyCFunction)(void (*)(void))repro_pack, METH_FASTCALL,
+     "repro_pack(x, message, rank, kind, op): message zeroed but rank's row: x's bits, then kind and op"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1057,5 +1060,42 @@ static PyObject *repro_rows(PyObject *module, PyObject *const *args, Py_ssize_t 
     }
     PyBuffer_Release(&message);
     PyBuffer_Release(&out);
+    return result;
+}
+
+/* pack(x, message, rank, kind, op): the gathered sum's message, zero but this rank's row: its
+ * elements' bits (message's items are x's size), then the trailer kind, op */
+static PyObject *repro_pack(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 5) return PyErr_Format(PyExc_TypeError, "repro_pack(x, message, rank, kind, op)");
+    Py_ssize_t rank = PyNumber_AsSsize_t(args[2], PyExc_OverflowError);
+    long kind = PyLong_AsLong(args[3]), op = PyLong_AsLong(args[4]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer x, message;
+    if (PyObject_GetBuffer(args[0], &x, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (PyObject_GetBuffer(args[1], &message, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE | PyBUF_FORMAT) < 0) {
+        PyBuffer_Release(&x);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t item = message.itemsize, stride = x.len / (item ? item : 1) + 2;
+    if ((item != 4 && item != 8) || x.itemsize != item || x.len % item || rank < 0 ||
+        message.len < (rank + 1) * stride * item || message.len % (stride * item))
+        PyErr_SetString(PyExc_ValueError, "repro_pack: a message of rows of x's elements and two more");
+    else {
+        memset(message.buf, 0, (size_t)message.len);
+        char *row = (char *)message.buf + rank * stride * item;
+        memcpy(row, x.buf, (size_t)x.len);
+        if (item == 4) {
+            ((int32_t *)row)[stride - 2] = (int32_t)kind;
+            ((int32_t *)row)[stride - 1] = (int32_t)op;
+        } else {
+            ((int64_t *)row)[stride - 2] = kind;
+            ((int64_t *)row)[stride - 1] = op;
+        }
+        result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&message);
     return result;
 }

@@ -38,6 +38,7 @@ __all__ = [
     "family_of",
     "finish",
     "float64_sums",
+    "gathered_message",
     "kernels",
     "name_of",
     "rows_sum",
@@ -432,25 +433,44 @@ def finish(
     return result
 
 
+def gathered_message(
+    flat: np.ndarray, family: Family, size: int, rank: int, trailer: tuple[int, int]
+) -> np.ndarray:
+    """A gathered sum's message: a row a rank, zero but this rank's, which holds ``flat``'s bits (as
+    signed integers of its size) and then ``trailer``; or-reduced, it holds every rank's row."""
+    message = np.empty((size, flat.size + 2), np.int32 if family.words == 1 else np.int64)
+    compiled = kernels()
+    if compiled is not None:
+        compiled.repro_pack(flat, message, rank, *trailer)
+        return message
+    message.fill(0)
+    message[rank, : flat.size] = flat.view(message.dtype)
+    message[rank, flat.size :] = trailer
+    return message
+
+
 def rows_sum(
-    message: np.ndarray, count: int, family: Family, dtype: Any, *, divide_by: int = 1
+    message: np.ndarray, count: int, family: Family, dtype: Any, *, divide_by: int = 1, into: Any = None
 ) -> np.ndarray | None:
     """The reproducible sum of every rank's raw contribution, gathered: ``None`` where the trailers differ.
 
     ``message`` has a row a rank (at most ``EXACT_IN_FLOAT64`` rows): its ``count``
     elements of the family's working dtype, seen as signed integers of that size, then a
     trailer the rows must agree on. The result's bits are those of the distributed sum
-    (codes agreed, words summed, one rounding): the same arithmetic, done here.
+    (codes agreed, words summed, one rounding): the same arithmetic, done here. ``into``: a
+    C-contiguous array of ``dtype`` and ``count`` elements to write the result to, if the
+    compiled engine runs and ``dtype`` is float32 or float64 (else the result is new).
     """
     size = message.shape[0]
     compiled = kernels()
     if compiled is not None:
         name = name_of(dtype)
         to_odd = _PRECISION["float64" if divide_by > 1 else name] < 53
-        made = np.empty(count, dtype if name in _DIRECT else np.float64)
+        direct = name in _DIRECT
+        made = into if direct and into is not None else np.empty(count, dtype if direct else np.float64)
         if not compiled.repro_rows(message, size, count, made, to_odd, divide_by):
             return None
-        return made if name in _DIRECT else _to_dtype(made, dtype)
+        return made if direct else _to_dtype(made, dtype)
     trailers = message[:, count:]
     if not (trailers == trailers[0]).all():
         return None

@@ -56,6 +56,7 @@ from .reproducible import (
     codes_of,
     family_of,
     finish,
+    gathered_message,
     name_of,
     rows_sum,
     special_bits,
@@ -181,16 +182,14 @@ def gathers(size: int, count: int, itemsize: int, checked: bool) -> bool:
 
 def _gathered(
     group: Communicator, through: Through, flat: np.ndarray, dtype: Any, op: str, algorithm: str,
-    check: bool | None,
+    check: bool | None, out: Any,
 ) -> np.ndarray:
     """The reproducible allreduce of ``flat`` by one allreduce: each rank's row of a message, the
-    others' zero, or-reduced, so that every rank has every contribution; then summed here."""
-    size, count = group.size, flat.size
-    family = family_of(name_of(dtype))
-    message = np.zeros((size, count + 2), np.int32 if family.words == 1 else np.int64)
-    row = message[group.rank]
-    row[:count] = flat.view(message.dtype)
-    row[count:] = BITS_OF[name_of(dtype)], _OPS[op]
+    others' zero, or-reduced, so that every rank has every contribution; then summed here (into
+    ``out`` where it can be: C-contiguous)."""
+    size, name = group.size, name_of(dtype)
+    family = family_of(name)
+    message = gathered_message(flat, family, size, group.rank, (BITS_OF[name], _OPS[op]))
     try:
         through.allreduce(message, "bor", out=message, algorithm=algorithm, comm=group, check=check)
     except PeerInputError:
@@ -199,7 +198,8 @@ def _gathered(
         raise MismatchError(
             f"reproducible allreduce: the ranks' dtypes, ops or counts differ ({error})", error.fields
         ) from error
-    result = rows_sum(message, count, family, dtype, divide_by=size if op == "avg" else 1)
+    into = out if out is not None and out.flags.c_contiguous else None
+    result = rows_sum(message, flat.size, family, dtype, divide_by=size if op == "avg" else 1, into=into)
     if result is None:
         raise MismatchError("reproducible allreduce: the ranks' dtypes or ops differ", {"dtype or op": {}})
     return result
@@ -353,7 +353,8 @@ def reproducibly(
         return run(x, op, out=out, algorithm=algorithm, comm=group, check=check, **extra)
     flat, name, shares, shape = checks
     if collective == "allreduce" and gathers(group.size, flat.size, flat.itemsize, _checked(group, check)):
-        return deliver(_gathered(group, through, flat, x.dtype, name, algorithm, check), out, shape)
+        result = _gathered(group, through, flat, x.dtype, name, algorithm, check, out)
+        return out if result is out else deliver(result, out, shape)
     result = reduced(
         group, through, collective, _plain(x, flat), op=name, root=root, counts=shares, algorithm=algorithm,
         check=check,
