@@ -438,9 +438,9 @@ def gathered_message(
 ) -> np.ndarray:
     """A gathered sum's message: a row a rank, zero but this rank's, which holds ``flat``'s bits (as
     signed integers of its size) and then ``trailer``; or-reduced, it holds every rank's row."""
-    message = np.empty((size, flat.size + 2), np.int32 if family.words == 1 else np.int64)
-    compiled = kernels()
-    if compiled is not None:
+    message = np.empty((size, flat.size + 2), family.signed if family.words == 1 else np.int64)
+    compiled = engine.COMPILED
+    if compiled is not None and hasattr(compiled, "repro_pack"):
         compiled.repro_pack(flat, message, rank, *trailer)
         return message
     message.fill(0)

@@ -50,6 +50,7 @@ from .ops import INTEGER_DTYPES, ReduceOp
 from .reproducible import (
     BITS_OF,
     EXACT_IN_FLOAT64,
+    FAMILIES,
     MOST_CONTRIBUTIONS,
     SPECIAL,
     Family,
@@ -104,6 +105,8 @@ class Sum:
 
 
 def _check_op(op: "str | ReduceOp") -> str:
+    if op.__class__ is str and op in _OPS:
+        return op  # type: ignore[return-value]
     name = op.name if isinstance(op, ReduceOp) and not op.custom else op
     if not isinstance(name, str) or name not in _OPS:
         raise UnsupportedOpError(f"reproducible=True sums: op must be 'sum' or 'avg', not {op!r}")
@@ -115,6 +118,8 @@ def _flat(x: Any) -> np.ndarray:
     if not isinstance(x, np.ndarray):
         raise InvalidBufferError(f"reproducible=True takes numpy arrays, not {type(x).__name__}")
     family = family_of(name_of(x.dtype))
+    if x.dtype is family.work and x.flags.c_contiguous:
+        return x.reshape(-1)
     return np.ascontiguousarray(x, dtype=family.work).reshape(-1)
 
 
@@ -188,7 +193,7 @@ def _gathered(
     others' zero, or-reduced, so that every rank has every contribution; then summed here (into
     ``out`` where it can be: C-contiguous)."""
     size, name = group.size, name_of(dtype)
-    family = family_of(name)
+    family = FAMILIES["float64" if name == "float64" else "float32"]
     message = gathered_message(flat, family, size, group.rank, (BITS_OF[name], _OPS[op]))
     try:
         through.allreduce(message, "bor", out=message, algorithm=algorithm, comm=group, check=check)
