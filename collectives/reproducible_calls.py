@@ -106,7 +106,7 @@ class Sum:
 
 def _check_op(op: "str | ReduceOp") -> str:
     if op.__class__ is str and op in _OPS:
-        return op  # type: ignore[return-value]
+        return op
     name = op.name if isinstance(op, ReduceOp) and not op.custom else op
     if not isinstance(name, str) or name not in _OPS:
         raise UnsupportedOpError(f"reproducible=True sums: op must be 'sum' or 'avg', not {op!r}")
@@ -358,8 +358,8 @@ def reproducibly(
         return run(x, op, out=out, algorithm=algorithm, comm=group, check=check, **extra)
     flat, name, shares, shape = checks
     if collective == "allreduce" and gathers(group.size, flat.size, flat.itemsize, _checked(group, check)):
-        result = _gathered(group, through, flat, x.dtype, name, algorithm, check, out)
-        return out if result is out else deliver(result, out, shape)
+        summed = _gathered(group, through, flat, x.dtype, name, algorithm, check, out)
+        return out if summed is out else deliver(summed, out, shape)
     result = reduced(
         group, through, collective, _plain(x, flat), op=name, root=root, counts=shares, algorithm=algorithm,
         check=check,
