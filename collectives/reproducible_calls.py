@@ -70,7 +70,7 @@ if TYPE_CHECKING:
 
 _OPS = {"sum": 1, "avg": 2}
 
-GATHERED_BYTES = 64 << 10
+GATHERED_BYTES = 128 << 10
 """The most bytes of every rank's contribution together that an allreduce gathers in one collective."""
 
 
