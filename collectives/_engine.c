@@ -777,11 +777,28 @@ static PyTypeObject LeanCoreType = {
     .tp_methods = core_methods,
 };
 
+/* the reproducible sums' loops: defined in their own section at the end of this file */
+static PyObject *repro_codes(PyObject *, PyObject *const *, Py_ssize_t);
+static PyObject *repro_words(PyObject *, PyObject *const *, Py_ssize_t);
+static PyObject *repro_finish(PyObject *, PyObject *const *, Py_ssize_t);
+static PyObject *repro_rows(PyObject *, PyObject *const *, Py_ssize_t);
+static PyObject *repro_pack(PyObject *, PyObject *const *, Py_ssize_t);
+
 static PyMethodDef engine_methods[] = {
     {"reduces", (PyCFunction)(void (*)(void))engine_reduces, METH_FASTCALL,
      "reduces(dtype, op) -> whether the engine reduces that dtype with that op (with numpy's bits)"},
     {"combine", (PyCFunction)(void (*)(void))engine_combine, METH_FASTCALL,
      "combine(dtype, op, out, a, b): out = a op b with the engine's loop"},
+    {"repro_codes", (PyCFunction)(void (*)(void))repro_codes, METH_FASTCALL,
+     "repro_codes(x, codes) -> flags: each element's code (1 a special code, 2 -0.0's, found)"},
+    {"repro_words", (PyCFunction)(void (*)(void))repro_words, METH_FASTCALL,
+     "repro_words(x, agreed, words): the contributions cut at the agreed codes"},
+    {"repro_finish", (PyCFunction)(void (*)(void))repro_finish, METH_FASTCALL,
+     "repro_finish(sums, codes, out, to_odd, divide_by, specials): the summed words rounded once"},
+    {"repro_rows", (PyCFunction)(void (*)(void))repro_rows, METH_FASTCALL,
+     "repro_rows(message, size, count, out, to_odd, divide_by) -> whether the rows' trailers agree"},
+    {"repro_pack", (PyCFunction)(void (*)(void))repro_pack, METH_FASTCALL,
+     "repro_pack(x, message, rank, kind, op): message zeroed but rank's row: x's bits, then kind and op"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -815,4 +832,560 @@ PyMODINIT_FUNC PyInit__engine(void) {
         return NULL;
     }
     return module;
+}
+
+/* ===================================================================================================
+ * Reproducible sums: the conversion's loops (collectives/reproducible.py is the numpy path they
+ * stand for, and says what each step means). One pass each: every element's code, the contributions
+ * cut at the agreed codes into words, the summed words rounded once, and the whole sum of every
+ * rank's raw contribution gathered on each rank. Float16, bfloat16 and float32 arrive as float32 (the
+ * float32 family), float64 as float64; a buffer's item size says which. The results are the numpy
+ * path's bits: the arithmetic is exact but for the one rounding, which goes through the same C casts
+ * and ldexp as numpy's loops.
+ * =================================================================================================== */
+#include <math.h>
+#if defined(__GNUC__) && !defined(__clang__)
+/* the loops below read no floating-point flags: let the compiler vectorize their choices (values are
+ * unchanged: this allows no reassociation, no contraction, no change of signed zeros) */
+#pragma GCC optimize("no-trapping-math")
+#endif
+
+/* the loops over many elements, built also for the x86-64 levels with wide vectors where the compiler
+ * can (GCC on Linux), the processor's chosen at load: the same arithmetic, so the same bits */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && __GNUC__ >= 11
+#define REPRO_WIDE __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define REPRO_WIDE
+#endif
+
+enum { R_WORD = 47, R_SPECIAL = 127, R_NAN = 1, R_PLUS_INF = 2, R_MINUS_INF = 4 };
+enum { R32_BITS = 47, R32_LOWEST = -7, R32_TOP = 8 };   /* the float32 family: 47 value bits, one word */
+enum { R64_BITS = 94, R64_LOWEST = -62, R64_TOP = 64 }; /* float64: 94 value bits, two words */
+
+/* 2**k, for k in -1022..1023 (the loops below keep to them, without branches, so they vectorize) */
+static inline double repro_pow2(int64_t k) {
+    uint64_t bits = (uint64_t)(k + 1023) << 52;
+    double value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+/* x * 2**k, as ldexp gives it: a product by an exact power of two is rounded once, as ldexp is */
+static inline double repro_ldexp(double x, int64_t k) {
+    if (k > 1023 && k <= 1023 + 600) return x * repro_pow2(k - 600) * repro_pow2(600);
+    if (k < -1022 || k > 1023) return ldexp(x, (int)k);
+    return x * repro_pow2(k);
+}
+
+/* ceil(E / 16) for |x| < 2**E, from the exponent field: floor((field + 16 - bias) / 16) */
+static inline int repro_code32(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    int code = (int)((((u >> 23) & 0xffu) + 17u) >> 4) - 8;
+    code = code > R32_TOP ? R_SPECIAL : code;
+    return u == UINT32_C(0x80000000) ? R32_LOWEST - 1 : code; /* -0.0 */
+}
+
+static inline int repro_code64(double x) {
+    uint64_t u;
+    memcpy(&u, &x, sizeof u);
+    int code = (int)((((u >> 52) & 0x7ffu) + 1u) >> 4) - 63;
+    code = code < R64_LOWEST ? R64_LOWEST : code;
+    code = code > R64_TOP ? R_SPECIAL : code;
+    return u == UINT64_C(0x8000000000000000) ? R64_LOWEST - 1 : code;
+}
+
+static inline unsigned repro_special_bits(double x) {
+    return x != x ? R_NAN : x == INFINITY ? R_PLUS_INF : x == -INFINITY ? R_MINUS_INF : 0;
+}
+
+/* trunc(v) for |v| < 2**51 without a call or a conversion to integers, so that it vectorizes:
+ * v + 1.5 * 2**52 rounds v to an integer (nearest), then one step back toward zero where it went past */
+static inline double repro_trunc(double v) {
+    double r = (v + 0x1.8p52) - 0x1.8p52;
+    return r - copysign((double)(fabs(r) > fabs(v)), v);
+}
+
+/* the whole units of x cut at code, as a float64 integer (exact: below 2**47), 0 at the special code */
+static inline double repro_units32(float x, int code) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    int special = code == R_SPECIAL;
+    u = special ? 0 : u;
+    float finite;
+    memcpy(&finite, &u, sizeof finite);
+    return repro_trunc((double)finite * repro_pow2(special ? 0 : R32_BITS - 16 * code));
+}
+
+/* the two words of x cut at code: high = trunc(scaled / 2**47), low = the rest, truncated; scaled =
+ * x * 2**(94 - 16 code) as ldexp gives it (past 2**1023 in two exact steps: x is tiny there) */
+static inline void repro_cut64(double x, int code, int64_t *high, int64_t *low) {
+    int special = code == R_SPECIAL;
+    int64_t k = special ? 0 : R64_BITS - 16 * code; /* -930 .. 1102 */
+    int far = k > 1023;
+    double scaled = (special ? 0.0 : x) * repro_pow2(far ? k - 600 : k) * repro_pow2(far ? 600 : 0);
+    int64_t top = (int64_t)(scaled * 0x1p-47);
+    *high = top;
+    *low = (int64_t)(scaled - (double)top * 0x1p47);
+}
+
+/* an int64 below 2**62 as float64, toward zero, its last bit set where inexact (rounded to odd) */
+static inline double repro_odd(int64_t whole) {
+    double value = (double)whole;
+    int64_t rest = whole - (int64_t)value;
+    if (rest != 0) {
+        int64_t bits;
+        memcpy(&bits, &value, sizeof bits);
+        if ((rest ^ whole) < 0) bits -= 1;
+        bits |= 1;
+        memcpy(&value, &bits, sizeof value);
+    }
+    return value;
+}
+
+static inline int repro_clip(int64_t v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : (int)v; }
+
+/* whole * 2**unit as float64: to nearest (a subnormal rounded once, at 2**-1074), or to odd */
+static inline double repro_rounded(int64_t whole, int64_t unit, int to_odd) {
+    if (to_odd) return repro_ldexp(repro_odd(whole), unit);
+    double value = repro_ldexp((double)whole, unit);
+    if (whole != 0 && fabs(value) < 0x1p-1022) {
+        int64_t drop = -1074 - unit;
+        if (drop > 63) drop = 63;
+        int right = repro_clip(drop, 0, 62), left = repro_clip(-drop, 0, 62);
+        int64_t kept = drop > 0 ? whole >> right : (int64_t)((uint64_t)whole << left);
+        int64_t rest = whole - (int64_t)((uint64_t)kept << right);
+        int64_t half = (int64_t)1 << repro_clip(drop - 1, 0, 62);
+        int up = drop > 0 && (rest > half || (rest == half && (kept & 1)));
+        kept = drop >= 63 ? 0 : kept + up;
+        value = ldexp((double)kept, -1074); /* exact: |kept| <= 2**52 */
+    }
+    return value;
+}
+
+/* a float64 element's two summed words as one of at most 62 bits (the bits cut off kept as a
+ * sticky last bit), then rounded */
+static inline double repro_rounded_pair(int64_t high, int64_t low, int64_t unit, int to_odd) {
+    int64_t carry = low >> R_WORD;
+    low -= (int64_t)((uint64_t)carry << R_WORD);
+    high += carry;
+    double magnitude = (double)(high < 0 ? -high : high);
+    uint64_t field;
+    memcpy(&field, &magnitude, sizeof field);
+    int64_t top = high == 0 ? 0 : (int64_t)(field >> 52) - 1022; /* frexp's exponent of |high| as float64 */
+    int64_t cut = top - 13 > 0 ? top - 13 : 0;
+    /* cut 0 gives 2 * whole at unit - 1: the same value, without a branch on the data */
+    int part = cut < R_WORD ? (int)cut : R_WORD;
+    int64_t kept = (int64_t)((uint64_t)high << (R_WORD - part)) + (low >> part);
+    int sticky = (low & (((int64_t)1 << part) - 1)) != 0;
+    if (cut > R_WORD) {
+        int more = repro_clip(cut - R_WORD, 0, 62);
+        kept = high >> more;
+        sticky |= ((high & (((int64_t)1 << more) - 1)) != 0) || low != 0;
+    }
+    return repro_rounded(2 * kept + sticky, unit + cut - 1, to_odd);
+}
+
+/* the same, where it can be had directly: the words' carry taken, high below 2**52, and the result
+ * not subnormal, high * 2**47 + low is the one rounding (a float addition of exact terms) and the
+ * scaling by 2**unit exact; elsewhere the sticky-bit route above */
+static inline double repro_pair_value(int64_t high, int64_t low, int64_t unit, int to_odd) {
+    int64_t carry = low >> R_WORD;
+    int64_t rest = low - (int64_t)((uint64_t)carry << R_WORD), top = high + carry;
+    if (!to_odd && top > -(INT64_C(1) << 52) && top < (INT64_C(1) << 52) && unit >= -1022 && unit <= 1023) {
+        double value = ((double)top * 0x1p47 + (double)rest) * repro_pow2(unit);
+        if (value == 0.0 || fabs(value) >= 0x1p-1022) return value;
+    }
+    return repro_rounded_pair(high, low, unit, to_odd);
+}
+
+/* NaN where some contribution is NaN or both infinities are, else the infinity there is */
+static inline double repro_special_value(unsigned bits) {
+    if ((bits & R_NAN) || (bits & (R_PLUS_INF | R_MINUS_INF)) == (R_PLUS_INF | R_MINUS_INF))
+        return __builtin_nan("");
+    return (bits & R_PLUS_INF) ? INFINITY : -INFINITY;
+}
+
+/* one element's result: the special and -0.0 codes' values as stated, else value */
+static inline double repro_fixed(double value, int code, int negative_zero, unsigned bits) {
+    value = code == negative_zero ? -0.0 : value;
+    return code == R_SPECIAL ? repro_special_value(bits) : value;
+}
+
+/* each element's code into c; returns 1 where a special code was found, | 2 where -0.0's was */
+REPRO_WIDE static long repro_codes_loop(const void *x, Py_ssize_t itemsize, int8_t *c, Py_ssize_t n) {
+        int special = 0, negative_zero = 0;
+        if (itemsize == 4) {
+            const float *v = x;
+            for (Py_ssize_t i = 0; i < n; i++) {
+                int code = repro_code32(v[i]);
+                special |= code == R_SPECIAL;
+                negative_zero |= code == R32_LOWEST - 1;
+                c[i] = (int8_t)code;
+            }
+        } else {
+            const double *v = x;
+            for (Py_ssize_t i = 0; i < n; i++) {
+                int code = repro_code64(v[i]);
+                special |= code == R_SPECIAL;
+                negative_zero |= code == R64_LOWEST - 1;
+                c[i] = (int8_t)code;
+            }
+        }
+        return special | negative_zero << 1;
+}
+
+/* the contributions cut at the agreed codes: float64 values or int64 whole units (two for float64) */
+REPRO_WIDE static void repro_words_loop(const void *x, Py_ssize_t itemsize, const int8_t *c, void *words, int as_float,
+                                        Py_ssize_t n) {
+        if (itemsize == 4 && as_float) {
+            const float *v = x;
+            double *w = words;
+            for (Py_ssize_t i = 0; i < n; i++) {
+                int special = c[i] == R_SPECIAL;
+                w[i] = repro_units32(v[i], c[i]) * repro_pow2(special ? 0 : 16 * c[i] - R32_BITS) + 0.0; /* never -0.0 */
+            }
+        } else if (itemsize == 4) {
+            const float *v = x;
+            int64_t *w = words;
+            for (Py_ssize_t i = 0; i < n; i++) w[i] = (int64_t)repro_units32(v[i], c[i]);
+        } else {
+            const double *v = x;
+            int64_t *w = words;
+            for (Py_ssize_t i = 0; i < n; i++) repro_cut64(v[i], c[i], &w[2 * i], &w[2 * i + 1]);
+        }
+}
+
+/* a C-contiguous buffer of n items of one size and kind ('f' float, 'i' signed, 'u' unsigned) */
+static int repro_buffer(PyObject *object, Py_buffer *view, int writable, char kind, const char *name) {
+    if (PyObject_GetBuffer(object, view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0)
+        return -1;
+    char format = view->format ? view->format[strlen(view->format) - 1] : 'B';
+    int is_float = format == 'f' || format == 'd';
+    int is_unsigned = format == 'B' || format == 'H' || format == 'I' || format == 'L' || format == 'Q';
+    int ok = kind == 'f' ? is_float : kind == 'u' ? is_unsigned : !is_float && !is_unsigned;
+    if (!ok) {
+        PyErr_Format(PyExc_TypeError, "%s: a buffer of format '%s' is not what it takes", name, view->format);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *repro_codes(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 2) return PyErr_Format(PyExc_TypeError, "repro_codes(x, codes)");
+    Py_buffer x, codes;
+    if (repro_buffer(args[0], &x, 0, 'f', "repro_codes x") < 0) return NULL;
+    if (repro_buffer(args[1], &codes, 1, 'i', "repro_codes codes") < 0) {
+        PyBuffer_Release(&x);
+        return NULL;
+    }
+    Py_ssize_t n = x.len / x.itemsize;
+    long flags = -1;
+    if (codes.itemsize != 1 || codes.len != n)
+        PyErr_SetString(PyExc_ValueError, "repro_codes takes an int8 code per element");
+    else {
+        flags = repro_codes_loop(x.buf, x.itemsize, codes.buf, n);
+    }
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&codes);
+    return flags < 0 ? NULL : PyLong_FromLong(flags);
+}
+
+static PyObject *repro_words(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 3) return PyErr_Format(PyExc_TypeError, "repro_words(x, agreed, words)");
+    Py_buffer x, agreed, words;
+    if (repro_buffer(args[0], &x, 0, 'f', "repro_words x") < 0) return NULL;
+    if (repro_buffer(args[1], &agreed, 0, 'i', "repro_words agreed") < 0) {
+        PyBuffer_Release(&x);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[2], &words, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&x);
+        PyBuffer_Release(&agreed);
+        return NULL;
+    }
+    Py_ssize_t n = x.len / x.itemsize;
+    int as_float = words.format && strchr(words.format, 'd') != NULL;
+    Py_ssize_t per = x.itemsize == 8 ? 2 : 1;
+    PyObject *result = NULL;
+    if (agreed.itemsize != 1 || agreed.len != n || words.itemsize != 8 || words.len != 8 * n * per ||
+        (as_float && per == 2))
+        PyErr_SetString(PyExc_ValueError, "repro_words: an int8 code per element, and the words' room");
+    else {
+        repro_words_loop(x.buf, x.itemsize, agreed.buf, words.buf, as_float, n);
+        result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&agreed);
+    PyBuffer_Release(&words);
+    return result;
+}
+
+/* finish's values into o, by the kind of sums: exact float64, one word (float32 family), two words */
+#define REPRO_VALUES(o)                                                                              \
+    if (exact) {                                                                                     \
+        const double *values = sums;                                                                 \
+        for (Py_ssize_t i = 0; i < n; i++) o[i] = values[i] / by;                                    \
+    } else if (!pairs) {                                                                             \
+        const int64_t *whole = sums;                                                                 \
+        for (Py_ssize_t i = 0; i < n; i++) {                                                         \
+            int special = c[i] == R_SPECIAL;                                                         \
+            double value = to_odd ? repro_odd(whole[i]) : (double)whole[i];                          \
+            o[i] = value * repro_pow2(special ? 0 : 16 * c[i] - R32_BITS) / by;                      \
+        }                                                                                            \
+    } else {                                                                                         \
+        const int64_t *words = sums;                                                                 \
+        for (Py_ssize_t i = 0; i < n; i++) {                                                         \
+            int64_t unit = c[i] == R_SPECIAL ? 0 : 16 * (int64_t)c[i] - R64_BITS;                    \
+            o[i] = repro_pair_value(words[2 * i], words[2 * i + 1], unit, to_odd) / by;              \
+        }                                                                                            \
+    }
+
+/* finish's values into out, by the kind of sums: exact float64, one word (float32 family), two words */
+REPRO_WIDE static void repro_finish_loop(const void *sums, int exact, int pairs, int to_odd, const int8_t *c,
+                                         void *out, int out_size, double by, Py_ssize_t n) {
+    if (out_size == 4) {
+        float *o = out;
+        REPRO_VALUES(o)
+    } else {
+        double *o = out;
+        REPRO_VALUES(o)
+    }
+}
+
+/* finish(sums, codes, out, to_odd, divide_by, specials or None): the summed words of elements with
+ * agreed codes, rounded once into out (float32, or float64 for float64 and for float16 and bfloat16,
+ * whose last rounding numpy does) */
+static PyObject *repro_finish(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 6) return PyErr_Format(PyExc_TypeError, "repro_finish(sums, codes, out, to_odd, divide_by, specials)");
+    int to_odd = PyObject_IsTrue(args[3]);
+    long divide_by = PyLong_AsLong(args[4]);
+    if (to_odd < 0 || (divide_by == -1 && PyErr_Occurred())) return NULL;
+    Py_buffer sums, codes, out, specials = {0};
+    if (PyObject_GetBuffer(args[0], &sums, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (repro_buffer(args[1], &codes, 0, 'i', "repro_finish codes") < 0) {
+        PyBuffer_Release(&sums);
+        return NULL;
+    }
+    if (repro_buffer(args[2], &out, 1, 'f', "repro_finish out") < 0) {
+        PyBuffer_Release(&sums);
+        PyBuffer_Release(&codes);
+        return NULL;
+    }
+    if (args[5] != Py_None && repro_buffer(args[5], &specials, 0, 'u', "repro_finish specials") < 0) {
+        PyBuffer_Release(&sums);
+        PyBuffer_Release(&codes);
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    Py_ssize_t n = codes.len;
+    int exact = sums.format && strchr(sums.format, 'd') != NULL;
+    Py_ssize_t per = sums.itemsize == 8 ? sums.len / 8 / (n ? n : 1) : 0;
+    int pairs = per == 2;
+    PyObject *result = NULL;
+    if (codes.itemsize != 1 || sums.itemsize != 8 || sums.len != 8 * n * (n ? per : 0) || (exact && pairs) ||
+        (per != 1 && per != 2 && n) || out.len != n * out.itemsize || (specials.obj && specials.len != n) ||
+        divide_by < 1)
+        PyErr_SetString(PyExc_ValueError, "repro_finish: the sums, codes, result and specials of one count");
+    else {
+        const int8_t *c = codes.buf;
+        repro_finish_loop(sums.buf, exact, pairs, to_odd, c, out.buf, (int)out.itemsize, (double)divide_by, n);
+        int negative_zero = pairs ? R64_LOWEST - 1 : R32_LOWEST - 1, fix = 0;
+        for (Py_ssize_t i = 0; i < n; i++) fix |= (c[i] == R_SPECIAL) | (c[i] == negative_zero);
+        const uint8_t *bits = specials.obj ? specials.buf : NULL;
+        for (Py_ssize_t i = 0; fix && i < n; i++)
+            if (c[i] == R_SPECIAL || c[i] == negative_zero) {
+                double value = repro_fixed(0.0, c[i], negative_zero, bits ? bits[i] : 0);
+                if (out.itemsize == 4)
+                    ((float *)out.buf)[i] = (float)value;
+                else
+                    ((double *)out.buf)[i] = value;
+            }
+        result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&sums);
+    PyBuffer_Release(&codes);
+    PyBuffer_Release(&out);
+    if (specials.obj) PyBuffer_Release(&specials);
+    return result;
+}
+
+
+enum { R_BLOCK = 256 }; /* elements a pass of the gathered sum takes, so that its loops vectorize */
+
+static inline void repro_put(void *out, int out_size, Py_ssize_t i, double value) {
+    if (out_size == 4)
+        ((float *)out)[i] = (float)value;
+    else
+        ((double *)out)[i] = value;
+}
+
+/* the elements of a block whose code is special or -0.0's: their values as stated */
+static void repro_rows_fixed(const int8_t *codes, Py_ssize_t m, int negative_zero, const char *rows, Py_ssize_t item,
+                             Py_ssize_t size, Py_ssize_t stride, void *out, int out_size, Py_ssize_t start) {
+    for (Py_ssize_t i = 0; i < m; i++) {
+        if (codes[i] != R_SPECIAL && codes[i] != negative_zero) continue;
+        unsigned bits = 0;
+        for (Py_ssize_t r = 0; r < size && codes[i] == R_SPECIAL; r++) {
+            const char *at = rows + (r * stride + start + i) * item;
+            bits |= item == 4 ? repro_special_bits(*(const float *)at) : repro_special_bits(*(const double *)at);
+        }
+        repro_put(out, out_size, start + i, repro_fixed(0.0, codes[i], negative_zero, bits));
+    }
+}
+
+/* the float32 family's rows: each element's cuts summed exactly in float64 (below 2**53 for at
+ * most 64 rows), as the distributed sum's float64 words, then scaled exactly and rounded once */
+#define REPRO_ROWS32_PUT(T)                                                                         \
+    {                                                                                               \
+        T *o = (T *)out + start;                                                                    \
+        for (Py_ssize_t i = 0; i < m; i++) {                                                        \
+            int special = codes[i] == R_SPECIAL;                                                    \
+            double value = sums[i] * repro_pow2(special ? 0 : 16 * codes[i] - R32_BITS);            \
+            o[i] = (T)(value / by); /* exact where by is 1 */                                       \
+        }                                                                                           \
+    }
+
+REPRO_WIDE static void repro_rows32(const float *rows, Py_ssize_t size, Py_ssize_t stride, Py_ssize_t n, void *out,
+                                    int out_size, double by) {
+    int8_t codes[R_BLOCK];
+    double sums[R_BLOCK];
+    for (Py_ssize_t start = 0; start < n; start += R_BLOCK) {
+        Py_ssize_t m = n - start < R_BLOCK ? n - start : R_BLOCK;
+        for (Py_ssize_t i = 0; i < m; i++) codes[i] = R32_LOWEST - 1;
+        for (Py_ssize_t r = 0; r < size; r++) {
+            const float *row = rows + r * stride + start;
+            for (Py_ssize_t i = 0; i < m; i++) {
+                int own = repro_code32(row[i]);
+                codes[i] = (int8_t)(own > codes[i] ? own : codes[i]);
+            }
+        }
+        for (Py_ssize_t i = 0; i < m; i++) sums[i] = 0.0;
+        for (Py_ssize_t r = 0; r < size; r++) {
+            const float *row = rows + r * stride + start;
+            for (Py_ssize_t i = 0; i < m; i++) sums[i] += repro_units32(row[i], codes[i]);
+        }
+        if (out_size == 4)
+            REPRO_ROWS32_PUT(float)
+        else
+            REPRO_ROWS32_PUT(double)
+        int fix = 0;
+        for (Py_ssize_t i = 0; i < m; i++) fix |= (codes[i] == R_SPECIAL) | (codes[i] == R32_LOWEST - 1);
+        if (fix) repro_rows_fixed(codes, m, R32_LOWEST - 1, (const char *)rows, 4, size, stride, out, out_size, start);
+    }
+}
+
+/* float64's rows: each element's two words summed, as the distributed sum's, then rounded once */
+REPRO_WIDE static void repro_rows64(const double *rows, Py_ssize_t size, Py_ssize_t stride, Py_ssize_t n, void *out,
+                         int out_size, double by, int to_odd) {
+    int8_t codes[R_BLOCK];
+    int64_t high[R_BLOCK], low[R_BLOCK];
+    for (Py_ssize_t start = 0; start < n; start += R_BLOCK) {
+        Py_ssize_t m = n - start < R_BLOCK ? n - start : R_BLOCK;
+        for (Py_ssize_t i = 0; i < m; i++) codes[i] = R64_LOWEST - 1;
+        for (Py_ssize_t r = 0; r < size; r++) {
+            const double *row = rows + r * stride + start;
+            for (Py_ssize_t i = 0; i < m; i++) {
+                int own = repro_code64(row[i]);
+                codes[i] = (int8_t)(own > codes[i] ? own : codes[i]);
+            }
+        }
+        for (Py_ssize_t i = 0; i < m; i++) high[i] = low[i] = 0;
+        for (Py_ssize_t r = 0; r < size; r++) {
+            const double *row = rows + r * stride + start;
+            for (Py_ssize_t i = 0; i < m; i++) {
+                int64_t h, l;
+                repro_cut64(row[i], codes[i], &h, &l);
+                high[i] += h;
+                low[i] += l;
+            }
+        }
+        int fix = 0;
+        for (Py_ssize_t i = 0; i < m; i++) {
+            int special = codes[i] == R_SPECIAL;
+            fix |= special | (codes[i] == R64_LOWEST - 1);
+            int64_t unit = special ? 0 : 16 * (int64_t)codes[i] - R64_BITS;
+            repro_put(out, out_size, start + i, repro_pair_value(high[i], low[i], unit, to_odd) / by);
+        }
+        if (fix) repro_rows_fixed(codes, m, R64_LOWEST - 1, (const char *)rows, 8, size, stride, out, out_size, start);
+    }
+}
+
+/* rows(message, size, count, out, to_odd, divide_by) -> whether the rows' trailers agree: the
+ * reproducible sum of ``size`` ranks' raw contributions, each rank's row of ``message`` (its
+ * ``count`` floats, as float32 or float64 bits, then a trailer), into out (as finish's) */
+static PyObject *repro_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 6) return PyErr_Format(PyExc_TypeError, "repro_rows(message, size, count, out, to_odd, divide_by)");
+    Py_ssize_t size = PyNumber_AsSsize_t(args[1], PyExc_OverflowError);
+    Py_ssize_t n = PyNumber_AsSsize_t(args[2], PyExc_OverflowError);
+    int to_odd = PyObject_IsTrue(args[4]);
+    long divide_by = PyLong_AsLong(args[5]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer message, out;
+    if (PyObject_GetBuffer(args[0], &message, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (repro_buffer(args[3], &out, 1, 'f', "repro_rows out") < 0) {
+        PyBuffer_Release(&message);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t item = message.itemsize, stride = size > 0 ? message.len / item / size : 0;
+    if (size < 1 || size > 64 || (item != 4 && item != 8) || message.len != size * stride * item || stride < n ||
+        out.len != n * out.itemsize || divide_by < 1)
+        PyErr_SetString(PyExc_ValueError, "repro_rows: 1 to 64 rows of count floats and a trailer, and a result of count");
+    else {
+        const char *base = message.buf;
+        int agree = 1;
+        for (Py_ssize_t r = 1; r < size && agree; r++)
+            agree = memcmp(base + (n * item), base + (r * stride + n) * item, (size_t)((stride - n) * item)) == 0;
+        if (agree && item == 4)
+            repro_rows32(message.buf, size, stride, n, out.buf, (int)out.itemsize, (double)divide_by);
+        else if (agree)
+            repro_rows64(message.buf, size, stride, n, out.buf, (int)out.itemsize, (double)divide_by, to_odd);
+        result = PyBool_FromLong(agree);
+    }
+    PyBuffer_Release(&message);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+/* pack(x, message, rank, kind, op): the gathered sum's message, zero but this rank's row: its
+ * elements' bits (message's items are x's size), then the trailer kind, op */
+static PyObject *repro_pack(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 5) return PyErr_Format(PyExc_TypeError, "repro_pack(x, message, rank, kind, op)");
+    Py_ssize_t rank = PyNumber_AsSsize_t(args[2], PyExc_OverflowError);
+    long kind = PyLong_AsLong(args[3]), op = PyLong_AsLong(args[4]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer x, message;
+    if (PyObject_GetBuffer(args[0], &x, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (PyObject_GetBuffer(args[1], &message, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE | PyBUF_FORMAT) < 0) {
+        PyBuffer_Release(&x);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t item = message.itemsize, stride = x.len / (item ? item : 1) + 2;
+    if ((item != 4 && item != 8) || x.itemsize != item || x.len % item || rank < 0 ||
+        message.len < (rank + 1) * stride * item || message.len % (stride * item))
+        PyErr_SetString(PyExc_ValueError, "repro_pack: a message of rows of x's elements and two more");
+    else {
+        memset(message.buf, 0, (size_t)message.len);
+        char *row = (char *)message.buf + rank * stride * item;
+        memcpy(row, x.buf, (size_t)x.len);
+        if (item == 4) {
+            ((int32_t *)row)[stride - 2] = (int32_t)kind;
+            ((int32_t *)row)[stride - 1] = (int32_t)op;
+        } else {
+            ((int64_t *)row)[stride - 2] = kind;
+            ((int64_t *)row)[stride - 1] = op;
+        }
+        result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&message);
+    return result;
 }

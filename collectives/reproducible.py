@@ -38,7 +38,10 @@ __all__ = [
     "family_of",
     "finish",
     "float64_sums",
+    "gathered_message",
+    "kernels",
     "name_of",
+    "rows_sum",
     "special_bits",
     "words_of",
 ]
@@ -48,6 +51,7 @@ from typing import Any
 
 import numpy as np
 
+from . import engine
 from .errors import UnsupportedDtypeError
 
 GRID = 16
@@ -143,12 +147,27 @@ def family_of(dtype_name: str) -> Family:
     return FAMILIES["float64" if dtype_name == "float64" else "float32"]
 
 
+def kernels() -> Any:
+    """The compiled engine where it runs and has the conversion's loops (``repro_*``), else ``None``.
+
+    Read at each call, so that ``engine.COMPILED`` set to ``None`` turns them off; they give
+    the numpy path's bits.
+    """
+    built = engine.COMPILED
+    return built if built is not None and hasattr(built, "repro_rows") else None
+
+
 def codes_of(x: np.ndarray, family: Family) -> np.ndarray:
     """Each element's code (int8), of a flat array of the family's working dtype.
 
     ``ceil(E / GRID)`` for ``|x| < 2**E``, ``E = field + 1 - bias`` (a subnormal's as the
     least normal's), computed on the exponent field: ``(field + GRID - bias) >> 4``.
     """
+    compiled = kernels()
+    if compiled is not None:
+        made = np.empty(x.size, np.int8)
+        compiled.repro_codes(x, made)
+        return made
     signed = x.view(family.signed)
     shift = family.exponent_bits
     field = signed & family.signed(((1 << (8 * signed.itemsize - 1)) - 1) >> shift << shift)
@@ -200,6 +219,11 @@ def words_of(x: np.ndarray, codes: np.ndarray, family: Family, wire: Any) -> np.
     the cut values themselves, as float64; int64: the whole units, one word per
     element (float32 family) or two, interleaved high and low (float64).
     """
+    compiled = kernels()
+    if compiled is not None:
+        made = np.empty(x.size * (1 if wire is np.float64 else family.words), wire)
+        compiled.repro_words(x, codes, made)
+        return made
     x = _finite(x, codes)
     scale = _scales(codes, family)
     scaled = np.ldexp(x, scale)
@@ -345,6 +369,7 @@ def _rounded(whole: np.ndarray, unit: np.ndarray, precision: int) -> np.ndarray:
 
 
 _PRECISION = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
+_DIRECT = ("float32", "float64")  # dtypes the compiled finish rounds to itself; numpy rounds the others
 
 
 def _to_dtype(value: np.ndarray, dtype: Any) -> np.ndarray:
@@ -375,6 +400,13 @@ def finish(
     ``divide_by`` > 1 (``avg``): the sum rounded to float64, divided, then rounded to
     ``dtype``. ``specials``: the or-reduced :func:`special_bits`, where a code is ``SPECIAL``.
     """
+    compiled = kernels()
+    if compiled is not None:
+        name = name_of(dtype)
+        to_odd = _PRECISION["float64" if divide_by > 1 else name] < 53
+        made = np.empty(codes.size, dtype if name in _DIRECT else np.float64)
+        compiled.repro_finish(np.ascontiguousarray(sums), codes, made, to_odd, divide_by, specials)
+        return made if name in _DIRECT else _to_dtype(made, dtype)
     if sums.dtype == np.float64:  # the float32 family's exact sums
         value = sums
     else:
@@ -399,3 +431,54 @@ def finish(
         value = np.where(nan, np.nan, np.where((bits & _PLUS_INF) != 0, np.inf, -np.inf))
         result[special] = value[special].astype(dtype)
     return result
+
+
+def gathered_message(
+    flat: np.ndarray, family: Family, size: int, rank: int, trailer: tuple[int, int]
+) -> np.ndarray:
+    """A gathered sum's message: a row a rank, zero but this rank's, which holds ``flat``'s bits (as
+    signed integers of its size) and then ``trailer``; or-reduced, it holds every rank's row."""
+    message = np.empty((size, flat.size + 2), family.signed if family.words == 1 else np.int64)
+    compiled = engine.COMPILED
+    if compiled is not None and hasattr(compiled, "repro_pack"):
+        compiled.repro_pack(flat, message, rank, *trailer)
+        return message
+    message.fill(0)
+    message[rank, : flat.size] = flat.view(message.dtype)
+    message[rank, flat.size :] = trailer
+    return message
+
+
+def rows_sum(
+    message: np.ndarray, count: int, family: Family, dtype: Any, *, divide_by: int = 1, into: Any = None
+) -> np.ndarray | None:
+    """The reproducible sum of every rank's raw contribution, gathered: ``None`` where the trailers differ.
+
+    ``message`` has a row a rank (at most ``EXACT_IN_FLOAT64`` rows): its ``count``
+    elements of the family's working dtype, seen as signed integers of that size, then a
+    trailer the rows must agree on. The result's bits are those of the distributed sum
+    (codes agreed, words summed, one rounding): the same arithmetic, done here. ``into``: a
+    C-contiguous array of ``dtype`` and ``count`` elements to write the result to, if the
+    compiled engine runs and ``dtype`` is float32 or float64 (else the result is new).
+    """
+    size = message.shape[0]
+    compiled = kernels()
+    if compiled is not None:
+        name = name_of(dtype)
+        to_odd = _PRECISION["float64" if divide_by > 1 else name] < 53
+        direct = name in _DIRECT
+        made = into if direct and into is not None else np.empty(count, dtype if direct else np.float64)
+        if not compiled.repro_rows(message, size, count, made, to_odd, divide_by):
+            return None
+        return made if direct else _to_dtype(made, dtype)
+    trailers = message[:, count:]
+    if not (trailers == trailers[0]).all():
+        return None
+    rows = [row[:count].view(family.work) for row in message]
+    agreed = np.maximum.reduce([codes_of(row, family) for row in rows])
+    wire = np.float64 if family.words == 1 and size <= EXACT_IN_FLOAT64 else np.int64
+    sums = np.add.reduce([words_of(row, agreed, family, wire) for row in rows])
+    specials = None
+    if (agreed == SPECIAL).any():
+        specials = np.bitwise_or.reduce([special_bits(row) for row in rows])
+    return finish(sums, agreed, family, dtype, divide_by=divide_by, specials=specials)

@@ -23,6 +23,7 @@ __all__ = [
     "check_call",
     "check_out",
     "deliver",
+    "gathers",
     "reduced",
     "refusing",
     "reproducibly",
@@ -37,18 +38,28 @@ import numpy as np
 
 from .communicator import Communicator, communicator_of
 from .dispatch import refuse
-from .errors import CollectivesError, InvalidBufferError, InvalidRootError, MismatchError, UnsupportedOpError
+from .errors import (
+    CollectivesError,
+    InvalidBufferError,
+    InvalidRootError,
+    MismatchError,
+    PeerInputError,
+    UnsupportedOpError,
+)
 from .ops import INTEGER_DTYPES, ReduceOp
 from .reproducible import (
     BITS_OF,
     EXACT_IN_FLOAT64,
+    FAMILIES,
     MOST_CONTRIBUTIONS,
     SPECIAL,
     Family,
     codes_of,
     family_of,
     finish,
+    gathered_message,
     name_of,
+    rows_sum,
     special_bits,
     words_of,
 )
@@ -58,6 +69,9 @@ if TYPE_CHECKING:
     from mpi4py import MPI
 
 _OPS = {"sum": 1, "avg": 2}
+
+GATHERED_BYTES = 128 << 10
+"""The most bytes of every rank's contribution together that an allreduce gathers in one collective."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +105,8 @@ class Sum:
 
 
 def _check_op(op: "str | ReduceOp") -> str:
+    if op.__class__ is str and op in _OPS:
+        return op
     name = op.name if isinstance(op, ReduceOp) and not op.custom else op
     if not isinstance(name, str) or name not in _OPS:
         raise UnsupportedOpError(f"reproducible=True sums: op must be 'sum' or 'avg', not {op!r}")
@@ -102,6 +118,8 @@ def _flat(x: Any) -> np.ndarray:
     if not isinstance(x, np.ndarray):
         raise InvalidBufferError(f"reproducible=True takes numpy arrays, not {type(x).__name__}")
     family = family_of(name_of(x.dtype))
+    if x.dtype is family.work and x.flags.c_contiguous:
+        return x.reshape(-1)
     return np.ascontiguousarray(x, dtype=family.work).reshape(-1)
 
 
@@ -150,6 +168,46 @@ def _plain(x: np.ndarray, flat: np.ndarray) -> Sum:
         return words_of(flat, agreed, family, wire)
 
     return Sum(family, x.dtype, codes, 1, words, lambda: special_bits(flat))
+
+
+def _checked(group: Communicator, check: bool | None) -> bool:
+    return bool(group.watchdog.check if check is None else check)
+
+
+def gathers(size: int, count: int, itemsize: int, checked: bool) -> bool:
+    """Whether a reproducible allreduce of ``count`` elements of ``itemsize`` bytes (its family's) on
+    ``size`` ranks gathers every rank's contribution in one collective and sums them on each rank.
+
+    Where the rows of all the ranks are few bytes, one collective costs less than the two of the
+    distributed sum (codes, then words), and the sum of a few rows is quick. Only where calls are
+    checked: ranks whose dtypes' families differ then raise, as their messages differ.
+    """
+    return checked and 1 < size <= EXACT_IN_FLOAT64 and size * count * itemsize <= GATHERED_BYTES
+
+
+def _gathered(
+    group: Communicator, through: Through, flat: np.ndarray, dtype: Any, op: str, algorithm: str,
+    check: bool | None, out: Any,
+) -> np.ndarray:
+    """The reproducible allreduce of ``flat`` by one allreduce: each rank's row of a message, the
+    others' zero, or-reduced, so that every rank has every contribution; then summed here (into
+    ``out`` where it can be: C-contiguous)."""
+    size, name = group.size, name_of(dtype)
+    family = FAMILIES["float64" if name == "float64" else "float32"]
+    message = gathered_message(flat, family, size, group.rank, (BITS_OF[name], _OPS[op]))
+    try:
+        through.allreduce(message, "bor", out=message, algorithm=algorithm, comm=group, check=check)
+    except PeerInputError:
+        raise
+    except MismatchError as error:
+        raise MismatchError(
+            f"reproducible allreduce: the ranks' dtypes, ops or counts differ ({error})", error.fields
+        ) from error
+    into = out if out is not None and out.flags.c_contiguous else None
+    result = rows_sum(message, flat.size, family, dtype, divide_by=size if op == "avg" else 1, into=into)
+    if result is None:
+        raise MismatchError("reproducible allreduce: the ranks' dtypes or ops differ", {"dtype or op": {}})
+    return result
 
 
 def reduced(
@@ -299,6 +357,9 @@ def reproducibly(
         extra = {"counts": counts} if collective == "reduce_scatter" else {}
         return run(x, op, out=out, algorithm=algorithm, comm=group, check=check, **extra)
     flat, name, shares, shape = checks
+    if collective == "allreduce" and gathers(group.size, flat.size, flat.itemsize, _checked(group, check)):
+        summed = _gathered(group, through, flat, x.dtype, name, algorithm, check, out)
+        return out if summed is out else deliver(summed, out, shape)
     result = reduced(
         group, through, collective, _plain(x, flat), op=name, root=root, counts=shares, algorithm=algorithm,
         check=check,

@@ -3,8 +3,8 @@
 Each job: 4 ranks, 12 steps, an in-memory checkpoint every 4 steps. ``COLLECTIVES_FAULT``
 SIGKILLs a rank at its call #24, the gradient allreduce of step 10 (counted from the
 start: the torch backend's own communicator, the broadcast of the parameters, the first
-checkpoint, one allreduce per step, two calls per checkpoint), so the survivors go back to the checkpoint of step 8 and redo
-steps 8 and 9.
+checkpoint, one allreduce per step, two calls per checkpoint), so the survivors go back to
+the checkpoint of step 8 and redo steps 8 and 9.
 """
 
 import importlib.util

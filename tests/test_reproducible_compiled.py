@@ -1,0 +1,190 @@
+"""The reproducible sum's compiled loops and its numpy path: the same bits, on inputs hard to sum alike."""
+
+import functools
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import collectives as C
+from collectives import engine, reproducible, reproducible_calls
+from collectives.reproducible import FAMILIES, WORD, family_of
+from tests.conftest import run_ranks
+from tests.reproducible_cases import DTYPES, contributions, model
+
+ROOT = Path(__file__).resolve().parent.parent
+needs_loops = pytest.mark.skipif(
+    reproducible.kernels() is None, reason=f"the compiled engine does not run: {engine.why()}"
+)
+
+
+def _bits(result: Any) -> bytes:
+    return np.asarray(result).tobytes()
+
+
+def _both(monkeypatch: pytest.MonkeyPatch, make: Any) -> tuple[Any, Any]:
+    """``make()`` with the compiled loops and with the numpy path (the engine switched off)."""
+    compiled = make()
+    with monkeypatch.context() as patched:
+        patched.setattr(engine, "COMPILED", None)
+        assert reproducible.kernels() is None
+        plain = make()
+    return compiled, plain
+
+
+def _words(flats: list[np.ndarray], agreed: np.ndarray, family: Any, wire: Any) -> list[np.ndarray]:
+    return [reproducible.words_of(f, agreed, family, wire) for f in flats]
+
+
+def _sum_and_average(parts: list[np.ndarray], comm: C.Communicator) -> tuple[np.ndarray, np.ndarray]:
+    x = parts[comm.rank]
+    out = np.empty_like(x)
+    C.allreduce(x, reproducible=True, comm=comm, out=out)
+    return out, C.allreduce(x, "avg", reproducible=True, comm=comm)
+
+
+def _flat(parts: list[np.ndarray], dtype: str) -> list[np.ndarray]:
+    work = family_of(dtype).work
+    return [np.ascontiguousarray(p, dtype=work).reshape(-1) for p in parts]
+
+
+@needs_loops
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("size", [1, 2, 3, 8])
+def test_each_loop_gives_the_numpy_paths_bits(monkeypatch: pytest.MonkeyPatch, dtype: str, size: int) -> None:
+    family = family_of(dtype)
+    parts = contributions(dtype, size, 2000, seed=20 + size)
+    flats = _flat(parts, dtype)
+    codes, plain_codes = _both(monkeypatch, lambda: [reproducible.codes_of(f, family) for f in flats])
+    assert [_bits(c) for c in codes] == [_bits(c) for c in plain_codes]
+    agreed = np.maximum.reduce(codes)
+    specials = np.bitwise_or.reduce([reproducible.special_bits(f) for f in flats])
+    for wire in (np.float64, np.int64) if family.words == 1 else (np.int64,):
+        words, plain_words = _both(monkeypatch, functools.partial(_words, flats, agreed, family, wire))
+        assert [_bits(w) for w in words] == [_bits(w) for w in plain_words], wire
+        sums = np.add.reduce(words)
+        for divide_by in (1, 3):
+            finished = functools.partial(
+                reproducible.finish, sums, agreed, family, parts[0].dtype, divide_by=divide_by,
+                specials=specials,
+            )  # fmt: skip
+            result, plain = _both(monkeypatch, finished)
+            assert result.dtype == plain.dtype and _bits(result) == _bits(plain), (wire, divide_by)
+            if divide_by == 1:
+                assert _bits(result) == _bits(model(parts, dtype))
+
+
+@needs_loops
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_gathered_sum_gives_the_numpy_paths_and_the_models_bits(
+    monkeypatch: pytest.MonkeyPatch, dtype: str
+) -> None:
+    for size in (1, 2, 3, 5, 8):
+        parts = contributions(dtype, size, 1000, seed=40 + size)
+        family = family_of(dtype)
+        flats = _flat(parts, dtype)
+        rows = [reproducible.gathered_message(f, family, size, rank, (1, 2)) for rank, f in enumerate(flats)]
+        message = np.bitwise_or.reduce(rows)
+        pack = functools.partial(reproducible.gathered_message, flats[-1], family, size, 0, (1, 2))
+        packed = _both(monkeypatch, pack)
+        assert _bits(packed[0]) == _bits(packed[1])
+        for divide_by in (1, size):
+            summed = functools.partial(
+                reproducible.rows_sum, message, 1000, family, parts[0].dtype, divide_by=divide_by
+            )
+            result, plain = _both(monkeypatch, summed)
+            assert _bits(result) == _bits(plain), (size, divide_by)
+            if divide_by == 1:  # (the model's avg drops the sign of a quotient that underflows to zero)
+                assert _bits(result) == _bits(model(parts, dtype)), size
+        if size > 1:  # a rank's trailer differs: no result on either path
+            message[-1, -1] += 1
+            summed = functools.partial(reproducible.rows_sum, message, 1000, family, parts[0].dtype)
+            assert _both(monkeypatch, summed) == (None, None)
+
+
+@needs_loops
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_any_summed_words_round_alike(monkeypatch: pytest.MonkeyPatch, dtype: str) -> None:
+    # words as large as the most contributions give them, at every code, subnormal results included
+    family = FAMILIES["float64" if dtype == "float64" else "float32"]
+    rng = np.random.default_rng(8)
+    count = 5000
+    codes = rng.integers(family.lowest - 1, family.top + 1, size=count).astype(np.int8)
+    codes[:300] = family.lowest
+    codes[300:320] = reproducible.SPECIAL
+    bits = rng.integers(0, 8, size=count).astype(np.uint8)
+    size = rng.integers(0, 62, size=(count, family.words))
+    words = (rng.integers(-(2**62), 2**62, size=(count, family.words)) >> (62 - size)).reshape(-1)
+    if family.words == 2:  # the low words of at most 2**15 contributions: below 2**62
+        words[1::2] >>= 62 - WORD - 15
+    dtype_ = contributions(dtype, 1, 1, seed=0)[0].dtype
+    for divide_by in (1, 3):
+        finished = functools.partial(
+            reproducible.finish, words, codes, family, dtype_, divide_by=divide_by, specials=bits
+        )
+        result, plain = _both(monkeypatch, finished)
+        assert _bits(result) == _bits(plain), divide_by
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_gathered_and_the_distributed_allreduce_give_the_models_bits(
+    monkeypatch: pytest.MonkeyPatch, dtype: str
+) -> None:
+    for size in (2, 3, 5):
+        parts = contributions(dtype, size, 700, seed=60 + size)
+        expected = model(parts, dtype)
+        averages: list[bytes] = []
+        for gathered_bytes in (reproducible_calls.GATHERED_BYTES, 0):  # gathered, then the two collectives
+            monkeypatch.setattr(reproducible_calls, "GATHERED_BYTES", gathered_bytes)
+            itemsize = family_of(dtype).work.itemsize
+            assert reproducible_calls.gathers(size, 700, itemsize, True) == bool(gathered_bytes)
+            for result, average in run_ranks(size, functools.partial(_sum_and_average, parts)):
+                assert _bits(result) == _bits(expected), (size, gathered_bytes)
+                averages.append(_bits(average))
+        assert len(set(averages)) == 1, size  # gathered or not, and on every rank
+
+
+def test_gathered_ranks_with_different_families_raise_on_every_rank() -> None:
+    def call(comm: C.Communicator) -> str:
+        x = np.ones(4, np.float64 if comm.rank else np.float32)
+        with pytest.raises(C.MismatchError, match="reproducible allreduce"):
+            C.allreduce(x, reproducible=True, comm=comm)
+        return "raised"
+
+    assert run_ranks(2, call) == ["raised", "raised"]
+
+
+_SUBPROCESS = """
+import hashlib, sys
+import numpy as np
+import collectives as C
+from collectives import reproducible
+from tests.conftest import run_ranks
+from tests.reproducible_cases import contributions
+print(reproducible.kernels() is not None)
+for dtype in ("float16", "bfloat16", "float32", "float64"):
+    parts = contributions(dtype, 3, 500, seed=5)
+    results = run_ranks(3, lambda comm: C.allreduce(parts[comm.rank], reproducible=True, comm=comm))
+    total = C.ReproducibleSum(like=parts[0])
+    for part in parts:
+        total.add(part)
+    print(dtype, hashlib.sha256(results[0].tobytes() + total.value().tobytes()).hexdigest())
+"""
+
+
+def test_with_the_engine_off_a_process_gives_the_same_bits() -> None:
+    runs = []
+    for flag in ("0", ""):
+        env = {**os.environ, "COLLECTIVES_COMPILED": flag}
+        command = [sys.executable, "-c", _SUBPROCESS]
+        done = subprocess.run(
+            command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False
+        )
+        assert done.returncode == 0, done.stderr
+        runs.append(done.stdout.splitlines())
+    assert runs[0][0] == "False"
+    assert runs[0][1:] == runs[1][1:] and len(runs[0]) == 5
