@@ -9,7 +9,7 @@ import torch
 
 from ..errors import ConfigurationError
 from ..kvstore import SGD, Adam, KVStore, Optimizer
-from .optimizer import parameters_to_reduce
+from .optimizer import WrappedOptimizer, closure_loss, parameters_to_reduce
 from .tensors import host_view
 
 
@@ -46,7 +46,7 @@ def server_optimizer_of(optimizer: torch.optim.Optimizer) -> Optimizer:
     )
 
 
-class KVStoreOptimizer(torch.optim.Optimizer):
+class KVStoreOptimizer(WrappedOptimizer):
     """Trains through a :mod:`collectives.kvstore` store: parameters are keys, the servers run the optimizer.
 
     On creation (collective over the store's workers) each parameter becomes a
@@ -104,9 +104,7 @@ class KVStoreOptimizer(torch.optim.Optimizer):
             raise ConfigurationError(f"rank {kv.rank} is a dedicated server; train on the worker ranks")
         chosen = server_optimizer if server_optimizer is not None else server_optimizer_of(optimizer)
         names, params = parameters_to_reduce(optimizer, named_parameters)
-        super().__init__(optimizer.param_groups, optimizer.defaults)  # the same group dicts, shared
-        self.optimizer = optimizer
-        self.state = optimizer.state
+        super().__init__(optimizer)
         self.kv = kv
         self._keys = names
         self._params = params
@@ -123,10 +121,7 @@ class KVStoreOptimizer(torch.optim.Optimizer):
 
         A parameter without a gradient pushes zeros.
         """
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         grads = [self._gradient(p) for p in self._params]
         params = [host_view(p) for p in self._params]
         kv = self.kv
