@@ -38,7 +38,7 @@ import collectives
 from collectives import kvstore
 
 from .collective import library_version
-from .config import size_argument, size_sweep
+from .config import add_sweep, size_sweep
 from .progress import Countdown
 
 BATCH_BYTES = 1 << 20
@@ -73,10 +73,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m collectives bench kvstore",
         description="Time the key-value store's push, pull and pushpull beside allreduce of the same bytes.",
     )
+    add_sweep(parser, "4K", "64M")
     add = parser.add_argument
-    add("-b", "--minbytes", type=size_argument, default="4K", help="smallest size (default 4K)")
-    add("-e", "--maxbytes", type=size_argument, default="64M", help="largest size (default 64M)")
-    add("-f", "--stepfactor", type=int, default=4, help="size multiplier per step (default 4)")
     add("-m", "--modes", default=",".join(kvstore.MODES), help="comma-separated (default all)")
     add("-s", "--servers", default="colocated,1", help="colocated, dedicated counts (default colocated,1)")
     add("--staleness", type=int, default=2, help="ssp's bound (default 2)")

@@ -40,7 +40,6 @@ from typing import Any
 from collectives.algorithms import ALGORITHMS, build_schedule, hierarchical, multi_ring
 from collectives.algorithms.base import implements
 from collectives.errors import CollectivesError, TopologyError
-from collectives.ops import DTYPES
 from collectives.prediction import predict_algorithm
 from collectives.schedule import Schedule
 from collectives.simulate import simulate
@@ -52,6 +51,7 @@ from collectives.topology.programs import ALL_RANKS_BUDGET, predict_programs
 from collectives.topology.rings import RingPacking
 from collectives.topology.strategies import aggregate_on, split_aggregation, split_star_program
 
+from .config import add_datatype
 from .patterns import numpy_dtype
 from .progress import progress
 from .sweep import Sweep, format_sweep
@@ -413,14 +413,7 @@ def _parser() -> argparse.ArgumentParser:
         default="allreduce",
         help="the collective (default allreduce)",
     )
-    add(
-        "-d",
-        "--datatype",
-        choices=DTYPES,
-        default="float32",
-        metavar="DTYPE",
-        help="element type (default float32)",
-    )
+    add_datatype(parser, "element type (default float32)")
     add(
         "--plot",
         type=Path,

@@ -9,7 +9,7 @@ import torch
 
 from ..errors import ConfigurationError
 from ..kvstore import SGD, Adam, KVStore, Optimizer
-from .optimizer import WrappedOptimizer, closure_loss, parameters_to_reduce
+from .optimizer import WrappedOptimizer, closure_loss
 from .tensors import host_view
 
 
@@ -103,16 +103,13 @@ class KVStoreOptimizer(WrappedOptimizer):
         if kv.role != "worker":
             raise ConfigurationError(f"rank {kv.rank} is a dedicated server; train on the worker ranks")
         chosen = server_optimizer if server_optimizer is not None else server_optimizer_of(optimizer)
-        names, params = parameters_to_reduce(optimizer, named_parameters)
-        super().__init__(optimizer)
+        super().__init__(optimizer, named_parameters)
         self.kv = kv
-        self._keys = names
-        self._params = params
         self._average = average
-        views = [host_view(p) for p in params]
+        views = [host_view(p) for p in self._params]
         if not loaded:
-            kv.init(names, views)
-        kv.pull(names, out=views)  # worker 0's values everywhere, or the checkpoint's
+            kv.init(self._names, views)
+        kv.pull(self._names, out=views)  # worker 0's values everywhere, or the checkpoint's
         if not loaded:  # a loaded store keeps its optimizer and that optimizer's state
             kv.set_optimizer(chosen)
 
@@ -126,11 +123,11 @@ class KVStoreOptimizer(WrappedOptimizer):
         params = [host_view(p) for p in self._params]
         kv = self.kv
         if kv.mode == "ssp":
-            kv.push(self._keys, grads)
+            kv.push(self._names, grads)
             kv.clock()
-            kv.pull(self._keys, out=params)
+            kv.pull(self._names, out=params)
         else:
-            kv.pushpull(self._keys, grads, out=params)
+            kv.pushpull(self._names, grads, out=params)
         return loss
 
     def _gradient(self, param: torch.Tensor) -> np.ndarray:
@@ -146,8 +143,8 @@ class KVStoreOptimizer(WrappedOptimizer):
     @property
     def keys(self) -> list[str]:
         """The store's key of each parameter, in order."""
-        return list(self._keys)
+        return list(self._names)
 
     def __repr__(self) -> str:
         kv = self.kv
-        return f"KVStoreOptimizer({len(self._keys)} keys, mode={kv.mode!r}, workers={kv.num_workers})"
+        return f"KVStoreOptimizer({len(self._names)} keys, mode={kv.mode!r}, workers={kv.num_workers})"

@@ -107,10 +107,14 @@ class _Bucket:
 class WrappedOptimizer(torch.optim.Optimizer):
     """An optimizer sharing another's parameter groups and state: schedulers, state dicts work on either.
 
-    What :class:`DistributedOptimizer` and :class:`~.kvstore_optimizer.KVStoreOptimizer` have in common.
+    What :class:`DistributedOptimizer` and :class:`~.kvstore_optimizer.KVStoreOptimizer` have in common:
+    also the parameters they move, named (:func:`parameters_to_reduce`).
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, named_parameters: Iterable[tuple[str, torch.Tensor]] | None
+    ) -> None:
+        self._names, self._params = parameters_to_reduce(optimizer, named_parameters)
         super().__init__(optimizer.param_groups, optimizer.defaults)  # the same group dicts, shared
         self.optimizer = optimizer
         self.state = optimizer.state
@@ -199,9 +203,8 @@ class DistributedOptimizer(WrappedOptimizer):
         if op not in ("avg", "sum"):
             raise UnsupportedOpError(f"DistributedOptimizer takes op 'avg' or 'sum', not {op!r}")
         check_passes_and_predivide(backward_passes_per_step, gradient_predivide_factor, op)
-        names, params = parameters_to_reduce(optimizer, named_parameters)
-        super().__init__(optimizer)
-        self._names = names
+        super().__init__(optimizer, named_parameters)
+        names, params = self._names, self._params
         self._op = op
         self._passes = backward_passes_per_step
         self._predivide = gradient_predivide_factor
