@@ -6,7 +6,7 @@ import hashlib
 import itertools
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -256,24 +256,11 @@ class Rounds:
         whole = self._server.assigns and value.nbytes <= WHOLE_BYTES
         with self._calls(key, "push"):
             if whole:
-                result = self._buffer(raw, value.size, value.dtype)
-                api.allreduce(
-                    value, self._op, out=result, comm=comm, check=True, reproducible=self._reproducible
-                )
-                self._server.apply_round(raw, [p for p in parts if p.server == rank], result, 0)
+                self._reduced_round(raw, parts, value, self._buffer(raw, value.size, value.dtype))
             elif _in_rank_order(parts):
                 counts, held, start = self._runs(parts)
                 share = self._buffer(raw, counts[rank], value.dtype)
-                api.reduce_scatter(
-                    value,
-                    self._op,
-                    counts=counts,
-                    out=share,
-                    comm=comm,
-                    check=True,
-                    reproducible=self._reproducible,
-                )
-                self._server.apply_round(raw, held, share, start)
+                self._reduced_round(raw, held, value, share, counts, start)
             else:
                 for p in parts:
                     piece = np.empty(p.hi - p.lo, value.dtype)
@@ -285,6 +272,32 @@ class Rounds:
                         self._server.apply_round(raw, [p], piece, p.lo)
                 return  # a pull broadcasts the stored partitions
         self._fresh[raw] = whole
+
+    def _reduced_round(
+        self,
+        raw: bytes,
+        parts: Sequence[Partition],
+        value: np.ndarray,
+        out: np.ndarray,
+        counts: Sequence[int] | None = None,
+        start: int = 0,
+    ) -> None:
+        """A round's aggregate of ``value``, and the servers' update of it: the whole into ``out`` by an
+        allreduce, each server keeping its ``parts``; or, with ``counts``, this rank's run (from ``start``)
+        by a reduce-scatter, ``parts`` its partitions."""
+        from .. import api
+
+        comm, rank = self._channel.comm, self._channel.rank
+        reproducible = self._reproducible
+        if counts is None:
+            api.allreduce(value, self._op, out=out, comm=comm, check=True, reproducible=reproducible)
+            held = [p for p in parts if p.server == rank]
+        else:
+            api.reduce_scatter(
+                value, self._op, counts=counts, out=out, comm=comm, check=True, reproducible=reproducible
+            )
+            held = list(parts)
+        self._server.apply_round(raw, held, out, start)
 
     def pull(
         self,
@@ -334,23 +347,11 @@ class Rounds:
         with self._calls(key, "pushpull"):
             if self._server.assigns:
                 # the stored value simply becomes the aggregate: one allreduce, and each server keeps its part
-                api.allreduce(
-                    value, self._op, out=target, comm=comm, check=True, reproducible=self._reproducible
-                )
-                self._server.apply_round(raw, [p for p in parts if p.server == rank], target, 0)
+                self._reduced_round(raw, parts, value, target)
             elif _in_rank_order(parts):
                 counts, held, start = self._runs(parts)
                 share = target[start : start + counts[rank]]  # reduced, updated and gathered in place
-                api.reduce_scatter(
-                    value,
-                    self._op,
-                    counts=counts,
-                    out=share,
-                    comm=comm,
-                    check=True,
-                    reproducible=self._reproducible,
-                )
-                self._server.apply_round(raw, held, share, start)
+                self._reduced_round(raw, held, value, share, counts, start)
                 api.allgather(share, counts=counts, out=target, comm=comm, check=True)
             else:
                 for p in parts:
