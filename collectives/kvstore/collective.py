@@ -248,10 +248,8 @@ class Rounds:
 
     def push(self, key: Any, parts: tuple[Partition, ...], value: np.ndarray) -> None:
         """This worker's round of ``key``: ``value`` (flat) combined with every worker's, updated."""
-        from .. import api
-
         raw = key_bytes(key)
-        comm, rank = self._channel.comm, self._channel.rank
+        rank = self._channel.rank
         self._fresh.pop(raw, None)
         whole = self._server.assigns and value.nbytes <= WHOLE_BYTES
         with self._calls(key, "push"):
@@ -260,16 +258,11 @@ class Rounds:
             elif _in_rank_order(parts):
                 counts, held, start = self._runs(parts)
                 share = self._buffer(raw, counts[rank], value.dtype)
-                self._reduced_round(raw, held, value, share, counts, start)
+                self._reduced_round(raw, held, value, share, counts=counts, start=start)
             else:
                 for p in parts:
                     piece = np.empty(p.hi - p.lo, value.dtype)
-                    api.reduce(
-                        value[p.lo : p.hi], self._op, root=p.server, out=piece, comm=comm, check=True,
-                        reproducible=self._reproducible,
-                    )  # fmt: skip
-                    if rank == p.server:
-                        self._server.apply_round(raw, [p], piece, p.lo)
+                    self._reduced_round(raw, [p], value[p.lo : p.hi], piece, root=p.server, start=p.lo)
                 return  # a pull broadcasts the stored partitions
         self._fresh[raw] = whole
 
@@ -279,24 +272,32 @@ class Rounds:
         parts: Sequence[Partition],
         value: np.ndarray,
         out: np.ndarray,
+        *,
         counts: Sequence[int] | None = None,
+        root: int | None = None,
         start: int = 0,
     ) -> None:
-        """A round's aggregate of ``value``, and the servers' update of it: the whole into ``out`` by an
-        allreduce, each server keeping its ``parts``; or, with ``counts``, this rank's run (from ``start``)
-        by a reduce-scatter, ``parts`` its partitions."""
+        """A round's aggregate of ``value`` into ``out``, and the servers' update of it.
+
+        By an allreduce, each server keeping its ``parts``; with ``counts``, this
+        rank's run (from element ``start``) by a reduce-scatter, ``parts`` its
+        partitions; with ``root``, one partition's (``parts``) by a reduce to its server.
+        """
         from .. import api
 
-        comm, rank = self._channel.comm, self._channel.rank
-        reproducible = self._reproducible
-        if counts is None:
-            api.allreduce(value, self._op, out=out, comm=comm, check=True, reproducible=reproducible)
-            held = [p for p in parts if p.server == rank]
+        op, rank = self._op, self._channel.rank
+        options: dict[str, Any] = {"out": out, "comm": self._channel.comm, "check": True}
+        options["reproducible"] = self._reproducible
+        held = list(parts)
+        if counts is not None:
+            api.reduce_scatter(value, op, counts=counts, **options)
+        elif root is not None:
+            api.reduce(value, op, root=root, **options)
+            if rank != root:
+                return
         else:
-            api.reduce_scatter(
-                value, self._op, counts=counts, out=out, comm=comm, check=True, reproducible=reproducible
-            )
-            held = list(parts)
+            api.allreduce(value, op, **options)
+            held = [p for p in parts if p.server == rank]
         self._server.apply_round(raw, held, out, start)
 
     def pull(
@@ -351,17 +352,12 @@ class Rounds:
             elif _in_rank_order(parts):
                 counts, held, start = self._runs(parts)
                 share = target[start : start + counts[rank]]  # reduced, updated and gathered in place
-                self._reduced_round(raw, held, value, share, counts, start)
+                self._reduced_round(raw, held, value, share, counts=counts, start=start)
                 api.allgather(share, counts=counts, out=target, comm=comm, check=True)
             else:
                 for p in parts:
                     piece = target[p.lo : p.hi]
-                    api.reduce(
-                        value[p.lo : p.hi], self._op, root=p.server, out=piece, comm=comm, check=True,
-                        reproducible=self._reproducible,
-                    )  # fmt: skip
-                    if rank == p.server:
-                        self._server.apply_round(raw, [p], piece, p.lo)
+                    self._reduced_round(raw, [p], value[p.lo : p.hi], piece, root=p.server, start=p.lo)
                     api.broadcast(piece, root=p.server, out=piece, comm=comm, check=True)
 
     def _buffer(self, raw: bytes, count: int, dtype: np.dtype[Any]) -> np.ndarray:
