@@ -4,10 +4,10 @@ Every collective of :mod:`collectives.api` takes the same path, :func:`call_coll
 the calls started on the communicator go first; the repeat room
 (:mod:`collectives.repeats`) is asked once for the call's ready repeat, which runs
 it on the decisions an earlier call of its key made; any other call has its
-arguments checked into a :class:`CheckedCall` (:func:`checked`, which tells the
-other ranks if the checks fail), then :func:`run` agrees on the call with the
-other ranks, chooses its algorithm and runs it under the watchdog, keeping its
-decisions in the repeat room's place for them where a later call can reuse them.
+arguments checked into a :class:`CheckedCall` (:func:`checked`, the one refusal:
+it tells the other ranks if the checks fail), then :func:`run` agrees on the call
+with the other ranks, chooses its algorithm and runs it under the watchdog, keeping
+its decisions in the repeat room's place for them where a later call can reuse them.
 """
 
 __all__ = [
@@ -18,13 +18,12 @@ __all__ = [
     "decide",
     "escaped",
     "keeps_order",
-    "refuse",
     "run",
 ]
 
 from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .algorithms import ALGORITHMS, rank_program
@@ -132,20 +131,6 @@ class CheckedCall:
     copied: bool = False
 
 
-def refuse(
-    group: Communicator, collective: str, algorithm: object, check: bool | None, error: BaseException
-) -> None:
-    """Tell the other ranks that this rank's checks of a call failed, so that they raise too.
-
-    Every error raised while a call is prepared, before its signature goes, is
-    told: the library's own (a bad buffer, dtype, op, root, algorithm ...) and any
-    other (a foreign array's protocol failing, memory for the workspace), since
-    the other ranks would otherwise wait for the timeout. Not with checking off.
-    The caller raises ``error`` then.
-    """
-    group.watchdog.poison(collective, algorithm, error, check)
-
-
 def escaped(comm: "Communicator | MPI.Comm | None", collective: str, error: BaseException) -> None:
     """Account for ``error`` leaving a public call of ``collective`` on ``comm``; the caller re-raises it.
 
@@ -161,23 +146,43 @@ def escaped(comm: "Communicator | MPI.Comm | None", collective: str, error: Base
 
 
 def checked(
-    group: Communicator,
+    group: Communicator | None,
     collective: str,
+    checks: Callable[[], T],
     *,
-    algorithm: str,
-    check: bool | None,
-    checks: Callable[[Communicator, str, CallArguments], T],
-    given: CallArguments,
+    algorithm: object = AUTO,
+    check: bool | None = None,
+    place: "Callable[[Callable[[Communicator], None]], object] | None" = None,
 ) -> T:
-    """``checks(group, algorithm, given)``, a call's checks; if they raise, the other ranks are told.
+    """``checks()``, a call's checks on this rank; if they raise, the other ranks are told (theirs raise too).
 
-    The one way a rank refuses a call before it runs: see :func:`refuse`.
+    The one way a rank refuses a call before it runs. Every error is told, the
+    library's own and any other (a foreign array's protocol failing, memory for
+    the workspace), since the other ranks would otherwise wait for the timeout:
+    as a poisoned signature in the call's place among the communicator's calls
+    (:meth:`~collectives.watchdog.Watchdog.poison`). Then the error goes on.
+
+    Args:
+        group: the communicator told, at once; ``None`` with ``place``.
+        place: where the news (a job on a communicator) goes instead: a job
+            thread's call is refused there, after the jobs before it, a named
+            one under its name; it may tell no one (a torch call off this library).
     """
     try:
-        return checks(group, algorithm, given)
+        return checks()
     except Exception as error:
-        refuse(group, collective, algorithm, check, error)
+        news = partial(_refusal, collective=collective, algorithm=algorithm, error=error, check=check)
+        if place is not None:
+            place(news)
+        elif group is not None:
+            news(group)
         raise
+
+
+def _refusal(
+    group: Communicator, *, collective: str, algorithm: object, error: BaseException, check: bool | None
+) -> None:
+    group.watchdog.poison(collective, algorithm, error, check)
 
 
 def call_collective(
@@ -215,11 +220,12 @@ def call_collective(
     if repeat is not None and repeat.fits(x, out):
         return repeat.run(group, x, out, check)
     given = CallArguments(x=x, out=out, op=op, root=root, counts=counts)
-    job = checked(group, collective, algorithm=algorithm, check=check, checks=checks, given=given)
+    checking = lambda: checks(group, algorithm, given)  # noqa: E731
+    job = checked(group, collective, checking, algorithm=algorithm, check=check)
     if collective == "allreduce" and job.backend.device() is None:
         # decisions made before the ranks agree, where they can be: its first messages go with the signature
-        early = lambda group, algorithm, given: _early(group, job, check)  # noqa: E731
-        job.early = checked(group, collective, algorithm=algorithm, check=check, checks=early, given=given)
+        early = lambda: _early(group, job, check)  # noqa: E731
+        job.early = checked(group, collective, early, algorithm=algorithm, check=check)
     job.repeat = repeat
     return finish(group, job, run(group, job, check))
 

@@ -40,7 +40,7 @@ from .faults import PLAN as FAULTS
 from .host_copy import through_host
 from .lean import LeanAllreduce
 from .ops import ReduceOp
-from .reproducible_calls import check_call, refusing
+from .reproducible_calls import check_call
 from .requests import Request, settle, start
 from .requests import busy as started
 from .selector import AUTO
@@ -84,6 +84,7 @@ class Persistent:
         plain: Callable[[], Any],
         arrays: Sequence[Any],
     ) -> None:
+        _unfreed(group, "this")
         self.collective = collective
         self.algorithm = algorithm
         self.starts = 0
@@ -140,10 +141,7 @@ class Persistent:
             raise PersistentStateError(
                 f"persistent {self.collective} was started twice without a wait; call wait() first"
             )
-        if self._group.watchdog.freed:
-            raise FreedCommunicatorError(
-                f"rank {self._group.rank}: persistent {self.collective}'s communicator was freed"
-            )
+        _unfreed(self._group, f"persistent {self.collective}'s")
         self._fits()
         self.starts += 1
         lean = self._lean
@@ -232,13 +230,10 @@ class Persistent:
         return f"<Persistent {self.collective} {self.algorithm} {state}, {self.starts} starts>"
 
 
-def _group(comm: "Communicator | MPI.Comm | None") -> Communicator:
-    if isinstance(comm, Communicator) and comm.watchdog.freed:
-        raise FreedCommunicatorError(f"rank {comm.rank}: this communicator was freed; make a new one")
-    group = communicator_of(comm)
-    if started:
-        settle(group)
-    return group
+def _unfreed(group: Communicator, whose: str) -> None:
+    """Raise unless ``group`` is usable: a persistent call made or started on a freed one fails at once."""
+    if group.watchdog.freed:
+        raise FreedCommunicatorError(f"rank {group.rank}: {whose} communicator was freed; make a new one")
 
 
 def _decided(
@@ -257,7 +252,8 @@ def _decided(
         runs them; the packed signature of the starts (see :func:`~collectives.dispatch.decide`).
     """
     given = CallArguments(**arguments)
-    job = checked(group, collective, algorithm=algorithm, check=check, checks=checks, given=given)
+    checking = lambda: checks(group, algorithm, given)  # noqa: E731
+    job = checked(group, collective, checking, algorithm=algorithm, check=check)
     return (job, *decide(group, job, check))
 
 
@@ -291,16 +287,15 @@ def allreduce_init(
     Raises:
         MismatchError: on every rank, when the ranks' inits differ.
     """
-    group = _group(comm)
+    group = communicator_of(comm)
+    settle(group)  # the calls started on it go first
     if reproducible:
         made = _reproducible("allreduce", group, x, op, None, out, algorithm, check)
         if made is not None:
             return made
     in_place = out is x
     if out is None and hasattr(x, "shape") and hasattr(x, "dtype"):
-        out = checked(
-            group, "allreduce", algorithm=algorithm, check=check, checks=_like, given=CallArguments(x=x)
-        )
+        out = checked(group, "allreduce", lambda: _like(x), algorithm=algorithm, check=check)
     job, chosen, executor, guard = _decided(
         group, "allreduce", algorithm=algorithm, check=check, checks=allreduce_job, x=x, op=op, out=out
     )
@@ -361,9 +356,10 @@ def _reproducible(
 ) -> Persistent | None:
     """A persistent reproducible sum (``None`` for integers, whose plain init serves): checked here;
     each start runs the reproducible call into ``out`` (made here when not given)."""
-    checks = refusing(
-        group, collective, algorithm, check, lambda: check_call(collective, x, op, out, group, 0, counts)
-    )
+    checks = checked(
+        group, collective, lambda: check_call(collective, x, op, out, group, 0, counts),
+        algorithm=algorithm, check=check,
+    )  # fmt: skip
     if checks is None:
         return None
     if out is None:
@@ -377,11 +373,10 @@ def _reproducible(
     return Persistent(collective, group, algorithm, plain, (x, out))
 
 
-def _like(group: Communicator, algorithm: str, given: CallArguments) -> Any:
-    """A result array of ``given.x``'s shape and dtype (an allreduce's, when the init has no ``out``)."""
+def _like(x: Any) -> Any:
+    """A result array of ``x``'s shape and dtype (an allreduce's, when the init has no ``out``)."""
     from .backends import backend_for
 
-    x = given.x
     return backend_for(x).empty(x.size, x).reshape(x.shape)
 
 
@@ -397,7 +392,8 @@ def reduce_scatter_init(
     reproducible: bool = False,
 ) -> Persistent:
     """A persistent :func:`~collectives.reduce_scatter`; collective. Arguments as for it."""
-    group = _group(comm)
+    group = communicator_of(comm)
+    settle(group)  # the calls started on it go first
     if reproducible:
         made = _reproducible("reduce_scatter", group, x, op, counts, out, algorithm, check)
         if made is not None:
@@ -424,7 +420,8 @@ def allgather_init(
     check: bool | None = None,
 ) -> Persistent:
     """A persistent :func:`~collectives.allgather`; collective. Arguments as for it."""
-    group = _group(comm)
+    group = communicator_of(comm)
+    settle(group)  # the calls started on it go first
     _, chosen, _, _ = _decided(
         group, "allgather", algorithm=algorithm, check=check, checks=allgather_job,
         x=x, counts=counts, out=out,
@@ -446,7 +443,8 @@ def broadcast_init(
     check: bool | None = None,
 ) -> Persistent:
     """A persistent :func:`~collectives.broadcast`; collective. Arguments as for it."""
-    group = _group(comm)
+    group = communicator_of(comm)
+    settle(group)  # the calls started on it go first
     _, chosen, _, _ = _decided(
         group, "broadcast", algorithm=algorithm, check=check, checks=broadcast_job, x=x, root=root, out=out
     )

@@ -25,7 +25,6 @@ __all__ = [
     "deliver",
     "gathers",
     "reduced",
-    "refusing",
     "reproducibly",
     "shares_of",
 ]
@@ -37,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .communicator import Communicator, communicator_of
-from .dispatch import refuse
+from .dispatch import checked
 from .errors import (
     CollectivesError,
     InvalidBufferError,
@@ -146,17 +145,6 @@ def deliver(result: np.ndarray, out: Any, shape: tuple[int, ...]) -> np.ndarray:
 
 def _integer(x: Any) -> bool:
     return isinstance(x, np.ndarray) and name_of(x.dtype) in INTEGER_DTYPES
-
-
-def refusing(
-    group: Communicator, collective: str, algorithm: str, check: bool | None, checks: Callable[[], Any]
-) -> Any:
-    """``checks()``; if they raise, the other ranks are told (their next call raises too)."""
-    try:
-        return checks()
-    except CollectivesError as error:
-        refuse(group, collective, algorithm, check, error)
-        raise
 
 
 def _plain(x: np.ndarray, flat: np.ndarray) -> Sum:
@@ -347,9 +335,10 @@ def reproducibly(
     elsewhere), or this rank's share.
     """
     group = communicator_of(comm)
-    checks = refusing(
-        group, collective, algorithm, check, lambda: check_call(collective, x, op, out, group, root, counts)
-    )
+    checks = checked(
+        group, collective, lambda: check_call(collective, x, op, out, group, root, counts),
+        algorithm=algorithm, check=check,
+    )  # fmt: skip
     if checks is None:
         run = getattr(through, collective)
         if collective == "reduce":

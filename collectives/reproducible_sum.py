@@ -9,10 +9,10 @@ import numpy as np
 
 from . import api
 from .communicator import Communicator, communicator_of
-from .dispatch import escaped
+from .dispatch import checked, escaped
 from .errors import InvalidBufferError, InvalidRootError, UnsupportedOpError
 from .reproducible import Levels, family_of, float64_sums
-from .reproducible_calls import Sum, Through, check_out, deliver, reduced, refusing, shares_of
+from .reproducible_calls import Sum, Through, check_out, deliver, reduced, shares_of
 from .selector import AUTO
 
 if TYPE_CHECKING:
@@ -167,7 +167,7 @@ class ReproducibleSum:
                 check_out(out, self.dtype, result_shape)
                 return shares, result_shape
 
-            shares, result_shape = refusing(group, collective, algorithm, check, checks)
+            shares, result_shape = checked(group, collective, checks, algorithm=algorithm, check=check)
             result = reduced(
                 group, _THROUGH, collective, self._sum(), op=op, root=root, counts=shares,
                 algorithm=algorithm, check=check,

@@ -9,7 +9,7 @@ exit status is 1 on any wrong element or error. As nccl-tests' ``#wrong``
 column, but over every algorithm the selector may pick on this machine.
 """
 
-__all__ = ["CHECKED", "Row", "check", "main"]
+__all__ = ["CHECKED", "CollectiveCheck", "check", "main"]
 
 import argparse
 import sys
@@ -33,7 +33,7 @@ _ROOT = 0
 
 
 @dataclass
-class Row:
+class CollectiveCheck:
     """One collective and algorithm: cases run, elements wrong, disagreements with MPI, the first error."""
 
     collective: str
@@ -111,7 +111,7 @@ def check(
     collectives: Sequence[str] = CHECKED,
     reference: Callable[[str, np.ndarray, str, int], np.ndarray | None] | None = None,
     timeout: float = 60.0,
-) -> list[Row]:
+) -> list[CollectiveCheck]:
     """Run every case of every algorithm of ``collectives`` on ``world``'s ranks; one row each; collective.
 
     Each algorithm runs on a communicator of its own (a sibling of ``world``) with
@@ -131,7 +131,7 @@ def check(
         ]
         names = [AUTO] + [name for name, module in ALGORITHMS.items() if implements(module, collective)]
         for algorithm in names:
-            row = Row(collective, algorithm)
+            row = CollectiveCheck(collective, algorithm)
             rows.append(row)
             comm = Communicator(world.transport.duplicate(), timeout=timeout)
             try:
@@ -153,7 +153,7 @@ def check(
     return rows
 
 
-def _agreed(world: Communicator, rows: list[Row]) -> list[Row]:
+def _agreed(world: Communicator, rows: list[CollectiveCheck]) -> list[CollectiveCheck]:
     """The rows summed over the ranks (wrong elements and disagreements), with the first rank's error."""
     counts = np.array([[r.wrong, r.against_mpi, int(bool(r.error))] for r in rows], np.int64)
     total = api.allreduce(counts, comm=world)
@@ -164,7 +164,7 @@ def _agreed(world: Communicator, rows: list[Row]) -> list[Row]:
     return rows
 
 
-def table(rows: list[Row], size: int) -> list[str]:
+def table(rows: list[CollectiveCheck], size: int) -> list[str]:
     """The rows as an aligned table, and a summary line."""
     titles = ("collective", "algorithm", "cases", "#wrong", "#unlike MPI", "status")
     cells = [

@@ -348,3 +348,34 @@ def test_the_attribute_checker_sees_reaching_in(tmp_path: Path) -> None:
     )
     found = _private_attributes({"collectives.owner": owner, "collectives.user": user, **MODULES})
     assert found == {"owner": {"box._inner"}, "user": {"store._link", "box._limit"}}
+
+
+def _class_places(modules: dict[str, Path] = MODULES) -> dict[str, set[str]]:
+    """Each class name defined in two modules or more, and those modules (nested classes too)."""
+    places: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                places.setdefault(node.name, set()).add(name.removeprefix("collectives."))
+    return {cls: where for cls, where in places.items() if len(where) > 1}
+
+
+# Public names used twice, each the name its users know from the library it follows; a name used
+# twice inside the package says too little of what it holds, so it gets a name of its own instead.
+PUBLIC_PAIRS: dict[str, set[str]] = {
+    # torch_integration.Handle: a tensor collective in flight (Horovod's handle); kvstore.Handle: a
+    # push or pull in flight (ps-lite's timestamp to wait on). Each is its package's public name.
+    "Handle": {"torch_integration.mpi_ops", "kvstore.handles"},
+}
+
+
+def test_no_two_classes_share_a_name_but_the_public_pairs_listed() -> None:
+    assert _class_places() == PUBLIC_PAIRS
+
+
+def test_the_class_name_checker_sees_a_name_used_twice(tmp_path: Path) -> None:
+    first, second = tmp_path / "first.py", tmp_path / "second.py"
+    first.write_text("class Row:\n    class State:\n        pass\n")
+    second.write_text("def f():\n    class State:\n        pass\n    return State\n")
+    found = _class_places({"collectives.first": first, "collectives.second": second})
+    assert found == {"State": {"first", "second"}}

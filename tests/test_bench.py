@@ -464,13 +464,14 @@ def test_calibrate_needs_two_ranks(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
 def test_the_exchange_fit_recovers_known_constants() -> None:
     # bench.calibrate imports mpi4py, which the test process itself keeps out of
     code = (
-        "from collectives.bench.calibrate import Measurement, fit_exchange\n"
+        "from collectives.bench.calibrate import TimedExchange, fit_exchange\n"
         "alpha, beta, overhead = 5e-6, 1e-10, 2e-6\n"
-        "cases = [Measurement(k, b, overhead + k * (alpha + beta * b)) for k in (1, 4) for b in (8, 2**20)]\n"
+        "cases = [TimedExchange(k, b, overhead + k * (alpha + beta * b))\n"
+        "         for k in (1, 4) for b in (8, 2**20)]\n"
         "fitted = fit_exchange(cases)\n"
         "assert all(abs(f - e) <= 1e-9 * e for f, e in zip(fitted, (alpha, beta, overhead))), fitted\n"
         # more steps taking less time fits a negative alpha, which noise it is
-        "noisy = [Measurement(1, 8, 2e-5), Measurement(4, 8, 1e-5), Measurement(1, 10**6, 2e-5)]\n"
+        "noisy = [TimedExchange(1, 8, 2e-5), TimedExchange(4, 8, 1e-5), TimedExchange(1, 10**6, 2e-5)]\n"
         "assert fit_exchange(noisy)[0] == 0, fit_exchange(noisy)\n"
     )
     result = run_mpi(1, ["-c", code], timeout=30)

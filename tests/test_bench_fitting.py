@@ -7,7 +7,7 @@ import pytest
 
 from collectives.algorithms import build_schedule
 from collectives.algorithms.shared_memory import traffic as shared_traffic
-from collectives.bench.fitting import Measurement, Timed, fit_exchange, fit_per_byte
+from collectives.bench.fitting import Timed, TimedExchange, fit_exchange, fit_per_byte
 from collectives.errors import CalibrationError
 from collectives.selector import Selector
 from collectives.topology.cost_model import CostModel, Traffic, traffic
@@ -107,5 +107,5 @@ def test_fitting_needs_a_known_term_and_two_sizes() -> None:
 
 def test_the_exchange_fit_recovers_known_constants_in_process() -> None:
     alpha, beta, overhead = 5e-6, 1e-10, 2e-6
-    cases = [Measurement(k, b, overhead + k * (alpha + beta * b)) for k in (1, 4) for b in (8, 2**20)]
+    cases = [TimedExchange(k, b, overhead + k * (alpha + beta * b)) for k in (1, 4) for b in (8, 2**20)]
     assert fit_exchange(cases) == pytest.approx((alpha, beta, overhead), rel=1e-9)

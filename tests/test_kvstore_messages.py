@@ -12,7 +12,7 @@ import pytest
 from collectives import Communicator
 from collectives.errors import KeyMismatchError, KVStoreError
 from collectives.kvstore import KVStore
-from collectives.kvstore._wire import QUIET, REQUEST_TAG, Fault, Kind, decode, encode, local
+from collectives.kvstore._wire import QUIET, REQUEST_TAG, Kind, Refusal, decode, encode, local
 from tests.mpirun import records
 from tests.test_kvstore import run_store
 from tests.ulfm.launch import INSTALL, openmpi_prefix, run_ulfm
@@ -139,7 +139,7 @@ def test_a_dead_server_is_a_store_error_naming_it_from_calls_and_close(servers: 
         {"kind": Kind.INIT, "key": b"sw", "text": "float64|[2, 3]", "data": np.ones((2, 3))[:, ::2]},
         {
             "kind": Kind.ERROR,
-            "aux": int(Fault.LATE),
+            "aux": int(Refusal.LATE),
             "text": "waited for workers 1, 2",
             "data": np.array([1, 2]),
         },

@@ -161,6 +161,19 @@ def test_a_repeated_allreduce_that_turns_bad_on_one_rank_fails_on_every_rank() -
         assert (result == 3).all()
 
 
+def test_a_reproducible_call_whose_checks_fail_with_a_foreign_error_is_named_on_every_rank() -> None:
+    def call(comm: Communicator) -> Any:
+        counts = 5 if comm.rank == BAD else None  # not a sequence: int() of it raises TypeError, not ours
+        with pytest.raises(TypeError if comm.rank == BAD else PeerInputError) as caught:
+            collectives.reduce_scatter(np.ones(4, np.float32), counts=counts, reproducible=True, comm=comm)
+        return caught.value
+
+    errors = _on_every_rank(2, call)
+    assert isinstance(errors[BAD], TypeError)
+    # the others hear which rank refused and why, as for a plain call's checks
+    assert errors[1 - BAD].problems == {BAD: "TypeError: 'int' object is not iterable"}
+
+
 def test_several_bad_ranks_are_all_named_and_each_raises_its_own_error() -> None:
     def call(comm: Communicator) -> Any:
         x = np.ones(4, np.float32)

@@ -119,3 +119,19 @@ def test_bare_parameters_need_a_server_optimizer() -> None:
         return "ok"
 
     assert run_store(1, body) == ["ok"]
+
+
+def test_state_dicts_go_through_the_wrapped_optimizer_which_stays_shared() -> None:
+    def body(kv: KVStore, comm: Communicator) -> str:
+        weight = torch.nn.Parameter(torch.zeros(2))
+        inner = torch.optim.SGD([weight], lr=0.1)
+        optimizer = ti.KVStoreOptimizer(inner, kv)
+        saved = optimizer.state_dict()
+        assert saved == inner.state_dict()
+        saved["param_groups"][0]["lr"] = 0.5
+        optimizer.load_state_dict(saved)
+        assert optimizer.param_groups is inner.param_groups and optimizer.state is inner.state
+        assert inner.param_groups[0]["lr"] == 0.5  # loaded into the wrapped optimizer
+        return "ok"
+
+    assert run_store(1, body) == ["ok"]

@@ -25,7 +25,7 @@ from collectives.ops import DTYPES, OPS, get_op
 from collectives.selector import AUTO, check_algorithm
 from collectives.specs import get_spec
 
-from .config import MPI_ALGORITHM, Settings, default_algorithm, size_argument, size_sweep
+from .config import MPI_ALGORITHM, Settings, add_datatype, add_sweep, default_algorithm, size_sweep
 from .report import to_json, total_wrong
 
 if TYPE_CHECKING:
@@ -61,18 +61,9 @@ TOOLS = {
 def _options() -> argparse.ArgumentParser:
     """The options every collective's sub-command takes."""
     options = argparse.ArgumentParser(add_help=False)
+    add_sweep(options, "8", "64M", 2)
+    add_datatype(options, f"element type: {', '.join(DTYPES)} (default float32)")
     add = options.add_argument
-    add("-b", "--minbytes", type=size_argument, default="8", help="smallest size, e.g. 8, 1K (default 8)")
-    add("-e", "--maxbytes", type=size_argument, default="64M", help="largest size (default 64M)")
-    add("-f", "--stepfactor", type=int, default=2, help="size multiplier per step (default 2)")
-    add(
-        "-d",
-        "--datatype",
-        choices=DTYPES,
-        default="float32",
-        metavar="DTYPE",
-        help=f"element type: {', '.join(DTYPES)} (default float32)",
-    )
     add(
         "-o",
         "--op",

@@ -36,11 +36,12 @@ __all__ = [
     "splice",
     "support_section",
     "supports",
+    "update_page",
 ]
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 from math import lcm
 from pathlib import Path
@@ -289,6 +290,23 @@ def splice(page: str, generated: str, opening: str = BEGIN) -> str:
     return "".join([*lines[: begin + 1], generated, *lines[end:]])
 
 
+def update_page(
+    parser: argparse.ArgumentParser, path: Path, generated: Callable[[], str], opening: str = BEGIN
+) -> int:
+    """Write ``generated()`` into the page at ``path`` (see :func:`splice`), or stop with a usage error.
+
+    A page without its markers is refused before ``generated`` is called (and the tables built).
+    """
+    try:
+        page = path.read_text()
+        generated_part(page, opening)
+        path.write_text(splice(page, generated(), opening))
+    except (OSError, ValueError) as error:
+        parser.error(f"cannot update {path}: {error}")
+    print(f"updated the generated part of {path}")
+    return 0
+
+
 def _world_sizes(text: str) -> tuple[int, ...]:
     try:
         sizes = tuple(int(part) for part in text.split(",") if part.strip())
@@ -348,14 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.update is None:
         sys.stdout.write(render(args.world_sizes, args.count))
         return 0
-    try:
-        page = args.update.read_text()
-        generated_part(page)  # a page without its markers is refused before the tables are built
-        args.update.write_text(splice(page, render(args.world_sizes, args.count)))
-    except (OSError, ValueError) as error:
-        parser.error(f"cannot update {args.update}: {error}")
-    print(f"updated the generated part of {args.update}")
-    return 0
+    return update_page(parser, args.update, lambda: render(args.world_sizes, args.count))
 
 
 if __name__ == "__main__":

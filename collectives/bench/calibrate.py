@@ -1,8 +1,8 @@
 """Measuring the cost model's alpha, beta, gamma, barrier and copy on this machine, under mpiexec."""
 
 __all__ = [
-    "Measurement",
     "Timed",
+    "TimedExchange",
     "calibrate",
     "fit_exchange",
     "fit_per_byte",
@@ -33,8 +33,8 @@ from collectives.transport.mpi import MPITransport
 
 from .collective import library_version
 from .fitting import (
-    Measurement,
     Timed,
+    TimedExchange,
     fit_exchange,
     fit_model,
     fit_per_byte,
@@ -313,7 +313,7 @@ def calibrate(
     classes = [("node", False)] if per_node != 1 else []
     if nodes > 1:
         classes.append(("network", True))
-    measured: dict[str, list[Measurement]] = {}
+    measured: dict[str, list[TimedExchange]] = {}
     shape = f"{nodes} nodes x {per_node} ranks" if nodes > 1 else "one node"
     emit(
         f"# calibrating over {world.size} ranks, {shape} ({'quick' if quick else 'full'}); "
@@ -333,7 +333,7 @@ def calibrate(
                         execute(schedule, transport, backend, buffer)
 
                     seconds = _fastest(world, run, iters, warmup)
-                    measurements.append(Measurement(steps, count * _ITEMSIZE, seconds))
+                    measurements.append(TimedExchange(steps, count * _ITEMSIZE, seconds))
                     emit(f"  {link:>7} {steps:>5} {count * _ITEMSIZE:>10} {seconds * 1e6:>12.2f}")
         barrier = measure_barrier(world, transport, iters, warmup)
     finally:

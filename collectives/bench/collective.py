@@ -195,13 +195,18 @@ def _reduce_case(ctx: _Context, algorithm: str, count: int, in_place: bool) -> _
     return _Case((x, out), x, out, _averaged(ctx, mpi_call, out) if ctx.at_root() else mpi_call)
 
 
+def _whole_and_share(ctx: _Context, count: int, in_place: bool) -> tuple[np.ndarray, np.ndarray]:
+    """A buffer of ``count`` elements and this rank's share of it: its slot of that buffer where in place."""
+    share = count // ctx.world.size
+    whole = np.empty(count, ctx.dtype)
+    lo = ctx.world.rank * share
+    return whole, whole[lo : lo + share] if in_place else np.empty(share, ctx.dtype)
+
+
 def _gather_case(ctx: _Context, algorithm: str, count: int, in_place: bool) -> _Case:
     """Gather into ``count`` elements at the root; in place, each input is its rank's slot of the output."""
     root = ctx.root()
-    share = count // ctx.world.size
-    out = np.empty(count, ctx.dtype)
-    lo = ctx.world.rank * share
-    x = out[lo : lo + share] if in_place else np.empty(share, ctx.dtype)
+    out, x = _whole_and_share(ctx, count, in_place)
     buffers = (out,) if in_place else (x, out)
     if algorithm != MPI_ALGORITHM:
         call = partial(collectives.gather, x, root, out=out, algorithm=algorithm, comm=ctx.comm)
@@ -217,10 +222,7 @@ def _gather_case(ctx: _Context, algorithm: str, count: int, in_place: bool) -> _
 def _scatter_case(ctx: _Context, algorithm: str, count: int, in_place: bool) -> _Case:
     """Scatter of the root's ``count`` elements; in place, each share lands in its slot of the input."""
     root = ctx.root()
-    share = count // ctx.world.size
-    x = np.empty(count, ctx.dtype)
-    lo = ctx.world.rank * share
-    out = x[lo : lo + share] if in_place else np.empty(share, ctx.dtype)
+    x, out = _whole_and_share(ctx, count, in_place)
     buffers = (x,) if in_place else (x, out)
     if algorithm != MPI_ALGORITHM:
         # only the root has data; the others give their share's shape by out= alone

@@ -30,13 +30,12 @@ from mpi4py import MPI
 import collectives
 from collectives.algorithms import ALGORITHMS
 from collectives.algorithms.base import implements
-from collectives.ops import DTYPES
 from collectives.selector import AUTO
 from collectives.specs import get_spec
 
 from .collective import library_version, mpi_datatype
 from .compare_report import SizeResult, format_table, machine, plot, ratio, to_json
-from .config import plan_sizes, size_argument, size_sweep
+from .config import add_datatype, add_sweep, plan_sizes, size_sweep
 from .floor import CROSS_MEMORY, SHARED_WINDOW, Floor, cross_memory_error
 from .patterns import ExactData, count_wrong, numpy_dtype
 from .progress import progress
@@ -54,11 +53,9 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m collectives bench compare",
         description="Time our allreduce against the MPI library's (and gloo's) in one launch, interleaved.",
     )
+    add_sweep(parser, "8", "64M")
+    add_datatype(parser)
     add = parser.add_argument
-    add("-b", "--minbytes", type=size_argument, default="8", help="smallest size (default 8)")
-    add("-e", "--maxbytes", type=size_argument, default="64M", help="largest size (default 64M)")
-    add("-f", "--stepfactor", type=int, default=4, help="size multiplier per step (default 4)")
-    add("-d", "--datatype", choices=DTYPES, default="float32", metavar="DTYPE", help="default float32")
     add("-a", "--algorithm", default=",".join(ours), help=f"ours, comma-separated (default {','.join(ours)})")
     add(
         "-p",

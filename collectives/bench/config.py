@@ -3,6 +3,8 @@
 __all__ = [
     "MPI_ALGORITHM",
     "Settings",
+    "add_datatype",
+    "add_sweep",
     "default_algorithm",
     "element_count",
     "parse_size",
@@ -16,6 +18,7 @@ import inspect
 from dataclasses import dataclass
 
 import collectives
+from collectives.ops import DTYPES
 from collectives.specs import get_spec
 
 MPI_ALGORITHM = "mpi"
@@ -80,6 +83,21 @@ def size_argument(text: str) -> int:
         return parse_size(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def add_sweep(
+    parser: argparse.ArgumentParser, smallest: str, largest: str, factor: int = 4, what: str = "size"
+) -> None:
+    """A sweep's options: ``-b``/``--minbytes``, ``-e``/``--maxbytes`` and ``-f``/``--stepfactor``."""
+    add, sized = parser.add_argument, size_argument
+    add("-b", "--minbytes", type=sized, default=smallest, help=f"smallest {what} (default {smallest})")
+    add("-e", "--maxbytes", type=sized, default=largest, help=f"largest {what} (default {largest})")
+    add("-f", "--stepfactor", type=int, default=factor, help=f"size multiplier per step (default {factor})")
+
+
+def add_datatype(parser: argparse.ArgumentParser, help: str = "default float32") -> None:
+    """The ``-d``/``--datatype`` option: one of the library's dtypes, float32 by default."""
+    parser.add_argument("-d", "--datatype", choices=DTYPES, default="float32", metavar="DTYPE", help=help)
 
 
 def size_sweep(minbytes: int, maxbytes: int, factor: int) -> tuple[int, ...]:

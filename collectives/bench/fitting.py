@@ -3,8 +3,8 @@
 __all__ = [
     "FITTED_TERMS",
     "PER_BYTE_TERMS",
-    "Measurement",
     "Timed",
+    "TimedExchange",
     "fit_exchange",
     "fit_model",
     "fit_per_byte",
@@ -30,7 +30,7 @@ FITTED_TERMS = ("overhead", "step", "alpha", "network_alpha", "barrier", "beta",
 
 
 @dataclass(frozen=True)
-class Measurement:
+class TimedExchange:
     """One timed exchange: ``steps`` steps, in each of which every rank sends ``nbytes`` to its neighbour."""
 
     steps: int
@@ -61,7 +61,7 @@ def with_terms(model: CostModel, values: Mapping[str, float]) -> CostModel:
     return replace(model, **fields)
 
 
-def fit_exchange(measurements: Sequence[Measurement]) -> tuple[float, float, float]:
+def fit_exchange(measurements: Sequence[TimedExchange]) -> tuple[float, float, float]:
     """``(alpha, beta, overhead)`` from ``seconds = overhead + steps * (alpha + beta * nbytes)``.
 
     Least squares on relative errors, so that microsecond and millisecond

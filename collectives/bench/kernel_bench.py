@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from collectives.ops import DTYPES, OPS, get_op
+from collectives.ops import OPS, get_op
 
-from .config import size_argument, size_sweep
+from .config import add_datatype, add_sweep, size_sweep
 from .table import Column, Table, human_bytes
 
 INPUTS = 8
@@ -146,11 +146,9 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m collectives bench kernels",
         description="GB/s of the CUDA reduction kernels against a device copy, CuPy and torch, on one GPU.",
     )
+    add_sweep(parser, "1M", "1G", what="buffer")
+    add_datatype(parser)
     add = parser.add_argument
-    add("-b", "--minbytes", type=size_argument, default="1M", help="smallest buffer (default 1M)")
-    add("-e", "--maxbytes", type=size_argument, default="1G", help="largest buffer (default 1G)")
-    add("-f", "--stepfactor", type=int, default=4, help="size multiplier per step (default 4)")
-    add("-d", "--datatype", choices=DTYPES, default="float32", metavar="DTYPE", help="default float32")
     add("-o", "--op", choices=[name for name in OPS if name != "avg"], default="sum", help="default sum")
     add("-n", "--iters", type=int, default=20, help="timed calls per contender and size (default 20)")
     add("-w", "--warmup", type=int, default=5, help="untimed calls first (default 5)")

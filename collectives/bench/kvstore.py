@@ -38,7 +38,7 @@ import collectives
 from collectives import kvstore
 
 from .collective import library_version
-from .config import size_argument, size_sweep
+from .config import add_sweep, size_sweep
 from .progress import Countdown
 
 BATCH_BYTES = 1 << 20
@@ -52,7 +52,7 @@ _RATES = (("pushpull(GB/s)", 14), ("allreduce(GB/s)", 15), ("pushpull/ar", 11), 
 
 
 @dataclass(frozen=True)
-class Row:
+class StoreTiming:
     """One size of one store: the median microseconds of each column, and the check's wrong elements."""
 
     size: int
@@ -73,10 +73,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m collectives bench kvstore",
         description="Time the key-value store's push, pull and pushpull beside allreduce of the same bytes.",
     )
+    add_sweep(parser, "4K", "64M")
     add = parser.add_argument
-    add("-b", "--minbytes", type=size_argument, default="4K", help="smallest size (default 4K)")
-    add("-e", "--maxbytes", type=size_argument, default="64M", help="largest size (default 64M)")
-    add("-f", "--stepfactor", type=int, default=4, help="size multiplier per step (default 4)")
     add("-m", "--modes", default=",".join(kvstore.MODES), help="comma-separated (default all)")
     add("-s", "--servers", default="colocated,1", help="colocated, dedicated counts (default colocated,1)")
     add("--staleness", type=int, default=2, help="ssp's bound (default 2)")
@@ -194,7 +192,7 @@ def _header(
     ]
 
 
-def format_row(row: Row) -> str:
+def format_row(row: StoreTiming) -> str:
     """A table line under :func:`_header`'s titles."""
     keys = [str(row.size), str(row.count), row.mode, row.servers, row.path]
     times = [f"{row.times_us[name]:.2f}" for name in COLUMNS]
@@ -243,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         rows_line = f"# rows        : {len(planned)}, each printed as it is measured; the time left on stderr"
         print("\n".join([*header[:-2], rows_line, *header[-2:]]), flush=True)
     countdown = Countdown("bench kvstore", planned, shown=printing)
-    rows: list[Row] = []
+    rows: list[StoreTiming] = []
     for k in servers:
         for mode in modes:
             is_worker = k is None or world.rank < world.size - k  # dedicated servers are the last k
@@ -269,9 +267,10 @@ def main(argv: list[str] | None = None) -> int:
                 for path, kv in stores.items():  # the two paths' rows of a size side by side
                     times = _measure(kv, workers, communicator, size, args.iters, args.warmup)
                     label = "colocated" if k is None else str(k)
-                    rows.append(
-                        Row(size // 4 * 4, size // 4, mode, label, times, wrongs[path][index], PATHS[path])
+                    timing = StoreTiming(
+                        size // 4 * 4, size // 4, mode, label, times, wrongs[path][index], PATHS[path]
                     )
+                    rows.append(timing)
                     if printing:
                         print(format_row(rows[-1]), flush=True)
                     countdown.done()

@@ -19,7 +19,7 @@ envelope figure the seeds would write for it, where they have one:
 
 __all__ = [
     "CHECK_RANKS",
-    "Row",
+    "SchedulePrediction",
     "format_table",
     "main",
     "parse_bytes",
@@ -40,7 +40,6 @@ from typing import Any
 from collectives.algorithms import ALGORITHMS, build_schedule, hierarchical, multi_ring
 from collectives.algorithms.base import implements
 from collectives.errors import CollectivesError, TopologyError
-from collectives.ops import DTYPES
 from collectives.prediction import predict_algorithm
 from collectives.schedule import Schedule
 from collectives.simulate import simulate
@@ -52,6 +51,7 @@ from collectives.topology.programs import ALL_RANKS_BUDGET, predict_programs
 from collectives.topology.rings import RingPacking
 from collectives.topology.strategies import aggregate_on, split_aggregation, split_star_program
 
+from .config import add_datatype
 from .patterns import numpy_dtype
 from .progress import progress
 from .sweep import Sweep, format_sweep
@@ -71,7 +71,7 @@ _FITTED = "hierarchical (nodes)"  # the sweep's line for the hierarchical allred
 
 
 @dataclass(frozen=True)
-class Row:
+class SchedulePrediction:
     """One line of the table.
 
     Attributes:
@@ -132,7 +132,7 @@ def rows(
     *,
     check: bool | None = None,
     budget: int = ALL_RANKS_BUDGET,
-) -> list[Row]:
+) -> list[SchedulePrediction]:
     """Every registered algorithm, then the topology's own strategies, predicted for ``size`` bytes.
 
     The algorithms run as built for the topology's GPU count, rank r on GPU r.
@@ -147,7 +147,7 @@ def rows(
     """
     gpus = topology.gpus
     count = size // itemsize
-    found: list[Row] = []
+    found: list[SchedulePrediction] = []
     checking = len(gpus) <= CHECK_RANKS if check is None else check
 
     def add(
@@ -158,7 +158,7 @@ def rows(
         name = schedule.name
         try:
             found.append(
-                Row(
+                SchedulePrediction(
                     label,
                     name,
                     len(schedule.steps),
@@ -167,7 +167,7 @@ def rows(
                 )
             )
         except TopologyError as error:  # e.g. GPUs that do not forward, between two that talk
-            found.append(Row(label, name, len(schedule.steps), None, envelope, str(error)))
+            found.append(SchedulePrediction(label, name, len(schedule.steps), None, envelope, str(error)))
 
     def add_algorithm(label: str, name: str, fitted: bool = False) -> None:
         if checking:
@@ -177,9 +177,10 @@ def rows(
                 collective, name, count, itemsize, topology, fitted=fitted, budget=budget
             )
         except (TopologyError, ValueError) as error:  # ValueError: too large a program to build
-            found.append(Row(label, name, 0, None, None, str(error)))
+            found.append(SchedulePrediction(label, name, 0, None, None, str(error)))
             return
-        found.append(Row(label, prediction.schedule, len(prediction.per_step), prediction, None))
+        steps = len(prediction.per_step)
+        found.append(SchedulePrediction(label, prediction.schedule, steps, prediction, None))
 
     for name, module in ALGORITHMS.items():
         if implements(module, collective):
@@ -218,7 +219,7 @@ def rows(
                 lambda rank: split_star_program(p, count, rank), p, topology, itemsize, budget=budget
             )
             found.append(
-                Row(
+                SchedulePrediction(
                     "split aggregation over the GPUs",
                     split_prediction.schedule,
                     2,
@@ -313,7 +314,9 @@ def _envelope(topology: Topology, devices: Sequence[str], size: float) -> float 
     return size / min(widths)
 
 
-def format_table(topology: Topology, collective: str, size: int, dtype: str, found: Sequence[Row]) -> str:
+def format_table(
+    topology: Topology, collective: str, size: int, dtype: str, found: Sequence[SchedulePrediction]
+) -> str:
     """The report: a header naming the run, a row per schedule, and the fastest."""
     packing = pack_rings(topology)
     lines = [
@@ -410,14 +413,7 @@ def _parser() -> argparse.ArgumentParser:
         default="allreduce",
         help="the collective (default allreduce)",
     )
-    add(
-        "-d",
-        "--datatype",
-        choices=DTYPES,
-        default="float32",
-        metavar="DTYPE",
-        help="element type (default float32)",
-    )
+    add_datatype(parser, "element type (default float32)")
     add(
         "--plot",
         type=Path,

@@ -6,9 +6,9 @@ __all__ = [
     "REPLY_TAG",
     "REQUEST_TAG",
     "STORE_FIELD",
-    "Fault",
     "Kind",
     "Message",
+    "Refusal",
     "bundle",
     "check_key",
     "decode",
@@ -62,7 +62,7 @@ class Kind(IntEnum):
     ERROR = 18
 
 
-class Fault(IntEnum):
+class Refusal(IntEnum):
     """Why a server refused a request (an ``ERROR`` reply's ``aux``); the reply's data lists the workers."""
 
     OTHER = 0

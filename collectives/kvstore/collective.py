@@ -6,7 +6,7 @@ import hashlib
 import itertools
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -248,43 +248,57 @@ class Rounds:
 
     def push(self, key: Any, parts: tuple[Partition, ...], value: np.ndarray) -> None:
         """This worker's round of ``key``: ``value`` (flat) combined with every worker's, updated."""
-        from .. import api
-
         raw = key_bytes(key)
-        comm, rank = self._channel.comm, self._channel.rank
+        rank = self._channel.rank
         self._fresh.pop(raw, None)
         whole = self._server.assigns and value.nbytes <= WHOLE_BYTES
         with self._calls(key, "push"):
             if whole:
-                result = self._buffer(raw, value.size, value.dtype)
-                api.allreduce(
-                    value, self._op, out=result, comm=comm, check=True, reproducible=self._reproducible
-                )
-                self._server.apply_round(raw, [p for p in parts if p.server == rank], result, 0)
+                self._reduced_round(raw, parts, value, self._buffer(raw, value.size, value.dtype))
             elif _in_rank_order(parts):
                 counts, held, start = self._runs(parts)
                 share = self._buffer(raw, counts[rank], value.dtype)
-                api.reduce_scatter(
-                    value,
-                    self._op,
-                    counts=counts,
-                    out=share,
-                    comm=comm,
-                    check=True,
-                    reproducible=self._reproducible,
-                )
-                self._server.apply_round(raw, held, share, start)
+                self._reduced_round(raw, held, value, share, counts=counts, start=start)
             else:
                 for p in parts:
                     piece = np.empty(p.hi - p.lo, value.dtype)
-                    api.reduce(
-                        value[p.lo : p.hi], self._op, root=p.server, out=piece, comm=comm, check=True,
-                        reproducible=self._reproducible,
-                    )  # fmt: skip
-                    if rank == p.server:
-                        self._server.apply_round(raw, [p], piece, p.lo)
+                    self._reduced_round(raw, [p], value[p.lo : p.hi], piece, root=p.server, start=p.lo)
                 return  # a pull broadcasts the stored partitions
         self._fresh[raw] = whole
+
+    def _reduced_round(
+        self,
+        raw: bytes,
+        parts: Sequence[Partition],
+        value: np.ndarray,
+        out: np.ndarray,
+        *,
+        counts: Sequence[int] | None = None,
+        root: int | None = None,
+        start: int = 0,
+    ) -> None:
+        """A round's aggregate of ``value`` into ``out``, and the servers' update of it.
+
+        By an allreduce, each server keeping its ``parts``; with ``counts``, this
+        rank's run (from element ``start``) by a reduce-scatter, ``parts`` its
+        partitions; with ``root``, one partition's (``parts``) by a reduce to its server.
+        """
+        from .. import api
+
+        op, rank = self._op, self._channel.rank
+        options: dict[str, Any] = {"out": out, "comm": self._channel.comm, "check": True}
+        options["reproducible"] = self._reproducible
+        held = list(parts)
+        if counts is not None:
+            api.reduce_scatter(value, op, counts=counts, **options)
+        elif root is not None:
+            api.reduce(value, op, root=root, **options)
+            if rank != root:
+                return
+        else:
+            api.allreduce(value, op, **options)
+            held = [p for p in parts if p.server == rank]
+        self._server.apply_round(raw, held, out, start)
 
     def pull(
         self,
@@ -334,33 +348,16 @@ class Rounds:
         with self._calls(key, "pushpull"):
             if self._server.assigns:
                 # the stored value simply becomes the aggregate: one allreduce, and each server keeps its part
-                api.allreduce(
-                    value, self._op, out=target, comm=comm, check=True, reproducible=self._reproducible
-                )
-                self._server.apply_round(raw, [p for p in parts if p.server == rank], target, 0)
+                self._reduced_round(raw, parts, value, target)
             elif _in_rank_order(parts):
                 counts, held, start = self._runs(parts)
                 share = target[start : start + counts[rank]]  # reduced, updated and gathered in place
-                api.reduce_scatter(
-                    value,
-                    self._op,
-                    counts=counts,
-                    out=share,
-                    comm=comm,
-                    check=True,
-                    reproducible=self._reproducible,
-                )
-                self._server.apply_round(raw, held, share, start)
+                self._reduced_round(raw, held, value, share, counts=counts, start=start)
                 api.allgather(share, counts=counts, out=target, comm=comm, check=True)
             else:
                 for p in parts:
                     piece = target[p.lo : p.hi]
-                    api.reduce(
-                        value[p.lo : p.hi], self._op, root=p.server, out=piece, comm=comm, check=True,
-                        reproducible=self._reproducible,
-                    )  # fmt: skip
-                    if rank == p.server:
-                        self._server.apply_round(raw, [p], piece, p.lo)
+                    self._reduced_round(raw, [p], value[p.lo : p.hi], piece, root=p.server, start=p.lo)
                     api.broadcast(piece, root=p.server, out=piece, comm=comm, check=True)
 
     def _buffer(self, raw: bytes, count: int, dtype: np.dtype[Any]) -> np.ndarray:

@@ -6,7 +6,7 @@ __all__ = [
     "Handle",
     "KeyInfo",
     "Pulled",
-    "Request",
+    "ServerRequest",
     "Waiter",
     "checked_value",
     "claimed",
@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import KeyMismatchError, KVStoreError, KVStoreTimeout
 from ..tracing.recorder import TRACER
-from ._wire import Fault, Message
+from ._wire import Message, Refusal
 from .layout import Partition
 
 P = ParamSpec("P")
@@ -46,7 +46,7 @@ class Claim:
         self.held: dict[int, int] = {}  # {0: the thread holding it}, while one does
         self.owner = 0  # the thread holding it; only this thread ever finds its own number here
         self.flush: Callable[[], None] | None = None  # run as the outermost call returns: its requests leave
-        # run with an error leaving the outermost call (see Link.escaped): the store's boundary
+        # run with an error leaving the outermost call (see WorkerLink.escaped): the store's boundary
         self.escaped: Callable[[str, BaseException], None] | None = None
 
     def ended(self, what: str, error: BaseException, me: int) -> None:
@@ -151,7 +151,7 @@ class Pulled:
     included: tuple[int, ...]
 
 
-class Request:
+class ServerRequest:
     """A request sent to a server, and what its reply brought."""
 
     __slots__ = ("aux", "done", "error", "fault", "key", "on_data", "server", "stamp", "workers")
@@ -162,7 +162,7 @@ class Request:
         self.on_data = on_data
         self.done = False
         self.error: str | None = None
-        self.fault = Fault.OTHER
+        self.fault = Refusal.OTHER
         self.aux = 0
         self.workers: tuple[int, ...] = ()
         self.stamp = 0
@@ -171,15 +171,15 @@ class Request:
 class Waiter(Protocol):
     """What a handle waits through: the store's link (see ``kvstore.link``)."""
 
-    def test(self, requests: list[Request]) -> None: ...
+    def test(self, requests: list[ServerRequest]) -> None: ...
 
-    def wait_for(self, requests: list[Request]) -> None: ...
+    def wait_for(self, requests: list[ServerRequest]) -> None: ...
 
 
 class Handle:
     """A push or pull in flight: :meth:`wait` for it, or :meth:`test` whether it is done."""
 
-    def __init__(self, link: Waiter, requests: list[Request], result: Callable[[], Any]) -> None:
+    def __init__(self, link: Waiter, requests: list[ServerRequest], result: Callable[[], Any]) -> None:
         self._link = link
         self._requests = requests
         self._result = result
@@ -233,11 +233,11 @@ def checked_value(key: Any, meta: KeyInfo, value: Any, rank: int, out: bool = Fa
     return array.reshape(-1)
 
 
-def error_from(request: Request) -> KVStoreError:
+def error_from(request: ServerRequest) -> KVStoreError:
     text = request.error or ""
-    if request.fault == Fault.LATE:
+    if request.fault == Refusal.LATE:
         return KVStoreTimeout(text, key=request.key, workers=request.workers, servers=(request.server,))
-    if request.fault == Fault.MISMATCH:
+    if request.fault == Refusal.MISMATCH:
         return KeyMismatchError(text)
     return KVStoreError(text)
 

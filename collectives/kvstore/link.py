@@ -1,6 +1,6 @@
 """A worker's link to the servers: its keys, clock and requests in flight; what the store's helpers get."""
 
-__all__ = ["GRACE_S", "WINDOW", "Link"]
+__all__ = ["GRACE_S", "WINDOW", "WorkerLink"]
 
 import math
 import os
@@ -19,9 +19,9 @@ from ._wire import (
     QUIET,
     REPLY_TAG,
     REQUEST_TAG,
-    Fault,
     Kind,
     Message,
+    Refusal,
     bundle,
     check_key,
     encode,
@@ -29,7 +29,7 @@ from ._wire import (
     local,
     unbundle,
 )
-from .handles import Claim, KeyInfo, Request, claimed, error_from
+from .handles import Claim, KeyInfo, ServerRequest, claimed, error_from
 from .layout import Partition, Roles, partition
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ _QUIET_KINDS = (Kind.PUSH, Kind.CLOCK)  # answered at once by a server, so a lat
 WINDOW = 64  # quiet requests to one server before one is acknowledged: a worker cannot flood a server
 
 
-class Link:
+class WorkerLink:
     """What a worker keeps between calls, and the requests it sends to the servers and waits for.
 
     The store holds one; its helpers (rows, checkpoints, replicas) are given it
@@ -72,7 +72,7 @@ class Link:
         self.partition_bytes = partition_bytes
         self.keys: dict[Any, KeyInfo] = {}
         self._raw_keys: dict[Any, bytes] = {}  # each key as it travels, made once (1 and "1" differ)
-        self.requests: dict[int, Request] = {}
+        self.requests: dict[int, ServerRequest] = {}
         self.clock = 0
         self.closed = False  # closed, or broken: no call goes on
         self.left = False  # close() sent its requests
@@ -86,10 +86,11 @@ class Link:
         self.claim = Claim()  # one thread's call at a time
         self._next = 0
         self._barriers = 0
-        self.unconfirmed: dict[int, dict[int, Request]] = {}  # server -> req -> a quiet request sent to it
-        self.refused: list[Request] = []  # quiet requests a server refused, raised by the next wait
+        # server -> req -> a quiet request sent to it
+        self.unconfirmed: dict[int, dict[int, ServerRequest]] = {}
+        self.refused: list[ServerRequest] = []  # quiet requests a server refused, raised by the next wait
         # server -> requests not sent yet (to this rank's own server: messages without bytes)
-        self.outbox: dict[int, tuple[list[Any], list[Request]]] = {}
+        self.outbox: dict[int, tuple[list[Any], list[ServerRequest]]] = {}
         self.claim.flush = self.flush  # a call's requests leave when it returns
         self.claim.escaped = self.escaped
 
@@ -151,7 +152,7 @@ class Link:
         text: str = "",
         data: Any = None,
         on_data: Callable[[Message], None] | None = None,
-    ) -> Request:
+    ) -> ServerRequest:
         """Send a request to ``part``'s server (or ``server``); its reply completes the request returned.
 
         A push or clock is quiet: done once sent, no reply comes unless the server
@@ -160,7 +161,7 @@ class Link:
         dst = part.server if part is not None else server
         assert dst is not None
         self._next += 1
-        request = Request(dst, key, on_data)
+        request = ServerRequest(dst, key, on_data)
         pending = self.unconfirmed.setdefault(dst, {})
         # the window's last is answered, confirming the rest
         quiet = kind in _QUIET_KINDS and len(pending) < WINDOW
@@ -213,7 +214,7 @@ class Link:
             else:
                 self._post(dst, messages[0] if len(messages) == 1 else bundle(self.rank, messages), requests)
 
-    def _post(self, dst: int, message: bytearray, requests: list[Request]) -> None:
+    def _post(self, dst: int, message: bytearray, requests: list[ServerRequest]) -> None:
         try:
             self.channel.send(message, dst, REQUEST_TAG)
         except TransportError as error:  # a dead server (ULFM): the store's error, naming it
@@ -229,7 +230,7 @@ class Link:
         servers = [s for s, pending in self.unconfirmed.items() if pending]
         self.wait_for([self.send(Kind.CONFIRM, None, server=s) for s in servers])
 
-    def failed(self, error: TransportError, requests: list[Request]) -> KVStoreError:
+    def failed(self, error: TransportError, requests: list[ServerRequest]) -> KVStoreError:
         """MPI's failure while ``requests`` were in flight, as the store's error naming servers and key."""
         servers = sorted({r.server for r in requests if not r.done}) or sorted({r.server for r in requests})
         key = next((r.key for r in requests if r.key is not None), None)
@@ -286,18 +287,18 @@ class Link:
         request = self.requests.pop(message.req, None)
         if request is not None:
             self._fill(request, message)
-        elif message.kind == Kind.ERROR and message.aux == Fault.BROKEN and self.broken is None:
+        elif message.kind == Kind.ERROR and message.aux == Refusal.BROKEN and self.broken is None:
             self.broken = message.text  # a server's notice that another worker broke the store
             self.closed = True
 
-    def _fill(self, request: Request, message: Message) -> None:
+    def _fill(self, request: ServerRequest, message: Message) -> None:
         request.stamp = message.stamp
         request.aux = message.aux
         if message.kind == Kind.ERROR:
             request.error = message.text
-            request.fault = Fault(message.aux)
+            request.fault = Refusal(message.aux)
             request.workers = tuple(int(w) for w in np.frombuffer(message.data, np.int64))
-            if request.fault == Fault.BROKEN and self.broken is None:  # another worker's call was interrupted
+            if request.fault == Refusal.BROKEN and self.broken is None:  # another worker's call interrupted
                 self.broken = message.text
                 self.closed = True
         elif request.on_data is not None:
@@ -311,7 +312,7 @@ class Link:
                 raise error_from(request)
 
     @claimed
-    def test(self, requests: list[Request]) -> None:
+    def test(self, requests: list[ServerRequest]) -> None:
         """Take what has come for a handle's ``test``, without waiting."""
         try:
             self.flush()
@@ -320,7 +321,7 @@ class Link:
             raise self.failed(error, requests) from error
 
     @claimed
-    def wait_for(self, requests: list[Request]) -> None:
+    def wait_for(self, requests: list[ServerRequest]) -> None:
         """Wait until every one of ``requests`` has its reply, or raise naming the servers silent.
 
         A quiet request a server refused since the last wait is raised here (the
@@ -340,7 +341,7 @@ class Link:
         except TransportError as error:  # a dead server (ULFM): the store's error, naming it
             raise self.failed(error, requests) from error
 
-    def _wait_for(self, requests: list[Request]) -> None:
+    def _wait_for(self, requests: list[ServerRequest]) -> None:
         limit = self.channel.timeout + GRACE_S
         deadline = time.monotonic() + limit
         busy = time.monotonic() + _SPIN_S
@@ -368,7 +369,7 @@ class Link:
                 raise self._silent(requests, limit)
             self.pump(min(left, 1.0))
 
-    def _silent(self, requests: list[Request], limit: float) -> KVStoreTimeout:
+    def _silent(self, requests: list[ServerRequest], limit: float) -> KVStoreTimeout:
         silent = sorted({r.server for r in requests if not r.done})
         return KVStoreTimeout(
             f"rank {self.rank} waited {limit:g} s for server rank{'s' if len(silent) > 1 else ''} "

@@ -20,18 +20,18 @@ import numpy as np
 from ..errors import ConfigurationError, KVStoreError
 from ._wire import key_bytes, parse_key
 from .checkpoint import FORMAT
-from .link import Link
+from .link import WorkerLink
 from .server import Server, take_parts
 from .updaters import optimizer_from_spec
 
 
-def _server_of(link: Link, what: str) -> Server:
+def _server_of(link: WorkerLink, what: str) -> Server:
     if link.roles.dedicated or link.server is None:
         raise ConfigurationError(f"{what} needs colocated servers (every rank a worker and a server)")
     return link.server
 
 
-def state_of(link: Link) -> dict[str, Any]:
+def state_of(link: WorkerLink) -> dict[str, Any]:
     """The body of :meth:`KVStore.state`."""
     server = _server_of(link, "state()")
     link.settle()
@@ -55,7 +55,7 @@ def state_of(link: Link) -> dict[str, Any]:
             "keys": keys, "parts": parts}  # fmt: skip
 
 
-def restore_states(link: Link, states: list[dict[str, Any]]) -> None:
+def restore_states(link: WorkerLink, states: list[dict[str, Any]]) -> None:
     """The body of :meth:`KVStore.restore`: collective over the new store's ranks."""
     server = _server_of(link, "restore()")
     if not states:
@@ -127,7 +127,7 @@ def restore_states(link: Link, states: list[dict[str, Any]]) -> None:
     link.barrier()
 
 
-def _gather_bytes(link: Link, mine: Any) -> list[np.ndarray]:
+def _gather_bytes(link: WorkerLink, mine: Any) -> list[np.ndarray]:
     """Every rank's bytes, by rank."""
     from .. import api
 

@@ -10,10 +10,10 @@ from ..errors import InvalidRowsError, KeyMismatchError
 from ._wire import Kind
 from .handles import Handle, KeyInfo, Pulled, row_filler
 from .layout import Partition
-from .link import Link
+from .link import WorkerLink
 
 
-def check_rows(link: Link, key: Any, meta: KeyInfo, rows: Any) -> np.ndarray:
+def check_rows(link: WorkerLink, key: Any, meta: KeyInfo, rows: Any) -> np.ndarray:
     """``rows`` as distinct int64 indices of ``key``'s first axis, or an error naming what is wrong."""
     if isinstance(key, list | tuple):
         raise InvalidRowsError("rows= takes one key at a time")
@@ -47,7 +47,7 @@ def row_groups(meta: KeyInfo, ids: np.ndarray) -> list[tuple[Partition, np.ndarr
     return groups
 
 
-def push_rows(link: Link, key: Any, value: Any, rows: Any) -> Handle:
+def push_rows(link: WorkerLink, key: Any, value: Any, rows: Any) -> Handle:
     """Push ``value``'s rows to rows ``rows`` of ``key``: to each partition its own rows only."""
     meta = link.meta(key)
     ids = check_rows(link, key, meta, rows)
@@ -69,7 +69,7 @@ def push_rows(link: Link, key: Any, value: Any, rows: Any) -> Handle:
     return Handle(link, requests, lambda: None)
 
 
-def pull_rows(link: Link, key: Any, out: Any, rows: Any, report: bool) -> Handle:
+def pull_rows(link: WorkerLink, key: Any, out: Any, rows: Any, report: bool) -> Handle:
     """Pull rows ``rows`` of ``key``, in that order, from the partitions holding them."""
     meta = link.meta(key)
     ids = check_rows(link, key, meta, rows)

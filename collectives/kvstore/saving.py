@@ -15,18 +15,18 @@ from ..errors import KVStoreError
 from ._wire import Kind, key_bytes, parse_key
 from .checkpoint import read_manifest, write_manifest
 from .handles import Handle, KeyInfo
-from .link import Link
+from .link import WorkerLink
 from .updaters import optimizer_from_spec
 
 
-def save_store(link: Link, directory: "str | os.PathLike[str]") -> None:
+def save_store(link: WorkerLink, directory: "str | os.PathLike[str]") -> None:
     """The body of :meth:`KVStore.save`."""
     _check_open(link, "save")
     link.settle()
     _on_worker_zero(link, lambda: _save(link, Path(directory).resolve()), f"save to {str(directory)!r}")
 
 
-def _save(link: Link, path: Path) -> None:
+def _save(link: WorkerLink, path: Path) -> None:
     checkpoint = uuid.uuid4().hex
     path.mkdir(parents=True, exist_ok=True)
     requests = []
@@ -45,7 +45,7 @@ def _save(link: Link, path: Path) -> None:
     write_manifest(path, manifest)
 
 
-def load_store(link: Link, directory: "str | os.PathLike[str]") -> None:
+def load_store(link: WorkerLink, directory: "str | os.PathLike[str]") -> None:
     """The body of :meth:`KVStore.load`."""
     _check_open(link, "load")
     path = Path(directory).resolve()
@@ -68,7 +68,7 @@ def load_store(link: Link, directory: "str | os.PathLike[str]") -> None:
         link.optimizer = optimizer_from_spec(manifest["optimizer"])
 
 
-def _load(link: Link, path: Path, metas: dict[Any, KeyInfo]) -> None:
+def _load(link: WorkerLink, path: Path, metas: dict[Any, KeyInfo]) -> None:
     """Tell each server which partitions of the checkpoint to take."""
     by_server: dict[int, list[tuple[str, int, int, int]]] = {s: [] for s in link.roles.server_ranks}
     for key, meta in metas.items():
@@ -81,13 +81,13 @@ def _load(link: Link, path: Path, metas: dict[Any, KeyInfo]) -> None:
     Handle(link, requests, lambda: None).wait()
 
 
-def _check_open(link: Link, what: str) -> None:
+def _check_open(link: WorkerLink, what: str) -> None:
     """Raise before any message: a closed store's channel is gone, and MPI would say only that."""
     if link.closed:
         raise KVStoreError(f"{what}: the store is closed on rank {link.rank}")
 
 
-def _on_worker_zero(link: Link, action: Callable[[], None], what: str) -> None:
+def _on_worker_zero(link: WorkerLink, action: Callable[[], None], what: str) -> None:
     """Run ``action`` on worker 0 between two barriers; every worker raises if it failed there."""
     link.barrier()
     error: Exception | None = None

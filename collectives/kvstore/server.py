@@ -23,9 +23,9 @@ from ._wire import (
     QUIET,
     REPLY_TAG,
     REQUEST_TAG,
-    Fault,
     Kind,
     Message,
+    Refusal,
     bundle,
     encode,
     local,
@@ -273,7 +273,7 @@ class Server:
             elif now >= wait.deadline:
                 text, workers = wait.expire()
                 mixup = self._mixup(wait.message.key, workers)
-                fault = Fault.MISMATCH if mixup else Fault.LATE
+                fault = Refusal.MISMATCH if mixup else Refusal.LATE
                 self._error(wait.message, text + mixup, fault, workers)
             else:
                 left.append(wait)
@@ -324,7 +324,7 @@ class Server:
         self._post(reply, m.origin)
 
     def _error(
-        self, m: Message, text: str, fault: Fault = Fault.OTHER, workers: tuple[int, ...] = ()
+        self, m: Message, text: str, fault: Refusal = Refusal.OTHER, workers: tuple[int, ...] = ()
     ) -> None:
         self._reply(m, Kind.ERROR, aux=fault, text=text, data=np.array(workers, np.int64))
 
@@ -350,7 +350,7 @@ class Server:
                     m,
                     f"worker {m.origin} initialised {self._name(m)} as {m.text}; "
                     f"worker {self.workers[0]} as {part.shape}",
-                    Fault.MISMATCH,
+                    Refusal.MISMATCH,
                     (m.origin,),
                 )
             else:
@@ -575,11 +575,11 @@ class Server:
             # handling when interrupted will get no answer
             for worker in self.open - {m.origin}:
                 made = local if worker == self.rank and self.mailbox is not None else encode
-                self._post(made(Kind.ERROR, self.rank, aux=Fault.BROKEN, text=self.broken), worker)
+                self._post(made(Kind.ERROR, self.rank, aux=Refusal.BROKEN, text=self.broken), worker)
         self._reply(m, Kind.OK)
 
     def _refuse(self, m: Message) -> None:
-        self._error(m, self.broken or "", Fault.BROKEN)
+        self._error(m, self.broken or "", Refusal.BROKEN)
 
     def _leave(self, m: Message) -> None:
         """A close on a broken store: no round completes without the worker."""

@@ -19,9 +19,9 @@ from ..ops import ReduceOp, get_op
 from ._adapter import Channel, open_channel
 from ._wire import Kind, check_key
 from .collective import Rounds, number_store
-from .handles import Handle, Pulled, Request, checked_value, claimed, error_from, filler
+from .handles import Handle, Pulled, ServerRequest, checked_value, claimed, error_from, filler
 from .layout import DEFAULT_PARTITION_BYTES, Roles
-from .link import GRACE_S, Link
+from .link import GRACE_S, WorkerLink
 from .replicas import restore_states, state_of
 from .rows import pull_rows, push_rows
 from .saving import load_store, save_store
@@ -69,7 +69,7 @@ class KVStore:
         self.mode = mode
         self.staleness = staleness
         self._op = op
-        self._link = Link(channel, roles, mode, partition_bytes)  # what the helpers are given
+        self._link = WorkerLink(channel, roles, mode, partition_bytes)  # what the helpers are given
         self._keys = self._link.keys
         self._rounds: Rounds | None = None  # sync rounds by collectives: see create(collective=)
         self.claim = self._link.claim  # one thread's call at a time
@@ -233,7 +233,7 @@ class KVStore:
             got = self._rounds.pull_keys(items, report)
             done = got if isinstance(key, list | tuple) else got[0]
             return done if block else Handle(self._link, [], lambda: done)
-        requests: list[Request] = []
+        requests: list[ServerRequest] = []
         results: list[np.ndarray] = []
         stamps: list[list[int]] = []
         for k, o in zip(keys, outs, strict=True):

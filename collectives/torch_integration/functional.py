@@ -12,7 +12,7 @@ from ..errors import InvalidBufferError, UnsupportedOpError
 from ..ops import get_op
 from . import mpi_ops
 from .autograd import HOLDERS, REDUCED, Allreduce, Collective, Reduction, differentiate
-from .mpi_ops import checked_call, refuse_call, submit_job
+from .mpi_ops import checked_call, checked_on, submit_job
 from .tensors import FALLBACK, Comm, array_view, device_of
 
 DIFFERENTIABLE_OPS: dict[str, tuple[str, ...]] = {
@@ -27,17 +27,17 @@ DIFFERENTIABLE_OPS: dict[str, tuple[str, ...]] = {
 
 def _differentiable(collective: str, op: str, comm: Comm, tensor: torch.Tensor) -> str:
     """The op's canonical name; raises unless it is differentiable, telling the other ranks first."""
-    try:
-        name = get_op(op).name
-        if name not in DIFFERENTIABLE_OPS[collective]:
-            valid = ", ".join(DIFFERENTIABLE_OPS[collective])
-            raise UnsupportedOpError(
-                f"functional.{collective} has no gradient for op {name!r}; it differentiates {valid} "
-                f"(torch_integration.{collective} reduces with {name!r} without a gradient)"
-            )
-    except Exception as error:
-        refuse_call(comm, collective, tensor, error)
-        raise
+    return checked_on(comm, collective, lambda: _gradient_op(collective, op), tensor)
+
+
+def _gradient_op(collective: str, op: str) -> str:
+    name = get_op(op).name
+    if name not in DIFFERENTIABLE_OPS[collective]:
+        valid = ", ".join(DIFFERENTIABLE_OPS[collective])
+        raise UnsupportedOpError(
+            f"functional.{collective} has no gradient for op {name!r}; it differentiates {valid} "
+            f"(torch_integration.{collective} reduces with {name!r} without a gradient)"
+        )
     return name
 
 

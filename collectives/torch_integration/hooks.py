@@ -2,6 +2,7 @@
 
 __all__ = ["allreduce_bf16_hook", "allreduce_fp16_hook", "allreduce_hook"]
 
+from collections.abc import Callable
 from concurrent.futures import Future
 
 import torch
@@ -32,6 +33,11 @@ def _hook_future(state: Comm, bucket: GradBucket, wire: torch.dtype | None) -> "
         reduce_in_place(packed, "sum", communicator)
         return buffer.copy_(packed)
 
+    return hook_future(state, job)
+
+
+def hook_future(state: Comm, job: Callable[[api.Communicator], torch.Tensor]) -> "TensorFuture":
+    """``job(communicator)`` started on the communicator's thread; the torch future a DDP hook returns."""
     result: TensorFuture = torch.futures.Future()
 
     def finish(done: "Future[torch.Tensor]") -> None:

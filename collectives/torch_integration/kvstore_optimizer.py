@@ -9,7 +9,7 @@ import torch
 
 from ..errors import ConfigurationError
 from ..kvstore import SGD, Adam, KVStore, Optimizer
-from .optimizer import parameters_to_reduce
+from .optimizer import WrappedOptimizer, closure_loss
 from .tensors import host_view
 
 
@@ -46,7 +46,7 @@ def server_optimizer_of(optimizer: torch.optim.Optimizer) -> Optimizer:
     )
 
 
-class KVStoreOptimizer(torch.optim.Optimizer):
+class KVStoreOptimizer(WrappedOptimizer):
     """Trains through a :mod:`collectives.kvstore` store: parameters are keys, the servers run the optimizer.
 
     On creation (collective over the store's workers) each parameter becomes a
@@ -103,18 +103,13 @@ class KVStoreOptimizer(torch.optim.Optimizer):
         if kv.role != "worker":
             raise ConfigurationError(f"rank {kv.rank} is a dedicated server; train on the worker ranks")
         chosen = server_optimizer if server_optimizer is not None else server_optimizer_of(optimizer)
-        names, params = parameters_to_reduce(optimizer, named_parameters)
-        super().__init__(optimizer.param_groups, optimizer.defaults)  # the same group dicts, shared
-        self.optimizer = optimizer
-        self.state = optimizer.state
+        super().__init__(optimizer, named_parameters)
         self.kv = kv
-        self._keys = names
-        self._params = params
         self._average = average
-        views = [host_view(p) for p in params]
+        views = [host_view(p) for p in self._params]
         if not loaded:
-            kv.init(names, views)
-        kv.pull(names, out=views)  # worker 0's values everywhere, or the checkpoint's
+            kv.init(self._names, views)
+        kv.pull(self._names, out=views)  # worker 0's values everywhere, or the checkpoint's
         if not loaded:  # a loaded store keeps its optimizer and that optimizer's state
             kv.set_optimizer(chosen)
 
@@ -123,19 +118,16 @@ class KVStoreOptimizer(torch.optim.Optimizer):
 
         A parameter without a gradient pushes zeros.
         """
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         grads = [self._gradient(p) for p in self._params]
         params = [host_view(p) for p in self._params]
         kv = self.kv
         if kv.mode == "ssp":
-            kv.push(self._keys, grads)
+            kv.push(self._names, grads)
             kv.clock()
-            kv.pull(self._keys, out=params)
+            kv.pull(self._names, out=params)
         else:
-            kv.pushpull(self._keys, grads, out=params)
+            kv.pushpull(self._names, grads, out=params)
         return loss
 
     def _gradient(self, param: torch.Tensor) -> np.ndarray:
@@ -151,8 +143,8 @@ class KVStoreOptimizer(torch.optim.Optimizer):
     @property
     def keys(self) -> list[str]:
         """The store's key of each parameter, in order."""
-        return list(self._keys)
+        return list(self._names)
 
     def __repr__(self) -> str:
         kv = self.kv
-        return f"KVStoreOptimizer({len(self._keys)} keys, mode={kv.mode!r}, workers={kv.num_workers})"
+        return f"KVStoreOptimizer({len(self._names)} keys, mode={kv.mode!r}, workers={kv.num_workers})"

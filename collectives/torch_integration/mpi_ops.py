@@ -15,6 +15,7 @@ __all__ = [
     "size",
 ]
 
+import functools
 import hashlib
 import io
 import math
@@ -27,6 +28,8 @@ import torch
 import torch.distributed as dist
 
 from .. import api
+from ..communicator import communicator_of
+from ..dispatch import checked
 from ..errors import CollectivesError, ConfigurationError, InvalidBufferError, MismatchError
 from ..ops import get_op
 from .collective_jobs import broadcast_bytes
@@ -43,7 +46,7 @@ from .tensors import (
     reduce_in_place,
     route_of,
 )
-from .worker import api_communicator, background_worker, tell_refusal
+from .worker import background_worker
 
 T = TypeVar("T")
 
@@ -68,7 +71,7 @@ def communicator_for(comm: Comm) -> api.Communicator:
         )
     if isinstance(comm, int) and comm == dist.GroupMember.NON_GROUP_MEMBER:
         raise ConfigurationError("comm is GroupMember.NON_GROUP_MEMBER: this rank is not in that group")
-    return api_communicator(comm)
+    return communicator_of(comm)
 
 
 def submit_job(comm: Comm, job: Callable[[api.Communicator], T]) -> "Future[T]":
@@ -81,38 +84,39 @@ def submit_job(comm: Comm, job: Callable[[api.Communicator], T]) -> "Future[T]":
     return worker.submit(lambda: job(worker.communicator))
 
 
+def checked_on(comm: Comm, collective: str, checks: Callable[[], T], tensor: object = None) -> T:
+    """``checks()``, a torch call's checks on the caller's thread; if they raise, the other ranks are told.
+
+    The news goes on the communicator's thread, after the collectives started
+    before (see :func:`collectives.dispatch.checked`), and their ``collective``
+    raises :class:`~collectives.PeerInputError`. Nothing is told where there is
+    no communicator of this library to tell (a ``comm`` of another backend), nor
+    for a cuda ``tensor`` without CuPy, whose collectives go through
+    torch.distributed's NCCL group: the other ranks then wait until their timeout.
+    """
+
+    def place(news: Callable[[api.Communicator], None]) -> None:
+        if cuda_without_cupy(tensor):
+            return
+        try:
+            communicator = communicator_for(comm)
+        except CollectivesError:
+            return
+        background_worker(communicator).run_in_order(news, collective)
+
+    return checked(None, collective, checks, place=place)
+
+
 def checked_call(tensor: torch.Tensor, op: str | None, comm: Comm, collective: str) -> str:
-    """Validate ``tensor`` and ``op`` on the caller's thread, before any rank communicates; the route.
-
-    Where the checks fail the other ranks are told first (see :func:`refuse_call`), and
-    their ``collective`` raises :class:`~collectives.PeerInputError`.
-    """
-    try:
-        name = check_tensor(tensor)
-        if op is not None:
-            get_op(op).check_dtype(name)
-        return route_of(tensor, comm)
-    except Exception as error:
-        refuse_call(comm, collective, tensor, error)
-        raise
+    """Validate ``tensor`` and ``op`` before any rank communicates (see :func:`checked_on`); the route."""
+    return checked_on(comm, collective, lambda: _route(tensor, op, comm), tensor)
 
 
-def refuse_call(comm: Comm, collective: str, tensor: object, error: Exception) -> None:
-    """Tell the other ranks that this rank's checks of ``collective`` failed, so theirs raises too.
-
-    See :func:`~collectives.torch_integration.worker.tell_refusal`. Nothing is
-    told where there is no communicator of this library to tell (a ``comm`` of
-    another backend), nor for a cuda tensor without CuPy, whose collectives go
-    through torch.distributed's NCCL group: the other ranks then wait until
-    their timeout.
-    """
-    if cuda_without_cupy(tensor):
-        return
-    try:
-        communicator = communicator_for(comm)
-    except CollectivesError:
-        return
-    tell_refusal(communicator, collective, error)
+def _route(tensor: torch.Tensor, op: str | None, comm: Comm) -> str:
+    name = check_tensor(tensor)
+    if op is not None:
+        get_op(op).check_dtype(name)
+    return route_of(tensor, comm)
 
 
 def rank(comm: Comm = None) -> int:
@@ -253,10 +257,7 @@ def reduce_scatter(tensor: torch.Tensor, op: str = "sum", *, comm: Comm = None) 
     ``r * k`` to ``(r + 1) * k`` of the reduction.
     """
     route = checked_call(tensor, op, comm, "reduce_scatter")
-    if tensor.dim() == 0:
-        error = InvalidBufferError("reduce_scatter needs a tensor with rows, got a 0-d tensor")
-        refuse_call(comm, "reduce_scatter", tensor, error)
-        raise error
+    checked_on(comm, "reduce_scatter", lambda: _with_rows(tensor), tensor)
     if route == FALLBACK:
         size = dist.get_world_size()
         out = tensor.new_empty((tensor.shape[0] // size, *tensor.shape[1:]))
@@ -270,6 +271,11 @@ def reduce_scatter(tensor: torch.Tensor, op: str = "sum", *, comm: Comm = None) 
         return out
 
     return submit_job(comm, job).result()
+
+
+def _with_rows(tensor: torch.Tensor) -> None:
+    if tensor.dim() == 0:
+        raise InvalidBufferError("reduce_scatter needs a tensor with rows, got a 0-d tensor")
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int = 0, *, comm: Comm = None) -> Handle:
@@ -323,13 +329,7 @@ def broadcast_parameters(
         named = [item if isinstance(item, tuple) else (f"tensor {i}", item) for i, item in enumerate(params)]
         named.sort(key=lambda item: item[0])
     for name, tensor in named:
-        if not isinstance(tensor, torch.Tensor):
-            error = InvalidBufferError(
-                f"broadcast_parameters takes tensors; {name} is {type(tensor).__name__}"
-            )
-            refuse_call(comm, "broadcast", tensor, error)
-            raise error
-        checked_call(tensor, None, comm, "broadcast")
+        checked_on(comm, "broadcast", functools.partial(_parameter, name, tensor, comm), tensor)
     _agree_on_names([name for name, _ in named], comm)
     with torch.no_grad():
         # the first alone, so that where another rank's checks failed (and it told this one in the
@@ -339,6 +339,13 @@ def broadcast_parameters(
         handles = [broadcast_async_(tensor, root_rank, comm=comm) for _, tensor in named[1:]]
     for handle in handles:
         handle.wait()
+
+
+def _parameter(name: str, tensor: object, comm: Comm) -> None:
+    """Raise unless the parameter ``name`` is a tensor ``broadcast_`` takes."""
+    if not isinstance(tensor, torch.Tensor):
+        raise InvalidBufferError(f"broadcast_parameters takes tensors; {name} is {type(tensor).__name__}")
+    _route(tensor, None, comm)
 
 
 def _agree_on_names(names: list[str], comm: Comm) -> None:

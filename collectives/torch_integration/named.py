@@ -26,9 +26,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .. import api
-from ..dispatch import refuse
 from ..errors import CollectivesError, MismatchError
-from ..selector import AUTO
 from ..tracing.torch_ranges import ranged
 from .worker import background_worker
 
@@ -80,14 +78,6 @@ class NamedOps:
         if not queued:  # a drive queued and not yet started will find this one too
             self._worker.submit(self._drive)
         return op.future
-
-    def refuse(self, name: str, collective: str, error: Exception) -> None:
-        """Put, in place of the collective ``name``, the news that this rank's checks of it failed.
-
-        The other ranks' ``name`` then raises :class:`~collectives.PeerInputError`
-        (unless checking is off) rather than waiting; this rank raises ``error`` itself.
-        """
-        self.submit(name, lambda communicator: refuse(communicator, collective, AUTO, None, error))
 
     def pending(self) -> list[str]:
         """The names started on this rank and not yet run, in the order they were started."""

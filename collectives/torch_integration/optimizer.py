@@ -104,7 +104,46 @@ class _Bucket:
             reduce_in_place(tensor, op, communicator)
 
 
-class DistributedOptimizer(torch.optim.Optimizer):
+class WrappedOptimizer(torch.optim.Optimizer):
+    """An optimizer sharing another's parameter groups and state: schedulers, state dicts work on either.
+
+    What :class:`DistributedOptimizer` and :class:`~.kvstore_optimizer.KVStoreOptimizer` have in common:
+    also the parameters they move, named (:func:`parameters_to_reduce`).
+    """
+
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, named_parameters: Iterable[tuple[str, torch.Tensor]] | None
+    ) -> None:
+        self._names, self._params = parameters_to_reduce(optimizer, named_parameters)
+        super().__init__(optimizer.param_groups, optimizer.defaults)  # the same group dicts, shared
+        self.optimizer = optimizer
+        self.state = optimizer.state
+
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped optimizer's state dict."""
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load into the wrapped optimizer, and share its new groups and state."""
+        self.optimizer.load_state_dict(state_dict)
+        self.param_groups = self.optimizer.param_groups
+        self.state = self.optimizer.state
+
+
+def closure_loss(closure: Callable[[], float] | None) -> float | None:
+    """What an optimizer's ``step(closure)`` returns: the closure's loss, computed with gradients on."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
+def trained(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The optimizer's parameters that take gradients, in its groups' order."""
+    return [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+
+
+class DistributedOptimizer(WrappedOptimizer):
     """Wraps an optimizer so that ``step()`` uses the gradients averaged over all ranks, as Horovod's does.
 
     A hook on every parameter hands its gradient over as soon as backward has
@@ -164,11 +203,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if op not in ("avg", "sum"):
             raise UnsupportedOpError(f"DistributedOptimizer takes op 'avg' or 'sum', not {op!r}")
         check_passes_and_predivide(backward_passes_per_step, gradient_predivide_factor, op)
-        names, params = parameters_to_reduce(optimizer, named_parameters)
-        super().__init__(optimizer.param_groups, optimizer.defaults)  # the same group dicts, shared
-        self.optimizer = optimizer
-        self.state = optimizer.state
-        self._names = names
+        super().__init__(optimizer, named_parameters)
+        names, params = self._names, self._params
         self._op = op
         self._passes = backward_passes_per_step
         self._predivide = gradient_predivide_factor
@@ -302,10 +338,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
         A closure is called once, before the reduction.
         """
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         self.reduce_before_step()
         self.optimizer.step()
         self._needs_sync = True
@@ -350,16 +383,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise CollectivesError("DistributedOptimizer cannot take new parameter groups once created")
         super().add_param_group(param_group)
 
-    def state_dict(self) -> dict[str, Any]:
-        """The wrapped optimizer's state dict."""
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load into the wrapped optimizer, and share its new groups and state."""
-        self.optimizer.load_state_dict(state_dict)
-        self.param_groups = self.optimizer.param_groups
-        self.state = self.optimizer.state
-
     def __repr__(self) -> str:
         return f"DistributedOptimizer({self.optimizer!r}, buckets={len(self._buckets)}, op={self._op!r})"
 
@@ -378,7 +401,7 @@ def parameters_to_reduce(
     optimizer: torch.optim.Optimizer, named_parameters: Iterable[tuple[str, torch.Tensor]] | None
 ) -> tuple[list[str], list[torch.Tensor]]:
     """The optimizer's parameters that take gradients, with names, in registration order; validated."""
-    owned = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    owned = trained(optimizer)
     if named_parameters is None:
         names, params = [f"param{i}" for i in range(len(owned))], owned
     else:

@@ -13,7 +13,6 @@ itself (``no_sync``, ``backward_passes_per_step``) are still summed by torch.
 __all__ = ["ReproducibleGradients", "reproducible_allreduce_hook"]
 
 from collections.abc import Iterable
-from concurrent.futures import Future
 
 import numpy as np
 import torch
@@ -22,10 +21,9 @@ from torch._C._distributed_c10d import GradBucket  # at run time: DDP checks hoo
 from .. import api
 from ..errors import CollectivesError, InvalidBufferError
 from ..reproducible_sum import ReproducibleSum
-from .mpi_ops import checked_call, communicator_for, submit_job
+from .hooks import TensorFuture, hook_future
+from .mpi_ops import checked_call, communicator_for
 from .tensors import FALLBACK, Comm, host_view
-
-TensorFuture = torch.futures.Future[torch.Tensor]
 
 
 def reproducible_allreduce_hook(state: Comm, bucket: GradBucket) -> TensorFuture:
@@ -47,17 +45,7 @@ def reproducible_allreduce_hook(state: Comm, bucket: GradBucket) -> TensorFuture
         api.allreduce(view, "avg", out=view, comm=communicator, reproducible=True)
         return buffer if host is buffer else buffer.copy_(host)
 
-    result: TensorFuture = torch.futures.Future()
-
-    def finish(done: "Future[torch.Tensor]") -> None:
-        error = done.exception()
-        if error is None:
-            result.set_result(done.result())
-        else:
-            result.set_exception(error)  # type: ignore[arg-type]  # torch annotates it as the result type
-
-    submit_job(state, job).add_done_callback(finish)
-    return result
+    return hook_future(state, job)
 
 
 class ReproducibleGradients:

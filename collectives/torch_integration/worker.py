@@ -6,10 +6,8 @@ non-blocking calls' lanes are, with torch's concerns: no autograd in a job, a si
 
 __all__ = [
     "BackgroundWorker",
-    "api_communicator",
     "background_worker",
     "before_waiting",
-    "tell_refusal",
     "wait_for",
 ]
 
@@ -17,17 +15,13 @@ import threading
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import torch
 
-from ..communicator import Communicator, communicator_of
-from ..dispatch import escaped, refuse
+from ..communicator import Communicator
+from ..dispatch import escaped
 from ..requests import JobFuture, JobThread, before_waiting
-from ..selector import AUTO
-
-if TYPE_CHECKING:
-    from mpi4py import MPI
 
 T = TypeVar("T")
 
@@ -56,6 +50,14 @@ class BackgroundWorker(JobThread):
     def wait(self, future: "Future[T]", what: str, timeout: float | None = None) -> T:
         """``future``'s result, bounded by the communicator's timeout (see :meth:`JobThread.wait`)."""
         return super().wait(future, what, self.communicator.timeout if timeout is None else timeout)
+
+    def run_in_order(self, job: Callable[[Communicator], T], what: str) -> T:
+        """``job(communicator)``, run after the jobs submitted before it; its result (see :meth:`wait`).
+
+        A torch call refused by this rank's checks tells the other ranks so
+        (:func:`collectives.dispatch.checked`), in the call's place.
+        """
+        return self.wait(self.submit(lambda: job(self.communicator)), what)
 
 
 def wait_for(future: "Future[T]", what: str, seconds: float | None = None) -> T:
@@ -87,21 +89,3 @@ def background_worker(communicator: Communicator) -> BackgroundWorker:
             _workers[communicator] = worker
             weakref.finalize(communicator, worker.stop)
         return worker
-
-
-def api_communicator(comm: "Communicator | MPI.Comm | None") -> Communicator:
-    """The communicator api runs ``comm``'s collectives on; for ``None`` the one over ``MPI.COMM_WORLD``.
-
-    Created on first use, a collective call.
-    """
-    return communicator_of(comm)
-
-
-def tell_refusal(communicator: Communicator, collective: str, error: Exception) -> None:
-    """Tell the other ranks that this rank's checks of ``collective`` failed, so theirs raises too.
-
-    It goes on the communicator's thread, in order with the collectives started
-    before it, as a poisoned signature (see :meth:`collectives.watchdog.Watchdog.poison`).
-    """
-    worker = background_worker(communicator)
-    worker.wait(worker.submit(lambda: refuse(worker.communicator, collective, AUTO, None, error)), collective)

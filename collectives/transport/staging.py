@@ -96,7 +96,7 @@ class PinnedPool:
         self._free.clear()
 
 
-class _Message:
+class _PostedMessage:
     """A send or receive the caller posted: its buffer, cut into pieces, and how far it has gone."""
 
     __slots__ = ("buffer", "device", "done", "landed", "posted", "ranges")
@@ -116,7 +116,7 @@ class _Piece:
 
     __slots__ = ("hi", "host", "lo", "message", "request")
 
-    def __init__(self, message: _Message, lo: int, hi: int, request: Request, host: Any) -> None:
+    def __init__(self, message: _PostedMessage, lo: int, hi: int, request: Request, host: Any) -> None:
         self.message = message
         self.lo = lo
         self.hi = hi
@@ -137,7 +137,7 @@ class _Channel:
         self.peer = peer
         self.tag = tag
         self.sends = sends
-        self.queue: deque[_Message] = deque()  # messages with pieces not yet posted
+        self.queue: deque[_PostedMessage] = deque()  # messages with pieces not yet posted
         self.flight: deque[_Piece] = deque()  # pieces posted and not yet landed, oldest first
         self.pinned = 0  # pinned buffers the pieces in flight hold
 
@@ -202,8 +202,8 @@ class StagingTransport(WrappedTransport):
     def irecv(self, buffer: Any, src: int, tag: int) -> Request:
         return self._post(buffer, src, tag, False)
 
-    def _post(self, buffer: Any, peer: int, tag: int, sends: bool) -> _Message:
-        message = _Message(buffer, self._device.is_device(buffer), self.piece_bytes)
+    def _post(self, buffer: Any, peer: int, tag: int, sends: bool) -> _PostedMessage:
+        message = _PostedMessage(buffer, self._device.is_device(buffer), self.piece_bytes)
         key = (peer, tag, sends)
         channel = self._channels.get(key)
         if channel is None:
@@ -285,7 +285,7 @@ class StagingTransport(WrappedTransport):
                 queue.popleft()
         return fed
 
-    def _piece(self, channel: _Channel, message: _Message, lo: int, hi: int) -> _Piece:
+    def _piece(self, channel: _Channel, message: _PostedMessage, lo: int, hi: int) -> _Piece:
         """Post one piece of ``message`` to the inner transport."""
         inner, peer, tag = self._inner, channel.peer, channel.tag
         host: Any = None

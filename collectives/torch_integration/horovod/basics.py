@@ -60,7 +60,7 @@ global_process_set = None
 """The only process set: all ranks (pass ``process_set=`` only as this, or leave it out)."""
 
 
-class State:
+class FacadeState:
     """The facade's process state: its communicator, its node layout and the collectives in flight."""
 
     def __init__(self) -> None:
@@ -75,7 +75,7 @@ class State:
         self.handle_ids = itertools.count(1)
 
 
-state = State()
+state = FacadeState()
 """The one state of ``collectives.horovod`` in this process."""
 
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from ...dispatch import checked
 from ...errors import ConfigurationError, InvalidBufferError
 from .. import collective_jobs as jobs
 from ..autograd import REDUCED, Allreduce, Collective, Reduction, differentiate
@@ -71,18 +72,20 @@ def start(
     full = _name(kind, name)
     if name is not None and any(entry[2] == full for entry in state.handles.values()):  # as Horovod refuses
         raise ConfigurationError(f"a {kind} named {name!r} is in flight already: synchronize it first")
-    try:
-        for tensor in tensors:
-            check_tensor(tensor)
-            if route_of(tensor, None) == FALLBACK:
-                raise InvalidBufferError("collectives.horovod takes cuda tensors only with CuPy installed")
-    except Exception as error:
-        named_ops(communicator).refuse(full, kind, error)
-        raise
-    future = named_ops(communicator).submit(full, job)
+    named = named_ops(communicator)
+    # a refusal takes the collective's place under its name
+    checked(None, kind, lambda: _check_tensors(tensors), place=lambda news: named.submit(full, news))
+    future = named.submit(full, job)
     handle = next(state.handle_ids)
     state.handles[handle] = (future, finish, full)
     return handle
+
+
+def _check_tensors(tensors: Sequence[torch.Tensor]) -> None:
+    for tensor in tensors:
+        check_tensor(tensor)
+        if route_of(tensor, None) == FALLBACK:
+            raise InvalidBufferError("collectives.horovod takes cuda tensors only with CuPy installed")
 
 
 def poll(handle: int) -> bool:

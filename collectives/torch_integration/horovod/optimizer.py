@@ -14,7 +14,7 @@ from ..collective_jobs import allreduce_scaled_
 from ..mpi_ops import communicator_for
 from ..named import named_ops
 from ..optimizer import DistributedOptimizer as Engine
-from ..optimizer import check_passes_and_predivide
+from ..optimizer import check_passes_and_predivide, closure_loss, trained
 from ..tensors import Comm
 from .basics import OPS, Adasum, Average, check_global, size, state
 from .compression import Compression
@@ -49,7 +49,7 @@ class _Distributed(torch.optim.Optimizer):
         self.state.update(optimizer.state)
         self._hvd_op = op
         self._hvd_comm = comm
-        self._hvd_params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+        self._hvd_params = trained(self)
         self._hvd_engine = None
         if op != "adasum":
             self._hvd_engine = Engine(self, named_parameters, op=op, comm=comm, **engine_options)
@@ -76,10 +76,7 @@ class _Distributed(torch.optim.Optimizer):
 
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
         """Reduce the gradients (unless skipped or just done) and take the wrapped optimizer's step."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         if self._hvd_engine is None:
             self._adasum_step()
             return loss
@@ -141,7 +138,7 @@ def DistributedOptimizer(
     if name not in ("avg", "sum", "adasum"):
         raise UnsupportedOpError(f"DistributedOptimizer reduces with Average, Sum or Adasum, not {name!r}")
     check_passes_and_predivide(backward_passes_per_step, gradient_predivide_factor, name)
-    owned = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    owned = trained(optimizer)
     if isinstance(groups, int):  # Horovod's older spelling of num_groups
         num_groups, groups = groups, None
     threshold = _DEFAULT_FUSION_BYTES

@@ -27,12 +27,12 @@ from torch.distributed.constants import default_pg_timeout
 from torch.distributed.rendezvous import register_rendezvous_handler
 
 from ... import api
-from ... import communicator as communicator_module
+from ...communicator import communicator_of, made_for
 from ...errors import CollectivesError, ConfigurationError, InvalidBufferError, UnsupportedOpError
 from ..collective_jobs import broadcast_bytes
 from ..launch import launcher_mismatch
 from ..tensors import host_view
-from ..worker import api_communicator, background_worker
+from ..worker import background_worker
 from .base import (
     Staged,
     c10d_op,
@@ -376,8 +376,8 @@ def _create_process_group(options: _DistributedBackendOptions, backend_options: 
     if not dist.is_initialized():
         # the default group, made by every rank: so is the communicator over MPI.COMM_WORLD on which a
         # later new_group's members agree (mpi:// made it already), since a non-member never joins one
-        api_communicator(None)
-    elif ranks and len(ranks) < dist.get_world_size() and communicator_module.default is None:
+        communicator_of(None)
+    elif ranks and len(ranks) < dist.get_world_size() and made_for(None) is None:
         raise ConfigurationError(
             f"new_group({ranks}) with the collectives backend needs its communicator over every rank, "
             "which the ranks make together: init with init_method='mpi://', make the default group a "
@@ -385,7 +385,7 @@ def _create_process_group(options: _DistributedBackendOptions, backend_options: 
         )
     if ranks and dist.is_initialized():
         # new_group: MPI's group creation cannot be bounded, so the members agree on it first
-        agree_on_members(api_communicator(None), ranks, timeout)
+        agree_on_members(communicator_of(None), ranks, timeout)
     if ranks and len(ranks) < dist.get_world_size():
         communicator = _subgroup_communicator(ranks, timeout)
     else:
@@ -418,7 +418,7 @@ def _mpi_rendezvous(
     Rank 0's host is ``$MASTER_ADDR`` when set, else its host name.
     """
     query = dict(parse_qsl(urlparse(url).query))
-    communicator = api_communicator(None)
+    communicator = communicator_of(None)
     rank, size = communicator.rank, communicator.size
     if (mismatch := launcher_mismatch(size)) is not None:  # each process would train alone
         raise CollectivesError(f"mpi://: {mismatch}")
@@ -433,8 +433,7 @@ def _mpi_rendezvous(
             address = f"{host}:{store.port}".encode()
         except Exception as error:  # the others learn of it from the empty address, rather than wait
             failure = error
-    worker = background_worker(communicator)
-    address = worker.wait(worker.submit(lambda: broadcast_bytes(address, 0, worker.communicator)), "mpi://")
+    address = background_worker(communicator).run_in_order(lambda c: broadcast_bytes(address, 0, c), "mpi://")
     if failure is not None:
         raise failure
     if not address:

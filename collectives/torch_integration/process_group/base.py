@@ -14,11 +14,12 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import AllreduceCoalescedOptions, AllreduceOptions, ReduceScatterOptions
 
 from ... import api
+from ...dispatch import checked
 from ...errors import InvalidBufferError, InvalidRootError, UnsupportedOpError
 from ...ops import get_op
 from ...tracing.torch_ranges import ranged, tensors_text
 from ..tensors import TORCH_OPS, dense_tensor, host_view, torch_dtype_name
-from ..worker import background_worker, before_waiting, tell_refusal, wait_for
+from ..worker import background_worker, before_waiting, wait_for
 
 T = TypeVar("T")
 
@@ -298,18 +299,12 @@ class GroupBase(dist.ProcessGroup):
         )
         return GroupWork(self._worker.submit(call), result)
 
-    def _refuse(self, collective: str, error: Exception) -> None:
-        """Tell the other ranks that this rank's checks of ``collective`` failed, after the jobs before."""
-        tell_refusal(self._communicator, collective, error)
-
     def _together(self, works: list[dist.Work], result: Any) -> dist.Work:
         """One work for ``works`` (already submitted): it ends after them, raising the first one's error."""
         return self._run(lambda communicator: [work.wait() for work in works], result)
 
     def _checks(self, collective: str, check: Callable[[], T]) -> T:
-        """``check()``'s answer; if it raises, the other ranks are told first (see :meth:`_refuse`)."""
-        try:
-            return check()
-        except Exception as error:
-            self._refuse(collective, error)
-            raise
+        """``check()``'s answer; if it raises, the other ranks are told, on the group's thread after the
+        jobs before (see :func:`collectives.dispatch.checked`)."""
+        worker = self._worker
+        return checked(None, collective, check, place=lambda news: worker.run_in_order(news, collective))

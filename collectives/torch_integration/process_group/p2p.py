@@ -23,7 +23,7 @@ _HEADER = 2  # a message's byte count and its dtype's number
 _DTYPES = [*TORCH_DTYPES, torch.bool]  # a dtype's number on the wire is its place here
 
 
-class _Message:
+class _TensorMessage:
     """A tensor's bytes as one message carries them, with the dtype a receiver checks."""
 
     def __init__(self, dtype: torch.dtype, data: np.ndarray, tag: int) -> None:
@@ -89,13 +89,13 @@ class PointToPoint(GroupBase):
             raise InvalidRootError(f"the {role} {rank} is not a rank of a group of {self.size()}")
         return rank
 
-    def _message(self, tensors: list[torch.Tensor], tag: int, read: bool) -> tuple[Staged, _Message]:
+    def _message(self, tensors: list[torch.Tensor], tag: int, read: bool) -> tuple[Staged, _TensorMessage]:
         if len(tensors) != 1:
             raise InvalidBufferError(f"send and recv take one tensor, got {len(tensors)}")
         if tag < 0:
             raise InvalidBufferError(f"a message's tag is a non-negative integer, got {tag}")
         stage = Staged(checked_args(tensors[0]), read=read)
-        return stage, _Message(stage.tensor.dtype, stage.view.view(np.uint8), Tag.POINT_TO_POINT + tag)
+        return stage, _TensorMessage(stage.tensor.dtype, stage.view.view(np.uint8), Tag.POINT_TO_POINT + tag)
 
     def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> dist.Work:
         dst = self._peer(dstRank, "destination")
@@ -148,7 +148,7 @@ class PointToPoint(GroupBase):
         self,
         requests: list[Any],
         header: np.ndarray,
-        message: _Message,
+        message: _TensorMessage,
         what: str,
         src: int,
         deadline: float | None = None,
