@@ -520,9 +520,9 @@ static PyTypeObject SmallAllreduceType = {
  * sequence number, the flight recorder's count of calls in a row, the signature stamped with the
  * watchdog's tag, the turn of the window, the engine's call (small_call), the claim given back and
  * the late check, all on the objects' public attributes (the watchdog's, the executor's, the
- * recorder entry's) and on this object's own fields. Whatever is not as usual (a broken or claimed
- * communicator before the claim; a late rank, differing signatures, a late check due, tracing or
- * an average after it) is handed back to the Python path by the status. */
+ * recorder entry's, the tracer's record) and on this object's own fields. Whatever is not as usual
+ * (a broken or claimed communicator before the claim; a late rank, differing signatures, a late
+ * check due or an average after it) is handed back to the Python path by the status. */
 enum { NOT_TAKEN = -1, FINISH = 3 };
 
 typedef struct {
@@ -546,7 +546,7 @@ typedef struct {
     char averages;      /* averages */
 } LeanCore;
 
-static PyObject *s_broken, *s_claimed_by, *s_sequence, *s_recorder, *s_check, *s_tag, *s_turn, *s_stamp,
+static PyObject *s_record, *s_broken, *s_claimed_by, *s_sequence, *s_recorder, *s_check, *s_tag, *s_turn, *s_stamp,
     *s_digest, *s_packed, *s_last, *s_starts, *s_last_began, *s_late_after, *s_on, *s_new_entry;
 
 static int get_long(PyObject *object, PyObject *name, long long *value) {
@@ -582,7 +582,7 @@ static int is_true(PyObject *object, PyObject *name) {
 }
 
 /* start(work, source) -> -1 not taken (nothing done), 0 done, 1 a rank is late, 2 signatures differ,
- * 3 done but for the end's late check, trace record or average (claim given back) */
+ * 3 done but for the end's late check or average (claim given back) */
 static PyObject *core_start(LeanCore *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "start(work, source)");
@@ -688,9 +688,20 @@ static PyObject *core_start(LeanCore *self, PyObject *const *args, Py_ssize_t na
     double last_began, late_after;
     if (get_double(watchdog, s_last_began, &last_began) < 0 || get_double(watchdog, s_late_after, &late_after) < 0)
         return NULL;
+    if (began - last_began >= late_after || self->averages) return PyLong_FromLong(FINISH);
     int traced = is_true(self->tracer, s_on);
     if (traced < 0) return NULL;
-    if (began - last_began >= late_after || traced || self->averages) return PyLong_FromLong(FINISH);
+    if (traced) { /* the trace's record of a lean repeat, as LeanAllreduce's end appends it */
+        PyObject *record = PyObject_GetAttr(self->tracer, s_record);
+        PyObject *tag = record ? PyObject_GetAttr(watchdog, s_tag) : NULL;
+        PyObject *item = tag ? Py_BuildValue("(OLddO)", (PyObject *)self, sequence, began, now_s(), tag) : NULL;
+        PyObject *done = item ? PyObject_CallOneArg(record, item) : NULL;
+        Py_XDECREF(record);
+        Py_XDECREF(tag);
+        Py_XDECREF(item);
+        if (!done) return NULL;
+        Py_DECREF(done);
+    }
     PyObject *when = PyFloat_FromDouble(began);
     if (!when || PyObject_SetAttr(watchdog, s_last_began, when) < 0) {
         Py_XDECREF(when);
@@ -812,10 +823,10 @@ static struct PyModuleDef engine_module = {
 
 PyMODINIT_FUNC PyInit__engine(void) {
     if (PyType_Ready(&SmallAllreduceType) < 0 || PyType_Ready(&LeanCoreType) < 0) return NULL;
-    static const char *names[] = {"broken", "claimed_by", "sequence", "recorder", "check", "tag", "turn", "stamp",
+    static const char *names[] = {"record", "broken", "claimed_by", "sequence", "recorder", "check", "tag", "turn", "stamp",
                                   "digest", "packed", "last", "starts", "last_began", "late_after", "on",
                                   "_new_entry"};
-    PyObject **interned[] = {&s_broken, &s_claimed_by, &s_sequence, &s_recorder, &s_check, &s_tag, &s_turn,
+    PyObject **interned[] = {&s_record, &s_broken, &s_claimed_by, &s_sequence, &s_recorder, &s_check, &s_tag, &s_turn,
                              &s_stamp, &s_digest, &s_packed, &s_last, &s_starts, &s_last_began, &s_late_after,
                              &s_on, &s_new_entry};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
