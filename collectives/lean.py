@@ -19,6 +19,7 @@ call's copy-in, barrier, signature check and reduction are one call into it.
 
 __all__ = ["SPIN_S", "LeanAllreduce", "Repeats"]
 
+import threading
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from .ops import ReduceOp
 
 _monotonic = time.monotonic
+_get_ident = threading.get_ident
 
 SPIN_S = 0.001
 """How long a lean call waits at a barrier before it makes its Call: its deadline, warnings and record.
@@ -125,8 +127,11 @@ class LeanAllreduce(LeanCore):
         """``work`` = the allreduce of every rank's ``source`` (may be ``work``), divided for ``avg``."""
         try:
             status = self.start(work, source)  # the compiled engine's whole call, where it takes this one
-        except BaseException as error:  # raised after its claim: the call's error
-            self._failed(error)
+        except BaseException as error:
+            # raised inside the call, its claim held: the call's error; else (an interrupt as start
+            # returned a finished call, say) the public call's boundary deals with it
+            if self.watchdog.claimed_by == _get_ident():
+                self._failed(error)
             raise
         if status == DONE:
             return
