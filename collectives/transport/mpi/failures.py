@@ -17,6 +17,9 @@ def failed_error(error: "MPI.Exception", doing: str, comm: MPI.Comm | None = Non
     """MPI's ``error`` while ``doing`` something as the library's, naming the dead ranks MPI knows of."""
     failed = failed_ranks(comm) if comm is not None else ()
     dead = f" (failed ranks: {', '.join(map(str, failed))})" if failed else ""
+    if not failed and error.Get_error_class() == getattr(MPI, "ERR_REVOKED", None):
+        # a peer saw a death first and revoked the communicator; MPI tells this rank who died later
+        dead = " (another rank saw a rank die and revoked the communicator; MPI has not named it here yet)"
     return TransportError(f"MPI failed {doing}: {error.Get_error_string()}{dead}")
 
 
