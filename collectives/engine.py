@@ -20,7 +20,6 @@ __all__ = [
     "LATE",
     "MISMATCH",
     "NOT_TAKEN",
-    "Engine",
     "LeanCore",
     "compiled",
     "reduces",
@@ -65,9 +64,6 @@ def _load() -> tuple[ModuleType | None, str, ConfigurationError | None]:
         return None, f"the Python path: {problem}", problem
     return built, reason, None
 
-
-Engine = Any
-"""The extension module's type, for annotations (it ships no type information)."""
 
 COMPILED, _WHY, _PROBLEM = _load()
 _BUILT = COMPILED  # the module whose LeanCore is the base (COMPILED may be set to None later, by tests)

@@ -1,6 +1,5 @@
 """The benchmark suite ships in the wheel: ``python -m collectives bench`` runs from an install elsewhere."""
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -9,28 +8,22 @@ from pathlib import Path
 
 import pytest
 
-from tests.mpirun import ROOT, mpiexec, run_bounded
+from tests.mpirun import mpiexec, run_bounded
+from tests.wheels import built_wheel, installed
 
 
 @pytest.mark.slow_build  # builds a wheel with pip and installs it: seconds here, tens without hatchling
 @pytest.mark.skipif(mpiexec() is None, reason="no mpiexec (install the mpich extra)")
 @pytest.mark.timeout(300)
 def test_the_installed_wheel_runs_the_benchmarks_from_outside_the_clone(tmp_path: Path) -> None:
-    wheels = tmp_path / "wheels"
-    command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(wheels), str(ROOT)]
-    if importlib.util.find_spec("hatchling") is not None:
-        command.insert(-1, "--no-build-isolation")  # else pip fetches hatchling from PyPI first: slower
-    subprocess.run(command, check=True, timeout=150)
-    (wheel,) = wheels.glob("collectives_mpi-*.whl")
+    wheel = built_wheel(tmp_path / "wheels")
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
     assert {"collectives/bench/__main__.py", "collectives/bench/collective.py"} <= names
     # the repository's forwarding package stays home
     assert not any(name.startswith("bench/") for name in names)
 
-    target = tmp_path / "site"
-    install = [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)]
-    subprocess.run(install, check=True, timeout=60)
+    target = installed(wheel, tmp_path / "site")
     away = tmp_path / "elsewhere"  # neither the clone nor the install: only the install is importable
     away.mkdir()
     environment = {**os.environ, "PYTHONPATH": str(target), "PYTHONUNBUFFERED": "1"}

@@ -10,20 +10,13 @@ import numpy as np
 import pytest
 
 from collectives import engine
+from collectives.backends.numpy_backend import UFUNCS as UFUNCS_BY_OP
 from tests.test_special_bits import special_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
 FLOATS = ("float32", "float64")
 INTEGERS = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64")
-UFUNCS = {
-    "sum": np.add,
-    "prod": np.multiply,
-    "min": np.minimum,
-    "max": np.maximum,
-    "band": np.bitwise_and,
-    "bor": np.bitwise_or,
-    "bxor": np.bitwise_xor,
-}
+UFUNCS = {op: UFUNCS_BY_OP[op] for op in ("sum", "prod", "min", "max", "band", "bor", "bxor")}  # the engine's
 
 needs_engine = pytest.mark.skipif(
     not engine.compiled(), reason=f"the compiled engine does not run: {engine.why()}"

@@ -1,6 +1,5 @@
 """Without a C compiler the package still builds (a pure-Python wheel) and runs its Python path."""
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -9,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.wheels import built_wheel, installed
 
 
 @pytest.mark.slow_build  # builds a wheel with pip and installs it: seconds here, tens without hatchling
@@ -18,30 +17,12 @@ def test_a_machine_without_a_compiler_gets_a_working_pure_python_wheel(tmp_path:
     no_tools = tmp_path / "bin"  # a PATH with no compiler on it
     no_tools.mkdir()
     environment = {**os.environ, "PATH": str(no_tools), "CC": "no-such-compiler"}
-    wheels = tmp_path / "wheels"
-    command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(wheels), str(ROOT)]
-    if importlib.util.find_spec("hatchling") is not None:
-        command.insert(-1, "--no-build-isolation")
-    built = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=200)
-    assert built.returncode == 0, built.stderr
-    (wheel,) = wheels.glob("collectives_mpi-*.whl")
+    wheel = built_wheel(tmp_path / "wheels", environment)
     assert wheel.name.endswith("-py3-none-any.whl"), wheel.name
     with zipfile.ZipFile(wheel) as archive:
         assert not [name for name in archive.namelist() if name.endswith(".so")]
 
-    target = tmp_path / "site"
-    install = [
-        sys.executable,
-        "-m",
-        "pip",
-        "install",
-        "--no-deps",
-        "--quiet",
-        "--target",
-        str(target),
-        str(wheel),
-    ]
-    subprocess.run(install, check=True, timeout=120)
+    target = installed(wheel, tmp_path / "site")
     code = "from collectives import engine; print(engine.compiled()); print(engine.why())"
     result = subprocess.run(
         [sys.executable, "-c", code],

@@ -1,6 +1,5 @@
 """The CUDA kernel sources ship in the wheel, and the installed loader finds them there."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,38 +10,20 @@ from pathlib import Path
 import pytest
 
 from collectives.backends import gpu_kernels
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.wheels import built_wheel, installed
 
 
 @pytest.mark.slow_build  # builds a wheel with pip and installs it: seconds here, tens without hatchling
 @pytest.mark.timeout(180)
 def test_the_installed_wheel_holds_and_finds_the_kernel_sources(tmp_path: Path) -> None:
-    wheels = tmp_path / "wheels"
-    command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(wheels), str(ROOT)]
-    if importlib.util.find_spec("hatchling") is not None:
-        command.insert(-1, "--no-build-isolation")  # else pip fetches hatchling from PyPI first: slower
-    subprocess.run(command, check=True, timeout=150)
-    (wheel,) = wheels.glob("collectives_mpi-*.whl")
+    wheel = built_wheel(tmp_path / "wheels")
 
     sources = gpu_kernels.kernel_sources()
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
     assert {f"collectives/kernels/{name}" for name in sources} <= names
 
-    target = tmp_path / "site"
-    install = [
-        sys.executable,
-        "-m",
-        "pip",
-        "install",
-        "--no-deps",
-        "--quiet",
-        "--target",
-        str(target),
-        str(wheel),
-    ]
-    subprocess.run(install, check=True, timeout=60)
+    target = installed(wheel, tmp_path / "site")
     code = (
         "import json, collectives\n"
         "from collectives.backends import gpu_kernels as g\n"
