@@ -168,7 +168,9 @@ class LeanAllreduce(LeanCore):
         check = self._check
         try:
             kernel = self._kernel
-            if kernel is not None:  # the compiled engine's: copy in, signed barrier and reduction in one call
+            # the compiled call here where the start was refused as another thread held the claim and
+            # that thread let go since: the engine's bits, as the other ranks' starts give them
+            if kernel is not None:
                 if watchdog.check if check is None else check:
                     guard = self.guard
                     tag = watchdog.tag
