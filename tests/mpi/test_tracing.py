@@ -1,5 +1,6 @@
 """A traced job under mpiexec: every call on every rank, merged on one timeline; a hang's verdict."""
 
+import importlib.util
 import os
 import tempfile
 import time
@@ -132,6 +133,7 @@ def test_trace_why_names_the_rank_that_did_not_come(world: MPI.Intracomm) -> Non
     assert_all(not problems, "; ".join(problems))
 
 
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="the torch backend's ranges need torch")
 def test_the_torch_backends_calls_are_profiler_ranges(world: MPI.Intracomm, group: int) -> None:
     import torch
     import torch.distributed as dist
