@@ -74,22 +74,41 @@ static inline double quiet_double(double a) {
     return a;
 }
 
-/* out = a op b, elementwise, one rounding per element, as numpy's loops. Where both are NaN the
- * result is a's (quieted), as the processor gives for numpy's a + b: said outright, as the
- * compiler may swap the operands of a commutative + or * and so hand back b's. */
-#define FLOAT_LOOP(T)                                                                              \
-    static void reduce_##T(T *out, const T *a, const T *b, Py_ssize_t n, Op op) {        \
-        if (op == SUM)                                                                             \
-            for (Py_ssize_t i = 0; i < n; i++) out[i] = a[i] != a[i] ? quiet_##T(a[i]) : a[i] + b[i]; \
-        else                                                                                       \
-            for (Py_ssize_t i = 0; i < n; i++) out[i] = a[i] != a[i] ? quiet_##T(a[i]) : a[i] * b[i]; \
+/* the loops over many elements, built also for the x86-64 levels with wide vectors where the compiler
+ * can (GCC on Linux), the processor's chosen at load: the same arithmetic, so the same bits */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && __GNUC__ >= 11
+#define WIDE_LOOP __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define WIDE_LOOP
+#endif
+
+/* out = a op b, elementwise, one rounding per element, as numpy's loops. Where a is NaN the result
+ * is a (quieted), as the processor gives for numpy's a + b: said outright, as the compiler may swap
+ * the operands of a commutative + or * and so hand back b's. Eight lanes at a time through vector
+ * types (loads before the store, so out may be a or b), the choice of a NaN as a mask. */
+#define FLOAT_LOOP(T, BITS, QUIET)                                                                  \
+    typedef T T##_lanes __attribute__((vector_size(8 * sizeof(T))));                                \
+    typedef BITS T##_masks __attribute__((vector_size(8 * sizeof(T))));                             \
+    WIDE_LOOP static void reduce_##T(T *out, const T *a, const T *b, Py_ssize_t n, Op op) {         \
+        Py_ssize_t i = 0;                                                                           \
+        const T##_masks quiet = {QUIET, QUIET, QUIET, QUIET, QUIET, QUIET, QUIET, QUIET};           \
+        for (; i + 8 <= n; i += 8) {                                                                \
+            T##_lanes x, y, z;                                                                      \
+            memcpy(&x, a + i, sizeof x);                                                            \
+            memcpy(&y, b + i, sizeof y);                                                            \
+            z = op == SUM ? x + y : x * y;                                                          \
+            T##_masks nan = x != x;                                                                 \
+            T##_masks r = (nan & ((T##_masks)x | quiet)) | (~nan & (T##_masks)z);                   \
+            memcpy(out + i, &r, sizeof r);                                                          \
+        }                                                                                           \
+        for (; i < n; i++) out[i] = a[i] != a[i] ? quiet_##T(a[i]) : op == SUM ? a[i] + b[i] : a[i] * b[i]; \
     }
-FLOAT_LOOP(float)
-FLOAT_LOOP(double)
+FLOAT_LOOP(float, int32_t, INT32_C(0x00400000))
+FLOAT_LOOP(double, int64_t, INT64_C(0x0008000000000000))
 
 /* integers add and multiply as unsigned words: numpy wraps, and signed overflow is undefined in C */
 #define INT_LOOP(NAME, T, U)                                                                   \
-    static void reduce_##NAME(T *out, const T *a, const T *b, Py_ssize_t n, Op op) { \
+    WIDE_LOOP static void reduce_##NAME(T *out, const T *a, const T *b, Py_ssize_t n, Op op) { \
         switch (op) {                                                                          \
         case SUM: for (Py_ssize_t i = 0; i < n; i++) out[i] = (T)((U)a[i] + (U)b[i]); break;   \
         case PROD: for (Py_ssize_t i = 0; i < n; i++) out[i] = (T)((U)a[i] * (U)b[i]); break;  \
