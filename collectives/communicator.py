@@ -15,7 +15,14 @@ from .backends import ArrayBackend
 from .call import Call
 from .errors import InvalidBufferError
 from .execute import Scratch
-from .execute_shared import OVERSUBSCRIBED_SEGMENT_BYTES, SEGMENT_BYTES, SharedExecutor, oversubscribed
+from .execute_shared import (
+    COMPILED_SMALL_TOTAL_BYTES,
+    OVERSUBSCRIBED_SEGMENT_BYTES,
+    SEGMENT_BYTES,
+    SMALL_TOTAL_BYTES,
+    SharedExecutor,
+    oversubscribed,
+)
 from .selector import Selector
 from .selector_agreement import agree_on_selector
 from .settings_agreement import (
@@ -258,9 +265,12 @@ class Communicator:
         # then barriers are dear: fewer, longer segments (emulated nodes share one machine's cores)
         crowded = oversubscribed(max(node_ranks, self._transport.host_ranks()))
         segment = OVERSUBSCRIBED_SEGMENT_BYTES if crowded else SEGMENT_BYTES
-        extra = ("oversubscribed",) if crowded else ()
+        extra: tuple[str, ...] = ("oversubscribed",) if crowded else ()
         if shared is not None:
-            self._shared = SharedExecutor(shared, self.rank, self.size, segment)
+            # the compiled engine's reduction wins one barrier further (the ranks agree whether it runs)
+            small = SMALL_TOTAL_BYTES if engine.COMPILED is None else COMPILED_SMALL_TOTAL_BYTES
+            extra += ("compiled",) if engine.COMPILED is not None else ()
+            self._shared = SharedExecutor(shared, self.rank, self.size, segment, small)
             # from the next call on, the ranks agree on signatures through a barrier, not messages,
             # so no data travels with them: forget the calls prepared to send it so
             self.watchdog.agree_through(shared, self._shared.reset)

@@ -33,6 +33,7 @@ to copy in through the window).
 """
 
 __all__ = [
+    "COMPILED_SMALL_TOTAL_BYTES",
     "OVERSUBSCRIBED_SEGMENT_BYTES",
     "SEGMENT_BYTES",
     "SMALL_TOTAL_BYTES",
@@ -72,6 +73,17 @@ at 256 KiB and lost at 512 KiB (63 against 76 us); at 4 ranks it won up to 64 Ki
 (61 against 102 us), tied at 128 KiB and lost at 256 KiB.
 """
 
+COMPILED_SMALL_TOTAL_BYTES = 1 << 20
+""":data:`SMALL_TOTAL_BYTES` where the compiled engine runs (:mod:`collectives.engine`): its reduction is
+a vector loop, twice numpy's speed on these sizes, and the one barrier wins further.
+
+Measured on 2 cores (2 MiB L2, allreduce in place, ``bench compare -a auto -p mpi``, ratios to MPICH
+in one launch): at 2 ranks 512 KiB took 0.31x MPICH in one barrier against 0.51x in segments, 1 MiB
+0.67x against 0.45x; at 4 ranks 256 KiB 0.35x against 0.54x. The ranks agree whether the engine runs
+(:mod:`collectives.settings_agreement`), so they agree on the path; the communicator passes it.
+"""
+
+
 SEGMENT_BYTES = 1 << 19
 """Bytes of each rank's share that one segment takes through the window (measured, see the module).
 
@@ -106,7 +118,12 @@ class SharedExecutor:
     """
 
     def __init__(
-        self, shared: SharedMemory, rank: int, size: int, segment_bytes: int = SEGMENT_BYTES
+        self,
+        shared: SharedMemory,
+        rank: int,
+        size: int,
+        segment_bytes: int = SEGMENT_BYTES,
+        small_total_bytes: int = SMALL_TOTAL_BYTES,
     ) -> None:
         self._rank = rank
         self._size = size
@@ -120,7 +137,7 @@ class SharedExecutor:
         self._allocations: list[list[memoryview]] = []  # from alloc: every rank's part of each
         self._bases: list[int | None] = []  # the address of this rank's part of each
         self._scratches: dict[tuple[str, Any], Any] = {}
-        self._small_bytes = min(SMALL_TOTAL_BYTES // size, self._half)
+        self._small_bytes = min(small_total_bytes // size, self._half)
         # per (backend, dtype, count, half): this rank's part of the half and every rank's, as arrays
         self._smalls: dict[tuple[str, Any, int, int], tuple[Any, list[Any]]] = {}
 
@@ -266,7 +283,7 @@ class SharedExecutor:
         others' ``out``: three barriers, and no copy through the window.
         """
         count = x.shape[0]
-        if count * x.itemsize <= self._small_bytes:  # all inputs together at most SMALL_TOTAL_BYTES
+        if count * x.itemsize <= self._small_bytes:  # all inputs together within the small total
             regions = self._through_window(backend, x, barrier)
             self.reduce(backend, op, out, regions)
             return
@@ -304,8 +321,8 @@ class SharedExecutor:
     def small(self, nbytes: int) -> bool:
         """Whether an allreduce of ``nbytes`` per rank may go through :meth:`allreduce_small`.
 
-        Its inputs on all ranks together fit :data:`SMALL_TOTAL_BYTES`: the same on
-        every rank of a matching call.
+        Its inputs on all ranks together fit :data:`SMALL_TOTAL_BYTES` (where the compiled engine
+        runs, :data:`COMPILED_SMALL_TOTAL_BYTES`): the same on every rank of a matching call.
         """
         return nbytes <= self._small_bytes
 

@@ -148,16 +148,18 @@ def test_regions_too_small_for_the_slots_are_a_clear_error() -> None:
         SharedExecutor(memory, 0, 4).allreduce(NumpyBackend(), x, x, get_op("sum"))
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["python", "compiled"])
 @pytest.mark.parametrize("size", [2, 3, 4])
-def test_an_allreduce_whose_inputs_together_are_small_passes_one_barrier(size: int) -> None:
-    from collectives.execute_shared import SMALL_TOTAL_BYTES
+def test_an_allreduce_whose_inputs_together_are_small_passes_one_barrier(size: int, compiled: bool) -> None:
+    from collectives.execute_shared import COMPILED_SMALL_TOTAL_BYTES, SMALL_TOTAL_BYTES
 
-    world = ThreadWorld(size, region_bytes=2 * SMALL_TOTAL_BYTES)
-    small = SMALL_TOTAL_BYTES // size // 4  # float32 elements per rank at the limit
+    limit = COMPILED_SMALL_TOTAL_BYTES if compiled else SMALL_TOTAL_BYTES
+    world = ThreadWorld(size, region_bytes=2 * limit)
+    small = limit // size // 4  # float32 elements per rank at the limit
     barriers: dict[int, list[int]] = {}
 
     def work(rank: int, memory: ThreadSharedMemory) -> list[np.ndarray]:
-        executor = SharedExecutor(memory, rank, size)
+        executor = SharedExecutor(memory, rank, size, small_total_bytes=limit)
         results = []
         for count in (small, small + 1):
             x = np.arange(count, dtype=np.float32) + rank

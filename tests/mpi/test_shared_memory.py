@@ -5,13 +5,15 @@ import pytest
 from mpi4py import MPI
 
 import collectives
+from collectives import engine
 from collectives.transport.mpi import shared_memory
 from tests.mpi.helpers import Problems, exact_input, mpi_reference
 
 pytestmark = pytest.mark.mpi
 
 # past one segment of the window's halves, and past the one-barrier path of small allreduces
-COUNTS = [0, 1, 5, 4097, 300_007, 1_100_003]
+# (70_001: one barrier at 2 and 3 ranks where the compiled engine runs, segments on the Python path)
+COUNTS = [0, 1, 5, 4097, 70_001, 300_007, 1_100_003]
 
 
 def test_shared_memory_runs_through_the_window(world: MPI.Intracomm) -> None:
@@ -19,6 +21,8 @@ def test_shared_memory_runs_through_the_window(world: MPI.Intracomm) -> None:
     problems = Problems(world)
     problems.expect("shared_memory" in comm.features, f"features {set(comm.features)}")
     problems.expect(comm.shared is not None, "no shared executor")
+    compiled = engine.COMPILED is not None
+    problems.expect(("compiled" in comm.features) == compiled, f"features {set(comm.features)}")
     comm.free()
     problems.check()
 
