@@ -31,12 +31,13 @@ enum { MAX_RANKS = 64 };
 typedef enum { F32, F64, I8, U8, I16, U16, I32, U32, I64, U64 } Kind;
 typedef enum { SUM, PROD, MIN, MAX, BAND, BOR, BXOR } Op;
 
+/* A node's shared-memory barrier as the Python one keeps it (MPISharedMemory): every rank's number in
+ * the control window, this rank's state (arrived at, passed, digest posted by parity), the posted
+ * signatures; and how long to spin before the caller waits on in Python. */
 typedef struct {
-    PyObject_HEAD
     int64_t *numbers;           /* the control window, as int64 words */
     int64_t *state;             /* the barrier's state: arrived at, passed, digest posted by parity */
     Py_buffer control, state_buffer;
-    Py_buffer regions[2][MAX_RANKS]; /* by turn, every rank's small region */
     int size, rank;
     Py_ssize_t own_slot;
     Py_ssize_t peer_slots[MAX_RANKS];
@@ -44,11 +45,17 @@ typedef struct {
     Py_ssize_t peer_words[2][MAX_RANKS];    /* the peers', by parity */
     Py_ssize_t digest_offset;               /* from a posted sequence number to its digest */
     Py_ssize_t message_bytes;               /* a posted signature's room */
+    long spin_polls;
+    double spin_seconds;
+} Meeting;
+
+typedef struct {
+    PyObject_HEAD
+    Meeting m;
+    Py_buffer regions[2][MAX_RANKS]; /* by turn, every rank's small region */
     Py_ssize_t nbytes, count;
     Kind kind;
     Op op;
-    long spin_polls;
-    double spin_seconds;
     long long runs; /* calls that arrived at a barrier (for tests and benchmarks) */
 } SmallAllreduce;
 
@@ -146,12 +153,12 @@ static void reduce_pair(Kind kind, Op op, void *out, const void *a, const void *
 /* out = region[0] op region[1] op ... in rank order, as SharedExecutor.reduce: the same bits */
 static void reduce_regions(SmallAllreduce *self, int turn, void *out) {
     Py_buffer *regions = self->regions[turn];
-    if (self->size == 1) {
+    if (self->m.size == 1) {
         memmove(out, regions[0].buf, (size_t)self->nbytes);
         return;
     }
     reduce_pair(self->kind, self->op, out, regions[0].buf, regions[1].buf, self->count);
-    for (int r = 2; r < self->size; r++) reduce_pair(self->kind, self->op, out, out, regions[r].buf, self->count);
+    for (int r = 2; r < self->m.size; r++) reduce_pair(self->kind, self->op, out, out, regions[r].buf, self->count);
 }
 
 static int parse_kind(const char *dtype, Kind *kind) {
@@ -200,9 +207,13 @@ static PyObject *engine_reduces(PyObject *module, PyObject *const *args, Py_ssiz
     return PyBool_FromLong(answer);
 }
 
+static void meeting_release(Meeting *m) {
+    if (m->control.obj) PyBuffer_Release(&m->control);
+    if (m->state_buffer.obj) PyBuffer_Release(&m->state_buffer);
+}
+
 static void release_all(SmallAllreduce *self) {
-    if (self->control.obj) PyBuffer_Release(&self->control);
-    if (self->state_buffer.obj) PyBuffer_Release(&self->state_buffer);
+    meeting_release(&self->m);
     for (int t = 0; t < 2; t++)
         for (int r = 0; r < MAX_RANKS; r++)
             if (self->regions[t][r].obj) PyBuffer_Release(&self->regions[t][r]);
@@ -221,14 +232,72 @@ static Py_ssize_t index_at(PyObject *sequence, Py_ssize_t i) {
     return value;
 }
 
-/* SmallAllreduce(control, state, slots, words, digest_offset, message_bytes, regions, rank, dtype, op,
- *                count, spin_polls, spin_seconds)
- *
- * control: the control window (writable, int64-aligned); state: the barrier's state words (the
- * number arrived at, the number passed, by parity the digest posted; shared with the Python
- * barrier); slots: every rank's barrier-number word; words: per parity, every rank's posted
- * signature's first word (its sequence number); regions: per turn, every rank's small region
- * (writable, count elements of dtype each). */
+/* The barrier's words: `slots` every rank's number, `words` by parity every rank's posted sequence
+ * number (its digest `digest_offset` words on), all indices of the int64 control window. */
+static int meeting_init(Meeting *m, PyObject *control, PyObject *state, PyObject *slots, PyObject *words,
+                        Py_ssize_t digest_offset, Py_ssize_t message_bytes, int rank, long spin_polls,
+                        double spin_seconds) {
+    meeting_release(m);
+    memset(&m->control, 0, sizeof m->control);
+    memset(&m->state_buffer, 0, sizeof m->state_buffer);
+    Py_ssize_t size = PySequence_Size(slots);
+    if (size < 1 || size > MAX_RANKS || rank < 0 || rank >= size) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_ValueError, "the compiled engine takes 1 to %d ranks, and a rank among them", MAX_RANKS);
+        return -1;
+    }
+    m->size = (int)size;
+    m->rank = rank;
+    m->spin_polls = spin_polls;
+    m->spin_seconds = spin_seconds;
+    m->digest_offset = digest_offset;
+    if (PyObject_GetBuffer(control, &m->control, PyBUF_WRITABLE) < 0) return -1;
+    Py_ssize_t words_in_control = m->control.len / 8;
+    if (((uintptr_t)m->control.buf) % 8) {
+        PyErr_SetString(PyExc_ValueError, "the control window is not aligned to 8 bytes");
+        return -1;
+    }
+    m->numbers = m->control.buf;
+    if (PyObject_GetBuffer(state, &m->state_buffer, PyBUF_WRITABLE) < 0) return -1;
+    if (m->state_buffer.len != 4 * 8 || ((uintptr_t)m->state_buffer.buf) % 8) {
+        PyErr_SetString(PyExc_ValueError, "the barrier's state is four aligned int64 words");
+        return -1;
+    }
+    m->state = m->state_buffer.buf;
+    if (message_bytes < 8 || message_bytes > digest_offset * 8) {
+        PyErr_SetString(PyExc_ValueError, "a posted signature's room ends before its digest");
+        return -1;
+    }
+    m->message_bytes = message_bytes;
+    int peer = 0;
+    for (Py_ssize_t r = 0; r < size; r++) {
+        Py_ssize_t slot = index_at(slots, r);
+        if (slot < 0 || slot >= words_in_control) goto out_of_window;
+        if (r == rank) m->own_slot = slot;
+        else m->peer_slots[peer] = slot;
+        for (int parity = 0; parity < 2; parity++) {
+            PyObject *by_rank = PySequence_GetItem(words, parity);
+            if (!by_rank) return -1;
+            Py_ssize_t word = index_at(by_rank, r);
+            Py_DECREF(by_rank);
+            if (word < 0 || word + digest_offset >= words_in_control) goto out_of_window;
+            if (r == rank) m->own_words[parity] = word;
+            else m->peer_words[parity][peer] = word;
+        }
+        if (r != rank) peer++;
+    }
+    return 0;
+out_of_window:
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "a word lies outside the control window");
+    return -1;
+}
+
+static Py_ssize_t item_size(Kind kind) {
+    return (kind == F64 || kind == I64 || kind == U64) ? 8
+           : (kind == F32 || kind == I32 || kind == U32) ? 4
+           : (kind == I16 || kind == U16) ? 2 : 1;
+}
+
 static int small_init(SmallAllreduce *self, PyObject *args, PyObject *kwargs) {
     static char *names[] = {"control", "state", "slots", "words", "digest_offset", "message_bytes", "regions",
                             "rank", "dtype", "op", "count", "spin_polls", "spin_seconds", NULL};
@@ -243,68 +312,20 @@ static int small_init(SmallAllreduce *self, PyObject *args, PyObject *kwargs) {
                                      &count, &spin_polls, &spin_seconds))
         return -1;
     release_all(self);
-    memset(&self->control, 0, sizeof self->control);
-    memset(&self->state_buffer, 0, sizeof self->state_buffer);
     memset(self->regions, 0, sizeof self->regions);
-    Py_ssize_t size = PySequence_Size(slots);
-    if (size < 1 || size > MAX_RANKS || rank < 0 || rank >= size) {
-        if (!PyErr_Occurred())
-            PyErr_Format(PyExc_ValueError, "the compiled engine takes 1 to %d ranks, and a rank among them", MAX_RANKS);
+    if (meeting_init(&self->m, control, state, slots, words, digest_offset, message_bytes, rank, spin_polls,
+                     spin_seconds) < 0)
         return -1;
-    }
     if (!parse_kind(dtype, &self->kind) || !parse_op(op_name, self->kind, &self->op)) {
         PyErr_Format(PyExc_ValueError, "the compiled engine does not reduce %s with %s", dtype, op_name);
         return -1;
     }
-    self->size = (int)size;
-    self->rank = rank;
     self->count = count;
-    self->spin_polls = spin_polls;
-    self->spin_seconds = spin_seconds;
-    self->digest_offset = digest_offset;
-    if (PyObject_GetBuffer(control, &self->control, PyBUF_WRITABLE) < 0) return -1;
-    Py_ssize_t words_in_control = self->control.len / 8;
-    if (((uintptr_t)self->control.buf) % 8) {
-        PyErr_SetString(PyExc_ValueError, "the control window is not aligned to 8 bytes");
-        return -1;
-    }
-    self->numbers = self->control.buf;
-    if (PyObject_GetBuffer(state, &self->state_buffer, PyBUF_WRITABLE) < 0) return -1;
-    if (self->state_buffer.len != 4 * 8 || ((uintptr_t)self->state_buffer.buf) % 8) {
-        PyErr_SetString(PyExc_ValueError, "the barrier's state is four aligned int64 words");
-        return -1;
-    }
-    self->state = self->state_buffer.buf;
-    if (message_bytes < 8 || message_bytes > digest_offset * 8) {
-        PyErr_SetString(PyExc_ValueError, "a posted signature's room ends before its digest");
-        return -1;
-    }
-    self->message_bytes = message_bytes;
-    int peer = 0;
-    for (Py_ssize_t r = 0; r < size; r++) {
-        Py_ssize_t slot = index_at(slots, r);
-        if (slot < 0 || slot >= words_in_control) goto out_of_window;
-        if (r == rank) self->own_slot = slot;
-        else self->peer_slots[peer] = slot;
-        for (int parity = 0; parity < 2; parity++) {
-            PyObject *by_rank = PySequence_GetItem(words, parity);
-            if (!by_rank) return -1;
-            Py_ssize_t word = index_at(by_rank, r);
-            Py_DECREF(by_rank);
-            if (word < 0 || word + digest_offset >= words_in_control) goto out_of_window;
-            if (r == rank) self->own_words[parity] = word;
-            else self->peer_words[parity][peer] = word;
-        }
-        if (r != rank) peer++;
-    }
-    Py_ssize_t itemsize = (self->kind == F64 || self->kind == I64 || self->kind == U64) ? 8
-                          : (self->kind == F32 || self->kind == I32 || self->kind == U32) ? 4
-                          : (self->kind == I16 || self->kind == U16) ? 2 : 1;
-    self->nbytes = count * itemsize;
+    self->nbytes = count * item_size(self->kind);
     for (int turn = 0; turn < 2; turn++) {
         PyObject *half = PySequence_GetItem(regions, turn);
         if (!half) return -1;
-        for (Py_ssize_t r = 0; r < size; r++) {
+        for (Py_ssize_t r = 0; r < self->m.size; r++) {
             PyObject *region = PySequence_GetItem(half, r);
             int failed = !region || PyObject_GetBuffer(region, &self->regions[turn][r], PyBUF_WRITABLE) < 0;
             Py_XDECREF(region);
@@ -321,12 +342,9 @@ static int small_init(SmallAllreduce *self, PyObject *args, PyObject *kwargs) {
         Py_DECREF(half);
     }
     return 0;
-out_of_window:
-    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "a word lies outside the control window");
-    return -1;
 }
 
-static int get_buffers(SmallAllreduce *self, PyObject *work, PyObject *source, Py_buffer *out, Py_buffer *in) {
+static int get_buffers(Py_ssize_t nbytes, PyObject *work, PyObject *source, Py_buffer *out, Py_buffer *in) {
     if (PyObject_GetBuffer(work, out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return -1;
     if (source == work) {
         *in = *out;
@@ -335,14 +353,82 @@ static int get_buffers(SmallAllreduce *self, PyObject *work, PyObject *source, P
         PyBuffer_Release(out);
         return -1;
     }
-    if (out->len != self->nbytes || in->len != self->nbytes) {
+    if (out->len != nbytes || in->len != nbytes) {
         PyErr_Format(PyExc_ValueError, "the compiled allreduce was made for %zd bytes, not %zd and %zd",
-                     self->nbytes, out->len, in->len);
+                     nbytes, out->len, in->len);
         PyBuffer_Release(out);
         if (in->obj) PyBuffer_Release(in);
         return -1;
     }
     return 0;
+}
+
+/* The next barrier's number, checked: the previous one was passed. */
+static int64_t meeting_next(Meeting *m) {
+    int64_t number = m->state[0];
+    if (m->state[1] != number) {
+        PyErr_SetString(PyExc_RuntimeError, "arrive called before the previous barrier was passed");
+        return -1;
+    }
+    return number + 1;
+}
+
+/* Post the call's signature for barrier `number` (digest 0: none): its sequence number stamped into
+ * `packed`, the message written only where the digest changed (repeats post it once). */
+static int meeting_sign(Meeting *m, int64_t number, long long sequence, PyObject *packed_object, long long digest) {
+    if (!digest) return 0;
+    if (!packed_object || !PyByteArray_CheckExact(packed_object) || PyByteArray_GET_SIZE(packed_object) < 8 ||
+        PyByteArray_GET_SIZE(packed_object) > m->message_bytes) {
+        PyErr_SetString(PyExc_TypeError, "a checked call's packed signature is a bytearray that fits a message");
+        return -1;
+    }
+    int parity = (int)(number & 1);
+    Py_ssize_t own = m->own_words[parity];
+    char *packed = PyByteArray_AS_STRING(packed_object);
+    int64_t stamped = (int64_t)sequence;
+    memcpy(packed, &stamped, sizeof stamped); /* its sequence number, as the guard's stamp writes it */
+    if (m->state[2 + parity] != digest) {      /* the rest of the signature: posted once for repeats */
+        memcpy(&m->numbers[own], packed, (size_t)PyByteArray_GET_SIZE(packed_object));
+        m->numbers[own + m->digest_offset] = digest;
+        m->state[2 + parity] = digest;
+    }
+    return 0;
+}
+
+/* Arrive at barrier `number`, then spin for the peers: DONE passed, LATE still missing after the spin
+ * (the caller waits on in Python, whose wait marks it passed). */
+static int meeting_pass(Meeting *m, int64_t number) {
+    __atomic_store_n(&m->numbers[m->own_slot], number, __ATOMIC_RELEASE);
+    m->state[0] = number;
+    long polls = 0;
+    double began = 0.0;
+    for (int p = 0; p < m->size - 1; p++) {
+        while (__atomic_load_n(&m->numbers[m->peer_slots[p]], __ATOMIC_ACQUIRE) < number) {
+            polls++;
+            if (polls > m->spin_polls) { /* the core to a late peer, the interpreter to other threads */
+                Py_BEGIN_ALLOW_THREADS
+                sched_yield();
+                Py_END_ALLOW_THREADS
+            }
+            if ((polls & 63) == 0) {
+                double t = now_s();
+                if (began == 0.0) began = t;
+                else if (t - began >= m->spin_seconds) return LATE;
+            }
+        }
+    }
+    m->state[1] = number;
+    return DONE;
+}
+
+/* Whether every peer posted the same signature for barrier `number` (after passing it). */
+static int meeting_signed_alike(Meeting *m, int64_t number, long long sequence, long long digest) {
+    int parity = (int)(number & 1);
+    for (int p = 0; p < m->size - 1; p++) {
+        Py_ssize_t at = m->peer_words[parity][p];
+        if (m->numbers[at] != sequence || m->numbers[at + m->digest_offset] != digest) return 0;
+    }
+    return 1;
 }
 
 /* The call of run(): status 0 done, 1 a rank is late, 2 signatures differ; -1 with an exception set. */
@@ -352,71 +438,18 @@ static int small_call(SmallAllreduce *self, long turn, PyObject *work, PyObject 
         PyErr_SetString(PyExc_ValueError, "turn is 0 or 1");
         return -1;
     }
-    int64_t *state = self->state, *numbers = self->numbers;
-    int64_t number = state[0];
-    if (state[1] != number) {
-        PyErr_SetString(PyExc_RuntimeError, "arrive called before the previous barrier was passed");
-        return -1;
-    }
-    number++;
-    int parity = (int)(number & 1);
-    Py_ssize_t own = self->own_words[parity];
-    if (digest) {
-        if (!packed_object || !PyByteArray_CheckExact(packed_object) || PyByteArray_GET_SIZE(packed_object) < 8 ||
-            PyByteArray_GET_SIZE(packed_object) > self->message_bytes) {
-            PyErr_SetString(PyExc_TypeError, "a checked call's packed signature is a bytearray that fits a message");
-            return -1;
-        }
-        char *packed = PyByteArray_AS_STRING(packed_object);
-        int64_t stamped = (int64_t)sequence;
-        memcpy(packed, &stamped, sizeof stamped); /* its sequence number, as the guard's stamp writes it */
-        if (state[2 + parity] != digest) {        /* the rest of the signature: posted once for repeats */
-            memcpy(&numbers[own], packed, (size_t)PyByteArray_GET_SIZE(packed_object));
-            numbers[own + self->digest_offset] = digest;
-            state[2 + parity] = digest;
-        }
-    }
+    Meeting *m = &self->m;
+    int64_t number = meeting_next(m);
+    if (number < 0 || meeting_sign(m, number, sequence, packed_object, digest) < 0) return -1;
     Py_buffer out, in;
-    if (get_buffers(self, work, source, &out, &in) < 0) return -1;
-    int peers = self->size - 1;
-    memcpy(self->regions[turn][self->rank].buf, in.buf, (size_t)self->nbytes);
+    if (get_buffers(self->nbytes, work, source, &out, &in) < 0) return -1;
+    memcpy(self->regions[turn][m->rank].buf, in.buf, (size_t)self->nbytes);
     if (in.obj) PyBuffer_Release(&in);
-    if (digest) numbers[own] = sequence;
+    if (digest) m->numbers[m->own_words[number & 1]] = sequence;
     self->runs++;
-    __atomic_store_n(&numbers[self->own_slot], number, __ATOMIC_RELEASE);
-    state[0] = number;
-    int status = DONE;
-    long polls = 0;
-    double began = 0.0;
-    for (int p = 0; p < peers; p++) {
-        while (__atomic_load_n(&numbers[self->peer_slots[p]], __ATOMIC_ACQUIRE) < number) {
-            polls++;
-            if (polls > self->spin_polls) { /* the core to a late peer, the interpreter to other threads */
-                Py_BEGIN_ALLOW_THREADS
-                sched_yield();
-                Py_END_ALLOW_THREADS
-            }
-            if ((polls & 63) == 0) {
-                double t = now_s();
-                if (began == 0.0) began = t;
-                else if (t - began >= self->spin_seconds) {
-                    status = LATE;
-                    goto done;
-                }
-            }
-        }
-    }
-    state[1] = number;
-    if (digest)
-        for (int p = 0; p < peers; p++) {
-            Py_ssize_t at = self->peer_words[parity][p];
-            if (numbers[at] != sequence || numbers[at + self->digest_offset] != digest) {
-                status = MISMATCH;
-                goto done;
-            }
-        }
-    reduce_regions(self, (int)turn, out.buf);
-done:
+    int status = meeting_pass(m, number);
+    if (status == DONE && digest && !meeting_signed_alike(m, number, sequence, digest)) status = MISMATCH;
+    if (status == DONE) reduce_regions(self, (int)turn, out.buf);
     PyBuffer_Release(&out);
     return status;
 }
