@@ -565,6 +565,276 @@ static PyTypeObject SmallAllreduceType = {
     .tp_members = small_members,
 };
 
+/* ---- SegmentedAllreduce: a repeated allreduce through the window's halves, segment by segment ----
+ *
+ * The compiled twin of SharedExecutor.allreduce's window path (collectives/execute_shared.py), step for
+ * step and barrier for barrier, so that a rank on the Python path and one here meet at the same
+ * barriers: per segment of `slot` elements of every share, copy into this rank's region the other
+ * owners' parts, pass a barrier (the call's first carries the signature and the note "through the
+ * window"), reduce this rank's part in rank order (its own input read where it lies) into its result
+ * slot, pass a barrier, copy every owner's result out. Segments alternate between the halves. A late
+ * barrier hands the wait to Python (status LATE); resume() goes on from where the call stopped. */
+enum { MODES = 4 }; /* the first barrier's notes differ: some rank runs the zero-copy path */
+enum { SEGMENT_IDLE, SEGMENT_FIRST_WAIT, SEGMENT_SECOND_WAIT };
+
+typedef struct {
+    PyObject_HEAD
+    Meeting m;
+    Py_buffer halves[2][MAX_RANKS]; /* every rank's half of its region, by half */
+    Py_ssize_t notes[2][MAX_RANKS];  /* where each rank's note of a barrier lies, by parity */
+    Py_ssize_t note_ints;
+    Py_ssize_t bounds[MAX_RANKS + 1]; /* where each owner's share starts, then the count */
+    Py_ssize_t count, slot, itemsize;
+    Kind kind;
+    Op op;
+    /* the call under way */
+    int stage, half, turn;
+    Py_ssize_t start;
+    int64_t number;
+    long long sequence, digest;
+    long long passed, runs;
+} SegmentedAllreduce;
+
+static void segmented_release(SegmentedAllreduce *self) {
+    meeting_release(&self->m);
+    for (int h = 0; h < 2; h++)
+        for (int r = 0; r < MAX_RANKS; r++)
+            if (self->halves[h][r].obj) PyBuffer_Release(&self->halves[h][r]);
+}
+
+static void segmented_dealloc(SegmentedAllreduce *self) {
+    segmented_release(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int segmented_init(SegmentedAllreduce *self, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"control", "state", "slots", "words", "digest_offset", "message_bytes", "notes",
+                            "note_ints", "halves", "rank", "dtype", "op", "bounds", "slot", "spin_polls",
+                            "spin_seconds", NULL};
+    PyObject *control, *state, *slots, *words, *notes, *halves, *bounds;
+    const char *dtype, *op_name;
+    Py_ssize_t digest_offset, message_bytes, note_ints, slot;
+    int rank;
+    long spin_polls;
+    double spin_seconds;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOnnOnOissOnld", names, &control, &state, &slots, &words,
+                                     &digest_offset, &message_bytes, &notes, &note_ints, &halves, &rank, &dtype,
+                                     &op_name, &bounds, &slot, &spin_polls, &spin_seconds))
+        return -1;
+    segmented_release(self);
+    memset(self->halves, 0, sizeof self->halves);
+    self->stage = SEGMENT_IDLE;
+    if (meeting_init(&self->m, control, state, slots, words, digest_offset, message_bytes, rank, spin_polls,
+                     spin_seconds) < 0)
+        return -1;
+    if (!parse_kind(dtype, &self->kind) || !parse_op(op_name, self->kind, &self->op)) {
+        PyErr_Format(PyExc_ValueError, "the compiled engine does not reduce %s with %s", dtype, op_name);
+        return -1;
+    }
+    int size = self->m.size;
+    self->itemsize = item_size(self->kind);
+    self->slot = slot;
+    self->note_ints = note_ints;
+    if (PySequence_Size(bounds) != size + 1) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "bounds: where each share starts, then the count");
+        return -1;
+    }
+    for (int r = 0; r <= size; r++) {
+        self->bounds[r] = index_at(bounds, r);
+        if (self->bounds[r] < 0 || (r && self->bounds[r] < self->bounds[r - 1])) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "bounds must not decrease");
+            return -1;
+        }
+    }
+    self->count = self->bounds[size];
+    Py_ssize_t words_in_control = self->m.control.len / 8;
+    for (int parity = 0; parity < 2; parity++) {
+        PyObject *by_rank = PySequence_GetItem(notes, parity);
+        if (!by_rank) return -1;
+        for (int r = 0; r < size; r++) {
+            self->notes[parity][r] = index_at(by_rank, r);
+            if (self->notes[parity][r] < 0 || self->notes[parity][r] + note_ints > words_in_control) {
+                Py_DECREF(by_rank);
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "a note lies outside the control window");
+                return -1;
+            }
+        }
+        Py_DECREF(by_rank);
+    }
+    Py_ssize_t need = (size + 1) * slot * self->itemsize;
+    for (int h = 0; h < 2; h++) {
+        PyObject *by_rank = PySequence_GetItem(halves, h);
+        if (!by_rank) return -1;
+        for (int r = 0; r < size; r++) {
+            PyObject *region = PySequence_GetItem(by_rank, r);
+            int failed = !region || PyObject_GetBuffer(region, &self->halves[h][r], PyBUF_WRITABLE) < 0;
+            Py_XDECREF(region);
+            if (failed || self->halves[h][r].len < need) {
+                Py_DECREF(by_rank);
+                if (!failed) PyErr_SetString(PyExc_ValueError, "a half of a region is shorter than its slots");
+                return -1;
+            }
+        }
+        Py_DECREF(by_rank);
+    }
+    return 0;
+}
+
+/* the part of owner r's share that the segment at `start` takes: [*lo, *hi) */
+static void segment_cut(SegmentedAllreduce *self, int r, Py_ssize_t start, Py_ssize_t *lo, Py_ssize_t *hi) {
+    Py_ssize_t end = self->bounds[r + 1];
+    *lo = self->bounds[r] + start < end ? self->bounds[r] + start : end;
+    *hi = *lo + self->slot < end ? *lo + self->slot : end;
+}
+
+static inline char *slot_at(SegmentedAllreduce *self, int half, int r, Py_ssize_t which) {
+    return (char *)self->halves[half][r].buf + which * self->slot * self->itemsize;
+}
+
+/* Go on with the call from its stage; -1 with an exception set, else a status. */
+static int segmented_go(SegmentedAllreduce *self, char *out, const char *in) {
+    Meeting *m = &self->m;
+    int size = m->size, rank = m->rank;
+    Py_ssize_t item = self->itemsize, largest = self->bounds[1] - self->bounds[0], lo, hi;
+    for (;;) {
+        if (self->stage == SEGMENT_IDLE) {
+            if (self->start >= largest) return DONE;
+            int half = self->half = self->turn;
+            self->turn ^= 1;
+            char *mine = slot_at(self, half, rank, 0);
+            for (int r = 0; r < size; r++) {
+                segment_cut(self, r, self->start, &lo, &hi);
+                if (r != rank && lo < hi) memcpy(mine + r * self->slot * item, in + lo * item, (size_t)((hi - lo) * item));
+            }
+            int64_t number = self->number = meeting_next(m);
+            if (number < 0) return -1;
+            if (self->start == 0) { /* the first barrier: the note "through the window", and the signature */
+                int64_t *note = &m->numbers[self->notes[number & 1][rank]];
+                for (Py_ssize_t i = 0; i < self->note_ints; i++) note[i] = 0;
+                if (self->digest) m->numbers[m->own_words[number & 1]] = self->sequence;
+            }
+            self->stage = SEGMENT_FIRST_WAIT;
+            self->passed++;
+            if (meeting_pass(m, number) == LATE) return LATE;
+        }
+        if (self->stage == SEGMENT_FIRST_WAIT) {
+            int half = self->half;
+            if (self->start == 0) {
+                int64_t number = self->number;
+                if (self->digest && !meeting_signed_alike(m, number, self->sequence, self->digest)) return MISMATCH;
+                for (int r = 0; r < size; r++)
+                    if (m->numbers[self->notes[number & 1][r]] != 0) return MODES;
+            }
+            segment_cut(self, rank, self->start, &lo, &hi);
+            if (lo < hi) {
+                char *target = slot_at(self, half, rank, size);
+                const char *first = rank == 0 ? in + lo * item : slot_at(self, half, 0, rank);
+                Py_ssize_t n = hi - lo;
+                if (size == 1) memmove(target, first, (size_t)(n * item));
+                for (int r = 1; r < size; r++) {
+                    const char *part = r == rank ? in + lo * item : slot_at(self, half, r, rank);
+                    reduce_pair(self->kind, self->op, target, r == 1 ? first : target, part, n);
+                }
+            }
+            int64_t number = self->number = meeting_next(m);
+            if (number < 0) return -1;
+            self->stage = SEGMENT_SECOND_WAIT;
+            self->passed++;
+            if (meeting_pass(m, number) == LATE) return LATE;
+        }
+        /* SEGMENT_SECOND_WAIT, passed: every owner's result out */
+        for (int r = 0; r < size; r++) {
+            segment_cut(self, r, self->start, &lo, &hi);
+            if (lo < hi) memcpy(out + lo * item, slot_at(self, self->half, r, size), (size_t)((hi - lo) * item));
+        }
+        self->start += self->slot;
+        self->stage = SEGMENT_IDLE;
+    }
+}
+
+static int segmented_buffers(SegmentedAllreduce *self, PyObject *work, PyObject *source, Py_buffer *out,
+                             Py_buffer *in) {
+    return get_buffers(self->count * self->itemsize, work, source, out, in);
+}
+
+static PyObject *segmented_step(SegmentedAllreduce *self, PyObject *work, PyObject *source) {
+    Py_buffer out, in;
+    if (segmented_buffers(self, work, source, &out, &in) < 0) return NULL;
+    int status = segmented_go(self, out.buf, in.buf);
+    if (in.obj) PyBuffer_Release(&in);
+    PyBuffer_Release(&out);
+    if (status != LATE) self->stage = status == DONE ? SEGMENT_IDLE : self->stage;
+    return status < 0 ? NULL : PyLong_FromLong(status);
+}
+
+/* run(turn, work, source, sequence, packed, digest) -> 0 done, 1 a rank is late (wait on, then resume),
+ * 2 signatures differ, 4 notes differ (both at the first barrier, passed) */
+static PyObject *segmented_run(SegmentedAllreduce *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "run(turn, work, source, sequence, packed, digest)");
+        return NULL;
+    }
+    long turn = PyLong_AsLong(args[0]);
+    long long sequence = PyLong_AsLongLong(args[3]);
+    long long digest = PyLong_AsLongLong(args[5]);
+    if ((turn == -1 || sequence == -1 || digest == -1) && PyErr_Occurred()) return NULL;
+    if (turn != 0 && turn != 1) {
+        PyErr_SetString(PyExc_ValueError, "turn is 0 or 1");
+        return NULL;
+    }
+    int64_t number = meeting_next(&self->m);
+    if (number < 0 || meeting_sign(&self->m, number, sequence, args[4], digest) < 0) return NULL;
+    self->turn = (int)turn;
+    self->start = 0;
+    self->stage = SEGMENT_IDLE;
+    self->sequence = sequence;
+    self->digest = digest;
+    self->passed = 0;
+    self->runs++;
+    return segmented_step(self, args[1], args[2]);
+}
+
+/* resume(work, source): on with the call after Python waited out its late barrier */
+static PyObject *segmented_resume(SegmentedAllreduce *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "resume(work, source)");
+        return NULL;
+    }
+    if (self->stage == SEGMENT_IDLE || self->m.state[1] != self->number) {
+        PyErr_SetString(PyExc_RuntimeError, "resume called with no late barrier passed");
+        return NULL;
+    }
+    return segmented_step(self, args[0], args[1]);
+}
+
+static PyMethodDef segmented_methods[] = {
+    {"run", (PyCFunction)(void (*)(void))segmented_run, METH_FASTCALL,
+     "run(turn, work, source, sequence, packed, digest) -> 0 done, 1 late, 2 signatures differ, 4 notes differ"},
+    {"resume", (PyCFunction)(void (*)(void))segmented_resume, METH_FASTCALL,
+     "resume(work, source) -> the same statuses: on with the call after its late barrier was passed"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef segmented_members[] = {
+    {"turn", T_INT, offsetof(SegmentedAllreduce, turn), READONLY, "the half the next segment would take"},
+    {"passed", T_LONGLONG, offsetof(SegmentedAllreduce, passed), READONLY, "barriers arrived at in this call"},
+    {"runs", T_LONGLONG, offsetof(SegmentedAllreduce, runs), READONLY, "calls run"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject SegmentedAllreduceType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "collectives._engine.SegmentedAllreduce",
+    .tp_doc = "A repeated allreduce through the window's halves, segment by segment, as SharedExecutor's.",
+    .tp_basicsize = sizeof(SegmentedAllreduce),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)segmented_init,
+    .tp_dealloc = (destructor)segmented_dealloc,
+    .tp_methods = segmented_methods,
+    .tp_members = segmented_members,
+};
+
 /* ---- LeanCore: a repeated small allreduce's bookkeeping and its compiled call, in one call ----
  *
  * The base of collectives.lean.LeanAllreduce where the engine runs: its start() is the compiled twin
@@ -874,7 +1144,9 @@ static struct PyModuleDef engine_module = {
 };
 
 PyMODINIT_FUNC PyInit__engine(void) {
-    if (PyType_Ready(&SmallAllreduceType) < 0 || PyType_Ready(&LeanCoreType) < 0) return NULL;
+    if (PyType_Ready(&SmallAllreduceType) < 0 || PyType_Ready(&SegmentedAllreduceType) < 0 ||
+        PyType_Ready(&LeanCoreType) < 0)
+        return NULL;
     static const char *names[] = {"record", "broken", "claimed_by", "sequence", "recorder", "check", "tag", "turn", "stamp",
                                   "digest", "packed", "last", "starts", "last_began", "late_after", "on",
                                   "_new_entry"};
@@ -886,7 +1158,9 @@ PyMODINIT_FUNC PyInit__engine(void) {
     PyObject *module = PyModule_Create(&engine_module);
     if (!module) return NULL;
     if (PyModule_AddObjectRef(module, "SmallAllreduce", (PyObject *)&SmallAllreduceType) < 0 ||
+        PyModule_AddObjectRef(module, "SegmentedAllreduce", (PyObject *)&SegmentedAllreduceType) < 0 ||
         PyModule_AddObjectRef(module, "LeanCore", (PyObject *)&LeanCoreType) < 0 ||
+        PyModule_AddIntConstant(module, "MODES", MODES) < 0 ||
         PyModule_AddIntConstant(module, "NOT_TAKEN", NOT_TAKEN) < 0 || PyModule_AddIntConstant(module, "FINISH", FINISH) < 0 ||
         PyModule_AddIntConstant(module, "DONE", DONE) < 0 || PyModule_AddIntConstant(module, "LATE", LATE) < 0 ||
         PyModule_AddIntConstant(module, "MISMATCH", MISMATCH) < 0 ||

@@ -215,6 +215,14 @@ class SharedExecutor:
             MismatchError: on every rank, when some passed Communicator.alloc buffers and some did not.
         """
         barrier(self.shared, note)
+        return self.agreed_notes(note)
+
+    def agreed_notes(self, note: Sequence[int] = (_WINDOW,)) -> list[tuple[int, ...]]:
+        """Every rank's note of the barrier just passed, this rank's ``note``: the same mode on every rank.
+
+        Raises:
+            MismatchError: on every rank, when some passed Communicator.alloc buffers and some did not.
+        """
         notes = [tuple(note) if r == self._rank else self.shared.note(r) for r in range(self._size)]
         modes = [n[0] for n in notes]
         if len(set(modes)) > 1:
@@ -317,6 +325,24 @@ class SharedExecutor:
             for r, (lo, hi) in enumerate(cuts):
                 if lo < hi:
                     backend.copy(out[lo:hi], half[r][result : result + hi - lo])
+
+    def segmented_kernel(self, backend: ArrayBackend, like: Any, op: str, spin_s: float) -> Any:
+        """The compiled engine's twin of :meth:`allreduce`'s window path for arrays like ``like``, or None.
+
+        It passes the same barriers with the same notes, so a rank running it meets
+        one on the Python path; :meth:`through_window` says whether a call takes that
+        path. The caller keeps :attr:`turn` as the kernel's ``turn`` after each call.
+        """
+        views = self._halves(backend, like)
+        slot = self._slot(views, self._size + 1)
+        halves = [[self.shared.region(r)[h * self._half : (h + 1) * self._half] for r in range(self._size)]
+                  for h in (0, 1)]  # fmt: skip
+        bounds = _even_shares(like.shape[0], self._size)
+        return self.shared.segmented_kernel(halves, str(like.dtype), op, bounds, slot, spin_s)
+
+    def through_window(self, out: Any, x: Any) -> bool:
+        """Whether :meth:`allreduce` of ``x`` into ``out`` goes through the window (not zero-copy)."""
+        return self._locate(x) is None or self._locate(out) is None
 
     def small(self, nbytes: int) -> bool:
         """Whether an allreduce of ``nbytes`` per rank may go through :meth:`allreduce_small`.

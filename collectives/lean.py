@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .call import Call, Starts
-from .engine import DONE, FINISH, LATE, NOT_TAKEN, LeanCore
+from .engine import DONE, FINISH, LATE, MISMATCH, NOT_TAKEN, LeanCore
 from .errors import MismatchError
 from .ops import itemsize
 from .tracing.recorder import TRACER as _TRACE
@@ -76,6 +76,8 @@ class LeanAllreduce(LeanCore):
         "_record_as",
         "_reduce",
         "_run",
+        "_segments",
+        "_segments_asked",
         "_small",
         "_views",
         "algorithm",
@@ -116,6 +118,8 @@ class LeanAllreduce(LeanCore):
         self._run = executor.allreduce_small if small else executor.allreduce
         self._views: tuple[tuple[Any, list[Any]], ...] | None = None  # the small calls': made by the first
         self._kernel: Any = None  # the compiled engine's call, where it takes this one: made by the first
+        self._segments: Any = None  # the engine's segmented call, for calls past the small window: the same
+        self._segments_asked = small or group.size == 1
         self._tag: bytes | None = None  # the watchdog's tag the compiled calls' signature has
         self._reduce = backend.reducer(op)
         claim = self.watchdog.claim_lock
@@ -187,6 +191,8 @@ class LeanAllreduce(LeanCore):
                 status = kernel.run(turn, work, source, sequence, packed, digest)
                 if status:
                     self._compiled_waits(status, turn, work, digest)
+            elif not self._segments_asked or self._segments is not None:
+                self._segmented(work, source, watchdog.check if check is None else check)
             elif self._small and self.size > 1:
                 if watchdog.check if check is None else check:
                     self.guard.stamp(sequence, watchdog.tag)
@@ -203,6 +209,51 @@ class LeanAllreduce(LeanCore):
             self._failed(error)
             raise
         self._end(work, sequence, began, released=False)
+
+    def _segmented(self, work: Any, source: Any, check: bool) -> None:
+        """A call past the small window, segment by segment: the engine's twin of the executor's path.
+
+        Where the engine takes it (made by the first such call) and the call goes
+        through the window, one call into the engine, which hands back a late barrier
+        to wait on as a Call (its signature compared after, at the first), differing
+        signatures or notes to raise on; else the executor's path.
+        """
+        kernel, executor = self._segments, self.executor
+        if kernel is None:
+            self._segments_asked = True
+            if self.backend.name == "numpy" and not self.op.custom and not self.guard.outgoing:
+                kernel = self._segments = executor.segmented_kernel(
+                    self.backend, source, self.op.combine, SPIN_S
+                )
+        if kernel is None or not executor.through_window(work, source):
+            if check:
+                self.guard.stamp(self._sequence, self.watchdog.tag)
+                self._pending = True
+            self._run(self.backend, work, source, self.op, self.barrier)
+            return
+        guard = self.guard
+        if check:
+            guard.stamp(self._sequence, self.watchdog.tag)
+            packed, digest = guard.packed, guard.digest
+        else:
+            packed, digest = None, 0
+        shared = executor.shared
+        status = kernel.run(executor.turn, work, source, self._sequence, packed, digest)
+        while status != DONE:
+            if status == LATE:
+                call = self._call or self._record()
+                if digest and kernel.passed == 1:  # the first barrier: the signatures compared after
+                    call.pending = guard
+                call.arrived(shared, kernel.passed - 1, None)
+            elif status == MISMATCH:
+                self.watchdog.compare_posted(shared, guard, self._sequence)  # raises where they differ
+                raise RuntimeError("the engine found differing signatures that the watchdog did not")
+            else:
+                executor.agreed_notes()  # raises: some rank runs the zero-copy path
+                raise RuntimeError("the engine found differing notes that the executor did not")
+            status = kernel.resume(work, source)
+        executor.turn = kernel.turn
+        self._barriers = kernel.passed
 
     def _new_entry(self, sequence: int) -> None:
         """A flight-recorder entry of its own for the calls in a row from call ``sequence`` on."""

@@ -278,6 +278,28 @@ class SharedMemory(ABC):
         """
         return None
 
+    def segmented_kernel(
+        self,
+        halves: Sequence[Sequence[Any]],
+        dtype: str,
+        op: str,
+        bounds: Sequence[int],
+        slot: int,
+        spin_s: float,
+    ) -> Any:
+        """The compiled engine's repeated allreduce through the window, segment by segment, or ``None``.
+
+        ``halves``: per half, every rank's half of its region (bytes); ``bounds``:
+        where each owner's share starts, then the count; ``slot``: elements of a
+        share per segment. Its ``run(turn, work, source, sequence, packed, digest)``
+        is ``SharedExecutor.allreduce``'s window path, barrier for barrier (the first
+        with the signature and the note of that path); it returns 0 (done), 1 (ranks
+        still missing after ``spin_s``: wait on, then ``resume(work, source)``), 2
+        (the signatures differ) or 4 (the first barrier's notes differ). Memories
+        without the control words the engine reads take none.
+        """
+        return None
+
     def message(self, rank: int) -> memoryview:
         """What ``rank`` posted for the last barrier passed (:data:`MESSAGE_BYTES` bytes).
 

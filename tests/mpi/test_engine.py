@@ -162,3 +162,135 @@ def test_repeated_calls_are_one_call_into_the_engine(
         assert (x == world.size).all()
     comm.free()
     assert in_python[0] == 0, f"{in_python[0]} of {REPEATS * 5} repeated calls ran the Python path"
+
+
+SEGMENTED = (("float32", "sum"), ("float64", "prod"), ("int32", "max"), ("uint8", "bxor"), ("float32", "avg"))
+
+
+def _past_the_small_window(dtype: str) -> int:
+    """Elements of about 1.2 MB a rank: past the one-barrier window, two segments of a share at 2 ranks."""
+    return (1_200_007 // np.dtype(dtype).itemsize) | 1
+
+
+def _segmented_kernels(comm: collectives.Communicator) -> list[Any]:
+    return [
+        p.lean._segments for p in comm.repeats.values() if p.lean is not None and p.lean._segments is not None
+    ]
+
+
+def test_calls_past_the_small_window_take_the_engine_with_the_python_paths_bits(
+    world: MPI.Intracomm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    problems = Problems(world)
+    compiled = collectives.Communicator(world)
+    collectives.barrier(comm=compiled)
+    if world.size == 1 or compiled.watchdog.shared is None:
+        compiled.free()
+        pytest.skip("one rank, or ranks without shared memory: no lean path")
+    for dtype, op in SEGMENTED:
+        count = _past_the_small_window(dtype)
+        with problems.guard(f"{dtype} {op} compiled"):
+            ours = _results(compiled, dtype, op, count, persistent=False)
+        with monkeypatch.context() as python_only:
+            python_only.setattr(engine, "COMPILED", None)
+            python = collectives.Communicator(world)
+            with problems.guard(f"{dtype} {op} python"):
+                theirs = _results(python, dtype, op, count, persistent=False)
+            python.free()
+        problems.expect(ours == theirs, f"{dtype} {op}: the compiled and Python paths differ")
+    runs = sum(kernel.runs for kernel in _segmented_kernels(compiled))
+    problems.expect(runs == len(SEGMENTED) * (REPEATS - 1), f"the engine ran {runs} segmented calls")
+    compiled.free()
+    problems.check()
+
+
+def test_a_rank_on_the_python_path_meets_one_in_the_engine(world: MPI.Intracomm) -> None:
+    """The engine's segments pass the executor's barriers with its notes: the paths mix within a call."""
+    problems = Problems(world)
+    comm = collectives.Communicator(world)
+    collectives.barrier(comm=comm)
+    if world.size == 1 or comm.watchdog.shared is None:
+        comm.free()
+        pytest.skip("one rank, or ranks without shared memory: no lean path")
+    count = _past_the_small_window("float32")
+    x = np.zeros(count, np.float32)
+    for _ in range(2):
+        collectives.allreduce(x, out=x, comm=comm)
+    if world.rank == 0:  # rank 0 on the Python path from here on
+        for lean in (p.lean for p in comm.repeats.values() if p.lean is not None):
+            lean._segments = None
+    for call in range(REPEATS):  # whole numbers: the sums are exact in any order, so MPI's are ours
+        x[...] = np.random.default_rng(call * 31 + world.rank).integers(-1000, 1000, count)
+        expected = np.empty_like(x)
+        world.Allreduce(x, expected)
+        collectives.allreduce(x, out=x, comm=comm)
+        problems.expect(np.array_equal(x, expected), f"call {call}: wrong sums")
+    runs = sum(kernel.runs for kernel in _segmented_kernels(comm))
+    problems.expect((runs > 0) == (world.rank != 0), f"rank {world.rank} ran {runs} calls in the engine")
+    comm.free()
+    problems.check()
+
+
+def test_a_mismatch_or_a_late_rank_past_the_small_window(world: MPI.Intracomm) -> None:
+    import time
+
+    comm = collectives.Communicator(world)
+    collectives.barrier(comm=comm)
+    if world.size == 1 or comm.watchdog.shared is None:
+        comm.free()
+        pytest.skip("one rank, or ranks without shared memory: no lean path")
+    x = np.ones(_past_the_small_window("float32"), np.float32)
+    for op in ("sum", "prod", "sum", "prod"):  # both repeated once, so later calls of either take the engine
+        collectives.allreduce(x, op, out=x, comm=comm)
+    for _ in range(3):  # a late rank: the others wait on past the engine's spin, then go on in it
+        x[...] = 1.0
+        if world.rank == world.size - 1:
+            time.sleep(0.05)
+        collectives.allreduce(x, out=x, comm=comm)
+        assert (x == world.size).all()
+    assert sum(kernel.runs for kernel in _segmented_kernels(comm)) >= 3
+    mine = "sum" if world.rank == 0 else "prod"
+    with pytest.raises(collectives.MismatchError):
+        collectives.allreduce(x, mine, out=x, comm=comm)
+    comm.free()
+
+
+def test_an_interrupt_in_a_segmented_calls_wait_breaks_the_communicator_everywhere(
+    world: MPI.Intracomm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine hands a late barrier's wait to Python: an interrupt there ends the call as any would."""
+    import time
+
+    from collectives import BrokenCommunicatorError
+    from collectives.call import Call
+
+    comm = collectives.Communicator(world, timeout=20.0)
+    collectives.barrier(comm=comm)
+    if world.size == 1 or comm.watchdog.shared is None:
+        comm.free()
+        pytest.skip("one rank, or ranks without shared memory: no lean path")
+    x = np.ones(_past_the_small_window("float32"), np.float32)
+    for _ in range(3):
+        collectives.allreduce(x, out=x, comm=comm)
+    interrupted, broken = False, []
+    if world.rank == 1:
+
+        def interrupted_wait(self: Call, *args: Any, **kwargs: Any) -> None:
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(Call, "arrived", interrupted_wait)
+    for call in range(4):
+        if world.rank == 0 and call == 0:
+            time.sleep(0.05)  # rank 1 waits past the engine's spin
+        try:
+            x[...] = 1.0
+            collectives.allreduce(x, out=x, comm=comm)
+            assert (x == world.size).all()
+        except KeyboardInterrupt:
+            interrupted = True
+            monkeypatch.undo()
+        except BrokenCommunicatorError as error:
+            broken.append(str(error))
+    assert interrupted == (world.rank == 1)
+    assert len(broken) >= 3 and all("KeyboardInterrupt" in b for b in broken), broken
+    comm.free()

@@ -20,6 +20,7 @@ from collectives import (
     ConcurrentCallError,
     FreedCommunicatorError,
     PeerFailedError,
+    engine,
 )
 from collectives.transport.tags import Tag
 from tests.mpi.helpers import Problems
@@ -76,11 +77,17 @@ def test_a_second_threads_call_is_refused_and_breaks_the_communicator_everywhere
 
 @pytest.mark.parametrize("algorithm", ["ring", "shared_memory"])
 def test_an_interrupted_call_breaks_the_communicator_on_every_rank(
-    world: MPI.Intracomm, algorithm: str
+    world: MPI.Intracomm, algorithm: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Rank 1 is interrupted in the middle of its third allreduce and keeps calling, as do the others."""
+    """Rank 1 is interrupted in the middle of its third allreduce and keeps calling, as do the others.
+
+    The interrupt comes from the Python barrier's arrival, so the ranks run the Python
+    path (every rank: they agree on it); tests/mpi/test_engine.py interrupts the compiled
+    path where it hands a late barrier's wait to Python.
+    """
     if world.size == 1:
         pytest.skip("needs a peer to interrupt")
+    monkeypatch.setattr(engine, "COMPILED", None)
     problems = Problems(world)
     comm = collectives.Communicator(world, timeout=30.0)
     x = np.full(COUNT, world.rank + 1, np.float32)

@@ -253,6 +253,39 @@ class MPISharedMemory(SharedMemory):
             spin_seconds=spin_s,
         )
 
+    def segmented_kernel(
+        self,
+        halves: Sequence[Sequence[Any]],
+        dtype: str,
+        op: str,
+        bounds: Sequence[int],
+        slot: int,
+        spin_s: float,
+    ) -> Any:
+        if engine.COMPILED is None or not _LITTLE_ENDIAN or not engine.reduces(dtype, op):
+            return None
+        size = len(self._message_words)
+        return engine.COMPILED.SegmentedAllreduce(
+            control=self._numbers,
+            state=self._state,
+            slots=[r * self._stride for r in range(size)],
+            words=[[self._message_words[r][parity] for r in range(size)] for parity in (0, 1)],
+            digest_offset=_DIGEST_WORD,
+            message_bytes=self.MESSAGE_BYTES,
+            notes=[
+                [r * self._stride + 1 + parity * self.NOTE_INTS for r in range(size)] for parity in (0, 1)
+            ],
+            note_ints=self.NOTE_INTS,
+            halves=halves,
+            rank=self._rank,
+            dtype=dtype,
+            op=op,
+            bounds=bounds,
+            slot=slot,
+            spin_polls=self._spin,
+            spin_seconds=spin_s,
+        )
+
     def _given_up(self) -> bool:
         """Whether a peer broke off: no use waiting. Raises TransportError if a rank died (ULFM)."""
         broken = self.broken_by() is not None
