@@ -1,34 +1,50 @@
-"""The numpy backend's copy between arrays of one size, whatever their shapes and strides."""
+"""The array backends' copy between arrays of one size, whatever their shapes and strides.
 
-from collections.abc import Callable
+numpy's, and CuPy's on a GPU (marked ``gpu``) and on tests/host_cuda.py's stand-in.
+"""
+
+from collections.abc import Iterator
+from types import ModuleType
 
 import numpy as np
 import pytest
 
-from collectives.backends.numpy_backend import NumpyBackend
+from collectives.backends import backend_for
+from tests import host_cuda
 
 
-def _strided(shape: tuple[int, ...]) -> np.ndarray:
-    """A non-contiguous view of ``shape``: every other column of a wider array."""
-    wide = np.zeros((*shape[:-1], 2 * shape[-1]))
-    return wide[..., ::2]
+@pytest.fixture(params=["numpy", *host_cuda.KINDS])
+def xp(request: pytest.FixtureRequest) -> Iterator[ModuleType]:
+    """The array library: numpy, or CuPy (on a GPU, or the stand-in installed as ``cupy``)."""
+    if request.param == "numpy":
+        yield np
+        return
+    with host_cuda.cupy_for(request.param) as module:
+        yield module
+
+
+def _host(xp: ModuleType, array: object) -> np.ndarray:
+    return array if xp is np else xp.asnumpy(array)  # type: ignore[return-value]
 
 
 @pytest.mark.parametrize(
-    ("make_dst", "src"),
+    ("dst_shape", "padded", "src"),
     [
-        (lambda: np.zeros((3, 4)), np.arange(12.0).reshape(3, 4)),  # one shape
-        (lambda: np.zeros((3, 4)), np.arange(12.0)),  # contiguous destination, another shape
-        (lambda: np.zeros(12), np.arange(12.0).reshape(4, 3)),
-        (lambda: _strided((4, 3)), np.arange(12.0)),  # strided destination: the source takes its shape
-        (lambda: _strided((2, 6)), np.arange(24.0)[::2].reshape(3, 4)),  # both strided
+        ((3, 4), False, np.arange(12.0).reshape(3, 4)),  # one shape
+        ((3, 4), False, np.arange(12.0)),  # a contiguous destination of another shape
+        ((12,), False, np.arange(12.0).reshape(4, 3)),
+        ((4, 3), True, np.arange(12.0)),  # a padded destination: the source takes its shape
+        ((2, 6), True, np.arange(12.0).reshape(3, 4)),
     ],
 )
 def test_a_copy_writes_the_sources_elements_into_the_destination_in_order(
-    make_dst: Callable[[], np.ndarray], src: np.ndarray
+    xp: ModuleType, dst_shape: tuple[int, ...], padded: bool, src: np.ndarray
 ) -> None:
-    dst = make_dst()
-    NumpyBackend().copy(dst, src)
-    assert dst.ravel().tolist() == src.ravel().tolist()
-    if dst.base is not None:  # the view was written through, not a copy of it
-        assert sorted(dst.base.ravel().tolist()) == sorted([0.0] * src.size + src.ravel().tolist())
+    # a padded destination: all but the last column of a wider array (no flat view of it), written through
+    whole = xp.zeros((*dst_shape[:-1], dst_shape[-1] + 1)) if padded else xp.zeros(dst_shape)
+    dst = whole[..., :-1] if padded else whole
+    backend_for(dst).copy(dst, xp.asarray(src))
+    assert _host(xp, dst).ravel().tolist() == src.ravel().tolist()
+    if padded:
+        assert _host(xp, whole)[..., -1].ravel().tolist() == [0.0] * dst_shape[0]  # the padding untouched
+        assert _host(xp, whole)[..., :-1].ravel().tolist() == src.ravel().tolist()
