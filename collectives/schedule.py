@@ -1,6 +1,6 @@
 """The schedule data model: transfers of chunks between ranks, step by step."""
 
-__all__ = ["RankProgram", "RankStep", "Schedule", "Step", "Transfer", "share_schedule"]
+__all__ = ["RankProgram", "RankStep", "Schedule", "Step", "Transfer", "schedule_name", "share_schedule"]
 
 import json
 from collections.abc import Iterable, Sequence
@@ -113,6 +113,29 @@ class Schedule(_Chunks):
     _programs: dict[int, tuple[RankStep, ...]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
+
+    @classmethod
+    def named(
+        cls,
+        collective: str,
+        algorithm: str,
+        world_size: int,
+        chunk_sizes: Iterable[int],
+        steps: Iterable[Step],
+        *,
+        root: int | None = None,
+        chunk_owner: Iterable[int] | None = None,
+    ) -> "Schedule":
+        """The schedule of ``steps`` over chunks of ``chunk_sizes``, named by :func:`schedule_name`."""
+        return cls(
+            name=schedule_name(collective, algorithm, world_size, root),
+            collective=collective,
+            world_size=world_size,
+            chunk_sizes=tuple(chunk_sizes),
+            steps=tuple(steps),
+            chunk_owner=None if chunk_owner is None else tuple(chunk_owner),
+            root=root,
+        )
 
     def __post_init__(self) -> None:
         self._check_structure()
@@ -288,6 +311,42 @@ class RankProgram(_Chunks):
     root: int | None = None
     crowded: frozenset[tuple[int, int]] = frozenset()
 
+    @classmethod
+    def named(
+        cls,
+        collective: str,
+        algorithm: str,
+        world_size: int,
+        chunk_sizes: Iterable[int],
+        steps: Iterable[RankStep],
+        *,
+        rank: int,
+        root: int | None = None,
+        chunk_owner: Iterable[int] | None = None,
+        crowded: frozenset[tuple[int, int]] = frozenset(),
+    ) -> "RankProgram":
+        """Rank ``rank``'s part of :meth:`Schedule.named`'s schedule: ``steps``, its part of each step."""
+        return cls(
+            name=schedule_name(collective, algorithm, world_size, root),
+            collective=collective,
+            world_size=world_size,
+            rank=rank,
+            chunk_sizes=tuple(chunk_sizes),
+            steps=tuple(steps),
+            chunk_owner=None if chunk_owner is None else tuple(chunk_owner),
+            root=root,
+            crowded=crowded,
+        )
+
+
+def schedule_name(collective: str, algorithm: str, world_size: int, root: int | None = None) -> str:
+    """A schedule's name, and its rank programs': ``<collective>-<algorithm>(n=<ranks>)``.
+
+    A rooted one adds ``, root=<root>``: ``allreduce-ring(n=8)``, ``broadcast-ring(n=4, root=1)``.
+    """
+    rooted = "" if root is None else f", root={root}"
+    return f"{collective}-{algorithm}(n={world_size}{rooted})"
+
 
 def share_schedule(
     collective: str, algorithm: str, shares: Sequence[int], steps: Iterable[Step], root: int | None = None
@@ -295,17 +354,7 @@ def share_schedule(
     """The schedule of ``steps`` where chunk ``r`` is rank ``r``'s share of ``shares[r]`` elements.
 
     For the collectives where each rank owns a share of the buffer (reduce-scatter,
-    all-gather, gather, scatter); named ``<collective>-<algorithm>(n=<ranks>)``,
-    with ``, root=<root>`` for a rooted one.
+    all-gather, gather, scatter).
     """
     size = len(shares)
-    rooted = "" if root is None else f", root={root}"
-    return Schedule(
-        name=f"{collective}-{algorithm}(n={size}{rooted})",
-        collective=collective,
-        world_size=size,
-        chunk_sizes=tuple(shares),
-        steps=tuple(steps),
-        chunk_owner=tuple(range(size)),
-        root=root,
-    )
+    return Schedule.named(collective, algorithm, size, shares, steps, root=root, chunk_owner=range(size))

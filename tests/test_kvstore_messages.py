@@ -12,7 +12,7 @@ import pytest
 from collectives import Communicator
 from collectives.errors import KeyMismatchError, KVStoreError
 from collectives.kvstore import KVStore
-from collectives.kvstore._wire import QUIET, REQUEST_TAG, Kind, Refusal, decode, encode, local
+from collectives.kvstore._wire import QUIET, REQUEST_TAG, Kind, Refusal, compose, decode
 from tests.mpirun import records
 from tests.test_kvstore import run_store
 from tests.ulfm.launch import INSTALL, openmpi_prefix, run_ulfm
@@ -148,8 +148,8 @@ def test_a_dead_server_is_a_store_error_naming_it_from_calls_and_close(servers: 
 )
 def test_a_message_kept_in_the_process_is_what_its_bytes_decode_to(fields: dict[str, Any]) -> None:
     """A colocated worker and its server hand messages over without bytes: same fields, data copied."""
-    kept = local(origin=3, **fields)
-    sent = decode(encode(origin=3, **fields))
+    kept = compose(origin=3, in_process=True, **fields)
+    sent = decode(compose(origin=3, **fields))
     for name in ("kind", "origin", "part", "req", "stamp", "aux", "key", "text", "flags"):
         assert getattr(kept, name) == getattr(sent, name), name
     assert bytes(kept.data) == bytes(sent.data)
@@ -243,7 +243,7 @@ def test_a_message_of_another_store_on_a_reused_channel_is_dropped() -> None:
     senders = [Channel(Communicator(world.transport(0)), owned=False, store=store) for store in (1, 2)]
     receiver = Channel(Communicator(world.transport(1)), owned=False, store=2)
     for sender in senders:  # the earlier store's close, then the later store's push
-        sender.send(encode(Kind.CLOSE if sender.store == 1 else Kind.PUSH, 0, req=7), 1, REQUEST_TAG)
+        sender.send(compose(Kind.CLOSE if sender.store == 1 else Kind.PUSH, 0, req=7), 1, REQUEST_TAG)
     taken = receiver.receive(REQUEST_TAG, 5.0)
     assert taken is not None and (taken.kind, taken.store) == (Kind.PUSH, 2)
     assert receiver.take(REQUEST_TAG) is None

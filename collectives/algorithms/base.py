@@ -17,7 +17,9 @@ An algorithm is a module of pure functions, one family per file
      the root last;
    * ``barrier(world_size)``: it moves no data.
 
-   Further parameters (rings, chunks, ...) must have defaults.
+   Further parameters (rings, chunks, ...) must have defaults. ``Schedule.named``
+   (``share_schedule`` where each rank owns a share) builds it under the name
+   ``<collective>-<algorithm>(n=<ranks>)``, and ``RankProgram.named`` a rank's part.
 2. Write ``cost(collective, shares)`` (with ``root=`` where it implements a rooted
    collective) giving its documented :class:`Cost`; the tests check it against
    the simulator's counts.

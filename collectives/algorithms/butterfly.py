@@ -79,7 +79,7 @@ __all__ = [
 from collections.abc import Callable, Iterable, Sequence
 
 from ..chunking import even_split
-from ..schedule import RankProgram, RankStep, Schedule, Step, Transfer, share_schedule
+from ..schedule import RankProgram, RankStep, Schedule, Step, Transfer, schedule_name, share_schedule
 from ..topology.cost_model import Traffic
 from .base import Cost
 
@@ -181,13 +181,7 @@ def allreduce(world_size: int, count: int) -> Schedule:
         ),
         *fold_out_steps(world_size, lambda e: whole),
     ]
-    return Schedule(
-        name=f"allreduce-butterfly(n={world_size})",
-        collective="allreduce",
-        world_size=world_size,
-        chunk_sizes=(count,),
-        steps=tuple(steps),
-    )
+    return Schedule.named("allreduce", "butterfly", world_size, (count,), steps)
 
 
 def cost(collective: str, shares: Sequence[int]) -> Cost:
@@ -309,20 +303,10 @@ def rank_program(collective: str, shares: tuple[int, ...], root: int | None, ran
             ),
             *fold_out_part(size, rank, lambda e: whole),
         ]
-        return RankProgram(
-            f"allreduce-butterfly(n={size})", "allreduce", size, rank, (sum(shares),), tuple(steps)
-        )
+        return RankProgram.named("allreduce", "butterfly", size, (sum(shares),), steps, rank=rank)
     else:
         return None
-    return RankProgram(
-        name=f"{collective}-butterfly(n={size})",
-        collective=collective,
-        world_size=size,
-        rank=rank,
-        chunk_sizes=tuple(shares),
-        steps=tuple(steps),
-        chunk_owner=tuple(every),
-    )
+    return RankProgram.named(collective, "butterfly", size, shares, steps, rank=rank, chunk_owner=every)
 
 
 def _group_sums(values: Sequence[int], distance: int) -> list[int]:
@@ -373,7 +357,7 @@ def schedule_traffic(collective: str, world_size: int, count: int) -> tuple[str,
     size = world_size
     base = power_of_two_base(size)
     extras = range(base, size)
-    name = f"{collective}-butterfly(n={size})"
+    name = schedule_name(collective, "butterfly", size)
     if collective == "allreduce":
         steps = [(1, count, count)] * (base.bit_length() - 1)
         folds = [(1, count, count), (1, count, 0)] if extras else []

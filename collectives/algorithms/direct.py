@@ -53,7 +53,7 @@ __all__ = [
 
 from collections.abc import Callable, Iterable, Sequence
 
-from ..schedule import RankProgram, RankStep, Schedule, Step, Transfer, share_schedule
+from ..schedule import RankProgram, RankStep, Schedule, Step, Transfer, schedule_name, share_schedule
 from ..specs import get_spec
 from ..topology.cost_model import Traffic
 from .base import Cost
@@ -84,26 +84,14 @@ def _from(root: int, world_size: int, chunks: Sequence[int]) -> list[Transfer]:
 
 def broadcast(world_size: int, count: int, root: int) -> Schedule:
     """The root sends its ``count`` elements to every other rank."""
-    return Schedule(
-        name=f"broadcast-direct(n={world_size}, root={root})",
-        collective="broadcast",
-        world_size=world_size,
-        chunk_sizes=(count,),
-        steps=_steps(_from(root, world_size, [0])),
-        root=root,
-    )
+    steps = _steps(_from(root, world_size, [0]))
+    return Schedule.named("broadcast", "direct", world_size, (count,), steps, root=root)
 
 
 def reduce(world_size: int, count: int, root: int) -> Schedule:
     """Every other rank sends its ``count`` elements to the root, which combines them."""
-    return Schedule(
-        name=f"reduce-direct(n={world_size}, root={root})",
-        collective="reduce",
-        world_size=world_size,
-        chunk_sizes=(count,),
-        steps=_steps(_to(root, world_size, [0], reduce=True)),
-        root=root,
-    )
+    steps = _steps(_to(root, world_size, [0], reduce=True))
+    return Schedule.named("reduce", "direct", world_size, (count,), steps, root=root)
 
 
 def gather(shares: Sequence[int], root: int) -> Schedule:
@@ -132,13 +120,8 @@ def scatter(shares: Sequence[int], root: int) -> Schedule:
 
 def allreduce(world_size: int, count: int) -> Schedule:
     """Reduce to the hub, then broadcast from it."""
-    return Schedule(
-        name=f"allreduce-direct(n={world_size})",
-        collective="allreduce",
-        world_size=world_size,
-        chunk_sizes=(count,),
-        steps=_steps(_to(HUB, world_size, [0], reduce=True), _from(HUB, world_size, [0])),
-    )
+    steps = _steps(_to(HUB, world_size, [0], reduce=True), _from(HUB, world_size, [0]))
+    return Schedule.named("allreduce", "direct", world_size, (count,), steps)
 
 
 def reduce_scatter(shares: Sequence[int]) -> Schedule:
@@ -171,13 +154,8 @@ def allgather(shares: Sequence[int]) -> Schedule:
 
 def barrier(world_size: int) -> Schedule:
     """Every rank signals the hub, which signals back once it has heard from all."""
-    return Schedule(
-        name=f"barrier-direct(n={world_size})",
-        collective="barrier",
-        world_size=world_size,
-        chunk_sizes=(1,),
-        steps=_steps(_to(HUB, world_size, [0], reduce=True), _from(HUB, world_size, [0])),
-    )
+    steps = _steps(_to(HUB, world_size, [0], reduce=True), _from(HUB, world_size, [0]))
+    return Schedule.named("barrier", "direct", world_size, (1,), steps)
 
 
 def alltoall(world_size: int, count: int) -> Schedule:
@@ -190,18 +168,11 @@ def alltoall(world_size: int, count: int) -> Schedule:
     share, left = divmod(count, size)
     if left:
         raise ValueError(f"alltoall needs a count divisible by the world size {size}, got {count}")
-    return Schedule(
-        name=f"alltoall-direct(n={size})",
-        collective="alltoall",
-        world_size=size,
-        chunk_sizes=(share,) * (2 * size),
-        steps=_steps(
-            *(
-                [Transfer(i, (i + s) % size, (i + s) % size, dst_chunk=size + i) for i in range(size)]
-                for s in range(1, size)
-            )
-        ),
+    rounds = (
+        [Transfer(i, (i + s) % size, (i + s) % size, dst_chunk=size + i) for i in range(size)]
+        for s in range(1, size)
     )
+    return Schedule.named("alltoall", "direct", size, (share,) * (2 * size), _steps(*rounds))
 
 
 def cost(collective: str, shares: Sequence[int], root: int = 0) -> Cost:
@@ -289,23 +260,15 @@ def rank_program(collective: str, shares: tuple[int, ...], root: int | None, ran
         return None
     if parts:
         steps = _part(rank, *parts) if size > 1 else ()
-    return RankProgram(
-        name=f"{collective}-direct(n={size}" + (f", root={root})" if root is not None else ")"),
-        collective=collective,
-        world_size=size,
-        rank=rank,
-        chunk_sizes=sizes,
-        steps=steps,
-        chunk_owner=owned,
-        root=root,
-        crowded=crowded,
+    return RankProgram.named(
+        collective, "direct", size, sizes, steps, rank=rank, root=root, chunk_owner=owned, crowded=crowded
     )
 
 
 def schedule_traffic(collective: str, world_size: int, count: int) -> tuple[str, Traffic] | None:
     """The star's counted traffic where it is short to write (see ``base``): all at the centre."""
     others = world_size - 1
-    name = f"{collective}-direct(n={world_size}" + (", root=0)" if get_spec(collective).rooted else ")")
+    name = schedule_name(collective, "direct", world_size, 0 if get_spec(collective).rooted else None)
     if collective == "barrier":
         count = 1
     if collective not in ("allreduce", "barrier", "reduce", "broadcast"):

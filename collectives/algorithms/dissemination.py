@@ -15,7 +15,7 @@ __all__ = ["barrier", "cost", "rank_program", "schedule_traffic"]
 
 from collections.abc import Sequence
 
-from ..schedule import RankProgram, RankStep, Schedule, Step, Transfer
+from ..schedule import RankProgram, RankStep, Schedule, Step, Transfer, schedule_name
 from ..topology.cost_model import Traffic
 from .base import Cost
 
@@ -28,16 +28,11 @@ def _rounds(world_size: int) -> int:
 def barrier(world_size: int) -> Schedule:
     """The dissemination barrier over ``world_size`` ranks."""
     size = world_size
-    return Schedule(
-        name=f"barrier-dissemination(n={size})",
-        collective="barrier",
-        world_size=size,
-        chunk_sizes=(1,),
-        steps=tuple(
-            Step(Transfer(r, (r + (1 << k)) % size, 0, reduce=True) for r in range(size))
-            for k in range(_rounds(size))
-        ),
+    steps = (
+        Step(Transfer(r, (r + (1 << k)) % size, 0, reduce=True) for r in range(size))
+        for k in range(_rounds(size))
     )
+    return Schedule.named("barrier", "dissemination", size, (1,), steps)
 
 
 def cost(collective: str, shares: Sequence[int]) -> Cost:
@@ -60,7 +55,7 @@ def rank_program(collective: str, shares: tuple[int, ...], root: int | None, ran
         )
         for k in range(_rounds(size))
     )
-    return RankProgram(f"barrier-dissemination(n={size})", "barrier", size, rank, (1,), steps)
+    return RankProgram.named("barrier", "dissemination", size, (1,), steps, rank=rank)
 
 
 def schedule_traffic(collective: str, world_size: int, count: int) -> tuple[str, Traffic] | None:
@@ -68,4 +63,4 @@ def schedule_traffic(collective: str, world_size: int, count: int) -> tuple[str,
     if collective != "barrier":
         return None
     rounds = _rounds(world_size)
-    return f"barrier-dissemination(n={world_size})", Traffic(rounds, rounds, rounds, rounds)
+    return schedule_name("barrier", "dissemination", world_size), Traffic(rounds, rounds, rounds, rounds)

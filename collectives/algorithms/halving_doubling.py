@@ -39,7 +39,7 @@ __all__ = ["allreduce", "cost", "rank_program", "schedule_traffic"]
 from collections.abc import Sequence
 
 from ..chunking import even_split
-from ..schedule import RankProgram, Schedule
+from ..schedule import RankProgram, Schedule, schedule_name
 from ..topology.cost_model import Traffic
 from .base import Cost
 from .butterfly import (
@@ -71,13 +71,7 @@ def allreduce(world_size: int, count: int) -> Schedule:
         *doubling_steps(chunks_of),
         *fold_out_steps(world_size, lambda e: every),
     ]
-    return Schedule(
-        name=f"allreduce-halving_doubling(n={world_size})",
-        collective="allreduce",
-        world_size=world_size,
-        chunk_sizes=even_split(count, base),
-        steps=tuple(steps),
-    )
+    return Schedule.named("allreduce", "halving_doubling", world_size, even_split(count, base), steps)
 
 
 def cost(collective: str, shares: Sequence[int]) -> Cost:
@@ -117,8 +111,7 @@ def rank_program(collective: str, shares: tuple[int, ...], root: int | None, ran
         *doubling_part(base, rank, own),
         *fold_out_part(size, rank, lambda e: every),
     )
-    name = f"allreduce-halving_doubling(n={size})"
-    return RankProgram(name, "allreduce", size, rank, even_split(count, base), steps)
+    return RankProgram.named("allreduce", "halving_doubling", size, even_split(count, base), steps, rank=rank)
 
 
 def schedule_traffic(collective: str, world_size: int, count: int) -> tuple[str, Traffic] | None:
@@ -131,4 +124,5 @@ def schedule_traffic(collective: str, world_size: int, count: int) -> tuple[str,
     moved = [(nonzero, count)]
     folds = [fold_traffic(moved, True), fold_traffic(moved, False)] if world_size > base else []
     middle = butterfly_traffic([[n] for n in chunks], halving=True, doubling=True)
-    return f"allreduce-halving_doubling(n={world_size})", total_traffic([*folds[:1], *middle, *folds[1:]])
+    name = schedule_name("allreduce", "halving_doubling", world_size)
+    return name, total_traffic([*folds[:1], *middle, *folds[1:]])

@@ -73,13 +73,8 @@ def allgather(shares: Sequence[int]) -> Schedule:
 
 def allreduce(world_size: int, count: int) -> Schedule:
     """Ring allreduce of ``count`` elements over ``world_size`` ranks."""
-    return Schedule(
-        name=f"allreduce-ring(n={world_size})",
-        collective="allreduce",
-        world_size=world_size,
-        chunk_sizes=even_split(count, world_size),
-        steps=(*_reduce_scatter_steps(world_size), *_allgather_steps(world_size)),
-    )
+    steps = (*_reduce_scatter_steps(world_size), *_allgather_steps(world_size))
+    return Schedule.named("allreduce", "ring", world_size, even_split(count, world_size), steps)
 
 
 def broadcast(world_size: int, count: int, root: int) -> Schedule:
@@ -94,14 +89,7 @@ def broadcast(world_size: int, count: int, root: int) -> Schedule:
         )
         for t in range(2 * (size - 1))
     ]
-    return Schedule(
-        name=f"broadcast-ring(n={size}, root={root})",
-        collective="broadcast",
-        world_size=size,
-        chunk_sizes=even_split(count, size),
-        steps=tuple(steps),
-        root=root,
-    )
+    return Schedule.named("broadcast", "ring", size, even_split(count, size), steps, root=root)
 
 
 def cost(collective: str, shares: Sequence[int], root: int = 0) -> Cost:
@@ -149,16 +137,8 @@ def rank_program(collective: str, shares: tuple[int, ...], root: int | None, ran
         return _broadcast_program(shares, root, rank)
     else:
         return None
-    owned = collective != "allreduce"
-    return RankProgram(
-        name=f"{collective}-ring(n={size})",
-        collective=collective,
-        world_size=size,
-        rank=rank,
-        chunk_sizes=tuple(shares),
-        steps=tuple(steps),
-        chunk_owner=tuple(range(size)) if owned else None,
-    )
+    owner = None if collective == "allreduce" else range(size)
+    return RankProgram.named(collective, "ring", size, shares, steps, rank=rank, chunk_owner=owner)
 
 
 def _broadcast_program(shares: tuple[int, ...], root: int, rank: int) -> RankProgram:
@@ -172,15 +152,8 @@ def _broadcast_program(shares: tuple[int, ...], root: int, rank: int) -> RankPro
         )
         for t in range(2 * (size - 1))
     )
-    return RankProgram(
-        name=f"broadcast-ring(n={size}, root={root})",
-        collective="broadcast",
-        world_size=size,
-        rank=rank,
-        chunk_sizes=even_split(sum(shares), size),
-        steps=steps,
-        root=root,
-    )
+    chunks = even_split(sum(shares), size)
+    return RankProgram.named("broadcast", "ring", size, chunks, steps, rank=rank, root=root)
 
 
 def ring_traffic(world_size: int, count: int, phases: int, reducing: int) -> Traffic:

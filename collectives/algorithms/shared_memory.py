@@ -99,13 +99,8 @@ def allgather(shares: Sequence[int]) -> Schedule:
 
 def allreduce(world_size: int, count: int) -> Schedule:
     """Reduce-scatter then all-gather, one step each."""
-    return Schedule(
-        name=f"allreduce-shared_memory(n={world_size})",
-        collective="allreduce",
-        world_size=world_size,
-        chunk_sizes=even_split(count, world_size),
-        steps=(_scatter(world_size), _gather(world_size)) if world_size > 1 else (),
-    )
+    steps = (_scatter(world_size), _gather(world_size)) if world_size > 1 else ()
+    return Schedule.named("allreduce", "shared_memory", world_size, even_split(count, world_size), steps)
 
 
 def cost(collective: str, shares: Sequence[int]) -> Cost:
@@ -173,13 +168,11 @@ def rank_program(collective: str, shares: tuple[int, ...], root: int | None, ran
     if collective not in chosen:
         return None
     crowded = frozenset((0, c) for c in others) if collective != "allgather" and size > 2 else frozenset()
-    return RankProgram(
-        name=f"{collective}-shared_memory(n={size})",
-        collective=collective,
-        world_size=size,
-        rank=rank,
-        chunk_sizes=even_split(sum(shares), size) if collective == "allreduce" else tuple(shares),
-        steps=chosen[collective] if size > 1 else (),
-        chunk_owner=None if collective == "allreduce" else tuple(range(size)),
-        crowded=crowded if size > 1 else frozenset(),
+    if collective == "allreduce":
+        chunks, owner = even_split(sum(shares), size), None
+    else:
+        chunks, owner = shares, range(size)
+    steps = chosen[collective] if size > 1 else ()
+    return RankProgram.named(
+        collective, "shared_memory", size, chunks, steps, rank=rank, chunk_owner=owner, crowded=crowded
     )

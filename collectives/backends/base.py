@@ -1,6 +1,6 @@
 """What the executor needs from an array library."""
 
-__all__ = ["ArrayBackend"]
+__all__ = ["ArrayBackend", "one_shape"]
 
 import functools
 from abc import ABC, abstractmethod
@@ -111,3 +111,14 @@ class ArrayBackend(ABC):
     @abstractmethod
     def shares_memory(self, a: Any, b: Any) -> bool:
         """Whether two arrays may overlap in memory."""
+
+
+def one_shape(dst: Any, src: Any) -> tuple[Any, Any]:
+    """``dst`` and ``src`` (of one size, other shapes) in one shape, for a copy from ``src`` into ``dst``.
+
+    ``dst`` is reshaped only where it is C-contiguous, so that the reshape is a view
+    the copy writes through; otherwise ``src`` takes ``dst``'s shape.
+    """
+    if dst.flags.c_contiguous:
+        return dst.reshape(src.shape), src
+    return dst, src.reshape(dst.shape)

@@ -11,7 +11,7 @@ from ..errors import UnsupportedDtypeError
 from ..ops import ReduceOp, check_dtype
 from ..transport.device import IPC_HANDLE_BYTES, GpuDevice
 from . import gpu_kernels
-from .base import ArrayBackend
+from .base import ArrayBackend, one_shape
 
 _CHECKED_NAMES: dict[Any, str] = {}
 _DEVICE: list["CupyDevice"] = []
@@ -88,10 +88,8 @@ class CupyBackend(ArrayBackend):
         with dst.device:
             if dst.shape == src.shape:
                 cupy.copyto(dst, src)
-            elif dst.flags.c_contiguous:
-                cupy.copyto(dst.reshape(src.shape), src)
             else:
-                cupy.copyto(dst, src.reshape(dst.shape))
+                cupy.copyto(*one_shape(dst, src))
 
     def combine(self, op: ReduceOp, dst: Any, src: Any) -> None:
         name = self.dtype_name(dst)

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import UnsupportedDtypeError
 from ..ops import ReduceOp, check_dtype
-from .base import ArrayBackend
+from .base import ArrayBackend, one_shape
 
 UFUNCS = {
     "sum": np.add,
@@ -80,10 +80,8 @@ class NumpyBackend(ArrayBackend):
     def copy(self, dst: np.ndarray, src: np.ndarray) -> None:
         if dst.shape == src.shape:
             np.copyto(dst, src)
-        elif dst.flags.c_contiguous:
-            np.copyto(dst.reshape(src.shape), src)
         else:
-            np.copyto(dst, src.reshape(dst.shape))
+            np.copyto(*one_shape(dst, src))
 
     def combine(self, op: ReduceOp, dst: np.ndarray, src: np.ndarray) -> None:
         if op.custom:  # the user's function (collectives.Op)

@@ -11,10 +11,9 @@ __all__ = [
     "Refusal",
     "bundle",
     "check_key",
+    "compose",
     "decode",
-    "encode",
     "key_bytes",
-    "local",
     "parse_key",
     "unbundle",
 ]
@@ -110,10 +109,11 @@ def parse_key(raw: bytes) -> int | str:
     return int(text[1:]) if text[0] == "i" else text[1:]
 
 
-def encode(
+def compose(
     kind: Kind,
     origin: int,
     *,
+    in_process: bool = False,
     part: int = 0,
     req: int = 0,
     stamp: int = 0,
@@ -122,12 +122,24 @@ def encode(
     text: str = "",
     data: Any = None,
     flags: int = 0,
-) -> bytearray:
-    """One message as bytes, ``data`` (an array, or ``None``) copied in at the end.
+) -> bytearray | Message:
+    """One message, as bytes: ``data`` (an array, or ``None``) copied in at the end.
 
     A bytearray and ``struct`` rather than numpy slices: a small message is
     encoded in about a third of the time, and every request and reply is one.
+
+    ``in_process``: a message that stays in this process (a colocated rank's worker
+    and server hand each other messages without bytes), as the :class:`Message` its
+    bytes would :func:`decode` to: ``data`` is copied (its owner may change it once
+    the call returns), nothing else.
     """
+    if in_process:
+        copied = (
+            _NO_DATA
+            if data is None
+            else memoryview(bytearray(np.ascontiguousarray(data).reshape(-1).view(np.uint8)))
+        )
+        return Message(kind, origin, part, req, stamp, aux, key, text, copied, flags)
     raw_text = text.encode() if text else b""
     head = _HEADER.size + len(key) + len(raw_text)
     start = -(-head // _DATA_ALIGN) * _DATA_ALIGN
@@ -138,32 +150,6 @@ def encode(
     if payload is not None:
         buffer[start:] = payload
     return buffer
-
-
-def local(
-    kind: Kind,
-    origin: int,
-    *,
-    part: int = 0,
-    req: int = 0,
-    stamp: int = 0,
-    aux: int = 0,
-    key: bytes = b"",
-    text: str = "",
-    data: Any = None,
-    flags: int = 0,
-) -> Message:
-    """What :func:`encode` then :func:`decode` give, for a message that stays in this process.
-
-    A colocated rank's worker and server hand each other messages without bytes:
-    ``data`` is copied (its owner may change it once the call returns), nothing else.
-    """
-    payload = (
-        _NO_DATA
-        if data is None
-        else memoryview(bytearray(np.ascontiguousarray(data).reshape(-1).view(np.uint8)))
-    )
-    return Message(kind, origin, part, req, stamp, aux, key, text, payload, flags)
 
 
 _NO_DATA = memoryview(b"")
@@ -188,11 +174,13 @@ BUNDLE_BYTES = 1 << 16
 
 def bundle(origin: int, messages: list[bytearray]) -> bytearray:
     """``messages`` (to one rank, in order) as one ``BATCH`` message; :func:`unbundle` gives them back."""
-    parts: list[bytes | bytearray] = [encode(Kind.BATCH, origin, aux=len(messages))]
-    for message in messages:
-        parts.append(_LENGTH.pack(len(message)))
-        parts.append(message)
-        parts.append(bytes(-len(message) % _DATA_ALIGN))
+    head = compose(Kind.BATCH, origin, aux=len(messages))
+    assert isinstance(head, bytearray)  # bytes: not in_process
+    parts: list[bytes | bytearray] = [head]
+    for bundled in messages:
+        parts.append(_LENGTH.pack(len(bundled)))
+        parts.append(bundled)
+        parts.append(bytes(-len(bundled) % _DATA_ALIGN))
     return bytearray(b"".join(parts))
 
 

@@ -24,9 +24,8 @@ from ._wire import (
     Refusal,
     bundle,
     check_key,
-    encode,
+    compose,
     key_bytes,
-    local,
     unbundle,
 )
 from .handles import Claim, KeyInfo, ServerRequest, claimed, error_from
@@ -171,10 +170,10 @@ class WorkerLink:
         index = 0 if part is None else part.index
         # to this rank's own server: handed over as it is, never bundled (only bytes need that)
         own = self._own if dst == self.rank else None
-        made = encode if own is None else local
-        message = made(
+        message = compose(
             kind,
             self.rank,
+            in_process=own is not None,
             part=index,
             req=self._next,
             stamp=stamp,

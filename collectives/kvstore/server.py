@@ -27,8 +27,7 @@ from ._wire import (
     Message,
     Refusal,
     bundle,
-    encode,
-    local,
+    compose,
     parse_key,
     unbundle,
 )
@@ -317,10 +316,11 @@ class Server:
     ) -> None:
         if kind == Kind.OK and m.flags & QUIET:  # the worker takes a later reply as its OK
             return
-        made = local if m.origin == self.rank and self.mailbox is not None else encode
-        reply = made(
-            kind, self.rank, part=m.part, req=m.req, stamp=stamp, aux=aux, key=m.key, text=text, data=data
-        )
+        own = m.origin == self.rank and self.mailbox is not None  # this rank's worker: no bytes
+        reply = compose(
+            kind, self.rank, in_process=own, part=m.part, req=m.req, stamp=stamp, aux=aux,
+            key=m.key, text=text, data=data,
+        )  # fmt: skip
         self._post(reply, m.origin)
 
     def _error(
@@ -574,8 +574,9 @@ class Server:
             # every other worker is told too: a request of its that this rank's worker thread was
             # handling when interrupted will get no answer
             for worker in self.open - {m.origin}:
-                made = local if worker == self.rank and self.mailbox is not None else encode
-                self._post(made(Kind.ERROR, self.rank, aux=Refusal.BROKEN, text=self.broken), worker)
+                own = worker == self.rank and self.mailbox is not None  # this rank's worker: no bytes
+                told = compose(Kind.ERROR, self.rank, in_process=own, aux=Refusal.BROKEN, text=self.broken)
+                self._post(told, worker)
         self._reply(m, Kind.OK)
 
     def _refuse(self, m: Message) -> None:
