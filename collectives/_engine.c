@@ -292,6 +292,31 @@ out_of_window:
     return -1;
 }
 
+/* The barrier and the reduction from `meeting`: (control, state, slots, words, digest_offset,
+ * message_bytes, rank, dtype, op, spin_polls, spin_seconds), as MPISharedMemory gives them. */
+static int meeting_parse(Meeting *m, PyObject *meeting, Kind *kind, Op *op) {
+    PyObject *control, *state, *slots, *words;
+    const char *dtype, *op_name;
+    Py_ssize_t digest_offset, message_bytes;
+    int rank;
+    long spin_polls;
+    double spin_seconds;
+    if (!PyTuple_Check(meeting) ||
+        !PyArg_ParseTuple(meeting, "OOOOnnissld", &control, &state, &slots, &words, &digest_offset, &message_bytes,
+                          &rank, &dtype, &op_name, &spin_polls, &spin_seconds)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "meeting is a tuple of the barrier's words and settings");
+        return -1;
+    }
+    if (meeting_init(m, control, state, slots, words, digest_offset, message_bytes, rank, spin_polls,
+                     spin_seconds) < 0)
+        return -1;
+    if (!parse_kind(dtype, kind) || !parse_op(op_name, *kind, op)) {
+        PyErr_Format(PyExc_ValueError, "the compiled engine does not reduce %s with %s", dtype, op_name);
+        return -1;
+    }
+    return 0;
+}
+
 static Py_ssize_t item_size(Kind kind) {
     return (kind == F64 || kind == I64 || kind == U64) ? 8
            : (kind == F32 || kind == I32 || kind == U32) ? 4
@@ -299,27 +324,13 @@ static Py_ssize_t item_size(Kind kind) {
 }
 
 static int small_init(SmallAllreduce *self, PyObject *args, PyObject *kwargs) {
-    static char *names[] = {"control", "state", "slots", "words", "digest_offset", "message_bytes", "regions",
-                            "rank", "dtype", "op", "count", "spin_polls", "spin_seconds", NULL};
-    PyObject *control, *state, *slots, *words, *regions;
-    const char *dtype, *op_name;
-    Py_ssize_t digest_offset, message_bytes, count;
-    int rank;
-    long spin_polls;
-    double spin_seconds;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOnnOissnld", names, &control, &state, &slots, &words,
-                                     &digest_offset, &message_bytes, &regions, &rank, &dtype, &op_name,
-                                     &count, &spin_polls, &spin_seconds))
-        return -1;
+    static char *names[] = {"meeting", "regions", "count", NULL};
+    PyObject *meeting, *regions;
+    Py_ssize_t count;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOn", names, &meeting, &regions, &count)) return -1;
     release_all(self);
     memset(self->regions, 0, sizeof self->regions);
-    if (meeting_init(&self->m, control, state, slots, words, digest_offset, message_bytes, rank, spin_polls,
-                     spin_seconds) < 0)
-        return -1;
-    if (!parse_kind(dtype, &self->kind) || !parse_op(op_name, self->kind, &self->op)) {
-        PyErr_Format(PyExc_ValueError, "the compiled engine does not reduce %s with %s", dtype, op_name);
-        return -1;
-    }
+    if (meeting_parse(&self->m, meeting, &self->kind, &self->op) < 0) return -1;
     self->count = count;
     self->nbytes = count * item_size(self->kind);
     for (int turn = 0; turn < 2; turn++) {
@@ -608,29 +619,16 @@ static void segmented_dealloc(SegmentedAllreduce *self) {
 }
 
 static int segmented_init(SegmentedAllreduce *self, PyObject *args, PyObject *kwargs) {
-    static char *names[] = {"control", "state", "slots", "words", "digest_offset", "message_bytes", "notes",
-                            "note_ints", "halves", "rank", "dtype", "op", "bounds", "slot", "spin_polls",
-                            "spin_seconds", NULL};
-    PyObject *control, *state, *slots, *words, *notes, *halves, *bounds;
-    const char *dtype, *op_name;
-    Py_ssize_t digest_offset, message_bytes, note_ints, slot;
-    int rank;
-    long spin_polls;
-    double spin_seconds;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOnnOnOissOnld", names, &control, &state, &slots, &words,
-                                     &digest_offset, &message_bytes, &notes, &note_ints, &halves, &rank, &dtype,
-                                     &op_name, &bounds, &slot, &spin_polls, &spin_seconds))
+    static char *names[] = {"meeting", "notes", "note_ints", "halves", "bounds", "slot", NULL};
+    PyObject *meeting, *notes, *halves, *bounds;
+    Py_ssize_t note_ints, slot;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOnOOn", names, &meeting, &notes, &note_ints, &halves, &bounds,
+                                     &slot))
         return -1;
     segmented_release(self);
     memset(self->halves, 0, sizeof self->halves);
     self->stage = SEGMENT_IDLE;
-    if (meeting_init(&self->m, control, state, slots, words, digest_offset, message_bytes, rank, spin_polls,
-                     spin_seconds) < 0)
-        return -1;
-    if (!parse_kind(dtype, &self->kind) || !parse_op(op_name, self->kind, &self->op)) {
-        PyErr_Format(PyExc_ValueError, "the compiled engine does not reduce %s with %s", dtype, op_name);
-        return -1;
-    }
+    if (meeting_parse(&self->m, meeting, &self->kind, &self->op) < 0) return -1;
     int size = self->m.size;
     self->itemsize = item_size(self->kind);
     self->slot = slot;

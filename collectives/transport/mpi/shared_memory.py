@@ -4,6 +4,7 @@ __all__ = ["ORDERED_STORES", "SHARED_REGION_BYTES", "SPIN_POLLS", "MPISharedMemo
 
 import atexit
 import contextlib
+import functools
 import math
 import os
 import platform
@@ -234,24 +235,8 @@ class MPISharedMemory(SharedMemory):
     def small_kernel(
         self, halves: tuple[Sequence[Any], ...], dtype: str, op: str, count: int, spin_s: float
     ) -> Any:
-        if engine.COMPILED is None or not _LITTLE_ENDIAN or not engine.reduces(dtype, op):
-            return None
-        size = len(self._message_words)
-        return engine.COMPILED.SmallAllreduce(
-            control=self._numbers,
-            state=self._state,
-            slots=[r * self._stride for r in range(size)],
-            words=[[self._message_words[r][parity] for r in range(size)] for parity in (0, 1)],
-            digest_offset=_DIGEST_WORD,
-            message_bytes=self.MESSAGE_BYTES,
-            regions=halves,
-            rank=self._rank,
-            dtype=dtype,
-            op=op,
-            count=count,
-            spin_polls=self._spin,
-            spin_seconds=spin_s,
-        )
+        made = self._kernel("SmallAllreduce", dtype, op, spin_s)
+        return made and made(regions=halves, count=count)
 
     def segmented_kernel(
         self,
@@ -262,29 +247,34 @@ class MPISharedMemory(SharedMemory):
         slot: int,
         spin_s: float,
     ) -> Any:
+        made = self._kernel("SegmentedAllreduce", dtype, op, spin_s)
+        size = len(self._message_words)
+        notes = [[r * self._stride + 1 + parity * self.NOTE_INTS for r in range(size)] for parity in (0, 1)]
+        return made and made(notes=notes, note_ints=self.NOTE_INTS, halves=halves, bounds=bounds, slot=slot)
+
+    def _kernel(self, kind: str, dtype: str, op: str, spin_s: float) -> Any:
+        """A maker of the engine's ``kind`` of call on this memory's barrier, given the rest; or None.
+
+        None where the engine does not run or reduce ``dtype`` with ``op`` (or on a
+        big-endian machine, whose packed signatures the engine does not read).
+        """
         if engine.COMPILED is None or not _LITTLE_ENDIAN or not engine.reduces(dtype, op):
             return None
         size = len(self._message_words)
-        return engine.COMPILED.SegmentedAllreduce(
-            control=self._numbers,
-            state=self._state,
-            slots=[r * self._stride for r in range(size)],
-            words=[[self._message_words[r][parity] for r in range(size)] for parity in (0, 1)],
-            digest_offset=_DIGEST_WORD,
-            message_bytes=self.MESSAGE_BYTES,
-            notes=[
-                [r * self._stride + 1 + parity * self.NOTE_INTS for r in range(size)] for parity in (0, 1)
-            ],
-            note_ints=self.NOTE_INTS,
-            halves=halves,
-            rank=self._rank,
-            dtype=dtype,
-            op=op,
-            bounds=bounds,
-            slot=slot,
-            spin_polls=self._spin,
-            spin_seconds=spin_s,
+        meeting = (
+            self._numbers,  # the control window
+            self._state,
+            [r * self._stride for r in range(size)],  # every rank's barrier number
+            [[self._message_words[r][parity] for r in range(size)] for parity in (0, 1)],  # posted signatures
+            _DIGEST_WORD,
+            self.MESSAGE_BYTES,
+            self._rank,
+            dtype,
+            op,
+            self._spin,
+            spin_s,
         )
+        return functools.partial(getattr(engine.COMPILED, kind), meeting=meeting)
 
     def _given_up(self) -> bool:
         """Whether a peer broke off: no use waiting. Raises TransportError if a rank died (ULFM)."""
