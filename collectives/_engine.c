@@ -833,6 +833,67 @@ static PyTypeObject SegmentedAllreduceType = {
     .tp_members = segmented_members,
 };
 
+/* ---- WatchdogCore: the per-call state of a communicator the lean path reads and writes each call ----
+ *
+ * The base of collectives.watchdog.Watchdog where the engine was built: the fields a repeated call
+ * reads and writes (its sequence number, the claim's holder, when the last call began, the late
+ * check's interval, whether it broke, whether calls are checked, the tag, the flight recorder) as
+ * members, so LeanCore.start reaches them in the struct while Python reads and writes them as ever. */
+typedef struct {
+    PyObject_HEAD
+    long long sequence;
+    unsigned long long claimed_by;
+    double last_began, late_after;
+    PyObject *broken, *check, *tag, *recorder;
+} WatchdogCore;
+
+static int watchdog_traverse(WatchdogCore *self, visitproc visit, void *arg) {
+    Py_VISIT(self->broken);
+    Py_VISIT(self->check);
+    Py_VISIT(self->tag);
+    Py_VISIT(self->recorder);
+    return 0;
+}
+
+static int watchdog_clear(WatchdogCore *self) {
+    Py_CLEAR(self->broken);
+    Py_CLEAR(self->check);
+    Py_CLEAR(self->tag);
+    Py_CLEAR(self->recorder);
+    return 0;
+}
+
+static void watchdog_dealloc(WatchdogCore *self) {
+    PyObject_GC_UnTrack(self);
+    watchdog_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef watchdog_members[] = {
+    {"sequence", T_LONGLONG, offsetof(WatchdogCore, sequence), 0, "the next call's sequence number"},
+    {"claimed_by", T_ULONGLONG, offsetof(WatchdogCore, claimed_by), 0, "the thread holding the claim (0: none)"},
+    {"last_began", T_DOUBLE, offsetof(WatchdogCore, last_began), 0, "when the last call began (time.monotonic)"},
+    {"late_after", T_DOUBLE, offsetof(WatchdogCore, late_after), 0, "the time between calls that asks the late check"},
+    {"broken", T_OBJECT, offsetof(WatchdogCore, broken), 0, "why the communicator broke, or None"},
+    {"check", T_OBJECT, offsetof(WatchdogCore, check), 0, "whether calls' signatures are checked"},
+    {"tag", T_OBJECT, offsetof(WatchdogCore, tag), 0, "what the next calls are of, in every signature"},
+    {"recorder", T_OBJECT, offsetof(WatchdogCore, recorder), 0, "the flight recorder"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject WatchdogCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "collectives._engine.WatchdogCore",
+    .tp_doc = "The per-call state of a communicator, in a struct the compiled calls read and write.",
+    .tp_basicsize = sizeof(WatchdogCore),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_traverse = (traverseproc)watchdog_traverse,
+    .tp_clear = (inquiry)watchdog_clear,
+    .tp_dealloc = (destructor)watchdog_dealloc,
+    .tp_members = watchdog_members,
+};
+
 /* ---- LeanCore: a repeated small allreduce's bookkeeping and its compiled call, in one call ----
  *
  * The base of collectives.lean.LeanAllreduce where the engine runs: its start() is the compiled twin
@@ -866,8 +927,7 @@ typedef struct {
     char averages;      /* averages */
 } LeanCore;
 
-static PyObject *s_record, *s_broken, *s_claimed_by, *s_sequence, *s_recorder, *s_check, *s_tag, *s_turn, *s_stamp,
-    *s_digest, *s_packed, *s_last, *s_starts, *s_last_began, *s_late_after, *s_on, *s_new_entry;
+static PyObject *s_record, *s_turn, *s_stamp, *s_digest, *s_packed, *s_last, *s_starts, *s_on, *s_new_entry;
 
 static int get_long(PyObject *object, PyObject *name, long long *value) {
     PyObject *got = PyObject_GetAttr(object, name);
@@ -883,14 +943,6 @@ static int set_long(PyObject *object, PyObject *name, long long value) {
     int result = PyObject_SetAttr(object, name, number);
     Py_DECREF(number);
     return result;
-}
-
-static int get_double(PyObject *object, PyObject *name, double *value) {
-    PyObject *got = PyObject_GetAttr(object, name);
-    if (!got) return -1;
-    *value = PyFloat_AsDouble(got);
-    Py_DECREF(got);
-    return (*value == -1.0 && PyErr_Occurred()) ? -1 : 0;
 }
 
 static int is_true(PyObject *object, PyObject *name) {
@@ -909,47 +961,36 @@ static PyObject *core_start(LeanCore *self, PyObject *const *args, Py_ssize_t na
         return NULL;
     }
     if (!self->kernel || !PyObject_TypeCheck(self->kernel, &SmallAllreduceType) || !self->watchdog ||
-        !self->executor || !self->guard || !self->acquire || !self->release || !self->tracer)
+        !PyObject_TypeCheck(self->watchdog, &WatchdogCoreType) || !self->executor || !self->guard ||
+        !self->acquire || !self->release || !self->tracer)
         return PyLong_FromLong(NOT_TAKEN);
-    PyObject *watchdog = self->watchdog;
-    PyObject *broken = PyObject_GetAttr(watchdog, s_broken);
-    if (!broken) return NULL;
-    int usual = broken == Py_None;
-    Py_DECREF(broken);
-    if (!usual) return PyLong_FromLong(NOT_TAKEN); /* the Python path refuses it, naming why */
+    WatchdogCore *watchdog = (WatchdogCore *)self->watchdog;
+    if (watchdog->broken && watchdog->broken != Py_None)
+        return PyLong_FromLong(NOT_TAKEN); /* the Python path refuses it, naming why */
     PyObject *got = PyObject_CallOneArg(self->acquire, Py_False);
     if (!got) return NULL;
     int taken = got == Py_True;
     Py_DECREF(got);
     if (!taken) return PyLong_FromLong(NOT_TAKEN); /* the Python path's claim raises, naming the thread */
     /* claimed: from here an error is the call's, which the caller ends */
-    PyObject *ident = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
-    if (!ident || PyObject_SetAttr(watchdog, s_claimed_by, ident) < 0) {
-        Py_XDECREF(ident);
-        return NULL;
-    }
-    Py_DECREF(ident);
+    watchdog->claimed_by = PyThread_get_thread_ident();
     double began = now_s(); /* CLOCK_MONOTONIC: time.monotonic's clock */
-    long long sequence;
-    if (get_long(watchdog, s_sequence, &sequence) < 0 || set_long(watchdog, s_sequence, sequence + 1) < 0)
-        return NULL;
+    long long sequence = watchdog->sequence++;
     self->sequence = sequence;
     self->began = began;
     self->barriers = 0;
     Py_XSETREF(self->call, Py_NewRef(Py_None));
-    PyObject *recorder = PyObject_GetAttr(watchdog, s_recorder);
-    if (!recorder) return NULL;
+    PyObject *recorder = watchdog->recorder;
     int counted = 0;
-    if (self->entry && self->entry != Py_None) {
+    if (self->entry && self->entry != Py_None && recorder) {
         Py_ssize_t length = PyObject_Length(recorder);
         if (length > 0) {
             PyObject *last = PySequence_GetItem(recorder, length - 1);
             counted = last == self->entry;
             Py_XDECREF(last);
         }
+        if (PyErr_Occurred()) return NULL;
     }
-    Py_DECREF(recorder);
-    if (PyErr_Occurred()) return NULL;
     if (counted) { /* no other call since: count it in */
         long long starts;
         if (set_long(self->entry, s_last, sequence) < 0 || get_long(self->entry, s_starts, &starts) < 0 ||
@@ -962,25 +1003,21 @@ static PyObject *core_start(LeanCore *self, PyObject *const *args, Py_ssize_t na
         if (!made) return NULL;
         Py_DECREF(made);
     }
-    int checked = (self->check && self->check != Py_None) ? PyObject_IsTrue(self->check) : is_true(watchdog, s_check);
+    PyObject *check = (self->check && self->check != Py_None) ? self->check : watchdog->check;
+    int checked = check ? PyObject_IsTrue(check) : 0;
     if (checked < 0) return NULL;
     long long digest = 0;
     PyObject *packed = NULL;
     if (checked) {
-        PyObject *tag = PyObject_GetAttr(watchdog, s_tag);
-        if (!tag) return NULL;
+        PyObject *tag = watchdog->tag ? watchdog->tag : Py_None;
         if (tag != self->tag) { /* a new tag is a new signature (the engine stamps the number) */
             PyObject *number = PyLong_FromLongLong(sequence);
             PyObject *done = number ? PyObject_CallMethodObjArgs(self->guard, s_stamp, number, tag, NULL) : NULL;
             Py_XDECREF(number);
-            if (!done) {
-                Py_DECREF(tag);
-                return NULL;
-            }
+            if (!done) return NULL;
             Py_DECREF(done);
-            Py_XSETREF(self->tag, tag);
-        } else
-            Py_DECREF(tag);
+            Py_XSETREF(self->tag, Py_NewRef(tag));
+        }
         packed = PyObject_GetAttr(self->guard, s_packed);
         if (!packed) return NULL;
         if (get_long(self->guard, s_digest, &digest) < 0) {
@@ -1001,33 +1038,24 @@ static PyObject *core_start(LeanCore *self, PyObject *const *args, Py_ssize_t na
     if (status < 0) return NULL;
     if (status != DONE) return PyLong_FromLong(status);
     /* the call's end: the claim given back; the late check, a trace record or an average: Python's */
-    if (set_long(watchdog, s_claimed_by, 0) < 0) return NULL;
+    watchdog->claimed_by = 0;
     PyObject *released = PyObject_CallNoArgs(self->release);
     if (!released) return NULL;
     Py_DECREF(released);
-    double last_began, late_after;
-    if (get_double(watchdog, s_last_began, &last_began) < 0 || get_double(watchdog, s_late_after, &late_after) < 0)
-        return NULL;
-    if (began - last_began >= late_after || self->averages) return PyLong_FromLong(FINISH);
+    if (began - watchdog->last_began >= watchdog->late_after || self->averages) return PyLong_FromLong(FINISH);
     int traced = is_true(self->tracer, s_on);
     if (traced < 0) return NULL;
     if (traced) { /* the trace's record of a lean repeat, as LeanAllreduce's end appends it */
         PyObject *record = PyObject_GetAttr(self->tracer, s_record);
-        PyObject *tag = record ? PyObject_GetAttr(watchdog, s_tag) : NULL;
-        PyObject *item = tag ? Py_BuildValue("(OLddO)", (PyObject *)self, sequence, began, now_s(), tag) : NULL;
+        PyObject *tag = watchdog->tag ? watchdog->tag : Py_None;
+        PyObject *item = record ? Py_BuildValue("(OLddO)", (PyObject *)self, sequence, began, now_s(), tag) : NULL;
         PyObject *done = item ? PyObject_CallOneArg(record, item) : NULL;
         Py_XDECREF(record);
-        Py_XDECREF(tag);
         Py_XDECREF(item);
         if (!done) return NULL;
         Py_DECREF(done);
     }
-    PyObject *when = PyFloat_FromDouble(began);
-    if (!when || PyObject_SetAttr(watchdog, s_last_began, when) < 0) {
-        Py_XDECREF(when);
-        return NULL;
-    }
-    Py_DECREF(when);
+    watchdog->last_began = began;
     return PyLong_FromLong(DONE);
 }
 
@@ -1143,14 +1171,10 @@ static struct PyModuleDef engine_module = {
 
 PyMODINIT_FUNC PyInit__engine(void) {
     if (PyType_Ready(&SmallAllreduceType) < 0 || PyType_Ready(&SegmentedAllreduceType) < 0 ||
-        PyType_Ready(&LeanCoreType) < 0)
+        PyType_Ready(&WatchdogCoreType) < 0 || PyType_Ready(&LeanCoreType) < 0)
         return NULL;
-    static const char *names[] = {"record", "broken", "claimed_by", "sequence", "recorder", "check", "tag", "turn", "stamp",
-                                  "digest", "packed", "last", "starts", "last_began", "late_after", "on",
-                                  "_new_entry"};
-    PyObject **interned[] = {&s_record, &s_broken, &s_claimed_by, &s_sequence, &s_recorder, &s_check, &s_tag, &s_turn,
-                             &s_stamp, &s_digest, &s_packed, &s_last, &s_starts, &s_last_began, &s_late_after,
-                             &s_on, &s_new_entry};
+    static const char *names[] = {"record", "turn", "stamp", "digest", "packed", "last", "starts", "on", "_new_entry"};
+    PyObject **interned[] = {&s_record, &s_turn, &s_stamp, &s_digest, &s_packed, &s_last, &s_starts, &s_on, &s_new_entry};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!(*interned[i] = PyUnicode_InternFromString(names[i]))) return NULL;
     PyObject *module = PyModule_Create(&engine_module);
@@ -1158,6 +1182,7 @@ PyMODINIT_FUNC PyInit__engine(void) {
     if (PyModule_AddObjectRef(module, "SmallAllreduce", (PyObject *)&SmallAllreduceType) < 0 ||
         PyModule_AddObjectRef(module, "SegmentedAllreduce", (PyObject *)&SegmentedAllreduceType) < 0 ||
         PyModule_AddObjectRef(module, "LeanCore", (PyObject *)&LeanCoreType) < 0 ||
+        PyModule_AddObjectRef(module, "WatchdogCore", (PyObject *)&WatchdogCoreType) < 0 ||
         PyModule_AddIntConstant(module, "MODES", MODES) < 0 ||
         PyModule_AddIntConstant(module, "NOT_TAKEN", NOT_TAKEN) < 0 || PyModule_AddIntConstant(module, "FINISH", FINISH) < 0 ||
         PyModule_AddIntConstant(module, "DONE", DONE) < 0 || PyModule_AddIntConstant(module, "LATE", LATE) < 0 ||

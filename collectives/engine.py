@@ -21,6 +21,7 @@ __all__ = [
     "MISMATCH",
     "NOT_TAKEN",
     "LeanCore",
+    "WatchdogCore",
     "compiled",
     "reduces",
     "why",
@@ -143,3 +144,26 @@ else:
 """The base of :class:`~collectives.lean.LeanAllreduce`: the engine's (whose ``start`` runs a repeated
 small allreduce's bookkeeping and compiled call in one call) where it runs, else a Python one whose
 ``start`` takes no call. A call takes the engine only where its compiled call was made (``_kernel``)."""
+
+
+class _PythonWatchdogCore:
+    """:class:`WatchdogCore` where the engine was not built: the same fields, as plain attributes."""
+
+    sequence: int
+    claimed_by: int
+    last_began: float
+    late_after: float
+    broken: str | None
+    check: bool
+    tag: bytes
+    recorder: Any
+
+
+if TYPE_CHECKING:
+    WatchdogCore = _PythonWatchdogCore
+else:
+    WatchdogCore = _PythonWatchdogCore if _BUILT is None else _BUILT.WatchdogCore
+"""The base of :class:`~collectives.watchdog.Watchdog`: where the engine was built, its fields a repeated
+call reads and writes (sequence number, claim holder, last call's start, late check interval, broken,
+check, tag, flight recorder) live in a struct the compiled start reaches directly; Python reads and
+writes them as attributes either way."""

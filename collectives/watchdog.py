@@ -64,6 +64,7 @@ from collections.abc import Callable
 
 from .agreement import FUSED_BYTES, Agreement, PackedSignature
 from .call import NOTICE, Call, SteppedCall, Tracked, WatchedTransport, heard_of_break
+from .engine import WatchdogCore
 from .errors import (
     BrokenCommunicatorError,
     CollectivesError,
@@ -109,7 +110,7 @@ def _thread_name(ident: int) -> str:
     return f"thread {thread.name!r}" if thread is not None else f"thread {ident}"
 
 
-class Watchdog:
+class Watchdog(WatchdogCore):
     """One communicator's sequence numbers, signature checks, deadlines, flight recorder and debug log.
 
     Args:
