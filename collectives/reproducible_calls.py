@@ -211,13 +211,13 @@ def _pair_sum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 _PAIRS = {(dtype, op): _PairSum(dtype, op) for dtype in ("float32", "float64") for op in _OPS}
 
 
-def pair_op(size: int, dtype: Any, op: str, checked: bool) -> Op | None:
-    """The op whose plain reduction is the reproducible sum of ``dtype``'s, where one applies: two ranks,
-    float32 or float64, the compiled engine running, and calls checked (ranks of other dtypes or ops
-    then raise, as their ops' names differ); else ``None``."""
+def pair_op(size: int, dtype: str, op: str, checked: bool) -> Op | None:
+    """The op whose plain reduction is the reproducible sum of ``dtype`` (a name), where one applies: two
+    ranks, float32 or float64, the compiled engine running, and calls checked (ranks of other dtypes or
+    ops then raise, as their ops' names differ); else ``None``."""
     if size != 2 or not checked or kernels() is None:
         return None
-    return _PAIRS.get((name_of(dtype), op))
+    return _PAIRS.get((dtype, op))
 
 
 def _plain_pair(x: Any, op: Any, out: Any, group: Communicator, check: bool | None) -> Op | None:
@@ -447,7 +447,7 @@ def reproducibly(
         extra = {"counts": counts} if collective == "reduce_scatter" else {}
         return run(x, op, out=out, algorithm=algorithm, comm=group, check=check, **extra)
     flat, name, shares, shape = checks
-    pair = pair_op(group.size, x.dtype, name, _checked(group, check))
+    pair = pair_op(group.size, name_of(x.dtype), name, _checked(group, check))
     if pair is not None:
         with _mismatch_named(collective):
             return _paired(

@@ -222,9 +222,9 @@ def test_two_ranks_sum_by_the_pair_op_with_every_algorithm(
 
     parts = contributions(dtype, 2, 501, seed=81)
     expected = model(parts, dtype)
-    assert reproducible_calls.pair_op(2, parts[0].dtype, "sum", True) is not None
-    assert reproducible_calls.pair_op(3, parts[0].dtype, "sum", True) is None
-    assert reproducible_calls.pair_op(2, parts[0].dtype, "sum", False) is None  # unchecked: gathered or not
+    assert reproducible_calls.pair_op(2, dtype, "sum", True) is not None
+    assert reproducible_calls.pair_op(3, dtype, "sum", True) is None
+    assert reproducible_calls.pair_op(2, dtype, "sum", False) is None  # unchecked: gathered or not
     names = [
         name for name, module in ALGORITHMS.items()
         if hasattr(module, "allreduce") and not rejection_reasons("allreduce", name, 2, 501)
