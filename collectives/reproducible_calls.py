@@ -25,6 +25,7 @@ __all__ = [
     "deliver",
     "gathers",
     "pair_op",
+    "plain_pair",
     "reduced",
     "reproducibly",
     "shares_of",
@@ -220,7 +221,7 @@ def pair_op(size: int, dtype: str, op: str, checked: bool) -> Op | None:
     return _PAIRS.get((dtype, op))
 
 
-def _plain_pair(x: Any, op: Any, out: Any, group: Communicator, check: bool | None) -> Op | None:
+def plain_pair(x: Any, op: Any, out: Any, group: Communicator, check: bool | None) -> Op | None:
     """The pair op of an allreduce that needs no more checks than the plain call's: a C-contiguous
     float32 or float64 numpy ``x``, ``op`` ``"sum"`` or ``"avg"``, and ``out`` none, ``x`` or a
     C-contiguous writable array of its dtype and shape; ``None`` for any other call."""
@@ -432,7 +433,7 @@ def reproducibly(
     """
     group = communicator_of(comm)
     if collective == "allreduce" and group.size == 2:
-        pair = _plain_pair(x, op, out, group, check)
+        pair = plain_pair(x, op, out, group, check)
         if pair is not None:  # the common call, its checks the plain call's
             with _mismatch_named(collective):
                 return through.allreduce(x, pair, out=out, algorithm=algorithm, comm=group, check=check)

@@ -245,7 +245,7 @@ def test_two_ranks_sum_by_the_pair_op_with_every_algorithm(
     ranks = run_ranks(2, call)
     with monkeypatch.context() as patched:  # the same call without the pair op: gathered
         patched.setattr(reproducible_calls, "pair_op", lambda *args: None)
-        patched.setattr(reproducible_calls, "_plain_pair", lambda *args: None)
+        patched.setattr(reproducible_calls, "plain_pair", lambda *args: None)
         averages = run_ranks(
             2, lambda comm: C.allreduce(parts[comm.rank], "avg", reproducible=True, comm=comm)
         )

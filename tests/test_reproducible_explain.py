@@ -89,3 +89,34 @@ def test_what_reproducible_cannot_explain_raises() -> None:
     with pytest.raises(ValueError, match="numpy arrays"):
         C.explain("allreduce", 100, "float32", world_size=2, device=True, reproducible=True)
     assert C.explain("allreduce", 100, "float32", world_size=2).reproducible is None
+
+
+@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("count", [100, 40000])
+def test_persistent_inits_name_the_algorithms_their_starts_run(size: int, count: int) -> None:
+    from collectives.algorithms import ALGORITHMS
+    from tests.conftest import run_ranks
+    from tests.reproducible_cases import contributions, model
+
+    parts = contributions("float32", size, count, seed=90, specials=False)
+
+    def call(comm: C.Communicator) -> tuple[str, str, str, bytes, bytes]:
+        x = parts[comm.rank]
+        started = C.allreduce_init(x, comm=comm, reproducible=True)
+        ring = C.allreduce_init(x, algorithm="ring", comm=comm, reproducible=True)
+        plain = C.allreduce_init(x.copy(), comm=comm)
+        first, second = started(), ring()
+        return started.algorithm, ring.algorithm, plain.algorithm, first.tobytes(), second.tobytes()
+
+    expected = model(parts, "float32").tobytes()
+    for auto, ring, plain, first, second in run_ranks(size, call):
+        assert first == second == expected
+        assert "auto" not in auto and "auto" not in ring
+        if size == 2 and reproducible.kernels() is not None:  # the plain call with the pair op
+            assert auto == plain and ring == "ring"
+        else:
+            steps = dict(part.split(": ") for part in auto.split(", "))
+            assert all(name in ALGORITHMS for name in steps.values()), auto
+            summing = "contributions gathered" if count == 100 else "words summed"
+            assert set(steps) == ({summing} if count == 100 else {"codes agreed", summing}), auto
+            assert dict(part.split(": ") for part in ring.split(", "))[summing] == "ring"
