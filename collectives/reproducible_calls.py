@@ -25,7 +25,6 @@ __all__ = [
     "deliver",
     "gathers",
     "pair_op",
-    "paired",
     "plain_pair",
     "reduced",
     "reproducibly",
@@ -76,16 +75,6 @@ _OPS = {"sum": 1, "avg": 2}
 
 GATHERED_BYTES = 128 << 10
 """The most bytes of every rank's contribution together that an allreduce gathers in one collective."""
-
-PAIRED_BYTES = 8 << 10
-"""The least bytes a rank of two that an allreduce sums by the plain call with the two ranks' op
-(:func:`pair_op`); smaller ones are gathered, on the compiled engine's small path (measured: about
-0.5 us less a call at 8 B to 4 KiB, two ranks)."""
-
-
-def paired(collective: str, nbytes: int) -> bool:
-    """Whether two ranks' call of ``nbytes`` a rank sums by the plain call with the two ranks' op."""
-    return collective != "allreduce" or nbytes >= PAIRED_BYTES
 
 @dataclass(frozen=True)
 class Through:
@@ -443,7 +432,7 @@ def reproducibly(
     elsewhere), or this rank's share.
     """
     group = communicator_of(comm)
-    if collective == "allreduce" and group.size == 2 and paired(collective, getattr(x, "nbytes", 0)):
+    if collective == "allreduce" and group.size == 2:
         pair = plain_pair(x, op, out, group, check)
         if pair is not None:  # the common call, its checks the plain call's
             with _mismatch_named(collective):
@@ -460,7 +449,7 @@ def reproducibly(
         return run(x, op, out=out, algorithm=algorithm, comm=group, check=check, **extra)
     flat, name, shares, shape = checks
     pair = pair_op(group.size, name_of(x.dtype), name, _checked(group, check))
-    if pair is not None and paired(collective, flat.size * flat.itemsize):
+    if pair is not None:
         with _mismatch_named(collective):
             return _paired(
                 group, through, collective, x, flat, pair, out, shape, algorithm, check, root, shares

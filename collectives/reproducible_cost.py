@@ -17,7 +17,7 @@ __all__ = ["PASSES", "reproducible_cost"]
 from .explanation import Explanation, ReproducibleCost, ReproducibleStep
 from .ops import INTEGER_DTYPES, itemsize
 from .reproducible import EXACT_IN_FLOAT64, family_of
-from .reproducible_calls import gathers, pair_op, paired
+from .reproducible_calls import gathers, pair_op
 from .selector import Selector
 from .topology import Topology
 
@@ -85,8 +85,7 @@ def reproducible_cost(
             local("rounded back", "the words rounded once to the dtype", nbytes, PASSES["finish"]),
         )
         return ReproducibleCost("one rank: converted and rounded back, no communication", steps, plain_time)
-    paired_here = paired(collective, count * itemsize(name))
-    if pair_op(size, name, op, checked) is not None and paired_here and chosen is not None:
+    if pair_op(size, name, op, checked) is not None and chosen is not None:
         route = (
             "the plain call, its op the reproducible sum of the two ranks' raw contributions (two ranks: "
             "every algorithm combines an element's two contributions once); the plain call's bytes"

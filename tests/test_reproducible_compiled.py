@@ -230,7 +230,6 @@ def test_two_ranks_sum_by_the_pair_op_with_every_algorithm(
         if hasattr(module, "allreduce") and not rejection_reasons("allreduce", name, 2, 501)
     ]  # fmt: skip
     assert len(names) > 3, names
-    monkeypatch.setattr(reproducible_calls, "PAIRED_BYTES", 0)  # small allreduces too
 
     def call(comm: C.Communicator) -> list[Any]:
         x = parts[comm.rank]

@@ -120,15 +120,3 @@ def test_persistent_inits_name_the_algorithms_their_starts_run(size: int, count:
             summing = "contributions gathered" if count == 100 else "words summed"
             assert set(steps) == ({summing} if count == 100 else {"codes agreed", summing}), auto
             assert dict(part.split(": ") for part in ring.split(", "))[summing] == "ring"
-
-
-def test_two_ranks_small_allreduce_is_gathered_and_said_so() -> None:
-    from collectives import reproducible_calls
-
-    small = reproducible_calls.PAIRED_BYTES // 4 - 1
-    cost = _explained("allreduce", small, "float32", 2).reproducible
-    assert cost is not None and cost.route.startswith("gathered")
-    share = _explained("reduce_scatter", small + 1, "float32", 2).reproducible
-    assert share is not None and share.route.startswith(
-        "the plain call" if reproducible.kernels() is not None else "two collectives"
-    )
