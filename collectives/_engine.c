@@ -1142,6 +1142,7 @@ static PyObject *repro_words(PyObject *, PyObject *const *, Py_ssize_t);
 static PyObject *repro_finish(PyObject *, PyObject *const *, Py_ssize_t);
 static PyObject *repro_rows(PyObject *, PyObject *const *, Py_ssize_t);
 static PyObject *repro_pack(PyObject *, PyObject *const *, Py_ssize_t);
+static PyObject *repro_pair(PyObject *, PyObject *const *, Py_ssize_t);
 
 static PyMethodDef engine_methods[] = {
     {"reduces", (PyCFunction)(void (*)(void))engine_reduces, METH_FASTCALL,
@@ -1158,6 +1159,8 @@ static PyMethodDef engine_methods[] = {
      "repro_rows(message, size, count, out, to_odd, divide_by) -> whether the rows' trailers agree"},
     {"repro_pack", (PyCFunction)(void (*)(void))repro_pack, METH_FASTCALL,
      "repro_pack(x, message, rank, kind, op): message zeroed but rank's row: x's bits, then kind and op"},
+    {"repro_pair", (PyCFunction)(void (*)(void))repro_pair, METH_FASTCALL,
+     "repro_pair(out, a, b, divide_by): out = the reproducible sum of two raw contributions, divided"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1275,6 +1278,22 @@ static inline double repro_units32(float x, int code) {
     float finite;
     memcpy(&finite, &u, sizeof finite);
     return repro_trunc((double)finite * repro_pow2(special ? 0 : R32_BITS - 16 * code));
+}
+
+/* x cut toward zero at the unit 2**(16 code - 47), as repro_units32's units times the unit, given
+ * k16 = 16 code + 103: the low k bits of x's significand cleared, k = k16 - max(field, 1) the unit's
+ * exponent less that of x's last bit; 0 where the unit is above x (k >= 24), as at the special code;
+ * -0.0 kept as it is (the sums start at +0.0, which a -0.0 leaves alone) */
+static inline float repro_cut32(float x, int32_t k16) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    int32_t field = (int32_t)((u >> 23) & 0xffu);
+    int32_t k = k16 - (field > 1 ? field : 1);
+    uint32_t mask = k >= 24 ? 0u : k <= 0 ? ~0u : ~0u << k;
+    u &= mask;
+    float cut;
+    memcpy(&cut, &u, sizeof cut);
+    return cut;
 }
 
 /* the two words of x cut at code: high = trunc(scaled / 2**47), low = the rest, truncated; scaled =
@@ -1401,10 +1420,7 @@ REPRO_WIDE static void repro_words_loop(const void *x, Py_ssize_t itemsize, cons
         if (itemsize == 4 && as_float) {
             const float *v = x;
             double *w = words;
-            for (Py_ssize_t i = 0; i < n; i++) {
-                int special = c[i] == R_SPECIAL;
-                w[i] = repro_units32(v[i], c[i]) * repro_pow2(special ? 0 : 16 * c[i] - R32_BITS) + 0.0; /* never -0.0 */
-            }
+            for (Py_ssize_t i = 0; i < n; i++) w[i] = (double)repro_cut32(v[i], 16 * (int32_t)c[i] + 103) + 0.0; /* never -0.0 */
         } else if (itemsize == 4) {
             const float *v = x;
             int64_t *w = words;
@@ -1486,7 +1502,10 @@ static PyObject *repro_words(PyObject *module, PyObject *const *args, Py_ssize_t
 
 /* finish's values into o, by the kind of sums: exact float64, one word (float32 family), two words */
 #define REPRO_VALUES(o)                                                                              \
-    if (exact) {                                                                                     \
+    if (exact && by == 1.0) {                                                                        \
+        const double *values = sums;                                                                 \
+        for (Py_ssize_t i = 0; i < n; i++) o[i] = values[i];                                         \
+    } else if (exact) {                                                                              \
         const double *values = sums;                                                                 \
         for (Py_ssize_t i = 0; i < n; i++) o[i] = values[i] / by;                                    \
     } else if (!pairs) {                                                                             \
@@ -1514,6 +1533,13 @@ REPRO_WIDE static void repro_finish_loop(const void *sums, int exact, int pairs,
         double *o = out;
         REPRO_VALUES(o)
     }
+}
+
+/* whether some code is the special one or -0.0's (bytes compared a vector at a time) */
+REPRO_WIDE static int repro_any_fixed(const int8_t *c, Py_ssize_t n, int8_t negative_zero) {
+    uint8_t any = 0;
+    for (Py_ssize_t i = 0; i < n; i++) any |= (uint8_t)((c[i] == R_SPECIAL) | (c[i] == negative_zero));
+    return any != 0;
 }
 
 /* finish(sums, codes, out, to_odd, divide_by, specials or None): the summed words of elements with
@@ -1554,8 +1580,8 @@ static PyObject *repro_finish(PyObject *module, PyObject *const *args, Py_ssize_
     else {
         const int8_t *c = codes.buf;
         repro_finish_loop(sums.buf, exact, pairs, to_odd, c, out.buf, (int)out.itemsize, (double)divide_by, n);
-        int negative_zero = pairs ? R64_LOWEST - 1 : R32_LOWEST - 1, fix = 0;
-        for (Py_ssize_t i = 0; i < n; i++) fix |= (c[i] == R_SPECIAL) | (c[i] == negative_zero);
+        int negative_zero = pairs ? R64_LOWEST - 1 : R32_LOWEST - 1;
+        int fix = repro_any_fixed(c, n, (int8_t)negative_zero);
         const uint8_t *bits = specials.obj ? specials.buf : NULL;
         for (Py_ssize_t i = 0; fix && i < n; i++)
             if (c[i] == R_SPECIAL || c[i] == negative_zero) {
@@ -1575,7 +1601,7 @@ static PyObject *repro_finish(PyObject *module, PyObject *const *args, Py_ssize_
 }
 
 
-enum { R_BLOCK = 256 }; /* elements a pass of the gathered sum takes, so that its loops vectorize */
+enum { R_BLOCK = 512 }; /* elements a pass of the gathered sum takes, so that its loops vectorize */
 
 static inline void repro_put(void *out, int out_size, Py_ssize_t i, double value) {
     if (out_size == 4)
@@ -1584,71 +1610,84 @@ static inline void repro_put(void *out, int out_size, Py_ssize_t i, double value
         ((double *)out)[i] = value;
 }
 
-/* the elements of a block whose code is special or -0.0's: their values as stated */
-static void repro_rows_fixed(const int8_t *codes, Py_ssize_t m, int negative_zero, const char *rows, Py_ssize_t item,
-                             Py_ssize_t size, Py_ssize_t stride, void *out, int out_size, Py_ssize_t start) {
+/* a block's special elements: the or of their rows' special_bits, read before the result is written
+ * (it may be one of the rows) */
+static void repro_rows_specials(const int8_t *codes, Py_ssize_t m, const void *const *rows, Py_ssize_t item,
+                                Py_ssize_t size, Py_ssize_t start, uint8_t *bits) {
     for (Py_ssize_t i = 0; i < m; i++) {
-        if (codes[i] != R_SPECIAL && codes[i] != negative_zero) continue;
-        unsigned bits = 0;
-        for (Py_ssize_t r = 0; r < size && codes[i] == R_SPECIAL; r++) {
-            const char *at = rows + (r * stride + start + i) * item;
-            bits |= item == 4 ? repro_special_bits(*(const float *)at) : repro_special_bits(*(const double *)at);
-        }
-        repro_put(out, out_size, start + i, repro_fixed(0.0, codes[i], negative_zero, bits));
+        unsigned found = 0;
+        for (Py_ssize_t r = 0; r < size && codes[i] == R_SPECIAL; r++)
+            found |= item == 4 ? repro_special_bits(((const float *)rows[r])[start + i])
+                               : repro_special_bits(((const double *)rows[r])[start + i]);
+        bits[i] = (uint8_t)found;
     }
 }
 
-/* the float32 family's rows: each element's cuts summed exactly in float64 (below 2**53 for at
- * most 64 rows), as the distributed sum's float64 words, then scaled exactly and rounded once */
-#define REPRO_ROWS32_PUT(T)                                                                         \
-    {                                                                                               \
-        T *o = (T *)out + start;                                                                    \
-        for (Py_ssize_t i = 0; i < m; i++) {                                                        \
-            int special = codes[i] == R_SPECIAL;                                                    \
-            double value = sums[i] * repro_pow2(special ? 0 : 16 * codes[i] - R32_BITS);            \
-            o[i] = (T)(value / by); /* exact where by is 1 */                                       \
-        }                                                                                           \
-    }
+/* the elements of a block whose code is special or -0.0's: their values as stated */
+static void repro_rows_fixed(const int8_t *codes, const uint8_t *bits, Py_ssize_t m, int negative_zero, void *out,
+                             int out_size, Py_ssize_t start) {
+    for (Py_ssize_t i = 0; i < m; i++)
+        if (codes[i] == R_SPECIAL || codes[i] == negative_zero)
+            repro_put(out, out_size, start + i, repro_fixed(0.0, codes[i], negative_zero, bits[i]));
+}
 
-REPRO_WIDE static void repro_rows32(const float *rows, Py_ssize_t size, Py_ssize_t stride, Py_ssize_t n, void *out,
-                                    int out_size, double by) {
+/* the float32 family's rows (size pointers to n floats), a block of elements at a time (the block's
+ * rows stay in the cache): each element's code the max of its rows', its rows cut at that code and
+ * summed exactly in float64 (multiples of the unit below 2**53 of it for at most 64 rows, so in any
+ * order), rounded once into out (which may be one of the rows) */
+REPRO_WIDE static void repro_rows32(const void *const *rows, Py_ssize_t size, Py_ssize_t n, void *out, int out_size,
+                                    double by) {
     int8_t codes[R_BLOCK];
+    int32_t k16[R_BLOCK];
     double sums[R_BLOCK];
+    uint8_t bits[R_BLOCK];
     for (Py_ssize_t start = 0; start < n; start += R_BLOCK) {
         Py_ssize_t m = n - start < R_BLOCK ? n - start : R_BLOCK;
-        for (Py_ssize_t i = 0; i < m; i++) codes[i] = R32_LOWEST - 1;
+        for (Py_ssize_t i = 0; i < m; i++) k16[i] = R32_LOWEST - 1;
         for (Py_ssize_t r = 0; r < size; r++) {
-            const float *row = rows + r * stride + start;
+            const float *row = (const float *)rows[r] + start;
             for (Py_ssize_t i = 0; i < m; i++) {
-                int own = repro_code32(row[i]);
-                codes[i] = (int8_t)(own > codes[i] ? own : codes[i]);
+                int32_t own = repro_code32(row[i]);
+                k16[i] = own > k16[i] ? own : k16[i];
             }
         }
-        for (Py_ssize_t i = 0; i < m; i++) sums[i] = 0.0;
-        for (Py_ssize_t r = 0; r < size; r++) {
-            const float *row = rows + r * stride + start;
-            for (Py_ssize_t i = 0; i < m; i++) sums[i] += repro_units32(row[i], codes[i]);
-        }
-        if (out_size == 4)
-            REPRO_ROWS32_PUT(float)
-        else
-            REPRO_ROWS32_PUT(double)
         int fix = 0;
-        for (Py_ssize_t i = 0; i < m; i++) fix |= (codes[i] == R_SPECIAL) | (codes[i] == R32_LOWEST - 1);
-        if (fix) repro_rows_fixed(codes, m, R32_LOWEST - 1, (const char *)rows, 4, size, stride, out, out_size, start);
+        for (Py_ssize_t i = 0; i < m; i++) {
+            fix |= (k16[i] == R_SPECIAL) | (k16[i] == R32_LOWEST - 1);
+            codes[i] = (int8_t)k16[i];
+            k16[i] = 16 * k16[i] + 103;
+            sums[i] = 0.0;
+        }
+        for (Py_ssize_t r = 0; r < size; r++) {
+            const float *row = (const float *)rows[r] + start;
+            for (Py_ssize_t i = 0; i < m; i++) sums[i] += (double)repro_cut32(row[i], k16[i]);
+        }
+        if (fix) repro_rows_specials(codes, m, rows, 4, size, start, bits);
+        if (out_size == 4) {
+            float *o = (float *)out + start;
+            if (by == 1.0)
+                for (Py_ssize_t i = 0; i < m; i++) o[i] = (float)sums[i];
+            else
+                for (Py_ssize_t i = 0; i < m; i++) o[i] = (float)(sums[i] / by);
+        } else {
+            double *o = (double *)out + start;
+            for (Py_ssize_t i = 0; i < m; i++) o[i] = sums[i] / by; /* exact where by is 1 */
+        }
+        if (fix) repro_rows_fixed(codes, bits, m, R32_LOWEST - 1, out, out_size, start);
     }
 }
 
 /* float64's rows: each element's two words summed, as the distributed sum's, then rounded once */
-REPRO_WIDE static void repro_rows64(const double *rows, Py_ssize_t size, Py_ssize_t stride, Py_ssize_t n, void *out,
-                         int out_size, double by, int to_odd) {
+REPRO_WIDE static void repro_rows64(const void *const *rows, Py_ssize_t size, Py_ssize_t n, void *out, int out_size,
+                                    double by, int to_odd) {
     int8_t codes[R_BLOCK];
     int64_t high[R_BLOCK], low[R_BLOCK];
+    uint8_t bits[R_BLOCK];
     for (Py_ssize_t start = 0; start < n; start += R_BLOCK) {
         Py_ssize_t m = n - start < R_BLOCK ? n - start : R_BLOCK;
         for (Py_ssize_t i = 0; i < m; i++) codes[i] = R64_LOWEST - 1;
         for (Py_ssize_t r = 0; r < size; r++) {
-            const double *row = rows + r * stride + start;
+            const double *row = (const double *)rows[r] + start;
             for (Py_ssize_t i = 0; i < m; i++) {
                 int own = repro_code64(row[i]);
                 codes[i] = (int8_t)(own > codes[i] ? own : codes[i]);
@@ -1656,7 +1695,7 @@ REPRO_WIDE static void repro_rows64(const double *rows, Py_ssize_t size, Py_ssiz
         }
         for (Py_ssize_t i = 0; i < m; i++) high[i] = low[i] = 0;
         for (Py_ssize_t r = 0; r < size; r++) {
-            const double *row = rows + r * stride + start;
+            const double *row = (const double *)rows[r] + start;
             for (Py_ssize_t i = 0; i < m; i++) {
                 int64_t h, l;
                 repro_cut64(row[i], codes[i], &h, &l);
@@ -1664,14 +1703,13 @@ REPRO_WIDE static void repro_rows64(const double *rows, Py_ssize_t size, Py_ssiz
                 low[i] += l;
             }
         }
-        int fix = 0;
+        int fix = repro_any_fixed(codes, m, R64_LOWEST - 1);
+        if (fix) repro_rows_specials(codes, m, rows, 8, size, start, bits);
         for (Py_ssize_t i = 0; i < m; i++) {
-            int special = codes[i] == R_SPECIAL;
-            fix |= special | (codes[i] == R64_LOWEST - 1);
-            int64_t unit = special ? 0 : 16 * (int64_t)codes[i] - R64_BITS;
+            int64_t unit = codes[i] == R_SPECIAL ? 0 : 16 * (int64_t)codes[i] - R64_BITS;
             repro_put(out, out_size, start + i, repro_pair_value(high[i], low[i], unit, to_odd) / by);
         }
-        if (fix) repro_rows_fixed(codes, m, R64_LOWEST - 1, (const char *)rows, 8, size, stride, out, out_size, start);
+        if (fix) repro_rows_fixed(codes, bits, m, R64_LOWEST - 1, out, out_size, start);
     }
 }
 
@@ -1699,17 +1737,51 @@ static PyObject *repro_rows(PyObject *module, PyObject *const *args, Py_ssize_t 
         PyErr_SetString(PyExc_ValueError, "repro_rows: 1 to 64 rows of count floats and a trailer, and a result of count");
     else {
         const char *base = message.buf;
+        const void *rows[64];
         int agree = 1;
+        for (Py_ssize_t r = 0; r < size; r++) rows[r] = base + r * stride * item;
         for (Py_ssize_t r = 1; r < size && agree; r++)
             agree = memcmp(base + (n * item), base + (r * stride + n) * item, (size_t)((stride - n) * item)) == 0;
         if (agree && item == 4)
-            repro_rows32(message.buf, size, stride, n, out.buf, (int)out.itemsize, (double)divide_by);
+            repro_rows32(rows, size, n, out.buf, (int)out.itemsize, (double)divide_by);
         else if (agree)
-            repro_rows64(message.buf, size, stride, n, out.buf, (int)out.itemsize, (double)divide_by, to_odd);
+            repro_rows64(rows, size, n, out.buf, (int)out.itemsize, (double)divide_by, to_odd);
         result = PyBool_FromLong(agree);
     }
     PyBuffer_Release(&message);
     PyBuffer_Release(&out);
+    return result;
+}
+
+/* pair(out, a, b, divide_by): out = the reproducible sum of two raw contributions a and b (float32 or
+ * float64, one dtype, one count; out may be a or b), divided by divide_by: at two ranks every
+ * algorithm combines an element's two contributions once, so this is the whole sum */
+static PyObject *repro_pair(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 4) return PyErr_Format(PyExc_TypeError, "repro_pair(out, a, b, divide_by)");
+    long divide_by = PyLong_AsLong(args[3]);
+    if (divide_by == -1 && PyErr_Occurred()) return NULL;
+    Py_buffer views[3];
+    const char *names[3] = {"repro_pair out", "repro_pair a", "repro_pair b"};
+    for (int i = 0; i < 3; i++)
+        if (repro_buffer(args[i], &views[i], i == 0, 'f', names[i]) < 0) {
+            while (i-- > 0) PyBuffer_Release(&views[i]);
+            return NULL;
+        }
+    PyObject *result = NULL;
+    Py_ssize_t item = views[0].itemsize, n = item ? views[0].len / item : 0;
+    if ((item != 4 && item != 8) || views[1].itemsize != item || views[2].itemsize != item ||
+        views[1].len != views[0].len || views[2].len != views[0].len || divide_by < 1)
+        PyErr_SetString(PyExc_ValueError, "repro_pair: out, a and b of one float dtype and count, divide_by >= 1");
+    else {
+        const void *rows[2] = {views[1].buf, views[2].buf};
+        if (item == 4)
+            repro_rows32(rows, 2, n, views[0].buf, 4, (double)divide_by);
+        else
+            repro_rows64(rows, 2, n, views[0].buf, 8, (double)divide_by, 0);
+        result = Py_NewRef(Py_None);
+    }
+    for (int i = 0; i < 3; i++) PyBuffer_Release(&views[i]);
     return result;
 }
 

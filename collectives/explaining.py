@@ -16,6 +16,7 @@ from .dispatch import keeps_order
 from .explanation import Candidate, Explanation, Rejected
 from .host_copy import through_host
 from .ops import ReduceOp, itemsize
+from .reproducible_cost import reproducible_cost
 from .selector import AUTO, default_selector, layout_features, nodes_of
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ def explain(
     topology: "Topology | None" = None,
     device: bool = False,
     ranks_per_node: int | None = None,
+    reproducible: bool = False,
 ) -> Explanation:
     """What ``algorithm="auto"`` runs for ``collective`` of ``count`` elements, and why.
 
@@ -68,10 +70,20 @@ def explain(
             count that does not divide it, shares none. By default the communicator's
             layout once a call found it; with ``world_size`` and no communicator, no
             shared memory.
+        reproducible: also say what ``reproducible=True`` costs the call (a float ``sum``
+            or ``avg`` of ``allreduce`` or ``reduce_scatter``): the route it takes, each
+            step (the exponent codes and their agreement, the conversion, the collective
+            that sums the words, with its algorithm and bytes, the rounding back) and the
+            predicted time against the plain call's (``Explanation.reproducible``).
+
+    Raises:
+        ValueError: ``reproducible`` with ``device`` (it sums numpy arrays), or for another collective.
 
     Returns:
         Each candidate's prediction, the rejected algorithms with their reasons, and the choice.
     """
+    if reproducible and device:
+        raise ValueError("reproducible=True sums numpy arrays: there is no device call to explain")
     selector = None
     group = None
     if world_size is None or comm is not None:
@@ -92,11 +104,16 @@ def explain(
     # the node split the communicator found (the one dispatch uses) gives the job's shape and link classes
     split = nodes_of(world_size, features)
     nodes = 1 if split is None else split[0]
-    explanation = (selector or default_selector(world_size, nodes)).explain(
+    chooser = selector or default_selector(world_size, nodes)
+    explanation = chooser.explain(
         collective, count, dtype, world_size=world_size, op=op, features=features, topology=topology
     )
     if isinstance(op, ReduceOp) and not op.commutative and explanation.op is not None and world_size > 1:
         explanation = _in_rank_order(explanation, features)
+    if reproducible:
+        checked = True if group is None else bool(group.watchdog.check)
+        cost = reproducible_cost(chooser, explanation, features=features, topology=topology, checked=checked)
+        explanation = replace(explanation, reproducible=cost)
     if (
         group is not None
         and group.known_features is None

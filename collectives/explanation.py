@@ -1,6 +1,6 @@
 """What the selector predicted for each algorithm, and its choice, as data and as a table."""
 
-__all__ = ["Candidate", "Explanation", "Rejected"]
+__all__ = ["Candidate", "Explanation", "Rejected", "ReproducibleCost", "ReproducibleStep"]
 
 from dataclasses import dataclass
 
@@ -49,6 +49,70 @@ class Rejected:
 
 
 @dataclass(frozen=True)
+class ReproducibleStep:
+    """One step of a ``reproducible=True`` call, with its prediction.
+
+    Attributes:
+        name: what the step does (``"codes agreed"``, ``"words summed"`` ...).
+        work: how: the collective, its element count, dtype and op, or the local pass.
+        algorithm: the algorithm ``"auto"`` runs for the step's collective; ``None`` for a local pass.
+        nbytes: the bytes a rank passes to the step's collective, or converts in a local pass.
+        seconds: predicted time.
+    """
+
+    name: str
+    work: str
+    algorithm: str | None
+    nbytes: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class ReproducibleCost:
+    """What ``reproducible=True`` costs a call, step by step, against the plain call.
+
+    Attributes:
+        route: how the call runs, in one line.
+        steps: its steps in order (none for integers, whose plain call is exact).
+        plain: the plain call's predicted seconds (its choice's).
+        note: what the prediction leaves out, in one line; ``None`` for nothing.
+    """
+
+    route: str
+    steps: tuple[ReproducibleStep, ...]
+    plain: float
+    note: str | None = None
+
+    @property
+    def time(self) -> float:
+        """Predicted seconds of the reproducible call (the plain call's for integers)."""
+        return sum(step.seconds for step in self.steps) if self.steps else self.plain
+
+    @property
+    def ratio(self) -> float:
+        """Its predicted time over the plain call's."""
+        return self.time / self.plain if self.plain > 0 else 1.0
+
+    def lines(self) -> list[str]:
+        """The section ``str(Explanation)`` ends with."""
+        lines = ["", f"reproducible=True: {self.route}"]
+        if self.steps:
+            titles = ("step", "work", "algorithm", "bytes", "predicted(us)")
+            rows: list[tuple[str, ...]] = [
+                (f"{i}. {s.name}", s.work, s.algorithm or "-", str(s.nbytes), f"{s.seconds * 1e6:.2f}")
+                for i, s in enumerate(self.steps, 1)
+            ]
+            lines += _table(titles, rows, left=3)
+        if self.note is not None:
+            lines.append(f"note: {self.note}")
+        lines.append(
+            f"predicted: {self.time * 1e6:.2f} us reproducible against {self.plain * 1e6:.2f} us for the "
+            f"plain call ({self.ratio:.2f}x)"
+        )
+        return lines
+
+
+@dataclass(frozen=True)
 class Explanation:
     """What the selector predicted for every algorithm, and what it chose.
 
@@ -73,6 +137,8 @@ class Explanation:
             :mod:`collectives.tuner`): each one's seconds, the slowest rank's, fastest
             first; the choice is then the fastest measured. Empty where nothing was measured.
         note: what the explanation could not know, in one line; ``None`` for nothing.
+        reproducible: what the call costs with ``reproducible=True`` (``explain(...,
+            reproducible=True)``); ``None`` where not asked.
     """
 
     collective: str
@@ -89,15 +155,19 @@ class Explanation:
     nodes: tuple[int, int] | None = None
     measured: tuple[tuple[str, float], ...] = ()
     note: str | None = None
+    reproducible: ReproducibleCost | None = None
 
     def __repr__(self) -> str:
         # one short line, as a REPL shows it; str() (print) gives the whole table
         size = _bytes(self.count * itemsize(self.dtype))
         chosen = next((c for c in self.candidates if c.algorithm == self.choice), None)
         choice = "none applies" if chosen is None else f"{chosen.algorithm} ({chosen.time * 1e6:.2f} us)"
+        cost = self.reproducible
+        reproducible = "" if cost is None else f"; reproducible {cost.time * 1e6:.2f} us ({cost.ratio:.2f}x)"
         return (
-            f"<Explanation {self.collective} of {size} {self.dtype} over {self.world_size} ranks: {choice}; "
-            f"{len(self.candidates)} candidates, {len(self.rejected)} rejected; print() it for the table>"
+            f"<Explanation {self.collective} of {size} {self.dtype} over {self.world_size} ranks: {choice}"
+            f"{reproducible}; {len(self.candidates)} candidates, {len(self.rejected)} rejected; print() it "
+            "for the table>"
         )
 
     def __str__(self) -> str:
@@ -156,6 +226,8 @@ class Explanation:
             chosen = next((c for c in self.candidates if c.algorithm == self.choice), self.candidates[0])
             how = "measured fastest; " if self.measured else ""
             lines.append(f"choice: {self.choice} ({how}predicted {chosen.time * 1e6:.2f} us)")
+        if self.reproducible is not None:
+            lines += self.reproducible.lines()
         return "\n".join(lines)
 
 

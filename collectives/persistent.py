@@ -40,7 +40,7 @@ from .faults import PLAN as FAULTS
 from .host_copy import through_host
 from .lean import LeanAllreduce
 from .ops import ReduceOp
-from .reproducible_calls import check_call
+from .reproducible_calls import check_call, plain_pair
 from .requests import Request, settle, start
 from .requests import busy as started
 from .selector import AUTO
@@ -355,13 +355,27 @@ def _reproducible(
     check: bool | None,
 ) -> Persistent | None:
     """A persistent reproducible sum (``None`` for integers, whose plain init serves): checked here;
-    each start runs the reproducible call into ``out`` (made here when not given)."""
+    each start runs the reproducible call into ``out`` (made here when not given).
+
+    Two ranks' float32 or float64 sum is the plain init with the op that sums two contributions
+    reproducibly (its starts on the plain call's path; :attr:`Persistent.algorithm` its choice).
+    Elsewhere :attr:`Persistent.algorithm` names the algorithm of each of the call's collectives,
+    as the communicator chooses them (``explain(..., reproducible=True)``'s steps; the caller's
+    ``algorithm`` for the one that sums, where it names one).
+    """
     checks = checked(
         group, collective, lambda: check_call(collective, x, op, out, group, 0, counts),
         algorithm=algorithm, check=check,
     )  # fmt: skip
     if checks is None:
         return None
+    pair = plain_pair(x, op, out, group, check) if group.size == 2 else None
+    if pair is not None and collective == "allreduce":
+        return allreduce_init(x, pair, out=out, algorithm=algorithm, comm=group, check=check)
+    if pair is not None and (out is None or out.flags.c_contiguous):
+        return reduce_scatter_init(
+            x, pair, counts=counts, out=out, algorithm=algorithm, comm=group, check=check
+        )
     if out is None:
         out = np.empty(checks[3], x.dtype)
     extra = {"counts": counts} if collective == "reduce_scatter" else {}
@@ -370,7 +384,26 @@ def _reproducible(
     def plain() -> Any:
         return run(x, op, out=out, algorithm=algorithm, comm=group, check=check, reproducible=True, **extra)
 
-    return Persistent(collective, group, algorithm, plain, (x, out))
+    names = _algorithms(group, collective, x, checks[1], algorithm)
+    return Persistent(collective, group, names, plain, (x, out))
+
+
+def _algorithms(group: Communicator, collective: str, x: Any, op: str, algorithm: str) -> str:
+    """The algorithm of each collective of a reproducible call on ``group``, as ``"step: name, ..."``.
+
+    Collective: the communicator's node split is found first where no call found it yet,
+    so that the choices are the ones its calls make.
+    """
+    if group.size > 1:
+        group.features  # noqa: B018 (collective: every rank's init asks it at once)
+    cost = api.explain(collective, x.size, x.dtype, comm=group, op=op, reproducible=True).reproducible
+    summing = ("contributions gathered", "words summed")
+    named = [
+        f"{step.name}: {algorithm if algorithm != AUTO and step.name in summing else step.algorithm}"
+        for step in (() if cost is None else cost.steps)
+        if step.algorithm is not None
+    ]
+    return ", ".join(named) or "none (one rank: no collective)"
 
 
 def _like(x: Any) -> Any:

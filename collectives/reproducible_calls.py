@@ -24,12 +24,15 @@ __all__ = [
     "check_out",
     "deliver",
     "gathers",
+    "pair_op",
+    "plain_pair",
     "reduced",
     "reproducibly",
     "shares_of",
 ]
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +48,7 @@ from .errors import (
     PeerInputError,
     UnsupportedOpError,
 )
-from .ops import INTEGER_DTYPES, ReduceOp
+from .ops import INTEGER_DTYPES, Op, ReduceOp
 from .reproducible import (
     BITS_OF,
     EXACT_IN_FLOAT64,
@@ -57,6 +60,7 @@ from .reproducible import (
     family_of,
     finish,
     gathered_message,
+    kernels,
     name_of,
     rows_sum,
     special_bits,
@@ -71,7 +75,6 @@ _OPS = {"sum": 1, "avg": 2}
 
 GATHERED_BYTES = 128 << 10
 """The most bytes of every rank's contribution together that an allreduce gathers in one collective."""
-
 
 @dataclass(frozen=True)
 class Through:
@@ -173,6 +176,106 @@ def gathers(size: int, count: int, itemsize: int, checked: bool) -> bool:
     return checked and 1 < size <= EXACT_IN_FLOAT64 and size * count * itemsize <= GATHERED_BYTES
 
 
+class _PairSum(Op):
+    """The reproducible sum of two raw contributions (float32 or float64), divided by ``divide_by``, as an op.
+
+    At two ranks every algorithm combines each element's two contributions once
+    (``a op b``, or ``b op a``: the sum is the same), so this op is the whole
+    reproducible sum and the reduction runs as the plain call's, bytes and all:
+    the shared-memory owner of each share sums it from the two ranks' raw inputs.
+    Its bits are the distributed sum's (codes agreed, words summed, one rounding).
+    """
+
+    divide_by: int
+
+    def __init__(self, dtype: str, op: str) -> None:
+        super().__init__(_pair_sum, name=f"reproducible_{op}_{dtype}", dtypes=(dtype,))
+        object.__setattr__(self, "divide_by", 2 if op == "avg" else 1)
+
+    def apply(self, dst: Any, a: Any, b: Any) -> None:
+        compiled = kernels()
+        if compiled is None:  # the engine was switched off after the choice: the call's other ranks ran it
+            raise CollectivesError("reproducible sum of two ranks: the compiled engine no longer runs")
+        compiled.repro_pair(dst, a, b, self.divide_by)
+
+
+def _pair_sum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``_PairSum``'s function, for a caller that calls it (the ops' trial): a new array."""
+    made = np.empty_like(a)
+    compiled = kernels()
+    if compiled is None:
+        raise CollectivesError("reproducible sum of two ranks: the compiled engine does not run")
+    compiled.repro_pair(made, a, b, 1)
+    return made
+
+
+_PAIRS = {(dtype, op): _PairSum(dtype, op) for dtype in ("float32", "float64") for op in _OPS}
+
+
+def pair_op(size: int, dtype: str, op: str, checked: bool) -> Op | None:
+    """The op whose plain reduction is the reproducible sum of ``dtype`` (a name), where one applies: two
+    ranks, float32 or float64, the compiled engine running, and calls checked (ranks of other dtypes or
+    ops then raise, as their ops' names differ); else ``None``."""
+    if size != 2 or not checked or kernels() is None:
+        return None
+    return _PAIRS.get((dtype, op))
+
+
+def plain_pair(x: Any, op: Any, out: Any, group: Communicator, check: bool | None) -> Op | None:
+    """The pair op of an allreduce that needs no more checks than the plain call's: a C-contiguous
+    float32 or float64 numpy ``x``, ``op`` ``"sum"`` or ``"avg"``, and ``out`` none, ``x`` or a
+    C-contiguous writable array of its dtype and shape; ``None`` for any other call."""
+    if x.__class__ is not np.ndarray or op.__class__ is not str or not x.flags.c_contiguous:
+        return None
+    pair = _PAIRS.get((name_of(x.dtype), op))
+    if pair is None or not _checked(group, check) or kernels() is None:
+        return None
+    if out is None or out is x:
+        return pair
+    if out.__class__ is not np.ndarray or out.dtype is not x.dtype or out.shape != x.shape:
+        return None
+    return pair if out.flags.c_contiguous and out.flags.writeable else None
+
+
+def _paired(
+    group: Communicator, through: Through, collective: str, x: np.ndarray, flat: np.ndarray, pair: Op,
+    out: Any, shape: tuple[int, ...], algorithm: str, check: bool | None, root: int,
+    counts: Sequence[int] | None,
+) -> Any:
+    """``collective`` of ``flat`` by the op ``pair``: the plain call's path, into ``out`` where it is
+    C-contiguous; what the collective returns, shaped as the result."""
+    into = out.reshape(-1) if out is not None and out.flags.c_contiguous else None
+    if flat.dtype != x.dtype:  # not a view of x: the family's copy of it
+        flat = flat.astype(x.dtype)
+    if collective == "allreduce":
+        result = through.allreduce(flat, pair, out=into, algorithm=algorithm, comm=group, check=check)
+    elif collective == "reduce":
+        assert through.reduce is not None
+        result = through.reduce(flat, pair, root, out=into, algorithm=algorithm, comm=group, check=check)
+        if result is None:
+            return None
+    else:
+        assert through.reduce_scatter is not None
+        result = through.reduce_scatter(
+            flat, pair, counts=counts, out=into, algorithm=algorithm, comm=group, check=check
+        )
+    return out if result is into and into is not None else deliver(result, out, shape)
+
+
+@contextmanager
+def _mismatch_named(collective: str) -> Iterator[None]:
+    """A mismatch of the reduction's call raised as the reproducible call's: the ranks' dtypes, ops or
+    counts differ (a peer's bad input stays what it is)."""
+    try:
+        yield
+    except PeerInputError:
+        raise
+    except MismatchError as error:
+        raise MismatchError(
+            f"reproducible {collective}: the ranks' dtypes, ops or counts differ ({error})", error.fields
+        ) from error
+
+
 def _gathered(
     group: Communicator, through: Through, flat: np.ndarray, dtype: Any, op: str, algorithm: str,
     check: bool | None, out: Any,
@@ -183,14 +286,8 @@ def _gathered(
     size, name = group.size, name_of(dtype)
     family = FAMILIES["float64" if name == "float64" else "float32"]
     message = gathered_message(flat, family, size, group.rank, (BITS_OF[name], _OPS[op]))
-    try:
+    with _mismatch_named("allreduce"):
         through.allreduce(message, "bor", out=message, algorithm=algorithm, comm=group, check=check)
-    except PeerInputError:
-        raise
-    except MismatchError as error:
-        raise MismatchError(
-            f"reproducible allreduce: the ranks' dtypes, ops or counts differ ({error})", error.fields
-        ) from error
     into = out if out is not None and out.flags.c_contiguous else None
     result = rows_sum(message, flat.size, family, dtype, divide_by=size if op == "avg" else 1, into=into)
     if result is None:
@@ -335,6 +432,11 @@ def reproducibly(
     elsewhere), or this rank's share.
     """
     group = communicator_of(comm)
+    if collective == "allreduce" and group.size == 2:
+        pair = plain_pair(x, op, out, group, check)
+        if pair is not None:  # the common call, its checks the plain call's
+            with _mismatch_named(collective):
+                return through.allreduce(x, pair, out=out, algorithm=algorithm, comm=group, check=check)
     checks = checked(
         group, collective, lambda: check_call(collective, x, op, out, group, root, counts),
         algorithm=algorithm, check=check,
@@ -346,6 +448,12 @@ def reproducibly(
         extra = {"counts": counts} if collective == "reduce_scatter" else {}
         return run(x, op, out=out, algorithm=algorithm, comm=group, check=check, **extra)
     flat, name, shares, shape = checks
+    pair = pair_op(group.size, name_of(x.dtype), name, _checked(group, check))
+    if pair is not None:
+        with _mismatch_named(collective):
+            return _paired(
+                group, through, collective, x, flat, pair, out, shape, algorithm, check, root, shares
+            )  # fmt: skip
     if collective == "allreduce" and gathers(group.size, flat.size, flat.itemsize, _checked(group, check)):
         summed = _gathered(group, through, flat, x.dtype, name, algorithm, check, out)
         return out if summed is out else deliver(summed, out, shape)

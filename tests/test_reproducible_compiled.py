@@ -188,3 +188,81 @@ def test_with_the_engine_off_a_process_gives_the_same_bits() -> None:
         runs.append(done.stdout.splitlines())
     assert runs[0][0] == "False"
     assert runs[0][1:] == runs[1][1:] and len(runs[0]) == 5
+
+
+@needs_loops
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_pair_kernel_gives_the_gathered_sums_bits_into_either_input(dtype: str) -> None:
+    parts = contributions(dtype, 2, 3000, seed=70)
+    family = family_of(dtype)
+    message = np.bitwise_or.reduce(
+        [reproducible.gathered_message(p, family, 2, rank, (1, 2)) for rank, p in enumerate(parts)]
+    )
+    for divide_by in (1, 2):
+        expected = reproducible.rows_sum(message, 3000, family, parts[0].dtype, divide_by=divide_by)
+        assert expected is not None
+        for into in ("new", "a", "b"):
+            a, b = parts[0].copy(), parts[1].copy()
+            out = np.empty_like(a) if into == "new" else a if into == "a" else b
+            engine.COMPILED.repro_pair(out, a, b, divide_by)
+            assert _bits(out) == _bits(expected), (divide_by, into)
+        if divide_by == 1:
+            assert _bits(expected) == _bits(model(parts, dtype))
+    with pytest.raises(ValueError, match="one float dtype and count"):
+        engine.COMPILED.repro_pair(np.empty(3, dtype), parts[0][:3], parts[1][:4], 1)
+
+
+@needs_loops
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_two_ranks_sum_by_the_pair_op_with_every_algorithm(
+    monkeypatch: pytest.MonkeyPatch, dtype: str
+) -> None:
+    from collectives.algorithms import ALGORITHMS
+    from collectives.selector import rejection_reasons
+
+    parts = contributions(dtype, 2, 501, seed=81)
+    expected = model(parts, dtype)
+    assert reproducible_calls.pair_op(2, dtype, "sum", True) is not None
+    assert reproducible_calls.pair_op(3, dtype, "sum", True) is None
+    assert reproducible_calls.pair_op(2, dtype, "sum", False) is None  # unchecked: gathered or not
+    names = [
+        name for name, module in ALGORITHMS.items()
+        if hasattr(module, "allreduce") and not rejection_reasons("allreduce", name, 2, 501)
+    ]  # fmt: skip
+    assert len(names) > 3, names
+
+    def call(comm: C.Communicator) -> list[Any]:
+        x = parts[comm.rank]
+        done = [C.allreduce(x, reproducible=True, algorithm=n, comm=comm) for n in names]
+        inplace = x.copy()
+        C.allreduce(inplace, out=inplace, reproducible=True, comm=comm)
+        shaped = C.allreduce(x[:500].reshape(20, 25), reproducible=True, comm=comm)
+        rooted = C.reduce(x, root=1, reproducible=True, comm=comm)
+        share = C.reduce_scatter(x, counts=[200, 301], reproducible=True, comm=comm)
+        average = C.allreduce(x, "avg", reproducible=True, comm=comm)
+        return [done, inplace, shaped, rooted, share, average]
+
+    ranks = run_ranks(2, call)
+    with monkeypatch.context() as patched:  # the same call without the pair op: gathered
+        patched.setattr(reproducible_calls, "pair_op", lambda *args: None)
+        patched.setattr(reproducible_calls, "plain_pair", lambda *args: None)
+        averages = run_ranks(
+            2, lambda comm: C.allreduce(parts[comm.rank], "avg", reproducible=True, comm=comm)
+        )
+    for rank, (done, inplace, shaped, rooted, share, average) in enumerate(ranks):
+        assert all(_bits(d) == _bits(expected) for d in done)
+        assert _bits(inplace) == _bits(expected)
+        assert shaped.shape == (20, 25) and _bits(shaped) == _bits(expected[:500].reshape(20, 25))
+        assert (rooted is None) == (rank == 0) and (rooted is None or _bits(rooted) == _bits(expected))
+        assert _bits(share) == _bits(expected[:200] if rank == 0 else expected[200:])
+        assert _bits(average) == _bits(averages[rank])
+
+
+def test_two_ranks_of_other_dtypes_raise_on_both_with_the_pair_op() -> None:
+    def call(comm: C.Communicator) -> str:
+        x = np.ones(4, np.float32)
+        with pytest.raises(C.MismatchError, match="reproducible allreduce"):
+            C.allreduce(x, "sum" if comm.rank else "avg", reproducible=True, comm=comm)
+        return "raised"
+
+    assert run_ranks(2, call) == ["raised", "raised"]
