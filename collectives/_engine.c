@@ -841,6 +841,7 @@ static PyTypeObject SegmentedAllreduceType = {
  * members, so LeanCore.start reaches them in the struct while Python reads and writes them as ever. */
 typedef struct {
     PyObject_HEAD
+    int claimed; /* the claim of the communicator: taken by compare-and-swap, with or without the GIL */
     long long sequence;
     unsigned long long claimed_by;
     double last_began, late_after;
@@ -869,6 +870,38 @@ static void watchdog_dealloc(WatchdogCore *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+static inline int claim_take(WatchdogCore *self) {
+    int free = 0;
+    return __atomic_compare_exchange_n(&self->claimed, &free, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
+}
+
+static inline void claim_give(WatchdogCore *self) { __atomic_store_n(&self->claimed, 0, __ATOMIC_RELEASE); }
+
+static PyObject *watchdog_take_claim(WatchdogCore *self, PyObject *unused) {
+    return PyBool_FromLong(claim_take(self));
+}
+
+static PyObject *watchdog_give_claim(WatchdogCore *self, PyObject *unused) {
+    if (!__atomic_load_n(&self->claimed, __ATOMIC_ACQUIRE)) {
+        PyErr_SetString(PyExc_RuntimeError, "the claim was given back but not held");
+        return NULL;
+    }
+    claim_give(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *watchdog_claim_held(WatchdogCore *self, PyObject *unused) {
+    return PyBool_FromLong(__atomic_load_n(&self->claimed, __ATOMIC_ACQUIRE));
+}
+
+static PyMethodDef watchdog_methods[] = {
+    {"take_claim", (PyCFunction)watchdog_take_claim, METH_NOARGS,
+     "take_claim() -> whether this call took the communicator's claim (never waits)"},
+    {"give_claim", (PyCFunction)watchdog_give_claim, METH_NOARGS, "give_claim(): give the claim back"},
+    {"claim_held", (PyCFunction)watchdog_claim_held, METH_NOARGS, "claim_held() -> whether some call holds it"},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyMemberDef watchdog_members[] = {
     {"sequence", T_LONGLONG, offsetof(WatchdogCore, sequence), 0, "the next call's sequence number"},
     {"claimed_by", T_ULONGLONG, offsetof(WatchdogCore, claimed_by), 0, "the thread holding the claim (0: none)"},
@@ -891,6 +924,7 @@ static PyTypeObject WatchdogCoreType = {
     .tp_traverse = (traverseproc)watchdog_traverse,
     .tp_clear = (inquiry)watchdog_clear,
     .tp_dealloc = (destructor)watchdog_dealloc,
+    .tp_methods = watchdog_methods,
     .tp_members = watchdog_members,
 };
 
@@ -917,8 +951,6 @@ typedef struct {
     PyObject *tag;      /* _tag: the watchdog's tag the signature was stamped with */
     PyObject *call;     /* _call: the Call made where a call waits or fails */
     PyObject *tracer;   /* _tracer: its "on" says whether calls are traced */
-    PyObject *acquire;  /* _acquire, _release: the claim's lock's methods */
-    PyObject *release;
     long long sequence; /* _sequence */
     long long posted;   /* _posted: the digest the last compiled call posted (0: unchecked) */
     double began;       /* _began */
@@ -962,16 +994,12 @@ static PyObject *core_start(LeanCore *self, PyObject *const *args, Py_ssize_t na
     }
     if (!self->kernel || !PyObject_TypeCheck(self->kernel, &SmallAllreduceType) || !self->watchdog ||
         !PyObject_TypeCheck(self->watchdog, &WatchdogCoreType) || !self->executor || !self->guard ||
-        !self->acquire || !self->release || !self->tracer)
+        !self->tracer)
         return PyLong_FromLong(NOT_TAKEN);
     WatchdogCore *watchdog = (WatchdogCore *)self->watchdog;
     if (watchdog->broken && watchdog->broken != Py_None)
         return PyLong_FromLong(NOT_TAKEN); /* the Python path refuses it, naming why */
-    PyObject *got = PyObject_CallOneArg(self->acquire, Py_False);
-    if (!got) return NULL;
-    int taken = got == Py_True;
-    Py_DECREF(got);
-    if (!taken) return PyLong_FromLong(NOT_TAKEN); /* the Python path's claim raises, naming the thread */
+    if (!claim_take(watchdog)) return PyLong_FromLong(NOT_TAKEN); /* the Python path's claim raises, naming the thread */
     /* claimed: from here an error is the call's, which the caller ends */
     watchdog->claimed_by = PyThread_get_thread_ident();
     double began = now_s(); /* CLOCK_MONOTONIC: time.monotonic's clock */
@@ -1039,9 +1067,7 @@ static PyObject *core_start(LeanCore *self, PyObject *const *args, Py_ssize_t na
     if (status != DONE) return PyLong_FromLong(status);
     /* the call's end: the claim given back; the late check, a trace record or an average: Python's */
     watchdog->claimed_by = 0;
-    PyObject *released = PyObject_CallNoArgs(self->release);
-    if (!released) return NULL;
-    Py_DECREF(released);
+    claim_give(watchdog);
     if (began - watchdog->last_began >= watchdog->late_after || self->averages) return PyLong_FromLong(FINISH);
     int traced = is_true(self->tracer, s_on);
     if (traced < 0) return NULL;
@@ -1069,8 +1095,6 @@ static int core_traverse(LeanCore *self, visitproc visit, void *arg) {
     Py_VISIT(self->tag);
     Py_VISIT(self->call);
     Py_VISIT(self->tracer);
-    Py_VISIT(self->acquire);
-    Py_VISIT(self->release);
     return 0;
 }
 
@@ -1084,8 +1108,6 @@ static int core_clear(LeanCore *self) {
     Py_CLEAR(self->tag);
     Py_CLEAR(self->call);
     Py_CLEAR(self->tracer);
-    Py_CLEAR(self->acquire);
-    Py_CLEAR(self->release);
     return 0;
 }
 
@@ -1105,8 +1127,6 @@ static PyMemberDef core_members[] = {
     {"_tag", T_OBJECT, offsetof(LeanCore, tag), 0, "the tag the compiled calls' signature has"},
     {"_call", T_OBJECT, offsetof(LeanCore, call), 0, "the Call, where the call waited or failed"},
     {"_tracer", T_OBJECT, offsetof(LeanCore, tracer), 0, "the tracer (its on)"},
-    {"_acquire", T_OBJECT, offsetof(LeanCore, acquire), 0, "the claim's lock's acquire"},
-    {"_release", T_OBJECT, offsetof(LeanCore, release), 0, "the claim's lock's release"},
     {"_sequence", T_LONGLONG, offsetof(LeanCore, sequence), 0, "the call's sequence number"},
     {"_posted", T_LONGLONG, offsetof(LeanCore, posted), 0, "the digest the last compiled call posted"},
     {"_began", T_DOUBLE, offsetof(LeanCore, began), 0, "when the last compiled call began"},

@@ -28,6 +28,7 @@ __all__ = [
 ]
 
 import importlib
+import threading
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -95,7 +96,6 @@ class _PythonLeanCore:
     """:class:`LeanCore` where the engine does not run: the same fields, and a start that takes no call."""
 
     __slots__ = (
-        "_acquire",
         "_barriers",
         "_began",
         "_call",
@@ -103,7 +103,6 @@ class _PythonLeanCore:
         "_entry",
         "_kernel",
         "_posted",
-        "_release",
         "_sequence",
         "_tag",
         "_tracer",
@@ -114,7 +113,6 @@ class _PythonLeanCore:
         "watchdog",
     )
 
-    _acquire: Any
     _barriers: int
     _began: float
     _call: Any
@@ -122,7 +120,6 @@ class _PythonLeanCore:
     _entry: Any
     _kernel: Any
     _posted: int
-    _release: Any
     _sequence: int
     _tag: bytes | None
     _tracer: Any
@@ -149,6 +146,21 @@ small allreduce's bookkeeping and compiled call in one call) where it runs, else
 class _PythonWatchdogCore:
     """:class:`WatchdogCore` where the engine was not built: the same fields, as plain attributes."""
 
+    def __init__(self) -> None:
+        self._claim = threading.Lock()
+
+    def take_claim(self) -> bool:
+        """Whether this call took the communicator's claim (never waits)."""
+        return self._claim.acquire(False)
+
+    def give_claim(self) -> None:
+        """Give the claim back."""
+        self._claim.release()
+
+    def claim_held(self) -> bool:
+        """Whether some call holds the claim."""
+        return self._claim.locked()
+
     sequence: int
     claimed_by: int
     last_began: float
@@ -166,4 +178,6 @@ else:
 """The base of :class:`~collectives.watchdog.Watchdog`: where the engine was built, its fields a repeated
 call reads and writes (sequence number, claim holder, last call's start, late check interval, broken,
 check, tag, flight recorder) live in a struct the compiled start reaches directly; Python reads and
-writes them as attributes either way."""
+writes them as attributes either way. The communicator's claim is its flag, taken by compare-and-swap
+(``take_claim``), or a lock's where the engine was not built: atomic with or without the GIL, so of
+two threads exactly one gets it."""

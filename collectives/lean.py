@@ -122,8 +122,6 @@ class LeanAllreduce(LeanCore):
         self._segments_asked = small or group.size == 1
         self._tag: bytes | None = None  # the watchdog's tag the compiled calls' signature has
         self._reduce = backend.reducer(op)
-        claim = self.watchdog.claim_lock
-        self._acquire, self._release = claim.acquire, claim.release
         self._tracer = _TRACE
         self._posted, self._turn, self._began = 0, 0, 0.0
 

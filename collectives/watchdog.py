@@ -155,11 +155,7 @@ class Watchdog(WatchdogCore):
         # the arrays of calls that broke the communicator: receives posted into them may still land
         self.kept: list[object] = []
         self._notices: list[tuple[object, bytearray]] = []  # the Tag.BROKEN sends, kept alive
-        self.claim_lock = threading.Lock()
-        """The claim of the communicator: a lock taken without waiting, atomic with or without the GIL,
-        so of two threads exactly one gets it (:meth:`claim`; the compiled engine's repeated calls take
-        and give it back themselves)."""
-        self._take = self.claim_lock.acquire
+        super().__init__()  # the claim of the communicator (WatchdogCore's; see claim)
         self.claimed_by = 0
         """The thread holding the claim (0: none); it only names that thread in errors."""
         watched = math.isfinite(self.timeout) or math.isfinite(self.stall_warning)
@@ -228,14 +224,14 @@ class Watchdog(WatchdogCore):
         """
         if self.broken is not None:
             self._refuse()
-        if not self._take(False):
+        if not self.take_claim():
             self._concurrent(collective)
         self.claimed_by = _get_ident()
 
     def release(self) -> None:
         """Give up a :meth:`claim` whose call ends before :meth:`watch` (its preparation raised)."""
         self.claimed_by = 0
-        self.claim_lock.release()
+        self.give_claim()
 
     def watch(
         self, guard: PackedSignature, check: bool | None = None, *, first_barrier: bool = False,
@@ -362,7 +358,7 @@ class Watchdog(WatchdogCore):
         if self.watched is not None:
             self.watched.call = None
         self.claimed_by = 0
-        self.claim_lock.release()
+        self.give_claim()
         if self.debug:
             write_debug_line(self.debug_file, self._rank, call.line(self._rank))
         if _TRACE.on:
@@ -437,9 +433,9 @@ class Watchdog(WatchdogCore):
         communicator on every rank, naming the error. A claim the call took and
         never gave back is released.
         """
-        if self.claim_lock.locked() and self.claimed_by in (0, _get_ident()):
+        if self.claim_held() and self.claimed_by in (0, _get_ident()):
             self.claimed_by = 0
-            self.claim_lock.release()
+            self.give_claim()
         if error is self.ended or self.broken is not None or isinstance(error, CollectivesError):
             return
         why = f"{collective} interrupted ({type(error).__name__})"

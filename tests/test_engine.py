@@ -124,3 +124,31 @@ def test_the_engine_refuses_what_it_does_not_take() -> None:
         compiled.combine("float32", "max", x, x, x)
     with pytest.raises(ValueError, match="one length"):
         compiled.combine("float32", "sum", x, x, np.zeros(3, np.float32))
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["python", "compiled"])
+def test_of_threads_taking_the_claim_at_once_exactly_one_gets_it(compiled: bool) -> None:
+    import threading
+
+    if compiled and engine._BUILT is None:
+        pytest.skip(f"the compiled engine was not built: {engine.why()}")
+    core = engine._BUILT.WatchdogCore() if compiled else engine._PythonWatchdogCore()
+    assert not core.claim_held()
+    for _ in range(50):
+        start = threading.Barrier(4)
+        taken: list[bool] = []
+
+        def take() -> None:
+            start.wait()
+            taken.append(core.take_claim())
+
+        threads = [threading.Thread(target=take) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert sorted(taken) == [False, False, False, True] and core.claim_held()
+        core.give_claim()
+        assert not core.claim_held()
+    with pytest.raises(RuntimeError):
+        core.give_claim()  # not held
