@@ -138,11 +138,11 @@ def test_of_threads_taking_the_claim_at_once_exactly_one_gets_it(compiled: bool)
         start = threading.Barrier(4)
         taken: list[bool] = []
 
-        def take() -> None:
+        def take(start: threading.Barrier, taken: list[bool]) -> None:
             start.wait()
             taken.append(core.take_claim())
 
-        threads = [threading.Thread(target=take) for _ in range(4)]
+        threads = [threading.Thread(target=take, args=(start, taken)) for _ in range(4)]
         for thread in threads:
             thread.start()
         for thread in threads:
