@@ -957,6 +957,7 @@ typedef struct {
     int barriers;       /* _barriers */
     int turn;           /* _turn */
     char averages;      /* averages */
+    PyObject *packed;   /* the guard's packed signature: a bytearray the stamp writes in place */
 } LeanCore;
 
 static PyObject *s_record, *s_turn, *s_stamp, *s_digest, *s_packed, *s_last, *s_starts, *s_on, *s_new_entry;
@@ -1046,12 +1047,12 @@ static PyObject *core_start(LeanCore *self, PyObject *const *args, Py_ssize_t na
             Py_DECREF(done);
             Py_XSETREF(self->tag, Py_NewRef(tag));
         }
-        packed = PyObject_GetAttr(self->guard, s_packed);
-        if (!packed) return NULL;
-        if (get_long(self->guard, s_digest, &digest) < 0) {
-            Py_DECREF(packed);
-            return NULL;
+        if (!self->packed) { /* the stamp writes the same bytearray in place: read once */
+            self->packed = PyObject_GetAttr(self->guard, s_packed);
+            if (!self->packed) return NULL;
         }
+        if (get_long(self->guard, s_digest, &digest) < 0) return NULL;
+        packed = Py_NewRef(self->packed);
     }
     long long turn;
     if (get_long(self->executor, s_turn, &turn) < 0 || set_long(self->executor, s_turn, turn ^ 1) < 0) {
@@ -1095,6 +1096,7 @@ static int core_traverse(LeanCore *self, visitproc visit, void *arg) {
     Py_VISIT(self->tag);
     Py_VISIT(self->call);
     Py_VISIT(self->tracer);
+    Py_VISIT(self->packed);
     return 0;
 }
 
@@ -1108,6 +1110,7 @@ static int core_clear(LeanCore *self) {
     Py_CLEAR(self->tag);
     Py_CLEAR(self->call);
     Py_CLEAR(self->tracer);
+    Py_CLEAR(self->packed);
     return 0;
 }
 
