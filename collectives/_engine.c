@@ -792,7 +792,8 @@ static PyObject *segmented_run(SegmentedAllreduce *self, PyObject *const *args, 
     return segmented_step(self, args[1], args[2]);
 }
 
-/* resume(work, source): on with the call after Python waited out its late barrier */
+/* resume(work, source): on with the call after Python waited out its late barrier, or compared in full
+ * the signatures whose digests differed (a rank on the Python path may post its signature whole) */
 static PyObject *segmented_resume(SegmentedAllreduce *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "resume(work, source)");
@@ -802,6 +803,7 @@ static PyObject *segmented_resume(SegmentedAllreduce *self, PyObject *const *arg
         PyErr_SetString(PyExc_RuntimeError, "resume called with no late barrier passed");
         return NULL;
     }
+    if (self->stage == SEGMENT_FIRST_WAIT) self->digest = 0; /* Python compared the signatures in full */
     return segmented_step(self, args[0], args[1]);
 }
 
@@ -809,7 +811,7 @@ static PyMethodDef segmented_methods[] = {
     {"run", (PyCFunction)(void (*)(void))segmented_run, METH_FASTCALL,
      "run(turn, work, source, sequence, packed, digest) -> 0 done, 1 late, 2 signatures differ, 4 notes differ"},
     {"resume", (PyCFunction)(void (*)(void))segmented_resume, METH_FASTCALL,
-     "resume(work, source) -> the same statuses: on with the call after its late barrier was passed"},
+     "resume(work, source) -> the same statuses: on after a late barrier passed or signatures compared"},
     {NULL, NULL, 0, NULL},
 };
 

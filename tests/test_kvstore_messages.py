@@ -210,6 +210,7 @@ def test_a_pull_of_one_key_into_an_out_is_the_general_pulls_value_and_errors(
     def body(kv: KVStore, comm: Communicator) -> list[str]:
         kv.init("w", np.zeros((3, 5), np.float32))  # 60 bytes: partitions of 16 over the servers
         kv.push("w", np.full((3, 5), kv.rank + 1, np.float32))
+        kv.barrier()  # every push in before the pulls (async and ssp servers apply them as they come)
         out = np.empty((3, 5), np.float32)
         got = kv.pull("w", out=out)
         assert got is out
