@@ -2,11 +2,14 @@
 
 The package builds a small C extension (``collectives._engine``, from
 ``collectives/_engine.c``) when it is installed where a C compiler is found. It
-runs a repeated small allreduce's node-local steps (copy in, post the signature,
-the shared-memory barrier, the signatures' check, the reduction) in one call
-instead of a dozen interpreter calls; the algorithms stay schedules, and what the
-engine does not take (other dtypes and ops, other transports) runs the Python
-path, which gives the same bits. ``COLLECTIVES_COMPILED=0`` turns it off (the
+runs a repeated allreduce's node-local steps in one call instead of dozens of
+interpreter calls: a small one's copy in, posted signature, shared-memory barrier,
+signatures' check and reduction (``SmallAllreduce``, with the call's bookkeeping in
+``LeanCore`` on the communicator's per-call state, ``WatchdogCore``), and a larger
+one's segments, barrier for barrier as the Python path runs them
+(``SegmentedAllreduce``). The algorithms stay schedules, and what the engine does
+not take (other dtypes and ops, other transports) runs the Python path, which
+gives the same bits. ``COLLECTIVES_COMPILED=0`` turns it off (the
 Python path runs everything); ``COLLECTIVES_COMPILED=1`` asks for it, and a
 communicator made where it was not built raises (as it does for a value that is
 neither).
