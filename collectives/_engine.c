@@ -9,7 +9,9 @@
  * Only what gives the same bits as numpy's ufuncs is done here: sums and
  * products of float32 and float64 (IEEE arithmetic, one rounding a step, the
  * same order as collectives.execute_shared.SharedExecutor.reduce), and integer
- * sums, products, min, max and bit operations (wrapping as numpy's do). Anything
+ * sums, products, min, max and bit operations (wrapping as numpy's do); and at two
+ * ranks the reproducible sum of two raw float32 or float64 contributions (ops
+ * repro_pair and repro_pair_avg, the arithmetic of repro_pair below). Anything
  * else stays on the Python path (collectives.engine.kernel says which).
  *
  * The barrier numbers are the shared control window's: a rank's own number is
@@ -29,7 +31,7 @@ enum { DONE = 0, LATE = 1, MISMATCH = 2 };
 enum { MAX_RANKS = 64 };
 
 typedef enum { F32, F64, I8, U8, I16, U16, I32, U32, I64, U64 } Kind;
-typedef enum { SUM, PROD, MIN, MAX, BAND, BOR, BXOR } Op;
+typedef enum { SUM, PROD, MIN, MAX, BAND, BOR, BXOR, PAIR, PAIR_AVG } Op;
 
 /* A node's shared-memory barrier as the Python one keeps it (MPISharedMemory): every rank's number in
  * the control window, this rank's state (arrived at, passed, digest posted by parity), the posted
@@ -124,6 +126,7 @@ FLOAT_LOOP(double, int64_t, INT64_C(0x0008000000000000))
         case BAND: for (Py_ssize_t i = 0; i < n; i++) out[i] = a[i] & b[i]; break;             \
         case BOR: for (Py_ssize_t i = 0; i < n; i++) out[i] = a[i] | b[i]; break;              \
         case BXOR: for (Py_ssize_t i = 0; i < n; i++) out[i] = a[i] ^ b[i]; break;             \
+        default: break; /* the pair ops take floats only */                                    \
         }                                                                                      \
     }
 INT_LOOP(i8, int8_t, uint8_t)
@@ -135,7 +138,13 @@ INT_LOOP(u32, uint32_t, uint32_t)
 INT_LOOP(i64, int64_t, uint64_t)
 INT_LOOP(u64, uint64_t, uint64_t)
 
+static void repro_pair_rows(Kind kind, void *out, const void *a, const void *b, Py_ssize_t n, double by);
+
 static void reduce_pair(Kind kind, Op op, void *out, const void *a, const void *b, Py_ssize_t n) {
+    if (op == PAIR || op == PAIR_AVG) {
+        repro_pair_rows(kind, out, a, b, n, op == PAIR_AVG ? 2.0 : 1.0);
+        return;
+    }
     switch (kind) {
     case F32: reduce_float(out, a, b, n, op); break;
     case F64: reduce_double(out, a, b, n, op); break;
@@ -175,13 +184,16 @@ static int parse_kind(const char *dtype, Kind *kind) {
 }
 
 static int parse_op(const char *name, Kind kind, Op *op) {
-    static const struct { const char *name; Op op; int floats; } ops[] = {
-        {"sum", SUM, 1}, {"prod", PROD, 1}, {"min", MIN, 0}, {"max", MAX, 0},
-        {"band", BAND, 0}, {"bor", BOR, 0}, {"bxor", BXOR, 0},
+    enum { INTEGERS, ALL, FLOATS }; /* the kinds an op takes */
+    static const struct { const char *name; Op op; int kinds; } ops[] = {
+        {"sum", SUM, ALL}, {"prod", PROD, ALL}, {"min", MIN, INTEGERS}, {"max", MAX, INTEGERS},
+        {"band", BAND, INTEGERS}, {"bor", BOR, INTEGERS}, {"bxor", BXOR, INTEGERS},
+        {"repro_pair", PAIR, FLOATS}, {"repro_pair_avg", PAIR_AVG, FLOATS},
     };
     for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
         if (strcmp(name, ops[i].name) == 0) {
-            if (!ops[i].floats && (kind == F32 || kind == F64)) return 0;
+            int floating = kind == F32 || kind == F64;
+            if ((ops[i].kinds == INTEGERS && floating) || (ops[i].kinds == FLOATS && !floating)) return 0;
             *op = ops[i].op;
             return 1;
         }
@@ -312,6 +324,10 @@ static int meeting_parse(Meeting *m, PyObject *meeting, Kind *kind, Op *op) {
         return -1;
     if (!parse_kind(dtype, kind) || !parse_op(op_name, *kind, op)) {
         PyErr_Format(PyExc_ValueError, "the compiled engine does not reduce %s with %s", dtype, op_name);
+        return -1;
+    }
+    if ((*op == PAIR || *op == PAIR_AVG) && m->size != 2) { /* the whole sum only where it meets two inputs */
+        PyErr_Format(PyExc_ValueError, "the compiled engine applies %s at two ranks, not %d", op_name, m->size);
         return -1;
     }
     return 0;
@@ -1753,6 +1769,16 @@ static PyObject *repro_rows(PyObject *module, PyObject *const *args, Py_ssize_t 
     return result;
 }
 
+/* out = the reproducible sum of a and b (float32 or float64, as kind says), divided by `by`: the
+ * pair ops' combine in the engine's calls and repro_pair's, so one arithmetic gives both their bits */
+static void repro_pair_rows(Kind kind, void *out, const void *a, const void *b, Py_ssize_t n, double by) {
+    const void *rows[2] = {a, b};
+    if (kind == F32)
+        repro_rows32(rows, 2, n, out, 4, by);
+    else
+        repro_rows64(rows, 2, n, out, 8, by, 0);
+}
+
 /* pair(out, a, b, divide_by): out = the reproducible sum of two raw contributions a and b (float32 or
  * float64, one dtype, one count; out may be a or b), divided by divide_by: at two ranks every
  * algorithm combines an element's two contributions once, so this is the whole sum */
@@ -1774,11 +1800,7 @@ static PyObject *repro_pair(PyObject *module, PyObject *const *args, Py_ssize_t 
         views[1].len != views[0].len || views[2].len != views[0].len || divide_by < 1)
         PyErr_SetString(PyExc_ValueError, "repro_pair: out, a and b of one float dtype and count, divide_by >= 1");
     else {
-        const void *rows[2] = {views[1].buf, views[2].buf};
-        if (item == 4)
-            repro_rows32(rows, 2, n, views[0].buf, 4, (double)divide_by);
-        else
-            repro_rows64(rows, 2, n, views[0].buf, 8, (double)divide_by, 0);
+        repro_pair_rows(item == 4 ? F32 : F64, views[0].buf, views[1].buf, views[2].buf, n, (double)divide_by);
         result = Py_NewRef(Py_None);
     }
     for (int i = 0; i < 3; i++) PyBuffer_Release(&views[i]);

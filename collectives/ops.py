@@ -56,6 +56,12 @@ class ReduceOp:
         return self.name == "avg"
 
     @property
+    def compiled_combine(self) -> str | None:
+        """The compiled engine's name of the combine (:func:`collectives.engine.reduces` says for which
+        dtypes it applies it), or ``None`` where the op's own function must run: a custom op's."""
+        return None if self.custom else self.combine
+
+    @property
     def agreed_name(self) -> str:
         """What the ranks compare before a call (at most 8 bytes of the signature)."""
         return self.name

@@ -184,6 +184,8 @@ class _PairSum(Op):
     reproducible sum and the reduction runs as the plain call's, bytes and all:
     the shared-memory owner of each share sums it from the two ranks' raw inputs.
     Its bits are the distributed sum's (codes agreed, words summed, one rounding).
+    The engine's op of the same arithmetic (:attr:`compiled_combine`) lets its
+    repeated small and segmented calls apply it, as they do a plain sum.
     """
 
     divide_by: int
@@ -191,6 +193,11 @@ class _PairSum(Op):
     def __init__(self, dtype: str, op: str) -> None:
         super().__init__(_pair_sum, name=f"reproducible_{op}_{dtype}", dtypes=(dtype,))
         object.__setattr__(self, "divide_by", 2 if op == "avg" else 1)
+
+    @property
+    def compiled_combine(self) -> str:
+        """The engine's op of the same arithmetic (``repro_pair``'s), so its repeated calls apply it."""
+        return "repro_pair_avg" if self.divide_by == 2 else "repro_pair"
 
     def apply(self, dst: Any, a: Any, b: Any) -> None:
         compiled = kernels()
@@ -225,10 +232,12 @@ def plain_pair(x: Any, op: Any, out: Any, group: Communicator, check: bool | Non
     """The pair op of an allreduce that needs no more checks than the plain call's: a C-contiguous
     float32 or float64 numpy ``x``, ``op`` ``"sum"`` or ``"avg"``, and ``out`` none, ``x`` or a
     C-contiguous writable array of its dtype and shape; ``None`` for any other call."""
-    if x.__class__ is not np.ndarray or op.__class__ is not str or not x.flags.c_contiguous:
+    if x.__class__ is not np.ndarray or op.__class__ is not str:
         return None
     pair = _PAIRS.get((name_of(x.dtype), op))
-    if pair is None or not _checked(group, check) or kernels() is None:
+    if pair is None or not x.flags.c_contiguous or kernels() is None:
+        return None
+    if not (group.watchdog.check if check is None else check):
         return None
     if out is None or out is x:
         return pair
@@ -262,18 +271,23 @@ def _paired(
     return out if result is into and into is not None else deliver(result, out, shape)
 
 
+def _named(collective: str, error: MismatchError) -> MismatchError:
+    """A mismatch of the reduction's call as the reproducible call's: dtypes, ops or counts differ."""
+    return MismatchError(
+        f"reproducible {collective}: the ranks' dtypes, ops or counts differ ({error})", error.fields
+    )
+
+
 @contextmanager
 def _mismatch_named(collective: str) -> Iterator[None]:
-    """A mismatch of the reduction's call raised as the reproducible call's: the ranks' dtypes, ops or
-    counts differ (a peer's bad input stays what it is)."""
+    """A mismatch of the reduction's call raised as the reproducible call's (:func:`_named`; a peer's bad
+    input stays what it is)."""
     try:
         yield
     except PeerInputError:
         raise
     except MismatchError as error:
-        raise MismatchError(
-            f"reproducible {collective}: the ranks' dtypes, ops or counts differ ({error})", error.fields
-        ) from error
+        raise _named(collective, error) from error
 
 
 def _gathered(
@@ -434,9 +448,13 @@ def reproducibly(
     group = communicator_of(comm)
     if collective == "allreduce" and group.size == 2:
         pair = plain_pair(x, op, out, group, check)
-        if pair is not None:  # the common call, its checks the plain call's
-            with _mismatch_named(collective):
+        if pair is not None:  # the common call, its checks the plain call's (no context manager: 0.7 us)
+            try:
                 return through.allreduce(x, pair, out=out, algorithm=algorithm, comm=group, check=check)
+            except PeerInputError:
+                raise
+            except MismatchError as error:
+                raise _named(collective, error) from error
     checks = checked(
         group, collective, lambda: check_call(collective, x, op, out, group, root, counts),
         algorithm=algorithm, check=check,

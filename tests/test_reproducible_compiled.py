@@ -12,6 +12,7 @@ import pytest
 
 import collectives as C
 from collectives import engine, reproducible, reproducible_calls
+from collectives.ops import get_op
 from collectives.reproducible import FAMILIES, WORD, family_of
 from tests.conftest import run_ranks
 from tests.reproducible_cases import DTYPES, contributions, model
@@ -210,6 +211,51 @@ def test_the_pair_kernel_gives_the_gathered_sums_bits_into_either_input(dtype: s
             assert _bits(expected) == _bits(model(parts, dtype))
     with pytest.raises(ValueError, match="one float dtype and count"):
         engine.COMPILED.repro_pair(np.empty(3, dtype), parts[0][:3], parts[1][:4], 1)
+
+
+@needs_loops
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_engines_calls_take_the_pair_ops_with_repro_pairs_bits(dtype: str) -> None:
+    compiled = engine.COMPILED
+    a, b = contributions(dtype, 2, 3000, seed=71)
+    for op, divide_by in (("sum", 1), ("avg", 2)):
+        pair = reproducible_calls.pair_op(2, dtype, op, True)
+        assert pair is not None and pair.custom
+        name = pair.compiled_combine
+        assert engine.reduces(dtype, name)
+        expected = np.empty_like(a)
+        compiled.repro_pair(expected, a, b, divide_by)
+        out = np.empty_like(a)
+        compiled.combine(dtype, name, out, a, b)  # the loop the small and segmented calls run
+        assert _bits(out) == _bits(expected), op
+        again = b.copy()
+        compiled.combine(dtype, name, again, a, again)  # into an input, as the small call's regions
+        assert _bits(again) == _bits(expected), op
+    for other in ("float16", "int32", "int64"):  # the pair ops sum float32 and float64 alone
+        assert not engine.reduces(other, "repro_pair") and not engine.reduces(other, "repro_pair_avg")
+
+
+@needs_loops
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_the_engines_calls_refuse_the_pair_ops_but_at_two_ranks(ranks: int) -> None:
+    control, state = np.zeros(64, np.int64), np.zeros(4, np.int64)
+    words = [[8 * r + 1 for r in range(ranks)], [8 * r + 2 for r in range(ranks)]]
+    slots = [8 * r for r in range(ranks)]
+    meeting = (control, state, slots, words, 4, 32, 0, "float32", "repro_pair", 16, 0.001)
+    regions = [[np.zeros(4, np.float32) for _ in range(ranks)] for _ in range(2)]
+    with pytest.raises(ValueError, match=f"repro_pair at two ranks, not {ranks}"):
+        engine.COMPILED.SmallAllreduce(meeting=meeting, regions=regions, count=4)
+    summing = (*meeting[:8], "sum", *meeting[9:])
+    plain = engine.COMPILED.SmallAllreduce(meeting=summing, regions=regions, count=4)
+    assert plain.runs == 0  # the same meeting with a sum is taken
+
+
+def test_only_the_pair_ops_among_custom_ops_name_a_compiled_combine() -> None:
+    assert C.Op(np.logaddexp).compiled_combine is None
+    assert C.Op(lambda a, b: a + b, name="plus").compiled_combine is None
+    assert get_op("sum").compiled_combine == "sum" and get_op("avg").compiled_combine == "sum"
+    names = {p.compiled_combine for p in reproducible_calls._PAIRS.values()}
+    assert names == {"repro_pair", "repro_pair_avg"}
 
 
 @needs_loops
