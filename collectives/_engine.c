@@ -1769,14 +1769,121 @@ static PyObject *repro_rows(PyObject *module, PyObject *const *args, Py_ssize_t 
     return result;
 }
 
+/* a block of repro_pair32 into made: whether some element's code is the special one (an inf or a
+ * NaN among its two) or -0.0's (both -0.0), whose results the caller sets. Else an element's code is
+ * that of the larger exponent field of its two (the code grows with the field), and each of the two
+ * is cut as repro_cut32 cuts it. The sum is taken in float32 (`how` PAIR_SUM), or in float64 and
+ * multiplied by `by` (PAIR_SCALED: a power of two, which is exact as the division by its inverse is)
+ * or divided by it (PAIR_DIVIDED), then rounded. The reductions are of the inputs' bits, beside the
+ * codes, so that the loop vectorizes. */
+enum { PAIR_SUM, PAIR_SCALED, PAIR_DIVIDED };
+static inline int repro_pair32_block(const float *x, const float *y, float *made, Py_ssize_t m, int how, double by) {
+    uint32_t widest = 0, zeros = UINT32_MAX;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        uint32_t ux, uy;
+        memcpy(&ux, &x[i], sizeof ux);
+        memcpy(&uy, &y[i], sizeof uy);
+        int32_t fx = (int32_t)((ux >> 23) & 0xffu), fy = (int32_t)((uy >> 23) & 0xffu);
+        int32_t field = fx > fy ? fx : fy;
+        widest = (uint32_t)field > widest ? (uint32_t)field : widest;
+        uint32_t both = (ux ^ UINT32_C(0x80000000)) | (uy ^ UINT32_C(0x80000000)); /* 0: both -0.0 */
+        zeros = both < zeros ? both : zeros;
+        int32_t k16 = 16 * ((field + 17) >> 4) - 25; /* 16 code + 103 */
+        int32_t kx = k16 - (fx > 1 ? fx : 1), ky = k16 - (fy > 1 ? fy : 1);
+        ux &= kx >= 24 ? 0u : ~0u << (kx > 0 ? kx : 0);
+        uy &= ky >= 24 ? 0u : ~0u << (ky > 0 ? ky : 0);
+        float p, q;
+        memcpy(&p, &ux, sizeof p);
+        memcpy(&q, &uy, sizeof q);
+        double wide = (0.0 + (double)p) + (double)q;
+        made[i] = how == PAIR_SUM ? (0.0f + p) + q : (float)(how == PAIR_SCALED ? wide * by : wide / by);
+    }
+    return widest == 0xffu || zeros == 0;
+}
+
+/* repro_pair32_block's float64 twin (repro_rows64's arithmetic): the code of the larger field, each
+ * input cut at its unit 2**(16 code - 94) by clearing the significand's bits below it (the words'
+ * truncation, as repro_cut64 makes them), and the sum of the two cut values rounded once: a float64
+ * addition, correctly rounded (to a subnormal too), is the one rounding of their exact sum that the
+ * words' sum gets; scaled or divided after that rounding, as finish divides the rounded sum. */
+static inline int repro_pair64_block(const double *x, const double *y, double *made, Py_ssize_t m, int how,
+                                     double by) {
+    uint64_t widest = 0, zeros = UINT64_MAX;
+    const uint64_t sign = UINT64_C(0x8000000000000000);
+    for (Py_ssize_t i = 0; i < m; i++) {
+        uint64_t ux, uy;
+        memcpy(&ux, &x[i], sizeof ux);
+        memcpy(&uy, &y[i], sizeof uy);
+        int64_t fx = (int64_t)((ux >> 52) & 0x7ffu), fy = (int64_t)((uy >> 52) & 0x7ffu);
+        int64_t field = fx > fy ? fx : fy;
+        widest = (uint64_t)field > widest ? (uint64_t)field : widest;
+        uint64_t both = (ux ^ sign) | (uy ^ sign); /* 0: both -0.0 */
+        zeros = both < zeros ? both : zeros;
+        int64_t code = ((field + 1) >> 4) - 63;
+        code = code < R64_LOWEST ? R64_LOWEST : code;
+        int64_t k16 = 16 * code + 981; /* the unit's exponent less that of the field's last bit, + field */
+        int64_t kx = k16 - (fx > 1 ? fx : 1), ky = k16 - (fy > 1 ? fy : 1);
+        /* the bits shifted out and back (GCC 12 vectorizes no 64-bit shift of a constant by lanes) */
+        uint64_t sx = (uint64_t)(kx < 0 ? 0 : kx > 63 ? 63 : kx), sy = (uint64_t)(ky < 0 ? 0 : ky > 63 ? 63 : ky);
+        ux = kx >= 53 ? 0u : (ux >> sx) << sx;
+        uy = ky >= 53 ? 0u : (uy >> sy) << sy;
+        double p, q;
+        memcpy(&p, &ux, sizeof p);
+        memcpy(&q, &uy, sizeof q);
+        double sum = (0.0 + p) + q;
+        made[i] = how == PAIR_SUM ? sum : how == PAIR_SCALED ? sum * by : sum / by;
+    }
+    return widest == 0x7ffu || zeros == 0;
+}
+
+/* repro_rows32 or repro_rows64 of two rows, in one pass a block: a block is made (its elements' codes
+ * the larger of their two, both cut there and summed, rounded once) before it is stored (out may be
+ * a or b), its special and -0.0 elements then set as the rows' sums set them. Where there is no
+ * divisor the float32 family's sum is taken in float32: the cut values are float32s, and their
+ * float32 sum is their exact sum rounded once, as (float) of it in float64 is (0.0f + first, as the
+ * rows' sums start from +0.0). */
+REPRO_WIDE static void repro_pair_loop(Kind kind, const void *a, const void *b, void *out, Py_ssize_t n, double by) {
+    int exponent, item = kind == F32 ? 4 : 8;
+    double inverse = frexp(by, &exponent) == 0.5 ? 1.0 / by : 0.0; /* exact where by is a power of two */
+    int how = by == 1.0 ? PAIR_SUM : inverse > 0.0 ? PAIR_SCALED : PAIR_DIVIDED;
+    double scale = how == PAIR_SCALED ? inverse : by;
+    union { float single[R_BLOCK]; double wide[R_BLOCK]; } made;
+    int8_t codes[R_BLOCK];
+    uint8_t bits[R_BLOCK];
+    const void *rows[2] = {a, b};
+    int negative_zero = kind == F32 ? R32_LOWEST - 1 : R64_LOWEST - 1;
+    for (Py_ssize_t start = 0; start < n; start += R_BLOCK) {
+        Py_ssize_t m = n - start < R_BLOCK ? n - start : R_BLOCK;
+        int fix;
+        if (kind == F32) {
+            const float *x = (const float *)a + start, *y = (const float *)b + start;
+            fix = how == PAIR_SUM      ? repro_pair32_block(x, y, made.single, m, PAIR_SUM, 1.0)
+                  : how == PAIR_SCALED ? repro_pair32_block(x, y, made.single, m, PAIR_SCALED, scale)
+                                       : repro_pair32_block(x, y, made.single, m, PAIR_DIVIDED, scale);
+            for (Py_ssize_t i = 0; fix && i < m; i++) {
+                int cx = repro_code32(x[i]), cy = repro_code32(y[i]);
+                codes[i] = (int8_t)(cx > cy ? cx : cy);
+            }
+        } else {
+            const double *x = (const double *)a + start, *y = (const double *)b + start;
+            fix = how == PAIR_SUM      ? repro_pair64_block(x, y, made.wide, m, PAIR_SUM, 1.0)
+                  : how == PAIR_SCALED ? repro_pair64_block(x, y, made.wide, m, PAIR_SCALED, scale)
+                                       : repro_pair64_block(x, y, made.wide, m, PAIR_DIVIDED, scale);
+            for (Py_ssize_t i = 0; fix && i < m; i++) {
+                int cx = repro_code64(x[i]), cy = repro_code64(y[i]);
+                codes[i] = (int8_t)(cx > cy ? cx : cy);
+            }
+        }
+        if (fix) repro_rows_specials(codes, m, rows, item, 2, start, bits);
+        memcpy((char *)out + start * item, &made, (size_t)(m * item));
+        if (fix) repro_rows_fixed(codes, bits, m, negative_zero, out, item, start);
+    }
+}
+
 /* out = the reproducible sum of a and b (float32 or float64, as kind says), divided by `by`: the
  * pair ops' combine in the engine's calls and repro_pair's, so one arithmetic gives both their bits */
 static void repro_pair_rows(Kind kind, void *out, const void *a, const void *b, Py_ssize_t n, double by) {
-    const void *rows[2] = {a, b};
-    if (kind == F32)
-        repro_rows32(rows, 2, n, out, 4, by);
-    else
-        repro_rows64(rows, 2, n, out, 8, by, 0);
+    repro_pair_loop(kind, a, b, out, n, by);
 }
 
 /* pair(out, a, b, divide_by): out = the reproducible sum of two raw contributions a and b (float32 or

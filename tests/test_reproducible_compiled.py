@@ -193,14 +193,18 @@ def test_with_the_engine_off_a_process_gives_the_same_bits() -> None:
 
 @needs_loops
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_the_pair_kernel_gives_the_gathered_sums_bits_into_either_input(dtype: str) -> None:
-    parts = contributions(dtype, 2, 3000, seed=70)
+@pytest.mark.parametrize(("count", "seed"), [(3000, 70), (513, 71), (7, 72)])
+def test_the_pair_kernel_gives_the_gathered_sums_bits_into_either_input(
+    dtype: str, count: int, seed: int
+) -> None:
+    parts = contributions(dtype, 2, count, seed=seed)
+    parts[0][::5] = parts[1][::5] = np.finfo(dtype).max * 0.75  # sums past the largest value
     family = family_of(dtype)
     message = np.bitwise_or.reduce(
         [reproducible.gathered_message(p, family, 2, rank, (1, 2)) for rank, p in enumerate(parts)]
     )
-    for divide_by in (1, 2):
-        expected = reproducible.rows_sum(message, 3000, family, parts[0].dtype, divide_by=divide_by)
+    for divide_by in (1, 2, 3):  # a sum, a power of two, a divisor of other kinds
+        expected = reproducible.rows_sum(message, count, family, parts[0].dtype, divide_by=divide_by)
         assert expected is not None
         for into in ("new", "a", "b"):
             a, b = parts[0].copy(), parts[1].copy()
