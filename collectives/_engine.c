@@ -1159,6 +1159,7 @@ static PyObject *repro_finish(PyObject *, PyObject *const *, Py_ssize_t);
 static PyObject *repro_rows(PyObject *, PyObject *const *, Py_ssize_t);
 static PyObject *repro_pack(PyObject *, PyObject *const *, Py_ssize_t);
 static PyObject *repro_pair(PyObject *, PyObject *const *, Py_ssize_t);
+static PyObject *repro_sum_rows(PyObject *, PyObject *const *, Py_ssize_t);
 
 static PyMethodDef engine_methods[] = {
     {"reduces", (PyCFunction)(void (*)(void))engine_reduces, METH_FASTCALL,
@@ -1177,6 +1178,8 @@ static PyMethodDef engine_methods[] = {
      "repro_pack(x, message, rank, kind, op): message zeroed but rank's row: x's bits, then kind and op"},
     {"repro_pair", (PyCFunction)(void (*)(void))repro_pair, METH_FASTCALL,
      "repro_pair(out, a, b, divide_by): out = the reproducible sum of two raw contributions, divided"},
+    {"repro_sum_rows", (PyCFunction)(void (*)(void))repro_sum_rows, METH_FASTCALL,
+     "repro_sum_rows(out, rows, divide_by): out = the reproducible sum of 1 to 64 raw contributions, divided"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1226,7 +1229,7 @@ PyMODINIT_FUNC PyInit__engine(void) {
 #if defined(__GNUC__) && !defined(__clang__)
 /* the loops below read no floating-point flags: let the compiler vectorize their choices (values are
  * unchanged: this allows no reassociation, no contraction, no change of signed zeros) */
-#pragma GCC optimize("no-trapping-math")
+#pragma GCC optimize("no-trapping-math", "no-loop-unroll-and-jam")
 #endif
 
 /* the loops over many elements, built also for the x86-64 levels with wide vectors where the compiler
@@ -1880,6 +1883,166 @@ REPRO_WIDE static void repro_pair_loop(Kind kind, const void *a, const void *b, 
     }
 }
 
+/* repro_rows32 and repro_rows64 of 2 to 64 rows into out of their dtype, a block at a time, in passes
+ * that vectorize: the larger exponent field of each element's rows (its code the field's, as in
+ * repro_pair32_block), the rows cut at that code by masking and summed, rounded once. The float32
+ * family's cut values sum exactly in float64 (as repro_rows32's). Float64's are added in a float64
+ * pair (hi, lo) by TwoSum: every partial sum and error is a multiple of the unit, the errors together
+ * below 2**52 units, so hi + lo is the exact sum and one addition rounds it (to a subnormal too);
+ * elements of the top codes are summed scaled by 2**-8, exactly, so that no partial sum overflows
+ * where the whole sum does not. Special and -0.0 elements are set as the rows' sums set them. */
+enum { R_SCALED_CODE = 60 };
+
+/* a block's codes (the max of its rows') and specials, where repro_many_loop found some special or -0.0
+ * element: read before the block's results are stored (out may be one of the rows) */
+static void repro_many_fix(const void *const *rows, Py_ssize_t size, Py_ssize_t start, Py_ssize_t m, int item,
+                           int8_t *codes, uint8_t *bits) {
+    for (Py_ssize_t i = 0; i < m; i++) codes[i] = item == 4 ? R32_LOWEST - 1 : R64_LOWEST - 1;
+    for (Py_ssize_t r = 0; r < size; r++)
+        for (Py_ssize_t i = 0; i < m; i++) {
+            int own = item == 4 ? repro_code32(((const float *)rows[r])[start + i])
+                                : repro_code64(((const double *)rows[r])[start + i]);
+            codes[i] = (int8_t)(own > codes[i] ? own : codes[i]);
+        }
+    repro_rows_specials(codes, m, rows, item, size, start, bits);
+}
+
+/* one row's pass of repro_many32_block over a block: its fields into the largest so far, its bits
+ * into the or that is 0 where every row is -0.0; then its cut values into the sums. Each a function
+ * of restrict pointers, so that the loops vectorize without checks of overlap at run time. */
+static inline void repro_fields32(const uint32_t *restrict row, int32_t *restrict fields,
+                                  uint32_t *restrict nonzero, Py_ssize_t m) {
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int32_t field = (int32_t)((row[i] >> 23) & 0xffu);
+        fields[i] = field > fields[i] ? field : fields[i];
+        nonzero[i] |= row[i] ^ UINT32_C(0x80000000);
+    }
+}
+
+static inline void repro_cuts32(const uint32_t *restrict row, const int32_t *restrict k16, double *restrict sums,
+                                Py_ssize_t m) {
+    for (Py_ssize_t i = 0; i < m; i++) {
+        uint32_t u = row[i];
+        int32_t f = (int32_t)((u >> 23) & 0xffu), k = k16[i] - (f > 1 ? f : 1);
+        u &= k >= 24 ? 0u : ~0u << (k > 0 ? k : 0);
+        float cut;
+        memcpy(&cut, &u, sizeof cut);
+        sums[i] += (double)cut;
+    }
+}
+
+static inline void repro_fields64(const uint64_t *restrict row, int64_t *restrict fields,
+                                  uint64_t *restrict nonzero, Py_ssize_t m) {
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int64_t field = (int64_t)((row[i] >> 52) & 0x7ffu);
+        fields[i] = field > fields[i] ? field : fields[i];
+        nonzero[i] |= row[i] ^ UINT64_C(0x8000000000000000);
+    }
+}
+
+static inline void repro_cuts64(const uint64_t *restrict row, const int64_t *restrict k16,
+                                const double *restrict scale, double *restrict sums, double *restrict lo,
+                                Py_ssize_t m) {
+    for (Py_ssize_t i = 0; i < m; i++) {
+        uint64_t u = row[i];
+        int64_t f = (int64_t)((u >> 52) & 0x7ffu), k = k16[i] - (f > 1 ? f : 1);
+        uint64_t shift = (uint64_t)(k < 0 ? 0 : k > 63 ? 63 : k); /* see repro_pair64_block */
+        u = k >= 53 ? 0u : (u >> shift) << shift;
+        double cut;
+        memcpy(&cut, &u, sizeof cut);
+        cut *= scale[i];
+        double sum = sums[i] + cut, back = sum - cut; /* TwoSum: the addition's error, exactly */
+        lo[i] += (sums[i] - back) + (cut - (sum - back));
+        sums[i] = sum;
+    }
+}
+
+/* the float32 family's block of repro_many_loop: the exact sums in float64 into sums; whether some
+ * element is special or -0.0 */
+static inline int repro_many32_block(const void *const *rows, Py_ssize_t size, Py_ssize_t start, Py_ssize_t m,
+                                     double *sums) {
+    int32_t fields[R_BLOCK];
+    uint32_t nonzero[R_BLOCK]; /* 0 where every row is -0.0 */
+    for (Py_ssize_t i = 0; i < m; i++) fields[i] = 0, nonzero[i] = 0;
+    for (Py_ssize_t r = 0; r < size; r++) repro_fields32((const uint32_t *)rows[r] + start, fields, nonzero, m);
+    int32_t widest = 0;
+    uint32_t zeros = UINT32_MAX;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        widest = fields[i] > widest ? fields[i] : widest;
+        zeros = nonzero[i] < zeros ? nonzero[i] : zeros;
+        fields[i] = 16 * ((fields[i] + 17) >> 4) - 25; /* now 16 code + 103, as repro_cut32 takes it */
+        sums[i] = 0.0;
+    }
+    for (Py_ssize_t r = 0; r < size; r++) repro_cuts32((const uint32_t *)rows[r] + start, fields, sums, m);
+    return widest == 0xff || zeros == 0;
+}
+
+/* float64's block of repro_many_loop: the sums rounded once into sums; whether some element is special
+ * or -0.0 */
+static inline int repro_many64_block(const void *const *rows, Py_ssize_t size, Py_ssize_t start, Py_ssize_t m,
+                                     double *sums) {
+    int64_t fields[R_BLOCK];
+    uint64_t nonzero[R_BLOCK]; /* 0 where every row is -0.0 */
+    double lo[R_BLOCK], scale[R_BLOCK];
+    for (Py_ssize_t i = 0; i < m; i++) fields[i] = 0, nonzero[i] = 0;
+    for (Py_ssize_t r = 0; r < size; r++) repro_fields64((const uint64_t *)rows[r] + start, fields, nonzero, m);
+    int64_t widest = 0;
+    uint64_t zeros = UINT64_MAX;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        widest = fields[i] > widest ? fields[i] : widest;
+        zeros = nonzero[i] < zeros ? nonzero[i] : zeros;
+        int64_t code = ((fields[i] + 1) >> 4) - 63;
+        code = code < R64_LOWEST ? R64_LOWEST : code;
+        fields[i] = 16 * code + 981; /* now the unit's exponent less that of the last bit, + field */
+        scale[i] = code > R_SCALED_CODE ? 0x1p-8 : 1.0;
+        sums[i] = lo[i] = 0.0;
+    }
+    for (Py_ssize_t r = 0; r < size; r++) repro_cuts64((const uint64_t *)rows[r] + start, fields, scale, sums, lo, m);
+    for (Py_ssize_t i = 0; i < m; i++) sums[i] = (sums[i] + lo[i]) * (1.0 / scale[i]);
+    return widest == 0x7ff || zeros == 0;
+}
+
+/* repro_rows32 and repro_rows64 of 2 to 64 rows into out of their dtype, a block at a time, in passes
+ * that vectorize: the larger exponent field of each element's rows (its code the field's, as in
+ * repro_pair32_block), the rows cut at that code by masking and summed, rounded once. The float32
+ * family's cut values sum exactly in float64 (as repro_rows32's). Float64's are added in a float64
+ * pair (hi, lo) by TwoSum: every partial sum and error is a multiple of the unit, the errors together
+ * below 2**52 units, so hi + lo is the exact sum and one addition rounds it (to a subnormal too);
+ * elements of the top codes are summed scaled by 2**-8, exactly, so that no partial sum overflows
+ * where the whole sum does not. Special and -0.0 elements are set as the rows' sums set them. */
+REPRO_WIDE static void repro_many_loop(const void *const *rows, Py_ssize_t size, Py_ssize_t n, void *out, int item,
+                                       double by) {
+    int exponent;
+    double inverse = frexp(by, &exponent) == 0.5 ? 1.0 / by : 0.0; /* exact where by is a power of two */
+    double sums[R_BLOCK];
+    int8_t codes[R_BLOCK];
+    uint8_t bits[R_BLOCK];
+    for (Py_ssize_t start = 0; start < n; start += R_BLOCK) {
+        Py_ssize_t m = n - start < R_BLOCK ? n - start : R_BLOCK;
+        int fix = item == 4 ? repro_many32_block(rows, size, start, m, sums)
+                            : repro_many64_block(rows, size, start, m, sums);
+        if (fix) repro_many_fix(rows, size, start, m, item, codes, bits);
+        if (item == 4) {
+            float *o = (float *)out + start;
+            if (by == 1.0)
+                for (Py_ssize_t i = 0; i < m; i++) o[i] = (float)sums[i];
+            else if (inverse > 0.0)
+                for (Py_ssize_t i = 0; i < m; i++) o[i] = (float)(sums[i] * inverse);
+            else
+                for (Py_ssize_t i = 0; i < m; i++) o[i] = (float)(sums[i] / by);
+        } else {
+            double *o = (double *)out + start;
+            if (by == 1.0)
+                for (Py_ssize_t i = 0; i < m; i++) o[i] = sums[i];
+            else if (inverse > 0.0)
+                for (Py_ssize_t i = 0; i < m; i++) o[i] = sums[i] * inverse;
+            else
+                for (Py_ssize_t i = 0; i < m; i++) o[i] = sums[i] / by;
+        }
+        if (fix) repro_rows_fixed(codes, bits, m, item == 4 ? R32_LOWEST - 1 : R64_LOWEST - 1, out, item, start);
+    }
+}
+
 /* out = the reproducible sum of a and b (float32 or float64, as kind says), divided by `by`: the
  * pair ops' combine in the engine's calls and repro_pair's, so one arithmetic gives both their bits */
 static void repro_pair_rows(Kind kind, void *out, const void *a, const void *b, Py_ssize_t n, double by) {
@@ -1911,6 +2074,57 @@ static PyObject *repro_pair(PyObject *module, PyObject *const *args, Py_ssize_t 
         result = Py_NewRef(Py_None);
     }
     for (int i = 0; i < 3; i++) PyBuffer_Release(&views[i]);
+    return result;
+}
+
+/* sum_rows(out, rows, divide_by): out = the reproducible sum of the raw contributions `rows` (a sequence
+ * of 1 to 64 arrays of out's float dtype and count; out may be one of them), divided by divide_by: the
+ * gathered sum's arithmetic on rows wherever they lie (a shared-memory owner's share of every rank's) */
+static PyObject *repro_sum_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 3) return PyErr_Format(PyExc_TypeError, "repro_sum_rows(out, rows, divide_by)");
+    long divide_by = PyLong_AsLong(args[2]);
+    if (divide_by == -1 && PyErr_Occurred()) return NULL;
+    PyObject *sequence = PySequence_Fast(args[1], "repro_sum_rows: rows is a sequence of arrays");
+    if (!sequence) return NULL;
+    Py_ssize_t size = PySequence_Fast_GET_SIZE(sequence);
+    Py_buffer out, views[64];
+    int taken = 0;
+    PyObject *result = NULL;
+    if (size < 1 || size > 64 || divide_by < 1) {
+        PyErr_SetString(PyExc_ValueError, "repro_sum_rows: 1 to 64 rows, divide_by >= 1");
+        goto done;
+    }
+    if (repro_buffer(args[0], &out, 1, 'f', "repro_sum_rows out") < 0) goto done;
+    for (; taken < size; taken++)
+        if (repro_buffer(PySequence_Fast_GET_ITEM(sequence, taken), &views[taken], 0, 'f', "repro_sum_rows row") < 0)
+            break;
+    if (taken == size) {
+        const void *rows[64];
+        Py_ssize_t item = out.itemsize, n = item ? out.len / item : 0;
+        int alike = item == 4 || item == 8;
+        for (Py_ssize_t r = 0; r < size && alike; r++) {
+            alike = views[r].itemsize == item && views[r].len == out.len;
+            rows[r] = views[r].buf;
+        }
+        if (!alike)
+            PyErr_SetString(PyExc_ValueError, "repro_sum_rows: out and the rows of one float dtype and count");
+        else {
+            if (size == 2)
+                repro_pair_rows(item == 4 ? F32 : F64, out.buf, rows[0], rows[1], n, (double)divide_by);
+            else if (size == 1 && item == 4)
+                repro_rows32(rows, size, n, out.buf, 4, (double)divide_by);
+            else if (size == 1)
+                repro_rows64(rows, size, n, out.buf, 8, (double)divide_by, 0);
+            else
+                repro_many_loop(rows, size, n, out.buf, (int)item, (double)divide_by);
+            result = Py_NewRef(Py_None);
+        }
+    }
+    while (taken-- > 0) PyBuffer_Release(&views[taken]);
+    PyBuffer_Release(&out);
+done:
+    Py_DECREF(sequence);
     return result;
 }
 

@@ -28,6 +28,7 @@ __all__ = [
     "plain_pair",
     "reduced",
     "reproducibly",
+    "rows_op",
     "shares_of",
 ]
 
@@ -67,6 +68,9 @@ from .reproducible import (
     words_of,
 )
 from .selector import AUTO
+
+SHARED_MEMORY = "shared_memory"
+"""The algorithm a reproducible sum of more than two ranks on one node's shared memory runs."""
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -176,47 +180,70 @@ def gathers(size: int, count: int, itemsize: int, checked: bool) -> bool:
     return checked and 1 < size <= EXACT_IN_FLOAT64 and size * count * itemsize <= GATHERED_BYTES
 
 
-class _PairSum(Op):
-    """The reproducible sum of two raw contributions (float32 or float64), divided by ``divide_by``, as an op.
+class _RowsSum(Op):
+    """The reproducible sum of every rank's raw contribution (float32 or float64), divided by
+    ``divide_by``, as an op.
 
     At two ranks every algorithm combines each element's two contributions once
     (``a op b``, or ``b op a``: the sum is the same), so this op is the whole
     reproducible sum and the reduction runs as the plain call's, bytes and all:
     the shared-memory owner of each share sums it from the two ranks' raw inputs.
-    Its bits are the distributed sum's (codes agreed, words summed, one rounding).
     The engine's op of the same arithmetic (:attr:`compiled_combine`) lets its
-    repeated small and segmented calls apply it, as they do a plain sum.
+    repeated small and segmented calls apply it, as they do a plain sum. At more
+    ranks the op is :attr:`whole`: the shared-memory executor's owners sum every
+    rank's raw contribution to their share at once (:meth:`apply_all`); no other
+    path runs it. Its bits are the distributed sum's (codes agreed, words summed,
+    one rounding).
     """
 
+    whole = True
     divide_by: int
+    size: int
 
-    def __init__(self, dtype: str, op: str) -> None:
-        super().__init__(_pair_sum, name=f"reproducible_{op}_{dtype}", dtypes=(dtype,))
-        object.__setattr__(self, "divide_by", 2 if op == "avg" else 1)
+    def __init__(self, dtype: str, op: str, size: int) -> None:
+        label = f"reproducible_{op}_{dtype}" + ("" if size == 2 else f"_of_{size}")
+        super().__init__(_pair_sum, name=label, dtypes=(dtype,))
+        object.__setattr__(self, "divide_by", size if op == "avg" else 1)
+        object.__setattr__(self, "size", size)
+        self.checked.add(dtype)  # the library's own: no trial of two elements (at three ranks, a refusal)
 
     @property
-    def compiled_combine(self) -> str:
-        """The engine's op of the same arithmetic (``repro_pair``'s), so its repeated calls apply it."""
+    def compiled_combine(self) -> str | None:
+        """At two ranks the engine's op of the same arithmetic (``repro_pair``'s), so its repeated calls
+        apply it; at more, none (the engine's calls combine two at a time)."""
+        if self.size != 2:
+            return None
         return "repro_pair_avg" if self.divide_by == 2 else "repro_pair"
 
     def apply(self, dst: Any, a: Any, b: Any) -> None:
-        compiled = kernels()
-        if compiled is None:  # the engine was switched off after the choice: the call's other ranks ran it
-            raise CollectivesError("reproducible sum of two ranks: the compiled engine no longer runs")
-        compiled.repro_pair(dst, a, b, self.divide_by)
+        if self.size != 2:
+            raise CollectivesError(
+                f"the reproducible sum of {self.size} ranks combines them all at once, on shared memory only"
+            )
+        _compiled().repro_pair(dst, a, b, self.divide_by)
+
+    def apply_all(self, dst: Any, parts: Any) -> None:
+        _compiled().repro_sum_rows(dst, parts, self.divide_by)
+
+
+def _compiled() -> Any:
+    """The compiled engine's conversion loops; raises where the engine was switched off after the choice
+    (the call's other ranks ran it)."""
+    compiled = kernels()
+    if compiled is None:
+        raise CollectivesError("reproducible sum on shared memory: the compiled engine no longer runs")
+    return compiled
 
 
 def _pair_sum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``_PairSum``'s function, for a caller that calls it (the ops' trial): a new array."""
+    """``_RowsSum``'s function, for a caller that calls it (the ops' trial): a new array."""
     made = np.empty_like(a)
-    compiled = kernels()
-    if compiled is None:
-        raise CollectivesError("reproducible sum of two ranks: the compiled engine does not run")
-    compiled.repro_pair(made, a, b, 1)
+    _compiled().repro_pair(made, a, b, 1)
     return made
 
 
-_PAIRS = {(dtype, op): _PairSum(dtype, op) for dtype in ("float32", "float64") for op in _OPS}
+_PAIRS = {(dtype, op): _RowsSum(dtype, op, 2) for dtype in ("float32", "float64") for op in _OPS}
+_ROWS: dict[tuple[str, str, int], _RowsSum] = {}
 
 
 def pair_op(size: int, dtype: str, op: str, checked: bool) -> Op | None:
@@ -226,6 +253,22 @@ def pair_op(size: int, dtype: str, op: str, checked: bool) -> Op | None:
     if size != 2 or not checked or kernels() is None:
         return None
     return _PAIRS.get((dtype, op))
+
+
+def rows_op(group: Communicator, dtype: str, op: str, algorithm: str, checked: bool) -> Op | None:
+    """The op whose shared-memory reduction is the reproducible sum of ``dtype`` (a name) on ``group``, where
+    one applies: 3 to 64 ranks that share one node's memory (as an earlier call found, so every rank
+    knows it alike), float32 or float64, the compiled engine running, calls checked, and ``algorithm``
+    ``"auto"`` or ``"shared_memory"``; else ``None``. The call runs with ``algorithm="shared_memory"``."""
+    if not 2 < group.size <= EXACT_IN_FLOAT64 or algorithm not in (AUTO, SHARED_MEMORY) or not checked:
+        return None
+    if dtype not in ("float32", "float64") or kernels() is None or group.shared is None:
+        return None
+    key = (dtype, op, group.size)
+    made = _ROWS.get(key)
+    if made is None:
+        made = _ROWS[key] = _RowsSum(dtype, op, group.size)
+    return made
 
 
 def plain_pair(x: Any, op: Any, out: Any, group: Communicator, check: bool | None) -> Op | None:
@@ -466,7 +509,11 @@ def reproducibly(
         extra = {"counts": counts} if collective == "reduce_scatter" else {}
         return run(x, op, out=out, algorithm=algorithm, comm=group, check=check, **extra)
     flat, name, shares, shape = checks
-    pair = pair_op(group.size, name_of(x.dtype), name, _checked(group, check))
+    dtype, checking = name_of(x.dtype), _checked(group, check)
+    pair = pair_op(group.size, dtype, name, checking)
+    if pair is None and collective != "reduce":  # no rooted reduce runs on shared memory
+        pair = rows_op(group, dtype, name, algorithm, checking)
+        algorithm = algorithm if pair is None else SHARED_MEMORY
     if pair is not None:
         with _mismatch_named(collective):
             return _paired(

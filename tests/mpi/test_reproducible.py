@@ -102,7 +102,7 @@ def test_two_ranks_repeated_calls_run_the_pair_op_in_the_engine_with_the_python_
             lean = REPEATS - 1 if segmented else REPEATS - 2
             problems.expect(taken == lean, f"{op} {count}: the engine ran {taken} of the {REPEATS} calls")
             with monkeypatch.context() as python_only:  # the pair op applied by its Python call
-                python_only.setattr(reproducible_calls._PairSum, "compiled_combine", None)
+                python_only.setattr(reproducible_calls._RowsSum, "compiled_combine", None)
                 python = collectives.Communicator(world)
                 with problems.guard(f"{op} {count} python"):
                     theirs = _repeated(python, dtype, op, count)
