@@ -9,10 +9,11 @@
  * Only what gives the same bits as numpy's ufuncs is done here: sums and
  * products of float32 and float64 (IEEE arithmetic, one rounding a step, the
  * same order as collectives.execute_shared.SharedExecutor.reduce), and integer
- * sums, products, min, max and bit operations (wrapping as numpy's do); and at two
- * ranks the reproducible sum of two raw float32 or float64 contributions (ops
- * repro_pair and repro_pair_avg, the arithmetic of repro_pair below). Anything
- * else stays on the Python path (collectives.engine.kernel says which).
+ * sums, products, min, max and bit operations (wrapping as numpy's do); and the
+ * reproducible sum of every rank's raw float32 or float64 contribution (ops
+ * repro_sum and repro_avg, which combine all ranks' at once, not two at a time:
+ * the arithmetic of repro_sum_rows below). Anything else stays on the Python path
+ * (collectives.engine.kernel says which).
  *
  * The barrier numbers are the shared control window's: a rank's own number is
  * stored with release order after its data and its posted sequence number, and
@@ -31,7 +32,7 @@ enum { DONE = 0, LATE = 1, MISMATCH = 2 };
 enum { MAX_RANKS = 64 };
 
 typedef enum { F32, F64, I8, U8, I16, U16, I32, U32, I64, U64 } Kind;
-typedef enum { SUM, PROD, MIN, MAX, BAND, BOR, BXOR, PAIR, PAIR_AVG } Op;
+typedef enum { SUM, PROD, MIN, MAX, BAND, BOR, BXOR, REPRO_SUM, REPRO_AVG } Op;
 
 /* A node's shared-memory barrier as the Python one keeps it (MPISharedMemory): every rank's number in
  * the control window, this rank's state (arrived at, passed, digest posted by parity), the posted
@@ -138,11 +139,20 @@ INT_LOOP(u32, uint32_t, uint32_t)
 INT_LOOP(i64, int64_t, uint64_t)
 INT_LOOP(u64, uint64_t, uint64_t)
 
-static void repro_pair_rows(Kind kind, void *out, const void *a, const void *b, Py_ssize_t n, double by);
+static void repro_rows_all(Kind kind, const void *const *rows, Py_ssize_t size, void *out, Py_ssize_t n, double by);
+
+/* whether op combines every rank's contribution at once (its calls pass them all: reduce_rows) */
+static inline int whole_op(Op op) { return op == REPRO_SUM || op == REPRO_AVG; }
+
+/* out = every one of `size` rows combined at once by a whole op (repro_avg: divided by size) */
+static void reduce_rows(Kind kind, Op op, void *out, const void *const *rows, int size, Py_ssize_t n) {
+    repro_rows_all(kind, rows, size, out, n, op == REPRO_AVG ? (double)size : 1.0);
+}
 
 static void reduce_pair(Kind kind, Op op, void *out, const void *a, const void *b, Py_ssize_t n) {
-    if (op == PAIR || op == PAIR_AVG) {
-        repro_pair_rows(kind, out, a, b, n, op == PAIR_AVG ? 2.0 : 1.0);
+    if (whole_op(op)) { /* two rows are all there are */
+        const void *rows[2] = {a, b};
+        reduce_rows(kind, op, out, rows, 2, n);
         return;
     }
     switch (kind) {
@@ -164,6 +174,12 @@ static void reduce_regions(SmallAllreduce *self, int turn, void *out) {
     Py_buffer *regions = self->regions[turn];
     if (self->m.size == 1) {
         memmove(out, regions[0].buf, (size_t)self->nbytes);
+        return;
+    }
+    if (whole_op(self->op)) {
+        const void *rows[MAX_RANKS];
+        for (int r = 0; r < self->m.size; r++) rows[r] = regions[r].buf;
+        reduce_rows(self->kind, self->op, out, rows, self->m.size, self->count);
         return;
     }
     reduce_pair(self->kind, self->op, out, regions[0].buf, regions[1].buf, self->count);
@@ -188,7 +204,7 @@ static int parse_op(const char *name, Kind kind, Op *op) {
     static const struct { const char *name; Op op; int kinds; } ops[] = {
         {"sum", SUM, ALL}, {"prod", PROD, ALL}, {"min", MIN, INTEGERS}, {"max", MAX, INTEGERS},
         {"band", BAND, INTEGERS}, {"bor", BOR, INTEGERS}, {"bxor", BXOR, INTEGERS},
-        {"repro_pair", PAIR, FLOATS}, {"repro_pair_avg", PAIR_AVG, FLOATS},
+        {"repro_sum", REPRO_SUM, FLOATS}, {"repro_avg", REPRO_AVG, FLOATS},
     };
     for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
         if (strcmp(name, ops[i].name) == 0) {
@@ -324,10 +340,6 @@ static int meeting_parse(Meeting *m, PyObject *meeting, Kind *kind, Op *op) {
         return -1;
     if (!parse_kind(dtype, kind) || !parse_op(op_name, *kind, op)) {
         PyErr_Format(PyExc_ValueError, "the compiled engine does not reduce %s with %s", dtype, op_name);
-        return -1;
-    }
-    if ((*op == PAIR || *op == PAIR_AVG) && m->size != 2) { /* the whole sum only where it meets two inputs */
-        PyErr_Format(PyExc_ValueError, "the compiled engine applies %s at two ranks, not %d", op_name, m->size);
         return -1;
     }
     return 0;
@@ -745,7 +757,12 @@ static int segmented_go(SegmentedAllreduce *self, char *out, const char *in) {
                 const char *first = rank == 0 ? in + lo * item : slot_at(self, half, 0, rank);
                 Py_ssize_t n = hi - lo;
                 if (size == 1) memmove(target, first, (size_t)(n * item));
-                for (int r = 1; r < size; r++) {
+                if (whole_op(self->op) && size > 1) { /* every rank's part at once */
+                    const void *rows[MAX_RANKS];
+                    for (int r = 0; r < size; r++) rows[r] = r == rank ? in + lo * item : slot_at(self, half, r, rank);
+                    reduce_rows(self->kind, self->op, target, rows, size, n);
+                }
+                for (int r = 1; r < size && !whole_op(self->op); r++) {
                     const char *part = r == rank ? in + lo * item : slot_at(self, half, r, rank);
                     reduce_pair(self->kind, self->op, target, r == 1 ? first : target, part, n);
                 }
@@ -1761,7 +1778,9 @@ static PyObject *repro_rows(PyObject *module, PyObject *const *args, Py_ssize_t 
         for (Py_ssize_t r = 0; r < size; r++) rows[r] = base + r * stride * item;
         for (Py_ssize_t r = 1; r < size && agree; r++)
             agree = memcmp(base + (n * item), base + (r * stride + n) * item, (size_t)((stride - n) * item)) == 0;
-        if (agree && item == 4)
+        if (agree && out.itemsize == item && !to_odd) /* float32 or float64 rounded by the sum itself */
+            repro_rows_all(item == 4 ? F32 : F64, rows, size, out.buf, n, (double)divide_by);
+        else if (agree && item == 4)
             repro_rows32(rows, size, n, out.buf, (int)out.itemsize, (double)divide_by);
         else if (agree)
             repro_rows64(rows, size, n, out.buf, (int)out.itemsize, (double)divide_by, to_odd);
@@ -2043,10 +2062,18 @@ REPRO_WIDE static void repro_many_loop(const void *const *rows, Py_ssize_t size,
     }
 }
 
-/* out = the reproducible sum of a and b (float32 or float64, as kind says), divided by `by`: the
- * pair ops' combine in the engine's calls and repro_pair's, so one arithmetic gives both their bits */
-static void repro_pair_rows(Kind kind, void *out, const void *a, const void *b, Py_ssize_t n, double by) {
-    repro_pair_loop(kind, a, b, out, n, by);
+/* out = the reproducible sum of `size` (1 to 64) rows of float32 or float64 (as kind says), divided by
+ * `by`: the whole ops' combine in the engine's calls, repro_pair's and repro_sum_rows', so one
+ * arithmetic gives all their bits */
+static void repro_rows_all(Kind kind, const void *const *rows, Py_ssize_t size, void *out, Py_ssize_t n, double by) {
+    if (size == 2)
+        repro_pair_loop(kind, rows[0], rows[1], out, n, by);
+    else if (size > 2)
+        repro_many_loop(rows, size, n, out, kind == F32 ? 4 : 8, by);
+    else if (kind == F32)
+        repro_rows32(rows, 1, n, out, 4, by);
+    else
+        repro_rows64(rows, 1, n, out, 8, by, 0);
 }
 
 /* pair(out, a, b, divide_by): out = the reproducible sum of two raw contributions a and b (float32 or
@@ -2070,7 +2097,8 @@ static PyObject *repro_pair(PyObject *module, PyObject *const *args, Py_ssize_t 
         views[1].len != views[0].len || views[2].len != views[0].len || divide_by < 1)
         PyErr_SetString(PyExc_ValueError, "repro_pair: out, a and b of one float dtype and count, divide_by >= 1");
     else {
-        repro_pair_rows(item == 4 ? F32 : F64, views[0].buf, views[1].buf, views[2].buf, n, (double)divide_by);
+        const void *rows[2] = {views[1].buf, views[2].buf};
+        repro_rows_all(item == 4 ? F32 : F64, rows, 2, views[0].buf, n, (double)divide_by);
         result = Py_NewRef(Py_None);
     }
     for (int i = 0; i < 3; i++) PyBuffer_Release(&views[i]);
@@ -2110,14 +2138,7 @@ static PyObject *repro_sum_rows(PyObject *module, PyObject *const *args, Py_ssiz
         if (!alike)
             PyErr_SetString(PyExc_ValueError, "repro_sum_rows: out and the rows of one float dtype and count");
         else {
-            if (size == 2)
-                repro_pair_rows(item == 4 ? F32 : F64, out.buf, rows[0], rows[1], n, (double)divide_by);
-            else if (size == 1 && item == 4)
-                repro_rows32(rows, size, n, out.buf, 4, (double)divide_by);
-            else if (size == 1)
-                repro_rows64(rows, size, n, out.buf, 8, (double)divide_by, 0);
-            else
-                repro_many_loop(rows, size, n, out.buf, (int)item, (double)divide_by);
+            repro_rows_all(item == 4 ? F32 : F64, rows, size, out.buf, n, (double)divide_by);
             result = Py_NewRef(Py_None);
         }
     }

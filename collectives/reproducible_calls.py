@@ -25,7 +25,7 @@ __all__ = [
     "deliver",
     "gathers",
     "pair_op",
-    "plain_pair",
+    "plain_op",
     "reduced",
     "reproducibly",
     "rows_op",
@@ -188,32 +188,32 @@ class _RowsSum(Op):
     (``a op b``, or ``b op a``: the sum is the same), so this op is the whole
     reproducible sum and the reduction runs as the plain call's, bytes and all:
     the shared-memory owner of each share sums it from the two ranks' raw inputs.
-    The engine's op of the same arithmetic (:attr:`compiled_combine`) lets its
-    repeated small and segmented calls apply it, as they do a plain sum. At more
-    ranks the op is :attr:`whole`: the shared-memory executor's owners sum every
-    rank's raw contribution to their share at once (:meth:`apply_all`); no other
-    path runs it. Its bits are the distributed sum's (codes agreed, words summed,
-    one rounding).
+    At more ranks the op is :attr:`whole`: the shared-memory executor's owners sum
+    every rank's raw contribution to their share at once (:meth:`apply_all`); no
+    other path runs it. The engine's op of the same arithmetic
+    (:attr:`compiled_combine`) lets its repeated small and segmented calls apply it,
+    as they do a plain sum. Its bits are the distributed sum's (codes agreed, words
+    summed, one rounding).
     """
 
     whole = True
     divide_by: int
     size: int
+    engine_op: str
 
     def __init__(self, dtype: str, op: str, size: int) -> None:
         label = f"reproducible_{op}_{dtype}" + ("" if size == 2 else f"_of_{size}")
         super().__init__(_pair_sum, name=label, dtypes=(dtype,))
         object.__setattr__(self, "divide_by", size if op == "avg" else 1)
         object.__setattr__(self, "size", size)
+        object.__setattr__(self, "engine_op", f"repro_{op}")
         self.checked.add(dtype)  # the library's own: no trial of two elements (at three ranks, a refusal)
 
     @property
-    def compiled_combine(self) -> str | None:
-        """At two ranks the engine's op of the same arithmetic (``repro_pair``'s), so its repeated calls
-        apply it; at more, none (the engine's calls combine two at a time)."""
-        if self.size != 2:
-            return None
-        return "repro_pair_avg" if self.divide_by == 2 else "repro_pair"
+    def compiled_combine(self) -> str:
+        """The engine's op of the same arithmetic (``repro_sum_rows``'s), which its repeated small and
+        segmented calls apply to every rank's contribution at once."""
+        return self.engine_op
 
     def apply(self, dst: Any, a: Any, b: Any) -> None:
         if self.size != 2:
@@ -271,22 +271,31 @@ def rows_op(group: Communicator, dtype: str, op: str, algorithm: str, checked: b
     return made
 
 
-def plain_pair(x: Any, op: Any, out: Any, group: Communicator, check: bool | None) -> Op | None:
-    """The pair op of an allreduce that needs no more checks than the plain call's: a C-contiguous
-    float32 or float64 numpy ``x``, ``op`` ``"sum"`` or ``"avg"``, and ``out`` none, ``x`` or a
-    C-contiguous writable array of its dtype and shape; ``None`` for any other call."""
+def plain_op(
+    x: Any, op: Any, out: Any, group: Communicator, check: bool | None, algorithm: str
+) -> tuple[Op, str] | None:
+    """The reproducible op and the algorithm of an allreduce that needs no more checks than the plain
+    call's: a C-contiguous float32 or float64 numpy ``x``, ``op`` ``"sum"`` or ``"avg"``, ``out`` none,
+    ``x`` or a C-contiguous writable array of its dtype and shape, and the op of two ranks
+    (:func:`pair_op`, with ``algorithm``) or of the ranks of one node (:func:`rows_op`, with the
+    shared-memory algorithm); ``None`` for any other call."""
     if x.__class__ is not np.ndarray or op.__class__ is not str:
         return None
-    pair = _PAIRS.get((name_of(x.dtype), op))
-    if pair is None or not x.flags.c_contiguous or kernels() is None:
+    dtype = name_of(x.dtype)
+    if (dtype, op) not in _PAIRS or not x.flags.c_contiguous:
         return None
-    if not (group.watchdog.check if check is None else check):
+    checking = bool(group.watchdog.check if check is None else check)
+    if group.size == 2:
+        summing = pair_op(2, dtype, op, checking)
+    else:
+        summing, algorithm = rows_op(group, dtype, op, algorithm, checking), SHARED_MEMORY
+    if summing is None:
         return None
     if out is None or out is x:
-        return pair
+        return summing, algorithm
     if out.__class__ is not np.ndarray or out.dtype is not x.dtype or out.shape != x.shape:
         return None
-    return pair if out.flags.c_contiguous and out.flags.writeable else None
+    return (summing, algorithm) if out.flags.c_contiguous and out.flags.writeable else None
 
 
 def _paired(
@@ -299,6 +308,8 @@ def _paired(
     into = out.reshape(-1) if out is not None and out.flags.c_contiguous else None
     if flat.dtype != x.dtype:  # not a view of x: the family's copy of it
         flat = flat.astype(x.dtype)
+    elif out is x and into is not None:
+        into = flat  # in place, as the call's repeats can run it (a view of x apart from flat would not)
     if collective == "allreduce":
         result = through.allreduce(flat, pair, out=into, algorithm=algorithm, comm=group, check=check)
     elif collective == "reduce":
@@ -489,11 +500,11 @@ def reproducibly(
     elsewhere), or this rank's share.
     """
     group = communicator_of(comm)
-    if collective == "allreduce" and group.size == 2:
-        pair = plain_pair(x, op, out, group, check)
-        if pair is not None:  # the common call, its checks the plain call's (no context manager: 0.7 us)
+    if collective == "allreduce" and group.size > 1:
+        plain = plain_op(x, op, out, group, check, algorithm)
+        if plain is not None:  # the common call, its checks the plain call's (no context manager: 0.7 us)
             try:
-                return through.allreduce(x, pair, out=out, algorithm=algorithm, comm=group, check=check)
+                return through.allreduce(x, plain[0], out=out, algorithm=plain[1], comm=group, check=check)
             except PeerInputError:
                 raise
             except MismatchError as error:

@@ -52,24 +52,24 @@ REPEATS = 4
 PAST_THE_SMALL_WINDOW = 300_007  # float32 elements (float64: half): past the one-barrier window
 
 
-def _two_ranks_with_shared_memory(world: MPI.Intracomm) -> collectives.Communicator:
-    """A communicator over ``world`` whose repeated calls run lean on shared memory; skips elsewhere
-    (the pair op is the reproducible sum at two ranks only)."""
+def _on_shared_memory(world: MPI.Intracomm) -> collectives.Communicator:
+    """A communicator over ``world`` whose reproducible sums run on shared memory (the plain call with the
+    op that sums every rank's raw contribution at once); skips elsewhere."""
     comm = collectives.Communicator(world)
     collectives.barrier(comm=comm)  # the first call sets up the shared memory
-    if world.size != 2 or comm.watchdog.shared is None or not engine.compiled():
+    if world.size == 1 or comm.watchdog.shared is None or comm.shared is None or not engine.compiled():
         comm.free()
-        pytest.skip("the pair op's compiled calls: two ranks on shared memory, the engine running")
+        pytest.skip("the reproducible op's compiled calls: ranks on one node's shared memory, the engine on")
     return comm
 
 
-def _repeated(comm: collectives.Communicator, dtype: str, op: str, count: int) -> list[np.ndarray]:
+def _repeated(comm: collectives.Communicator, dtype: str, op: str, count: int, **kw: str) -> list[np.ndarray]:
     """REPEATS reproducible in-place allreduces of new inputs (the later calls lean): their results."""
     x = np.zeros(count, dtype)
     results = []
     for call in range(REPEATS):
-        x[...] = contributions(dtype, 2, count, seed=10 * call + count % 7)[comm.rank]
-        collectives.allreduce(x, op, out=x, reproducible=True, comm=comm)
+        x[...] = contributions(dtype, comm.size, count, seed=10 * call + count % 7)[comm.rank]
+        collectives.allreduce(x, op, out=x, reproducible=True, comm=comm, **kw)
         results.append(x.copy())
     return results
 
@@ -83,11 +83,11 @@ def _kernels(comm: collectives.Communicator) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_two_ranks_repeated_calls_run_the_pair_op_in_the_engine_with_the_python_paths_bits(
+def test_repeated_calls_sum_on_shared_memory_in_the_engine_with_the_python_paths_bits(
     dtype: str, world: MPI.Intracomm, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     problems = Problems(world)
-    compiled = _two_ranks_with_shared_memory(world)
+    compiled = _on_shared_memory(world)
     past = PAST_THE_SMALL_WINDOW // (np.dtype(dtype).itemsize // 4)
     for op in ("sum", "avg"):
         for count in (1, 7, 301, past):
@@ -101,7 +101,7 @@ def test_two_ranks_repeated_calls_run_the_pair_op_in_the_engine_with_the_python_
             taken = after[1] - before[1] if segmented else after[0] - before[0]
             lean = REPEATS - 1 if segmented else REPEATS - 2
             problems.expect(taken == lean, f"{op} {count}: the engine ran {taken} of the {REPEATS} calls")
-            with monkeypatch.context() as python_only:  # the pair op applied by its Python call
+            with monkeypatch.context() as python_only:  # the op applied by its Python calls
                 python_only.setattr(reproducible_calls._RowsSum, "compiled_combine", None)
                 python = collectives.Communicator(world)
                 with problems.guard(f"{op} {count} python"):
@@ -110,18 +110,22 @@ def test_two_ranks_repeated_calls_run_the_pair_op_in_the_engine_with_the_python_
                         problems.expect_equal(f"{op} {count} call {call}", mine, reference)
                 problems.expect(_kernels(python) == (0, 0), f"{op} {count}: the Python path ran the engine")
                 python.free()
+            if world.size > 2:  # the two collectives' route, as a named algorithm takes it
+                with problems.guard(f"{op} {count} ring"):
+                    ring = _repeated(compiled, dtype, op, count, algorithm="ring")
+                    problems.expect_equal(f"{op} {count} against ring", ours[-1], ring[-1])
             if count <= 301 and op == "sum":
-                parts = contributions(dtype, 2, count, seed=10 * (REPEATS - 1) + count % 7)
+                parts = contributions(dtype, world.size, count, seed=10 * (REPEATS - 1) + count % 7)
                 problems.expect_equal(f"{count}: the model", ours[-1] if ours else None, model(parts, dtype))
     compiled.free()
     problems.check()
 
 
 @pytest.mark.parametrize("count", [5, PAST_THE_SMALL_WINDOW])
-def test_two_ranks_a_mismatch_of_the_pair_ops_in_the_engine_raises_on_both(
+def test_a_mismatch_of_the_reproducible_ops_in_the_engine_raises_on_every_rank(
     count: int, world: MPI.Intracomm
 ) -> None:
-    comm = _two_ranks_with_shared_memory(world)
+    comm = _on_shared_memory(world)
     x = np.ones(count, np.float32)
     for op in ("sum", "avg", "sum", "avg"):  # both repeated, so later calls of either take the engine
         collectives.allreduce(x, op, out=x, reproducible=True, comm=comm)
