@@ -136,3 +136,25 @@ def test_a_mismatch_of_the_reproducible_ops_in_the_engine_raises_on_every_rank(
     with pytest.raises(collectives.MismatchError):  # and against the plain sum
         collectives.allreduce(x, out=x, reproducible=world.rank == 0, comm=comm)
     comm.free()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_reduce_scatter_on_shared_memory_gives_the_allreduces_share_and_rings_bits(
+    dtype: str, world: MPI.Intracomm
+) -> None:
+    problems = Problems(world)
+    comm = _on_shared_memory(world)
+    for count in (world.size * 7, world.size * 100_001):  # within and past the one-barrier window
+        for op in ("sum", "avg"):
+            parts = contributions(dtype, world.size, count, seed=count)
+            with problems.guard(f"{op} {count}"):
+                share = collectives.reduce_scatter(parts[world.rank], op, reproducible=True, comm=comm)
+                ring = collectives.reduce_scatter(
+                    parts[world.rank], op, reproducible=True, comm=comm, algorithm="ring"
+                )
+                whole = collectives.allreduce(parts[world.rank], op, reproducible=True, comm=comm)
+                lo = world.rank * (count // world.size)
+                problems.expect_equal(f"{op} {count} against ring", share, ring)
+                problems.expect_equal(f"{op} {count} against allreduce", share, whole[lo : lo + share.size])
+    comm.free()
+    problems.check()
