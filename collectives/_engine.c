@@ -9,8 +9,11 @@
  * Only what gives the same bits as numpy's ufuncs is done here: sums and
  * products of float32 and float64 (IEEE arithmetic, one rounding a step, the
  * same order as collectives.execute_shared.SharedExecutor.reduce), and integer
- * sums, products, min, max and bit operations (wrapping as numpy's do). Anything
- * else stays on the Python path (collectives.engine.kernel says which).
+ * sums, products, min, max and bit operations (wrapping as numpy's do); and the
+ * reproducible sum of every rank's raw float32 or float64 contribution (ops
+ * repro_sum and repro_avg, which combine all ranks' at once, not two at a time:
+ * the arithmetic of repro_sum_rows below). Anything else stays on the Python path
+ * (collectives.engine.kernel says which).
  *
  * The barrier numbers are the shared control window's: a rank's own number is
  * stored with release order after its data and its posted sequence number, and
@@ -29,7 +32,7 @@ enum { DONE = 0, LATE = 1, MISMATCH = 2 };
 enum { MAX_RANKS = 64 };
 
 typedef enum { F32, F64, I8, U8, I16, U16, I32, U32, I64, U64 } Kind;
-typedef enum { SUM, PROD, MIN, MAX, BAND, BOR, BXOR } Op;
+typedef enum { SUM, PROD, MIN, MAX, BAND, BOR, BXOR, REPRO_SUM, REPRO_AVG } Op;
 
 /* A node's shared-memory barrier as the Python one keeps it (MPISharedMemory): every rank's number in
  * the control window, this rank's state (arrived at, passed, digest posted by parity), the posted
@@ -124,6 +127,7 @@ FLOAT_LOOP(double, int64_t, INT64_C(0x0008000000000000))
         case BAND: for (Py_ssize_t i = 0; i < n; i++) out[i] = a[i] & b[i]; break;             \
         case BOR: for (Py_ssize_t i = 0; i < n; i++) out[i] = a[i] | b[i]; break;              \
         case BXOR: for (Py_ssize_t i = 0; i < n; i++) out[i] = a[i] ^ b[i]; break;             \
+        default: break; /* the pair ops take floats only */                                    \
         }                                                                                      \
     }
 INT_LOOP(i8, int8_t, uint8_t)
@@ -135,7 +139,22 @@ INT_LOOP(u32, uint32_t, uint32_t)
 INT_LOOP(i64, int64_t, uint64_t)
 INT_LOOP(u64, uint64_t, uint64_t)
 
+static void repro_rows_all(Kind kind, const void *const *rows, Py_ssize_t size, void *out, Py_ssize_t n, double by);
+
+/* whether op combines every rank's contribution at once (its calls pass them all: reduce_rows) */
+static inline int whole_op(Op op) { return op == REPRO_SUM || op == REPRO_AVG; }
+
+/* out = every one of `size` rows combined at once by a whole op (repro_avg: divided by size) */
+static void reduce_rows(Kind kind, Op op, void *out, const void *const *rows, int size, Py_ssize_t n) {
+    repro_rows_all(kind, rows, size, out, n, op == REPRO_AVG ? (double)size : 1.0);
+}
+
 static void reduce_pair(Kind kind, Op op, void *out, const void *a, const void *b, Py_ssize_t n) {
+    if (whole_op(op)) { /* two rows are all there are */
+        const void *rows[2] = {a, b};
+        reduce_rows(kind, op, out, rows, 2, n);
+        return;
+    }
     switch (kind) {
     case F32: reduce_float(out, a, b, n, op); break;
     case F64: reduce_double(out, a, b, n, op); break;
@@ -157,6 +176,12 @@ static void reduce_regions(SmallAllreduce *self, int turn, void *out) {
         memmove(out, regions[0].buf, (size_t)self->nbytes);
         return;
     }
+    if (whole_op(self->op)) {
+        const void *rows[MAX_RANKS];
+        for (int r = 0; r < self->m.size; r++) rows[r] = regions[r].buf;
+        reduce_rows(self->kind, self->op, out, rows, self->m.size, self->count);
+        return;
+    }
     reduce_pair(self->kind, self->op, out, regions[0].buf, regions[1].buf, self->count);
     for (int r = 2; r < self->m.size; r++) reduce_pair(self->kind, self->op, out, out, regions[r].buf, self->count);
 }
@@ -175,13 +200,16 @@ static int parse_kind(const char *dtype, Kind *kind) {
 }
 
 static int parse_op(const char *name, Kind kind, Op *op) {
-    static const struct { const char *name; Op op; int floats; } ops[] = {
-        {"sum", SUM, 1}, {"prod", PROD, 1}, {"min", MIN, 0}, {"max", MAX, 0},
-        {"band", BAND, 0}, {"bor", BOR, 0}, {"bxor", BXOR, 0},
+    enum { INTEGERS, ALL, FLOATS }; /* the kinds an op takes */
+    static const struct { const char *name; Op op; int kinds; } ops[] = {
+        {"sum", SUM, ALL}, {"prod", PROD, ALL}, {"min", MIN, INTEGERS}, {"max", MAX, INTEGERS},
+        {"band", BAND, INTEGERS}, {"bor", BOR, INTEGERS}, {"bxor", BXOR, INTEGERS},
+        {"repro_sum", REPRO_SUM, FLOATS}, {"repro_avg", REPRO_AVG, FLOATS},
     };
     for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
         if (strcmp(name, ops[i].name) == 0) {
-            if (!ops[i].floats && (kind == F32 || kind == F64)) return 0;
+            int floating = kind == F32 || kind == F64;
+            if ((ops[i].kinds == INTEGERS && floating) || (ops[i].kinds == FLOATS && !floating)) return 0;
             *op = ops[i].op;
             return 1;
         }
@@ -729,7 +757,12 @@ static int segmented_go(SegmentedAllreduce *self, char *out, const char *in) {
                 const char *first = rank == 0 ? in + lo * item : slot_at(self, half, 0, rank);
                 Py_ssize_t n = hi - lo;
                 if (size == 1) memmove(target, first, (size_t)(n * item));
-                for (int r = 1; r < size; r++) {
+                if (whole_op(self->op) && size > 1) { /* every rank's part at once */
+                    const void *rows[MAX_RANKS];
+                    for (int r = 0; r < size; r++) rows[r] = r == rank ? in + lo * item : slot_at(self, half, r, rank);
+                    reduce_rows(self->kind, self->op, target, rows, size, n);
+                }
+                for (int r = 1; r < size && !whole_op(self->op); r++) {
                     const char *part = r == rank ? in + lo * item : slot_at(self, half, r, rank);
                     reduce_pair(self->kind, self->op, target, r == 1 ? first : target, part, n);
                 }
@@ -1168,6 +1201,7 @@ static PyObject *repro_finish(PyObject *, PyObject *const *, Py_ssize_t);
 static PyObject *repro_rows(PyObject *, PyObject *const *, Py_ssize_t);
 static PyObject *repro_pack(PyObject *, PyObject *const *, Py_ssize_t);
 static PyObject *repro_pair(PyObject *, PyObject *const *, Py_ssize_t);
+static PyObject *repro_sum_rows(PyObject *, PyObject *const *, Py_ssize_t);
 
 static PyMethodDef engine_methods[] = {
     {"reduces", (PyCFunction)(void (*)(void))engine_reduces, METH_FASTCALL,
@@ -1186,6 +1220,8 @@ static PyMethodDef engine_methods[] = {
      "repro_pack(x, message, rank, kind, op): message zeroed but rank's row: x's bits, then kind and op"},
     {"repro_pair", (PyCFunction)(void (*)(void))repro_pair, METH_FASTCALL,
      "repro_pair(out, a, b, divide_by): out = the reproducible sum of two raw contributions, divided"},
+    {"repro_sum_rows", (PyCFunction)(void (*)(void))repro_sum_rows, METH_FASTCALL,
+     "repro_sum_rows(out, rows, divide_by): out = the reproducible sum of 1 to 64 raw contributions, divided"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1235,7 +1271,7 @@ PyMODINIT_FUNC PyInit__engine(void) {
 #if defined(__GNUC__) && !defined(__clang__)
 /* the loops below read no floating-point flags: let the compiler vectorize their choices (values are
  * unchanged: this allows no reassociation, no contraction, no change of signed zeros) */
-#pragma GCC optimize("no-trapping-math")
+#pragma GCC optimize("no-trapping-math", "no-loop-unroll-and-jam")
 #endif
 
 /* the loops over many elements, built also for the x86-64 levels with wide vectors where the compiler
@@ -1767,7 +1803,9 @@ static PyObject *repro_rows(PyObject *module, PyObject *const *args, Py_ssize_t 
         for (Py_ssize_t r = 0; r < size; r++) rows[r] = base + r * stride * item;
         for (Py_ssize_t r = 1; r < size && agree; r++)
             agree = memcmp(base + (n * item), base + (r * stride + n) * item, (size_t)((stride - n) * item)) == 0;
-        if (agree && item == 4)
+        if (agree && out.itemsize == item && !to_odd) /* float32 or float64 rounded by the sum itself */
+            repro_rows_all(item == 4 ? F32 : F64, rows, size, out.buf, n, (double)divide_by);
+        else if (agree && item == 4)
             repro_rows32(rows, size, n, out.buf, (int)out.itemsize, (double)divide_by);
         else if (agree)
             repro_rows64(rows, size, n, out.buf, (int)out.itemsize, (double)divide_by, to_odd);
@@ -1776,6 +1814,291 @@ static PyObject *repro_rows(PyObject *module, PyObject *const *args, Py_ssize_t 
     PyBuffer_Release(&message);
     PyBuffer_Release(&out);
     return result;
+}
+
+/* a block of repro_pair32 into made: whether some element's code is the special one (an inf or a
+ * NaN among its two) or -0.0's (both -0.0), whose results the caller sets. Else an element's code is
+ * that of the larger exponent field of its two (the code grows with the field), and each of the two
+ * is cut as repro_cut32 cuts it. The sum is taken in float32 (`how` PAIR_SUM), or in float64 and
+ * multiplied by `by` (PAIR_SCALED: a power of two, which is exact as the division by its inverse is)
+ * or divided by it (PAIR_DIVIDED), then rounded. The reductions are of the inputs' bits, beside the
+ * codes, so that the loop vectorizes. */
+enum { PAIR_SUM, PAIR_SCALED, PAIR_DIVIDED };
+static inline int repro_pair32_block(const float *x, const float *y, float *made, Py_ssize_t m, int how, double by) {
+    uint32_t widest = 0, zeros = UINT32_MAX;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        uint32_t ux, uy;
+        memcpy(&ux, &x[i], sizeof ux);
+        memcpy(&uy, &y[i], sizeof uy);
+        int32_t fx = (int32_t)((ux >> 23) & 0xffu), fy = (int32_t)((uy >> 23) & 0xffu);
+        int32_t field = fx > fy ? fx : fy;
+        widest = (uint32_t)field > widest ? (uint32_t)field : widest;
+        uint32_t both = (ux ^ UINT32_C(0x80000000)) | (uy ^ UINT32_C(0x80000000)); /* 0: both -0.0 */
+        zeros = both < zeros ? both : zeros;
+        int32_t k16 = 16 * ((field + 17) >> 4) - 25; /* 16 code + 103 */
+        int32_t kx = k16 - (fx > 1 ? fx : 1), ky = k16 - (fy > 1 ? fy : 1);
+        ux &= kx >= 24 ? 0u : ~0u << (kx > 0 ? kx : 0);
+        uy &= ky >= 24 ? 0u : ~0u << (ky > 0 ? ky : 0);
+        float p, q;
+        memcpy(&p, &ux, sizeof p);
+        memcpy(&q, &uy, sizeof q);
+        double wide = (0.0 + (double)p) + (double)q;
+        made[i] = how == PAIR_SUM ? (0.0f + p) + q : (float)(how == PAIR_SCALED ? wide * by : wide / by);
+    }
+    return widest == 0xffu || zeros == 0;
+}
+
+/* repro_pair32_block's float64 twin (repro_rows64's arithmetic): the code of the larger field, each
+ * input cut at its unit 2**(16 code - 94) by clearing the significand's bits below it (the words'
+ * truncation, as repro_cut64 makes them), and the sum of the two cut values rounded once: a float64
+ * addition, correctly rounded (to a subnormal too), is the one rounding of their exact sum that the
+ * words' sum gets; scaled or divided after that rounding, as finish divides the rounded sum. */
+static inline int repro_pair64_block(const double *x, const double *y, double *made, Py_ssize_t m, int how,
+                                     double by) {
+    uint64_t widest = 0, zeros = UINT64_MAX;
+    const uint64_t sign = UINT64_C(0x8000000000000000);
+    for (Py_ssize_t i = 0; i < m; i++) {
+        uint64_t ux, uy;
+        memcpy(&ux, &x[i], sizeof ux);
+        memcpy(&uy, &y[i], sizeof uy);
+        int64_t fx = (int64_t)((ux >> 52) & 0x7ffu), fy = (int64_t)((uy >> 52) & 0x7ffu);
+        int64_t field = fx > fy ? fx : fy;
+        widest = (uint64_t)field > widest ? (uint64_t)field : widest;
+        uint64_t both = (ux ^ sign) | (uy ^ sign); /* 0: both -0.0 */
+        zeros = both < zeros ? both : zeros;
+        int64_t code = ((field + 1) >> 4) - 63;
+        code = code < R64_LOWEST ? R64_LOWEST : code;
+        int64_t k16 = 16 * code + 981; /* the unit's exponent less that of the field's last bit, + field */
+        int64_t kx = k16 - (fx > 1 ? fx : 1), ky = k16 - (fy > 1 ? fy : 1);
+        /* the bits shifted out and back (GCC 12 vectorizes no 64-bit shift of a constant by lanes) */
+        uint64_t sx = (uint64_t)(kx < 0 ? 0 : kx > 63 ? 63 : kx), sy = (uint64_t)(ky < 0 ? 0 : ky > 63 ? 63 : ky);
+        ux = kx >= 53 ? 0u : (ux >> sx) << sx;
+        uy = ky >= 53 ? 0u : (uy >> sy) << sy;
+        double p, q;
+        memcpy(&p, &ux, sizeof p);
+        memcpy(&q, &uy, sizeof q);
+        double sum = (0.0 + p) + q;
+        made[i] = how == PAIR_SUM ? sum : how == PAIR_SCALED ? sum * by : sum / by;
+    }
+    return widest == 0x7ffu || zeros == 0;
+}
+
+/* repro_rows32 or repro_rows64 of two rows, in one pass a block: a block is made (its elements' codes
+ * the larger of their two, both cut there and summed, rounded once) before it is stored (out may be
+ * a or b), its special and -0.0 elements then set as the rows' sums set them. Where there is no
+ * divisor the float32 family's sum is taken in float32: the cut values are float32s, and their
+ * float32 sum is their exact sum rounded once, as (float) of it in float64 is (0.0f + first, as the
+ * rows' sums start from +0.0). */
+REPRO_WIDE static void repro_pair_loop(Kind kind, const void *a, const void *b, void *out, Py_ssize_t n, double by) {
+    int exponent, item = kind == F32 ? 4 : 8;
+    double inverse = frexp(by, &exponent) == 0.5 ? 1.0 / by : 0.0; /* exact where by is a power of two */
+    int how = by == 1.0 ? PAIR_SUM : inverse > 0.0 ? PAIR_SCALED : PAIR_DIVIDED;
+    double scale = how == PAIR_SCALED ? inverse : by;
+    union { float single[R_BLOCK]; double wide[R_BLOCK]; } made;
+    int8_t codes[R_BLOCK];
+    uint8_t bits[R_BLOCK];
+    const void *rows[2] = {a, b};
+    int negative_zero = kind == F32 ? R32_LOWEST - 1 : R64_LOWEST - 1;
+    for (Py_ssize_t start = 0; start < n; start += R_BLOCK) {
+        Py_ssize_t m = n - start < R_BLOCK ? n - start : R_BLOCK;
+        int fix;
+        if (kind == F32) {
+            const float *x = (const float *)a + start, *y = (const float *)b + start;
+            fix = how == PAIR_SUM      ? repro_pair32_block(x, y, made.single, m, PAIR_SUM, 1.0)
+                  : how == PAIR_SCALED ? repro_pair32_block(x, y, made.single, m, PAIR_SCALED, scale)
+                                       : repro_pair32_block(x, y, made.single, m, PAIR_DIVIDED, scale);
+            for (Py_ssize_t i = 0; fix && i < m; i++) {
+                int cx = repro_code32(x[i]), cy = repro_code32(y[i]);
+                codes[i] = (int8_t)(cx > cy ? cx : cy);
+            }
+        } else {
+            const double *x = (const double *)a + start, *y = (const double *)b + start;
+            fix = how == PAIR_SUM      ? repro_pair64_block(x, y, made.wide, m, PAIR_SUM, 1.0)
+                  : how == PAIR_SCALED ? repro_pair64_block(x, y, made.wide, m, PAIR_SCALED, scale)
+                                       : repro_pair64_block(x, y, made.wide, m, PAIR_DIVIDED, scale);
+            for (Py_ssize_t i = 0; fix && i < m; i++) {
+                int cx = repro_code64(x[i]), cy = repro_code64(y[i]);
+                codes[i] = (int8_t)(cx > cy ? cx : cy);
+            }
+        }
+        if (fix) repro_rows_specials(codes, m, rows, item, 2, start, bits);
+        memcpy((char *)out + start * item, &made, (size_t)(m * item));
+        if (fix) repro_rows_fixed(codes, bits, m, negative_zero, out, item, start);
+    }
+}
+
+/* repro_rows32 and repro_rows64 of 2 to 64 rows into out of their dtype, a block at a time, in passes
+ * that vectorize: the larger exponent field of each element's rows (its code the field's, as in
+ * repro_pair32_block), the rows cut at that code by masking and summed, rounded once. The float32
+ * family's cut values sum exactly in float64 (as repro_rows32's). Float64's are added in a float64
+ * pair (hi, lo) by TwoSum: every partial sum and error is a multiple of the unit, the errors together
+ * below 2**52 units, so hi + lo is the exact sum and one addition rounds it (to a subnormal too);
+ * elements of the top codes are summed scaled by 2**-8, exactly, so that no partial sum overflows
+ * where the whole sum does not. Special and -0.0 elements are set as the rows' sums set them. */
+enum { R_SCALED_CODE = 60 };
+
+/* a block's codes (the max of its rows') and specials, where repro_many_loop found some special or -0.0
+ * element: read before the block's results are stored (out may be one of the rows) */
+static void repro_many_fix(const void *const *rows, Py_ssize_t size, Py_ssize_t start, Py_ssize_t m, int item,
+                           int8_t *codes, uint8_t *bits) {
+    for (Py_ssize_t i = 0; i < m; i++) codes[i] = item == 4 ? R32_LOWEST - 1 : R64_LOWEST - 1;
+    for (Py_ssize_t r = 0; r < size; r++)
+        for (Py_ssize_t i = 0; i < m; i++) {
+            int own = item == 4 ? repro_code32(((const float *)rows[r])[start + i])
+                                : repro_code64(((const double *)rows[r])[start + i]);
+            codes[i] = (int8_t)(own > codes[i] ? own : codes[i]);
+        }
+    repro_rows_specials(codes, m, rows, item, size, start, bits);
+}
+
+/* one row's pass of repro_many32_block over a block: its fields into the largest so far, its bits
+ * into the or that is 0 where every row is -0.0; then its cut values into the sums. Each a function
+ * of restrict pointers, so that the loops vectorize without checks of overlap at run time. */
+static inline void repro_fields32(const uint32_t *restrict row, int32_t *restrict fields,
+                                  uint32_t *restrict nonzero, Py_ssize_t m) {
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int32_t field = (int32_t)((row[i] >> 23) & 0xffu);
+        fields[i] = field > fields[i] ? field : fields[i];
+        nonzero[i] |= row[i] ^ UINT32_C(0x80000000);
+    }
+}
+
+static inline void repro_cuts32(const uint32_t *restrict row, const int32_t *restrict k16, double *restrict sums,
+                                Py_ssize_t m) {
+    for (Py_ssize_t i = 0; i < m; i++) {
+        uint32_t u = row[i];
+        int32_t f = (int32_t)((u >> 23) & 0xffu), k = k16[i] - (f > 1 ? f : 1);
+        u &= k >= 24 ? 0u : ~0u << (k > 0 ? k : 0);
+        float cut;
+        memcpy(&cut, &u, sizeof cut);
+        sums[i] += (double)cut;
+    }
+}
+
+static inline void repro_fields64(const uint64_t *restrict row, int64_t *restrict fields,
+                                  uint64_t *restrict nonzero, Py_ssize_t m) {
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int64_t field = (int64_t)((row[i] >> 52) & 0x7ffu);
+        fields[i] = field > fields[i] ? field : fields[i];
+        nonzero[i] |= row[i] ^ UINT64_C(0x8000000000000000);
+    }
+}
+
+static inline void repro_cuts64(const uint64_t *restrict row, const int64_t *restrict k16,
+                                const double *restrict scale, double *restrict sums, double *restrict lo,
+                                Py_ssize_t m) {
+    for (Py_ssize_t i = 0; i < m; i++) {
+        uint64_t u = row[i];
+        int64_t f = (int64_t)((u >> 52) & 0x7ffu), k = k16[i] - (f > 1 ? f : 1);
+        uint64_t shift = (uint64_t)(k < 0 ? 0 : k > 63 ? 63 : k); /* see repro_pair64_block */
+        u = k >= 53 ? 0u : (u >> shift) << shift;
+        double cut;
+        memcpy(&cut, &u, sizeof cut);
+        cut *= scale[i];
+        double sum = sums[i] + cut, back = sum - cut; /* TwoSum: the addition's error, exactly */
+        lo[i] += (sums[i] - back) + (cut - (sum - back));
+        sums[i] = sum;
+    }
+}
+
+/* the float32 family's block of repro_many_loop: the exact sums in float64 into sums; whether some
+ * element is special or -0.0 */
+static inline int repro_many32_block(const void *const *rows, Py_ssize_t size, Py_ssize_t start, Py_ssize_t m,
+                                     double *sums) {
+    int32_t fields[R_BLOCK];
+    uint32_t nonzero[R_BLOCK]; /* 0 where every row is -0.0 */
+    for (Py_ssize_t i = 0; i < m; i++) fields[i] = 0, nonzero[i] = 0;
+    for (Py_ssize_t r = 0; r < size; r++) repro_fields32((const uint32_t *)rows[r] + start, fields, nonzero, m);
+    int32_t widest = 0;
+    uint32_t zeros = UINT32_MAX;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        widest = fields[i] > widest ? fields[i] : widest;
+        zeros = nonzero[i] < zeros ? nonzero[i] : zeros;
+        fields[i] = 16 * ((fields[i] + 17) >> 4) - 25; /* now 16 code + 103, as repro_cut32 takes it */
+        sums[i] = 0.0;
+    }
+    for (Py_ssize_t r = 0; r < size; r++) repro_cuts32((const uint32_t *)rows[r] + start, fields, sums, m);
+    return widest == 0xff || zeros == 0;
+}
+
+/* float64's block of repro_many_loop: the sums rounded once into sums; whether some element is special
+ * or -0.0 */
+static inline int repro_many64_block(const void *const *rows, Py_ssize_t size, Py_ssize_t start, Py_ssize_t m,
+                                     double *sums) {
+    int64_t fields[R_BLOCK];
+    uint64_t nonzero[R_BLOCK]; /* 0 where every row is -0.0 */
+    double lo[R_BLOCK], scale[R_BLOCK];
+    for (Py_ssize_t i = 0; i < m; i++) fields[i] = 0, nonzero[i] = 0;
+    for (Py_ssize_t r = 0; r < size; r++) repro_fields64((const uint64_t *)rows[r] + start, fields, nonzero, m);
+    int64_t widest = 0;
+    uint64_t zeros = UINT64_MAX;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        widest = fields[i] > widest ? fields[i] : widest;
+        zeros = nonzero[i] < zeros ? nonzero[i] : zeros;
+        int64_t code = ((fields[i] + 1) >> 4) - 63;
+        code = code < R64_LOWEST ? R64_LOWEST : code;
+        fields[i] = 16 * code + 981; /* now the unit's exponent less that of the last bit, + field */
+        scale[i] = code > R_SCALED_CODE ? 0x1p-8 : 1.0;
+        sums[i] = lo[i] = 0.0;
+    }
+    for (Py_ssize_t r = 0; r < size; r++) repro_cuts64((const uint64_t *)rows[r] + start, fields, scale, sums, lo, m);
+    for (Py_ssize_t i = 0; i < m; i++) sums[i] = (sums[i] + lo[i]) * (1.0 / scale[i]);
+    return widest == 0x7ff || zeros == 0;
+}
+
+/* repro_rows32 and repro_rows64 of 2 to 64 rows into out of their dtype, a block at a time, in passes
+ * that vectorize: the larger exponent field of each element's rows (its code the field's, as in
+ * repro_pair32_block), the rows cut at that code by masking and summed, rounded once. The float32
+ * family's cut values sum exactly in float64 (as repro_rows32's). Float64's are added in a float64
+ * pair (hi, lo) by TwoSum: every partial sum and error is a multiple of the unit, the errors together
+ * below 2**52 units, so hi + lo is the exact sum and one addition rounds it (to a subnormal too);
+ * elements of the top codes are summed scaled by 2**-8, exactly, so that no partial sum overflows
+ * where the whole sum does not. Special and -0.0 elements are set as the rows' sums set them. */
+REPRO_WIDE static void repro_many_loop(const void *const *rows, Py_ssize_t size, Py_ssize_t n, void *out, int item,
+                                       double by) {
+    int exponent;
+    double inverse = frexp(by, &exponent) == 0.5 ? 1.0 / by : 0.0; /* exact where by is a power of two */
+    double sums[R_BLOCK];
+    int8_t codes[R_BLOCK];
+    uint8_t bits[R_BLOCK];
+    for (Py_ssize_t start = 0; start < n; start += R_BLOCK) {
+        Py_ssize_t m = n - start < R_BLOCK ? n - start : R_BLOCK;
+        int fix = item == 4 ? repro_many32_block(rows, size, start, m, sums)
+                            : repro_many64_block(rows, size, start, m, sums);
+        if (fix) repro_many_fix(rows, size, start, m, item, codes, bits);
+        if (item == 4) {
+            float *o = (float *)out + start;
+            if (by == 1.0)
+                for (Py_ssize_t i = 0; i < m; i++) o[i] = (float)sums[i];
+            else if (inverse > 0.0)
+                for (Py_ssize_t i = 0; i < m; i++) o[i] = (float)(sums[i] * inverse);
+            else
+                for (Py_ssize_t i = 0; i < m; i++) o[i] = (float)(sums[i] / by);
+        } else {
+            double *o = (double *)out + start;
+            if (by == 1.0)
+                for (Py_ssize_t i = 0; i < m; i++) o[i] = sums[i];
+            else if (inverse > 0.0)
+                for (Py_ssize_t i = 0; i < m; i++) o[i] = sums[i] * inverse;
+            else
+                for (Py_ssize_t i = 0; i < m; i++) o[i] = sums[i] / by;
+        }
+        if (fix) repro_rows_fixed(codes, bits, m, item == 4 ? R32_LOWEST - 1 : R64_LOWEST - 1, out, item, start);
+    }
+}
+
+/* out = the reproducible sum of `size` (1 to 64) rows of float32 or float64 (as kind says), divided by
+ * `by`: the whole ops' combine in the engine's calls, repro_pair's and repro_sum_rows', so one
+ * arithmetic gives all their bits */
+static void repro_rows_all(Kind kind, const void *const *rows, Py_ssize_t size, void *out, Py_ssize_t n, double by) {
+    if (size == 2)
+        repro_pair_loop(kind, rows[0], rows[1], out, n, by);
+    else if (size > 2)
+        repro_many_loop(rows, size, n, out, kind == F32 ? 4 : 8, by);
+    else if (kind == F32)
+        repro_rows32(rows, 1, n, out, 4, by);
+    else
+        repro_rows64(rows, 1, n, out, 8, by, 0);
 }
 
 /* pair(out, a, b, divide_by): out = the reproducible sum of two raw contributions a and b (float32 or
@@ -1800,13 +2123,54 @@ static PyObject *repro_pair(PyObject *module, PyObject *const *args, Py_ssize_t 
         PyErr_SetString(PyExc_ValueError, "repro_pair: out, a and b of one float dtype and count, divide_by >= 1");
     else {
         const void *rows[2] = {views[1].buf, views[2].buf};
-        if (item == 4)
-            repro_rows32(rows, 2, n, views[0].buf, 4, (double)divide_by);
-        else
-            repro_rows64(rows, 2, n, views[0].buf, 8, (double)divide_by, 0);
+        repro_rows_all(item == 4 ? F32 : F64, rows, 2, views[0].buf, n, (double)divide_by);
         result = Py_NewRef(Py_None);
     }
     for (int i = 0; i < 3; i++) PyBuffer_Release(&views[i]);
+    return result;
+}
+
+/* sum_rows(out, rows, divide_by): out = the reproducible sum of the raw contributions `rows` (a sequence
+ * of 1 to 64 arrays of out's float dtype and count; out may be one of them), divided by divide_by: the
+ * gathered sum's arithmetic on rows wherever they lie (a shared-memory owner's share of every rank's) */
+static PyObject *repro_sum_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 3) return PyErr_Format(PyExc_TypeError, "repro_sum_rows(out, rows, divide_by)");
+    long divide_by = PyLong_AsLong(args[2]);
+    if (divide_by == -1 && PyErr_Occurred()) return NULL;
+    PyObject *sequence = PySequence_Fast(args[1], "repro_sum_rows: rows is a sequence of arrays");
+    if (!sequence) return NULL;
+    Py_ssize_t size = PySequence_Fast_GET_SIZE(sequence);
+    Py_buffer out, views[64];
+    int taken = 0;
+    PyObject *result = NULL;
+    if (size < 1 || size > 64 || divide_by < 1) {
+        PyErr_SetString(PyExc_ValueError, "repro_sum_rows: 1 to 64 rows, divide_by >= 1");
+        goto done;
+    }
+    if (repro_buffer(args[0], &out, 1, 'f', "repro_sum_rows out") < 0) goto done;
+    for (; taken < size; taken++)
+        if (repro_buffer(PySequence_Fast_GET_ITEM(sequence, taken), &views[taken], 0, 'f', "repro_sum_rows row") < 0)
+            break;
+    if (taken == size) {
+        const void *rows[64];
+        Py_ssize_t item = out.itemsize, n = item ? out.len / item : 0;
+        int alike = item == 4 || item == 8;
+        for (Py_ssize_t r = 0; r < size && alike; r++) {
+            alike = views[r].itemsize == item && views[r].len == out.len;
+            rows[r] = views[r].buf;
+        }
+        if (!alike)
+            PyErr_SetString(PyExc_ValueError, "repro_sum_rows: out and the rows of one float dtype and count");
+        else {
+            repro_rows_all(item == 4 ? F32 : F64, rows, size, out.buf, n, (double)divide_by);
+            result = Py_NewRef(Py_None);
+        }
+    }
+    while (taken-- > 0) PyBuffer_Release(&views[taken]);
+    PyBuffer_Release(&out);
+done:
+    Py_DECREF(sequence);
     return result;
 }
 

@@ -277,6 +277,9 @@ class SharedExecutor:
         if len(parts) == 1:
             backend.copy(out, parts[0])
             return
+        if op.whole:  # not a combination of two: every rank's part at once
+            op.apply_all(out, parts)
+            return
         backend.reduce_into(op, out, parts[0], parts[1])
         for part in parts[2:]:
             backend.combine(op, out, part)

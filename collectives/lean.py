@@ -13,8 +13,9 @@ with its deadline and stall warning, only where it waits past :data:`SPIN_S` or
 fails, so a rank that never calls leaves the others a
 :class:`~collectives.CollectiveTimeout`. With ``$COLLECTIVES_DEBUG`` or an armed
 ``$COLLECTIVES_FAULT`` the callers take the plain path instead. Where the compiled
-engine runs (:mod:`collectives.engine`) and reduces the call's dtype and op, a small
-call's copy-in, barrier, signature check and reduction are one call into it.
+engine runs (:mod:`collectives.engine`) and reduces the call's dtype and op (a built-in
+op's, or a custom op's that names its compiled combine), a small call's copy-in,
+barrier, signature check and reduction are one call into it.
 """
 
 __all__ = ["SPIN_S", "LeanAllreduce", "Repeats"]
@@ -219,10 +220,9 @@ class LeanAllreduce(LeanCore):
         kernel, executor = self._segments, self.executor
         if kernel is None:
             self._segments_asked = True
-            if self.backend.name == "numpy" and not self.op.custom and not self.guard.outgoing:
-                kernel = self._segments = executor.segmented_kernel(
-                    self.backend, source, self.op.combine, SPIN_S
-                )
+            combine = self.op.compiled_combine
+            if self.backend.name == "numpy" and combine is not None and not self.guard.outgoing:
+                kernel = self._segments = executor.segmented_kernel(self.backend, source, combine, SPIN_S)
         if kernel is None or not executor.through_window(work, source):
             if check:
                 self.guard.stamp(self._sequence, self.watchdog.tag)
@@ -297,10 +297,11 @@ class LeanAllreduce(LeanCore):
         views = self._views
         if views is None:
             views = self._views = executor.small_views(self.backend, source)
-            if self.backend.name == "numpy" and not self.op.custom and not self.guard.outgoing:
+            combine = self.op.compiled_combine
+            if self.backend.name == "numpy" and combine is not None and not self.guard.outgoing:
                 halves = tuple(regions for _, regions in views)
                 dtype, count = str(source.dtype), source.shape[0]
-                self._kernel = executor.shared.small_kernel(halves, dtype, self.op.combine, count, SPIN_S)
+                self._kernel = executor.shared.small_kernel(halves, dtype, combine, count, SPIN_S)
         if guard is None:
             self._run(self.backend, work, source, self.op, self.barrier)
             return

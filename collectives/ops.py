@@ -45,6 +45,11 @@ class ReduceOp:
     custom: ClassVar[bool] = False
     """Whether the op is the user's (an :class:`Op`), applied by calling its function."""
 
+    whole: ClassVar[bool] = False
+    """Whether the op combines every rank's contribution to an element at once (:meth:`apply_all`), not
+    two at a time: where there are more than two, only the shared-memory executor, whose owners read
+    all of them together, runs it."""
+
     @property
     def commutative(self) -> bool:
         """Whether the order of the ranks' contributions does not matter; every built-in op's does not."""
@@ -56,6 +61,12 @@ class ReduceOp:
         return self.name == "avg"
 
     @property
+    def compiled_combine(self) -> str | None:
+        """The compiled engine's name of the combine (:func:`collectives.engine.reduces` says for which
+        dtypes it applies it), or ``None`` where the op's own function must run: a custom op's."""
+        return None if self.custom else self.combine
+
+    @property
     def agreed_name(self) -> str:
         """What the ranks compare before a call (at most 8 bytes of the signature)."""
         return self.name
@@ -63,6 +74,10 @@ class ReduceOp:
     def apply(self, dst: Any, a: Any, b: Any) -> None:
         """``dst = a op b``, for a custom op; the backends apply built-in ops with their own kernels."""
         raise UnsupportedOpError(f"op {self.name!r} is built in: a backend applies it")
+
+    def apply_all(self, dst: Any, parts: Any) -> None:
+        """``dst`` = every rank's ``parts`` combined at once, in rank order (an op that is :attr:`whole`)."""
+        raise UnsupportedOpError(f"op {self.name!r} combines two contributions at a time")
 
     def check_dtype(self, dtype: str) -> None:
         """Raise if this op cannot reduce ``dtype``."""

@@ -40,7 +40,7 @@ from .faults import PLAN as FAULTS
 from .host_copy import through_host
 from .lean import LeanAllreduce
 from .ops import ReduceOp
-from .reproducible_calls import check_call, plain_pair
+from .reproducible_calls import check_call, plain_op
 from .requests import Request, settle, start
 from .requests import busy as started
 from .selector import AUTO
@@ -357,10 +357,11 @@ def _reproducible(
     """A persistent reproducible sum (``None`` for integers, whose plain init serves): checked here;
     each start runs the reproducible call into ``out`` (made here when not given).
 
-    Two ranks' float32 or float64 sum is the plain init with the op that sums two contributions
-    reproducibly (its starts on the plain call's path; :attr:`Persistent.algorithm` its choice).
-    Elsewhere :attr:`Persistent.algorithm` names the algorithm of each of the call's collectives,
-    as the communicator chooses them (``explain(..., reproducible=True)``'s steps; the caller's
+    Two ranks' float32 or float64 sum, and that of the ranks of one node where their shared memory
+    was set up, is the plain init with the op that sums every rank's contribution reproducibly (its
+    starts on the plain call's path; :attr:`Persistent.algorithm` its choice). Elsewhere
+    :attr:`Persistent.algorithm` names the algorithm of each of the call's collectives, as the
+    communicator chooses them (``explain(..., reproducible=True)``'s steps; the caller's
     ``algorithm`` for the one that sums, where it names one).
     """
     checks = checked(
@@ -369,12 +370,12 @@ def _reproducible(
     )  # fmt: skip
     if checks is None:
         return None
-    pair = plain_pair(x, op, out, group, check) if group.size == 2 else None
-    if pair is not None and collective == "allreduce":
-        return allreduce_init(x, pair, out=out, algorithm=algorithm, comm=group, check=check)
-    if pair is not None and (out is None or out.flags.c_contiguous):
+    summing = plain_op(x, op, out, group, check, algorithm) if group.size > 1 else None
+    if summing is not None and collective == "allreduce":
+        return allreduce_init(x, summing[0], out=out, algorithm=summing[1], comm=group, check=check)
+    if summing is not None and (out is None or out.flags.c_contiguous):
         return reduce_scatter_init(
-            x, pair, counts=counts, out=out, algorithm=algorithm, comm=group, check=check
+            x, summing[0], counts=counts, out=out, algorithm=summing[1], comm=group, check=check
         )
     if out is None:
         out = np.empty(checks[3], x.dtype)

@@ -25,9 +25,10 @@ __all__ = [
     "deliver",
     "gathers",
     "pair_op",
-    "plain_pair",
+    "plain_op",
     "reduced",
     "reproducibly",
+    "rows_op",
     "shares_of",
 ]
 
@@ -67,6 +68,9 @@ from .reproducible import (
     words_of,
 )
 from .selector import AUTO
+
+SHARED_MEMORY = "shared_memory"
+"""The algorithm a reproducible sum of more than two ranks on one node's shared memory runs."""
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -176,40 +180,70 @@ def gathers(size: int, count: int, itemsize: int, checked: bool) -> bool:
     return checked and 1 < size <= EXACT_IN_FLOAT64 and size * count * itemsize <= GATHERED_BYTES
 
 
-class _PairSum(Op):
-    """The reproducible sum of two raw contributions (float32 or float64), divided by ``divide_by``, as an op.
+class _RowsSum(Op):
+    """The reproducible sum of every rank's raw contribution (float32 or float64), divided by
+    ``divide_by``, as an op.
 
     At two ranks every algorithm combines each element's two contributions once
     (``a op b``, or ``b op a``: the sum is the same), so this op is the whole
     reproducible sum and the reduction runs as the plain call's, bytes and all:
     the shared-memory owner of each share sums it from the two ranks' raw inputs.
-    Its bits are the distributed sum's (codes agreed, words summed, one rounding).
+    At more ranks the op is :attr:`whole`: the shared-memory executor's owners sum
+    every rank's raw contribution to their share at once (:meth:`apply_all`); no
+    other path runs it. The engine's op of the same arithmetic
+    (:attr:`compiled_combine`) lets its repeated small and segmented calls apply it,
+    as they do a plain sum. Its bits are the distributed sum's (codes agreed, words
+    summed, one rounding).
     """
 
+    whole = True
     divide_by: int
+    size: int
+    engine_op: str
 
-    def __init__(self, dtype: str, op: str) -> None:
-        super().__init__(_pair_sum, name=f"reproducible_{op}_{dtype}", dtypes=(dtype,))
-        object.__setattr__(self, "divide_by", 2 if op == "avg" else 1)
+    def __init__(self, dtype: str, op: str, size: int) -> None:
+        label = f"reproducible_{op}_{dtype}" + ("" if size == 2 else f"_of_{size}")
+        super().__init__(_pair_sum, name=label, dtypes=(dtype,))
+        object.__setattr__(self, "divide_by", size if op == "avg" else 1)
+        object.__setattr__(self, "size", size)
+        object.__setattr__(self, "engine_op", f"repro_{op}")
+        self.checked.add(dtype)  # the library's own: no trial of two elements (at three ranks, a refusal)
+
+    @property
+    def compiled_combine(self) -> str:
+        """The engine's op of the same arithmetic (``repro_sum_rows``'s), which its repeated small and
+        segmented calls apply to every rank's contribution at once."""
+        return self.engine_op
 
     def apply(self, dst: Any, a: Any, b: Any) -> None:
-        compiled = kernels()
-        if compiled is None:  # the engine was switched off after the choice: the call's other ranks ran it
-            raise CollectivesError("reproducible sum of two ranks: the compiled engine no longer runs")
-        compiled.repro_pair(dst, a, b, self.divide_by)
+        if self.size != 2:
+            raise CollectivesError(
+                f"the reproducible sum of {self.size} ranks combines them all at once, on shared memory only"
+            )
+        _compiled().repro_pair(dst, a, b, self.divide_by)
+
+    def apply_all(self, dst: Any, parts: Any) -> None:
+        _compiled().repro_sum_rows(dst, parts, self.divide_by)
+
+
+def _compiled() -> Any:
+    """The compiled engine's conversion loops; raises where the engine was switched off after the choice
+    (the call's other ranks ran it)."""
+    compiled = kernels()
+    if compiled is None:
+        raise CollectivesError("reproducible sum on shared memory: the compiled engine no longer runs")
+    return compiled
 
 
 def _pair_sum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``_PairSum``'s function, for a caller that calls it (the ops' trial): a new array."""
+    """``_RowsSum``'s function, for a caller that calls it (the ops' trial): a new array."""
     made = np.empty_like(a)
-    compiled = kernels()
-    if compiled is None:
-        raise CollectivesError("reproducible sum of two ranks: the compiled engine does not run")
-    compiled.repro_pair(made, a, b, 1)
+    _compiled().repro_pair(made, a, b, 1)
     return made
 
 
-_PAIRS = {(dtype, op): _PairSum(dtype, op) for dtype in ("float32", "float64") for op in _OPS}
+_PAIRS = {(dtype, op): _RowsSum(dtype, op, 2) for dtype in ("float32", "float64") for op in _OPS}
+_ROWS: dict[tuple[str, str, int], _RowsSum] = {}
 
 
 def pair_op(size: int, dtype: str, op: str, checked: bool) -> Op | None:
@@ -221,20 +255,47 @@ def pair_op(size: int, dtype: str, op: str, checked: bool) -> Op | None:
     return _PAIRS.get((dtype, op))
 
 
-def plain_pair(x: Any, op: Any, out: Any, group: Communicator, check: bool | None) -> Op | None:
-    """The pair op of an allreduce that needs no more checks than the plain call's: a C-contiguous
-    float32 or float64 numpy ``x``, ``op`` ``"sum"`` or ``"avg"``, and ``out`` none, ``x`` or a
-    C-contiguous writable array of its dtype and shape; ``None`` for any other call."""
-    if x.__class__ is not np.ndarray or op.__class__ is not str or not x.flags.c_contiguous:
+def rows_op(group: Communicator, dtype: str, op: str, algorithm: str, checked: bool) -> Op | None:
+    """The op whose shared-memory reduction is the reproducible sum of ``dtype`` (a name) on ``group``, where
+    one applies: 3 to 64 ranks that share one node's memory (as an earlier call found, so every rank
+    knows it alike), float32 or float64, the compiled engine running, calls checked, and ``algorithm``
+    ``"auto"`` or ``"shared_memory"``; else ``None``. The call runs with ``algorithm="shared_memory"``."""
+    if not 2 < group.size <= EXACT_IN_FLOAT64 or algorithm not in (AUTO, SHARED_MEMORY) or not checked:
         return None
-    pair = _PAIRS.get((name_of(x.dtype), op))
-    if pair is None or not _checked(group, check) or kernels() is None:
+    if dtype not in ("float32", "float64") or kernels() is None or group.shared is None:
+        return None
+    key = (dtype, op, group.size)
+    made = _ROWS.get(key)
+    if made is None:
+        made = _ROWS[key] = _RowsSum(dtype, op, group.size)
+    return made
+
+
+def plain_op(
+    x: Any, op: Any, out: Any, group: Communicator, check: bool | None, algorithm: str
+) -> tuple[Op, str] | None:
+    """The reproducible op and the algorithm of an allreduce that needs no more checks than the plain
+    call's: a C-contiguous float32 or float64 numpy ``x``, ``op`` ``"sum"`` or ``"avg"``, ``out`` none,
+    ``x`` or a C-contiguous writable array of its dtype and shape, and the op of two ranks
+    (:func:`pair_op`, with ``algorithm``) or of the ranks of one node (:func:`rows_op`, with the
+    shared-memory algorithm); ``None`` for any other call."""
+    if x.__class__ is not np.ndarray or op.__class__ is not str:
+        return None
+    dtype = name_of(x.dtype)
+    if (dtype, op) not in _PAIRS or not x.flags.c_contiguous:
+        return None
+    checking = bool(group.watchdog.check if check is None else check)
+    if group.size == 2:
+        summing = pair_op(2, dtype, op, checking)
+    else:
+        summing, algorithm = rows_op(group, dtype, op, algorithm, checking), SHARED_MEMORY
+    if summing is None:
         return None
     if out is None or out is x:
-        return pair
+        return summing, algorithm
     if out.__class__ is not np.ndarray or out.dtype is not x.dtype or out.shape != x.shape:
         return None
-    return pair if out.flags.c_contiguous and out.flags.writeable else None
+    return (summing, algorithm) if out.flags.c_contiguous and out.flags.writeable else None
 
 
 def _paired(
@@ -247,6 +308,8 @@ def _paired(
     into = out.reshape(-1) if out is not None and out.flags.c_contiguous else None
     if flat.dtype != x.dtype:  # not a view of x: the family's copy of it
         flat = flat.astype(x.dtype)
+    elif out is x and into is not None:
+        into = flat  # in place, as the call's repeats can run it (a view of x apart from flat would not)
     if collective == "allreduce":
         result = through.allreduce(flat, pair, out=into, algorithm=algorithm, comm=group, check=check)
     elif collective == "reduce":
@@ -262,18 +325,23 @@ def _paired(
     return out if result is into and into is not None else deliver(result, out, shape)
 
 
+def _named(collective: str, error: MismatchError) -> MismatchError:
+    """A mismatch of the reduction's call as the reproducible call's: dtypes, ops or counts differ."""
+    return MismatchError(
+        f"reproducible {collective}: the ranks' dtypes, ops or counts differ ({error})", error.fields
+    )
+
+
 @contextmanager
 def _mismatch_named(collective: str) -> Iterator[None]:
-    """A mismatch of the reduction's call raised as the reproducible call's: the ranks' dtypes, ops or
-    counts differ (a peer's bad input stays what it is)."""
+    """A mismatch of the reduction's call raised as the reproducible call's (:func:`_named`; a peer's bad
+    input stays what it is)."""
     try:
         yield
     except PeerInputError:
         raise
     except MismatchError as error:
-        raise MismatchError(
-            f"reproducible {collective}: the ranks' dtypes, ops or counts differ ({error})", error.fields
-        ) from error
+        raise _named(collective, error) from error
 
 
 def _gathered(
@@ -432,11 +500,15 @@ def reproducibly(
     elsewhere), or this rank's share.
     """
     group = communicator_of(comm)
-    if collective == "allreduce" and group.size == 2:
-        pair = plain_pair(x, op, out, group, check)
-        if pair is not None:  # the common call, its checks the plain call's
-            with _mismatch_named(collective):
-                return through.allreduce(x, pair, out=out, algorithm=algorithm, comm=group, check=check)
+    if collective == "allreduce" and group.size > 1:
+        plain = plain_op(x, op, out, group, check, algorithm)
+        if plain is not None:  # the common call, its checks the plain call's (no context manager: 0.7 us)
+            try:
+                return through.allreduce(x, plain[0], out=out, algorithm=plain[1], comm=group, check=check)
+            except PeerInputError:
+                raise
+            except MismatchError as error:
+                raise _named(collective, error) from error
     checks = checked(
         group, collective, lambda: check_call(collective, x, op, out, group, root, counts),
         algorithm=algorithm, check=check,
@@ -448,7 +520,11 @@ def reproducibly(
         extra = {"counts": counts} if collective == "reduce_scatter" else {}
         return run(x, op, out=out, algorithm=algorithm, comm=group, check=check, **extra)
     flat, name, shares, shape = checks
-    pair = pair_op(group.size, name_of(x.dtype), name, _checked(group, check))
+    dtype, checking = name_of(x.dtype), _checked(group, check)
+    pair = pair_op(group.size, dtype, name, checking)
+    if pair is None and collective != "reduce":  # no rooted reduce runs on shared memory
+        pair = rows_op(group, dtype, name, algorithm, checking)
+        algorithm = algorithm if pair is None else SHARED_MEMORY
     if pair is not None:
         with _mismatch_named(collective):
             return _paired(

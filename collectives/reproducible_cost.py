@@ -2,10 +2,12 @@
 
 The route is the one :mod:`collectives.reproducible_calls` takes for the call: at
 two ranks (float32 or float64, checked calls, the compiled engine running) the
-plain call with the reproducible sum of two contributions as its op; a small
-allreduce's contributions gathered by one bitwise-or allreduce and summed on
-each rank; elsewhere the codes agreed by an int8 max-allreduce, the words summed
-by the collective, and one rounding back. Each collective is predicted as
+plain call with the reproducible sum of two contributions as its op; at 3 to 64
+ranks that share one node's memory, the plain call on shared memory with the op
+that sums every rank's contribution at once; a small allreduce's contributions
+gathered by one bitwise-or allreduce and summed on each rank; elsewhere the codes
+agreed by an int8 max-allreduce, the words summed by the collective, and one
+rounding back. Each collective is predicted as
 ``explain`` predicts the plain call (the selector's choice for its count, dtype
 and op); the conversion's passes, which the cost model does not count, as
 multiples of its ``gamma`` (seconds per byte reduced), measured against a numpy
@@ -16,16 +18,16 @@ __all__ = ["PASSES", "reproducible_cost"]
 
 from .explanation import Explanation, ReproducibleCost, ReproducibleStep
 from .ops import INTEGER_DTYPES, itemsize
-from .reproducible import EXACT_IN_FLOAT64, family_of
-from .reproducible_calls import gathers, pair_op
+from .reproducible import EXACT_IN_FLOAT64, family_of, kernels
+from .reproducible_calls import SHARED_MEMORY, gathers, pair_op
 from .selector import Selector
 from .topology import Topology
 
-PASSES = {"codes": 1.0, "words": 1.5, "finish": 1.0, "row": 2.5}
+PASSES = {"codes": 1.0, "words": 1.5, "finish": 1.0, "row": 1.2}
 """Each conversion pass's time over a reduction of the same elements' bytes (the cost model's
-``gamma``): the codes, the cut into words, the rounding back, and per rank's row the sum of
-gathered rows and the op of two contributions (compiled loops, float32; bench reproducible's
-parts on a 2-core AMD EPYC, where a numpy sum takes 0.11 ns an element)."""
+``gamma``): the codes, the cut into words, the rounding back, and per rank's row the
+reproducible sum of raw rows (gathered, or the op's: compiled loops, float32, 0.1 to 0.2 ns an
+element a row on a 2-core AMD EPYC, where a numpy sum of two rows takes 0.16)."""
 
 
 def reproducible_cost(
@@ -94,6 +96,20 @@ def reproducible_cost(
         reduction = ReproducibleStep(
             "summed by the op", f"{collective} of {count} {name}, op {op} of two contributions",
             plain.choice, count * itemsize(name), chosen.time + heavier,
+        )  # fmt: skip
+        return ReproducibleCost(route, (reduction,), plain_time)
+    shared = next((c for c in plain.candidates if c.algorithm == SHARED_MEMORY), None)
+    summed_at_once = checked and name in ("float32", "float64") and kernels() is not None
+    if shared is not None and summed_at_once and 2 < size <= EXACT_IN_FLOAT64:
+        route = (
+            "on shared memory: the plain call by shared_memory, its op the reproducible sum of every "
+            "rank's raw contribution at once (each owner sums its share of all ranks' inputs); the plain "
+            "call's bytes"
+        )
+        heavier = (size * PASSES["row"] - 1) * shared.reduction  # the op's rows against a sum's one pass
+        reduction = ReproducibleStep(
+            "summed by the op", f"{collective} of {count} {name}, op {op} of every rank's contribution",
+            SHARED_MEMORY, count * itemsize(name), shared.time + heavier,
         )  # fmt: skip
         return ReproducibleCost(route, (reduction,), plain_time)
     if collective == "allreduce" and gathers(size, count, family.work.itemsize, checked):

@@ -12,6 +12,7 @@ import pytest
 
 import collectives as C
 from collectives import engine, reproducible, reproducible_calls
+from collectives.ops import get_op
 from collectives.reproducible import FAMILIES, WORD, family_of
 from tests.conftest import run_ranks
 from tests.reproducible_cases import DTYPES, contributions, model
@@ -192,14 +193,18 @@ def test_with_the_engine_off_a_process_gives_the_same_bits() -> None:
 
 @needs_loops
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_the_pair_kernel_gives_the_gathered_sums_bits_into_either_input(dtype: str) -> None:
-    parts = contributions(dtype, 2, 3000, seed=70)
+@pytest.mark.parametrize(("count", "seed"), [(3000, 70), (513, 71), (7, 72)])
+def test_the_pair_kernel_gives_the_gathered_sums_bits_into_either_input(
+    dtype: str, count: int, seed: int
+) -> None:
+    parts = contributions(dtype, 2, count, seed=seed)
+    parts[0][::5] = parts[1][::5] = np.finfo(dtype).max * 0.75  # sums past the largest value
     family = family_of(dtype)
     message = np.bitwise_or.reduce(
         [reproducible.gathered_message(p, family, 2, rank, (1, 2)) for rank, p in enumerate(parts)]
     )
-    for divide_by in (1, 2):
-        expected = reproducible.rows_sum(message, 3000, family, parts[0].dtype, divide_by=divide_by)
+    for divide_by in (1, 2, 3):  # a sum, a power of two, a divisor of other kinds
+        expected = reproducible.rows_sum(message, count, family, parts[0].dtype, divide_by=divide_by)
         assert expected is not None
         for into in ("new", "a", "b"):
             a, b = parts[0].copy(), parts[1].copy()
@@ -210,6 +215,84 @@ def test_the_pair_kernel_gives_the_gathered_sums_bits_into_either_input(dtype: s
             assert _bits(expected) == _bits(model(parts, dtype))
     with pytest.raises(ValueError, match="one float dtype and count"):
         engine.COMPILED.repro_pair(np.empty(3, dtype), parts[0][:3], parts[1][:4], 1)
+
+
+@needs_loops
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_engines_calls_take_the_reproducible_ops_with_repro_sum_rows_bits(dtype: str) -> None:
+    compiled = engine.COMPILED
+    a, b = contributions(dtype, 2, 3000, seed=71)
+    for op, divide_by in (("sum", 1), ("avg", 2)):
+        pair = reproducible_calls.pair_op(2, dtype, op, True)
+        assert pair is not None and pair.custom and pair.whole
+        name = pair.compiled_combine
+        assert name == f"repro_{op}" and engine.reduces(dtype, name)
+        expected = np.empty_like(a)
+        compiled.repro_pair(expected, a, b, divide_by)
+        out = np.empty_like(a)
+        compiled.combine(dtype, name, out, a, b)  # two ranks' loop
+        assert _bits(out) == _bits(expected), op
+        again = b.copy()
+        compiled.combine(dtype, name, again, a, again)  # into an input, as the small call's regions
+        assert _bits(again) == _bits(expected), op
+    for other in ("float16", "int32", "int64"):  # they sum float32 and float64 alone
+        assert not engine.reduces(other, "repro_sum") and not engine.reduces(other, "repro_avg")
+
+
+@needs_loops
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("ranks", [1, 2, 3, 5])
+def test_the_engines_small_call_sums_every_ranks_region_at_once(dtype: str, ranks: int) -> None:
+    """The repeated small call's reduction (run here without its barrier): every region in one sum."""
+    control, state = np.zeros(64, np.int64), np.zeros(4, np.int64)
+    words = [[8 * r + 1 for r in range(ranks)], [8 * r + 2 for r in range(ranks)]]
+    parts = contributions(dtype, ranks, 700, seed=73 + ranks)
+    regions = [[p.copy() for p in parts] for _ in range(2)]
+    for op in ("sum", "avg"):
+        slots = [8 * r for r in range(ranks)]
+        meeting = (control, state, slots, words, 4, 32, 0, dtype, f"repro_{op}", 16, 1e-3)
+        kernel = engine.COMPILED.SmallAllreduce(meeting=meeting, regions=regions, count=700)
+        out = np.empty_like(parts[0])
+        kernel.reduce(1, out)
+        expected = np.empty_like(out)
+        if ranks == 1:  # one rank's region is the result, as the Python path copies it
+            expected[...] = parts[0]
+        else:
+            engine.COMPILED.repro_sum_rows(expected, parts, ranks if op == "avg" else 1)
+        assert _bits(out) == _bits(expected), op
+    if ranks > 2:
+        assert _bits(expected) == _bits(model(parts, dtype, divide_by=ranks))  # the avg's, by definition
+
+
+@needs_loops
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_sum_of_rows_gives_the_gathered_sums_bits(dtype: str) -> None:
+    family = family_of(dtype)
+    for ranks, seed in ((3, 74), (4, 75), (8, 76), (64, 77)):
+        parts = contributions(dtype, ranks, 1100, seed=seed)
+        parts[0][::9] = parts[1][::9] = np.finfo(dtype).max * 0.75  # partial sums past the largest value
+        parts[2][::9] = -parts[0][::9]
+        message = np.bitwise_or.reduce(
+            [reproducible.gathered_message(p, family, ranks, rank, (1, 2)) for rank, p in enumerate(parts)]
+        )
+        for divide_by in (1, 4, ranks):
+            expected = reproducible.rows_sum(message, 1100, family, parts[0].dtype, divide_by=divide_by)
+            assert expected is not None
+            into = parts[1].copy()  # into one of the rows
+            engine.COMPILED.repro_sum_rows(into, [*parts[:1], into, *parts[2:]], divide_by)
+            assert _bits(into) == _bits(expected), (ranks, divide_by)
+    with pytest.raises(ValueError, match="one float dtype and count"):
+        engine.COMPILED.repro_sum_rows(np.empty(3, dtype), [parts[0][:3], parts[1][:4], parts[2][:3]], 1)
+    with pytest.raises(ValueError, match="1 to 64 rows"):
+        engine.COMPILED.repro_sum_rows(np.empty(3, dtype), [], 1)
+
+
+def test_only_the_reproducible_ops_among_custom_ops_name_a_compiled_combine() -> None:
+    assert C.Op(np.logaddexp).compiled_combine is None
+    assert C.Op(lambda a, b: a + b, name="plus").compiled_combine is None
+    assert get_op("sum").compiled_combine == "sum" and get_op("avg").compiled_combine == "sum"
+    names = {p.compiled_combine for p in reproducible_calls._PAIRS.values()}
+    assert names == {"repro_sum", "repro_avg"}
 
 
 @needs_loops
@@ -245,7 +328,7 @@ def test_two_ranks_sum_by_the_pair_op_with_every_algorithm(
     ranks = run_ranks(2, call)
     with monkeypatch.context() as patched:  # the same call without the pair op: gathered
         patched.setattr(reproducible_calls, "pair_op", lambda *args: None)
-        patched.setattr(reproducible_calls, "plain_pair", lambda *args: None)
+        patched.setattr(reproducible_calls, "plain_op", lambda *args: None)
         averages = run_ranks(
             2, lambda comm: C.allreduce(parts[comm.rank], "avg", reproducible=True, comm=comm)
         )

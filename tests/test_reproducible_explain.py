@@ -7,8 +7,13 @@ from collectives import reproducible
 from collectives.explanation import Explanation
 
 
-def _explained(collective: str, count: int, dtype: str, size: int, op: str = "sum") -> Explanation:
-    return C.explain(collective, count, dtype, world_size=size, ranks_per_node=size, op=op, reproducible=True)
+def _explained(
+    collective: str, count: int, dtype: str, size: int, op: str = "sum", per_node: int | None = None
+) -> Explanation:
+    """``per_node``: ranks to a node (by default all on one, sharing its memory; 1: none share memory)."""
+    return C.explain(
+        collective, count, dtype, world_size=size, ranks_per_node=per_node or size, op=op, reproducible=True
+    )
 
 
 @pytest.mark.skipif(reproducible.kernels() is None, reason="the two ranks' op needs the compiled engine")
@@ -27,8 +32,26 @@ def test_two_ranks_cost_the_plain_call_with_a_heavier_reduction(dtype: str) -> N
     assert f"reproducible {cost.time * 1e6:.2f} us" in repr(explained)
 
 
+@pytest.mark.skipif(reproducible.kernels() is None, reason="the op of every rank needs the compiled engine")
+@pytest.mark.parametrize(
+    ("collective", "dtype", "size"), [("allreduce", "float32", 4), ("reduce_scatter", "float64", 3)]
+)
+def test_ranks_of_one_node_cost_the_plain_call_on_shared_memory_with_a_heavier_reduction(
+    collective: str, dtype: str, size: int
+) -> None:
+    explained = _explained(collective, 1 << 18, dtype, size)
+    cost = explained.reproducible
+    assert cost is not None and cost.route.startswith("on shared memory")
+    (step,) = cost.steps
+    shared = next(c for c in explained.candidates if c.algorithm == "shared_memory")
+    assert step.algorithm == "shared_memory" and step.nbytes == (1 << 18) * (4 if dtype == "float32" else 8)
+    assert shared.time < step.seconds == cost.time
+    assert _explained(collective, 1 << 18, "float16", size).reproducible.route.startswith("two collectives")
+    assert _explained(collective, 1 << 18, dtype, size, per_node=1).reproducible.route.startswith("two")
+
+
 def test_a_small_allreduce_of_a_few_ranks_is_gathered() -> None:
-    cost = _explained("allreduce", 1000, "float32", 4).reproducible
+    cost = _explained("allreduce", 1000, "float32", 4, per_node=1).reproducible
     assert cost is not None and cost.route.startswith("gathered")
     gathered, summed = cost.steps
     assert gathered.work == "allreduce of 4008 int32, op bor" and gathered.nbytes == 4 * 1002 * 4
@@ -45,7 +68,7 @@ def test_a_large_call_costs_two_collectives_and_the_conversion(
     collective: str, dtype: str, size: int, wire: str, per: int
 ) -> None:
     count = 1 << 18
-    explained = _explained(collective, count, dtype, size)
+    explained = _explained(collective, count, dtype, size, per_node=1)
     cost = explained.reproducible
     assert cost is not None and cost.route.startswith("two collectives") and cost.note is not None
     names = [s.name for s in cost.steps]
@@ -59,14 +82,14 @@ def test_a_large_call_costs_two_collectives_and_the_conversion(
     assert cost.time == pytest.approx(sum(s.seconds for s in cost.steps))
     assert cost.time > cost.plain > 0
     # the words' collective is predicted as explain predicts that plain call
-    alone = C.explain(collective, count * per, wire, world_size=size, ranks_per_node=size)
+    alone = C.explain(collective, count * per, wire, world_size=size, ranks_per_node=1)
     assert steps["words summed"].algorithm == alone.choice
     predicted = next(c.time for c in alone.candidates if c.algorithm == alone.choice)
     assert steps["words summed"].seconds == pytest.approx(predicted)
 
 
 def test_unchecked_calls_are_not_gathered_and_integers_cost_nothing_more() -> None:
-    checked = _explained("allreduce", 100, "float32", 4).reproducible
+    checked = _explained("allreduce", 100, "float32", 4, per_node=1).reproducible
     assert checked is not None and checked.route.startswith("gathered")
     comm = C.Communicator(check=False)
     try:
