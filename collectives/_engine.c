@@ -29,6 +29,12 @@
 #include <time.h>
 
 enum { DONE = 0, LATE = 1, MISMATCH = 2 };
+/* A barrier's spin before it yields the core, adapted to how late the peers come: a yield where another
+ * process wants the core costs a time slice (milliseconds), so a barrier spins up to SPIN_MOST_S while
+ * its peers come within the spin; where they come later (a peer shares its core with another process),
+ * the spin halves down to SPIN_LEAST_S, so that the core goes to the peer soon. */
+#define SPIN_MOST_S 20e-6
+#define SPIN_LEAST_S 1e-6
 enum { MAX_RANKS = 64 };
 
 typedef enum { F32, F64, I8, U8, I16, U16, I32, U32, I64, U64 } Kind;
@@ -50,6 +56,7 @@ typedef struct {
     Py_ssize_t message_bytes;               /* a posted signature's room */
     long spin_polls;
     double spin_seconds;
+    double spin_budget; /* how long the next wait spins before it yields (adapted: meeting_pass) */
 } Meeting;
 
 typedef struct {
@@ -278,6 +285,7 @@ static int meeting_init(Meeting *m, PyObject *control, PyObject *state, PyObject
     m->rank = rank;
     m->spin_polls = spin_polls;
     m->spin_seconds = spin_seconds;
+    m->spin_budget = SPIN_MOST_S;
     m->digest_offset = digest_offset;
     if (PyObject_GetBuffer(control, &m->control, PyBUF_WRITABLE) < 0) return -1;
     Py_ssize_t words_in_control = m->control.len / 8;
@@ -440,22 +448,29 @@ static int meeting_pass(Meeting *m, int64_t number) {
     __atomic_store_n(&m->numbers[m->own_slot], number, __ATOMIC_RELEASE);
     m->state[0] = number;
     long polls = 0;
+    int yielding = m->spin_polls == 0; /* an oversubscribed node's ranks yield at once */
     double began = 0.0;
     for (int p = 0; p < m->size - 1; p++) {
         while (__atomic_load_n(&m->numbers[m->peer_slots[p]], __ATOMIC_ACQUIRE) < number) {
             polls++;
-            if (polls > m->spin_polls) { /* the core to a late peer, the interpreter to other threads */
+            if (yielding) { /* the core to a late peer, the interpreter to other threads */
                 Py_BEGIN_ALLOW_THREADS
                 sched_yield();
                 Py_END_ALLOW_THREADS
             }
-            if ((polls & 63) == 0) {
+            if (yielding || (polls & 63) == 0) {
                 double t = now_s();
                 if (began == 0.0) began = t;
                 else if (t - began >= m->spin_seconds) return LATE;
+                else if (!yielding && polls > m->spin_polls && t - began >= m->spin_budget) {
+                    yielding = 1; /* the peer is slower than the spin: spin less next time */
+                    m->spin_budget = m->spin_budget / 2 > SPIN_LEAST_S ? m->spin_budget / 2 : SPIN_LEAST_S;
+                }
             }
         }
     }
+    if (!yielding && polls) /* passed while spinning: spin a little longer next time, up to the most */
+        m->spin_budget = m->spin_budget * 1.25 < SPIN_MOST_S ? m->spin_budget * 1.25 : SPIN_MOST_S;
     m->state[1] = number;
     return DONE;
 }

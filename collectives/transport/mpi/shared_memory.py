@@ -53,12 +53,13 @@ on 2 cores spinning first took 2-4x longer, so an oversubscribed node yields at 
 """
 
 ENGINE_SPIN_SCALE = 16
-"""The compiled engine's polls before yielding, as a multiple of :data:`SPIN_POLLS` (none stays none).
+"""The compiled engine's polls before it may yield, as a multiple of :data:`SPIN_POLLS` (none stays none).
 
 A poll in C costs a few nanoseconds against the interpreter's hundred, so the engine's
-64 polls yielded the core before a peer a microsecond behind arrived. Measured at 2 ranks
-on 2 cores, 8 B ``p()`` of a persistent allreduce, three launches each: 1.26-1.28 us at 1x,
-1.04-1.06 us at 16x, 64x and 256x alike.
+64 polls yielded the core before a peer a microsecond behind arrived (8 B ``p()`` at 2 ranks
+on 2 cores: 1.26-1.28 us at 1x, 1.04-1.06 us at 16x, 64x and 256x alike). Past these polls
+the engine spins on for a time it adapts (``meeting_pass`` in ``_engine.c``: up to 20 us while
+the peers come within it, halving down to 1 us where they come later), then yields.
 """
 
 BROKEN_FREE_WAIT_S = 2.0
