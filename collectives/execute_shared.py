@@ -37,6 +37,7 @@ __all__ = [
     "OVERSUBSCRIBED_SEGMENT_BYTES",
     "SEGMENT_BYTES",
     "SMALL_TOTAL_BYTES",
+    "WHOLE_SMALL_TOTAL_BYTES",
     "Barrier",
     "SharedExecutor",
     "oversubscribed",
@@ -83,6 +84,15 @@ in one launch): at 2 ranks 512 KiB took 0.31x MPICH in one barrier against 0.51x
 (:mod:`collectives.settings_agreement`), so they agree on the path; the communicator passes it.
 """
 
+
+WHOLE_SMALL_TOTAL_BYTES = 1 << 17
+""":data:`SMALL_TOTAL_BYTES` for an op that combines every rank's part at once (the reproducible sum's)
+at more than two ranks: past it each owner combines its share of all parts instead of every rank all.
+
+Measured at 4 ranks on 2 cores (``bench reproducible``, ratio to the default allreduce in one launch):
+with one barrier up to 1 MiB in all, 64 KiB took 2.13x, 128 KiB 2.18x, 256 KiB 2.11x; past 128 KiB in
+all, 1.59x, 1.42x and 1.22x; past 32 KiB, 16 KiB lost (2.18x against 1.85x).
+"""
 
 SEGMENT_BYTES = 1 << 19
 """Bytes of each rank's share that one segment takes through the window (measured, see the module).
@@ -138,6 +148,10 @@ class SharedExecutor:
         self._bases: list[int | None] = []  # the address of this rank's part of each
         self._scratches: dict[tuple[str, Any], Any] = {}
         self._small_bytes = min(small_total_bytes // size, self._half)
+        # an op that combines every rank's part at once costs more than a copy: each rank of a
+        # one-barrier call would combine all of it, an owner of a segmented one only its share
+        whole = min(WHOLE_SMALL_TOTAL_BYTES // size, self._half)
+        self._whole_small_bytes = self._small_bytes if size <= 2 else min(whole, self._small_bytes)
         # per (backend, dtype, count, half): this rank's part of the half and every rank's, as arrays
         self._smalls: dict[tuple[str, Any, int, int], tuple[Any, list[Any]]] = {}
 
@@ -294,7 +308,7 @@ class SharedExecutor:
         others' ``out``: three barriers, and no copy through the window.
         """
         count = x.shape[0]
-        if count * x.itemsize <= self._small_bytes:  # all inputs together within the small total
+        if count * x.itemsize <= self._limit(op):  # all inputs together within the small total
             regions = self._through_window(backend, x, barrier)
             self.reduce(backend, op, out, regions)
             return
@@ -347,13 +361,17 @@ class SharedExecutor:
         """Whether :meth:`allreduce` of ``x`` into ``out`` goes through the window (not zero-copy)."""
         return self._locate(x) is None or self._locate(out) is None
 
-    def small(self, nbytes: int) -> bool:
-        """Whether an allreduce of ``nbytes`` per rank may go through :meth:`allreduce_small`.
+    def small(self, nbytes: int, op: ReduceOp) -> bool:
+        """Whether an allreduce of ``nbytes`` per rank with ``op`` may go through :meth:`allreduce_small`.
 
         Its inputs on all ranks together fit :data:`SMALL_TOTAL_BYTES` (where the compiled engine
-        runs, :data:`COMPILED_SMALL_TOTAL_BYTES`): the same on every rank of a matching call.
+        runs, :data:`COMPILED_SMALL_TOTAL_BYTES`; for an op that is ``whole`` at more than two ranks,
+        :data:`WHOLE_SMALL_TOTAL_BYTES`): the same on every rank of a matching call.
         """
-        return nbytes <= self._small_bytes
+        return nbytes <= self._limit(op)
+
+    def _limit(self, op: ReduceOp) -> int:
+        return self._whole_small_bytes if op.whole else self._small_bytes
 
     def allreduce_small(
         self, backend: ArrayBackend, out: Any, x: Any, op: ReduceOp, barrier: Barrier = unbounded
@@ -419,7 +437,7 @@ class SharedExecutor:
         edge = bounds(tuple(shares))
         if not any(shares):
             return
-        if x.shape[0] * x.itemsize <= self._small_bytes:  # as allreduce: one barrier, x copied whole
+        if x.shape[0] * x.itemsize <= self._limit(op):  # as allreduce: one barrier, x copied whole
             regions = self._through_window(backend, x, barrier)
             lo, hi = edge[rank], edge[rank + 1]
             self.reduce(backend, op, out, [region[lo:hi] for region in regions])

@@ -114,7 +114,7 @@ class LeanAllreduce(LeanCore):
         self._call: Call | None = None
         self._entry: Starts | None = None
         signature = guard.signature
-        small = self._small = executor.small(signature.count * itemsize(signature.dtype))
+        small = self._small = executor.small(signature.count * itemsize(signature.dtype), op)
         # a call whose inputs together fit the small window skips the executor's choice of path
         self._run = executor.allreduce_small if small else executor.allreduce
         self._views: tuple[tuple[Any, list[Any]], ...] | None = None  # the small calls': made by the first

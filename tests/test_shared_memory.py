@@ -182,3 +182,18 @@ def test_a_barrier_spins_only_where_every_rank_has_a_core(monkeypatch: pytest.Mo
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     assert spin_polls(1) == spin_polls(2) == SPIN_POLLS > 0
     assert spin_polls(3) == spin_polls(4) == 0
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_an_op_combining_all_parts_at_once_has_a_smaller_one_barrier_window(size: int) -> None:
+    """Past ``WHOLE_SMALL_TOTAL_BYTES`` at 3 ranks or more each owner sums its share, not each rank all."""
+    from collectives.execute_shared import SMALL_TOTAL_BYTES, WHOLE_SMALL_TOTAL_BYTES
+    from collectives.reproducible_calls import _RowsSum
+
+    world = ThreadWorld(size, region_bytes=2 * SMALL_TOTAL_BYTES)
+    executor = SharedExecutor(world.memory(0), 0, size)
+    plain, whole = get_op("sum"), _RowsSum("float32", "sum", size)
+    limit = SMALL_TOTAL_BYTES // size
+    assert executor.small(limit, plain) and not executor.small(limit + 1, plain)
+    whole_limit = limit if size == 2 else WHOLE_SMALL_TOTAL_BYTES // size
+    assert executor.small(whole_limit, whole) and not executor.small(whole_limit + 1, whole)
