@@ -247,11 +247,37 @@ static void meeting_release(Meeting *m) {
     if (m->state_buffer.obj) PyBuffer_Release(&m->state_buffer);
 }
 
+/* every rank's region by half, as buffers: regions_take fills them (each at least `least` bytes) */
+static void regions_release(Py_buffer regions[2][MAX_RANKS]) {
+    for (int h = 0; h < 2; h++)
+        for (int r = 0; r < MAX_RANKS; r++)
+            if (regions[h][r].obj) PyBuffer_Release(&regions[h][r]);
+    memset(regions, 0, 2 * MAX_RANKS * sizeof(Py_buffer));
+}
+
+static int regions_take(Py_buffer regions[2][MAX_RANKS], PyObject *by_half, int size, Py_ssize_t least,
+                        const char *short_message) {
+    for (int h = 0; h < 2; h++) {
+        PyObject *by_rank = PySequence_GetItem(by_half, h);
+        if (!by_rank) return -1;
+        for (int r = 0; r < size; r++) {
+            PyObject *region = PySequence_GetItem(by_rank, r);
+            int failed = !region || PyObject_GetBuffer(region, &regions[h][r], PyBUF_WRITABLE) < 0;
+            Py_XDECREF(region);
+            if (failed || regions[h][r].len < least) {
+                Py_DECREF(by_rank);
+                if (!failed) PyErr_SetString(PyExc_ValueError, short_message);
+                return -1;
+            }
+        }
+        Py_DECREF(by_rank);
+    }
+    return 0;
+}
+
 static void release_all(SmallAllreduce *self) {
     meeting_release(&self->m);
-    for (int t = 0; t < 2; t++)
-        for (int r = 0; r < MAX_RANKS; r++)
-            if (self->regions[t][r].obj) PyBuffer_Release(&self->regions[t][r]);
+    regions_release(self->regions);
 }
 
 static void small_dealloc(SmallAllreduce *self) {
@@ -365,30 +391,11 @@ static int small_init(SmallAllreduce *self, PyObject *args, PyObject *kwargs) {
     Py_ssize_t count;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOn", names, &meeting, &regions, &count)) return -1;
     release_all(self);
-    memset(self->regions, 0, sizeof self->regions);
     if (meeting_parse(&self->m, meeting, &self->kind, &self->op) < 0) return -1;
     self->count = count;
     self->nbytes = count * item_size(self->kind);
-    for (int turn = 0; turn < 2; turn++) {
-        PyObject *half = PySequence_GetItem(regions, turn);
-        if (!half) return -1;
-        for (Py_ssize_t r = 0; r < self->m.size; r++) {
-            PyObject *region = PySequence_GetItem(half, r);
-            int failed = !region || PyObject_GetBuffer(region, &self->regions[turn][r], PyBUF_WRITABLE) < 0;
-            Py_XDECREF(region);
-            if (failed) {
-                Py_DECREF(half);
-                return -1;
-            }
-            if (self->regions[turn][r].len < self->nbytes) {
-                Py_DECREF(half);
-                PyErr_SetString(PyExc_ValueError, "a small region is shorter than the call's input");
-                return -1;
-            }
-        }
-        Py_DECREF(half);
-    }
-    return 0;
+    return regions_take(self->regions, regions, self->m.size, self->nbytes,
+                        "a small region is shorter than the call's input");
 }
 
 static int get_buffers(Py_ssize_t nbytes, PyObject *work, PyObject *source, Py_buffer *out, Py_buffer *in) {
@@ -651,9 +658,7 @@ typedef struct {
 
 static void segmented_release(SegmentedAllreduce *self) {
     meeting_release(&self->m);
-    for (int h = 0; h < 2; h++)
-        for (int r = 0; r < MAX_RANKS; r++)
-            if (self->halves[h][r].obj) PyBuffer_Release(&self->halves[h][r]);
+    regions_release(self->halves);
 }
 
 static void segmented_dealloc(SegmentedAllreduce *self) {
@@ -669,7 +674,6 @@ static int segmented_init(SegmentedAllreduce *self, PyObject *args, PyObject *kw
                                      &slot))
         return -1;
     segmented_release(self);
-    memset(self->halves, 0, sizeof self->halves);
     self->stage = SEGMENT_IDLE;
     if (meeting_parse(&self->m, meeting, &self->kind, &self->op) < 0) return -1;
     int size = self->m.size;
@@ -702,23 +706,8 @@ static int segmented_init(SegmentedAllreduce *self, PyObject *args, PyObject *kw
         }
         Py_DECREF(by_rank);
     }
-    Py_ssize_t need = (size + 1) * slot * self->itemsize;
-    for (int h = 0; h < 2; h++) {
-        PyObject *by_rank = PySequence_GetItem(halves, h);
-        if (!by_rank) return -1;
-        for (int r = 0; r < size; r++) {
-            PyObject *region = PySequence_GetItem(by_rank, r);
-            int failed = !region || PyObject_GetBuffer(region, &self->halves[h][r], PyBUF_WRITABLE) < 0;
-            Py_XDECREF(region);
-            if (failed || self->halves[h][r].len < need) {
-                Py_DECREF(by_rank);
-                if (!failed) PyErr_SetString(PyExc_ValueError, "a half of a region is shorter than its slots");
-                return -1;
-            }
-        }
-        Py_DECREF(by_rank);
-    }
-    return 0;
+    return regions_take(self->halves, halves, size, (size + 1) * slot * self->itemsize,
+                        "a half of a region is shorter than its slots");
 }
 
 /* the part of owner r's share that the segment at `start` takes: [*lo, *hi) */
@@ -798,18 +787,12 @@ static int segmented_go(SegmentedAllreduce *self, char *out, const char *in) {
     }
 }
 
-static int segmented_buffers(SegmentedAllreduce *self, PyObject *work, PyObject *source, Py_buffer *out,
-                             Py_buffer *in) {
-    return get_buffers(self->count * self->itemsize, work, source, out, in);
-}
-
 static PyObject *segmented_step(SegmentedAllreduce *self, PyObject *work, PyObject *source) {
     Py_buffer out, in;
-    if (segmented_buffers(self, work, source, &out, &in) < 0) return NULL;
-    int status = segmented_go(self, out.buf, in.buf);
+    if (get_buffers(self->count * self->itemsize, work, source, &out, &in) < 0) return NULL;
+    int status = segmented_go(self, out.buf, in.buf); /* DONE leaves the stage idle */
     if (in.obj) PyBuffer_Release(&in);
     PyBuffer_Release(&out);
-    if (status != LATE) self->stage = status == DONE ? SEGMENT_IDLE : self->stage;
     return status < 0 ? NULL : PyLong_FromLong(status);
 }
 

@@ -190,8 +190,8 @@ class LeanAllreduce(LeanCore):
                 status = kernel.run(turn, work, source, sequence, packed, digest)
                 if status:
                     self._compiled_waits(status, turn, work, digest)
-            elif not self._segments_asked or self._segments is not None:
-                self._segmented(work, source, watchdog.check if check is None else check)
+            elif (segments := self._segments_for(work, source)) is not None:
+                self._segmented(segments, work, source, watchdog.check if check is None else check)
             elif self._small and self.size > 1:
                 if watchdog.check if check is None else check:
                     self.guard.stamp(sequence, watchdog.tag)
@@ -209,27 +209,27 @@ class LeanAllreduce(LeanCore):
             raise
         self._end(work, sequence, began, released=False)
 
-    def _segmented(self, work: Any, source: Any, check: bool) -> None:
-        """A call past the small window, segment by segment: the engine's twin of the executor's path.
+    def _segments_for(self, work: Any, source: Any) -> Any:
+        """The engine's segmented call for this call past the small window, or None (the executor's path).
 
-        Where the engine takes it (made by the first such call) and the call goes
-        through the window, one call into the engine, which hands back a late barrier
-        to wait on as a Call (its signature compared after, at the first), differing
-        signatures or notes to raise on; else the executor's path.
+        Made by the first such call where the engine takes the dtype and op; a call
+        takes it where it goes through the window (not the zero-copy path).
         """
-        kernel, executor = self._segments, self.executor
-        if kernel is None:
+        if not self._segments_asked:
             self._segments_asked = True
             combine = self.op.compiled_combine
             if self.backend.name == "numpy" and combine is not None and not self.guard.outgoing:
-                kernel = self._segments = executor.segmented_kernel(self.backend, source, combine, SPIN_S)
-        if kernel is None or not executor.through_window(work, source):
-            if check:
-                self.guard.stamp(self._sequence, self.watchdog.tag)
-                self._pending = True
-            self._run(self.backend, work, source, self.op, self.barrier)
-            return
-        guard = self.guard
+                self._segments = self.executor.segmented_kernel(self.backend, source, combine, SPIN_S)
+        kernel = self._segments
+        return kernel if kernel is not None and self.executor.through_window(work, source) else None
+
+    def _segmented(self, kernel: Any, work: Any, source: Any, check: bool) -> None:
+        """A call past the small window in one call into the engine, the twin of the executor's path.
+
+        The engine hands back a late barrier to wait on as a Call (its signature
+        compared after, at the first), and differing signatures or notes to raise on.
+        """
+        executor, guard = self.executor, self.guard
         if check:
             guard.stamp(self._sequence, self.watchdog.tag)
             packed, digest = guard.packed, guard.digest
