@@ -994,6 +994,7 @@ typedef struct {
 } LeanCore;
 
 static PyObject *s_record, *s_turn, *s_stamp, *s_digest, *s_packed, *s_last, *s_starts, *s_on, *s_new_entry;
+static PyObject *s_shape, *s_dtype, *s_lean, *s_debug, *s_in_place, *s_failed;
 
 static int get_long(PyObject *object, PyObject *name, long long *value) {
     PyObject *got = PyObject_GetAttr(object, name);
@@ -1021,19 +1022,17 @@ static int is_true(PyObject *object, PyObject *name) {
 
 /* start(work, source) -> -1 not taken (nothing done), 0 done, 1 a rank is late, 2 signatures differ,
  * 3 done but for the end's late check or average (claim given back) */
-static PyObject *core_start(LeanCore *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "start(work, source)");
-        return NULL;
-    }
+enum { FAILED = -2 }; /* core_run's status where an exception is set */
+
+static int core_run(LeanCore *self, PyObject *work, PyObject *source) {
     if (!self->kernel || !PyObject_TypeCheck(self->kernel, &SmallAllreduceType) || !self->watchdog ||
         !PyObject_TypeCheck(self->watchdog, &WatchdogCoreType) || !self->executor || !self->guard ||
         !self->tracer)
-        return PyLong_FromLong(NOT_TAKEN);
+        return NOT_TAKEN;
     WatchdogCore *watchdog = (WatchdogCore *)self->watchdog;
     if (watchdog->broken && watchdog->broken != Py_None)
-        return PyLong_FromLong(NOT_TAKEN); /* the Python path refuses it, naming why */
-    if (!claim_take(watchdog)) return PyLong_FromLong(NOT_TAKEN); /* the Python path's claim raises, naming the thread */
+        return NOT_TAKEN; /* the Python path refuses it, naming why */
+    if (!claim_take(watchdog)) return NOT_TAKEN; /* the Python path's claim raises, naming the thread */
     /* claimed: from here an error is the call's, which the caller ends */
     watchdog->claimed_by = PyThread_get_thread_ident();
     double began = now_s(); /* CLOCK_MONOTONIC: time.monotonic's clock */
@@ -1051,23 +1050,23 @@ static PyObject *core_start(LeanCore *self, PyObject *const *args, Py_ssize_t na
             counted = last == self->entry;
             Py_XDECREF(last);
         }
-        if (PyErr_Occurred()) return NULL;
+        if (PyErr_Occurred()) return FAILED;
     }
     if (counted) { /* no other call since: count it in */
         long long starts;
         if (set_long(self->entry, s_last, sequence) < 0 || get_long(self->entry, s_starts, &starts) < 0 ||
             set_long(self->entry, s_starts, starts + 1) < 0)
-            return NULL;
+            return FAILED;
     } else {
         PyObject *number = PyLong_FromLongLong(sequence);
         PyObject *made = number ? PyObject_CallMethodOneArg((PyObject *)self, s_new_entry, number) : NULL;
         Py_XDECREF(number);
-        if (!made) return NULL;
+        if (!made) return FAILED;
         Py_DECREF(made);
     }
     PyObject *check = (self->check && self->check != Py_None) ? self->check : watchdog->check;
     int checked = check ? PyObject_IsTrue(check) : 0;
-    if (checked < 0) return NULL;
+    if (checked < 0) return FAILED;
     long long digest = 0;
     PyObject *packed = NULL;
     if (checked) {
@@ -1076,35 +1075,35 @@ static PyObject *core_start(LeanCore *self, PyObject *const *args, Py_ssize_t na
             PyObject *number = PyLong_FromLongLong(sequence);
             PyObject *done = number ? PyObject_CallMethodObjArgs(self->guard, s_stamp, number, tag, NULL) : NULL;
             Py_XDECREF(number);
-            if (!done) return NULL;
+            if (!done) return FAILED;
             Py_DECREF(done);
             Py_XSETREF(self->tag, Py_NewRef(tag));
         }
         if (!self->packed) { /* the stamp writes the same bytearray in place: read once */
             self->packed = PyObject_GetAttr(self->guard, s_packed);
-            if (!self->packed) return NULL;
+            if (!self->packed) return FAILED;
         }
-        if (get_long(self->guard, s_digest, &digest) < 0) return NULL;
+        if (get_long(self->guard, s_digest, &digest) < 0) return FAILED;
         packed = Py_NewRef(self->packed);
     }
     long long turn;
     if (get_long(self->executor, s_turn, &turn) < 0 || set_long(self->executor, s_turn, turn ^ 1) < 0) {
         Py_XDECREF(packed);
-        return NULL;
+        return FAILED;
     }
     self->turn = (int)turn;
     self->barriers = 1;
     self->posted = digest;
-    int status = small_call((SmallAllreduce *)self->kernel, (long)turn, args[0], args[1], sequence, packed, digest);
+    int status = small_call((SmallAllreduce *)self->kernel, (long)turn, work, source, sequence, packed, digest);
     Py_XDECREF(packed);
-    if (status < 0) return NULL;
-    if (status != DONE) return PyLong_FromLong(status);
+    if (status < 0) return FAILED;
+    if (status != DONE) return status;
     /* the call's end: the claim given back; the late check, a trace record or an average: Python's */
     watchdog->claimed_by = 0;
     claim_give(watchdog);
-    if (began - watchdog->last_began >= watchdog->late_after || self->averages) return PyLong_FromLong(FINISH);
+    if (began - watchdog->last_began >= watchdog->late_after || self->averages) return FINISH;
     int traced = is_true(self->tracer, s_on);
-    if (traced < 0) return NULL;
+    if (traced < 0) return FAILED;
     if (traced) { /* the trace's record of a lean repeat, as LeanAllreduce's end appends it */
         PyObject *record = PyObject_GetAttr(self->tracer, s_record);
         PyObject *tag = watchdog->tag ? watchdog->tag : Py_None;
@@ -1112,11 +1111,102 @@ static PyObject *core_start(LeanCore *self, PyObject *const *args, Py_ssize_t na
         PyObject *done = item ? PyObject_CallOneArg(record, item) : NULL;
         Py_XDECREF(record);
         Py_XDECREF(item);
-        if (!done) return NULL;
+        if (!done) return FAILED;
         Py_DECREF(done);
     }
     watchdog->last_began = began;
-    return PyLong_FromLong(DONE);
+    return DONE;
+}
+
+/* An error raised inside a call (set): where the call holds its claim, it is the call's, which
+ * LeanAllreduce._failed ends (the claim given back, the Call's record), as the Python path does. */
+static void core_failed(LeanCore *self) {
+    PyObject *lean = (PyObject *)self;
+    if (((WatchdogCore *)self->watchdog)->claimed_by != PyThread_get_thread_ident()) return;
+    PyObject *type, *value, *trace;
+    PyErr_Fetch(&type, &value, &trace);
+    PyErr_NormalizeException(&type, &value, &trace);
+    if (trace) PyException_SetTraceback(value, trace);
+    PyObject *ended = PyObject_CallMethodOneArg(lean, s_failed, value);
+    if (ended) {
+        Py_DECREF(ended);
+        PyErr_Restore(type, value, trace);
+    } else { /* its own error goes up, this one its context */
+        Py_XDECREF(type);
+        Py_XDECREF(trace);
+        PyObject *ftype, *fvalue, *ftrace;
+        PyErr_Fetch(&ftype, &fvalue, &ftrace);
+        PyErr_NormalizeException(&ftype, &fvalue, &ftrace);
+        if (fvalue && value) PyException_SetContext(fvalue, value); /* steals value */
+        else Py_XDECREF(value);
+        PyErr_Restore(ftype, fvalue, ftrace);
+    }
+}
+
+static PyObject *core_start(LeanCore *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "start(work, source)");
+        return NULL;
+    }
+    int status = core_run(self, args[0], args[1]);
+    if (status != FAILED) return PyLong_FromLong(status);
+    core_failed(self);
+    return NULL;
+}
+
+/* repeat_in_place(kept, x, op, algorithm, check) -> x: done; None: not taken, nothing done; or
+ * (lean, status): the call started, for the Python path to go on with (LeanAllreduce.went_on)
+ *
+ * A plain in-place allreduce's repeat in one call: its key as collectives.repeats.find_repeat makes it
+ * for an in-place call, the kept decisions' lean path (not while the watchdog's debug log is on), the
+ * arrays' check (RepeatedAllreduce.fits: C-contiguous and writable) and the lean call's start. */
+static PyTypeObject LeanCoreType;
+
+static PyObject *lean_of(PyObject *kept, PyObject *const *args) {
+    PyObject *x = args[1];
+    PyObject *shape = PyObject_GetAttr(x, s_shape);
+    PyObject *dtype = shape ? PyObject_GetAttr(x, s_dtype) : NULL;
+    PyObject *key = dtype ? PyTuple_Pack(7, (PyObject *)Py_TYPE(x), shape, dtype, args[2], args[3], s_in_place,
+                                         args[4])
+                          : NULL;
+    Py_XDECREF(shape);
+    Py_XDECREF(dtype);
+    PyObject *repeat = key ? PyDict_GetItemWithError(kept, key) : NULL; /* borrowed */
+    Py_XDECREF(key);
+    PyObject *lean = repeat ? PyObject_GetAttr(repeat, s_lean) : NULL;
+    if (!lean || !PyObject_TypeCheck(lean, &LeanCoreType) || !((LeanCore *)lean)->watchdog ||
+        !PyObject_TypeCheck(((LeanCore *)lean)->watchdog, &WatchdogCoreType) ||
+        is_true(((LeanCore *)lean)->watchdog, s_debug) != 0) {
+        PyErr_Clear(); /* not kept, or not an array: the full path decides, and names any problem */
+        Py_XDECREF(lean);
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(x, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear(); /* the full path copies a strided array, and names a read-only one */
+        Py_DECREF(lean);
+        return NULL;
+    }
+    PyBuffer_Release(&view);
+    return lean;
+}
+
+static PyObject *engine_repeat_in_place(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 || !PyDict_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "repeat_in_place(kept: dict, x, op, algorithm, check)");
+        return NULL;
+    }
+    PyObject *lean = lean_of(args[0], args);
+    if (!lean) Py_RETURN_NONE;
+    int status = core_run((LeanCore *)lean, args[1], args[1]);
+    if (status == DONE) {
+        Py_DECREF(lean);
+        return Py_NewRef(args[1]);
+    }
+    if (status != FAILED) return Py_BuildValue("(Ni)", lean, status);
+    core_failed((LeanCore *)lean);
+    Py_DECREF(lean);
+    return NULL;
 }
 
 static int core_traverse(LeanCore *self, visitproc visit, void *arg) {
@@ -1206,6 +1296,8 @@ static PyMethodDef engine_methods[] = {
      "reduces(dtype, op) -> whether the engine reduces that dtype with that op (with numpy's bits)"},
     {"combine", (PyCFunction)(void (*)(void))engine_combine, METH_FASTCALL,
      "combine(dtype, op, out, a, b): out = a op b with the engine's loop"},
+    {"repeat_in_place", (PyCFunction)(void (*)(void))engine_repeat_in_place, METH_FASTCALL,
+     "repeat_in_place(kept, x, op, algorithm, check) -> x done, None not taken, or (lean, status) started"},
     {"repro_codes", (PyCFunction)(void (*)(void))repro_codes, METH_FASTCALL,
      "repro_codes(x, codes) -> flags: each element's code (1 a special code, 2 -0.0's, found)"},
     {"repro_words", (PyCFunction)(void (*)(void))repro_words, METH_FASTCALL,
@@ -1235,8 +1327,11 @@ PyMODINIT_FUNC PyInit__engine(void) {
     if (PyType_Ready(&SmallAllreduceType) < 0 || PyType_Ready(&SegmentedAllreduceType) < 0 ||
         PyType_Ready(&WatchdogCoreType) < 0 || PyType_Ready(&LeanCoreType) < 0)
         return NULL;
-    static const char *names[] = {"record", "turn", "stamp", "digest", "packed", "last", "starts", "on", "_new_entry"};
-    PyObject **interned[] = {&s_record, &s_turn, &s_stamp, &s_digest, &s_packed, &s_last, &s_starts, &s_on, &s_new_entry};
+    static const char *names[] = {"record", "turn",  "stamp", "digest", "packed", "last",     "starts",
+                                  "on",     "_new_entry", "shape", "dtype", "lean", "debug", "in place",
+                                  "_failed"};
+    PyObject **interned[] = {&s_record, &s_turn,  &s_stamp, &s_digest, &s_packed,   &s_last,  &s_starts, &s_on,
+                             &s_new_entry, &s_shape, &s_dtype, &s_lean, &s_debug, &s_in_place, &s_failed};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!(*interned[i] = PyUnicode_InternFromString(names[i]))) return NULL;
     PyObject *module = PyModule_Create(&engine_module);

@@ -46,6 +46,10 @@ NOT_TAKEN, FINISH = -1, 3
 """What a :class:`LeanCore`'s ``start`` returns besides: nothing done; done but for the call's end."""
 
 
+_NEWEST = "repeat_in_place"
+"""The engine's newest call: a build without it is from an older source, and is not used."""
+
+
 def _load() -> tuple[ModuleType | None, str, ConfigurationError | None]:
     """The extension where it runs, why it runs or not, and the setting's error (``compiled`` raises it)."""
     try:  # by name: an optional extension module, not one of the package's Python modules
@@ -55,6 +59,12 @@ def _load() -> tuple[ModuleType | None, str, ConfigurationError | None]:
         reason = f"the Python path: the compiled engine was not built ({error})"
     else:
         built, reason = _engine, f"compiled ({_engine.__file__})"
+        if not hasattr(_engine, _NEWEST):  # built from an older source: its calls are not this code's
+            built = None
+            reason = (
+                f"the Python path: the compiled engine {_engine.__file__} is older than its source: "
+                "rebuild it (pip install -e .)"
+            )
     try:
         wanted = env_flag(FLAG)
     except ConfigurationError as error:

@@ -128,16 +128,14 @@ class LeanAllreduce(LeanCore):
 
     def run(self, work: Any, source: Any) -> None:
         """``work`` = the allreduce of every rank's ``source`` (may be ``work``), divided for ``avg``."""
-        try:
-            status = self.start(work, source)  # the compiled engine's whole call, where it takes this one
-        except BaseException as error:
-            # raised inside the call, its claim held: the call's error; else (an interrupt as start
-            # returned a finished call, say) the public call's boundary deals with it
-            if self.watchdog.claimed_by == _get_ident():
-                self._failed(error)
-            raise
-        if status == DONE:
-            return
+        # the compiled engine's whole call, where it takes this one; an error raised inside the call, its
+        # claim held, is the call's: the engine ends it (_failed) before it goes up
+        status = self.start(work, source)
+        if status != DONE:
+            self.went_on(status, work, source)
+
+    def went_on(self, status: int, work: Any, source: Any) -> None:
+        """The rest of a call whose compiled start returned ``status`` (not done); all of it if not taken."""
         if status == NOT_TAKEN:
             self._run_here(work, source)
             return

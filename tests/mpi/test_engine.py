@@ -294,3 +294,108 @@ def test_an_interrupt_in_a_segmented_calls_wait_breaks_the_communicator_everywhe
     assert interrupted == (world.rank == 1)
     assert len(broken) >= 3 and all("KeyboardInterrupt" in b for b in broken), broken
     comm.free()
+
+
+def test_a_repeated_in_place_call_is_one_call_from_the_api_into_the_engine(
+    world: MPI.Intracomm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past its first calls, an in-place allreduce of any shape runs no Python layer below the api's."""
+    from collectives import api
+
+    comm = collectives.Communicator(world)
+    collectives.barrier(comm=comm)
+    if world.size == 1 or comm.watchdog.shared is None:
+        comm.free()
+        pytest.skip("one rank, or ranks without shared memory: no lean small path")
+    x = np.ones((2, 3), np.float32)
+    for _ in range(3):  # the first call decides, the next makes the compiled call
+        collectives.allreduce(x, "max", out=x, comm=comm)
+    full = [0]
+    original = api.call_collective
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        full[0] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(api, "call_collective", counted)
+    for call in range(REPEATS * 5):
+        x[...] = np.arange(6).reshape(2, 3) * (world.rank + 1) + call
+        assert collectives.allreduce(x, "max", out=x, comm=comm) is x
+        assert np.array_equal(x, np.arange(6).reshape(2, 3) * world.size + call)
+    assert full[0] == 0, f"{full[0]} of {REPEATS * 5} repeated calls took the full path"
+    comm.free()
+
+
+def test_arrays_the_engines_one_call_refuses_take_the_full_path(world: MPI.Intracomm) -> None:
+    """A strided or reshaped array, or one made read-only, of a repeated key: the full path decides."""
+    comm = collectives.Communicator(world)
+    collectives.barrier(comm=comm)
+    if world.size == 1 or comm.watchdog.shared is None:
+        comm.free()
+        pytest.skip("one rank, or ranks without shared memory: no lean small path")
+    base = np.ones(8, np.float32)
+    x = base[:4]
+    for _ in range(3):
+        x[...] = 1.0
+        collectives.allreduce(x, out=x, comm=comm)
+    strided = base[::2]  # the key's shape and dtype, not C-contiguous: the full path copies it
+    strided[...] = world.rank + 1
+    collectives.allreduce(strided, out=strided, comm=comm)
+    assert (strided == world.size * (world.size + 1) // 2).all()
+    x.shape = (2, 2)  # the same array reshaped in place: another key
+    x[...] = 2.0
+    collectives.allreduce(x, out=x, comm=comm)
+    assert (x == 2.0 * world.size).all()
+    x.shape = (4,)
+    x.flags.writeable = False
+    with pytest.raises(collectives.InvalidBufferError, match="read-only|writ"):
+        collectives.allreduce(x, out=x, comm=comm)
+    x.flags.writeable = True
+    x[...] = 3.0
+    collectives.allreduce(x, out=x, comm=comm)  # the communicator is whole
+    assert (x == 3.0 * world.size).all()
+    comm.free()
+
+
+def test_a_late_rank_and_an_error_inside_the_engines_one_call(
+    world: MPI.Intracomm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A late rank: the call goes on in Python and gives the sums. An error inside the engine's call, its
+    claim held: the call ends with it, and the claim is given back."""
+    import time
+
+    from collectives.lean import LeanAllreduce
+
+    comm = collectives.Communicator(world)
+    collectives.barrier(comm=comm)
+    if world.size == 1 or comm.watchdog.shared is None:
+        comm.free()
+        pytest.skip("one rank, or ranks without shared memory: no lean small path")
+    x = np.ones(4, np.float32)
+    for _ in range(3):
+        collectives.allreduce(x, out=x, comm=comm)
+    went_on = []
+    original = LeanAllreduce.went_on
+
+    def counted(self: LeanAllreduce, status: int, work: Any, source: Any) -> None:
+        went_on.append(status)
+        original(self, status, work, source)
+
+    monkeypatch.setattr(LeanAllreduce, "went_on", counted)
+    for _ in range(3):
+        x[...] = 1.0
+        if world.rank == world.size - 1:
+            time.sleep(0.05)
+        collectives.allreduce(x, out=x, comm=comm)
+        assert (x == world.size).all()
+    assert (engine.LATE in went_on) == (world.rank != world.size - 1), went_on
+
+    def failing(self: LeanAllreduce, sequence: int) -> None:
+        raise RuntimeError("no entry")
+
+    collectives.barrier(comm=comm)  # another call in the flight recorder: the next repeat makes an entry
+    monkeypatch.setattr(LeanAllreduce, "_new_entry", failing)
+    with pytest.raises(RuntimeError, match="no entry"):
+        collectives.allreduce(x, out=x, comm=comm)  # before its barrier, on every rank
+    assert not comm.watchdog.claim_held()
+    comm.free()
