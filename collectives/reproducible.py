@@ -262,7 +262,17 @@ class Levels:
         self.specials: np.ndarray | None = None
 
     def add(self, x: np.ndarray) -> None:
-        """Add a flat array of the family's working dtype as one contribution."""
+        """Add a flat array of the family's working dtype as one contribution.
+
+        The compiled engine's ``repro_add`` does it in one pass where it runs (an engine built
+        before it had one runs the numpy path), with the same bits.
+        """
+        compiled = kernels()
+        if compiled is not None and hasattr(compiled, "repro_add"):
+            if compiled.repro_add(x, self.codes, self.levels, self.specials) and self.specials is None:
+                self.specials = special_bits(x)  # the first inf or NaN: the engine had no bytes to mark
+            self.adds += 1
+            return
         family = self.family
         codes = codes_of(x, family)
         if (codes == SPECIAL).any():
