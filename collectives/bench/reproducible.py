@@ -30,7 +30,7 @@ from .config import parse_size
 
 def add_rate(nbytes: int, dtype: str = "float32", repeats: int = 20) -> float:
     """``ReproducibleSum.add``'s rate on arrays of ``nbytes``: GB/s of input, the best of ``repeats``."""
-    import ml_dtypes  # registers bfloat16 with numpy
+    import ml_dtypes  # numpy's bfloat16
 
     import collectives
 
