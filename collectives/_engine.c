@@ -1262,11 +1262,12 @@ PyMODINIT_FUNC PyInit__engine(void) {
 /* ===================================================================================================
  * Reproducible sums: the conversion's loops (collectives/reproducible.py is the numpy path they
  * stand for, and says what each step means). One pass each: every element's code, the contributions
- * cut at the agreed codes into words, the summed words rounded once, and the whole sum of every
- * rank's raw contribution gathered on each rank. Float16, bfloat16 and float32 arrive as float32 (the
- * float32 family), float64 as float64; a buffer's item size says which. The results are the numpy
- * path's bits: the arithmetic is exact but for the one rounding, which goes through the same C casts
- * and ldexp as numpy's loops.
+ * cut at the agreed codes into words, an accumulator's add (its codes raised, its level sums moved
+ * and added to), the summed words rounded once, and the whole sum of every rank's raw contribution
+ * gathered on each rank. Float16, bfloat16 and float32 arrive as float32 (the float32 family),
+ * float64 as float64; a buffer's item size says which (the add takes float16's and bfloat16's bits
+ * too, and widens them itself). The results are the numpy path's bits: the arithmetic is exact but
+ * for the one rounding, which goes through the same C casts and ldexp as numpy's loops.
  * =================================================================================================== */
 #include <math.h>
 #if defined(__GNUC__) && !defined(__clang__)
