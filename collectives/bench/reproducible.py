@@ -8,10 +8,10 @@ two reductions. A sample's time is its slowest rank's; the table gives medians
 and the ratio reproducible/default.
 
 ``python -m collectives bench reproducible --add`` (no MPI) times ``ReproducibleSum.add``
-of float32 and float64 arrays (``--dtype`` names others) of 64 KiB, 1 MiB and 16 MiB, in GB/s
-of input on one core; ``--error`` (no MPI) measures the
-reproducible sum's error against float64 pairwise summation (numpy's ``sum``) on
-sums that cancel, both against the exact sum.
+of float32 and float64 arrays (``--dtype`` names others) of 64 KiB, 1 MiB and 16 MiB, in
+GB/s of input on one core; ``--error`` (no MPI) measures the reproducible sum's error
+against float64 pairwise summation (numpy's ``sum``) on sums that cancel, both against
+the exact sum.
 """
 
 __all__ = ["add_rate", "errors", "main"]
