@@ -1285,6 +1285,7 @@ static PyTypeObject LeanCoreType = {
 /* the reproducible sums' loops: defined in their own section at the end of this file */
 static PyObject *repro_codes(PyObject *, PyObject *const *, Py_ssize_t);
 static PyObject *repro_words(PyObject *, PyObject *const *, Py_ssize_t);
+static PyObject *repro_add(PyObject *, PyObject *const *, Py_ssize_t);
 static PyObject *repro_finish(PyObject *, PyObject *const *, Py_ssize_t);
 static PyObject *repro_rows(PyObject *, PyObject *const *, Py_ssize_t);
 static PyObject *repro_pack(PyObject *, PyObject *const *, Py_ssize_t);
@@ -1302,6 +1303,8 @@ static PyMethodDef engine_methods[] = {
      "repro_codes(x, codes) -> flags: each element's code (1 a special code, 2 -0.0's, found)"},
     {"repro_words", (PyCFunction)(void (*)(void))repro_words, METH_FASTCALL,
      "repro_words(x, agreed, words): the contributions cut at the agreed codes"},
+    {"repro_add", (PyCFunction)(void (*)(void))repro_add, METH_FASTCALL,
+     "repro_add(x, codes, levels, specials, kind) -> whether x holds an inf or a NaN: x added to an accumulator"},
     {"repro_finish", (PyCFunction)(void (*)(void))repro_finish, METH_FASTCALL,
      "repro_finish(sums, codes, out, to_odd, divide_by, specials): the summed words rounded once"},
     {"repro_rows", (PyCFunction)(void (*)(void))repro_rows, METH_FASTCALL,
@@ -1354,11 +1357,12 @@ PyMODINIT_FUNC PyInit__engine(void) {
 /* ===================================================================================================
  * Reproducible sums: the conversion's loops (collectives/reproducible.py is the numpy path they
  * stand for, and says what each step means). One pass each: every element's code, the contributions
- * cut at the agreed codes into words, the summed words rounded once, and the whole sum of every
- * rank's raw contribution gathered on each rank. Float16, bfloat16 and float32 arrive as float32 (the
- * float32 family), float64 as float64; a buffer's item size says which. The results are the numpy
- * path's bits: the arithmetic is exact but for the one rounding, which goes through the same C casts
- * and ldexp as numpy's loops.
+ * cut at the agreed codes into words, an accumulator's add (its codes raised, its level sums moved
+ * and added to), the summed words rounded once, and the whole sum of every rank's raw contribution
+ * gathered on each rank. Float16, bfloat16 and float32 arrive as float32 (the float32 family),
+ * float64 as float64; a buffer's item size says which (the add takes float16's and bfloat16's bits
+ * too, and widens them itself). The results are the numpy path's bits: the arithmetic is exact but
+ * for the one rounding, which goes through the same C casts and ldexp as numpy's loops.
  * =================================================================================================== */
 #include <math.h>
 #if defined(__GNUC__) && !defined(__clang__)
@@ -1651,6 +1655,179 @@ static PyObject *repro_words(PyObject *module, PyObject *const *args, Py_ssize_t
     PyBuffer_Release(&x);
     PyBuffer_Release(&agreed);
     PyBuffer_Release(&words);
+    return result;
+}
+
+/* ---- an accumulator's add (collectives.reproducible.Levels.add): one pass over a contribution ----
+ * Per element: its code, the stored code raised to it (the sums moved down a level a step it rose),
+ * and the contribution cut at the raised code and the grid steps above, added to the level sums;
+ * an element whose code is special takes nothing more. Levels' sums are int64 (levels, count * words),
+ * a float64 element's two words side by side, as the numpy path lays them out. */
+enum { R32_LEVELS = 3, R64_LEVELS = 6, R_ADD_BLOCK = 512 };
+enum { R_FLOAT16 = 1, R_BFLOAT16 = 2, R_FLOAT32 = 3, R_FLOAT64 = 4 }; /* reproducible.BITS_OF's numbers */
+
+/* one element's sums moved down by the steps its code rose (Levels._lift): level l takes level
+ * l + steps, the top ones 0 (all of them where it rose by levels or more) */
+static void repro_lift(int64_t *levels, Py_ssize_t stride, int count, int words, Py_ssize_t at, int steps) {
+    for (int l = 0; l < count; l++)
+        for (int w = 0; w < words; w++)
+            levels[l * stride + at + w] = l + steps < count ? levels[(l + steps) * stride + at + w] : 0;
+}
+
+/* a block's stored codes c raised to the contribution's (codes of x, from code_of), the sums of
+ * those that rose moved down; raised codes into up; returns 1 where x holds an inf or a NaN */
+#define REPRO_RAISE(code_of, levels_count, words)                                                  \
+    uint8_t rose = 0, special = 0;                                                                 \
+    for (Py_ssize_t i = 0; i < m; i++) {                                                           \
+        int own = code_of(v[i]), stored = c[i];                                                    \
+        int raised = own > stored ? own : stored;                                                  \
+        up[i] = (int8_t)raised;                                                                    \
+        rose |= raised != stored;                                                                  \
+        special |= own == R_SPECIAL;                                                               \
+    }                                                                                              \
+    for (Py_ssize_t i = 0; rose && i < m; i++)                                                     \
+        if (up[i] != c[i]) {                                                                       \
+            repro_lift(levels, stride, levels_count, words, (words) * (start + i), up[i] - c[i]);  \
+            c[i] = up[i];                                                                          \
+        }                                                                                          \
+    for (Py_ssize_t i = 0; special && i < m; i++)                                                  \
+        if (bits) bits[start + i] |= (uint8_t)repro_special_bits(v[i]);                            \
+    found |= special;
+
+/* float16 bits as float32 (exact: every float16 is a float32): the fields moved, a subnormal's
+ * value made from its significand; inf and NaN (their payload kept) as such */
+static inline float repro_half(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, field = (h >> 10) & 0x1fu, significand = h & 0x3ffu;
+    uint32_t bits = sign | (field == 0x1f ? 0xffu : field + 112) << 23 | significand << 13;
+    float tiny = (float)significand * 0x1p-24f; /* exact */
+    uint32_t tiny_bits;
+    memcpy(&tiny_bits, &tiny, sizeof tiny_bits);
+    bits = field == 0 ? (tiny_bits | sign) : bits;
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+/* bfloat16 bits as float32: its top half */
+static inline float repro_brain(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+/* the float32 family: x's elements (float32, or float16 or bfloat16 bits widened a block at a time:
+ * kind is BITS_OF's number) cut at their raised code c (level 0) and the two steps above,
+ * trunc(x * 2**(47 - 16 (c + l))) whole units, each product exact in float64 */
+REPRO_WIDE static int repro_add32(const void *x, int kind, int8_t *codes, int64_t *levels, uint8_t *bits,
+                                  Py_ssize_t n) {
+    Py_ssize_t stride = n;
+    int8_t up[R_ADD_BLOCK];
+    float widened[R_ADD_BLOCK];
+    int found = 0;
+    for (Py_ssize_t start = 0; start < n; start += R_ADD_BLOCK) {
+        Py_ssize_t m = n - start < R_ADD_BLOCK ? n - start : R_ADD_BLOCK;
+        const float *v = widened;
+        const uint16_t *narrow = (const uint16_t *)x + start;
+        if (kind == R_FLOAT16)
+            for (Py_ssize_t i = 0; i < m; i++) widened[i] = repro_half(narrow[i]);
+        else if (kind == R_BFLOAT16)
+            for (Py_ssize_t i = 0; i < m; i++) widened[i] = repro_brain(narrow[i]);
+        else
+            v = (const float *)x + start;
+        int8_t *c = codes + start;
+        REPRO_RAISE(repro_code32, R32_LEVELS, 1)
+        int64_t *l0 = levels + start, *l1 = l0 + stride, *l2 = l1 + stride;
+        for (Py_ssize_t i = 0; i < m; i++) {
+            int skip = up[i] == R_SPECIAL;
+            double scaled = (skip ? 0.0 : (double)v[i]) * repro_pow2(skip ? 0 : R32_BITS - 16 * up[i]);
+            l0[i] += (int64_t)scaled;
+            l1[i] += (int64_t)(scaled * 0x1p-16);
+            l2[i] += (int64_t)(scaled * 0x1p-32);
+        }
+    }
+    return found;
+}
+
+/* float64: x's elements cut at their raised code and the five steps above, two words each (high =
+ * trunc(scaled / 2**47), low = the rest, truncated), scaled = x * 2**(94 - 16 code) as repro_cut64
+ * has it, then 2**-16 a level as the numpy path (exact, or below one unit: 0 either way) */
+REPRO_WIDE static int repro_add64(const double *x, int8_t *codes, int64_t *levels, uint8_t *bits, Py_ssize_t n) {
+    Py_ssize_t stride = 2 * n;
+    int8_t up[R_ADD_BLOCK];
+    double scaled[R_ADD_BLOCK];
+    int found = 0;
+    for (Py_ssize_t start = 0; start < n; start += R_ADD_BLOCK) {
+        Py_ssize_t m = n - start < R_ADD_BLOCK ? n - start : R_ADD_BLOCK;
+        const double *v = x + start;
+        int8_t *c = codes + start;
+        REPRO_RAISE(repro_code64, R64_LEVELS, 2)
+        for (Py_ssize_t i = 0; i < m; i++) {
+            int skip = up[i] == R_SPECIAL;
+            int64_t k = skip ? 0 : R64_BITS - 16 * up[i]; /* -930 .. 1102 */
+            int far = k > 1023;
+            scaled[i] = (skip ? 0.0 : v[i]) * repro_pow2(far ? k - 600 : k) * repro_pow2(far ? 600 : 0);
+        }
+        for (int l = 0; l < R64_LEVELS; l++) {
+            int64_t *w = levels + l * stride + 2 * start;
+            for (Py_ssize_t i = 0; i < m; i++) {
+                int64_t top = (int64_t)(scaled[i] * 0x1p-47);
+                w[2 * i] += top;
+                w[2 * i + 1] += (int64_t)(scaled[i] - (double)top * 0x1p47);
+                scaled[i] *= 0x1p-16;
+            }
+        }
+    }
+    return found;
+}
+
+/* add(x, codes, levels, specials or None, kind) -> whether x holds an inf or a NaN (the caller makes
+ * the specials from x where it had none): x added to an accumulator's codes and level sums in one
+ * pass; kind is x's dtype by BITS_OF's numbers, float16's and bfloat16's bits as uint16 */
+static PyObject *repro_add(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 5) return PyErr_Format(PyExc_TypeError, "repro_add(x, codes, levels, specials, kind)");
+    long kind = PyLong_AsLong(args[4]);
+    if (kind == -1 && PyErr_Occurred()) return NULL;
+    if (kind < R_FLOAT16 || kind > R_FLOAT64) return PyErr_Format(PyExc_ValueError, "repro_add: kind %ld", kind);
+    Py_buffer x, codes, levels, specials = {0};
+    if (repro_buffer(args[0], &x, 0, kind < R_FLOAT32 ? 'u' : 'f', "repro_add x") < 0) return NULL;
+    if (repro_buffer(args[1], &codes, 1, 'i', "repro_add codes") < 0) {
+        PyBuffer_Release(&x);
+        return NULL;
+    }
+    if (repro_buffer(args[2], &levels, 1, 'i', "repro_add levels") < 0) {
+        PyBuffer_Release(&x);
+        PyBuffer_Release(&codes);
+        return NULL;
+    }
+    if (args[3] != Py_None && repro_buffer(args[3], &specials, 1, 'u', "repro_add specials") < 0) {
+        PyBuffer_Release(&x);
+        PyBuffer_Release(&codes);
+        PyBuffer_Release(&levels);
+        return NULL;
+    }
+    Py_ssize_t n = x.len / x.itemsize;
+    int wide = kind == R_FLOAT64;
+    Py_ssize_t cells = n * (wide ? 2 * R64_LEVELS : R32_LEVELS);
+    PyObject *result = NULL;
+    if (x.itemsize != (kind < R_FLOAT32 ? 2 : wide ? 8 : 4) || codes.itemsize != 1 || codes.len != n ||
+        levels.itemsize != 8 || levels.len != 8 * cells || (specials.obj && (specials.itemsize != 1 || specials.len != n)))
+        PyErr_SetString(PyExc_ValueError,
+                        "repro_add: x of its kind, an int8 code, the levels' words and a special byte per element");
+    else {
+        uint8_t *bits = specials.obj ? specials.buf : NULL;
+        int found;
+        Py_BEGIN_ALLOW_THREADS /* milliseconds on large arrays, as numpy's loops of the same pass */
+        found = wide ? repro_add64(x.buf, codes.buf, levels.buf, bits, n)
+                     : repro_add32(x.buf, (int)kind, codes.buf, levels.buf, bits, n);
+        Py_END_ALLOW_THREADS
+        result = PyBool_FromLong(found);
+    }
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&codes);
+    PyBuffer_Release(&levels);
+    if (specials.obj) PyBuffer_Release(&specials);
     return result;
 }
 

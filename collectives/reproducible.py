@@ -262,7 +262,22 @@ class Levels:
         self.specials: np.ndarray | None = None
 
     def add(self, x: np.ndarray) -> None:
-        """Add a flat array of the family's working dtype as one contribution."""
+        """Add a flat contiguous array of a dtype of the family as one contribution.
+
+        The compiled engine's ``repro_add`` does it in one pass where it runs (float16 and
+        bfloat16 widened as it goes; an engine built before it had one runs the numpy path),
+        with the same bits.
+        """
+        compiled = kernels()
+        if compiled is not None and hasattr(compiled, "repro_add"):
+            kind = BITS_OF[name_of(x.dtype)]
+            raw = x.view(np.uint16) if kind < BITS_OF["float32"] else x
+            special = compiled.repro_add(raw, self.codes, self.levels, self.specials, kind)
+            if special and self.specials is None:  # the first inf or NaN: no bytes to mark before
+                self.specials = special_bits(x.astype(self.family.work))
+            self.adds += 1
+            return
+        x = np.ascontiguousarray(x, dtype=self.family.work)
         family = self.family
         codes = codes_of(x, family)
         if (codes == SPECIAL).any():

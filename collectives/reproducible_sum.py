@@ -75,8 +75,7 @@ class ReproducibleSum:
         if not isinstance(x, np.ndarray) or x.dtype != self.dtype or x.shape != self.shape:
             kind = f"{x.dtype} {x.shape}" if isinstance(x, np.ndarray) else type(x).__name__
             raise InvalidBufferError(f"ReproducibleSum of {self.dtype} {self.shape} cannot add a {kind}")
-        work = self._levels.family.work
-        self._levels.add(np.ascontiguousarray(x, dtype=work).reshape(-1))
+        self._levels.add(np.ascontiguousarray(x).reshape(-1))
 
     def reset(self) -> None:
         """Forget every contribution."""

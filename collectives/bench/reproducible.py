@@ -8,9 +8,10 @@ two reductions. A sample's time is its slowest rank's; the table gives medians
 and the ratio reproducible/default.
 
 ``python -m collectives bench reproducible --add`` (no MPI) times ``ReproducibleSum.add``
-of float32 arrays, in GB/s of input on one core; ``--error`` (no MPI) measures the
-reproducible sum's error against float64 pairwise summation (numpy's ``sum``) on
-sums that cancel, both against the exact sum.
+of float32 and float64 arrays (``--dtype`` names others) of 64 KiB, 1 MiB and 16 MiB, in
+GB/s of input on one core; ``--error`` (no MPI) measures the reproducible sum's error
+against float64 pairwise summation (numpy's ``sum``) on sums that cancel, both against
+the exact sum.
 """
 
 __all__ = ["add_rate", "errors", "main"]
@@ -29,10 +30,13 @@ from .config import parse_size
 
 def add_rate(nbytes: int, dtype: str = "float32", repeats: int = 20) -> float:
     """``ReproducibleSum.add``'s rate on arrays of ``nbytes``: GB/s of input, the best of ``repeats``."""
+    import ml_dtypes  # numpy's bfloat16
+
     import collectives
 
+    kind = np.dtype(getattr(ml_dtypes, dtype)) if dtype == "bfloat16" else np.dtype(dtype)
     rng = np.random.default_rng(0)
-    x = rng.normal(size=nbytes // np.dtype(dtype).itemsize).astype(dtype)
+    x = rng.normal(size=nbytes // kind.itemsize).astype(kind)
     total = collectives.ReproducibleSum(like=x)
     total.add(x)  # the first add sets the codes; later ones find them
     best = float("inf")
@@ -105,6 +109,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("-f", "--stepfactor", type=int, default=8)
     parser.add_argument("-n", "--rounds", type=int, default=15, help="samples per size (default 15)")
     parser.add_argument("--add", action="store_true", help="time ReproducibleSum.add instead (no MPI)")
+    parser.add_argument(
+        "--dtype", nargs="+", default=["float32", "float64"], help="--add's dtypes (default float32 float64)",
+        choices=["float16", "bfloat16", "float32", "float64"],
+    )  # fmt: skip
     parser.add_argument("--error", action="store_true", help="measure the error instead (no MPI)")
     options = parser.parse_args(argv)
     if options.error:
@@ -114,8 +122,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{dtype:<8} {ours:>35.3g} {pairwise:>17.3g} {ours_right:>24.1%} {pairwise_right:>9.1%}")
         return
     if options.add:
-        for nbytes in (64 << 10, 1 << 20, 16 << 20):
-            print(f"add {nbytes:>9} B float32: {add_rate(nbytes):5.2f} GB/s")
+        for dtype in options.dtype:
+            for nbytes in (64 << 10, 1 << 20, 16 << 20):
+                print(f"add {nbytes:>9} B {dtype}: {add_rate(nbytes, dtype):5.2f} GB/s")
         return
     from mpi4py import MPI
 
