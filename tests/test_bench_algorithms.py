@@ -98,7 +98,7 @@ def test_the_cost_tables_give_steps_and_elements_sent_as_fractions_of_s(rendered
     barrier = {row[0]: row[1:] for row in _table(lines, "### barrier")}
     assert barrier["`dissemination`"][DEFAULT_WORLD_SIZES.index(7)] == "3 · 3"  # tokens, ceil(log2 7)
     # only the algorithms that implement a collective get a row
-    assert [row[0] for row in _table(lines, "### reduce")] == ["algorithm", "`direct`"]
+    assert [row[0] for row in _table(lines, "### gather")] == ["algorithm", "`direct`"]
 
 
 def test_a_count_that_does_not_fit_is_a_cell_with_a_note(capsys: pytest.CaptureFixture[str]) -> None:

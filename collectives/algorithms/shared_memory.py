@@ -1,4 +1,4 @@
-"""Shared-memory allreduce, reduce-scatter and all-gather: each share reduced once, by its owner.
+"""Shared-memory collectives on one node: each share reduced once, by its owner; rooted ones through the root.
 
 The buffer is cut into one chunk per rank. In reduce-scatter every rank sends
 chunk ``c`` straight to rank ``c``, which reduces all P contributions in rank
@@ -10,6 +10,14 @@ its input into its region of a shared window once, each owner reduces its share
 reading all P regions in one pass, and every rank copies the shares out. So the
 selector is told the traffic of that execution (see :func:`traffic`), and the
 algorithm is a candidate only where memory is shared (:data:`REQUIRES`).
+
+The rooted collectives and the barrier are one step each. Broadcast: the root
+copies its buffer into its region, every rank passes a barrier, the others copy
+it out (as messages: the root sends to every other rank). Reduce: every other
+rank copies its buffer into its region, a barrier, and the root combines all P
+in rank order (every other rank sends to the root). Barrier: the barrier the
+ranks agree on the call's signature through is the whole call (every rank
+signals every other).
 
 Across nodes it composes as the hierarchical algorithm does: reduce-scatter
 inside each node through shared memory, rings between nodes on each rank's
@@ -23,6 +31,9 @@ collective      steps  elements sent by rank r
 reduce_scatter  1      S - S_r
 allgather       1      (P - 1) S_r
 allreduce       2      S - S_r + (P - 1) S_r
+broadcast       1      (P - 1) S at the root, else 0
+reduce          1      S, and 0 at the root
+barrier         1      P - 1 tokens
 ==============  =====  =========================
 """
 
@@ -37,8 +48,11 @@ __all__ = [
     "SMALL_ELEMENTS",
     "allgather",
     "allreduce",
+    "barrier",
+    "broadcast",
     "cost",
     "rank_program",
+    "reduce",
     "reduce_scatter",
     "traffic",
 ]
@@ -103,12 +117,45 @@ def allreduce(world_size: int, count: int) -> Schedule:
     return Schedule.named("allreduce", "shared_memory", world_size, even_split(count, world_size), steps)
 
 
-def cost(collective: str, shares: Sequence[int]) -> Cost:
+def _from_root(world_size: int, root: int) -> Step:
+    return Step(Transfer(root, r, 0) for r in range(world_size) if r != root)
+
+
+def _to_root(world_size: int, root: int) -> Step:
+    return Step(Transfer(r, root, 0, reduce=True) for r in range(world_size) if r != root)
+
+
+def broadcast(world_size: int, count: int, root: int) -> Schedule:
+    """The root's buffer copied out by every other rank in one step."""
+    steps = (_from_root(world_size, root),) if world_size > 1 else ()
+    return Schedule.named("broadcast", "shared_memory", world_size, (count,), steps, root=root)
+
+
+def reduce(world_size: int, count: int, root: int) -> Schedule:
+    """Every other rank's buffer combined at the root in one step."""
+    steps = (_to_root(world_size, root),) if world_size > 1 else ()
+    return Schedule.named("reduce", "shared_memory", world_size, (count,), steps, root=root)
+
+
+def barrier(world_size: int) -> Schedule:
+    """Every rank signals every other in one step (a token each)."""
+    ranks = range(world_size)
+    signals = Step(Transfer(r, c, 0, reduce=True) for c in ranks for r in ranks if r != c)
+    return Schedule.named("barrier", "shared_memory", world_size, (1,), (signals,) if world_size > 1 else ())
+
+
+def cost(collective: str, shares: Sequence[int], root: int = 0) -> Cost:
     """Steps and elements sent per rank, from the table above."""
     size = len(shares)
     total = sum(shares)
     if size == 1:
         return Cost(0, (0,))
+    if collective == "broadcast":
+        return Cost(1, tuple((size - 1) * total if r == root else 0 for r in range(size)))
+    if collective == "reduce":
+        return Cost(1, tuple(0 if r == root else total for r in range(size)))
+    if collective == "barrier":
+        return Cost(1, (size - 1,) * size)
     if collective == "reduce_scatter":
         return Cost(1, tuple(total - s for s in shares))
     if collective == "allgather":
@@ -137,11 +184,22 @@ def traffic(
     result every algorithm makes, so it is not counted; counted, it made a 2-rank all-gather
     from 256 KiB look slower than ring, which it is not: 38 against 69 us at 400 KB). Reduced: an owner's
     share read from P - 1 other ranks. ``features`` are the transport's.
+
+    The rooted collectives go through the window in segments of the whole buffer, one barrier
+    each (the first carries the signature, as an allreduce's): a broadcast's root copies in
+    and the others copy out, a reduce's others copy in and the root reduces P parts; the
+    copies of one segment overlap the next segment's, so only the first segment's copy in
+    adds to the path. The barrier is the signature's barrier alone: nothing besides the call.
     """
-    if world_size == 1 or count == 0:
+    if world_size == 1 or count == 0 or collective == "barrier":
         return (0, 0, 0, 0, 0, 0)
-    share = -(-count // world_size)
     per_segment = OVERSUBSCRIBED_SEGMENT_ELEMENTS if OVERSUBSCRIBED in features else SEGMENT_ELEMENTS
+    if collective in ("broadcast", "reduce"):
+        segments, first = -(-count // per_segment), min(count, per_segment)
+        if collective == "broadcast":
+            return (segments, 0, 0, 0, segments - 1, first + count)
+        return (segments, 0, 0, (world_size - 1) * count, segments - 1, first)
+    share = -(-count // world_size)
     segments = -(-share // per_segment)
     others = (world_size - 1) * share
     if collective == "allreduce":
@@ -165,6 +223,8 @@ def rank_program(collective: str, shares: tuple[int, ...], root: int | None, ran
         tuple(Transfer(rank, r, rank) for r in others), tuple(Transfer(c, rank, c) for c in others)
     )
     chosen = {"reduce_scatter": (scatter,), "allgather": (gather,), "allreduce": (scatter, gather)}
+    if collective in ("broadcast", "reduce", "barrier"):
+        return _rooted_program(collective, size, sum(shares), root, rank)
     if collective not in chosen:
         return None
     crowded = frozenset((0, c) for c in others) if collective != "allgather" and size > 2 else frozenset()
@@ -176,3 +236,25 @@ def rank_program(collective: str, shares: tuple[int, ...], root: int | None, ran
     return RankProgram.named(
         collective, "shared_memory", size, chunks, steps, rank=rank, chunk_owner=owner, crowded=crowded
     )
+
+
+def _rooted_program(collective: str, size: int, count: int, root: int | None, rank: int) -> RankProgram:
+    """Rank ``rank``'s part of a broadcast, reduce or barrier: one step, with the root or with every rank."""
+    others = [r for r in range(size) if r != rank]
+    if collective == "barrier":
+        step = RankStep(
+            tuple(Transfer(rank, c, 0, reduce=True) for c in others),
+            tuple(Transfer(r, rank, 0, reduce=True) for r in others),
+        )
+        crowded = frozenset((0, c) for c in others) if size > 2 else frozenset()
+        steps = (step,) if size > 1 else ()
+        return RankProgram.named("barrier", "shared_memory", size, (1,), steps, rank=rank, crowded=crowded)
+    assert root is not None  # a rooted collective has its root
+    schedule_step = _from_root(size, root) if collective == "broadcast" else _to_root(size, root)
+    mine = schedule_step.transfers
+    step = RankStep(tuple(t for t in mine if t.src == rank), tuple(t for t in mine if t.dst == rank))
+    crowded = frozenset({(0, root)}) if collective == "reduce" and size > 2 and rank != root else frozenset()
+    return RankProgram.named(
+        collective, "shared_memory", size, (count,), (step,) if size > 1 else (), rank=rank, root=root,
+        crowded=crowded,
+    )  # fmt: skip
