@@ -228,7 +228,7 @@ def _rooted_job(group: Communicator, algorithm: str, given: CallArguments, colle
         backend.copy(work, x)
     return CheckedCall(
         collective, algorithm, backend, reduce_op, item_bytes, x.size, backend.dtype_name(x), work, root=root,
-        shape=shape, out=out, in_out=in_out,
+        shape=shape, out=out, in_out=in_out, on_shared=True,
     )  # fmt: skip
 
 
@@ -292,7 +292,8 @@ def barrier_job(group: Communicator, algorithm: str, given: CallArguments) -> Ch
     import numpy as np  # the schedule's tokens are host bytes, whatever library the user's arrays are from
 
     check_algorithm("barrier", algorithm)
-    return CheckedCall("barrier", algorithm, backend_for(np.empty(0, np.uint8)), None, 1, 0, "", None)
+    tokens = backend_for(np.empty(0, np.uint8))
+    return CheckedCall("barrier", algorithm, tokens, None, 1, 0, "", None, on_shared=True)
 
 
 def _shares_of(

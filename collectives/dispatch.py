@@ -32,15 +32,15 @@ from .backends import ArrayBackend
 from .call import Call
 from .chunking import even_split
 from .communicator import Communicator, communicator_of, made_for
+from .dispatch_shared import keep_shared, run_shared
 from .early_plan import EarlyPlan, allreduce_plan, early_plan
 from .errors import CollectivesError, MismatchError, UnsupportedOpError
 from .execute import execute
 from .execute import run as run_plan
 from .execute_shared import SharedExecutor
-from .lean import LeanAllreduce
 from .ops import ReduceOp, get_op, itemsize
 from .ordering import keeps_rank_order
-from .repeats import Repeat, RepeatedAllgather, RepeatedAllreduce, RepeatedReduceScatter, find_repeat
+from .repeats import Repeat, RepeatedAllreduce, find_repeat
 from .requests import busy, settle
 from .selector import AUTO, Selector
 from .transport.base import SharedMemory
@@ -95,7 +95,7 @@ class CheckedCall:
         shape: the result's shape, as a repeated call's decisions keep it.
         on_shared: whether the shared-memory executor can run the call, where its
             algorithm asks for it (an allreduce, all-gather, or reduce-scatter of a
-            contiguous input).
+            contiguous input; a broadcast, reduce or barrier).
         result: where the shared-memory executor puts a reduce-scatter's share
             (``None``: in a buffer of its own).
         out: where the caller wants the result (``None``: a new array).
@@ -216,7 +216,7 @@ def call_collective(
     if busy:  # started calls on some communicator: those on this one go first
         settle(comm)
     group = comm if comm.__class__ is Communicator else communicator_of(comm)
-    repeat = find_repeat(group, collective, x, out, op, counts, algorithm, check)
+    repeat = find_repeat(group, collective, x, out, op, counts, algorithm, check, root)
     if repeat is not None and repeat.fits(x, out):
         return repeat.run(group, x, out, check)
     given = CallArguments(x=x, out=out, op=op, root=root, counts=counts)
@@ -270,9 +270,12 @@ def run(group: Communicator, job: CheckedCall, check: bool | None) -> Any:
                 call.algorithm = early.algorithm
                 shared = group.shared if early.plan is None else None
             if shared is not None:
-                result = _ON_SHARED[job.collective](group, call, shared, job)
+                result = run_shared(group, call, shared, job, check)
                 if job.repeat is not None:
-                    _keep_shared(group, call, job, result, shared=shared, guard=guard, check=check)
+                    keep_shared(
+                        group, call, job, result, shared=shared, guard=guard, check=check,
+                        repeatable=_repeatable(job),
+                    )  # fmt: skip
                 return result
             if job.collective == "allreduce":
                 _allreduce(group, call, guard, job)
@@ -582,69 +585,3 @@ def _allreduce_nodes(
         execute(program, call.watch(nodes.rail, nodes.rail_ranks), backend, mine, op, group.scratch)
     node.allgather(backend, work, mine, parts, barrier)
 
-
-# --- the collectives the shared-memory executor runs, by name
-
-
-def _allreduce_shared(group: Communicator, call: Call, shared: SharedExecutor, job: CheckedCall) -> Any:
-    work, source, op = job.work, job.source, job.op
-    assert op is not None  # an allreduce reduces
-    shared.allreduce(job.backend, work, work if source is None else source, op, call.barrier)
-    return work
-
-
-def _reduce_scatter_shared(group: Communicator, call: Call, shared: SharedExecutor, job: CheckedCall) -> Any:
-    backend, op, shares, mine = job.backend, job.op, job.shares, job.result
-    assert op is not None and shares is not None  # see _shared
-    # straight into the result, unless it overlaps the input
-    target = backend.empty(shares[group.rank], job.source) if mine is None else mine
-    shared.reduce_scatter(backend, target, job.source, shares, op, call.barrier)
-    return target
-
-
-def _allgather_shared(group: Communicator, call: Call, shared: SharedExecutor, job: CheckedCall) -> Any:
-    backend, work, shares = job.backend, job.work, job.shares
-    assert shares is not None  # an allgather has its shares
-    lo = sum(shares[: group.rank])
-    shared.allgather(backend, work, work[lo : lo + shares[group.rank]], shares, call.barrier)
-    return work
-
-
-def _keep_shared(
-    group: Communicator,
-    call: Call,
-    job: CheckedCall,
-    result: Any,
-    *,
-    shared: SharedExecutor,
-    guard: PackedSignature,
-    check: bool | None,
-) -> None:
-    """Keep the decisions of a call the shared-memory executor ran, where a later call can run on them."""
-    backend, op, repeat, shares = job.backend, job.op, job.repeat, job.shares
-    assert repeat is not None  # only asked for calls that have one
-    if job.collective == "allreduce":
-        assert op is not None  # an allreduce reduces
-        if not _repeatable(job):
-            return
-        lean = None
-        if group.watchdog.shared is not None:
-            # its signature travels with the executor's barrier: later calls of the key run lean
-            lean = LeanAllreduce(group, shared, guard, check, backend, op, call.algorithm)
-        repeat.keep(
-            RepeatedAllreduce(backend=backend, op=op, guard=guard, shape=job.shape, shared=shared, lean=lean)
-        )
-        return
-    # a reduce-scatter's share in a buffer of its own is not one to repeat: a repeat writes into out
-    own_buffer = job.collective == "reduce_scatter" and result is not job.result
-    if backend.name != "numpy" or shares is None or own_buffer:
-        return
-    kind = RepeatedAllgather if job.collective == "allgather" else RepeatedReduceScatter
-    repeat.keep(kind(backend=backend, op=op, guard=guard, shape=job.shape, shared=shared, shares=shares))
-
-
-_ON_SHARED: dict[str, Callable[[Communicator, Call, SharedExecutor, CheckedCall], Any]] = {
-    "allreduce": _allreduce_shared,
-    "reduce_scatter": _reduce_scatter_shared,
-    "allgather": _allgather_shared,
-}

@@ -122,7 +122,9 @@ _PIECE_BYTES = 1 << 17  # a zero-copy reduction goes through its share in pieces
 
 
 class SharedExecutor:
-    """Allreduce, reduce-scatter and all-gather through a :class:`SharedMemory`, for one communicator.
+    """Allreduce, reduce-scatter, all-gather, broadcast and reduce through a :class:`SharedMemory`.
+
+    One per communicator (and one per node of a communicator over several).
 
     Every rank must make the same calls in the same order, as with any collective.
     """
@@ -535,6 +537,52 @@ class SharedExecutor:
                     backend.copy(out[edge[r] + start : edge[r] + start + m], half[r][:m])
             if n:
                 backend.copy(out[edge[rank] + start : edge[rank] + start + n], half[rank][:n])
+
+    def broadcast(self, backend: ArrayBackend, work: Any, root: int, barrier: Barrier = unbounded) -> None:
+        """``work`` = the root's ``work`` everywhere: the root copies it in, a barrier, the others copy out.
+
+        In segments of a half of the root's region, a barrier each, the halves taken by
+        :attr:`turn` as :meth:`allgather` takes them: a half is written again two barriers
+        later, once every rank has read it, so a call needs no barrier at its end.
+        """
+        views = self._halves(backend, work)
+        slot = self._slot(views, 1)
+        at_root, count = self._rank == root, work.shape[0]
+        for start in range(0, count, slot):
+            region = self._next(views)[root]
+            n = min(slot, count - start)
+            if at_root:
+                backend.copy(region[:n], work[start : start + n])
+            barrier(self.shared, ())
+            if not at_root:
+                backend.copy(work[start : start + n], region[:n])
+
+    def reduce_to(
+        self, backend: ArrayBackend, out: Any, x: Any, op: ReduceOp, root: int, barrier: Barrier = unbounded
+    ) -> None:
+        """At the root, ``out`` = ``op`` over every rank's ``x`` in rank order; ``out`` may be ``x``.
+
+        The other ranks copy their ``x`` into their regions, pass a barrier, and the root
+        combines every rank's part where it lies (its own in ``x``) with :meth:`reduce`, so
+        the bits are the shared-memory allreduce's. In segments as :meth:`broadcast`.
+        """
+        views = self._halves(backend, x)
+        slot = self._slot(views, 1)
+        rank, count = self._rank, x.shape[0]
+        # out over x: each piece reduced apart and copied in, so no part is overwritten before it is read
+        scratch = self._scratch(backend, x) if rank == root and backend.shares_memory(out, x) else None
+        for start in range(0, count, slot):
+            half = self._next(views)
+            n = min(slot, count - start)
+            if rank != root:
+                backend.copy(half[rank][:n], x[start : start + n])
+            barrier(self.shared, ())
+            if rank == root:
+                parts = [x[start : start + n] if r == root else half[r][:n] for r in range(self._size)]
+                if scratch is None:
+                    self.reduce(backend, op, out[start : start + n], parts)
+                else:
+                    self._reduce_pieces(backend, op, out[start : start + n], parts, scratch)
 
 
 @lru_cache(maxsize=256)

@@ -17,6 +17,9 @@ __all__ = [
     "Repeat",
     "RepeatedAllgather",
     "RepeatedAllreduce",
+    "RepeatedBarrier",
+    "RepeatedBroadcast",
+    "RepeatedReduce",
     "RepeatedReduceScatter",
     "find_repeat",
 ]
@@ -49,6 +52,7 @@ def find_repeat(
     counts: Any,
     algorithm: str,
     check: bool | None,
+    root: Any = -1,
 ) -> "Repeat | None":
     """The call's ready repeat, or a bare one to keep its decisions in; ``None`` where none is kept.
 
@@ -63,6 +67,13 @@ def find_repeat(
         elif collective == "reduce_scatter" or collective == "allgather":
             shares = None if counts is None else tuple(counts)
             key = (collective, x.__class__, x.shape, x.dtype, op, shares, algorithm, out is None, check)
+        elif collective == "broadcast" or collective == "reduce":
+            if root.__class__ is not int:  # a bool or a numpy integer: the full path checks it
+                return None
+            result = "new" if out is None else "in place" if out is x else "out"
+            key = (collective, x.__class__, x.shape, x.dtype, op, root, algorithm, result, check)
+        elif collective == "barrier":
+            key = ("barrier", algorithm, check)
         else:
             return None
     except (AttributeError, TypeError):
@@ -312,6 +323,103 @@ class RepeatedAllgather(_RepeatedShares):
         if not backend.shares_memory(work, out):
             backend.copy(out, work)
         return out
+
+
+# --- broadcast, reduce and barrier on shared memory
+
+
+class RepeatedBarrier(Repeat):
+    """A barrier's decisions on the shared-memory executor: one barrier, carrying the signature."""
+
+    __slots__ = ("guard", "shared")
+
+    def __init__(self, *, guard: PackedSignature, shared: SharedExecutor) -> None:
+        self.guard, self.shared = guard, shared
+
+    def fits(self, x: Any, out: Any) -> bool:
+        return True
+
+    def run(self, group: "Communicator", x: Any, out: Any, check: bool | None) -> None:
+        with group.watchdog.watch(self.guard, check, first_barrier=True) as call:
+            call.barrier(self.shared.shared)
+
+
+class _RepeatedRooted(Repeat):
+    """A broadcast's or reduce's decisions on the shared-memory executor."""
+
+    __slots__ = ("backend", "guard", "op", "root", "shape", "shared")
+
+    def __init__(
+        self,
+        *,
+        backend: ArrayBackend,
+        op: ReduceOp | None,
+        guard: PackedSignature,
+        shape: tuple[int, ...],
+        shared: SharedExecutor,
+        root: int,
+    ) -> None:
+        self.backend, self.op, self.guard, self.shape, self.shared, self.root = (
+            backend, op, guard, shape, shared, root
+        )  # fmt: skip
+
+    def fits(self, x: Any, out: Any) -> bool:
+        """As a reduce-scatter's (:meth:`_RepeatedShares.fits`): only what makes the call an error."""
+        return out is None or (
+            type(out) is type(x)
+            and out.shape == self.shape
+            and out.dtype == x.dtype
+            and bool(out.flags.writeable)
+        )
+
+
+class RepeatedBroadcast(_RepeatedRooted):
+    """A broadcast's decisions on the shared-memory executor."""
+
+    __slots__ = ()
+
+    def run(self, group: "Communicator", x: Any, out: Any, check: bool | None) -> Any:
+        backend = self.backend
+        in_place = None if out is not x else backend.flat_view(x)
+        work = _target(backend, out, x.size, x) if in_place is None else in_place
+        if group.rank == self.root and in_place is None:
+            backend.copy(work, x)  # the root's data, unless it is there already
+        with group.watchdog.watch(self.guard, check, first_barrier=True) as call:
+            self.shared.broadcast(backend, work, self.root, call.barrier)
+        return _delivered(backend, work, out, self.shape)
+
+
+class RepeatedReduce(_RepeatedRooted):
+    """A reduce's decisions on the shared-memory executor; the result at the root, ``None`` elsewhere."""
+
+    __slots__ = ()
+
+    def run(self, group: "Communicator", x: Any, out: Any, check: bool | None) -> Any:
+        backend, op, root = self.backend, self.op, self.root
+        assert op is not None  # a reduce reduces
+        if group.rank != root:  # the executor only reads x here, and out is never written
+            mine = _apart(backend, x, None)
+            with group.watchdog.watch(self.guard, check, first_barrier=True) as call:
+                self.shared.reduce_to(backend, mine, mine, op, root, call.barrier)
+            return None
+        # in place the executor reduces over x itself; any other overlap takes a copy of x
+        in_place = None if out is not x else backend.flat_view(x)
+        target = _target(backend, out, x.size, x) if in_place is None else in_place
+        mine = in_place if in_place is not None else _apart(backend, x, target)
+        with group.watchdog.watch(self.guard, check, first_barrier=True) as call:
+            self.shared.reduce_to(backend, target, mine, op, root, call.barrier)
+        if op.averages:
+            backend.divide(target, group.size)
+        return _delivered(backend, target, out, self.shape)
+
+
+def _delivered(backend: ArrayBackend, work: Any, out: Any, shape: tuple[int, ...]) -> Any:
+    """The result in ``work`` as ``out`` (copied unless ``work`` is ``out``'s own memory), or reshaped."""
+    if out is None:
+        return work.reshape(shape)
+    if not backend.shares_memory(work, out):
+        backend.copy(out, work)
+    return out
 
 
 def _apart(backend: ArrayBackend, x: Any, out: Any) -> Any:
