@@ -17,6 +17,7 @@ from .call import Call
 from .communicator import Communicator
 from .execute_shared import SharedExecutor
 from .lean import LeanAllreduce
+from .lean_shared import LeanShared
 from .ops import ReduceOp
 from .repeats import (
     Repeat,
@@ -77,29 +78,38 @@ def keep_shared(
         assert op is not None  # an allreduce reduces
         if not repeatable:
             return
-        lean = None
+        lean_allreduce = None
         if group.watchdog.shared is not None:
             # its signature travels with the executor's barrier: later calls of the key run lean
-            lean = LeanAllreduce(group, shared, guard, check, backend, op, call.algorithm)
+            lean_allreduce = LeanAllreduce(group, shared, guard, check, backend, op, call.algorithm)
         repeat.keep(
-            RepeatedAllreduce(backend=backend, op=op, guard=guard, shape=job.shape, shared=shared, lean=lean)
+            RepeatedAllreduce(
+                backend=backend, op=op, guard=guard, shape=job.shape, shared=shared, lean=lean_allreduce
+            )
         )
         return
+    # the signature travels with the executor's first barrier: later calls of the key run lean
+    lean = None
+    if group.watchdog.shared is not None:
+        lean = LeanShared(group, shared, guard, check, call.algorithm, op)
     if collective == "barrier":
-        repeat.keep(RepeatedBarrier(guard=guard, shared=shared))
+        repeat.keep(RepeatedBarrier(guard=guard, shared=shared, lean=lean))
         return
+    shape = job.shape
     if collective in ("broadcast", "reduce"):
         kind = RepeatedBroadcast if collective == "broadcast" else RepeatedReduce
-        repeat.keep(kind(backend=backend, op=op, guard=guard, shape=job.shape, shared=shared, root=job.root))
+        repeat.keep(
+            kind(backend=backend, op=op, guard=guard, shape=shape, shared=shared, root=job.root, lean=lean)
+        )
         return
     # a reduce-scatter's share in a buffer of its own is not one to repeat: a repeat writes into out
     own_buffer = collective == "reduce_scatter" and result is not job.result
     if shares is None or own_buffer:
         return
-    kind_of_shares = RepeatedAllgather if collective == "allgather" else RepeatedReduceScatter
-    kept = kind_of_shares(backend=backend, op=op, guard=guard, shape=job.shape, shared=shared, shares=shares)
-    repeat.keep(kept)
-
+    of_shares = RepeatedAllgather if collective == "allgather" else RepeatedReduceScatter
+    repeat.keep(
+        of_shares(backend=backend, op=op, guard=guard, shape=shape, shared=shared, shares=shares, lean=lean)
+    )
 
 # --- the collectives the shared-memory executor runs, by name
 
@@ -157,7 +167,7 @@ def _barrier(
     watchdog = group.watchdog
     signed = watchdog.shared is shared.shared and (watchdog.check if check is None else check)
     if not signed:
-        call.barrier(shared.shared)
+        shared.barrier(call.barrier)
 
 
 _ON_SHARED: dict[str, Callable[[Communicator, Call, SharedExecutor, Any, bool | None], Any]] = {

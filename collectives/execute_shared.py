@@ -156,6 +156,8 @@ class SharedExecutor:
         self._whole_small_bytes = self._small_bytes if size <= 2 else min(whole, self._small_bytes)
         # per (backend, dtype, count, half): this rank's part of the half and every rank's, as arrays
         self._smalls: dict[tuple[str, Any, int, int], tuple[Any, list[Any]]] = {}
+        # a call moving at most this much of each rank's goes through the window in one segment
+        self._segment_fits = min(segment_bytes, self._half)
 
     def reset(self) -> None:
         """Start again from the first half of the regions; every rank at once, between calls.
@@ -404,20 +406,24 @@ class SharedExecutor:
         For calls whose inputs together are small: one barrier, and each rank reads
         what it needs of the others' where it lies. The views are kept per size.
         """
-        count = x.shape[0]
+        mine, regions = self._window(backend, x, x.shape[0])
+        backend.copy(mine, x)
+        barrier(self.shared, ())  # no note: every rank of a call this small goes through the window
+        return regions
+
+    def _window(self, backend: ArrayBackend, like: Any, count: int) -> tuple[Any, list[Any]]:
+        """The next half's first ``count`` elements of this rank's region and every rank's (kept per size)."""
         turn = self.turn
         self.turn = turn ^ 1
-        key = (backend.name, x.dtype, count, turn)
+        key = (backend.name, like.dtype, count, turn)
         small = self._smalls.get(key)
         if small is None:
-            regions = [region[:count] for region in self._halves(backend, x)[turn]]
+            regions = [region[:count] for region in self._halves(backend, like)[turn]]
             small = self._smalls[key] = (regions[self._rank], regions)
             if len(self._smalls) > _SMALLS_KEPT:
                 self._smalls.clear()  # start afresh rather than evict one by one
                 self._smalls[key] = small
-        backend.copy(small[0], x)
-        barrier(self.shared, ())  # no note: every rank of a call this small goes through the window
-        return small[1]
+        return small
 
     def reduce_scatter(
         self,
@@ -521,8 +527,17 @@ class SharedExecutor:
         self, backend: ArrayBackend, out: Any, x: Any, shares: Sequence[int], barrier: Barrier = unbounded
     ) -> None:
         """``out`` = every rank's ``x`` (``shares[r]`` elements) in rank order; ``x`` may lie in ``out``."""
-        views = self._halves(backend, x)
         size, rank = self._size, self._rank
+        share = shares[0]
+        if 0 < share * x.itemsize <= self._segment_fits and shares.count(share) == size:
+            # one segment of equal shares: the loop below, on views kept per size
+            mine, regions = self._window(backend, x, share)
+            backend.copy(mine, x)
+            barrier(self.shared, ())
+            for r, region in enumerate(regions):
+                backend.copy(out[r * share : (r + 1) * share], region)
+            return
+        views = self._halves(backend, x)
         edge = bounds(tuple(shares))
         slot = self._slot(views, 1)
         for start in range(0, max(shares, default=0), slot):
@@ -538,6 +553,10 @@ class SharedExecutor:
             if n:
                 backend.copy(out[edge[rank] + start : edge[rank] + start + n], half[rank][:n])
 
+    def barrier(self, barrier: Barrier = unbounded) -> None:
+        """Pass one barrier of the memory: a barrier collective's whole call."""
+        barrier(self.shared, ())
+
     def broadcast(self, backend: ArrayBackend, work: Any, root: int, barrier: Barrier = unbounded) -> None:
         """``work`` = the root's ``work`` everywhere: the root copies it in, a barrier, the others copy out.
 
@@ -545,9 +564,17 @@ class SharedExecutor:
         :attr:`turn` as :meth:`allgather` takes them: a half is written again two barriers
         later, once every rank has read it, so a call needs no barrier at its end.
         """
+        at_root, count = self._rank == root, work.shape[0]
+        if 0 < count * work.itemsize <= self._segment_fits:  # one segment: the loop below, on views kept
+            region = self._window(backend, work, count)[1][root]
+            if at_root:
+                backend.copy(region, work)
+            barrier(self.shared, ())
+            if not at_root:
+                backend.copy(work, region)
+            return
         views = self._halves(backend, work)
         slot = self._slot(views, 1)
-        at_root, count = self._rank == root, work.shape[0]
         for start in range(0, count, slot):
             region = self._next(views)[root]
             n = min(slot, count - start)
@@ -566,11 +593,19 @@ class SharedExecutor:
         combines every rank's part where it lies (its own in ``x``) with :meth:`reduce`, so
         the bits are the shared-memory allreduce's. In segments as :meth:`broadcast`.
         """
-        views = self._halves(backend, x)
-        slot = self._slot(views, 1)
         rank, count = self._rank, x.shape[0]
         # out over x: each piece reduced apart and copied in, so no part is overwritten before it is read
         scratch = self._scratch(backend, x) if rank == root and backend.shares_memory(out, x) else None
+        if 0 < count * x.itemsize <= self._segment_fits and scratch is None:  # one segment, views kept
+            mine, regions = self._window(backend, x, count)
+            if rank != root:
+                backend.copy(mine, x)
+            barrier(self.shared, ())
+            if rank == root:
+                self.reduce(backend, op, out, [x if r == root else part for r, part in enumerate(regions)])
+            return
+        views = self._halves(backend, x)
+        slot = self._slot(views, 1)
         for start in range(0, count, slot):
             half = self._next(views)
             n = min(slot, count - start)

@@ -24,6 +24,7 @@ __all__ = [
     "find_repeat",
 ]
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .backends import ArrayBackend
@@ -31,6 +32,7 @@ from .execute import PLANS_BUDGET, ProgramPlan, pack_opening, run
 from .execute_shared import SharedExecutor
 from .faults import PLAN as FAULTS
 from .lean import LeanAllreduce
+from .lean_shared import LeanShared
 from .ops import ReduceOp
 from .watchdog import PackedSignature
 
@@ -247,9 +249,9 @@ class RepeatedAllreduce(Repeat):
 
 
 class _RepeatedShares(Repeat):
-    """A reduce-scatter's or all-gather's decisions on the shared-memory executor."""
+    """A reduce-scatter's or all-gather's decisions on the shared-memory executor (lean where it can)."""
 
-    __slots__ = ("backend", "guard", "op", "shape", "shared", "shares")
+    __slots__ = ("backend", "guard", "lean", "op", "shape", "shared", "shares")
 
     def __init__(
         self,
@@ -260,10 +262,12 @@ class _RepeatedShares(Repeat):
         shape: tuple[int, ...],
         shared: SharedExecutor,
         shares: tuple[int, ...],
+        lean: LeanShared | None = None,
     ) -> None:
         self.backend, self.op, self.guard, self.shape, self.shared, self.shares = (
             backend, op, guard, shape, shared, shares
         )  # fmt: skip
+        self.lean = lean
 
     def fits(self, x: Any, out: Any) -> bool:
         """Only what would make the call an error sends it down the full path (which names it).
@@ -290,8 +294,7 @@ class RepeatedReduceScatter(_RepeatedShares):
         assert op is not None  # only reductions run on shared memory are kept
         flat = _apart(backend, x, None)  # the executor itself minds an out that overlaps x
         target = _target(backend, out, self.shares[group.rank], x)
-        with group.watchdog.watch(self.guard, check, first_barrier=True) as call:
-            shared.reduce_scatter(backend, target, flat, self.shares, op, call.barrier)
+        _run_steps(self, group, check, shared.reduce_scatter, backend, target, flat, self.shares, op)
         if op.averages:
             backend.divide(target, group.size)
         if out is None:
@@ -316,8 +319,7 @@ class RepeatedAllgather(_RepeatedShares):
         ):
             mine = _apart(backend, x, work)
         # the executor copies this rank's part into work as it copies the others'
-        with group.watchdog.watch(self.guard, check, first_barrier=True) as call:
-            shared.allgather(backend, work, mine, shares, call.barrier)
+        _run_steps(self, group, check, shared.allgather, backend, work, mine, shares)
         if out is None:
             return work.reshape(self.shape)
         if not backend.shares_memory(work, out):
@@ -331,23 +333,24 @@ class RepeatedAllgather(_RepeatedShares):
 class RepeatedBarrier(Repeat):
     """A barrier's decisions on the shared-memory executor: one barrier, carrying the signature."""
 
-    __slots__ = ("guard", "shared")
+    __slots__ = ("guard", "lean", "shared")
 
-    def __init__(self, *, guard: PackedSignature, shared: SharedExecutor) -> None:
-        self.guard, self.shared = guard, shared
+    def __init__(
+        self, *, guard: PackedSignature, shared: SharedExecutor, lean: LeanShared | None = None
+    ) -> None:
+        self.guard, self.shared, self.lean = guard, shared, lean
 
     def fits(self, x: Any, out: Any) -> bool:
         return True
 
     def run(self, group: "Communicator", x: Any, out: Any, check: bool | None) -> None:
-        with group.watchdog.watch(self.guard, check, first_barrier=True) as call:
-            call.barrier(self.shared.shared)
+        _run_steps(self, group, check, self.shared.barrier)
 
 
 class _RepeatedRooted(Repeat):
-    """A broadcast's or reduce's decisions on the shared-memory executor."""
+    """A broadcast's or reduce's decisions on the shared-memory executor (lean where it can)."""
 
-    __slots__ = ("backend", "guard", "op", "root", "shape", "shared")
+    __slots__ = ("backend", "guard", "lean", "op", "root", "shape", "shared")
 
     def __init__(
         self,
@@ -358,10 +361,12 @@ class _RepeatedRooted(Repeat):
         shape: tuple[int, ...],
         shared: SharedExecutor,
         root: int,
+        lean: LeanShared | None = None,
     ) -> None:
         self.backend, self.op, self.guard, self.shape, self.shared, self.root = (
             backend, op, guard, shape, shared, root
         )  # fmt: skip
+        self.lean = lean
 
     def fits(self, x: Any, out: Any) -> bool:
         """As a reduce-scatter's (:meth:`_RepeatedShares.fits`): only what makes the call an error."""
@@ -384,8 +389,7 @@ class RepeatedBroadcast(_RepeatedRooted):
         work = _target(backend, out, x.size, x) if in_place is None else in_place
         if group.rank == self.root and in_place is None:
             backend.copy(work, x)  # the root's data, unless it is there already
-        with group.watchdog.watch(self.guard, check, first_barrier=True) as call:
-            self.shared.broadcast(backend, work, self.root, call.barrier)
+        _run_steps(self, group, check, self.shared.broadcast, backend, work, self.root)
         return _delivered(backend, work, out, self.shape)
 
 
@@ -399,18 +403,36 @@ class RepeatedReduce(_RepeatedRooted):
         assert op is not None  # a reduce reduces
         if group.rank != root:  # the executor only reads x here, and out is never written
             mine = _apart(backend, x, None)
-            with group.watchdog.watch(self.guard, check, first_barrier=True) as call:
-                self.shared.reduce_to(backend, mine, mine, op, root, call.barrier)
+            _run_steps(self, group, check, self.shared.reduce_to, backend, mine, mine, op, root)
             return None
         # in place the executor reduces over x itself; any other overlap takes a copy of x
         in_place = None if out is not x else backend.flat_view(x)
         target = _target(backend, out, x.size, x) if in_place is None else in_place
         mine = in_place if in_place is not None else _apart(backend, x, target)
-        with group.watchdog.watch(self.guard, check, first_barrier=True) as call:
-            self.shared.reduce_to(backend, target, mine, op, root, call.barrier)
+        _run_steps(self, group, check, self.shared.reduce_to, backend, target, mine, op, root)
         if op.averages:
             backend.divide(target, group.size)
         return _delivered(backend, target, out, self.shape)
+
+
+def _run_steps(
+    kept: "RepeatedBarrier | _RepeatedRooted | _RepeatedShares",
+    group: "Communicator",
+    check: bool | None,
+    steps: Callable[..., object],
+    *arguments: Any,
+) -> None:
+    """``steps(*arguments, barrier)`` as a call of ``kept``'s key: lean, or under the watchdog.
+
+    Its first barrier carries the signature. With ``$COLLECTIVES_DEBUG`` or an armed
+    ``$COLLECTIVES_FAULT`` it runs under the watchdog, whose Call those need.
+    """
+    lean = kept.lean
+    if lean is not None and not FAULTS.armed and not lean.watchdog.debug:
+        lean.run(steps, *arguments)
+        return
+    with group.watchdog.watch(kept.guard, check, first_barrier=True) as call:
+        steps(*arguments, call.barrier)
 
 
 def _delivered(backend: ArrayBackend, work: Any, out: Any, shape: tuple[int, ...]) -> Any:

@@ -1,0 +1,181 @@
+"""The lean path of the other repeated shared-memory collectives: barrier, broadcast, reduce and all-gather.
+
+What :mod:`collectives.lean` does for a repeated allreduce, for a repeated call of
+another collective on the shared-memory executor: it claims the communicator,
+takes the next sequence number and, unless checking is off, posts the call's
+signature (with that number and the watchdog's tag) with the executor's first
+barrier and compares the others' after it, so a call that meets another call on
+another rank raises :class:`~collectives.MismatchError` on every rank. Calls in a
+row share one flight-recorder entry (:class:`~collectives.lean.Repeats`); a call
+gets a :class:`~collectives.call.Call`, with its deadline and stall warning, only
+where it waits past :data:`~collectives.lean.SPIN_S` or fails. A call that passes
+no barrier of the executor (nothing to move) passes one for its signature.
+"""
+
+__all__ = ["LeanShared"]
+
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .call import Call, Starts
+from .errors import MismatchError
+from .lean import SPIN_S, Repeats
+from .tracing.recorder import TRACER as _TRACE
+from .transport.base import SharedMemory
+from .watchdog import PackedSignature
+
+if TYPE_CHECKING:
+    from .communicator import Communicator
+    from .execute_shared import SharedExecutor
+    from .ops import ReduceOp
+
+_monotonic = time.monotonic
+
+
+class LeanShared:
+    """Runs a repeated call's executor steps with one signed barrier and no :class:`Call` unless it waits.
+
+    Args:
+        group: the communicator.
+        executor: its shared-memory executor.
+        guard: the packed signature the ranks agreed on.
+        check: the call's ``check``, as the user gave it.
+        algorithm: the algorithm's name, for the flight recorder and traces.
+        op: the reduction, of a reduce (named in a mismatch's notes where it is the user's).
+    """
+
+    __slots__ = (
+        "_barriers",
+        "_call",
+        "_check",
+        "_entry",
+        "_pending",
+        "_sequence",
+        "_size",
+        "algorithm",
+        "executor",
+        "guard",
+        "op",
+        "watchdog",
+    )
+
+    def __init__(
+        self,
+        group: "Communicator",
+        executor: "SharedExecutor",
+        guard: PackedSignature,
+        check: bool | None,
+        algorithm: str,
+        op: "ReduceOp | None" = None,
+    ) -> None:
+        self.watchdog = group.watchdog
+        self.executor = executor
+        self.guard = guard
+        self.algorithm = algorithm
+        self.op = op
+        self._check = check
+        self._size = group.size
+        self._sequence = 0
+        self._barriers = 0
+        self._pending = False
+        self._call: Call | None = None
+        self._entry: Starts | None = None
+
+    def run(self, steps: Callable[..., object], *arguments: Any) -> None:
+        """``steps(*arguments, barrier)`` as one call: the executor's steps, ``barrier`` its barrier."""
+        # Watchdog.watch/end's steps written out, as LeanAllreduce does: a Call only where one waits or fails
+        watchdog = self.watchdog
+        watchdog.claim(self.guard.signature.collective)
+        began = _monotonic()
+        sequence = watchdog.sequence
+        watchdog.sequence = sequence + 1
+        self._sequence = sequence
+        self._barriers = 0
+        self._call = None
+        entry = self._entry
+        recorder = watchdog.recorder
+        if entry is not None and recorder and recorder[-1] is entry:  # no other call since: count it in
+            entry.last = sequence
+            entry.starts += 1
+        else:
+            entry = self._entry = Repeats(self.guard.signature, sequence, self.algorithm)
+            recorder.append(entry)
+        check = self._check
+        try:
+            if (watchdog.check if check is None else check) and self._size > 1:
+                self.guard.stamp(sequence, watchdog.tag)
+                self._pending = True
+            steps(*arguments, self.barrier)
+            if self._pending:  # the steps passed no barrier: the signature's own
+                self.barrier(self.executor.shared)
+        except BaseException as error:
+            self._failed(error)
+            raise
+        call = self._call
+        if call is None:
+            watchdog.release()
+            if began - watchdog.last_began >= watchdog.late_after:  # as Watchdog.end asks
+                watchdog.late(self.guard.signature.collective, sequence)
+            watchdog.last_began = began
+            if _TRACE.on:  # a record of its own only where traced (see collectives.tracing)
+                _TRACE.record((self, sequence, began, _monotonic(), watchdog.tag))
+        else:
+            call.began = began  # it became a Call only as it waited: its time is the whole call's
+            watchdog.end(call)
+
+    def barrier(
+        self, shared: SharedMemory, note: Sequence[int] = (), ranks: tuple[int, ...] | None = None
+    ) -> None:
+        """The executor's barrier: the signature goes with the first; a long wait is a Call's."""
+        passed = self._barriers
+        self._barriers = passed + 1
+        call = self._call
+        if self._pending:
+            self._pending = False
+            guard = self.guard
+            if call is None and not note:  # posted, passed and compared in one call of the memory's
+                matched = shared.pass_signed(guard.packed, guard.digest, self._sequence, SPIN_S)
+                if matched is None:  # a rank is late: wait on as a Call, which compares the signatures after
+                    call = self._record()
+                    call.pending = guard
+                    call.arrived(shared, passed, ranks)
+                elif not matched:
+                    self.watchdog.compare_posted(shared, guard, self._sequence)  # raises where they differ
+                return
+            shared.post_signature(guard.packed, guard.digest, self._sequence)
+            shared.arrive(note)
+            call = call or self._record()
+            call.pending = guard
+            call.arrived(shared, passed, ranks)
+            return
+        shared.arrive(note)
+        if call is None and not shared.wait(SPIN_S):
+            return
+        (call or self._record()).arrived(shared, passed, ranks)
+
+    def _record(self) -> Call:
+        """The call's Call, made when it must wait (or failed): its deadline, warnings and own record."""
+        watchdog = self.watchdog
+        call = self._call = Call(watchdog, self.guard.signature, self._sequence)
+        call.algorithm = self.algorithm
+        entry = self._entry
+        if entry is not None:  # the call's own record replaces its count in the lean calls' entry
+            if entry.starts == 1 and watchdog.recorder and watchdog.recorder[-1] is entry:
+                watchdog.recorder.pop()
+            else:
+                entry.starts -= 1
+                entry.last -= 1
+        self._entry = None
+        watchdog.recorder.append(call)
+        return call
+
+    def _failed(self, error: BaseException) -> None:
+        """End the claimed call with ``error`` (its Call made if it had none), as every call's end does."""
+        self._pending = False
+        failed = self._call or self._record()
+        failed.pending = None  # the error is the call's, whatever its signature
+        op = self.op
+        if isinstance(error, MismatchError) and op is not None and op.custom:
+            error.add_note(f"rank {self.watchdog.transport.rank}'s op {op.name!r} is {op.agreed_name!r}")
+        self.watchdog.end(failed, error)
