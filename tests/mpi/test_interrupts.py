@@ -44,6 +44,13 @@ def _call(collective: str, comm: collectives.Communicator, i: int, cold: bool) -
     if collective == "reduce_scatter":
         x = np.full(size * count, rank + 1 + i, np.float32)
         return collectives.reduce_scatter(x, comm=comm), np.full(count, size * (size + 1) / 2 + size * i)
+    if collective == "reduce":  # the result at the root, rank 0; None elsewhere
+        x = np.full(count, rank + 1 + i, np.float32)
+        total = np.full(count, size * (size + 1) / 2 + size * i)
+        reduced = collectives.reduce(x, root=0, comm=comm)
+        return (total if rank != 0 and reduced is None else reduced), total
+    if collective == "barrier":  # nothing to get: only that it returns, in step with the others
+        return collectives.barrier(comm=comm), None
     x = np.full(count, i if rank == 0 else -1, np.float32)
     return collectives.broadcast(x, root=0, comm=comm), np.full(count, i)
 
@@ -94,7 +101,7 @@ def _interrupt_on_entering(public: str, code: CodeType) -> None:
 
 
 PATHS = [(collective, cold) for collective in ("allreduce", "allgather", "reduce_scatter", "broadcast")
-         for cold in (False, True)]  # fmt: skip
+         for cold in (False, True)] + [("reduce", False), ("barrier", False)]  # fmt: skip
 
 
 @pytest.mark.parametrize(

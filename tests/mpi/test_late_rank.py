@@ -25,10 +25,18 @@ def _paths(comm: collectives.Communicator, x: np.ndarray) -> dict[str, Callable[
         "repeated ring": lambda: collectives.allreduce(x, algorithm="ring", comm=comm),
         "persistent": persistent,
         "allgather": lambda: collectives.allgather(x, comm=comm),
+        "broadcast": lambda: collectives.broadcast(x, 0, comm=comm),
+        "reduce": lambda: collectives.reduce(x, root=0, comm=comm),
+        "barrier": lambda: collectives.barrier(comm=comm),
     }
 
 
-@pytest.mark.parametrize("path", ["repeated on shared memory", "repeated ring", "persistent", "allgather"])
+PATHS = [
+    "repeated on shared memory", "repeated ring", "persistent", "allgather", "broadcast", "reduce", "barrier"
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("path", PATHS)
 def test_a_late_rank_learns_of_a_peers_timeout_before_its_call_returns(
     world: MPI.Intracomm, path: str
 ) -> None:
