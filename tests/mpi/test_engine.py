@@ -172,10 +172,15 @@ def _past_the_small_window(dtype: str) -> int:
     return (1_200_007 // np.dtype(dtype).itemsize) | 1
 
 
+def _leans(comm: collectives.Communicator) -> list[Any]:
+    """The lean paths of ``comm``'s repeated allreduces (the other collectives' repeats have their own)."""
+    from collectives.lean import LeanAllreduce
+
+    return [p.lean for p in comm.repeats.values() if isinstance(p.lean, LeanAllreduce)]
+
+
 def _segmented_kernels(comm: collectives.Communicator) -> list[Any]:
-    return [
-        p.lean._segments for p in comm.repeats.values() if p.lean is not None and p.lean._segments is not None
-    ]
+    return [lean._segments for lean in _leans(comm) if lean._segments is not None]
 
 
 def test_calls_past_the_small_window_take_the_engine_with_the_python_paths_bits(
@@ -217,7 +222,7 @@ def test_a_rank_on_the_python_path_meets_one_in_the_engine(world: MPI.Intracomm)
     for _ in range(2):
         collectives.allreduce(x, out=x, comm=comm)
     if world.rank == 0:  # rank 0 on the Python path from here on
-        for lean in (p.lean for p in comm.repeats.values() if p.lean is not None):
+        for lean in _leans(comm):
             lean._segments = None
     for call in range(REPEATS):  # whole numbers: the sums are exact in any order, so MPI's are ours
         x[...] = np.random.default_rng(call * 31 + world.rank).integers(-1000, 1000, count)

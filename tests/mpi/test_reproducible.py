@@ -6,6 +6,7 @@ from mpi4py import MPI
 
 import collectives
 from collectives import engine, reproducible_calls
+from collectives.lean import LeanAllreduce
 from tests.mpi.helpers import Problems, algorithms_for
 from tests.reproducible_cases import DTYPES, contributions, model, spread
 
@@ -76,7 +77,7 @@ def _repeated(comm: collectives.Communicator, dtype: str, op: str, count: int, *
 
 def _kernels(comm: collectives.Communicator) -> tuple[int, int]:
     """The runs of the compiled small and segmented calls that ``comm``'s repeated calls made."""
-    leans = [p.lean for p in comm.repeats.values() if p.lean is not None]
+    leans = [p.lean for p in comm.repeats.values() if isinstance(p.lean, LeanAllreduce)]
     small = sum(lean._kernel.runs for lean in leans if lean._kernel is not None)
     segmented = sum(lean._segments.runs for lean in leans if lean._segments is not None)
     return small, segmented
