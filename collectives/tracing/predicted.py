@@ -78,7 +78,8 @@ def predict_call(
     # each step's terms include the call's overhead once: leave it out of the steps
     steps = [max(t - model.overhead, 0.0) for t in terms]
     body = candidate.time - model.overhead
-    scale = body / sum(steps) if sum(steps) > 0 and body > 0 else 1.0
+    # a body of nothing (the shared-memory barrier: the call's own barrier is all of it) scales steps to 0
+    scale = body / sum(steps) if sum(steps) > 0 and body >= 0 else 1.0
     return Predicted(
         candidate.time, model.overhead, tuple(s * scale for s in steps), round(scale, 4), candidate.schedule
     )
