@@ -42,12 +42,13 @@ def _inputs(dtype: str, count: int, rank: int, size: int, call: int) -> np.ndarr
 
 
 def _results(
-    comm: collectives.Communicator, dtype: str, op: str, count: int, persistent: bool
+    comm: collectives.Communicator, dtype: str, op: str, count: int, persistent: bool, in_place: bool = True
 ) -> list[bytes]:
-    """The bits of REPEATS in-place calls (the later ones lean), plain or persistent, on ``comm``."""
+    """The bits of REPEATS calls (the later ones lean), plain or persistent, in place or not, on ``comm``."""
     x = np.zeros(count, dtype=ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+    out = x if in_place else np.zeros_like(x)
     start: Callable[[], Any] | None = (
-        collectives.allreduce_init(x, op, out=x, comm=comm) if persistent else None
+        collectives.allreduce_init(x, op, out=out, comm=comm) if persistent else None
     )
     results = []
     for call in range(REPEATS):
@@ -55,8 +56,8 @@ def _results(
         if start is not None:
             start()
         else:
-            collectives.allreduce(x, op, out=x, comm=comm)
-        results.append(x.tobytes())
+            collectives.allreduce(x, op, out=out, comm=comm)
+        results.append(out.tobytes())
     return results
 
 
@@ -79,9 +80,11 @@ def _runs(made: list[Any]) -> int:
     return sum(kernel.runs for kernel in made)
 
 
-@pytest.mark.parametrize("persistent", [False, True], ids=["plain", "persistent"])
+@pytest.mark.parametrize(
+    ("persistent", "in_place"), [(False, True), (True, True), (False, False)], ids=["plain", "persistent", "out"]
+)
 def test_the_engine_and_the_python_path_give_the_same_bits(
-    world: MPI.Intracomm, monkeypatch: pytest.MonkeyPatch, persistent: bool
+    world: MPI.Intracomm, monkeypatch: pytest.MonkeyPatch, persistent: bool, in_place: bool
 ) -> None:
     problems = Problems(world)
     compiled = collectives.Communicator(world)
@@ -99,7 +102,7 @@ def test_the_engine_and_the_python_path_give_the_same_bits(
             ours: list[bytes] | None = None
             theirs: list[bytes] | None = None
             with problems.guard(f"{dtype} {op} {count} compiled"):
-                ours = _results(compiled, dtype, op, count, persistent)
+                ours = _results(compiled, dtype, op, count, persistent, in_place)
             took = _runs(made) > before
             taken += took
             # (others may reach it too: float16's avg sums in float32)
@@ -109,7 +112,7 @@ def test_the_engine_and_the_python_path_give_the_same_bits(
                 python_only.setattr(engine, "COMPILED", None)
                 python = collectives.Communicator(world)
                 with problems.guard(f"{dtype} {op} {count} python"):
-                    theirs = _results(python, dtype, op, count, persistent)
+                    theirs = _results(python, dtype, op, count, persistent, in_place)
                 python.free()
             if ours is not None and ours != theirs:
                 problems.expect(False, f"{dtype} {op} count {count}: the compiled and Python paths differ")
