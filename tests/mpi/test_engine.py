@@ -81,7 +81,9 @@ def _runs(made: list[Any]) -> int:
 
 
 @pytest.mark.parametrize(
-    ("persistent", "in_place"), [(False, True), (True, True), (False, False)], ids=["plain", "persistent", "out"]
+    ("persistent", "in_place"),
+    [(False, True), (True, True), (False, False)],
+    ids=["plain", "persistent", "out"],
 )
 def test_the_engine_and_the_python_path_give_the_same_bits(
     world: MPI.Intracomm, monkeypatch: pytest.MonkeyPatch, persistent: bool, in_place: bool
@@ -171,8 +173,10 @@ SEGMENTED = (("float32", "sum"), ("float64", "prod"), ("int32", "max"), ("uint8"
 
 
 def _past_the_small_window(dtype: str) -> int:
-    """Elements of about 1.2 MB a rank: past the one-barrier window, two segments of a share at 2 ranks."""
-    return (1_200_007 // np.dtype(dtype).itemsize) | 1
+    """Elements of a rank's input past the engine's one-barrier window (by 200 KB: two segments or more)."""
+    from collectives.execute_shared import small_bytes
+
+    return ((small_bytes(MPI.COMM_WORLD.size, compiled=True) + 200_007) // np.dtype(dtype).itemsize) | 1
 
 
 def _segmented_kernels(comm: collectives.Communicator) -> list[Any]:
@@ -351,7 +355,7 @@ def test_arrays_the_engines_one_call_refuses_take_the_full_path(world: MPI.Intra
     assert (x == 2.0 * world.size).all()
     x.shape = (4,)
     x.flags.writeable = False
-    with pytest.raises(collectives.InvalidBufferError, match="read-only|writ"):
+    with pytest.raises(collectives.InvalidBufferError, match=r"read-only|writ"):
         collectives.allreduce(x, out=x, comm=comm)
     x.flags.writeable = True
     x[...] = 3.0
