@@ -16,12 +16,11 @@ from .call import Call
 from .errors import InvalidBufferError
 from .execute import Scratch
 from .execute_shared import (
-    COMPILED_SMALL_TOTAL_BYTES,
     OVERSUBSCRIBED_SEGMENT_BYTES,
     SEGMENT_BYTES,
-    SMALL_TOTAL_BYTES,
     SharedExecutor,
     oversubscribed,
+    small_bytes,
 )
 from .selector import Selector
 from .selector_agreement import agree_on_selector
@@ -268,7 +267,7 @@ class Communicator:
         extra: tuple[str, ...] = ("oversubscribed",) if crowded else ()
         if shared is not None:
             # the compiled engine's reduction wins one barrier further (the ranks agree whether it runs)
-            small = SMALL_TOTAL_BYTES if engine.COMPILED is None else COMPILED_SMALL_TOTAL_BYTES
+            small = small_bytes(self.size, compiled=engine.COMPILED is not None)
             extra += ("compiled",) if engine.COMPILED is not None else ()
             self._shared = SharedExecutor(shared, self.rank, self.size, segment, small)
             # from the next call on, the ranks agree on signatures through a barrier, not messages,

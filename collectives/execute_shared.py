@@ -33,7 +33,7 @@ to copy in through the window).
 """
 
 __all__ = [
-    "COMPILED_SMALL_TOTAL_BYTES",
+    "COMPILED_SMALL_READ_BYTES",
     "OVERSUBSCRIBED_SEGMENT_BYTES",
     "SEGMENT_BYTES",
     "SMALL_TOTAL_BYTES",
@@ -41,6 +41,7 @@ __all__ = [
     "Barrier",
     "SharedExecutor",
     "oversubscribed",
+    "small_bytes",
 ]
 
 import os
@@ -74,15 +75,32 @@ at 256 KiB and lost at 512 KiB (63 against 76 us); at 4 ranks it won up to 64 Ki
 (61 against 102 us), tied at 128 KiB and lost at 256 KiB.
 """
 
-COMPILED_SMALL_TOTAL_BYTES = 1 << 20
-""":data:`SMALL_TOTAL_BYTES` where the compiled engine runs (:mod:`collectives.engine`): its reduction is
-a vector loop, twice numpy's speed on these sizes, and the one barrier wins further.
+COMPILED_SMALL_READ_BYTES = 1 << 22
+"""Where the compiled engine runs (:mod:`collectives.engine`), an allreduce passes one barrier while the
+bytes its ranks read of one another's inputs, ``P (P - 1)`` times one input, are at most this.
 
-Measured on 2 cores (2 MiB L2, allreduce in place, ``bench compare -a auto -p mpi``, ratios to MPICH
-in one launch): at 2 ranks 512 KiB took 0.31x MPICH in one barrier against 0.51x in segments, 1 MiB
-0.67x against 0.45x; at 4 ranks 256 KiB 0.35x against 0.54x. The ranks agree whether the engine runs
-(:mod:`collectives.settings_agreement`), so they agree on the path; the communicator passes it.
+Its reduction is a vector loop that reads this rank's own part from its input, where it is hot,
+and the others' where they lie, so the one barrier wins further than the Python path's; what it
+costs past that is the peers' bytes each rank reads, which grows with ``P - 1`` against a
+segmented call's ``(P - 1) / P``. Measured on 2 cores (2 MiB L2; two communicators, one with a
+wider window, in one launch, float32 sum in place, Intel MPI beside): at 2 ranks one barrier took
+44-46 us at 1 MiB a rank against 54-56 in segments (Intel 48-51), 101-106 at 2 MiB against 112
+(Intel 105-109), and lost at 4 MiB (275 against 225); at 4 ranks it tied at 128 and 256 KiB and
+lost at 512 KiB (98 against 66 us). So 2 MiB a rank at 2 ranks, 341 KiB at 4, 75 KiB at 8. The
+ranks agree whether the engine runs (:mod:`collectives.settings_agreement`), so they agree on the
+path; the communicator passes it.
 """
+
+
+def small_bytes(size: int, compiled: bool) -> int:
+    """Each rank's input bytes up to which an allreduce of ``size`` ranks passes one barrier.
+
+    :data:`SMALL_TOTAL_BYTES` in all on the Python path; :data:`COMPILED_SMALL_READ_BYTES` read
+    in all where the compiled engine runs.
+    """
+    if compiled:
+        return COMPILED_SMALL_READ_BYTES // max(size * (size - 1), 1)
+    return SMALL_TOTAL_BYTES // size
 
 
 WHOLE_SMALL_TOTAL_BYTES = 1 << 17
@@ -135,7 +153,7 @@ class SharedExecutor:
         rank: int,
         size: int,
         segment_bytes: int = SEGMENT_BYTES,
-        small_total_bytes: int = SMALL_TOTAL_BYTES,
+        small: int | None = None,
     ) -> None:
         self._rank = rank
         self._size = size
@@ -149,14 +167,16 @@ class SharedExecutor:
         self._allocations: list[list[memoryview]] = []  # from alloc: every rank's part of each
         self._bases: list[int | None] = []  # the address of this rank's part of each
         self._scratches: dict[tuple[str, Any], Any] = {}
-        self._small_bytes = min(small_total_bytes // size, self._half)
+        # each rank's input bytes up to which an allreduce passes one barrier (small_bytes)
+        self._small_bytes = min(small_bytes(size, compiled=False) if small is None else small, self._half)
         # an op that combines every rank's part at once costs more than a copy: each rank of a
         # one-barrier call would combine all of it, an owner of a segmented one only its share
-        whole = min(WHOLE_SMALL_TOTAL_BYTES // size, self._half)
-        self._whole_small_bytes = self._small_bytes if size <= 2 else min(whole, self._small_bytes)
+        # (at 2 ranks the pair op's window stays where it was measured: 512 KiB a rank)
+        whole = (1 << 20 if size <= 2 else WHOLE_SMALL_TOTAL_BYTES) // size
+        self._whole_small_bytes = min(whole, self._small_bytes)
         # per (backend, dtype, count, half): this rank's part of the half and every rank's, as arrays
         self._smalls: dict[tuple[str, Any, int, int], tuple[Any, list[Any]]] = {}
-        # a call moving at most this much of each rank's goes through the window in one segment
+        # bytes of each rank's a segment of a broadcast, reduce or all-gather takes through the window
         self._segment_fits = min(segment_bytes, self._half)
 
     def reset(self) -> None:
@@ -368,9 +388,9 @@ class SharedExecutor:
     def small(self, nbytes: int, op: ReduceOp) -> bool:
         """Whether an allreduce of ``nbytes`` per rank with ``op`` may go through :meth:`allreduce_small`.
 
-        Its inputs on all ranks together fit :data:`SMALL_TOTAL_BYTES` (where the compiled engine
-        runs, :data:`COMPILED_SMALL_TOTAL_BYTES`; for an op that is ``whole`` at more than two ranks,
-        :data:`WHOLE_SMALL_TOTAL_BYTES`): the same on every rank of a matching call.
+        At most the executor's window a rank (:func:`small_bytes`, given it; for an op that is
+        ``whole`` at more than two ranks, :data:`WHOLE_SMALL_TOTAL_BYTES` in all): the same on every
+        rank of a matching call.
         """
         return nbytes <= self._limit(op)
 
@@ -565,24 +585,15 @@ class SharedExecutor:
         later, once every rank has read it, so a call needs no barrier at its end.
         """
         at_root, count = self._rank == root, work.shape[0]
-        if 0 < count * work.itemsize <= self._segment_fits:  # one segment: the loop below, on views kept
-            region = self._window(backend, work, count)[1][root]
-            if at_root:
-                backend.copy(region, work)
-            barrier(self.shared, ())
-            if not at_root:
-                backend.copy(work, region)
-            return
-        views = self._halves(backend, work)
-        slot = self._slot(views, 1)
+        slot = max(self._segment_fits // work.itemsize, 1)
         for start in range(0, count, slot):
-            region = self._next(views)[root]
             n = min(slot, count - start)
+            region = self._window(backend, work, n)[1][root]
             if at_root:
-                backend.copy(region[:n], work[start : start + n])
+                backend.copy(region, work[start : start + n])
             barrier(self.shared, ())
             if not at_root:
-                backend.copy(work[start : start + n], region[:n])
+                backend.copy(work[start : start + n], region)
 
     def reduce_to(
         self, backend: ArrayBackend, out: Any, x: Any, op: ReduceOp, root: int, barrier: Barrier = unbounded
@@ -596,29 +607,19 @@ class SharedExecutor:
         rank, count = self._rank, x.shape[0]
         # out over x: each piece reduced apart and copied in, so no part is overwritten before it is read
         scratch = self._scratch(backend, x) if rank == root and backend.shares_memory(out, x) else None
-        if 0 < count * x.itemsize <= self._segment_fits and scratch is None:  # one segment, views kept
-            mine, regions = self._window(backend, x, count)
-            if rank != root:
-                backend.copy(mine, x)
-            barrier(self.shared, ())
-            if rank == root:
-                self.reduce(backend, op, out, [x if r == root else part for r, part in enumerate(regions)])
-            return
-        views = self._halves(backend, x)
-        slot = self._slot(views, 1)
+        slot = max(self._segment_fits // x.itemsize, 1)
         for start in range(0, count, slot):
-            half = self._next(views)
             n = min(slot, count - start)
+            mine, regions = self._window(backend, x, n)
             if rank != root:
-                backend.copy(half[rank][:n], x[start : start + n])
+                backend.copy(mine, x[start : start + n])
             barrier(self.shared, ())
             if rank == root:
-                parts = [x[start : start + n] if r == root else half[r][:n] for r in range(self._size)]
+                parts = [x[start : start + n] if r == root else part for r, part in enumerate(regions)]
                 if scratch is None:
                     self.reduce(backend, op, out[start : start + n], parts)
                 else:
                     self._reduce_pieces(backend, op, out[start : start + n], parts, scratch)
-
 
 @lru_cache(maxsize=256)
 def _even_shares(count: int, size: int) -> tuple[int, ...]:

@@ -5,7 +5,7 @@ import re
 import pytest
 
 from collectives import engine
-from collectives.execute_shared import COMPILED_SMALL_TOTAL_BYTES, SMALL_TOTAL_BYTES
+from collectives.execute_shared import small_bytes
 from tests.mpirun import BENCH, mpiexec, run_mpi
 
 needs_mpiexec = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec: install the mpich extra")
@@ -55,10 +55,10 @@ def test_small_path_bench_times_every_layer() -> None:
 
 @needs_mpiexec
 def test_small_path_bench_refuses_sizes_off_the_one_barrier_path() -> None:
-    result = run_mpi(2, [*BENCH, "small_path", "--size", "1M"], timeout=60)
+    result = run_mpi(2, [*BENCH, "small_path", "--size", "4M"], timeout=60)
     assert result.returncode == 2, result.stdout
-    limit = COMPILED_SMALL_TOTAL_BYTES if engine.compiled() else SMALL_TOTAL_BYTES
-    assert f"size x ranks <= {limit} bytes" in result.stdout
+    limit = small_bytes(2, engine.compiled())
+    assert f"a size of at most {limit} bytes at 2 ranks" in result.stdout
 
 
 @needs_mpiexec

@@ -51,6 +51,20 @@ def test_compiled_0_turns_it_off_and_says_so() -> None:
     assert done.stdout.splitlines() == ["False", "the Python path: COLLECTIVES_COMPILED=0"]
 
 
+def test_a_build_older_than_its_source_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stale build lacks the newest call: the Python path runs, and ``why`` says to rebuild."""
+    import importlib
+    import types
+
+    stale = types.ModuleType("collectives._engine")
+    stale.__file__ = "/somewhere/_engine.so"
+    monkeypatch.setattr(importlib, "import_module", lambda name: stale)
+    monkeypatch.delenv("COLLECTIVES_COMPILED", raising=False)
+    built, reason, problem = engine._load()
+    assert built is None and problem is None
+    assert "older than its source" in reason and "rebuild" in reason
+
+
 def test_a_bad_value_is_refused_by_name() -> None:
     done = _info(COLLECTIVES_COMPILED="fast")
     assert done.returncode != 0

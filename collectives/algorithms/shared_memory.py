@@ -39,7 +39,7 @@ barrier         1      P - 1 tokens
 
 __all__ = [
     "COMPILED",
-    "COMPILED_SMALL_ELEMENTS",
+    "COMPILED_SMALL_READ_ELEMENTS",
     "OVERSUBSCRIBED",
     "OVERSUBSCRIBED_SEGMENT_ELEMENTS",
     "REQUIRES",
@@ -81,8 +81,10 @@ SMALL_ELEMENTS = 1 << 17
 The executor's ``SMALL_TOTAL_BYTES``: each rank copies its input in and reduces the whole buffer.
 """
 
-COMPILED_SMALL_ELEMENTS = 1 << 18
-"""The same with the ``compiled`` feature: the compiled engine reduces (``COMPILED_SMALL_TOTAL_BYTES``)."""
+COMPILED_SMALL_READ_ELEMENTS = 1 << 20
+"""With the ``compiled`` feature (the compiled engine reduces), an allreduce passes one barrier while the
+float32 elements its ranks read of one another's inputs, ``P (P - 1)`` times one input's, are at most
+this (the executor's ``COMPILED_SMALL_READ_BYTES``)."""
 
 COMPILED = "compiled"
 """The feature of shared memory whose repeated calls the compiled engine runs."""
@@ -173,11 +175,11 @@ def traffic(
     segment of :data:`SEGMENT_ELEMENTS` of every share (float32 elements taken;
     :data:`OVERSUBSCRIBED_SEGMENT_ELEMENTS` with the ``oversubscribed`` feature),
     an allreduce passes two barriers, the other collectives one; an allreduce whose
-    inputs together are at most :data:`SMALL_ELEMENTS` (:data:`COMPILED_SMALL_ELEMENTS` with the
-    ``compiled`` feature) passes one in all (each rank copies its input in and reduces the
-    whole buffer). An allreduce's first barrier is not counted: it carries the call's
-    signature, and every call on memory the ranks share passes one barrier to agree on
-    it, whatever the algorithm (see ``Watchdog.agree_through``).
+    inputs together are at most :data:`SMALL_ELEMENTS` (with the ``compiled`` feature: whose ranks
+    read at most :data:`COMPILED_SMALL_READ_ELEMENTS` of one another's inputs) passes one in all
+    (each rank copies its input in and reduces the whole buffer). An allreduce's first barrier
+    is not counted: it carries the call's signature, and every call on memory the ranks share
+    passes one barrier to agree on it, whatever the algorithm (see ``Watchdog.agree_through``).
     Copied: an allreduce copies in the other owners' parts of
     its input and copies out the whole result; reduce-scatter the other owners'
     parts; all-gather its own share in and the other shares out (its own share's copy into the
@@ -203,7 +205,11 @@ def traffic(
     segments = -(-share // per_segment)
     others = (world_size - 1) * share
     if collective == "allreduce":
-        if count * world_size <= (COMPILED_SMALL_ELEMENTS if COMPILED in features else SMALL_ELEMENTS):
+        if (
+            count <= COMPILED_SMALL_READ_ELEMENTS // (world_size * (world_size - 1))
+            if COMPILED in features
+            else count * world_size <= SMALL_ELEMENTS
+        ):
             return (1, 0, 0, (world_size - 1) * count, 0, count)
         return (2 * segments, 0, 0, others, 2 * segments - 1, others + count)
     if collective == "reduce_scatter":

@@ -20,7 +20,7 @@ one node's shared memory, each adding one layer of the library to the one before
 It reaches into the library's private parts, as a profiler would; a row per
 layer, the median of the rounds of the slowest rank. Only for sizes on the
 one-barrier path (all ranks' inputs together within ``SMALL_TOTAL_BYTES``, or
-``COMPILED_SMALL_TOTAL_BYTES`` where the compiled engine runs).
+``COMPILED_SMALL_READ_BYTES`` read in all where the compiled engine runs: ``small_bytes``).
 """
 
 __all__ = ["interleaved_medians", "main"]
@@ -37,7 +37,7 @@ from mpi4py import MPI
 import collectives
 from collectives import engine
 from collectives.backends.numpy_backend import UFUNCS, NumpyBackend
-from collectives.execute_shared import COMPILED_SMALL_TOTAL_BYTES, SMALL_TOTAL_BYTES
+from collectives.execute_shared import small_bytes
 from collectives.ops import get_op
 
 from .config import parse_size
@@ -129,9 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-r", "--rounds", type=int, default=12, help="rounds (default 12)")
     args = parser.parse_args(argv)
     world = MPI.COMM_WORLD
-    small_total = SMALL_TOTAL_BYTES if engine.COMPILED is None else COMPILED_SMALL_TOTAL_BYTES
-    if world.size < 2 or args.size * world.size > small_total:
-        parser.error(f"needs 2 or more ranks and size x ranks <= {small_total} bytes")
+    largest = small_bytes(world.size, compiled=engine.COMPILED is not None)
+    if world.size < 2 or args.size > largest:
+        parser.error(f"needs 2 or more ranks and a size of at most {largest} bytes at {world.size} ranks")
     comm = collectives.Communicator(world)
     x = np.zeros(max(args.size // 4, 1), np.float32)  # zeros: repeated sums in place stay finite
     medians = interleaved_medians(world, _layers(comm, world, x), args.rounds, args.calls)

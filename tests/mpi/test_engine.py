@@ -42,12 +42,13 @@ def _inputs(dtype: str, count: int, rank: int, size: int, call: int) -> np.ndarr
 
 
 def _results(
-    comm: collectives.Communicator, dtype: str, op: str, count: int, persistent: bool
+    comm: collectives.Communicator, dtype: str, op: str, count: int, persistent: bool, in_place: bool = True
 ) -> list[bytes]:
-    """The bits of REPEATS in-place calls (the later ones lean), plain or persistent, on ``comm``."""
+    """The bits of REPEATS calls (the later ones lean), plain or persistent, in place or not, on ``comm``."""
     x = np.zeros(count, dtype=ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+    out = x if in_place else np.zeros_like(x)
     start: Callable[[], Any] | None = (
-        collectives.allreduce_init(x, op, out=x, comm=comm) if persistent else None
+        collectives.allreduce_init(x, op, out=out, comm=comm) if persistent else None
     )
     results = []
     for call in range(REPEATS):
@@ -55,8 +56,8 @@ def _results(
         if start is not None:
             start()
         else:
-            collectives.allreduce(x, op, out=x, comm=comm)
-        results.append(x.tobytes())
+            collectives.allreduce(x, op, out=out, comm=comm)
+        results.append(out.tobytes())
     return results
 
 
@@ -79,9 +80,13 @@ def _runs(made: list[Any]) -> int:
     return sum(kernel.runs for kernel in made)
 
 
-@pytest.mark.parametrize("persistent", [False, True], ids=["plain", "persistent"])
+@pytest.mark.parametrize(
+    ("persistent", "in_place"),
+    [(False, True), (True, True), (False, False)],
+    ids=["plain", "persistent", "out"],
+)
 def test_the_engine_and_the_python_path_give_the_same_bits(
-    world: MPI.Intracomm, monkeypatch: pytest.MonkeyPatch, persistent: bool
+    world: MPI.Intracomm, monkeypatch: pytest.MonkeyPatch, persistent: bool, in_place: bool
 ) -> None:
     problems = Problems(world)
     compiled = collectives.Communicator(world)
@@ -99,7 +104,7 @@ def test_the_engine_and_the_python_path_give_the_same_bits(
             ours: list[bytes] | None = None
             theirs: list[bytes] | None = None
             with problems.guard(f"{dtype} {op} {count} compiled"):
-                ours = _results(compiled, dtype, op, count, persistent)
+                ours = _results(compiled, dtype, op, count, persistent, in_place)
             took = _runs(made) > before
             taken += took
             # (others may reach it too: float16's avg sums in float32)
@@ -109,7 +114,7 @@ def test_the_engine_and_the_python_path_give_the_same_bits(
                 python_only.setattr(engine, "COMPILED", None)
                 python = collectives.Communicator(world)
                 with problems.guard(f"{dtype} {op} {count} python"):
-                    theirs = _results(python, dtype, op, count, persistent)
+                    theirs = _results(python, dtype, op, count, persistent, in_place)
                 python.free()
             if ours is not None and ours != theirs:
                 problems.expect(False, f"{dtype} {op} count {count}: the compiled and Python paths differ")
@@ -168,8 +173,10 @@ SEGMENTED = (("float32", "sum"), ("float64", "prod"), ("int32", "max"), ("uint8"
 
 
 def _past_the_small_window(dtype: str) -> int:
-    """Elements of about 1.2 MB a rank: past the one-barrier window, two segments of a share at 2 ranks."""
-    return (1_200_007 // np.dtype(dtype).itemsize) | 1
+    """Elements of a rank's input past the engine's one-barrier window (by 200 KB: two segments or more)."""
+    from collectives.execute_shared import small_bytes
+
+    return ((small_bytes(MPI.COMM_WORLD.size, compiled=True) + 200_007) // np.dtype(dtype).itemsize) | 1
 
 
 def _leans(comm: collectives.Communicator) -> list[Any]:
@@ -353,7 +360,7 @@ def test_arrays_the_engines_one_call_refuses_take_the_full_path(world: MPI.Intra
     assert (x == 2.0 * world.size).all()
     x.shape = (4,)
     x.flags.writeable = False
-    with pytest.raises(collectives.InvalidBufferError, match="read-only|writ"):
+    with pytest.raises(collectives.InvalidBufferError, match=r"read-only|writ"):
         collectives.allreduce(x, out=x, comm=comm)
     x.flags.writeable = True
     x[...] = 3.0

@@ -12,7 +12,8 @@ from tests.mpi.helpers import Problems, exact_input, mpi_reference
 pytestmark = pytest.mark.mpi
 
 # past one segment of the window's halves, and past the one-barrier path of small allreduces
-# (70_001: one barrier at 2 and 3 ranks where the compiled engine runs, segments on the Python path)
+# (where the compiled engine runs, 70_001 passes one barrier at 2-4 ranks and 300_007 at 2; on the
+# Python path both go in segments; 1_100_003 goes in segments everywhere)
 COUNTS = [0, 1, 5, 4097, 70_001, 300_007, 1_100_003]
 
 
@@ -114,9 +115,11 @@ def test_alloc_buffers_reduce_where_they_lie(world: MPI.Intracomm, dtype: str) -
 def test_alloc_on_some_ranks_only_is_a_mismatch_everywhere(world: MPI.Intracomm) -> None:
     if world.size == 1:
         pytest.skip("needs two ranks to disagree")
+    from collectives.execute_shared import small_bytes
+
     comm = collectives.Communicator(world, check=False)
     problems = Problems(world)
-    count = 300_007
+    count = small_bytes(world.size, compiled=True) // 4 + 50_007  # past the one-barrier path
     y = comm.alloc(count, "float32")  # collective: every rank allocates
     x = y if world.rank == 0 else np.empty(count, np.float32)
     x[:] = 1

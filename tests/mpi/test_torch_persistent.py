@@ -1,7 +1,8 @@
 """torch under mpiexec: the DDP hook and both DistributedOptimizers repeat their buckets' allreduces.
 
-A bucket's allreduce goes through the call path's one repeat room (collectives.repeats): the
-first call of each bucket's shape and dtype takes the full path, every later one runs ready.
+A bucket's allreduce goes through the call path's one repeat room (collectives.repeats), or where the
+compiled engine runs, an in-place one through its one call (repeat_in_place): the first call of each
+bucket's shape and dtype takes the full path, every later one runs ready.
 """
 
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ from mpi4py import MPI
 torch = pytest.importorskip("torch", reason="the torch integration needs torch (pip install torch==2.13.0)")
 
 import collectives  # noqa: E402
-from collectives import dispatch  # noqa: E402
+from collectives import dispatch, engine  # noqa: E402
 from collectives import torch_integration as ti  # noqa: E402
 from collectives.communicator import communicator_of  # noqa: E402
 from collectives.torch_integration.worker import background_worker  # noqa: E402
@@ -57,8 +58,22 @@ def _counted(
             counts.kinds.add((x.shape, x.dtype))
         return repeat
 
+    compiled = engine.COMPILED
+    entering = None if compiled is None else compiled.repeat_in_place
+
+    def entered(kept: Any, x: Any, *args: Any) -> Any:  # the engine's one call for an in-place repeat
+        assert entering is not None
+        done = entering(kept, x, *args)
+        if kept is communicator.repeats and done is not None:  # taken: ready (else the full path counts it)
+            counts.calls += 1
+            counts.ready += 1
+            counts.kinds.add((x.shape, x.dtype))
+        return done
+
     with monkeypatch.context() as patch:
         patch.setattr(dispatch, "find_repeat", finding)
+        if compiled is not None:
+            patch.setattr(compiled, "repeat_in_place", entered)
         yield counts
 
 
