@@ -18,7 +18,7 @@ op's, or a custom op's that names its compiled combine), a small call's copy-in,
 barrier, signature check and reduction are one call into it.
 """
 
-__all__ = ["SPIN_S", "LeanAllreduce", "Repeats"]
+__all__ = ["SPIN_S", "LeanAllreduce", "LeanBook", "Repeats"]
 
 import threading
 import time
@@ -58,7 +58,97 @@ class Repeats(Starts):
         return super().line(rank).replace(" persistent starts=", " repeated calls=")
 
 
-class LeanAllreduce(LeanCore):
+class LeanBook:
+    """What a lean call keeps of ``Watchdog.watch``/``end`` itself, written out: a Call only where it waits.
+
+    The claim, the sequence number, one flight-recorder entry for calls in a row
+    (``_record_as``: :class:`Repeats`, or :class:`Starts` for persistent starts), a
+    :class:`~collectives.call.Call` made only where the call waits past :data:`SPIN_S` or
+    fails (``_record``), and the end. A base of :class:`LeanAllreduce` and of the other
+    collectives' lean path (:mod:`collectives.lean_shared`), whose fields these are.
+    """
+
+    if not TYPE_CHECKING:  # no fields of its own (its subclasses' slots); the checker reads the names below
+        __slots__ = ()
+    watchdog: Any
+    guard: PackedSignature
+    algorithm: str
+    op: "ReduceOp | None"
+    _sequence: int
+    _barriers: int
+    _call: Call | None
+    _entry: Starts | None
+    _pending: bool
+    _record_as: type[Starts]
+
+    def _begin(self, collective: str) -> tuple[int, float]:
+        """Claim the communicator, take the next sequence number and count the call in; it and its start."""
+        watchdog = self.watchdog
+        watchdog.claim(collective)
+        began = _monotonic()
+        sequence = watchdog.sequence
+        watchdog.sequence = sequence + 1
+        self._sequence = sequence
+        self._barriers = 0
+        self._call = None
+        entry = self._entry
+        recorder = watchdog.recorder
+        if entry is not None and recorder and recorder[-1] is entry:  # no other call since: count it in
+            entry.last = sequence
+            entry.starts += 1
+        else:
+            self._new_entry(sequence)
+        return sequence, began
+
+    def _new_entry(self, sequence: int) -> None:
+        """A flight-recorder entry of its own for the calls in a row from call ``sequence`` on."""
+        entry = self._entry = self._record_as(self.guard.signature, sequence, self.algorithm)
+        self.watchdog.recorder.append(entry)
+
+    def _close(self, collective: str, sequence: int, began: float, released: bool = False) -> None:
+        """A call's end: the claim given back (unless ``released``), the late check, its trace or Call."""
+        watchdog = self.watchdog
+        call = self._call
+        if call is None:
+            if not released:
+                watchdog.release()
+            if began - watchdog.last_began >= watchdog.late_after:  # as Watchdog.end asks
+                watchdog.late(collective, sequence)
+            watchdog.last_began = began
+            if _TRACE.on:  # a record of its own only where traced (see collectives.tracing)
+                _TRACE.record((self, sequence, began, _monotonic(), watchdog.tag))
+        else:
+            call.began = began  # it became a Call only as it waited: its time is the whole call's
+            watchdog.end(call)
+
+    def _record(self) -> Call:
+        """The call's Call, made when it must wait (or failed): its deadline, warnings and own record."""
+        watchdog = self.watchdog
+        call = self._call = Call(watchdog, self.guard.signature, self._sequence)
+        call.algorithm = self.algorithm
+        entry = self._entry
+        if entry is not None:  # the call's own record replaces its count in the lean calls' entry
+            if entry.starts == 1 and watchdog.recorder and watchdog.recorder[-1] is entry:
+                watchdog.recorder.pop()
+            else:
+                entry.starts -= 1
+                entry.last -= 1
+        self._entry = None
+        watchdog.recorder.append(call)
+        return call
+
+    def _failed(self, error: BaseException) -> None:
+        """End the claimed call with ``error`` (its Call made if it had none), as every call's end does."""
+        self._pending = False
+        failed = self._call or self._record()
+        failed.pending = None  # the error is the call's, whatever its signature
+        op = self.op
+        if isinstance(error, MismatchError) and op is not None and op.custom:
+            error.add_note(f"rank {self.watchdog.transport.rank}'s op {op.name!r} is {op.agreed_name!r}")
+        self.watchdog.end(failed, error)
+
+
+class LeanAllreduce(LeanCore, LeanBook):
     """A repeated allreduce on the shared-memory executor, its signature carried by the executor's barrier.
 
     Args:
@@ -71,6 +161,8 @@ class LeanAllreduce(LeanCore):
         algorithm: the algorithm's name, for the flight recorder.
         record: the flight-recorder entry's type (:class:`Starts` for persistent starts).
     """
+
+    op: "ReduceOp"  # always an op, where the other lean calls' may be none
 
     __slots__ = (  # and LeanCore's fields
         "_pending",
@@ -152,20 +244,7 @@ class LeanAllreduce(LeanCore):
         # Watchdog.watch/end's steps written out, not called: they make a Call per call, a third of
         # this path's time; a Call is made here only where the call waits or fails (_record)
         watchdog = self.watchdog
-        watchdog.claim("allreduce")
-        began = _monotonic()
-        sequence = watchdog.sequence
-        watchdog.sequence = sequence + 1
-        self._sequence = sequence
-        self._barriers = 0
-        self._call = None
-        entry = self._entry
-        recorder = watchdog.recorder
-        if entry is not None and recorder and recorder[-1] is entry:  # no other call since: count it in
-            entry.last = sequence
-            entry.starts += 1
-        else:
-            self._new_entry(sequence)
+        sequence, began = self._begin("allreduce")
         check = self._check
         try:
             kernel = self._kernel
@@ -250,35 +329,9 @@ class LeanAllreduce(LeanCore):
         executor.turn = kernel.turn
         self._barriers = kernel.passed
 
-    def _new_entry(self, sequence: int) -> None:
-        """A flight-recorder entry of its own for the calls in a row from call ``sequence`` on."""
-        entry = self._entry = self._record_as(self.guard.signature, sequence, self.algorithm)
-        self.watchdog.recorder.append(entry)
-
-    def _failed(self, error: BaseException) -> None:
-        """End the claimed call with ``error`` (its Call made if it had none), as every call's end does."""
-        watchdog = self.watchdog
-        failed = self._call or self._record()
-        failed.pending = None  # the error is the call's, whatever its signature
-        if isinstance(error, MismatchError) and self.op.custom:
-            error.add_note(f"rank {watchdog.transport.rank}'s op {self.op.name!r} is {self.op.agreed_name!r}")
-        watchdog.end(failed, error)
-
     def _end(self, work: Any, sequence: int, began: float, released: bool) -> None:
         """A call's end: the claim given back (unless ``released``), the late check, the average."""
-        watchdog = self.watchdog
-        call = self._call
-        if call is None:
-            if not released:
-                watchdog.release()
-            if began - watchdog.last_began >= watchdog.late_after:  # as Watchdog.end asks
-                watchdog.late("allreduce", sequence)
-            watchdog.last_began = began
-            if _TRACE.on:  # a record of its own only where traced (see collectives.tracing)
-                _TRACE.record((self, sequence, began, _monotonic(), watchdog.tag))
-        else:
-            call.began = began  # it became a Call only as it waited: its time is the whole call's
-            watchdog.end(call)
+        self._close("allreduce", sequence, began, released)
         if self.averages:
             self.backend.divide(work, self.size)
 
@@ -358,18 +411,3 @@ class LeanAllreduce(LeanCore):
             call.pending = self.guard
         call.arrived(shared, passed, ranks)
 
-    def _record(self) -> Call:
-        """The call's Call, made when it must wait (or failed): its deadline, warnings and own record."""
-        watchdog = self.watchdog
-        call = self._call = Call(watchdog, self.guard.signature, self._sequence)
-        call.algorithm = self.algorithm
-        entry = self._entry
-        if entry is not None:  # the call's own record replaces its count in the lean calls' entry
-            if entry.starts == 1 and watchdog.recorder and watchdog.recorder[-1] is entry:
-                watchdog.recorder.pop()
-            else:
-                entry.starts -= 1
-                entry.last -= 1
-        self._entry = None
-        watchdog.recorder.append(call)
-        return call

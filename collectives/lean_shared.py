@@ -19,9 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .call import Call, Starts
-from .errors import MismatchError
-from .lean import SPIN_S, Repeats
-from .tracing.recorder import TRACER as _TRACE
+from .lean import SPIN_S, LeanBook, Repeats
 from .transport.base import SharedMemory
 from .watchdog import PackedSignature
 
@@ -33,7 +31,7 @@ if TYPE_CHECKING:
 _monotonic = time.monotonic
 
 
-class LeanShared:
+class LeanShared(LeanBook):
     """Runs a repeated call's executor steps with one signed barrier and no :class:`Call` unless it waits.
 
     Args:
@@ -51,6 +49,7 @@ class LeanShared:
         "_check",
         "_entry",
         "_pending",
+        "_record_as",
         "_sequence",
         "_size",
         "algorithm",
@@ -81,26 +80,13 @@ class LeanShared:
         self._pending = False
         self._call: Call | None = None
         self._entry: Starts | None = None
+        self._record_as = Repeats
 
     def run(self, steps: Callable[..., object], *arguments: Any) -> None:
         """``steps(*arguments, barrier)`` as one call: the executor's steps, ``barrier`` its barrier."""
-        # Watchdog.watch/end's steps written out, as LeanAllreduce does: a Call only where one waits or fails
+        collective = self.guard.signature.collective
+        sequence, began = self._begin(collective)
         watchdog = self.watchdog
-        watchdog.claim(self.guard.signature.collective)
-        began = _monotonic()
-        sequence = watchdog.sequence
-        watchdog.sequence = sequence + 1
-        self._sequence = sequence
-        self._barriers = 0
-        self._call = None
-        entry = self._entry
-        recorder = watchdog.recorder
-        if entry is not None and recorder and recorder[-1] is entry:  # no other call since: count it in
-            entry.last = sequence
-            entry.starts += 1
-        else:
-            entry = self._entry = Repeats(self.guard.signature, sequence, self.algorithm)
-            recorder.append(entry)
         check = self._check
         try:
             if (watchdog.check if check is None else check) and self._size > 1:
@@ -112,17 +98,7 @@ class LeanShared:
         except BaseException as error:
             self._failed(error)
             raise
-        call = self._call
-        if call is None:
-            watchdog.release()
-            if began - watchdog.last_began >= watchdog.late_after:  # as Watchdog.end asks
-                watchdog.late(self.guard.signature.collective, sequence)
-            watchdog.last_began = began
-            if _TRACE.on:  # a record of its own only where traced (see collectives.tracing)
-                _TRACE.record((self, sequence, began, _monotonic(), watchdog.tag))
-        else:
-            call.began = began  # it became a Call only as it waited: its time is the whole call's
-            watchdog.end(call)
+        self._close(collective, sequence, began)
 
     def barrier(
         self, shared: SharedMemory, note: Sequence[int] = (), ranks: tuple[int, ...] | None = None
@@ -153,29 +129,3 @@ class LeanShared:
         if call is None and not shared.wait(SPIN_S):
             return
         (call or self._record()).arrived(shared, passed, ranks)
-
-    def _record(self) -> Call:
-        """The call's Call, made when it must wait (or failed): its deadline, warnings and own record."""
-        watchdog = self.watchdog
-        call = self._call = Call(watchdog, self.guard.signature, self._sequence)
-        call.algorithm = self.algorithm
-        entry = self._entry
-        if entry is not None:  # the call's own record replaces its count in the lean calls' entry
-            if entry.starts == 1 and watchdog.recorder and watchdog.recorder[-1] is entry:
-                watchdog.recorder.pop()
-            else:
-                entry.starts -= 1
-                entry.last -= 1
-        self._entry = None
-        watchdog.recorder.append(call)
-        return call
-
-    def _failed(self, error: BaseException) -> None:
-        """End the claimed call with ``error`` (its Call made if it had none), as every call's end does."""
-        self._pending = False
-        failed = self._call or self._record()
-        failed.pending = None  # the error is the call's, whatever its signature
-        op = self.op
-        if isinstance(error, MismatchError) and op is not None and op.custom:
-            error.add_note(f"rank {self.watchdog.transport.rank}'s op {op.name!r} is {op.agreed_name!r}")
-        self.watchdog.end(failed, error)

@@ -248,6 +248,13 @@ class RepeatedAllreduce(Repeat):
 # --- reduce_scatter and allgather on shared memory
 
 
+def _out_fits(x: Any, out: Any, shape: tuple[int, ...]) -> bool:
+    """Whether a kept call of ``x`` may write ``out`` (or make one): its type, ``shape``, dtype, writable."""
+    return out is None or (
+        type(out) is type(x) and out.shape == shape and out.dtype == x.dtype and bool(out.flags.writeable)
+    )
+
+
 class _RepeatedShares(Repeat):
     """A reduce-scatter's or all-gather's decisions on the shared-memory executor (lean where it can)."""
 
@@ -276,12 +283,7 @@ class _RepeatedShares(Repeat):
         and overlap are this rank's alone, so they are met here with a copy instead:
         ranks whose key matched all run the kept decisions, whatever their arrays.
         """
-        return out is None or (
-            type(out) is type(x)
-            and out.shape == self.shape
-            and out.dtype == x.dtype
-            and bool(out.flags.writeable)
-        )
+        return _out_fits(x, out, self.shape)
 
 
 class RepeatedReduceScatter(_RepeatedShares):
@@ -370,12 +372,7 @@ class _RepeatedRooted(Repeat):
 
     def fits(self, x: Any, out: Any) -> bool:
         """As a reduce-scatter's (:meth:`_RepeatedShares.fits`): only what makes the call an error."""
-        return out is None or (
-            type(out) is type(x)
-            and out.shape == self.shape
-            and out.dtype == x.dtype
-            and bool(out.flags.writeable)
-        )
+        return _out_fits(x, out, self.shape)
 
 
 class RepeatedBroadcast(_RepeatedRooted):
