@@ -638,6 +638,70 @@ static PyTypeObject SmallAllreduceType = {
     .tp_members = small_members,
 };
 
+/* ---- SignedBarrier: the shared memory's barrier that carries a call's signature, in one call ----
+ *
+ * MPISharedMemory.pass_signed's twin (the lean paths' signed barrier of the collectives the engine does
+ * not run whole: barrier, broadcast, reduce, all-gather, reduce-scatter): post the signature, arrive,
+ * spin for the peers (LATE: the caller waits on in Python, whose wait marks the barrier passed) and
+ * compare their signatures, on the same words as the Python path. */
+typedef struct {
+    PyObject_HEAD
+    Meeting m;
+} SignedBarrier;
+
+static int signed_init(SignedBarrier *self, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"meeting", NULL};
+    PyObject *meeting;
+    Kind kind;
+    Op op;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O", names, &meeting)) return -1;
+    meeting_release(&self->m);
+    return meeting_parse(&self->m, meeting, &kind, &op); /* (its dtype and op unused) */
+}
+
+static void signed_dealloc(SignedBarrier *self) {
+    meeting_release(&self->m);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* pass_signed(packed, digest, sequence) -> True signed alike, False not, None a rank is late */
+static PyObject *signed_pass(SignedBarrier *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "pass_signed(packed, digest, sequence)");
+        return NULL;
+    }
+    long long digest = PyLong_AsLongLong(args[1]), sequence = PyLong_AsLongLong(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    if (!digest) {
+        PyErr_SetString(PyExc_ValueError, "a signed barrier's digest is not 0");
+        return NULL;
+    }
+    Meeting *m = &self->m;
+    int64_t number = meeting_next(m);
+    if (number < 0 || meeting_sign(m, number, sequence, args[0], digest) < 0) return NULL;
+    m->numbers[m->own_words[number & 1]] = sequence;
+    if (meeting_pass(m, number) == LATE) Py_RETURN_NONE;
+    return PyBool_FromLong(meeting_signed_alike(m, number, sequence, digest));
+}
+
+static PyMethodDef signed_methods[] = {
+    {"pass_signed", (PyCFunction)(void (*)(void))signed_pass, METH_FASTCALL,
+     "pass_signed(packed, digest, sequence) -> True signed alike, False not, None a rank is late"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject SignedBarrierType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "collectives._engine.SignedBarrier",
+    .tp_doc = "The shared memory's barrier carrying a call's signature: posted, passed and compared in one call.",
+    .tp_basicsize = sizeof(SignedBarrier),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)signed_init,
+    .tp_dealloc = (destructor)signed_dealloc,
+    .tp_methods = signed_methods,
+};
+
 /* ---- SegmentedAllreduce: a repeated allreduce through the window's halves, segment by segment ----
  *
  * The compiled twin of SharedExecutor.allreduce's window path (collectives/execute_shared.py), step for
@@ -1340,6 +1404,7 @@ static struct PyModuleDef engine_module = {
 
 PyMODINIT_FUNC PyInit__engine(void) {
     if (PyType_Ready(&SmallAllreduceType) < 0 || PyType_Ready(&SegmentedAllreduceType) < 0 ||
+        PyType_Ready(&SignedBarrierType) < 0 ||
         PyType_Ready(&WatchdogCoreType) < 0 || PyType_Ready(&LeanCoreType) < 0)
         return NULL;
     static const char *names[] = {"record", "turn",  "stamp", "digest", "packed", "last",     "starts",
@@ -1353,6 +1418,7 @@ PyMODINIT_FUNC PyInit__engine(void) {
     if (!module) return NULL;
     if (PyModule_AddObjectRef(module, "SmallAllreduce", (PyObject *)&SmallAllreduceType) < 0 ||
         PyModule_AddObjectRef(module, "SegmentedAllreduce", (PyObject *)&SegmentedAllreduceType) < 0 ||
+        PyModule_AddObjectRef(module, "SignedBarrier", (PyObject *)&SignedBarrierType) < 0 ||
         PyModule_AddObjectRef(module, "LeanCore", (PyObject *)&LeanCoreType) < 0 ||
         PyModule_AddObjectRef(module, "WatchdogCore", (PyObject *)&WatchdogCoreType) < 0 ||
         PyModule_AddIntConstant(module, "MODES", MODES) < 0 ||

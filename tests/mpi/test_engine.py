@@ -411,3 +411,25 @@ def test_a_late_rank_and_an_error_inside_the_engines_one_call(
         collectives.allreduce(x, out=x, comm=comm)  # before its barrier, on every rank
     assert not comm.watchdog.claim_held()
     comm.free()
+
+
+def test_the_other_collectives_repeats_pass_the_engines_signed_barrier(world: MPI.Intracomm) -> None:
+    """A repeated barrier, broadcast or reduce posts, passes and compares its signature in one engine call."""
+    comm = collectives.Communicator(world)
+    collectives.barrier(comm=comm)
+    memory = comm.watchdog.shared
+    if world.size == 1 or memory is None:
+        comm.free()
+        pytest.skip("one rank, or ranks without shared memory: no lean path")
+    x = np.arange(5, dtype=np.float32)
+    for _ in range(3):
+        collectives.barrier(comm=comm)
+        collectives.broadcast(x, root=0, comm=comm)
+        got = collectives.reduce(x, root=world.size - 1, comm=comm)
+        if world.rank == world.size - 1:
+            assert np.array_equal(got, x * world.size)
+    assert type(memory._signed).__name__ == "SignedBarrier"
+    mine = 0 if world.rank == 0 else world.size - 1  # the ranks' calls differ: found in the engine's compare
+    with pytest.raises(collectives.MismatchError):
+        collectives.broadcast(x, root=mine, comm=comm)
+    comm.free()
