@@ -111,7 +111,7 @@ def test_build_schedule_checks_the_root_and_the_barrier_count() -> None:
         build_schedule("barrier", "direct", 4, 1)
     with pytest.raises(UnknownAlgorithmError, match="valid algorithms are direct, dissemination"):
         build_schedule("barrier", "ring", 4, 0)
-    with pytest.raises(UnknownAlgorithmError, match=r"valid algorithms are ring, direct$"):
+    with pytest.raises(UnknownAlgorithmError, match=r"valid algorithms are ring, direct, shared_memory$"):
         build_schedule("broadcast", "dissemination", 4, 8)
 
 
