@@ -77,18 +77,19 @@ at 256 KiB and lost at 512 KiB (63 against 76 us); at 4 ranks it won up to 64 Ki
 
 COMPILED_SMALL_READ_BYTES = 1 << 22
 """Where the compiled engine runs (:mod:`collectives.engine`), an allreduce passes one barrier while the
-bytes its ranks read of one another's inputs, ``P (P - 1)`` times one input, are at most this.
+bytes its ranks read in all, each every rank's input (``P * P`` times one input), are at most this.
 
 Its reduction is a vector loop that reads this rank's own part from its input, where it is hot,
 and the others' where they lie, so the one barrier wins further than the Python path's; what it
-costs past that is the peers' bytes each rank reads, which grows with ``P - 1`` against a
-segmented call's ``(P - 1) / P``. Measured on 2 cores (2 MiB L2; two communicators, one with a
-wider window, in one launch, float32 sum in place, Intel MPI beside): at 2 ranks one barrier took
-44-46 us at 1 MiB a rank against 54-56 in segments (Intel 48-51), 101-106 at 2 MiB against 112
-(Intel 105-109), and lost at 4 MiB (275 against 225); at 4 ranks it tied at 128 and 256 KiB and
-lost at 512 KiB (98 against 66 us). So 2 MiB a rank at 2 ranks, 341 KiB at 4, 75 KiB at 8. The
-ranks agree whether the engine runs (:mod:`collectives.settings_agreement`), so they agree on the
-path; the communicator passes it.
+costs past that is the bytes each rank reads, ``P`` inputs against a segmented call's two
+shares. Measured on 2 cores (2 MiB L2) against segments, float32 sum in place, Intel MPI beside
+in one launch, the sizes interleaved with ring's and butterfly's so that the caches hold other
+data, as a training step's would: at 2 ranks one barrier took 60-61 us at 1 MiB a rank against
+65-73 in segments (Intel 52-68), and lost at 2 MiB (203-229 against 177-186; back to back,
+with the caches its own, it won there: 101-106 against 112); at 4 ranks it won at 256 KiB and
+lost at 512 KiB. So 1 MiB a rank at 2 ranks, 256 KiB at 4, 64 KiB at 8. The ranks agree
+whether the engine runs (:mod:`collectives.settings_agreement`), so they agree on the path; the
+communicator passes it.
 """
 
 
@@ -99,7 +100,7 @@ def small_bytes(size: int, compiled: bool) -> int:
     in all where the compiled engine runs.
     """
     if compiled:
-        return COMPILED_SMALL_READ_BYTES // max(size * (size - 1), 1)
+        return COMPILED_SMALL_READ_BYTES // (size * size)
     return SMALL_TOTAL_BYTES // size
 
 

@@ -505,7 +505,9 @@ def test_a_small_shared_memory_allreduce_is_counted_as_one_barrier_and_whole_red
         small = small_bytes(p, compiled=True) // 4
         assert shared_memory.traffic("allreduce", p, small, compiled)[0] == 1
         assert shared_memory.traffic("allreduce", p, small + 1, compiled)[0] >= 2  # two a segment
-        assert shared_memory.traffic("allreduce", p, small)[0] >= 2
+        further = small_bytes(p, compiled=True) > small_bytes(p, compiled=False)
+        assert (shared_memory.traffic("allreduce", p, small)[0] >= 2) == further, p
+    assert small_bytes(2, compiled=True) == 1 << 20 and small_bytes(4, compiled=True) == 1 << 18
     for p in (2, 3, 4, 8):
         small = shared_memory.SMALL_ELEMENTS // p
         # all inputs together within the limit: each rank copies its input in and reduces all of it

@@ -83,8 +83,8 @@ The executor's ``SMALL_TOTAL_BYTES``: each rank copies its input in and reduces 
 
 COMPILED_SMALL_READ_ELEMENTS = 1 << 20
 """With the ``compiled`` feature (the compiled engine reduces), an allreduce passes one barrier while the
-float32 elements its ranks read of one another's inputs, ``P (P - 1)`` times one input's, are at most
-this (the executor's ``COMPILED_SMALL_READ_BYTES``)."""
+float32 elements its ranks read in all, each every rank's input (``P * P`` times one input's), are at
+most this (the executor's ``COMPILED_SMALL_READ_BYTES``)."""
 
 COMPILED = "compiled"
 """The feature of shared memory whose repeated calls the compiled engine runs."""
@@ -176,7 +176,7 @@ def traffic(
     :data:`OVERSUBSCRIBED_SEGMENT_ELEMENTS` with the ``oversubscribed`` feature),
     an allreduce passes two barriers, the other collectives one; an allreduce whose
     inputs together are at most :data:`SMALL_ELEMENTS` (with the ``compiled`` feature: whose ranks
-    read at most :data:`COMPILED_SMALL_READ_ELEMENTS` of one another's inputs) passes one in all
+    read at most :data:`COMPILED_SMALL_READ_ELEMENTS` in all) passes one in all
     (each rank copies its input in and reduces the whole buffer). An allreduce's first barrier
     is not counted: it carries the call's signature, and every call on memory the ranks share
     passes one barrier to agree on it, whatever the algorithm (see ``Watchdog.agree_through``).
@@ -206,7 +206,7 @@ def traffic(
     others = (world_size - 1) * share
     if collective == "allreduce":
         if (
-            count <= COMPILED_SMALL_READ_ELEMENTS // (world_size * (world_size - 1))
+            count <= COMPILED_SMALL_READ_ELEMENTS // (world_size * world_size)
             if COMPILED in features
             else count * world_size <= SMALL_ELEMENTS
         ):
