@@ -75,21 +75,18 @@ at 256 KiB and lost at 512 KiB (63 against 76 us); at 4 ranks it won up to 64 Ki
 (61 against 102 us), tied at 128 KiB and lost at 256 KiB.
 """
 
-COMPILED_SMALL_READ_BYTES = 1 << 22
+COMPILED_SMALL_READ_BYTES = 1 << 21
 """Where the compiled engine runs (:mod:`collectives.engine`), an allreduce passes one barrier while the
 bytes its ranks read in all, each every rank's input (``P * P`` times one input), are at most this.
 
-Its reduction is a vector loop that reads this rank's own part from its input, where it is hot,
-and the others' where they lie, so the one barrier wins further than the Python path's; what it
-costs past that is the bytes each rank reads, ``P`` inputs against a segmented call's two
-shares. Measured on 2 cores (2 MiB L2) against segments, float32 sum in place, Intel MPI beside
-in one launch, the sizes interleaved with ring's and butterfly's so that the caches hold other
-data, as a training step's would: at 2 ranks one barrier took 60-61 us at 1 MiB a rank against
-65-73 in segments (Intel 52-68), and lost at 2 MiB (203-229 against 177-186; back to back,
-with the caches its own, it won there: 101-106 against 112); at 4 ranks it won at 256 KiB and
-lost at 512 KiB. So 1 MiB a rank at 2 ranks, 256 KiB at 4, 64 KiB at 8. The ranks agree
-whether the engine runs (:mod:`collectives.settings_agreement`), so they agree on the path; the
-communicator passes it.
+What one barrier costs past a few hundred KiB is the bytes each rank reads, ``P`` inputs against a
+segmented call's two shares, and where they come from. Measured on 2 cores (2 MiB L2) against
+segments, float32 sum in place, Intel MPI beside in one launch: at 2 ranks and 1 MiB a rank, one
+barrier took 37-50 us where the machine was fast (segments 55-70, Intel 49-73) but 115-162 us in
+launches where it was slow (segments 66-70, Intel 60-68), so 1 MiB goes in segments, which hold
+their time; at 4 ranks one barrier at 256 KiB took 1.08-1.31x Intel's time. So 512 KiB a rank at
+2 ranks, 128 KiB at 4, 32 KiB at 8. The ranks agree whether the engine runs
+(:mod:`collectives.settings_agreement`), so they agree on the path; the communicator passes it.
 """
 
 

@@ -507,7 +507,7 @@ def test_a_small_shared_memory_allreduce_is_counted_as_one_barrier_and_whole_red
         assert shared_memory.traffic("allreduce", p, small + 1, compiled)[0] >= 2  # two a segment
         further = small_bytes(p, compiled=True) > small_bytes(p, compiled=False)
         assert (shared_memory.traffic("allreduce", p, small)[0] >= 2) == further, p
-    assert small_bytes(2, compiled=True) == 1 << 20 and small_bytes(4, compiled=True) == 1 << 18
+    assert small_bytes(2, compiled=True) == 1 << 19 and small_bytes(4, compiled=True) == 1 << 17
     for p in (2, 3, 4, 8):
         small = shared_memory.SMALL_ELEMENTS // p
         # all inputs together within the limit: each rank copies its input in and reduces all of it

@@ -81,7 +81,7 @@ SMALL_ELEMENTS = 1 << 17
 The executor's ``SMALL_TOTAL_BYTES``: each rank copies its input in and reduces the whole buffer.
 """
 
-COMPILED_SMALL_READ_ELEMENTS = 1 << 20
+COMPILED_SMALL_READ_ELEMENTS = 1 << 19
 """With the ``compiled`` feature (the compiled engine reduces), an allreduce passes one barrier while the
 float32 elements its ranks read in all, each every rank's input (``P * P`` times one input's), are at
 most this (the executor's ``COMPILED_SMALL_READ_BYTES``)."""

@@ -12,8 +12,8 @@ from tests.mpi.helpers import Problems, exact_input, mpi_reference
 pytestmark = pytest.mark.mpi
 
 # past one segment of the window's halves, and past the one-barrier path of small allreduces
-# (where the compiled engine runs, 70_001 passes one barrier at 2-4 ranks and 300_007 at 2; on the
-# Python path both go in segments; 1_100_003 goes in segments everywhere)
+# (70_001 passes one barrier at 2 ranks where the compiled engine runs, and goes in segments on the
+# Python path and at more ranks; 300_007 and 1_100_003 go in segments everywhere)
 COUNTS = [0, 1, 5, 4097, 70_001, 300_007, 1_100_003]
 
 
