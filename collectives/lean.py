@@ -71,15 +71,41 @@ class LeanBook:
     if not TYPE_CHECKING:  # no fields of its own (its subclasses' slots); the checker reads the names below
         __slots__ = ()
     watchdog: Any
+    executor: "SharedExecutor"
     guard: PackedSignature
     algorithm: str
     op: "ReduceOp | None"
+    _check: bool | None
     _sequence: int
     _barriers: int
     _call: Call | None
     _entry: Starts | None
     _pending: bool
     _record_as: type[Starts]
+
+    def _book(
+        self,
+        group: "Communicator",
+        executor: "SharedExecutor",
+        guard: PackedSignature,
+        check: bool | None,
+        algorithm: str,
+        op: "ReduceOp | None",
+        record: type[Starts],
+    ) -> None:
+        """Set the fields above for ``group``'s repeated calls of ``guard``'s signature, none made yet."""
+        self.watchdog = group.watchdog
+        self.executor = executor
+        self.guard = guard
+        self.algorithm = algorithm
+        self.op = op
+        self._check = check
+        self._record_as = record
+        self._pending = False
+        self._sequence = 0
+        self._barriers = 0
+        self._call = None
+        self._entry = None
 
     def _begin(self, collective: str) -> tuple[int, float]:
         """Claim the communicator, take the next sequence number and count the call in; it and its start."""
@@ -190,21 +216,10 @@ class LeanAllreduce(LeanCore, LeanBook):
         algorithm: str,
         record: type[Starts] = Repeats,
     ) -> None:
-        self.watchdog = group.watchdog
-        self.executor = executor
-        self.algorithm = algorithm
-        self.guard = guard
+        self._book(group, executor, guard, check, algorithm, op, record)
         self.backend = backend
-        self.op = op
         self.averages = op.averages
         self.size = group.size
-        self._check = check
-        self._record_as = record
-        self._pending = False
-        self._sequence = 0
-        self._barriers = 0
-        self._call: Call | None = None
-        self._entry: Starts | None = None
         signature = guard.signature
         small = self._small = executor.small(signature.count * itemsize(signature.dtype), op)
         # a call whose inputs together fit the small window skips the executor's choice of path

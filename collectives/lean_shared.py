@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .call import Call, Starts
 from .lean import SPIN_S, LeanBook, Repeats
 from .transport.base import SharedMemory
 from .watchdog import PackedSignature
@@ -68,19 +67,8 @@ class LeanShared(LeanBook):
         algorithm: str,
         op: "ReduceOp | None" = None,
     ) -> None:
-        self.watchdog = group.watchdog
-        self.executor = executor
-        self.guard = guard
-        self.algorithm = algorithm
-        self.op = op
-        self._check = check
+        self._book(group, executor, guard, check, algorithm, op, Repeats)
         self._size = group.size
-        self._sequence = 0
-        self._barriers = 0
-        self._pending = False
-        self._call: Call | None = None
-        self._entry: Starts | None = None
-        self._record_as = Repeats
 
     def run(self, steps: Callable[..., object], *arguments: Any) -> None:
         """``steps(*arguments, barrier)`` as one call: the executor's steps, ``barrier`` its barrier."""
