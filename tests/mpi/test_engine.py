@@ -1,5 +1,6 @@
 """The compiled engine under mpiexec: the same bits as the Python path, for every dtype and op it takes."""
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -199,19 +200,22 @@ def test_calls_past_the_small_window_take_the_engine_with_the_python_paths_bits(
     if world.size == 1 or compiled.watchdog.shared is None:
         compiled.free()
         pytest.skip("one rank, or ranks without shared memory: no lean path")
-    for dtype, op in SEGMENTED:
+    # in place and not: an owner reads its own part from its input, which in place is the output
+    for (dtype, op), in_place in itertools.product(SEGMENTED, (True, False)):
         count = _past_the_small_window(dtype)
         with problems.guard(f"{dtype} {op} compiled"):
-            ours = _results(compiled, dtype, op, count, persistent=False)
+            ours = _results(compiled, dtype, op, count, persistent=False, in_place=in_place)
         with monkeypatch.context() as python_only:
             python_only.setattr(engine, "COMPILED", None)
             python = collectives.Communicator(world)
             with problems.guard(f"{dtype} {op} python"):
-                theirs = _results(python, dtype, op, count, persistent=False)
+                theirs = _results(python, dtype, op, count, persistent=False, in_place=in_place)
             python.free()
-        problems.expect(ours == theirs, f"{dtype} {op}: the compiled and Python paths differ")
+        problems.expect(
+            ours == theirs, f"{dtype} {op}, in place {in_place}: the compiled and Python paths differ"
+        )
     runs = sum(kernel.runs for kernel in _segmented_kernels(compiled))
-    problems.expect(runs == len(SEGMENTED) * (REPEATS - 1), f"the engine ran {runs} segmented calls")
+    problems.expect(runs == 2 * len(SEGMENTED) * (REPEATS - 1), f"the engine ran {runs} segmented calls")
     compiled.free()
     problems.check()
 
