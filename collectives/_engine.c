@@ -102,11 +102,12 @@ static inline double quiet_double(double a) {
 /* out = a op b, elementwise, one rounding per element, as numpy's loops. Where a is NaN the result
  * is a (quieted), as the processor gives for numpy's a + b: said outright, as the compiler may swap
  * the operands of a commutative + or * and so hand back b's. Eight lanes at a time through vector
- * types (loads before the store, so out may be a or b), the choice of a NaN as a mask. */
+ * types (loads before the store, so out may be a or b), the choice of a NaN as a mask. Where copy is
+ * not NULL each result is stored there too (in the same pass: see reduce_pair_copied). */
 #define FLOAT_LOOP(T, BITS, QUIET)                                                                  \
     typedef T T##_lanes __attribute__((vector_size(8 * sizeof(T))));                                \
     typedef BITS T##_masks __attribute__((vector_size(8 * sizeof(T))));                             \
-    WIDE_LOOP static void reduce_##T(T *out, const T *a, const T *b, Py_ssize_t n, Op op) {         \
+    WIDE_LOOP static void reduce_##T(T *out, const T *a, const T *b, Py_ssize_t n, Op op, T *copy) { \
         Py_ssize_t i = 0;                                                                           \
         const T##_masks quiet = {QUIET, QUIET, QUIET, QUIET, QUIET, QUIET, QUIET, QUIET};           \
         for (; i + 8 <= n; i += 8) {                                                                \
@@ -117,8 +118,12 @@ static inline double quiet_double(double a) {
             T##_masks nan = x != x;                                                                 \
             T##_masks r = (nan & ((T##_masks)x | quiet)) | (~nan & (T##_masks)z);                   \
             memcpy(out + i, &r, sizeof r);                                                          \
+            if (copy) memcpy(copy + i, &r, sizeof r);                                               \
         }                                                                                           \
-        for (; i < n; i++) out[i] = a[i] != a[i] ? quiet_##T(a[i]) : op == SUM ? a[i] + b[i] : a[i] * b[i]; \
+        for (; i < n; i++) {                                                                        \
+            out[i] = a[i] != a[i] ? quiet_##T(a[i]) : op == SUM ? a[i] + b[i] : a[i] * b[i];        \
+            if (copy) copy[i] = out[i];                                                             \
+        }                                                                                           \
     }
 FLOAT_LOOP(float, int32_t, INT32_C(0x00400000))
 FLOAT_LOOP(double, int64_t, INT64_C(0x0008000000000000))
@@ -163,8 +168,8 @@ static void reduce_pair(Kind kind, Op op, void *out, const void *a, const void *
         return;
     }
     switch (kind) {
-    case F32: reduce_float(out, a, b, n, op); break;
-    case F64: reduce_double(out, a, b, n, op); break;
+    case F32: reduce_float(out, a, b, n, op, NULL); break;
+    case F64: reduce_double(out, a, b, n, op, NULL); break;
     case I8: reduce_i8(out, a, b, n, op); break;
     case U8: reduce_u8(out, a, b, n, op); break;
     case I16: reduce_i16(out, a, b, n, op); break;
@@ -173,6 +178,24 @@ static void reduce_pair(Kind kind, Op op, void *out, const void *a, const void *
     case U32: reduce_u32(out, a, b, n, op); break;
     case I64: reduce_i64(out, a, b, n, op); break;
     case U64: reduce_u64(out, a, b, n, op); break;
+    }
+}
+
+static Py_ssize_t item_size(Kind kind);
+
+/* reduce_pair, its result stored in copy too (n elements apart from out, a and b, but for an element
+ * that copy shares with a or b, read before it is written). An owner's last pair of a segmented
+ * allreduce stores into its result slot and its own output at once, rather than copying its share out
+ * of the slot after the barrier: calls back to back at 2 ranks took 35-38 against 51-55 us at 1 MiB
+ * and 130-137 against 203-212 at 4 MiB (5-15% longer in the machine's slow spells: bench/README.md). */
+static void reduce_pair_copied(Kind kind, Op op, void *out, void *copy, const void *a, const void *b, Py_ssize_t n) {
+    if (kind == F32 && !whole_op(op))
+        reduce_float(out, a, b, n, op, copy);
+    else if (kind == F64 && !whole_op(op))
+        reduce_double(out, a, b, n, op, copy);
+    else {
+        reduce_pair(kind, op, out, a, b, n);
+        memcpy(copy, out, (size_t)(n * item_size(kind)));
     }
 }
 
@@ -841,10 +864,14 @@ static int segmented_go(SegmentedAllreduce *self, char *out, const char *in) {
                     const void *rows[MAX_RANKS];
                     for (int r = 0; r < size; r++) rows[r] = r == rank ? in + lo * item : slot_at(self, half, r, rank);
                     reduce_rows(self->kind, self->op, target, rows, size, n);
+                    memcpy(out + lo * item, target, (size_t)(n * item)); /* while it is hot */
                 }
                 for (int r = 1; r < size && !whole_op(self->op); r++) {
                     const char *part = r == rank ? in + lo * item : slot_at(self, half, r, rank);
-                    reduce_pair(self->kind, self->op, target, r == 1 ? first : target, part, n);
+                    if (r == size - 1) /* the last pair into this rank's output too: not copied out below */
+                        reduce_pair_copied(self->kind, self->op, target, out + lo * item, r == 1 ? first : target, part, n);
+                    else
+                        reduce_pair(self->kind, self->op, target, r == 1 ? first : target, part, n);
                 }
             }
             int64_t number = self->number = meeting_next(m);
@@ -853,8 +880,9 @@ static int segmented_go(SegmentedAllreduce *self, char *out, const char *in) {
             self->passed++;
             if (meeting_pass(m, number) == LATE) return LATE;
         }
-        /* SEGMENT_SECOND_WAIT, passed: every owner's result out */
+        /* SEGMENT_SECOND_WAIT, passed: every other owner's result out (this rank's is there) */
         for (int r = 0; r < size; r++) {
+            if (r == rank && size > 1) continue;
             segment_cut(self, r, self->start, &lo, &hi);
             if (lo < hi) memcpy(out + lo * item, slot_at(self, self->half, r, size), (size_t)((hi - lo) * item));
         }
