@@ -2339,16 +2339,32 @@ static inline void repro_fields32(const uint32_t *restrict row, int32_t *restric
     }
 }
 
+/* the first row's passes: set where the others' combine (zeroing the block's arrays first took an
+ * eighth of the time at four rows) */
+static inline void repro_fields32_first(const uint32_t *restrict row, int32_t *restrict fields,
+                                        uint32_t *restrict nonzero, Py_ssize_t m) {
+    for (Py_ssize_t i = 0; i < m; i++) {
+        fields[i] = (int32_t)((row[i] >> 23) & 0xffu);
+        nonzero[i] = row[i] ^ UINT32_C(0x80000000);
+    }
+}
+
+static inline float repro_cut32_at(uint32_t u, int32_t k16) {
+    int32_t f = (int32_t)((u >> 23) & 0xffu), k = k16 - (f > 1 ? f : 1);
+    u &= k >= 24 ? 0u : ~0u << (k > 0 ? k : 0);
+    float cut;
+    memcpy(&cut, &u, sizeof cut);
+    return cut;
+}
+
 static inline void repro_cuts32(const uint32_t *restrict row, const int32_t *restrict k16, double *restrict sums,
                                 Py_ssize_t m) {
-    for (Py_ssize_t i = 0; i < m; i++) {
-        uint32_t u = row[i];
-        int32_t f = (int32_t)((u >> 23) & 0xffu), k = k16[i] - (f > 1 ? f : 1);
-        u &= k >= 24 ? 0u : ~0u << (k > 0 ? k : 0);
-        float cut;
-        memcpy(&cut, &u, sizeof cut);
-        sums[i] += (double)cut;
-    }
+    for (Py_ssize_t i = 0; i < m; i++) sums[i] += (double)repro_cut32_at(row[i], k16[i]);
+}
+
+static inline void repro_cuts32_first(const uint32_t *restrict row, const int32_t *restrict k16,
+                                      double *restrict sums, Py_ssize_t m) {
+    for (Py_ssize_t i = 0; i < m; i++) sums[i] = (double)repro_cut32_at(row[i], k16[i]);
 }
 
 static inline void repro_fields64(const uint64_t *restrict row, int64_t *restrict fields,
@@ -2360,20 +2376,40 @@ static inline void repro_fields64(const uint64_t *restrict row, int64_t *restric
     }
 }
 
+static inline void repro_fields64_first(const uint64_t *restrict row, int64_t *restrict fields,
+                                        uint64_t *restrict nonzero, Py_ssize_t m) {
+    for (Py_ssize_t i = 0; i < m; i++) {
+        fields[i] = (int64_t)((row[i] >> 52) & 0x7ffu);
+        nonzero[i] = row[i] ^ UINT64_C(0x8000000000000000);
+    }
+}
+
+static inline double repro_cut64_at(uint64_t u, int64_t k16) {
+    int64_t f = (int64_t)((u >> 52) & 0x7ffu), k = k16 - (f > 1 ? f : 1);
+    uint64_t shift = (uint64_t)(k < 0 ? 0 : k > 63 ? 63 : k); /* see repro_pair64_block */
+    u = k >= 53 ? 0u : (u >> shift) << shift;
+    double cut;
+    memcpy(&cut, &u, sizeof cut);
+    return cut;
+}
+
 static inline void repro_cuts64(const uint64_t *restrict row, const int64_t *restrict k16,
                                 const double *restrict scale, double *restrict sums, double *restrict lo,
                                 Py_ssize_t m) {
     for (Py_ssize_t i = 0; i < m; i++) {
-        uint64_t u = row[i];
-        int64_t f = (int64_t)((u >> 52) & 0x7ffu), k = k16[i] - (f > 1 ? f : 1);
-        uint64_t shift = (uint64_t)(k < 0 ? 0 : k > 63 ? 63 : k); /* see repro_pair64_block */
-        u = k >= 53 ? 0u : (u >> shift) << shift;
-        double cut;
-        memcpy(&cut, &u, sizeof cut);
-        cut *= scale[i];
+        double cut = repro_cut64_at(row[i], k16[i]) * scale[i];
         double sum = sums[i] + cut, back = sum - cut; /* TwoSum: the addition's error, exactly */
         lo[i] += (sums[i] - back) + (cut - (sum - back));
         sums[i] = sum;
+    }
+}
+
+static inline void repro_cuts64_first(const uint64_t *restrict row, const int64_t *restrict k16,
+                                      const double *restrict scale, double *restrict sums, double *restrict lo,
+                                      Py_ssize_t m) {
+    for (Py_ssize_t i = 0; i < m; i++) {
+        sums[i] = repro_cut64_at(row[i], k16[i]) * scale[i];
+        lo[i] = 0.0;
     }
 }
 
@@ -2383,17 +2419,17 @@ static inline int repro_many32_block(const void *const *rows, Py_ssize_t size, P
                                      double *sums) {
     int32_t fields[R_BLOCK];
     uint32_t nonzero[R_BLOCK]; /* 0 where every row is -0.0 */
-    for (Py_ssize_t i = 0; i < m; i++) fields[i] = 0, nonzero[i] = 0;
-    for (Py_ssize_t r = 0; r < size; r++) repro_fields32((const uint32_t *)rows[r] + start, fields, nonzero, m);
+    repro_fields32_first((const uint32_t *)rows[0] + start, fields, nonzero, m);
+    for (Py_ssize_t r = 1; r < size; r++) repro_fields32((const uint32_t *)rows[r] + start, fields, nonzero, m);
     int32_t widest = 0;
     uint32_t zeros = UINT32_MAX;
     for (Py_ssize_t i = 0; i < m; i++) {
         widest = fields[i] > widest ? fields[i] : widest;
         zeros = nonzero[i] < zeros ? nonzero[i] : zeros;
         fields[i] = 16 * ((fields[i] + 17) >> 4) - 25; /* now 16 code + 103, as repro_cut32 takes it */
-        sums[i] = 0.0;
     }
-    for (Py_ssize_t r = 0; r < size; r++) repro_cuts32((const uint32_t *)rows[r] + start, fields, sums, m);
+    repro_cuts32_first((const uint32_t *)rows[0] + start, fields, sums, m);
+    for (Py_ssize_t r = 1; r < size; r++) repro_cuts32((const uint32_t *)rows[r] + start, fields, sums, m);
     return widest == 0xff || zeros == 0;
 }
 
@@ -2404,8 +2440,8 @@ static inline int repro_many64_block(const void *const *rows, Py_ssize_t size, P
     int64_t fields[R_BLOCK];
     uint64_t nonzero[R_BLOCK]; /* 0 where every row is -0.0 */
     double lo[R_BLOCK], scale[R_BLOCK];
-    for (Py_ssize_t i = 0; i < m; i++) fields[i] = 0, nonzero[i] = 0;
-    for (Py_ssize_t r = 0; r < size; r++) repro_fields64((const uint64_t *)rows[r] + start, fields, nonzero, m);
+    repro_fields64_first((const uint64_t *)rows[0] + start, fields, nonzero, m);
+    for (Py_ssize_t r = 1; r < size; r++) repro_fields64((const uint64_t *)rows[r] + start, fields, nonzero, m);
     int64_t widest = 0;
     uint64_t zeros = UINT64_MAX;
     for (Py_ssize_t i = 0; i < m; i++) {
@@ -2415,9 +2451,9 @@ static inline int repro_many64_block(const void *const *rows, Py_ssize_t size, P
         code = code < R64_LOWEST ? R64_LOWEST : code;
         fields[i] = 16 * code + 981; /* now the unit's exponent less that of the last bit, + field */
         scale[i] = code > R_SCALED_CODE ? 0x1p-8 : 1.0;
-        sums[i] = lo[i] = 0.0;
     }
-    for (Py_ssize_t r = 0; r < size; r++) repro_cuts64((const uint64_t *)rows[r] + start, fields, scale, sums, lo, m);
+    repro_cuts64_first((const uint64_t *)rows[0] + start, fields, scale, sums, lo, m);
+    for (Py_ssize_t r = 1; r < size; r++) repro_cuts64((const uint64_t *)rows[r] + start, fields, scale, sums, lo, m);
     for (Py_ssize_t i = 0; i < m; i++) sums[i] = (sums[i] + lo[i]) * (1.0 / scale[i]);
     return widest == 0x7ff || zeros == 0;
 }
