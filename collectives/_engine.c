@@ -550,6 +550,22 @@ static int small_call(SmallAllreduce *self, long turn, PyObject *work, PyObject 
     return status;
 }
 
+/* work /= the world size, for an average of floats: one correctly rounded division an element, as
+ * numpy's true_divide of the array by the size gives it (the Python path's LeanAllreduce._end) */
+static int small_divide(SmallAllreduce *self, PyObject *work) {
+    Py_buffer out, in;
+    if (get_buffers(self->nbytes, work, work, &out, &in) < 0) return -1;
+    if (self->kind == F32) {
+        float *x = out.buf, by = (float)self->m.size;
+        for (Py_ssize_t i = 0; i < self->count; i++) x[i] /= by;
+    } else {
+        double *x = out.buf, by = (double)self->m.size;
+        for (Py_ssize_t i = 0; i < self->count; i++) x[i] /= by;
+    }
+    PyBuffer_Release(&out);
+    return 0;
+}
+
 /* run(turn, work, source, sequence, packed, digest) -> 0 done, 1 a rank is late, 2 signatures differ
  *
  * work = the reduction of every rank's source (work may be source), through the next barrier
@@ -1202,10 +1218,15 @@ static int core_run(LeanCore *self, PyObject *work, PyObject *source) {
     Py_XDECREF(packed);
     if (status < 0) return FAILED;
     if (status != DONE) return status;
-    /* the call's end: the claim given back; the late check, a trace record or an average: Python's */
+    /* the call's end: an average of floats divided here; the claim given back; the late check, a trace
+     * record or another average: Python's (LeanAllreduce._end, which divides where this did not) */
+    int late = began - watchdog->last_began >= watchdog->late_after;
+    SmallAllreduce *kernel = (SmallAllreduce *)self->kernel;
+    int divides = self->averages && !late && (kernel->kind == F32 || kernel->kind == F64);
+    if (divides && small_divide(kernel, work) < 0) return FAILED;
     watchdog->claimed_by = 0;
     claim_give(watchdog);
-    if (began - watchdog->last_began >= watchdog->late_after || self->averages) return FINISH;
+    if (late || (self->averages && !divides)) return FINISH;
     int traced = is_true(self->tracer, s_on);
     if (traced < 0) return FAILED;
     if (traced) { /* the trace's record of a lean repeat, as LeanAllreduce's end appends it */
