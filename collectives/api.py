@@ -71,11 +71,12 @@ from .buffers import (
 )
 from .communicator import Communicator, communicator_of
 from .dispatch import CheckedCall, call_collective, escaped
+from .errors import MismatchError, PeerInputError
 from .explaining import explain
 from .faults import PLAN as FAULTS
 from .host_copy import on_host_copy
 from .ops import ReduceOp
-from .reproducible_calls import Through, reproducibly
+from .reproducible_calls import ALIASES, Through, named_mismatch, reproducibly
 from .requests import busy, settle
 from .selector import AUTO
 
@@ -119,20 +120,35 @@ def allreduce(
         The result, ``out`` when given.
     """
     try:
-        if out is x and op.__class__ is str and x.__class__ is _NDARRAY and not reproducible:
+        if out is x and op.__class__ is str and x.__class__ is _NDARRAY:
             # a repeat of an in-place call on numpy arrays: one call into the compiled engine, where it runs
+            # (a reproducible sum's repeat kept under its op's alias: reproducible_calls.ALIASES)
             compiled = engine.COMPILED
-            if compiled is not None and not FAULTS.armed:
+            kept_as = op if not reproducible else ALIASES.get(op)
+            if compiled is not None and kept_as is not None and not FAULTS.armed:
                 if busy:
                     settle(comm)
                 group = comm if comm.__class__ is Communicator else communicator_of(comm)
-                done = compiled.repeat_in_place(group.repeats, x, op, algorithm, check)
+                # (a reproducible sum's repeat only while calls are checked: its op needs them)
+                done = (
+                    compiled.repeat_in_place(group.repeats, x, kept_as, algorithm, check)
+                    if not reproducible or (group.watchdog.check if check is None else check)
+                    else None
+                )
                 if done is x:
                     return x
                 if done is not None:
                     lean, status = done
                     flat = x.reshape(-1)
-                    lean.went_on(status, flat, flat)
+                    if not reproducible:
+                        lean.went_on(status, flat, flat)
+                        return x
+                    try:
+                        lean.went_on(status, flat, flat)
+                    except PeerInputError:
+                        raise
+                    except MismatchError as error:
+                        raise named_mismatch("allreduce", error) from error
                     return x
         if reproducible:
             return reproducibly("allreduce", x, op, out, algorithm, comm, check, _THROUGH)

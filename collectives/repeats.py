@@ -64,8 +64,7 @@ def find_repeat(
         return None
     try:
         if collective == "allreduce":
-            result = "new" if out is None else "in place" if out is x else "out"
-            key: tuple[Any, ...] = (x.__class__, x.shape, x.dtype, op, algorithm, result, check)
+            key: tuple[Any, ...] = allreduce_key(x, out, op, algorithm, check)
         elif collective == "reduce_scatter" or collective == "allgather":
             shares = None if counts is None else tuple(counts)
             key = (collective, x.__class__, x.shape, x.dtype, op, shares, algorithm, out is None, check)
@@ -83,6 +82,21 @@ def find_repeat(
     kept = group.repeats
     ready: Repeat | None = kept.get(key)
     return Repeat(kept, key) if ready is None else ready
+
+
+def allreduce_key(x: Any, out: Any, op: Any, algorithm: str, check: bool | None) -> tuple[Any, ...]:
+    """The key of an allreduce's repeat (the compiled engine's ``repeat_in_place`` builds the same)."""
+    result = "new" if out is None else "in place" if out is x else "out"
+    return (x.__class__, x.shape, x.dtype, op, algorithm, result, check)
+
+
+def keep_alias(group: "Communicator", key: tuple[Any, ...], alias: tuple[Any, ...]) -> None:
+    """Keep the repeat kept under ``key`` under ``alias`` too: a call that reaches the same decisions by
+    other arguments (a reproducible sum's, whose op and algorithm it chooses) finds them at once."""
+    kept = group.repeats
+    ready = kept.get(key)
+    if ready is not None and kept.get(alias) is not ready:
+        kept[alias] = ready
 
 
 class Repeat:

@@ -18,12 +18,14 @@ its own, so this module stands below it.
 """
 
 __all__ = [
+    "ALIASES",
     "Sum",
     "Through",
     "check_call",
     "check_out",
     "deliver",
     "gathers",
+    "named_mismatch",
     "pair_op",
     "plain_op",
     "reduced",
@@ -39,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import engine
 from .communicator import Communicator, communicator_of
 from .dispatch import checked
 from .errors import (
@@ -50,6 +53,7 @@ from .errors import (
     UnsupportedOpError,
 )
 from .ops import INTEGER_DTYPES, Op, ReduceOp
+from .repeats import allreduce_key, keep_alias
 from .reproducible import (
     BITS_OF,
     EXACT_IN_FLOAT64,
@@ -79,6 +83,7 @@ _OPS = {"sum": 1, "avg": 2}
 
 GATHERED_BYTES = 128 << 10
 """The most bytes of every rank's contribution together that an allreduce gathers in one collective."""
+
 
 @dataclass(frozen=True)
 class Through:
@@ -299,8 +304,17 @@ def plain_op(
 
 
 def _paired(
-    group: Communicator, through: Through, collective: str, x: np.ndarray, flat: np.ndarray, pair: Op,
-    out: Any, shape: tuple[int, ...], algorithm: str, check: bool | None, root: int,
+    group: Communicator,
+    through: Through,
+    collective: str,
+    x: np.ndarray,
+    flat: np.ndarray,
+    pair: Op,
+    out: Any,
+    shape: tuple[int, ...],
+    algorithm: str,
+    check: bool | None,
+    root: int,
     counts: Sequence[int] | None,
 ) -> Any:
     """``collective`` of ``flat`` by the op ``pair``: the plain call's path, into ``out`` where it is
@@ -325,7 +339,12 @@ def _paired(
     return out if result is into and into is not None else deliver(result, out, shape)
 
 
-def _named(collective: str, error: MismatchError) -> MismatchError:
+ALIASES = {"sum": "reproducible sum", "avg": "reproducible avg"}
+"""The op under which an in-place reproducible allreduce's repeat is kept too (``repeats.keep_alias``), for
+the API to find it as a plain call's (the engine's ``repeat_in_place``)."""
+
+
+def named_mismatch(collective: str, error: MismatchError) -> MismatchError:
     """A mismatch of the reduction's call as the reproducible call's: dtypes, ops or counts differ."""
     return MismatchError(
         f"reproducible {collective}: the ranks' dtypes, ops or counts differ ({error})", error.fields
@@ -334,19 +353,25 @@ def _named(collective: str, error: MismatchError) -> MismatchError:
 
 @contextmanager
 def _mismatch_named(collective: str) -> Iterator[None]:
-    """A mismatch of the reduction's call raised as the reproducible call's (:func:`_named`; a peer's bad
-    input stays what it is)."""
+    """A mismatch of the reduction's call raised as the reproducible call's (:func:`named_mismatch`; a
+    peer's bad input stays what it is)."""
     try:
         yield
     except PeerInputError:
         raise
     except MismatchError as error:
-        raise _named(collective, error) from error
+        raise named_mismatch(collective, error) from error
 
 
 def _gathered(
-    group: Communicator, through: Through, flat: np.ndarray, dtype: Any, op: str, algorithm: str,
-    check: bool | None, out: Any,
+    group: Communicator,
+    through: Through,
+    flat: np.ndarray,
+    dtype: Any,
+    op: str,
+    algorithm: str,
+    check: bool | None,
+    out: Any,
 ) -> np.ndarray:
     """The reproducible allreduce of ``flat`` by one allreduce: each rank's row of a message, the
     others' zero, or-reduced, so that every rank has every contribution; then summed here (into
@@ -504,11 +529,15 @@ def reproducibly(
         plain = plain_op(x, op, out, group, check, algorithm)
         if plain is not None:  # the common call, its checks the plain call's (no context manager: 0.7 us)
             try:
-                return through.allreduce(x, plain[0], out=out, algorithm=plain[1], comm=group, check=check)
+                result = through.allreduce(x, plain[0], out=out, algorithm=plain[1], comm=group, check=check)
             except PeerInputError:
                 raise
             except MismatchError as error:
-                raise _named(collective, error) from error
+                raise named_mismatch(collective, error) from error
+            if out is x and isinstance(op, str) and engine.COMPILED is not None:  # repeats: one engine call
+                made = allreduce_key(x, x, plain[0], plain[1], check)
+                keep_alias(group, made, allreduce_key(x, x, ALIASES[op], algorithm, check))
+            return result
     checks = checked(
         group, collective, lambda: check_call(collective, x, op, out, group, root, counts),
         algorithm=algorithm, check=check,

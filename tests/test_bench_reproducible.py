@@ -22,10 +22,11 @@ def test_the_accumulators_rate_is_a_positive_number() -> None:
 
 
 @pytest.mark.skipif(mpiexec() is None, reason="no mpiexec (install the mpich extra)")
-def test_the_table_has_a_row_per_size() -> None:
-    finished = run_mpi(
-        2, ["-m", "collectives", "bench", "reproducible", "-b", "8", "-e", "64", "-n", "2"], timeout=120
-    )
+@pytest.mark.parametrize("in_place", [False, True])
+def test_the_table_has_a_row_per_size(in_place: bool) -> None:
+    args = ["-m", "collectives", "bench", "reproducible", "-b", "8", "-e", "64", "-n", "2"]
+    finished = run_mpi(2, args + (["--in-place"] if in_place else []), timeout=120)
     assert finished.returncode == 0, finished.stdout
+    assert ("avg in place" in finished.stdout) == in_place, finished.stdout
     rows = re.findall(r"^\s+(\d+)\s+[\d.]+\s+[\d.]+\s+[\d.]+$", finished.stdout, re.MULTILINE)
     assert rows == ["8", "64"], finished.stdout

@@ -2,10 +2,11 @@
 
 Per size, float32 sums timed side by side, interleaved round by round (a barrier
 before each sample, up to 200 calls per sample for small sizes): the default
-``allreduce`` (``auto``), the reproducible one, and for scale the reproducible
-sum's parts alone: converting (codes, cutting into words, rounding back) and its
-two reductions. A sample's time is its slowest rank's; the table gives medians
-and the ratio reproducible/default.
+``allreduce`` (``auto``) and the reproducible one, each into an ``out`` array. A
+sample's time is its slowest rank's; the table gives medians and the ratio
+reproducible/default. ``--in-place`` times both in place (``out=x``, as the torch
+hooks call them), with ``op="avg"``: a sum in place would pass float32's range
+within a sample.
 
 ``python -m collectives bench reproducible --add`` (no MPI) times ``ReproducibleSum.add``
 of float32 and float64 arrays (``--dtype`` names others) of 64 KiB, 1 MiB and 16 MiB, in
@@ -114,6 +115,7 @@ def main(argv: list[str] | None = None) -> None:
         choices=["float16", "bfloat16", "float32", "float64"],
     )  # fmt: skip
     parser.add_argument("--error", action="store_true", help="measure the error instead (no MPI)")
+    parser.add_argument("--in-place", action="store_true", help="both calls in place, op avg")
     options = parser.parse_args(argv)
     if options.error:
         print("dtype    largest |error| / sum |x|: reproducible  float64 pairwise", end="")
@@ -133,17 +135,19 @@ def main(argv: list[str] | None = None) -> None:
     world = MPI.COMM_WORLD
     comm = collectives.Communicator()
     if world.rank == 0:
-        print(f"# {world.size} ranks, float32 sum, median of {options.rounds} samples; times in us")
+        how = "avg in place" if options.in_place else "sum"
+        print(f"# {world.size} ranks, float32 {how}, median of {options.rounds} samples; times in us")
         print(f"{'size':>8} {'default':>9} {'reproducible':>13} {'ratio':>6}")
     size = options.minbytes
     while size <= options.maxbytes:
         x = np.random.default_rng(world.rank).normal(size=max(size // 4, 1)).astype(np.float32)
-        out = np.empty_like(x)
+        out = x if options.in_place else np.empty_like(x)
+        op = "avg" if options.in_place else "sum"
         calls = max(1, min(200, (1 << 20) // max(size, 1)))
         contenders = {
-            "default": functools.partial(collectives.allreduce, x, out=out, comm=comm),
+            "default": functools.partial(collectives.allreduce, x, op, out=out, comm=comm),
             "reproducible": functools.partial(
-                collectives.allreduce, x, out=out, comm=comm, reproducible=True
+                collectives.allreduce, x, op, out=out, comm=comm, reproducible=True
             ),
         }
         times: dict[str, list[float]] = {name: [] for name in contenders}

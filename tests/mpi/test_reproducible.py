@@ -1,5 +1,7 @@
 """Reproducible sums under mpiexec: the exact model's bits at every world size, with every algorithm."""
 
+from typing import Any
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -77,7 +79,10 @@ def _repeated(comm: collectives.Communicator, dtype: str, op: str, count: int, *
 
 def _kernels(comm: collectives.Communicator) -> tuple[int, int]:
     """The runs of the compiled small and segmented calls that ``comm``'s repeated calls made."""
-    leans = [p.lean for p in comm.repeats.values() if isinstance(p.lean, LeanAllreduce)]
+    # each once: an in-place call's repeat is kept under its op's alias too (reproducible_calls.ALIASES)
+    leans = list(
+        {id(p.lean): p.lean for p in comm.repeats.values() if isinstance(p.lean, LeanAllreduce)}.values()
+    )
     small = sum(lean._kernel.runs for lean in leans if lean._kernel is not None)
     segmented = sum(lean._segments.runs for lean in leans if lean._segments is not None)
     return small, segmented
@@ -119,6 +124,46 @@ def test_repeated_calls_sum_on_shared_memory_in_the_engine_with_the_python_paths
                 parts = contributions(dtype, world.size, count, seed=10 * (REPEATS - 1) + count % 7)
                 problems.expect_equal(f"{count}: the model", ours[-1] if ours else None, model(parts, dtype))
     compiled.free()
+    problems.check()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_repeated_in_place_reproducible_call_is_one_call_from_the_api_into_the_engine(
+    dtype: str, world: MPI.Intracomm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past its first call, an in-place reproducible allreduce runs no Python layer below the API's, with
+    the bits of the full path; unchecked calls (whose op needs checks) take the full path."""
+    from collectives import api
+
+    problems = Problems(world)
+    comm = _on_shared_memory(world)
+    full = [0]
+    original = api.reproducibly
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        full[0] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(api, "reproducibly", counted)
+    for op, count in (
+        ("sum", 7),
+        ("avg", 301),
+        ("sum", PAST_THE_SMALL_WINDOW // (np.dtype(dtype).itemsize // 4)),
+    ):
+        x = np.zeros(count, dtype)
+        for call in range(REPEATS * 2):
+            parts = contributions(dtype, world.size, count, seed=call)
+            x[...] = parts[world.rank]
+            collectives.allreduce(x, op, out=x, reproducible=True, comm=comm)
+            fresh = collectives.allreduce(parts[world.rank], op, reproducible=True, comm=comm)  # not in place
+            problems.expect_equal(f"{op} {count} call {call}", x, fresh)
+        problems.expect(
+            full[0] == REPEATS * 2 + 1, f"{op} {count}: {full[0] - REPEATS * 2} in-place calls went in full"
+        )
+        full[0] = 0
+    collectives.allreduce(x, out=x, reproducible=True, comm=comm, check=False)
+    problems.expect(full[0] == 1, "an unchecked call took the engine's one call")
+    comm.free()
     problems.check()
 
 
