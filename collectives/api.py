@@ -71,12 +71,12 @@ from .buffers import (
 )
 from .communicator import Communicator, communicator_of
 from .dispatch import CheckedCall, call_collective, escaped
-from .errors import MismatchError, PeerInputError
 from .explaining import explain
 from .faults import PLAN as FAULTS
 from .host_copy import on_host_copy
 from .ops import ReduceOp
-from .reproducible_calls import ALIASES, Through, named_mismatch, reproducibly
+from .reproducible_calls import ALIASES, Through, reproducibly
+from .reproducible_calls import went_on as reproducible_went_on
 from .requests import busy, settle
 from .selector import AUTO
 
@@ -140,15 +140,10 @@ def allreduce(
                 if done is not None:
                     lean, status = done
                     flat = x.reshape(-1)
-                    if not reproducible:
+                    if reproducible:
+                        reproducible_went_on(lean, status, flat)
+                    else:
                         lean.went_on(status, flat, flat)
-                        return x
-                    try:
-                        lean.went_on(status, flat, flat)
-                    except PeerInputError:
-                        raise
-                    except MismatchError as error:
-                        raise named_mismatch("allreduce", error) from error
                     return x
         if reproducible:
             return reproducibly("allreduce", x, op, out, algorithm, comm, check, _THROUGH)

@@ -32,6 +32,7 @@ __all__ = [
     "reproducibly",
     "rows_op",
     "shares_of",
+    "went_on",
 ]
 
 from collections.abc import Callable, Iterator, Sequence
@@ -41,7 +42,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import engine
 from .communicator import Communicator, communicator_of
 from .dispatch import checked
 from .errors import (
@@ -344,6 +344,17 @@ ALIASES = {"sum": "reproducible sum", "avg": "reproducible avg"}
 the API to find it as a plain call's (the engine's ``repeat_in_place``)."""
 
 
+def went_on(lean: Any, status: int, flat: Any) -> None:
+    """The rest of an in-place reproducible repeat that the API started in the engine (``lean.went_on``
+    on ``flat``, the input's flat view), a mismatch raised as the reproducible call's."""
+    try:
+        lean.went_on(status, flat, flat)
+    except PeerInputError:
+        raise
+    except MismatchError as error:
+        raise named_mismatch("allreduce", error) from error
+
+
 def named_mismatch(collective: str, error: MismatchError) -> MismatchError:
     """A mismatch of the reduction's call as the reproducible call's: dtypes, ops or counts differ."""
     return MismatchError(
@@ -534,7 +545,7 @@ def reproducibly(
                 raise
             except MismatchError as error:
                 raise named_mismatch(collective, error) from error
-            if out is x and isinstance(op, str) and engine.COMPILED is not None:  # repeats: one engine call
+            if out is x and isinstance(op, str) and kernels() is not None:  # repeats: one engine call
                 made = allreduce_key(x, x, plain[0], plain[1], check)
                 keep_alias(group, made, allreduce_key(x, x, ALIASES[op], algorithm, check))
             return result
