@@ -187,7 +187,8 @@ static Py_ssize_t item_size(Kind kind);
  * that copy shares with a or b, read before it is written). An owner's last pair of a segmented
  * allreduce stores into its result slot and its own output at once, rather than copying its share out
  * of the slot after the barrier: calls back to back at 2 ranks took 35-38 against 51-55 us at 1 MiB
- * and 130-137 against 203-212 at 4 MiB (5-15% longer in the machine's slow spells: bench/README.md). */
+ * and 130-137 against 203-212 at 4 MiB (mostly 2-15% longer in the machine's slow spells, which
+ * bench/README.md describes). */
 static void reduce_pair_copied(Kind kind, Op op, void *out, void *copy, const void *a, const void *b, Py_ssize_t n) {
     if (kind == F32 && !whole_op(op))
         reduce_float(out, a, b, n, op, copy);
