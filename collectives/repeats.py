@@ -269,10 +269,10 @@ def _out_fits(x: Any, out: Any, shape: tuple[int, ...]) -> bool:
     )
 
 
-class _RepeatedShares(Repeat):
-    """A reduce-scatter's or all-gather's decisions on the shared-memory executor (lean where it can)."""
+class _RepeatedOnShared(Repeat):
+    """A collective's decisions on the shared-memory executor (lean where it can), but a barrier's."""
 
-    __slots__ = ("backend", "guard", "lean", "op", "shape", "shared", "shares")
+    __slots__ = ("backend", "guard", "lean", "op", "shape", "shared")
 
     def __init__(
         self,
@@ -282,13 +282,11 @@ class _RepeatedShares(Repeat):
         guard: PackedSignature,
         shape: tuple[int, ...],
         shared: SharedExecutor,
-        shares: tuple[int, ...],
         lean: LeanShared | None = None,
     ) -> None:
-        self.backend, self.op, self.guard, self.shape, self.shared, self.shares = (
-            backend, op, guard, shape, shared, shares
+        self.backend, self.op, self.guard, self.shape, self.shared, self.lean = (
+            backend, op, guard, shape, shared, lean
         )  # fmt: skip
-        self.lean = lean
 
     def fits(self, x: Any, out: Any) -> bool:
         """Only what would make the call an error sends it down the full path (which names it).
@@ -298,6 +296,16 @@ class _RepeatedShares(Repeat):
         ranks whose key matched all run the kept decisions, whatever their arrays.
         """
         return _out_fits(x, out, self.shape)
+
+
+class _RepeatedShares(_RepeatedOnShared):
+    """A reduce-scatter's or all-gather's decisions: each rank's share of the whole."""
+
+    __slots__ = ("shares",)
+
+    def __init__(self, *, shares: tuple[int, ...], **kept: Any) -> None:
+        super().__init__(**kept)
+        self.shares = shares
 
 
 class RepeatedReduceScatter(_RepeatedShares):
@@ -363,30 +371,14 @@ class RepeatedBarrier(Repeat):
         _run_steps(self, group, check, self.shared.barrier)
 
 
-class _RepeatedRooted(Repeat):
-    """A broadcast's or reduce's decisions on the shared-memory executor (lean where it can)."""
+class _RepeatedRooted(_RepeatedOnShared):
+    """A broadcast's or reduce's decisions: its root."""
 
-    __slots__ = ("backend", "guard", "lean", "op", "root", "shape", "shared")
+    __slots__ = ("root",)
 
-    def __init__(
-        self,
-        *,
-        backend: ArrayBackend,
-        op: ReduceOp | None,
-        guard: PackedSignature,
-        shape: tuple[int, ...],
-        shared: SharedExecutor,
-        root: int,
-        lean: LeanShared | None = None,
-    ) -> None:
-        self.backend, self.op, self.guard, self.shape, self.shared, self.root = (
-            backend, op, guard, shape, shared, root
-        )  # fmt: skip
-        self.lean = lean
-
-    def fits(self, x: Any, out: Any) -> bool:
-        """As a reduce-scatter's (:meth:`_RepeatedShares.fits`): only what makes the call an error."""
-        return _out_fits(x, out, self.shape)
+    def __init__(self, *, root: int, **kept: Any) -> None:
+        super().__init__(**kept)
+        self.root = root
 
 
 class RepeatedBroadcast(_RepeatedRooted):
@@ -427,7 +419,7 @@ class RepeatedReduce(_RepeatedRooted):
 
 
 def _run_steps(
-    kept: "RepeatedBarrier | _RepeatedRooted | _RepeatedShares",
+    kept: "RepeatedBarrier | _RepeatedOnShared",
     group: "Communicator",
     check: bool | None,
     steps: Callable[..., object],
