@@ -102,12 +102,11 @@ static inline double quiet_double(double a) {
 /* out = a op b, elementwise, one rounding per element, as numpy's loops. Where a is NaN the result
  * is a (quieted), as the processor gives for numpy's a + b: said outright, as the compiler may swap
  * the operands of a commutative + or * and so hand back b's. Eight lanes at a time through vector
- * types (loads before the store, so out may be a or b), the choice of a NaN as a mask. Where copy is
- * not NULL each result is stored there too (in the same pass: see reduce_pair_copied). */
+ * types (loads before the store, so out may be a or b), the choice of a NaN as a mask. */
 #define FLOAT_LOOP(T, BITS, QUIET)                                                                  \
     typedef T T##_lanes __attribute__((vector_size(8 * sizeof(T))));                                \
     typedef BITS T##_masks __attribute__((vector_size(8 * sizeof(T))));                             \
-    WIDE_LOOP static void reduce_##T(T *out, const T *a, const T *b, Py_ssize_t n, Op op, T *copy) { \
+    WIDE_LOOP static void reduce_##T(T *out, const T *a, const T *b, Py_ssize_t n, Op op) {         \
         Py_ssize_t i = 0;                                                                           \
         const T##_masks quiet = {QUIET, QUIET, QUIET, QUIET, QUIET, QUIET, QUIET, QUIET};           \
         for (; i + 8 <= n; i += 8) {                                                                \
@@ -118,11 +117,9 @@ static inline double quiet_double(double a) {
             T##_masks nan = x != x;                                                                 \
             T##_masks r = (nan & ((T##_masks)x | quiet)) | (~nan & (T##_masks)z);                   \
             memcpy(out + i, &r, sizeof r);                                                          \
-            if (copy) memcpy(copy + i, &r, sizeof r);                                               \
         }                                                                                           \
         for (; i < n; i++) {                                                                        \
             out[i] = a[i] != a[i] ? quiet_##T(a[i]) : op == SUM ? a[i] + b[i] : a[i] * b[i];        \
-            if (copy) copy[i] = out[i];                                                             \
         }                                                                                           \
     }
 FLOAT_LOOP(float, int32_t, INT32_C(0x00400000))
@@ -168,8 +165,8 @@ static void reduce_pair(Kind kind, Op op, void *out, const void *a, const void *
         return;
     }
     switch (kind) {
-    case F32: reduce_float(out, a, b, n, op, NULL); break;
-    case F64: reduce_double(out, a, b, n, op, NULL); break;
+    case F32: reduce_float(out, a, b, n, op); break;
+    case F64: reduce_double(out, a, b, n, op); break;
     case I8: reduce_i8(out, a, b, n, op); break;
     case U8: reduce_u8(out, a, b, n, op); break;
     case I16: reduce_i16(out, a, b, n, op); break;
@@ -178,25 +175,6 @@ static void reduce_pair(Kind kind, Op op, void *out, const void *a, const void *
     case U32: reduce_u32(out, a, b, n, op); break;
     case I64: reduce_i64(out, a, b, n, op); break;
     case U64: reduce_u64(out, a, b, n, op); break;
-    }
-}
-
-static Py_ssize_t item_size(Kind kind);
-
-/* reduce_pair, its result stored in copy too (n elements apart from out, a and b, but for an element
- * that copy shares with a or b, read before it is written). An owner's last pair of a segmented
- * allreduce stores into its result slot and its own output at once, rather than copying its share out
- * of the slot after the barrier: calls back to back at 2 ranks took 35-38 against 51-55 us at 1 MiB
- * and 130-137 against 203-212 at 4 MiB (mostly 2-15% longer in the machine's slow spells, which
- * bench/README.md describes). */
-static void reduce_pair_copied(Kind kind, Op op, void *out, void *copy, const void *a, const void *b, Py_ssize_t n) {
-    if (kind == F32 && !whole_op(op))
-        reduce_float(out, a, b, n, op, copy);
-    else if (kind == F64 && !whole_op(op))
-        reduce_double(out, a, b, n, op, copy);
-    else {
-        reduce_pair(kind, op, out, a, b, n);
-        memcpy(copy, out, (size_t)(n * item_size(kind)));
     }
 }
 
@@ -748,10 +726,18 @@ static PyTypeObject SignedBarrierType = {
  * step and barrier for barrier, so that a rank on the Python path and one here meet at the same
  * barriers: per segment of `slot` elements of every share, copy into this rank's region the other
  * owners' parts, pass a barrier (the call's first carries the signature and the note "through the
- * window"), reduce this rank's part in rank order (its own input read where it lies) into its result
- * slot, pass a barrier, copy every owner's result out. Segments alternate between the halves. A late
+ * window"), reduce this rank's part in rank order (its own input read where it lies) into its output
+ * and copy it into its result slot, pass a barrier, copy every other owner's result out. Segments alternate between the halves. A late
  * barrier hands the wait to Python (status LATE); resume() goes on from where the call stopped. */
 enum { MODES = 4 }; /* the first barrier's notes differ: some rank runs the zero-copy path */
+/* An owner reduces its part into its output and copies it into its result slot this many bytes at a time.
+ * Stored into the slot by the reduction itself (the lines a peer read last) the step ran 2-3x slower in
+ * the machine's slow spells (bench/README.md): at 1 MiB and 2 ranks a C model took 127 us, against 53
+ * reduced into the output and copied whole, and 69, 59 and 56 by blocks of 4, 16 and 32 KiB; outside
+ * spells 30, 33, and 30, 31 and 31: the copy of a block reads it from the nearest cache. */
+#ifndef OWNER_BLOCK_BYTES
+#define OWNER_BLOCK_BYTES 32768
+#endif
 enum { SEGMENT_IDLE, SEGMENT_FIRST_WAIT, SEGMENT_SECOND_WAIT };
 
 typedef struct {
@@ -873,22 +859,34 @@ static int segmented_go(SegmentedAllreduce *self, char *out, const char *in) {
             }
             segment_cut(self, rank, self->start, &lo, &hi);
             if (lo < hi) {
-                char *target = slot_at(self, half, rank, size);
-                const char *first = rank == 0 ? in + lo * item : slot_at(self, half, 0, rank);
+                char *target = slot_at(self, half, rank, size), *result = out + lo * item;
+                const char *own = in + lo * item;
                 Py_ssize_t n = hi - lo;
-                if (size == 1) memmove(target, first, (size_t)(n * item));
-                if (whole_op(self->op) && size > 1) { /* every rank's part at once */
-                    const void *rows[MAX_RANKS];
-                    for (int r = 0; r < size; r++) rows[r] = r == rank ? in + lo * item : slot_at(self, half, r, rank);
-                    reduce_rows(self->kind, self->op, target, rows, size, n);
-                    memcpy(out + lo * item, target, (size_t)(n * item)); /* while it is hot */
-                }
-                for (int r = 1; r < size && !whole_op(self->op); r++) {
-                    const char *part = r == rank ? in + lo * item : slot_at(self, half, r, rank);
-                    if (r == size - 1) /* the last pair into this rank's output too: not copied out below */
-                        reduce_pair_copied(self->kind, self->op, target, out + lo * item, r == 1 ? first : target, part, n);
-                    else
-                        reduce_pair(self->kind, self->op, target, r == 1 ? first : target, part, n);
+                if (size == 1) memmove(target, own, (size_t)(n * item));
+                if (size > 1) {
+                    /* into this rank's output (in rank order, or every rank's part at once), then copied
+                     * into its result slot, block by block (see OWNER_BLOCK_BYTES) */
+                    int rows_at_once = whole_op(self->op);
+                    if (own == result && (rank >= 2 || rows_at_once)) { /* a store would overwrite the input
+                                                                         * before it is read: read its copy */
+                        memcpy(slot_at(self, half, rank, rank), own, (size_t)(n * item));
+                        own = slot_at(self, half, rank, rank);
+                    }
+                    const char *parts[MAX_RANKS];
+                    for (int r = 0; r < size; r++) parts[r] = r == rank ? own : slot_at(self, half, r, rank);
+                    Py_ssize_t block = OWNER_BLOCK_BYTES / item;
+                    for (Py_ssize_t at = 0; at < n; at += block) {
+                        Py_ssize_t k = at + block < n ? block : n - at, offset = at * item;
+                        char *into = result + offset;
+                        if (rows_at_once) {
+                            const void *rows[MAX_RANKS];
+                            for (int r = 0; r < size; r++) rows[r] = parts[r] + offset;
+                            reduce_rows(self->kind, self->op, into, rows, size, k);
+                        }
+                        for (int r = 1; r < size && !rows_at_once; r++)
+                            reduce_pair(self->kind, self->op, into, r == 1 ? parts[0] + offset : into, parts[r] + offset, k);
+                        memcpy(target + offset, into, (size_t)(k * item));
+                    }
                 }
             }
             int64_t number = self->number = meeting_next(m);
