@@ -1113,7 +1113,7 @@ typedef struct {
 } LeanCore;
 
 static PyObject *s_record, *s_turn, *s_stamp, *s_digest, *s_packed, *s_last, *s_starts, *s_on, *s_new_entry;
-static PyObject *s_shape, *s_dtype, *s_lean, *s_debug, *s_in_place, *s_failed;
+static PyObject *s_shape, *s_dtype, *s_lean, *s_debug, *s_in_place, *s_new, *s_out, *s_failed;
 
 static int get_long(PyObject *object, PyObject *name, long long *value) {
     PyObject *got = PyObject_GetAttr(object, name);
@@ -1286,12 +1286,13 @@ static PyObject *core_start(LeanCore *self, PyObject *const *args, Py_ssize_t na
  * arrays' check (RepeatedAllreduce.fits: C-contiguous and writable) and the lean call's start. */
 static PyTypeObject LeanCoreType;
 
-static PyObject *lean_of(PyObject *kept, PyObject *const *args) {
-    PyObject *x = args[1];
+/* The lean path kept under an allreduce's key (collectives.repeats.allreduce_key), where the compiled call
+ * may take it (not while the watchdog's debug log is on); NULL, no error set, where none is. */
+static PyObject *lean_found(PyObject *kept, PyObject *x, PyObject *op, PyObject *algorithm, PyObject *result,
+                            PyObject *check) {
     PyObject *shape = PyObject_GetAttr(x, s_shape);
     PyObject *dtype = shape ? PyObject_GetAttr(x, s_dtype) : NULL;
-    PyObject *key = dtype ? PyTuple_Pack(7, (PyObject *)Py_TYPE(x), shape, dtype, args[2], args[3], s_in_place,
-                                         args[4])
+    PyObject *key = dtype ? PyTuple_Pack(7, (PyObject *)Py_TYPE(x), shape, dtype, op, algorithm, result, check)
                           : NULL;
     Py_XDECREF(shape);
     Py_XDECREF(dtype);
@@ -1305,14 +1306,34 @@ static PyObject *lean_of(PyObject *kept, PyObject *const *args) {
         Py_XDECREF(lean);
         return NULL;
     }
-    Py_buffer view;
-    if (PyObject_GetBuffer(x, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
-        PyErr_Clear(); /* the full path copies a strided array, and names a read-only one */
-        Py_DECREF(lean);
-        return NULL;
-    }
-    PyBuffer_Release(&view);
     return lean;
+}
+
+/* Whether an array's memory is C-contiguous (and writable, with PyBUF_WRITABLE in flags); where it is,
+ * its bounds. The full path copies a strided array, and names a read-only output. */
+static int contiguous(PyObject *array, int flags, char **begins, char **ends) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(array, &view, flags | PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    *begins = view.buf;
+    *ends = (char *)view.buf + view.len;
+    PyBuffer_Release(&view);
+    return 1;
+}
+
+/* The end of a call that core_run started: result where done, else (lean, status), or with
+ * result_too (lean, status, result), for the Python path to go on with (LeanAllreduce.went_on). */
+static PyObject *repeat_ended(PyObject *lean, int status, PyObject *result, int result_too) {
+    if (status == DONE) {
+        Py_DECREF(lean);
+        return Py_NewRef(result);
+    }
+    if (status != FAILED) return result_too ? Py_BuildValue("(NiO)", lean, status, result) : Py_BuildValue("(Ni)", lean, status);
+    core_failed((LeanCore *)lean);
+    Py_DECREF(lean);
+    return NULL;
 }
 
 static PyObject *engine_repeat_in_place(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
@@ -1320,17 +1341,66 @@ static PyObject *engine_repeat_in_place(PyObject *module, PyObject *const *args,
         PyErr_SetString(PyExc_TypeError, "repeat_in_place(kept: dict, x, op, algorithm, check)");
         return NULL;
     }
-    PyObject *lean = lean_of(args[0], args);
+    PyObject *x = args[1];
+    char *begins, *ends;
+    PyObject *lean = lean_found(args[0], x, args[2], args[3], s_in_place, args[4]);
     if (!lean) Py_RETURN_NONE;
-    int status = core_run((LeanCore *)lean, args[1], args[1]);
-    if (status == DONE) {
+    if (!contiguous(x, PyBUF_WRITABLE, &begins, &ends)) {
         Py_DECREF(lean);
-        return Py_NewRef(args[1]);
+        Py_RETURN_NONE;
     }
-    if (status != FAILED) return Py_BuildValue("(Ni)", lean, status);
-    core_failed((LeanCore *)lean);
-    Py_DECREF(lean);
-    return NULL;
+    return repeat_ended(lean, core_run((LeanCore *)lean, x, x), x, 0);
+}
+
+/* repeat_out_of_place(kept, x, out, op, algorithm, check, empty_like) -> the result: done; None: not taken,
+ * nothing done; or (lean, status, result): started, for the Python path to go on with
+ *
+ * As repeat_in_place, for a call whose result goes into out, an array apart from x, or, where out is
+ * None, into a new array, empty_like(x), made once the repeat is found. The checks are
+ * RepeatedAllreduce.fits's: x C-contiguous; out of x's type, shape and dtype, C-contiguous, writable,
+ * and its memory apart from x's (by bounds: where they overlap at all the full path decides). */
+static PyObject *engine_repeat_out_of_place(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7 || !PyDict_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "repeat_out_of_place(kept: dict, x, out, op, algorithm, check, empty_like)");
+        return NULL;
+    }
+    PyObject *x = args[1], *out = args[2];
+    int new = out == Py_None;
+    if (out == x || (!new && Py_TYPE(out) != Py_TYPE(x))) Py_RETURN_NONE;
+    PyObject *lean = lean_found(args[0], x, args[3], args[4], new ? s_new : s_out, args[5]);
+    if (!lean) Py_RETURN_NONE;
+    char *x_begins, *x_ends, *out_begins, *out_ends;
+    int fits = contiguous(x, 0, &x_begins, &x_ends);
+    if (fits && new) {
+        out = PyObject_CallOneArg(args[6], x);
+        if (!out) {
+            Py_DECREF(lean);
+            return NULL;
+        }
+    } else
+        Py_INCREF(out);
+    fits = fits && contiguous(out, PyBUF_WRITABLE, &out_begins, &out_ends) &&
+           (out_ends <= x_begins || x_ends <= out_begins);
+    if (fits && !new) {
+        PyObject *x_shape = PyObject_GetAttr(x, s_shape), *out_shape = PyObject_GetAttr(out, s_shape);
+        PyObject *x_dtype = PyObject_GetAttr(x, s_dtype), *out_dtype = PyObject_GetAttr(out, s_dtype);
+        fits = x_shape && out_shape && x_dtype && out_dtype &&
+               PyObject_RichCompareBool(x_shape, out_shape, Py_EQ) == 1 &&
+               PyObject_RichCompareBool(x_dtype, out_dtype, Py_EQ) == 1;
+        Py_XDECREF(x_shape);
+        Py_XDECREF(out_shape);
+        Py_XDECREF(x_dtype);
+        Py_XDECREF(out_dtype);
+        PyErr_Clear(); /* an odd array: the full path names it */
+    }
+    if (!fits) {
+        Py_DECREF(lean);
+        Py_DECREF(out);
+        Py_RETURN_NONE;
+    }
+    PyObject *ended = repeat_ended(lean, core_run((LeanCore *)lean, out, x), out, 1);
+    Py_DECREF(out);
+    return ended;
 }
 
 static int core_traverse(LeanCore *self, visitproc visit, void *arg) {
@@ -1423,6 +1493,9 @@ static PyMethodDef engine_methods[] = {
      "combine(dtype, op, out, a, b): out = a op b with the engine's loop"},
     {"repeat_in_place", (PyCFunction)(void (*)(void))engine_repeat_in_place, METH_FASTCALL,
      "repeat_in_place(kept, x, op, algorithm, check) -> x done, None not taken, or (lean, status) started"},
+    {"repeat_out_of_place", (PyCFunction)(void (*)(void))engine_repeat_out_of_place, METH_FASTCALL,
+     "repeat_out_of_place(kept, x, out, op, algorithm, check, empty_like) -> the result done, None not taken, or "
+     "(lean, status, result) started"},
     {"repro_codes", (PyCFunction)(void (*)(void))repro_codes, METH_FASTCALL,
      "repro_codes(x, codes) -> flags: each element's code (1 a special code, 2 -0.0's, found)"},
     {"repro_words", (PyCFunction)(void (*)(void))repro_words, METH_FASTCALL,
@@ -1457,9 +1530,10 @@ PyMODINIT_FUNC PyInit__engine(void) {
         return NULL;
     static const char *names[] = {"record", "turn",  "stamp", "digest", "packed", "last",     "starts",
                                   "on",     "_new_entry", "shape", "dtype", "lean", "debug", "in place",
-                                  "_failed"};
+                                  "new",    "out",        "_failed"};
     PyObject **interned[] = {&s_record, &s_turn,  &s_stamp, &s_digest, &s_packed,   &s_last,  &s_starts, &s_on,
-                             &s_new_entry, &s_shape, &s_dtype, &s_lean, &s_debug, &s_in_place, &s_failed};
+                             &s_new_entry, &s_shape, &s_dtype, &s_lean, &s_debug, &s_in_place, &s_new, &s_out,
+                             &s_failed};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!(*interned[i] = PyUnicode_InternFromString(names[i]))) return NULL;
     PyObject *module = PyModule_Create(&engine_module);

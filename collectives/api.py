@@ -85,6 +85,7 @@ if TYPE_CHECKING:
 
 
 _NDARRAY = np.ndarray  # a module global: an allreduce tells numpy arrays by their class at once
+_EMPTY_LIKE = np.empty_like
 
 
 def allreduce(
@@ -145,6 +146,26 @@ def allreduce(
                     else:
                         lean.went_on(status, flat, flat)
                     return x
+        elif (
+            x.__class__ is _NDARRAY
+            and op.__class__ is str
+            and not reproducible
+            and (out is None or out.__class__ is _NDARRAY)
+            and engine.COMPILED is not None
+            and not FAULTS.armed
+        ):
+            # a repeat of a call into out or into a new array: one call into the engine too
+            if busy:
+                settle(comm)
+            group = comm if comm.__class__ is Communicator else communicator_of(comm)
+            kept = group.repeats
+            done = engine.COMPILED.repeat_out_of_place(kept, x, out, op, algorithm, check, _EMPTY_LIKE)
+            if done is not None:
+                if done.__class__ is not tuple:
+                    return done
+                lean, status, result = done
+                lean.went_on(status, result.reshape(-1), x.reshape(-1))
+                return result
         if reproducible:
             return reproducibly("allreduce", x, op, out, algorithm, comm, check, _THROUGH)
         if x.__class__ is not _NDARRAY and algorithm == AUTO:

@@ -312,10 +312,12 @@ def test_an_interrupt_in_a_segmented_calls_wait_breaks_the_communicator_everywhe
     comm.free()
 
 
-def test_a_repeated_in_place_call_is_one_call_from_the_api_into_the_engine(
-    world: MPI.Intracomm, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("into", ["in place", "out", "new"])
+def test_a_repeated_call_is_one_call_from_the_api_into_the_engine(
+    world: MPI.Intracomm, monkeypatch: pytest.MonkeyPatch, into: str
 ) -> None:
-    """Past its first calls, an in-place allreduce of any shape runs no Python layer below the api's."""
+    """Past its first calls, an allreduce of any shape, in place, into out or into a new array, runs no
+    Python layer below the api's."""
     from collectives import api
 
     comm = collectives.Communicator(world)
@@ -324,8 +326,9 @@ def test_a_repeated_in_place_call_is_one_call_from_the_api_into_the_engine(
         comm.free()
         pytest.skip("one rank, or ranks without shared memory: no lean small path")
     x = np.ones((2, 3), np.float32)
+    out = x if into == "in place" else np.empty_like(x) if into == "out" else None
     for _ in range(3):  # the first call decides, the next makes the compiled call
-        collectives.allreduce(x, "max", out=x, comm=comm)
+        collectives.allreduce(x, "max", out=out, comm=comm)
     full = [0]
     original = api.call_collective
 
@@ -334,12 +337,79 @@ def test_a_repeated_in_place_call_is_one_call_from_the_api_into_the_engine(
         return original(*args, **kwargs)
 
     monkeypatch.setattr(api, "call_collective", counted)
+    problems = Problems(world)
     for call in range(REPEATS * 5):
         x[...] = np.arange(6).reshape(2, 3) * (world.rank + 1) + call
-        assert collectives.allreduce(x, "max", out=x, comm=comm) is x
-        assert np.array_equal(x, np.arange(6).reshape(2, 3) * world.size + call)
-    assert full[0] == 0, f"{full[0]} of {REPEATS * 5} repeated calls took the full path"
+        result = collectives.allreduce(x, "max", out=out, comm=comm)
+        problems.expect(
+            result is out if out is not None else result is not x and result.base is None, "result"
+        )
+        problems.expect_equal(
+            f"call {call}", result, np.arange(6, dtype=np.float32).reshape(2, 3) * world.size + call
+        )
+    problems.expect(full[0] == 0, f"{full[0]} of {REPEATS * 5} repeated calls took the full path")
     comm.free()
+    problems.check()
+
+
+def test_outputs_the_engines_one_call_refuses_take_the_full_path(world: MPI.Intracomm) -> None:
+    """Past a repeated call into out: an output of another shape, dtype or kind, a read-only one (the full
+    path names each), a strided one, or one sharing the input's memory (the full path's results)."""
+    comm = collectives.Communicator(world)
+    collectives.barrier(comm=comm)
+    if world.size == 1 or comm.watchdog.shared is None:
+        comm.free()
+        pytest.skip("one rank, or ranks without shared memory: no lean small path")
+    x = np.ones(8, np.float32)
+    out = np.empty_like(x)
+    for _ in range(3):
+        collectives.allreduce(x, out=out, comm=comm)
+    read_only = np.empty_like(x)
+    read_only.flags.writeable = False
+    refused = {
+        "has shape": np.empty(7, np.float32),
+        "has dtype": np.empty(8, np.float64),
+        "is a list": [0.0] * 8,
+        "read-only": read_only,
+    }
+    problems = Problems(world)
+    for says, bad in refused.items():
+        with problems.guard(says), pytest.raises(collectives.InvalidBufferError, match=says):
+            collectives.allreduce(x, out=bad, comm=comm)
+    wide = np.zeros(16, np.float32)
+    problems.expect(collectives.allreduce(x, out=wide[::2], comm=comm).base is wide, "strided: not out")
+    problems.expect_equal("strided", wide, np.tile(np.float32([world.size, 0]), 8))
+    shared = np.ones(16, np.float32)  # its first half's sums into its middle
+    collectives.allreduce(shared[:8], out=shared[4:12], comm=comm)
+    problems.expect_equal("overlapping", shared, np.float32([1] * 4 + [world.size] * 8 + [1] * 4))
+    problems.expect_equal(
+        "after", collectives.allreduce(x, out=out, comm=comm), np.full(8, world.size, np.float32)
+    )
+    comm.free()
+    problems.check()
+
+
+def test_a_late_rank_in_a_repeated_call_into_a_new_array(world: MPI.Intracomm) -> None:
+    """The engine's one call hands a late rank's wait to the Python path, which returns the new array."""
+    import time
+
+    comm = collectives.Communicator(world)
+    collectives.barrier(comm=comm)
+    if world.size == 1 or comm.watchdog.shared is None:
+        comm.free()
+        pytest.skip("one rank, or ranks without shared memory: no lean small path")
+    x = np.full(5, world.rank + 1, np.float64)
+    for _ in range(3):
+        collectives.allreduce(x, comm=comm)
+    problems = Problems(world)
+    for call in range(3):
+        if world.rank == world.size - 1:
+            time.sleep(0.05)
+        result = collectives.allreduce(x, comm=comm)
+        problems.expect(result is not x, "the input returned")
+        problems.expect_equal(f"call {call}", result, np.full(5, world.size * (world.size + 1) / 2))
+    comm.free()
+    problems.check()
 
 
 def test_arrays_the_engines_one_call_refuses_take_the_full_path(world: MPI.Intracomm) -> None:
