@@ -119,11 +119,14 @@ at 1 MiB, 249-265 against 276-289 us at 4 MiB, 1.26-2.34 against 1.27-2.50 ms at
 5.38-5.41 against 5.87-5.91 ms at 64 MiB; 128 KiB and 2 MiB lost at every size.
 """
 
-OVERSUBSCRIBED_SEGMENT_BYTES = 1 << 20
+OVERSUBSCRIBED_SEGMENT_BYTES = 1 << 18
 """The same where a node's ranks outnumber its cores, so that a barrier may wait for a rank to be scheduled.
 
-Measured at 4 ranks on 2 cores, 32 MiB: segments of 256 KiB ran 1.5x ring's time,
-1 MiB 0.8x, 4 MiB 0.85x (``bench/README.md``).
+Measured at 4 ranks on 2 cores (allreduce in place, calls back to back, the sizes side by side in
+three rounds): 256 KiB against 1 MiB took 529-631 against 1146-1161 us at 4 MiB, 3.0-3.2 against
+5.6-5.7 ms at 16 MiB; 512 KiB and 128 KiB between or alike, 64 KiB and 2 MiB slower. The Python path
+(engine off) gains too: 970-979 against 1191-1248 us at 4 MiB. (With the Python path alone, before
+the engine, 1 MiB had won: the barriers cost more than the caches.)
 """
 
 

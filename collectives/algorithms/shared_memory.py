@@ -72,7 +72,7 @@ REQUIRES_TEXT = "ranks on one node"
 SEGMENT_ELEMENTS = 1 << 17
 """float32 elements of each share per segment of the executor (its ``SEGMENT_BYTES``)."""
 
-OVERSUBSCRIBED_SEGMENT_ELEMENTS = 1 << 18
+OVERSUBSCRIBED_SEGMENT_ELEMENTS = 1 << 16
 """The same where the transport's features say ``oversubscribed`` (``OVERSUBSCRIBED_SEGMENT_BYTES``)."""
 
 SMALL_ELEMENTS = 1 << 17
