@@ -16,6 +16,7 @@ from .call import Call
 from .errors import InvalidBufferError
 from .execute import Scratch
 from .execute_shared import (
+    OVERSUBSCRIBED_ROOTED_SEGMENT_BYTES,
     OVERSUBSCRIBED_SEGMENT_BYTES,
     SEGMENT_BYTES,
     SharedExecutor,
@@ -264,12 +265,13 @@ class Communicator:
         # then barriers are dear: fewer, longer segments (emulated nodes share one machine's cores)
         crowded = oversubscribed(max(node_ranks, self._transport.host_ranks()))
         segment = OVERSUBSCRIBED_SEGMENT_BYTES if crowded else SEGMENT_BYTES
+        rooted = OVERSUBSCRIBED_ROOTED_SEGMENT_BYTES if crowded else SEGMENT_BYTES
         extra: tuple[str, ...] = ("oversubscribed",) if crowded else ()
         if shared is not None:
             # the compiled engine's reduction wins one barrier further (the ranks agree whether it runs)
             small = small_bytes(self.size, compiled=engine.COMPILED is not None)
             extra += ("compiled",) if engine.COMPILED is not None else ()
-            self._shared = SharedExecutor(shared, self.rank, self.size, segment, small)
+            self._shared = SharedExecutor(shared, self.rank, self.size, segment, small, rooted)
             # from the next call on, the ranks agree on signatures through a barrier, not messages,
             # so no data travels with them: forget the calls prepared to send it so
             self.watchdog.agree_through(shared, self._shared.reset)
@@ -278,7 +280,11 @@ class Communicator:
         elif nodes is not None:
             self._nodes = nodes
             self._node_shared = SharedExecutor(
-                nodes.shared, nodes.node_ranks.index(self.rank), len(nodes.node_ranks), segment
+                nodes.shared,
+                nodes.node_ranks.index(self.rank),
+                len(nodes.node_ranks),
+                segment,
+                rooted_segment_bytes=rooted,
             )
             features = frozenset({"shared_memory_nodes", f"ranks_per_node={len(nodes.node_ranks)}", *extra})
         else:

@@ -34,6 +34,7 @@ to copy in through the window).
 
 __all__ = [
     "COMPILED_SMALL_READ_BYTES",
+    "OVERSUBSCRIBED_ROOTED_SEGMENT_BYTES",
     "OVERSUBSCRIBED_SEGMENT_BYTES",
     "SEGMENT_BYTES",
     "SMALL_TOTAL_BYTES",
@@ -122,11 +123,16 @@ at 1 MiB, 249-265 against 276-289 us at 4 MiB, 1.26-2.34 against 1.27-2.50 ms at
 OVERSUBSCRIBED_SEGMENT_BYTES = 1 << 18
 """The same where a node's ranks outnumber its cores, so that a barrier may wait for a rank to be scheduled.
 
-Measured at 4 ranks on 2 cores (allreduce in place, calls back to back, the sizes side by side in
-three rounds): 256 KiB against 1 MiB took 529-631 against 1146-1161 us at 4 MiB, 3.0-3.2 against
-5.6-5.7 ms at 16 MiB; 512 KiB and 128 KiB between or alike, 64 KiB and 2 MiB slower. The Python path
-(engine off) gains too: 970-979 against 1191-1248 us at 4 MiB. (With the Python path alone, before
-the engine, 1 MiB had won: the barriers cost more than the caches.)
+At 4 ranks on 2 cores (in place, back to back, side by side): 256 KiB against 1 MiB took 529-631
+against 1146-1161 us at 4 MiB, 3.0-3.2 against 5.6-5.7 ms at 16 MiB (engine off: 970-979 against
+1191-1248 us at 4 MiB); 128 and 512 KiB alike or between, 64 KiB and 2 MiB slower.
+"""
+
+OVERSUBSCRIBED_ROOTED_SEGMENT_BYTES = 1 << 20
+"""A broadcast's or reduce's segment of its whole buffer where a node's ranks outnumber its cores.
+
+A quarter of an allreduce's segments would pass four times the barriers for one buffer: at 4 ranks
+on 2 cores a 16 MiB broadcast took 2.2-2.5 ms in segments of 256 KiB against 1.7-1.8 in 1 MiB.
 """
 
 
@@ -155,6 +161,7 @@ class SharedExecutor:
         size: int,
         segment_bytes: int = SEGMENT_BYTES,
         small: int | None = None,
+        rooted_segment_bytes: int | None = None,
     ) -> None:
         self._rank = rank
         self._size = size
@@ -177,8 +184,12 @@ class SharedExecutor:
         self._whole_small_bytes = min(whole, self._small_bytes)
         # per (backend, dtype, count, half): this rank's part of the half and every rank's, as arrays
         self._smalls: dict[tuple[str, Any, int, int], tuple[Any, list[Any]]] = {}
-        # bytes of each rank's a segment of a broadcast, reduce or all-gather takes through the window
+        # bytes of each rank's a segment of an all-gather takes through the window, and of a broadcast's
+        # or a reduce's whole buffer
         self._segment_fits = min(segment_bytes, self._half)
+        self._rooted_fits = min(
+            segment_bytes if rooted_segment_bytes is None else rooted_segment_bytes, self._half
+        )
 
     def reset(self) -> None:
         """Start again from the first half of the regions; every rank at once, between calls.
@@ -586,7 +597,7 @@ class SharedExecutor:
         later, once every rank has read it, so a call needs no barrier at its end.
         """
         at_root, count = self._rank == root, work.shape[0]
-        slot = max(self._segment_fits // work.itemsize, 1)
+        slot = max(self._rooted_fits // work.itemsize, 1)
         for start in range(0, count, slot):
             n = min(slot, count - start)
             region = self._window(backend, work, n)[1][root]
@@ -608,7 +619,7 @@ class SharedExecutor:
         rank, count = self._rank, x.shape[0]
         # out over x: each piece reduced apart and copied in, so no part is overwritten before it is read
         scratch = self._scratch(backend, x) if rank == root and backend.shares_memory(out, x) else None
-        slot = max(self._segment_fits // x.itemsize, 1)
+        slot = max(self._rooted_fits // x.itemsize, 1)
         for start in range(0, count, slot):
             n = min(slot, count - start)
             mine, regions = self._window(backend, x, n)
@@ -621,6 +632,7 @@ class SharedExecutor:
                     self.reduce(backend, op, out[start : start + n], parts)
                 else:
                     self._reduce_pieces(backend, op, out[start : start + n], parts, scratch)
+
 
 @lru_cache(maxsize=256)
 def _even_shares(count: int, size: int) -> tuple[int, ...]:

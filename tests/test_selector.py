@@ -480,9 +480,14 @@ def test_an_oversubscribed_node_goes_through_its_own_segments() -> None:
     import os
 
     from collectives.algorithms import shared_memory
-    from collectives.execute_shared import OVERSUBSCRIBED_SEGMENT_BYTES, oversubscribed
+    from collectives.execute_shared import (
+        OVERSUBSCRIBED_ROOTED_SEGMENT_BYTES,
+        OVERSUBSCRIBED_SEGMENT_BYTES,
+        oversubscribed,
+    )
 
     assert shared_memory.OVERSUBSCRIBED_SEGMENT_ELEMENTS * 4 == OVERSUBSCRIBED_SEGMENT_BYTES
+    assert shared_memory.OVERSUBSCRIBED_ROOTED_SEGMENT_ELEMENTS * 4 == OVERSUBSCRIBED_ROOTED_SEGMENT_BYTES
     cores = os.cpu_count() or 1
     assert not oversubscribed(cores) and oversubscribed(cores + 1)
     count = 1 << 24

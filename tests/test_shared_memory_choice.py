@@ -52,7 +52,7 @@ def test_the_counts_follow_the_segments_of_the_window() -> None:
     assert shared_memory.traffic("broadcast", 4, count, ONE_NODE) == (4, 0, 0, 0, 3, segment + count)
     assert shared_memory.traffic("reduce", 4, count, ONE_NODE) == (4, 0, 0, 3 * count, 3, segment)
     assert shared_memory.traffic("reduce", 4, 5, ONE_NODE) == (1, 0, 0, 15, 0, 5)
-    crowded_segment = shared_memory.OVERSUBSCRIBED_SEGMENT_ELEMENTS
+    crowded_segment = shared_memory.OVERSUBSCRIBED_ROOTED_SEGMENT_ELEMENTS
     crowded = ONE_NODE | {"oversubscribed"}
     pieces = -(-count // crowded_segment)
     assert shared_memory.traffic("broadcast", 4, count, crowded) == (pieces, 0, 0, 0, pieces - 1, crowded_segment + count)

@@ -75,6 +75,9 @@ SEGMENT_ELEMENTS = 1 << 17
 OVERSUBSCRIBED_SEGMENT_ELEMENTS = 1 << 16
 """The same where the transport's features say ``oversubscribed`` (``OVERSUBSCRIBED_SEGMENT_BYTES``)."""
 
+OVERSUBSCRIBED_ROOTED_SEGMENT_ELEMENTS = 1 << 18
+"""A broadcast's or reduce's there (``OVERSUBSCRIBED_ROOTED_SEGMENT_BYTES``)."""
+
 SMALL_ELEMENTS = 1 << 17
 """float32 elements of all ranks' inputs together up to which an allreduce passes one barrier.
 
@@ -198,6 +201,9 @@ def traffic(
         return (0, 0, 0, 0, 0, 0)
     per_segment = OVERSUBSCRIBED_SEGMENT_ELEMENTS if OVERSUBSCRIBED in features else SEGMENT_ELEMENTS
     if collective in ("broadcast", "reduce"):
+        per_segment = (
+            OVERSUBSCRIBED_ROOTED_SEGMENT_ELEMENTS if OVERSUBSCRIBED in features else SEGMENT_ELEMENTS
+        )
         segments, first = -(-count // per_segment), min(count, per_segment)
         if collective == "broadcast":
             return (segments, 0, 0, 0, segments - 1, first + count)
