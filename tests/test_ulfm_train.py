@@ -10,6 +10,7 @@ the checkpoint of step 8 and redo steps 8 and 9.
 import importlib.util
 import json
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -34,20 +35,35 @@ Ranks = Callable[..., list[Any]]
 STEP_10 = 24  # the call the fault kills: step 10's gradient allreduce (see the module's docstring)
 
 
+RUNTIME_CRASHED = "*** End of error message ***"
+"""What Open MPI's own signal handler prints last where its runtime itself crashed (seen once in ~25
+jobs of the replacement test: a segmentation fault inside ``MPIX_Comm_shrink``'s agreement)."""
+
+
 def _train(fault: str | None, *extra: str) -> list[dict[str, object]]:
-    """Every rank's ``SURVIVED`` record of one 4-rank job (``fault`` in ``$COLLECTIVES_FAULT``)."""
+    """Every rank's ``SURVIVED`` record of one 4-rank job (``fault`` in ``$COLLECTIVES_FAULT``).
+
+    A job whose Open MPI runtime crashed in its own code, leaving no record, runs once more (the crash
+    printed past pytest's capture, into the log); a second crash, or any other failure, fails the test.
+    """
     env = {"COLLECTIVES_FAULT": fault} if fault else {}
-    try:
-        result = run_ulfm(4, [*TRAIN, *extra], timeout=150, env=env)
-    except subprocess.TimeoutExpired as expired:
-        pytest.fail(f"the job hung; its output:\n{str(expired.output)[-4000:]}")
+    for attempt in (1, 2):
+        try:
+            result = run_ulfm(4, [*TRAIN, *extra], timeout=150, env=env)
+        except subprocess.TimeoutExpired as expired:
+            pytest.fail(f"the job hung; its output:\n{str(expired.output)[-4000:]}")
+        if attempt == 1 and "SURVIVED " not in result.stdout and RUNTIME_CRASHED in result.stdout:
+            crash = result.stdout[: result.stdout.find(RUNTIME_CRASHED)][-2000:]
+            print(f"Open MPI's runtime crashed; the job runs again:\n{crash}", file=sys.__stderr__)
+            continue
+        break
     decoder, records = json.JSONDecoder(), []
     at = result.stdout.find("SURVIVED ")
     while at >= 0:  # also where the launcher ran two ranks' lines together
         record, end = decoder.raw_decode(result.stdout, at + len("SURVIVED "))
         records.append(record)
         at = result.stdout.find("SURVIVED ", end)
-    assert records, result.stdout[-4000:]
+    assert records, result.stdout[:2000] + "\n...\n" + result.stdout[-3000:]
     return records
 
 
