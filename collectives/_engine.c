@@ -727,8 +727,9 @@ static PyTypeObject SignedBarrierType = {
  * barriers: per segment of `slot` elements of every share, copy into this rank's region the other
  * owners' parts, pass a barrier (the call's first carries the signature and the note "through the
  * window"), reduce this rank's part in rank order (its own input read where it lies) into its output
- * and copy it into its result slot, pass a barrier, copy every other owner's result out. Segments alternate between the halves. A late
- * barrier hands the wait to Python (status LATE); resume() goes on from where the call stopped. */
+ * and copy it into its result slot, pass a barrier, copy every other owner's result out. Segments
+ * alternate between the halves. A late barrier hands the wait to Python (status LATE); resume() goes
+ * on from where the call stopped. */
 enum { MODES = 4 }; /* the first barrier's notes differ: some rank runs the zero-copy path */
 /* An owner reduces its part into its output and copies it into its result slot this many bytes at a time.
  * Stored into the slot by the reduction itself (the lines a peer read last) the step ran 2-3x slower in
@@ -862,8 +863,9 @@ static int segmented_go(SegmentedAllreduce *self, char *out, const char *in) {
                 char *target = slot_at(self, half, rank, size), *result = out + lo * item;
                 const char *own = in + lo * item;
                 Py_ssize_t n = hi - lo;
-                if (size == 1) memmove(target, own, (size_t)(n * item));
-                if (size > 1) {
+                if (size == 1)
+                    memmove(target, own, (size_t)(n * item));
+                else {
                     /* into this rank's output (in rank order, or every rank's part at once), then copied
                      * into its result slot, block by block (see OWNER_BLOCK_BYTES) */
                     int rows_at_once = whole_op(self->op);
@@ -1278,12 +1280,6 @@ static PyObject *core_start(LeanCore *self, PyObject *const *args, Py_ssize_t na
     return NULL;
 }
 
-/* repeat_in_place(kept, x, op, algorithm, check) -> x: done; None: not taken, nothing done; or
- * (lean, status): the call started, for the Python path to go on with (LeanAllreduce.went_on)
- *
- * A plain in-place allreduce's repeat in one call: its key as collectives.repeats.find_repeat makes it
- * for an in-place call, the kept decisions' lean path (not while the watchdog's debug log is on), the
- * arrays' check (RepeatedAllreduce.fits: C-contiguous and writable) and the lean call's start. */
 static PyTypeObject LeanCoreType;
 
 /* The lean path kept under an allreduce's key (collectives.repeats.allreduce_key), where the compiled call
@@ -1310,15 +1306,18 @@ static PyObject *lean_found(PyObject *kept, PyObject *x, PyObject *op, PyObject 
 }
 
 /* Whether an array's memory is C-contiguous (and writable, with PyBUF_WRITABLE in flags); where it is,
- * its bounds. The full path copies a strided array, and names a read-only output. */
+ * its bounds (where begins is not NULL). The full path copies a strided array, and names a read-only
+ * output. */
 static int contiguous(PyObject *array, int flags, char **begins, char **ends) {
     Py_buffer view;
     if (PyObject_GetBuffer(array, &view, flags | PyBUF_C_CONTIGUOUS) < 0) {
         PyErr_Clear();
         return 0;
     }
-    *begins = view.buf;
-    *ends = (char *)view.buf + view.len;
+    if (begins) {
+        *begins = view.buf;
+        *ends = (char *)view.buf + view.len;
+    }
     PyBuffer_Release(&view);
     return 1;
 }
@@ -1330,22 +1329,28 @@ static PyObject *repeat_ended(PyObject *lean, int status, PyObject *result, int 
         Py_DECREF(lean);
         return Py_NewRef(result);
     }
-    if (status != FAILED) return result_too ? Py_BuildValue("(NiO)", lean, status, result) : Py_BuildValue("(Ni)", lean, status);
+    if (status != FAILED)
+        return result_too ? Py_BuildValue("(NiO)", lean, status, result) : Py_BuildValue("(Ni)", lean, status);
     core_failed((LeanCore *)lean);
     Py_DECREF(lean);
     return NULL;
 }
 
+/* repeat_in_place(kept, x, op, algorithm, check) -> x: done; None: not taken, nothing done; or
+ * (lean, status): the call started, for the Python path to go on with (LeanAllreduce.went_on)
+ *
+ * A plain in-place allreduce's repeat in one call: its key as collectives.repeats.find_repeat makes it
+ * for an in-place call, the kept decisions' lean path (not while the watchdog's debug log is on), the
+ * arrays' check (RepeatedAllreduce.fits: C-contiguous and writable) and the lean call's start. */
 static PyObject *engine_repeat_in_place(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5 || !PyDict_Check(args[0])) {
         PyErr_SetString(PyExc_TypeError, "repeat_in_place(kept: dict, x, op, algorithm, check)");
         return NULL;
     }
     PyObject *x = args[1];
-    char *begins, *ends;
     PyObject *lean = lean_found(args[0], x, args[2], args[3], s_in_place, args[4]);
     if (!lean) Py_RETURN_NONE;
-    if (!contiguous(x, PyBUF_WRITABLE, &begins, &ends)) {
+    if (!contiguous(x, PyBUF_WRITABLE, NULL, NULL)) {
         Py_DECREF(lean);
         Py_RETURN_NONE;
     }

@@ -55,7 +55,8 @@ def test_the_counts_follow_the_segments_of_the_window() -> None:
     crowded_segment = shared_memory.OVERSUBSCRIBED_ROOTED_SEGMENT_ELEMENTS
     crowded = ONE_NODE | {"oversubscribed"}
     pieces = -(-count // crowded_segment)
-    assert shared_memory.traffic("broadcast", 4, count, crowded) == (pieces, 0, 0, 0, pieces - 1, crowded_segment + count)
+    crowded_traffic = shared_memory.traffic("broadcast", 4, count, crowded)
+    assert crowded_traffic == (pieces, 0, 0, 0, pieces - 1, crowded_segment + count)
     for nothing in (("barrier", 4, 0), ("broadcast", 1, 100), ("reduce", 4, 0)):
         assert shared_memory.traffic(*nothing, ONE_NODE) == (0, 0, 0, 0, 0, 0)
     # as the model weighs them: barriers and copies, no steps of messages

@@ -199,15 +199,14 @@ def traffic(
     """
     if world_size == 1 or count == 0 or collective == "barrier":
         return (0, 0, 0, 0, 0, 0)
-    per_segment = OVERSUBSCRIBED_SEGMENT_ELEMENTS if OVERSUBSCRIBED in features else SEGMENT_ELEMENTS
+    crowded = OVERSUBSCRIBED in features
     if collective in ("broadcast", "reduce"):
-        per_segment = (
-            OVERSUBSCRIBED_ROOTED_SEGMENT_ELEMENTS if OVERSUBSCRIBED in features else SEGMENT_ELEMENTS
-        )
+        per_segment = OVERSUBSCRIBED_ROOTED_SEGMENT_ELEMENTS if crowded else SEGMENT_ELEMENTS
         segments, first = -(-count // per_segment), min(count, per_segment)
         if collective == "broadcast":
             return (segments, 0, 0, 0, segments - 1, first + count)
         return (segments, 0, 0, (world_size - 1) * count, segments - 1, first)
+    per_segment = OVERSUBSCRIBED_SEGMENT_ELEMENTS if crowded else SEGMENT_ELEMENTS
     share = -(-count // world_size)
     segments = -(-share // per_segment)
     others = (world_size - 1) * share

@@ -8,6 +8,7 @@ __all__ = [
     "as_dtype",
     "assert_all",
     "closed_form",
+    "count_calls",
     "counts_for",
     "exact_input",
     "gather_input",
@@ -231,3 +232,16 @@ def mpi_reference(
     if op == "avg":
         result = np.true_divide(result, comm.size, dtype=dtype)
     return result
+
+
+def count_calls(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str) -> list[int]:
+    """Count the calls of ``owner.name`` from now on (the test's monkeypatch undoes it): ``[calls]``."""
+    calls = [0]
+    original = getattr(owner, name)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counted)
+    return calls

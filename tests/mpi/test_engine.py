@@ -12,7 +12,7 @@ from mpi4py import MPI
 import collectives
 from collectives import engine
 from collectives.ops import OPS
-from tests.mpi.helpers import DTYPE_OPS, Problems
+from tests.mpi.helpers import DTYPE_OPS, Problems, count_calls
 from tests.test_special_bits import special_inputs
 
 pytestmark = [
@@ -22,6 +22,16 @@ pytestmark = [
 
 REPEATS = 4
 COUNTS = (1, 7, 301)
+
+
+def _lean_communicator(world: MPI.Intracomm, **options: Any) -> collectives.Communicator:
+    """A communicator over ``world`` on one node's shared memory, set up (its first call); skips elsewhere."""
+    comm = collectives.Communicator(world, **options)
+    collectives.barrier(comm=comm)  # the first call sets up the shared memory
+    if world.size == 1 or comm.watchdog.shared is None:
+        comm.free()
+        pytest.skip("one rank, or ranks without shared memory: no lean path")
+    return comm
 
 
 def _inputs(dtype: str, count: int, rank: int, size: int, call: int) -> np.ndarray:
@@ -90,11 +100,7 @@ def test_the_engine_and_the_python_path_give_the_same_bits(
     world: MPI.Intracomm, monkeypatch: pytest.MonkeyPatch, persistent: bool, in_place: bool
 ) -> None:
     problems = Problems(world)
-    compiled = collectives.Communicator(world)
-    collectives.barrier(comm=compiled)  # the first call sets up the shared memory
-    if world.size == 1 or compiled.watchdog.shared is None:
-        compiled.free()
-        pytest.skip("one rank, or ranks without shared memory: no lean small path")
+    compiled = _lean_communicator(world)
     made = _counting(monkeypatch, compiled.watchdog.shared)
     taken = 0
     for dtype, op in DTYPE_OPS:
@@ -125,11 +131,7 @@ def test_the_engine_and_the_python_path_give_the_same_bits(
 
 
 def test_a_mismatch_on_the_compiled_path_is_found_on_every_rank(world: MPI.Intracomm) -> None:
-    comm = collectives.Communicator(world)
-    collectives.barrier(comm=comm)  # the first call sets up the shared memory
-    if world.size == 1 or comm.watchdog.shared is None:
-        comm.free()
-        pytest.skip("one rank, or ranks without shared memory: no lean small path")
+    comm = _lean_communicator(world)
     x = np.ones(4, np.float32)
     for op in ("sum", "prod"):  # both keys agreed once, so later calls of either run lean
         collectives.allreduce(x, op, out=x, comm=comm)
@@ -145,11 +147,7 @@ def test_repeated_calls_are_one_call_into_the_engine(
 ) -> None:
     from collectives.lean import LeanAllreduce
 
-    comm = collectives.Communicator(world)
-    collectives.barrier(comm=comm)  # the first call sets up the shared memory
-    if world.size == 1 or comm.watchdog.shared is None:
-        comm.free()
-        pytest.skip("one rank, or ranks without shared memory: no lean small path")
+    comm = _lean_communicator(world)
     x = np.ones(4, np.float32)
     start = collectives.allreduce_init(x, out=x, comm=comm) if persistent else None
     for _ in range(3):  # the first call decides, the next makes the compiled call
@@ -195,11 +193,7 @@ def test_calls_past_the_small_window_take_the_engine_with_the_python_paths_bits(
     world: MPI.Intracomm, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     problems = Problems(world)
-    compiled = collectives.Communicator(world)
-    collectives.barrier(comm=compiled)
-    if world.size == 1 or compiled.watchdog.shared is None:
-        compiled.free()
-        pytest.skip("one rank, or ranks without shared memory: no lean path")
+    compiled = _lean_communicator(world)
     # in place and not: an owner reads its own part from its input, which in place is the output
     for (dtype, op), in_place in itertools.product(SEGMENTED, (True, False)):
         count = _past_the_small_window(dtype)
@@ -223,11 +217,7 @@ def test_calls_past_the_small_window_take_the_engine_with_the_python_paths_bits(
 def test_a_rank_on_the_python_path_meets_one_in_the_engine(world: MPI.Intracomm) -> None:
     """The engine's segments pass the executor's barriers with its notes: the paths mix within a call."""
     problems = Problems(world)
-    comm = collectives.Communicator(world)
-    collectives.barrier(comm=comm)
-    if world.size == 1 or comm.watchdog.shared is None:
-        comm.free()
-        pytest.skip("one rank, or ranks without shared memory: no lean path")
+    comm = _lean_communicator(world)
     count = _past_the_small_window("float32")
     x = np.zeros(count, np.float32)
     for _ in range(2):
@@ -250,11 +240,7 @@ def test_a_rank_on_the_python_path_meets_one_in_the_engine(world: MPI.Intracomm)
 def test_a_mismatch_or_a_late_rank_past_the_small_window(world: MPI.Intracomm) -> None:
     import time
 
-    comm = collectives.Communicator(world)
-    collectives.barrier(comm=comm)
-    if world.size == 1 or comm.watchdog.shared is None:
-        comm.free()
-        pytest.skip("one rank, or ranks without shared memory: no lean path")
+    comm = _lean_communicator(world)
     x = np.ones(_past_the_small_window("float32"), np.float32)
     for op in ("sum", "prod", "sum", "prod"):  # both repeated once, so later calls of either take the engine
         collectives.allreduce(x, op, out=x, comm=comm)
@@ -280,11 +266,7 @@ def test_an_interrupt_in_a_segmented_calls_wait_breaks_the_communicator_everywhe
     from collectives import BrokenCommunicatorError
     from collectives.call import Call
 
-    comm = collectives.Communicator(world, timeout=20.0)
-    collectives.barrier(comm=comm)
-    if world.size == 1 or comm.watchdog.shared is None:
-        comm.free()
-        pytest.skip("one rank, or ranks without shared memory: no lean path")
+    comm = _lean_communicator(world, timeout=20.0)
     x = np.ones(_past_the_small_window("float32"), np.float32)
     for _ in range(3):
         collectives.allreduce(x, out=x, comm=comm)
@@ -320,23 +302,12 @@ def test_a_repeated_call_is_one_call_from_the_api_into_the_engine(
     Python layer below the api's."""
     from collectives import api
 
-    comm = collectives.Communicator(world)
-    collectives.barrier(comm=comm)
-    if world.size == 1 or comm.watchdog.shared is None:
-        comm.free()
-        pytest.skip("one rank, or ranks without shared memory: no lean small path")
+    comm = _lean_communicator(world)
     x = np.ones((2, 3), np.float32)
     out = x if into == "in place" else np.empty_like(x) if into == "out" else None
     for _ in range(3):  # the first call decides, the next makes the compiled call
         collectives.allreduce(x, "max", out=out, comm=comm)
-    full = [0]
-    original = api.call_collective
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        full[0] += 1
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(api, "call_collective", counted)
+    full = count_calls(monkeypatch, api, "call_collective")
     problems = Problems(world)
     for call in range(REPEATS * 5):
         x[...] = np.arange(6).reshape(2, 3) * (world.rank + 1) + call
@@ -355,11 +326,7 @@ def test_a_repeated_call_is_one_call_from_the_api_into_the_engine(
 def test_outputs_the_engines_one_call_refuses_take_the_full_path(world: MPI.Intracomm) -> None:
     """Past a repeated call into out: an output of another shape, dtype or kind, a read-only one (the full
     path names each), a strided one, or one sharing the input's memory (the full path's results)."""
-    comm = collectives.Communicator(world)
-    collectives.barrier(comm=comm)
-    if world.size == 1 or comm.watchdog.shared is None:
-        comm.free()
-        pytest.skip("one rank, or ranks without shared memory: no lean small path")
+    comm = _lean_communicator(world)
     x = np.ones(8, np.float32)
     out = np.empty_like(x)
     for _ in range(3):
@@ -393,11 +360,7 @@ def test_a_late_rank_in_a_repeated_call_into_a_new_array(world: MPI.Intracomm) -
     """The engine's one call hands a late rank's wait to the Python path, which returns the new array."""
     import time
 
-    comm = collectives.Communicator(world)
-    collectives.barrier(comm=comm)
-    if world.size == 1 or comm.watchdog.shared is None:
-        comm.free()
-        pytest.skip("one rank, or ranks without shared memory: no lean small path")
+    comm = _lean_communicator(world)
     x = np.full(5, world.rank + 1, np.float64)
     for _ in range(3):
         collectives.allreduce(x, comm=comm)
@@ -414,11 +377,7 @@ def test_a_late_rank_in_a_repeated_call_into_a_new_array(world: MPI.Intracomm) -
 
 def test_arrays_the_engines_one_call_refuses_take_the_full_path(world: MPI.Intracomm) -> None:
     """A strided or reshaped array, or one made read-only, of a repeated key: the full path decides."""
-    comm = collectives.Communicator(world)
-    collectives.barrier(comm=comm)
-    if world.size == 1 or comm.watchdog.shared is None:
-        comm.free()
-        pytest.skip("one rank, or ranks without shared memory: no lean small path")
+    comm = _lean_communicator(world)
     base = np.ones(8, np.float32)
     x = base[:4]
     for _ in range(3):
@@ -452,11 +411,7 @@ def test_a_late_rank_and_an_error_inside_the_engines_one_call(
 
     from collectives.lean import LeanAllreduce
 
-    comm = collectives.Communicator(world)
-    collectives.barrier(comm=comm)
-    if world.size == 1 or comm.watchdog.shared is None:
-        comm.free()
-        pytest.skip("one rank, or ranks without shared memory: no lean small path")
+    comm = _lean_communicator(world)
     x = np.ones(4, np.float32)
     for _ in range(3):
         collectives.allreduce(x, out=x, comm=comm)

@@ -1,6 +1,5 @@
 """Reproducible sums under mpiexec: the exact model's bits at every world size, with every algorithm."""
 
-from typing import Any
 
 import numpy as np
 import pytest
@@ -9,7 +8,7 @@ from mpi4py import MPI
 import collectives
 from collectives import engine, reproducible_calls
 from collectives.lean import LeanAllreduce
-from tests.mpi.helpers import Problems, algorithms_for
+from tests.mpi.helpers import Problems, algorithms_for, count_calls
 from tests.reproducible_cases import DTYPES, contributions, model, spread
 
 pytestmark = pytest.mark.mpi
@@ -137,14 +136,7 @@ def test_a_repeated_in_place_reproducible_call_is_one_call_from_the_api_into_the
 
     problems = Problems(world)
     comm = _on_shared_memory(world)
-    full = [0]
-    original = api.reproducibly
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        full[0] += 1
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(api, "reproducibly", counted)
+    full = count_calls(monkeypatch, api, "reproducibly")
     for op, count in (
         ("sum", 7),
         ("avg", 301),
