@@ -15,8 +15,9 @@ so the simulator checks it and other transports run it when memory is not shared
 The buffer goes through in segments of :data:`SEGMENT_BYTES` of every share,
 small enough that a segment's copies and reduction stay in cache: each rank
 copies into its region only the other owners' parts of the segment (its own
-part it reads where it is), each owner reduces its part into a result slot of its
-region, and every rank copies the results out. Measured at 2 ranks on a 2-core
+part it reads where it is), each owner reduces its part into its output and copies
+it into a result slot of its region, and every rank copies the others' results out.
+Measured at 2 ranks on a 2-core
 machine (``bench/README.md``), whole halves of the region per segment went
 through main memory three times and ran 1.3-1.5x slower than MPI at 16 MiB;
 256 KiB segments ran at 0.6x (512 KiB since: see :data:`SEGMENT_BYTES`). The
@@ -149,9 +150,8 @@ _PIECE_BYTES = 1 << 17  # a zero-copy reduction goes through its share in pieces
 class SharedExecutor:
     """Allreduce, reduce-scatter, all-gather, broadcast and reduce through a :class:`SharedMemory`.
 
-    One per communicator (and one per node of a communicator over several).
-
-    Every rank must make the same calls in the same order, as with any collective.
+    One per communicator (and one per node of a communicator over several). Every rank
+    must make the same calls in the same order, as with any collective.
     """
 
     def __init__(
@@ -259,11 +259,7 @@ class SharedExecutor:
         return arrays
 
     def _agree(self, barrier: Barrier, note: Sequence[int]) -> list[tuple[int, ...]]:
-        """Pass the call's first barrier leaving ``note``; every rank's note, the same mode on every rank.
-
-        Raises:
-            MismatchError: on every rank, when some passed Communicator.alloc buffers and some did not.
-        """
+        """Pass the call's first barrier leaving ``note``; every rank's note (see :meth:`agreed_notes`)."""
         barrier(self.shared, note)
         return self.agreed_notes(note)
 
@@ -369,14 +365,19 @@ class SharedExecutor:
             barrier(self.shared, ())  # no one reads this rank's buffers now: they are the caller's again
             return
         slot = self._slot(views, size + 1)
-        result = size * slot  # where each owner leaves its reduced part (see _reduce_segment)
+        result = size * slot  # where each owner leaves its reduced part for the others
+        in_place = backend.shares_memory(out, x)  # the dispatch passes out apart from x, or x itself
         for start in range(0, share[1] - share[0], slot):
             half = self._next(views)
             cuts = [(share[r] + start, min(share[r] + start + slot, share[r + 1])) for r in range(size)]
-            self._reduce_segment(backend, op, x, half, cuts, slot, start == 0, barrier)
+            lo, hi = cuts[rank]
+            # into out, then copied into the slot, as _engine.c does (OWNER_BLOCK_BYTES says why)
+            self._reduce_segment(backend, op, x, half, cuts, slot, start == 0, barrier, out[lo:hi], in_place)
+            if lo < hi and size > 1:
+                backend.copy(half[rank][result : result + hi - lo], out[lo:hi])
             barrier(self.shared, ())
             for r, (lo, hi) in enumerate(cuts):
-                if lo < hi:
+                if lo < hi and r != rank:
                     backend.copy(out[lo:hi], half[r][result : result + hi - lo])
 
     def segmented_kernel(self, backend: ArrayBackend, like: Any, op: str, spin_s: float) -> Any:
@@ -493,8 +494,7 @@ class SharedExecutor:
             barrier(self.shared, ())  # no one reads this rank's x any more
             return
         slot = self._slot(views, size + 1)
-        # in place, out is this rank's part of x, which the reduction reads after rank 0 and 1's parts
-        aliased = backend.shares_memory(out, x)
+        aliased = backend.shares_memory(out, x)  # then reduced apart, in the result slot, and copied
         for start in range(0, max(shares), slot):
             half = self._next(views)
             cuts = [
@@ -502,11 +502,10 @@ class SharedExecutor:
             ]
             lo, hi = cuts[rank]
             target = out[lo - edge[rank] : hi - edge[rank]]
-            reduced = self._reduce_segment(
-                backend, op, x, half, cuts, slot, start == 0, barrier, None if aliased else target
-            )
+            into = half[rank][size * slot : size * slot + hi - lo] if aliased else target
+            self._reduce_segment(backend, op, x, half, cuts, slot, start == 0, barrier, into, False)
             if aliased and lo < hi:
-                backend.copy(target, reduced)
+                backend.copy(target, into)
 
     def _reduce_segment(
         self,
@@ -518,15 +517,15 @@ class SharedExecutor:
         slot: int,
         first: bool,
         barrier: Barrier,
-        target: Any = None,
-    ) -> Any:
-        """One segment of a reduce-scatter through ``half`` of the regions; this rank's reduced part.
+        target: Any,
+        in_place: bool,
+    ) -> None:
+        """One segment of a reduce-scatter through ``half`` of the regions, reduced into ``target``.
 
-        Copies into slot ``r`` of this rank's region its part ``cuts[r]`` of ``x`` for
-        every other owner ``r``, passes the barrier (the call's ``first`` agrees on
-        the mode), and reduces its own part, read from ``x`` where it lies and from
-        the others' slots, into ``target``, or into its region's result slot (slot
-        P, where the others can read it) when ``target`` is None.
+        Copies its part ``cuts[r]`` of ``x`` into slot ``r`` of its region for every other
+        owner ``r``, passes the barrier (``first`` agrees on the mode), and reduces its part
+        from ``x`` and the others' slots. ``in_place`` (``target`` is that part of ``x``), a
+        reduction that would overwrite it before reading it reads a copy in its own slot.
         """
         size, rank = self._size, self._rank
         mine = half[rank]
@@ -538,13 +537,14 @@ class SharedExecutor:
         else:
             barrier(self.shared, ())
         lo, hi = cuts[rank]
-        if target is None:
-            target = mine[size * slot : size * slot + hi - lo]
         if lo < hi:
             at = rank * slot
-            parts = [x[lo:hi] if r == rank else half[r][at : at + hi - lo] for r in range(size)]
+            own = x[lo:hi]
+            if in_place and size > 1 and (rank >= 2 or op.whole):
+                own = mine[at : at + hi - lo]
+                backend.copy(own, x[lo:hi])
+            parts = [own if r == rank else half[r][at : at + hi - lo] for r in range(size)]
             self.reduce(backend, op, target, parts)
-        return target
 
     def _scratch(self, backend: ArrayBackend, like: Any) -> Any:
         """A cache-sized buffer of ``like``'s dtype for :meth:`_reduce_pieces` (made once per dtype)."""
