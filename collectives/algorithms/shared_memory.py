@@ -184,8 +184,8 @@ def traffic(
     is not counted: it carries the call's signature, and every call on memory the ranks share
     passes one barrier to agree on it, whatever the algorithm (see ``Watchdog.agree_through``).
     Copied: an allreduce copies in the other owners' parts of
-    its input and copies out the whole result (the compiled engine copies the other owners' shares
-    out and its own share into its result slot); reduce-scatter the other owners'
+    its input, the other owners' shares out and its own share into its result slot (a result's
+    worth); reduce-scatter the other owners'
     parts; all-gather its own share in and the other shares out (its own share's copy into the
     result every algorithm makes, so it is not counted; counted, it made a 2-rank all-gather
     from 256 KiB look slower than ring, which it is not: 38 against 69 us at 400 KB). Reduced: an owner's
