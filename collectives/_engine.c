@@ -66,8 +66,16 @@ typedef struct {
     Py_ssize_t nbytes, count;
     Kind kind;
     Op op;
+    int mode;                      /* what follows the barrier: see the modes below */
+    Py_ssize_t lo, out_count;      /* a reduce-scatter's share: elements lo to lo + out_count */
+    Py_ssize_t out_nbytes;         /* the output's bytes */
     long long runs; /* calls that arrived at a barrier (for tests and benchmarks) */
 } SmallAllreduce;
+
+/* What a small call does after its barrier: every rank's region reduced (allreduce), one share of them
+ * reduced (reduce-scatter, read from the regions alone, so an output over the input is safe), or every
+ * rank's region copied out in rank order (all-gather, of bytes whatever the dtype). */
+enum { SMALL_ALLREDUCE, SMALL_REDUCE_SCATTER, SMALL_ALLGATHER };
 
 static double now_s(void) {
     struct timespec t;
@@ -400,19 +408,40 @@ static Py_ssize_t item_size(Kind kind) {
 }
 
 static int small_init(SmallAllreduce *self, PyObject *args, PyObject *kwargs) {
-    static char *names[] = {"meeting", "regions", "count", NULL};
+    static char *names[] = {"meeting", "regions", "count", "mode", "lo", "hi", NULL};
     PyObject *meeting, *regions;
-    Py_ssize_t count;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOn", names, &meeting, &regions, &count)) return -1;
+    Py_ssize_t count, lo = 0, hi = -1;
+    int mode = SMALL_ALLREDUCE;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOn|inn", names, &meeting, &regions, &count, &mode, &lo, &hi))
+        return -1;
     release_all(self);
     if (meeting_parse(&self->m, meeting, &self->kind, &self->op) < 0) return -1;
+    if (hi < 0) hi = count;
+    if (count < 0 || mode < SMALL_ALLREDUCE || mode > SMALL_ALLGATHER || lo < 0 || lo > hi || hi > count ||
+        (mode != SMALL_REDUCE_SCATTER && (lo != 0 || hi != count))) {
+        PyErr_SetString(PyExc_ValueError, "a small call's mode is 0, 1 or 2, and its share lo:hi lies in its count");
+        return -1;
+    }
+    self->mode = mode;
     self->count = count;
     self->nbytes = count * item_size(self->kind);
+    self->lo = lo;
+    self->out_count = mode == SMALL_ALLGATHER ? count * self->m.size : hi - lo;
+    self->out_nbytes = self->out_count * item_size(self->kind);
     return regions_take(self->regions, regions, self->m.size, self->nbytes,
                         "a small region is shorter than the call's input");
 }
 
+static int get_buffers_of(Py_ssize_t out_nbytes, Py_ssize_t nbytes, PyObject *work, PyObject *source,
+                          Py_buffer *out, Py_buffer *in);
+
 static int get_buffers(Py_ssize_t nbytes, PyObject *work, PyObject *source, Py_buffer *out, Py_buffer *in) {
+    return get_buffers_of(nbytes, nbytes, work, source, out, in);
+}
+
+/* work (out_nbytes, writable) and source (nbytes; may be work), C-contiguous */
+static int get_buffers_of(Py_ssize_t out_nbytes, Py_ssize_t nbytes, PyObject *work, PyObject *source,
+                          Py_buffer *out, Py_buffer *in) {
     if (PyObject_GetBuffer(work, out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return -1;
     if (source == work) {
         *in = *out;
@@ -421,9 +450,9 @@ static int get_buffers(Py_ssize_t nbytes, PyObject *work, PyObject *source, Py_b
         PyBuffer_Release(out);
         return -1;
     }
-    if (out->len != nbytes || in->len != nbytes) {
-        PyErr_Format(PyExc_ValueError, "the compiled allreduce was made for %zd bytes, not %zd and %zd",
-                     nbytes, out->len, in->len);
+    if (out->len != out_nbytes || in->len != nbytes) {
+        PyErr_Format(PyExc_ValueError, "the compiled call was made for %zd and %zd bytes, not %zd and %zd",
+                     out_nbytes, nbytes, out->len, in->len);
         PyBuffer_Release(out);
         if (in->obj) PyBuffer_Release(in);
         return -1;
@@ -506,6 +535,30 @@ static int meeting_signed_alike(Meeting *m, int64_t number, long long sequence, 
     return 1;
 }
 
+/* After the barrier: the call's output from every rank's region of `turn` (`own`: this rank's input, or
+ * NULL to read its copy), as its mode says. */
+static void small_finish(SmallAllreduce *self, int turn, void *out, const void *own) {
+    if (self->mode == SMALL_ALLREDUCE) {
+        reduce_regions(self, turn, out, own);
+        return;
+    }
+    Py_buffer *regions = self->regions[turn];
+    int size = self->m.size;
+    if (self->mode == SMALL_ALLGATHER) {
+        for (int r = 0; r < size; r++) memcpy((char *)out + r * self->nbytes, regions[r].buf, (size_t)self->nbytes);
+        return;
+    }
+    Py_ssize_t offset = self->lo * item_size(self->kind), n = self->out_count;
+    const char *rows[MAX_RANKS] = {0};
+    for (int r = 0; r < size; r++) rows[r] = (const char *)regions[r].buf + offset;
+    if (size == 1) memmove(out, rows[0], (size_t)self->out_nbytes);
+    else if (whole_op(self->op)) reduce_rows(self->kind, self->op, out, (const void *const *)rows, size, n);
+    else {
+        reduce_pair(self->kind, self->op, out, rows[0], rows[1], n);
+        for (int r = 2; r < size; r++) reduce_pair(self->kind, self->op, out, out, rows[r], n);
+    }
+}
+
 /* The call of run(): status 0 done, 1 a rank is late, 2 signatures differ; -1 with an exception set. */
 static int small_call(SmallAllreduce *self, long turn, PyObject *work, PyObject *source, long long sequence,
                       PyObject *packed_object, long long digest) {
@@ -517,13 +570,13 @@ static int small_call(SmallAllreduce *self, long turn, PyObject *work, PyObject 
     int64_t number = meeting_next(m);
     if (number < 0 || meeting_sign(m, number, sequence, packed_object, digest) < 0) return -1;
     Py_buffer out, in;
-    if (get_buffers(self->nbytes, work, source, &out, &in) < 0) return -1;
+    if (get_buffers_of(self->out_nbytes, self->nbytes, work, source, &out, &in) < 0) return -1;
     memcpy(self->regions[turn][m->rank].buf, in.buf, (size_t)self->nbytes);
     if (digest) m->numbers[m->own_words[number & 1]] = sequence;
     self->runs++;
     int status = meeting_pass(m, number);
     if (status == DONE && digest && !meeting_signed_alike(m, number, sequence, digest)) status = MISMATCH;
-    if (status == DONE) reduce_regions(self, (int)turn, out.buf, in.buf);
+    if (status == DONE) small_finish(self, (int)turn, out.buf, in.buf);
     if (in.obj) PyBuffer_Release(&in);
     PyBuffer_Release(&out);
     return status;
@@ -533,13 +586,13 @@ static int small_call(SmallAllreduce *self, long turn, PyObject *work, PyObject 
  * numpy's true_divide of the array by the size gives it (the Python path's LeanAllreduce._end) */
 static int small_divide(SmallAllreduce *self, PyObject *work) {
     Py_buffer out, in;
-    if (get_buffers(self->nbytes, work, work, &out, &in) < 0) return -1;
+    if (get_buffers(self->out_nbytes, work, work, &out, &in) < 0) return -1;
     if (self->kind == F32) {
         float *x = out.buf, by = (float)self->m.size;
-        for (Py_ssize_t i = 0; i < self->count; i++) x[i] /= by;
+        for (Py_ssize_t i = 0; i < self->out_count; i++) x[i] /= by;
     } else {
         double *x = out.buf, by = (double)self->m.size;
-        for (Py_ssize_t i = 0; i < self->count; i++) x[i] /= by;
+        for (Py_ssize_t i = 0; i < self->out_count; i++) x[i] /= by;
     }
     PyBuffer_Release(&out);
     return 0;
@@ -578,13 +631,13 @@ static PyObject *small_reduce(SmallAllreduce *self, PyObject *const *args, Py_ss
     }
     Py_buffer out;
     if (PyObject_GetBuffer(args[1], &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return NULL;
-    if (out.len != self->nbytes) {
-        PyErr_Format(PyExc_ValueError, "the compiled allreduce was made for %zd bytes, not %zd", self->nbytes, out.len);
+    if (out.len != self->out_nbytes) {
+        PyErr_Format(PyExc_ValueError, "the compiled call was made for %zd bytes, not %zd", self->out_nbytes, out.len);
         PyBuffer_Release(&out);
         return NULL;
     }
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
-    reduce_regions(self, (int)turn, out.buf, NULL); /* the input is not at hand here: its copy */
+    small_finish(self, (int)turn, out.buf, NULL); /* the input is not at hand here: its copy */
     PyBuffer_Release(&out);
     Py_RETURN_NONE;
 }
@@ -634,7 +687,7 @@ static PyMethodDef small_methods[] = {
     {"run", (PyCFunction)(void (*)(void))small_run, METH_FASTCALL,
      "run(turn, work, source, sequence, packed, digest) -> 0 done, 1 late, 2 signatures differ"},
     {"reduce", (PyCFunction)(void (*)(void))small_reduce, METH_FASTCALL,
-     "reduce(turn, work): every rank's region of the turn, reduced in rank order, into work"},
+     "reduce(turn, work): every rank's region of the turn, reduced in rank order (or gathered), into work"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -184,10 +184,9 @@ class SharedExecutor:
         self._whole_small_bytes = min(whole, self._small_bytes)
         # per (backend, dtype, count, half): this rank's part of the half and every rank's, as arrays
         self._smalls: dict[tuple[str, Any, int, int], tuple[Any, list[Any]]] = {}
-        # bytes of each rank's a segment of an all-gather takes through the window, and of a broadcast's
-        # or a reduce's whole buffer
-        self._segment_fits = min(segment_bytes, self._half)
-        self._rooted_fits = min(
+        self.segment_fits = min(segment_bytes, self._half)
+        """Bytes of each rank's share one segment of an all-gather takes through the window."""
+        self._rooted_fits = min(  # bytes of a broadcast's or reduce's whole buffer a segment takes
             segment_bytes if rooted_segment_bytes is None else rooted_segment_bytes, self._half
         )
 
@@ -561,7 +560,7 @@ class SharedExecutor:
         """``out`` = every rank's ``x`` (``shares[r]`` elements) in rank order; ``x`` may lie in ``out``."""
         size, rank = self._size, self._rank
         share = shares[0]
-        if 0 < share * x.itemsize <= self._segment_fits and shares.count(share) == size:
+        if 0 < share * x.itemsize <= self.segment_fits and shares.count(share) == size:
             # one segment of equal shares: the loop below, on views kept per size
             mine, regions = self._window(backend, x, share)
             backend.copy(mine, x)

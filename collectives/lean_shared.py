@@ -10,15 +10,21 @@ row share one flight-recorder entry (:class:`~collectives.lean.Repeats`); a call
 gets a :class:`~collectives.call.Call`, with its deadline and stall warning, only
 where it waits past :data:`~collectives.lean.SPIN_S` or fails. A call that passes
 no barrier of the executor (nothing to move) passes one for its signature.
+
+Where the compiled engine runs, a small reduce-scatter's or all-gather's call (one
+barrier: the executor's path for inputs that fit the window) is one call into it,
+bookkeeping included, as a small allreduce's (:meth:`LeanShared.run_compiled`).
 """
 
-__all__ = ["LeanShared"]
+__all__ = ["SMALL_ALLGATHER", "SMALL_REDUCE_SCATTER", "LeanShared"]
 
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .engine import DONE, FINISH, LATE, NOT_TAKEN, LeanCore
 from .lean import SPIN_S, LeanBook, Repeats
+from .tracing.recorder import TRACER as _TRACE
 from .transport.base import SharedMemory
 from .watchdog import PackedSignature
 
@@ -29,8 +35,11 @@ if TYPE_CHECKING:
 
 _monotonic = time.monotonic
 
+SMALL_REDUCE_SCATTER, SMALL_ALLGATHER = 1, 2
+"""The engine's small call's modes (``SharedMemory.small_kernel``): a share reduced; every region copied."""
 
-class LeanShared(LeanBook):
+
+class LeanShared(LeanCore, LeanBook):
     """Runs a repeated call's executor steps with one signed barrier and no :class:`Call` unless it waits.
 
     Args:
@@ -42,21 +51,7 @@ class LeanShared(LeanBook):
         op: the reduction, of a reduce (named in a mismatch's notes where it is the user's).
     """
 
-    __slots__ = (
-        "_barriers",
-        "_call",
-        "_check",
-        "_entry",
-        "_pending",
-        "_record_as",
-        "_sequence",
-        "_size",
-        "algorithm",
-        "executor",
-        "guard",
-        "op",
-        "watchdog",
-    )
+    __slots__ = ("_kernel_asked", "_pending", "_record_as", "_size", "algorithm", "op")  # and LeanCore's
 
     def __init__(
         self,
@@ -69,6 +64,43 @@ class LeanShared(LeanBook):
     ) -> None:
         self._book(group, executor, guard, check, algorithm, op, Repeats)
         self._size = group.size
+        self.averages = False  # the repeat divides an average's result itself
+        self._kernel: Any = None  # the engine's small call, where it takes these calls (compiled_call)
+        self._kernel_asked = False
+        self._tag: bytes | None = None  # the watchdog's tag the compiled calls' signature has
+        self._tracer = _TRACE
+        self._posted, self._turn, self._began = 0, 0, 0.0
+
+    def compiled_call(self, make: Callable[..., Any], *arguments: Any) -> Any:
+        """The engine's small call for these calls: ``make(*arguments)``'s, asked once (None: Python's)."""
+        if not self._kernel_asked:
+            self._kernel_asked = True
+            self._kernel = make(*arguments)
+        return self._kernel
+
+    def run_compiled(self, work: Any, source: Any, steps: Callable[..., object], *arguments: Any) -> None:
+        """``work`` from every rank's ``source`` in one call into the engine's small call (see
+        :meth:`compiled_call`), bookkeeping and all; where it does not take the call, :meth:`run`."""
+        status = self.start(work, source)
+        if status == DONE:
+            return
+        if status == NOT_TAKEN:  # a broken or claimed communicator: the Python path says why
+            self.run(steps, *arguments)
+            return
+        if status != FINISH:  # claimed and arrived: a rank is late, or the signatures differ
+            try:
+                shared = self.executor.shared
+                if status == LATE:  # wait on as a Call, which compares the signatures after
+                    call = self._record()
+                    call.pending = self.guard if self._posted else None
+                    call.arrived(shared, 0, None)
+                else:
+                    self.watchdog.compare_posted(shared, self.guard, self._sequence)  # raises if they differ
+                self._kernel.reduce(self._turn, work)
+            except BaseException as error:
+                self._failed(error)
+                raise
+        self._close(self.guard.signature.collective, self._sequence, self._began, released=status == FINISH)
 
     def run(self, steps: Callable[..., object], *arguments: Any) -> None:
         """``steps(*arguments, barrier)`` as one call: the executor's steps, ``barrier`` its barrier."""

@@ -31,8 +31,8 @@ from .backends import ArrayBackend
 from .execute import PLANS_BUDGET, ProgramPlan, pack_opening, run
 from .execute_shared import SharedExecutor
 from .faults import PLAN as FAULTS
-from .lean import LeanAllreduce
-from .lean_shared import LeanShared
+from .lean import SPIN_S, LeanAllreduce
+from .lean_shared import SMALL_ALLGATHER, SMALL_REDUCE_SCATTER, LeanShared
 from .ops import ReduceOp
 from .watchdog import PackedSignature
 
@@ -313,12 +313,35 @@ class RepeatedReduceScatter(_RepeatedShares):
 
     __slots__ = ()
 
+    def _compiled(self, group: "Communicator", flat: Any) -> Any:
+        """The engine's small call for these calls (their inputs fit the window: one barrier), or None."""
+        op, shared = self.op, self.shared
+        assert op is not None  # only reductions run on shared memory are kept
+        if self.backend.name != "numpy" or op.compiled_combine is None or group.size == 1:
+            return None
+        if flat.nbytes == 0 or not shared.small(flat.nbytes, op):
+            return None
+        lo = sum(self.shares[: group.rank])
+        regions = tuple(every for _, every in shared.small_views(self.backend, flat))
+        return shared.shared.small_kernel(
+            regions, str(flat.dtype), op.compiled_combine, flat.shape[0], SPIN_S, SMALL_REDUCE_SCATTER,
+            (lo, lo + self.shares[group.rank]),
+        )  # fmt: skip
+
     def run(self, group: "Communicator", x: Any, out: Any, check: bool | None) -> Any:
         backend, shared, op = self.backend, self.shared, self.op
         assert op is not None  # only reductions run on shared memory are kept
         flat = _apart(backend, x, None)  # the executor itself minds an out that overlaps x
         target = _target(backend, out, self.shares[group.rank], x)
-        _run_steps(self, group, check, shared.reduce_scatter, backend, target, flat, self.shares, op)
+        lean = self.lean
+        if (
+            lean is not None
+            and lean.compiled_call(self._compiled, group, flat) is not None
+            and _lean_ok(lean)
+        ):
+            lean.run_compiled(target, flat, shared.reduce_scatter, backend, target, flat, self.shares, op)
+        else:
+            _run_steps(self, group, check, shared.reduce_scatter, backend, target, flat, self.shares, op)
         if op.averages:
             backend.divide(target, group.size)
         if out is None:
@@ -333,6 +356,21 @@ class RepeatedAllgather(_RepeatedShares):
 
     __slots__ = ()
 
+    def _compiled(self, group: "Communicator", mine: Any) -> Any:
+        """The engine's small call for these calls (equal shares in one segment: one barrier), or None.
+
+        It copies bytes, so it takes every dtype: its regions are the executor's as bytes.
+        """
+        shares, shared = self.shares, self.shared
+        nbytes = mine.nbytes
+        if self.backend.name != "numpy" or group.size == 1 or shares.count(shares[0]) != len(shares):
+            return None
+        if not 0 < nbytes <= shared.segment_fits:
+            return None
+        as_bytes = mine.view("uint8")
+        regions = tuple(every for _, every in shared.small_views(self.backend, as_bytes))
+        return shared.shared.small_kernel(regions, "uint8", "bor", nbytes, SPIN_S, SMALL_ALLGATHER)
+
     def run(self, group: "Communicator", x: Any, out: Any, check: bool | None) -> Any:
         backend, shared, shares = self.backend, self.shared, self.shares
         work = _target(backend, out, sum(shares), x)
@@ -343,7 +381,15 @@ class RepeatedAllgather(_RepeatedShares):
         ):
             mine = _apart(backend, x, work)
         # the executor copies this rank's part into work as it copies the others'
-        _run_steps(self, group, check, shared.allgather, backend, work, mine, shares)
+        lean = self.lean
+        if (
+            lean is not None
+            and lean.compiled_call(self._compiled, group, mine) is not None
+            and _lean_ok(lean)
+        ):
+            lean.run_compiled(work, mine, shared.allgather, backend, work, mine, shares)
+        else:
+            _run_steps(self, group, check, shared.allgather, backend, work, mine, shares)
         if out is None:
             return work.reshape(self.shape)
         if not backend.shares_memory(work, out):
@@ -436,6 +482,11 @@ def _run_steps(
         return
     with group.watchdog.watch(kept.guard, check, first_barrier=True) as call:
         steps(*arguments, call.barrier)
+
+
+def _lean_ok(lean: LeanShared) -> bool:
+    """Whether a call may take the lean path: not under ``$COLLECTIVES_DEBUG`` or an armed fault."""
+    return not FAULTS.armed and not lean.watchdog.debug
 
 
 def _delivered(backend: ArrayBackend, work: Any, out: Any, shape: tuple[int, ...]) -> Any:

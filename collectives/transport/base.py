@@ -262,7 +262,14 @@ class SharedMemory(ABC):
         return self.signatures_match(packed, digest, sequence)
 
     def small_kernel(
-        self, halves: tuple[Sequence[Any], ...], dtype: str, op: str, count: int, spin_s: float
+        self,
+        halves: tuple[Sequence[Any], ...],
+        dtype: str,
+        op: str,
+        count: int,
+        spin_s: float,
+        mode: int = 0,
+        share: tuple[int, int] | None = None,
     ) -> Any:
         """The compiled engine's repeated small allreduce over ``halves``, or ``None`` where it takes none.
 
@@ -273,8 +280,10 @@ class SharedMemory(ABC):
         ``source`` into this rank's region of ``turn`` before and the reduction of
         every rank's into ``work`` after, in one call; it returns 0 (done), 1 (ranks
         still missing after ``spin_s``: go on with :meth:`wait`) or 2 (the
-        signatures differ); after 1 or 2, ``reduce(turn, work)`` reduces. Memories
-        without the control words the engine reads take none.
+        signatures differ); after 1 or 2, ``reduce(turn, work)`` reduces. ``mode`` 1
+        reduces elements ``share`` (lo, hi) of the regions alone into ``work`` (a
+        reduce-scatter's), 2 copies every rank's region into ``work`` in rank order
+        (an all-gather's). Memories without the control words the engine reads take none.
         """
         return None
 

@@ -255,10 +255,18 @@ class MPISharedMemory(SharedMemory):
         return True
 
     def small_kernel(
-        self, halves: tuple[Sequence[Any], ...], dtype: str, op: str, count: int, spin_s: float
+        self,
+        halves: tuple[Sequence[Any], ...],
+        dtype: str,
+        op: str,
+        count: int,
+        spin_s: float,
+        mode: int = 0,
+        share: tuple[int, int] | None = None,
     ) -> Any:
         made = self._kernel("SmallAllreduce", dtype, op, spin_s)
-        return made and made(regions=halves, count=count)
+        lo, hi = (0, count) if share is None else share
+        return made and made(regions=halves, count=count, mode=mode, lo=lo, hi=hi)
 
     def segmented_kernel(
         self,
