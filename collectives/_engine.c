@@ -1461,6 +1461,73 @@ static PyObject *engine_repeat_out_of_place(PyObject *module, PyObject *const *a
     return ended;
 }
 
+/* repeat_shares(kept, collective, x, out, op, counts, algorithm, check, empty) -> the result: done; None: not
+ * taken, nothing done; or (lean, status, result): started, for the Python path to go on with
+ * (LeanShared.went_on; a status of -1: not taken either)
+ *
+ * A repeated reduce-scatter's or all-gather's call in one: its key as collectives.repeats.find_repeat makes
+ * it, the kept decisions' lean path (not while the watchdog's debug log is on), the arrays' checks and the
+ * lean call's start, which runs the engine's small call where the lean path holds one. The checks are
+ * RepeatedReduceScatter's and RepeatedAllgather's, for arrays the engine takes as they are: x C-contiguous;
+ * out of x's type and dtype, of the kept result's shape, C-contiguous and writable (it may overlap x: the
+ * small call copies x in before it writes out), or, where out is None, a new array, empty(shape, dtype). */
+static PyObject *engine_repeat_shares(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 9 || !PyDict_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "repeat_shares(kept: dict, collective, x, out, op, counts, algorithm, check, "
+                                         "empty)");
+        return NULL;
+    }
+    PyObject *x = args[2], *out = args[3], *counts = args[5];
+    int new = out == Py_None;
+    if (!new && Py_TYPE(out) != Py_TYPE(x)) Py_RETURN_NONE;
+    PyObject *shares = counts == Py_None ? Py_NewRef(Py_None) : PySequence_Tuple(counts);
+    PyObject *shape = shares ? PyObject_GetAttr(x, s_shape) : NULL;
+    PyObject *dtype = shape ? PyObject_GetAttr(x, s_dtype) : NULL;
+    PyObject *key = dtype ? PyTuple_Pack(9, args[1], (PyObject *)Py_TYPE(x), shape, dtype, args[4], shares, args[6],
+                                         new ? Py_True : Py_False, args[7])
+                          : NULL;
+    Py_XDECREF(shares);
+    Py_XDECREF(shape);
+    PyObject *repeat = key ? PyDict_GetItemWithError(args[0], key) : NULL; /* borrowed */
+    Py_XDECREF(key);
+    PyObject *lean = repeat ? PyObject_GetAttr(repeat, s_lean) : NULL;
+    PyObject *result_shape = lean ? PyObject_GetAttr(repeat, s_shape) : NULL;
+    if (!result_shape || !PyObject_TypeCheck(lean, &LeanCoreType) || !((LeanCore *)lean)->watchdog ||
+        !PyObject_TypeCheck(((LeanCore *)lean)->watchdog, &WatchdogCoreType) ||
+        is_true(((LeanCore *)lean)->watchdog, s_debug) != 0 || !contiguous(x, 0, NULL, NULL)) {
+        PyErr_Clear(); /* not kept, or not an array: the full path decides, and names any problem */
+        Py_XDECREF(lean);
+        Py_XDECREF(dtype);
+        Py_XDECREF(result_shape);
+        Py_RETURN_NONE;
+    }
+    int fits = 1;
+    if (new)
+        out = PyObject_CallFunctionObjArgs(args[8], result_shape, dtype, NULL);
+    else {
+        Py_INCREF(out);
+        PyObject *out_shape = PyObject_GetAttr(out, s_shape), *out_dtype = PyObject_GetAttr(out, s_dtype);
+        fits = out_shape && out_dtype && contiguous(out, PyBUF_WRITABLE, NULL, NULL) &&
+               PyObject_RichCompareBool(out_shape, result_shape, Py_EQ) == 1 &&
+               PyObject_RichCompareBool(out_dtype, dtype, Py_EQ) == 1;
+        Py_XDECREF(out_shape);
+        Py_XDECREF(out_dtype);
+        PyErr_Clear(); /* an odd array: the full path names it */
+    }
+    Py_DECREF(dtype);
+    Py_DECREF(result_shape);
+    if (!out || !fits) {
+        Py_DECREF(lean);
+        Py_XDECREF(out);
+        if (!out) return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *ended = repeat_ended(lean, core_run((LeanCore *)lean, out, x), out, 1);
+    Py_DECREF(out);
+    return ended;
+}
+
 static int core_traverse(LeanCore *self, visitproc visit, void *arg) {
     Py_VISIT(self->kernel);
     Py_VISIT(self->watchdog);
@@ -1554,6 +1621,9 @@ static PyMethodDef engine_methods[] = {
     {"repeat_out_of_place", (PyCFunction)(void (*)(void))engine_repeat_out_of_place, METH_FASTCALL,
      "repeat_out_of_place(kept, x, out, op, algorithm, check, empty_like) -> the result done, None not taken, or "
      "(lean, status, result) started"},
+    {"repeat_shares", (PyCFunction)(void (*)(void))engine_repeat_shares, METH_FASTCALL,
+     "repeat_shares(kept, collective, x, out, op, counts, algorithm, check, empty) -> the result done, None not "
+     "taken, or (lean, status, result) started"},
     {"repro_codes", (PyCFunction)(void (*)(void))repro_codes, METH_FASTCALL,
      "repro_codes(x, codes) -> flags: each element's code (1 a special code, 2 -0.0's, found)"},
     {"repro_words", (PyCFunction)(void (*)(void))repro_words, METH_FASTCALL,

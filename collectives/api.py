@@ -86,6 +86,30 @@ if TYPE_CHECKING:
 
 _NDARRAY = np.ndarray  # a module global: an allreduce tells numpy arrays by their class at once
 _EMPTY_LIKE = np.empty_like
+_EMPTY = np.empty
+
+
+def _repeat_shares(
+    collective: str, x: Any, out: Any, op: Any, counts: Any, algorithm: str, comm: Any, check: bool | None
+) -> Any:
+    """A repeated reduce-scatter's or all-gather's call in one call into the compiled engine; None: not taken.
+
+    Numpy arrays only (``out`` too, or None) and no average (whose repeat divides after); what the engine
+    does not take goes down the full path, where nothing was done.
+    """
+    if busy:
+        settle(comm)
+    group = comm if comm.__class__ is Communicator else communicator_of(comm)
+    compiled = engine.COMPILED
+    assert compiled is not None  # the callers ask first
+    done = compiled.repeat_shares(group.repeats, collective, x, out, op, counts, algorithm, check, _EMPTY)
+    if done is None or done.__class__ is not tuple:
+        return done
+    lean, status, result = done
+    if status == engine.NOT_TAKEN:
+        return None
+    lean.went_on(status, result)
+    return result
 
 
 def allreduce(
@@ -219,6 +243,18 @@ def reduce_scatter(
         This rank's share of the result, ``out`` when given.
     """
     try:
+        if (
+            x.__class__ is _NDARRAY
+            and op.__class__ is str
+            and op != "avg"
+            and not reproducible
+            and (out is None or out.__class__ is _NDARRAY)
+            and engine.COMPILED is not None
+            and not FAULTS.armed
+        ):
+            done = _repeat_shares("reduce_scatter", x, out, op, counts, algorithm, comm, check)
+            if done is not None:
+                return done
         if reproducible:
             return reproducibly("reduce_scatter", x, op, out, algorithm, comm, check, _THROUGH, counts=counts)
         if op == "avg" or op.__class__ is ReduceOp:
@@ -264,6 +300,15 @@ def allgather(
         The concatenation, ``out`` when given.
     """
     try:
+        if (
+            x.__class__ is _NDARRAY
+            and (out is None or out.__class__ is _NDARRAY)
+            and engine.COMPILED is not None
+            and not FAULTS.armed
+        ):
+            done = _repeat_shares("allgather", x, out, None, counts, algorithm, comm, check)
+            if done is not None:
+                return done
         return call_collective(
             comm, "allgather", algorithm=algorithm, check=check, checks=allgather_job, finish=_delivered,
             x=x, out=out, counts=counts,

@@ -46,7 +46,7 @@ NOT_TAKEN, FINISH = -1, 3
 """What a :class:`LeanCore`'s ``start`` returns besides: nothing done; done but for the call's end."""
 
 
-_NEWEST = "repeat_out_of_place"
+_NEWEST = "repeat_shares"
 """The engine's newest call: a build without it is from an older source, and is not used."""
 
 

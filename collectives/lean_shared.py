@@ -82,11 +82,13 @@ class LeanShared(LeanCore, LeanBook):
         """``work`` from every rank's ``source`` in one call into the engine's small call (see
         :meth:`compiled_call`), bookkeeping and all; where it does not take the call, :meth:`run`."""
         status = self.start(work, source)
-        if status == DONE:
-            return
         if status == NOT_TAKEN:  # a broken or claimed communicator: the Python path says why
             self.run(steps, *arguments)
-            return
+        elif status != DONE:
+            self.went_on(status, work)
+
+    def went_on(self, status: int, work: Any) -> None:
+        """The rest of a call whose compiled start returned ``status``: taken, not done."""
         if status != FINISH:  # claimed and arrived: a rank is late, or the signatures differ
             try:
                 shared = self.executor.shared

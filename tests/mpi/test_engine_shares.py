@@ -11,7 +11,7 @@ from mpi4py import MPI
 import collectives
 from collectives import engine
 from collectives.ops import OPS
-from tests.mpi.helpers import DTYPE_OPS, Problems
+from tests.mpi.helpers import DTYPE_OPS, Problems, count_calls
 from tests.mpi.test_engine import _counting, _inputs, _lean_communicator, _runs
 
 pytestmark = [
@@ -144,3 +144,91 @@ def test_a_late_rank_a_mismatch_and_a_rank_on_the_python_path(
 
 def _leans(comm: collectives.Communicator) -> list[Any]:
     return [repeat.lean for repeat in comm.repeats.values() if getattr(repeat, "lean", None) is not None]
+
+
+@pytest.mark.parametrize("into", ["out", "new"])
+def test_a_repeated_call_is_one_call_from_the_api_into_the_engine(
+    world: MPI.Intracomm, monkeypatch: pytest.MonkeyPatch, into: str
+) -> None:
+    """Past its first calls, a reduce-scatter or an all-gather of rows, into out or a new array, with
+    counts or without, runs no Python layer below the api's (a late rank's wait aside)."""
+    from collectives import api
+
+    comm = _lean_communicator(world)
+    size, rank = world.size, world.rank
+    x = np.ones((size * 2, 3), np.float32)
+    share = np.empty((2, 3), np.float32) if into == "out" else None
+    whole = np.empty((size * 2, 3), np.float32) if into == "out" else None
+    counts = [6] * size
+    flat = np.empty(6, np.float32) if into == "out" else None
+    for _ in range(3):  # the first call decides, the next makes the compiled call
+        collectives.reduce_scatter(x, "prod", out=share, comm=comm)
+        collectives.allgather(x[:2], out=whole, comm=comm)
+        collectives.reduce_scatter(x.reshape(-1), counts=counts, out=flat, comm=comm)
+    full = count_calls(monkeypatch, api, "call_collective")
+    problems = Problems(world)
+    rows = np.arange(size * 6, dtype=np.float32).reshape(size * 2, 3) % 4  # small: exact products
+
+    def mine(r: int, call: int) -> np.ndarray:
+        return rows + r + call % 3  # rank r's input
+
+    for call in range(6):
+        x[...] = mine(rank, call)
+        if call == 3 and rank == size - 1:
+            time.sleep(0.05)  # a late rank: the others' wait goes on in Python
+        got = collectives.reduce_scatter(x, "prod", out=share, comm=comm)
+        problems.expect(got is share if share is not None else got.shape == (2, 3), "the share's array")
+        product = np.prod([mine(r, call) for r in range(size)], axis=0, dtype=np.float32)
+        problems.expect_equal(f"call {call}: prod", got, product[2 * rank : 2 * rank + 2])
+        got = collectives.allgather(x[:2], out=whole, comm=comm)
+        problems.expect(
+            got is whole if whole is not None else got.shape == (size * 2, 3), "the whole's array"
+        )
+        expected = np.concatenate([mine(r, call)[:2] for r in range(size)])
+        problems.expect_equal(f"call {call}: gathered", got, expected)
+        got = collectives.reduce_scatter(x.reshape(-1), counts=counts, out=flat, comm=comm)
+        total = np.sum([mine(r, call) for r in range(size)], axis=0, dtype=np.float32).reshape(-1)
+        problems.expect_equal(f"call {call}: counts", got, total[6 * rank : 6 * rank + 6])
+    problems.expect(full[0] == 0, f"{full[0]} repeated calls took the full path")
+    comm.free()
+    problems.check()
+
+
+def test_arrays_and_calls_the_engines_one_call_refuses_take_the_full_path(world: MPI.Intracomm) -> None:
+    """Past repeated calls: an output of another shape or dtype, or read-only, raises the full path's
+    error; a strided input, an average and an input in the output's own part get the full path's results."""
+    comm = _lean_communicator(world)
+    size, rank = world.size, world.rank
+    x = np.ones(size * 4, np.float32)
+    share = np.empty(4, np.float32)
+    whole = np.empty(size * 4, np.float32)
+    for _ in range(3):
+        collectives.reduce_scatter(x, out=share, comm=comm)
+        collectives.allgather(share, out=whole, comm=comm)
+        collectives.reduce_scatter(x, "avg", out=share, comm=comm)
+    read_only = np.empty(4, np.float32)
+    read_only.flags.writeable = False
+    problems = Problems(world)
+    for says, bad in {
+        "shape": np.empty(5, np.float32),
+        "dtype": np.empty(4, np.float64),
+        "read-only": read_only,
+    }.items():
+        with problems.guard(says), pytest.raises(collectives.InvalidBufferError, match=says):
+            collectives.reduce_scatter(x, out=bad, comm=comm)
+    wide = np.ones(size * 8, np.float32)
+    problems.expect_equal(
+        "strided", collectives.reduce_scatter(wide[::2], out=share, comm=comm), np.full(4, size, np.float32)
+    )
+    x[...] = rank + 1
+    problems.expect_equal(
+        "avg",
+        collectives.reduce_scatter(x, "avg", out=share, comm=comm),
+        np.full(4, (size + 1) / 2, np.float32),
+    )
+    whole[...] = 0
+    whole[4 * rank : 4 * rank + 4] = rank  # in place: this rank's share already in its part of out
+    collectives.allgather(whole[4 * rank : 4 * rank + 4], out=whole, comm=comm)
+    problems.expect_equal("in place", whole, np.repeat(np.arange(size, dtype=np.float32), 4))
+    comm.free()
+    problems.check()
