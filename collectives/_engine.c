@@ -67,15 +67,18 @@ typedef struct {
     Kind kind;
     Op op;
     int mode;                      /* what follows the barrier: see the modes below */
+    int root;                      /* a broadcast's or reduce's root */
     Py_ssize_t lo, out_count;      /* a reduce-scatter's share: elements lo to lo + out_count */
     Py_ssize_t out_nbytes;         /* the output's bytes */
     long long runs; /* calls that arrived at a barrier (for tests and benchmarks) */
 } SmallAllreduce;
 
 /* What a small call does after its barrier: every rank's region reduced (allreduce), one share of them
- * reduced (reduce-scatter, read from the regions alone, so an output over the input is safe), or every
- * rank's region copied out in rank order (all-gather, of bytes whatever the dtype). */
-enum { SMALL_ALLREDUCE, SMALL_REDUCE_SCATTER, SMALL_ALLGATHER };
+ * reduced (reduce-scatter, read from the regions alone, so an output over the input is safe), every
+ * rank's region copied out in rank order (all-gather, of bytes whatever the dtype; of none, a barrier),
+ * the root's region copied out (broadcast, of bytes; only the root copies in), or, at the root alone,
+ * every rank's region reduced (reduce; the others' output is not written). */
+enum { SMALL_ALLREDUCE, SMALL_REDUCE_SCATTER, SMALL_ALLGATHER, SMALL_BROADCAST, SMALL_REDUCE };
 
 static double now_s(void) {
     struct timespec t;
@@ -408,21 +411,24 @@ static Py_ssize_t item_size(Kind kind) {
 }
 
 static int small_init(SmallAllreduce *self, PyObject *args, PyObject *kwargs) {
-    static char *names[] = {"meeting", "regions", "count", "mode", "lo", "hi", NULL};
+    static char *names[] = {"meeting", "regions", "count", "mode", "lo", "hi", "root", NULL};
     PyObject *meeting, *regions;
     Py_ssize_t count, lo = 0, hi = -1;
-    int mode = SMALL_ALLREDUCE;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOn|inn", names, &meeting, &regions, &count, &mode, &lo, &hi))
+    int mode = SMALL_ALLREDUCE, root = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOn|inni", names, &meeting, &regions, &count, &mode, &lo, &hi,
+                                     &root))
         return -1;
     release_all(self);
     if (meeting_parse(&self->m, meeting, &self->kind, &self->op) < 0) return -1;
     if (hi < 0) hi = count;
-    if (count < 0 || mode < SMALL_ALLREDUCE || mode > SMALL_ALLGATHER || lo < 0 || lo > hi || hi > count ||
-        (mode != SMALL_REDUCE_SCATTER && (lo != 0 || hi != count))) {
-        PyErr_SetString(PyExc_ValueError, "a small call's mode is 0, 1 or 2, and its share lo:hi lies in its count");
+    if (count < 0 || mode < SMALL_ALLREDUCE || mode > SMALL_REDUCE || lo < 0 || lo > hi || hi > count ||
+        (mode != SMALL_REDUCE_SCATTER && (lo != 0 || hi != count)) || root < 0 || root >= self->m.size) {
+        PyErr_SetString(PyExc_ValueError,
+                        "a small call's mode is 0 to 4, its share lo:hi lies in its count, and its root is a rank");
         return -1;
     }
     self->mode = mode;
+    self->root = root;
     self->count = count;
     self->nbytes = count * item_size(self->kind);
     self->lo = lo;
@@ -433,16 +439,16 @@ static int small_init(SmallAllreduce *self, PyObject *args, PyObject *kwargs) {
 }
 
 static int get_buffers_of(Py_ssize_t out_nbytes, Py_ssize_t nbytes, PyObject *work, PyObject *source,
-                          Py_buffer *out, Py_buffer *in);
+                          Py_buffer *out, Py_buffer *in, int writes);
 
 static int get_buffers(Py_ssize_t nbytes, PyObject *work, PyObject *source, Py_buffer *out, Py_buffer *in) {
-    return get_buffers_of(nbytes, nbytes, work, source, out, in);
+    return get_buffers_of(nbytes, nbytes, work, source, out, in, 1);
 }
 
-/* work (out_nbytes, writable) and source (nbytes; may be work), C-contiguous */
+/* work (out_nbytes, writable where `writes`) and source (nbytes; may be work), C-contiguous */
 static int get_buffers_of(Py_ssize_t out_nbytes, Py_ssize_t nbytes, PyObject *work, PyObject *source,
-                          Py_buffer *out, Py_buffer *in) {
-    if (PyObject_GetBuffer(work, out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return -1;
+                          Py_buffer *out, Py_buffer *in, int writes) {
+    if (PyObject_GetBuffer(work, out, (writes ? PyBUF_WRITABLE : 0) | PyBUF_C_CONTIGUOUS) < 0) return -1;
     if (source == work) {
         *in = *out;
         in->obj = NULL;
@@ -548,6 +554,14 @@ static void small_finish(SmallAllreduce *self, int turn, void *out, const void *
         for (int r = 0; r < size; r++) memcpy((char *)out + r * self->nbytes, regions[r].buf, (size_t)self->nbytes);
         return;
     }
+    if (self->mode == SMALL_BROADCAST) { /* the root's own output too: its copy holds its input's bytes */
+        memmove(out, regions[self->root].buf, (size_t)self->nbytes);
+        return;
+    }
+    if (self->mode == SMALL_REDUCE) {
+        if (self->m.rank == self->root) reduce_regions(self, turn, out, NULL); /* its own part: its copy */
+        return;
+    }
     Py_ssize_t offset = self->lo * item_size(self->kind), n = self->out_count;
     const char *rows[MAX_RANKS] = {0};
     for (int r = 0; r < size; r++) rows[r] = (const char *)regions[r].buf + offset;
@@ -570,8 +584,10 @@ static int small_call(SmallAllreduce *self, long turn, PyObject *work, PyObject 
     int64_t number = meeting_next(m);
     if (number < 0 || meeting_sign(m, number, sequence, packed_object, digest) < 0) return -1;
     Py_buffer out, in;
-    if (get_buffers_of(self->out_nbytes, self->nbytes, work, source, &out, &in) < 0) return -1;
-    memcpy(self->regions[turn][m->rank].buf, in.buf, (size_t)self->nbytes);
+    int reads_only = self->mode == SMALL_REDUCE && m->rank != self->root; /* its output is not written */
+    if (get_buffers_of(self->out_nbytes, self->nbytes, work, source, &out, &in, !reads_only) < 0) return -1;
+    if (self->mode != SMALL_BROADCAST || m->rank == self->root)
+        memcpy(self->regions[turn][m->rank].buf, in.buf, (size_t)self->nbytes);
     if (digest) m->numbers[m->own_words[number & 1]] = sequence;
     self->runs++;
     int status = meeting_pass(m, number);
@@ -630,7 +646,8 @@ static PyObject *small_reduce(SmallAllreduce *self, PyObject *const *args, Py_ss
         return NULL;
     }
     Py_buffer out;
-    if (PyObject_GetBuffer(args[1], &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    int reads_only = self->mode == SMALL_REDUCE && self->m.rank != self->root; /* its output is not written */
+    if (PyObject_GetBuffer(args[1], &out, (reads_only ? 0 : PyBUF_WRITABLE) | PyBUF_C_CONTIGUOUS) < 0) return NULL;
     if (out.len != self->out_nbytes) {
         PyErr_Format(PyExc_ValueError, "the compiled call was made for %zd bytes, not %zd", self->out_nbytes, out.len);
         PyBuffer_Release(&out);
@@ -1168,7 +1185,7 @@ typedef struct {
 } LeanCore;
 
 static PyObject *s_record, *s_turn, *s_stamp, *s_digest, *s_packed, *s_last, *s_starts, *s_on, *s_new_entry;
-static PyObject *s_shape, *s_dtype, *s_lean, *s_debug, *s_in_place, *s_new, *s_out, *s_failed;
+static PyObject *s_shape, *s_dtype, *s_lean, *s_debug, *s_in_place, *s_new, *s_out, *s_failed, *s_barrier;
 
 static int get_long(PyObject *object, PyObject *name, long long *value) {
     PyObject *got = PyObject_GetAttr(object, name);
@@ -1528,6 +1545,110 @@ static PyObject *engine_repeat_shares(PyObject *module, PyObject *const *args, P
     return ended;
 }
 
+/* The lean path kept under `key` (a new reference), where the compiled call may take it (not while the
+ * watchdog's debug log is on); NULL, no error set, where none is. */
+static PyObject *lean_kept(PyObject *kept, PyObject *key, PyObject **repeat) {
+    *repeat = key ? PyDict_GetItemWithError(kept, key) : NULL; /* borrowed */
+    PyObject *lean = *repeat ? PyObject_GetAttr(*repeat, s_lean) : NULL;
+    if (!lean || !PyObject_TypeCheck(lean, &LeanCoreType) || !((LeanCore *)lean)->watchdog ||
+        !PyObject_TypeCheck(((LeanCore *)lean)->watchdog, &WatchdogCoreType) ||
+        is_true(((LeanCore *)lean)->watchdog, s_debug) != 0) {
+        PyErr_Clear(); /* not kept: the full path decides, and names any problem */
+        Py_XDECREF(lean);
+        return NULL;
+    }
+    return lean;
+}
+
+/* repeat_rooted(kept, collective, x, out, op, root, algorithm, check, empty_like) -> the result: done
+ * (a reduce's input at a rank not its root); None: not taken, nothing done; or (lean, status, result):
+ * started, for the Python path to go on with (LeanShared.went_on; a status of -1: not taken either)
+ *
+ * A repeated broadcast's or reduce's call in one, as repeat_shares: its key as find_repeat makes it
+ * (root an int), the kept decisions' lean path, the arrays' checks and the lean call's start. x
+ * C-contiguous (and writable in place, or at a broadcast's ranks but its root, where x is the output);
+ * out of x's type, shape and dtype, C-contiguous and writable (it may overlap x: the small call copies x
+ * in before it writes out), or, where out is None, a new array, empty_like(x), at a reduce's root alone. */
+static PyObject *engine_repeat_rooted(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 9 || !PyDict_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "repeat_rooted(kept: dict, collective, x, out, op, root, algorithm, check, "
+                                         "empty_like)");
+        return NULL;
+    }
+    PyObject *x = args[2], *out = args[3], *root = args[5];
+    int new = out == Py_None, in_place = out == x;
+    if (!PyLong_CheckExact(root) || (!new && Py_TYPE(out) != Py_TYPE(x))) Py_RETURN_NONE;
+    PyObject *shape = PyObject_GetAttr(x, s_shape);
+    PyObject *dtype = shape ? PyObject_GetAttr(x, s_dtype) : NULL;
+    PyObject *key = dtype ? PyTuple_Pack(9, args[1], (PyObject *)Py_TYPE(x), shape, dtype, args[4], root, args[6],
+                                         new ? s_new : in_place ? s_in_place : s_out, args[7])
+                          : NULL;
+    PyObject *repeat;
+    PyObject *lean = lean_kept(args[0], key, &repeat);
+    Py_XDECREF(key);
+    if (!lean || !((LeanCore *)lean)->kernel || !PyObject_TypeCheck(((LeanCore *)lean)->kernel, &SmallAllreduceType)) {
+        PyErr_Clear();
+        Py_XDECREF(lean);
+        Py_XDECREF(shape);
+        Py_XDECREF(dtype);
+        Py_RETURN_NONE;
+    }
+    SmallAllreduce *kernel = (SmallAllreduce *)((LeanCore *)lean)->kernel;
+    int at_root = kernel->m.rank == kernel->root, reduces = kernel->mode == SMALL_REDUCE;
+    PyObject *work = NULL;
+    int writes_x = in_place && !(reduces && !at_root); /* a reduce's input is its output at the root alone */
+    int fits = contiguous(x, writes_x ? PyBUF_WRITABLE : 0, NULL, NULL);
+    if (fits && !new && !in_place) {
+        PyObject *out_shape = PyObject_GetAttr(out, s_shape), *out_dtype = PyObject_GetAttr(out, s_dtype);
+        fits = out_shape && out_dtype && contiguous(out, PyBUF_WRITABLE, NULL, NULL) &&
+               PyObject_RichCompareBool(out_shape, shape, Py_EQ) == 1 &&
+               PyObject_RichCompareBool(out_dtype, dtype, Py_EQ) == 1;
+        Py_XDECREF(out_shape);
+        Py_XDECREF(out_dtype);
+        PyErr_Clear(); /* an odd array: the full path names it */
+    }
+    if (fits)
+        work = in_place || (reduces && !at_root) ? Py_NewRef(x) : new ? PyObject_CallOneArg(args[8], x) : Py_NewRef(out);
+    Py_DECREF(shape);
+    Py_DECREF(dtype);
+    if (fits && !work) { /* empty_like raised */
+        Py_DECREF(lean);
+        return NULL;
+    }
+    if (!fits) {
+        Py_DECREF(lean);
+        Py_XDECREF(work);
+        Py_RETURN_NONE;
+    }
+    PyObject *ended = repeat_ended(lean, core_run((LeanCore *)lean, work, x), work, 1);
+    Py_DECREF(work);
+    return ended;
+}
+
+/* repeat_barrier(kept, algorithm, check, nothing) -> nothing: done; None: not taken, nothing done; or
+ * (lean, status, nothing): started, for the Python path to go on with (a status of -1: not taken either)
+ *
+ * A repeated barrier's call in one: the engine's small call of no bytes (an all-gather of nothing), its
+ * signature posted, passed and compared, with the call's bookkeeping. `nothing`: a writable buffer of
+ * no bytes. */
+static PyObject *engine_repeat_barrier(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 4 || !PyDict_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "repeat_barrier(kept: dict, algorithm, check, nothing)");
+        return NULL;
+    }
+    PyObject *key = PyTuple_Pack(3, s_barrier, args[1], args[2]);
+    PyObject *repeat;
+    PyObject *lean = lean_kept(args[0], key, &repeat);
+    Py_XDECREF(key);
+    if (!lean) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    return repeat_ended(lean, core_run((LeanCore *)lean, args[3], args[3]), args[3], 1);
+}
+
 static int core_traverse(LeanCore *self, visitproc visit, void *arg) {
     Py_VISIT(self->kernel);
     Py_VISIT(self->watchdog);
@@ -1624,6 +1745,12 @@ static PyMethodDef engine_methods[] = {
     {"repeat_shares", (PyCFunction)(void (*)(void))engine_repeat_shares, METH_FASTCALL,
      "repeat_shares(kept, collective, x, out, op, counts, algorithm, check, empty) -> the result done, None not "
      "taken, or (lean, status, result) started"},
+    {"repeat_rooted", (PyCFunction)(void (*)(void))engine_repeat_rooted, METH_FASTCALL,
+     "repeat_rooted(kept, collective, x, out, op, root, algorithm, check, empty_like) -> the result done, None "
+     "not taken, or (lean, status, result) started"},
+    {"repeat_barrier", (PyCFunction)(void (*)(void))engine_repeat_barrier, METH_FASTCALL,
+     "repeat_barrier(kept, algorithm, check, nothing) -> nothing done, None not taken, or (lean, status, nothing) "
+     "started"},
     {"repro_codes", (PyCFunction)(void (*)(void))repro_codes, METH_FASTCALL,
      "repro_codes(x, codes) -> flags: each element's code (1 a special code, 2 -0.0's, found)"},
     {"repro_words", (PyCFunction)(void (*)(void))repro_words, METH_FASTCALL,
@@ -1658,10 +1785,10 @@ PyMODINIT_FUNC PyInit__engine(void) {
         return NULL;
     static const char *names[] = {"record", "turn",  "stamp", "digest", "packed", "last",     "starts",
                                   "on",     "_new_entry", "shape", "dtype", "lean", "debug", "in place",
-                                  "new",    "out",        "_failed"};
+                                  "new",    "out",        "_failed", "barrier"};
     PyObject **interned[] = {&s_record, &s_turn,  &s_stamp, &s_digest, &s_packed,   &s_last,  &s_starts, &s_on,
                              &s_new_entry, &s_shape, &s_dtype, &s_lean, &s_debug, &s_in_place, &s_new, &s_out,
-                             &s_failed};
+                             &s_failed, &s_barrier};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!(*interned[i] = PyUnicode_InternFromString(names[i]))) return NULL;
     PyObject *module = PyModule_Create(&engine_module);

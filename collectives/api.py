@@ -74,6 +74,7 @@ from .dispatch import CheckedCall, call_collective, escaped
 from .explaining import explain
 from .faults import PLAN as FAULTS
 from .host_copy import on_host_copy
+from .one_call import repeat_barrier, repeat_rooted, repeat_shares
 from .ops import ReduceOp
 from .reproducible_calls import ALIASES, Through, reproducibly
 from .reproducible_calls import went_on as reproducible_went_on
@@ -86,30 +87,6 @@ if TYPE_CHECKING:
 
 _NDARRAY = np.ndarray  # a module global: an allreduce tells numpy arrays by their class at once
 _EMPTY_LIKE = np.empty_like
-_EMPTY = np.empty
-
-
-def _repeat_shares(
-    collective: str, x: Any, out: Any, op: Any, counts: Any, algorithm: str, comm: Any, check: bool | None
-) -> Any:
-    """A repeated reduce-scatter's or all-gather's call in one call into the compiled engine; None: not taken.
-
-    Numpy arrays only (``out`` too, or None) and no average (whose repeat divides after); what the engine
-    does not take goes down the full path, where nothing was done.
-    """
-    if busy:
-        settle(comm)
-    group = comm if comm.__class__ is Communicator else communicator_of(comm)
-    compiled = engine.COMPILED
-    assert compiled is not None  # the callers ask first
-    done = compiled.repeat_shares(group.repeats, collective, x, out, op, counts, algorithm, check, _EMPTY)
-    if done is None or done.__class__ is not tuple:
-        return done
-    lean, status, result = done
-    if status == engine.NOT_TAKEN:
-        return None
-    lean.went_on(status, result)
-    return result
 
 
 def allreduce(
@@ -252,7 +229,7 @@ def reduce_scatter(
             and engine.COMPILED is not None
             and not FAULTS.armed
         ):
-            done = _repeat_shares("reduce_scatter", x, out, op, counts, algorithm, comm, check)
+            done = repeat_shares("reduce_scatter", x, out, op, counts, algorithm, comm, check)
             if done is not None:
                 return done
         if reproducible:
@@ -306,7 +283,7 @@ def allgather(
             and engine.COMPILED is not None
             and not FAULTS.armed
         ):
-            done = _repeat_shares("allgather", x, out, None, counts, algorithm, comm, check)
+            done = repeat_shares("allgather", x, out, None, counts, algorithm, comm, check)
             if done is not None:
                 return done
         return call_collective(
@@ -349,6 +326,15 @@ def broadcast(
         InvalidRootError: ``root`` is not a rank of the communicator.
     """
     try:
+        if (
+            x.__class__ is _NDARRAY
+            and (out is None or out.__class__ is _NDARRAY)
+            and engine.COMPILED is not None
+            and not FAULTS.armed
+        ):
+            done = repeat_rooted("broadcast", x, out, None, root, algorithm, comm, check)
+            if done is not None:
+                return done
         return call_collective(
             comm, "broadcast", algorithm=algorithm, check=check, checks=broadcast_job, finish=_delivered,
             x=x, out=out, root=root,
@@ -391,6 +377,19 @@ def reduce(
         InvalidRootError: ``root`` is not a rank of the communicator.
     """
     try:
+        if (
+            x.__class__ is _NDARRAY
+            and op.__class__ is str
+            and op != "avg"
+            and not reproducible
+            and (out is None or out.__class__ is _NDARRAY)
+            and engine.COMPILED is not None
+            and not FAULTS.armed
+        ):
+            done = repeat_rooted("reduce", x, out, op, root, algorithm, comm, check)
+            if done is not None:
+                group = comm if comm.__class__ is Communicator else communicator_of(comm)
+                return done if group.rank == root else None
         if reproducible:
             return reproducibly("reduce", x, op, out, algorithm, comm, check, _THROUGH, root=root)
         wide = _widened(x, op, out, comm)
@@ -543,6 +542,8 @@ def barrier(
         check: whether the ranks agree on the call first; see :mod:`collectives.api`.
     """
     try:
+        if engine.COMPILED is not None and not FAULTS.armed and repeat_barrier(algorithm, comm, check):
+            return
         call_collective(
             comm, "barrier", algorithm=algorithm, check=check, checks=barrier_job, finish=_nothing
         )

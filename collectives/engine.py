@@ -7,7 +7,8 @@ interpreter calls: a small one's copy in, posted signature, shared-memory barrie
 signatures' check and reduction (``SmallAllreduce``, with the call's bookkeeping in
 ``LeanCore`` on the communicator's per-call state, ``WatchdogCore``), and a larger
 one's segments, barrier for barrier as the Python path runs them
-(``SegmentedAllreduce``). The algorithms stay schedules, and what the engine does
+(``SegmentedAllreduce``); and in other modes of the small call a repeated small
+reduce-scatter, all-gather, broadcast, reduce and barrier. The algorithms stay schedules, and what the engine does
 not take (other dtypes and ops, other transports) runs the Python path, which
 gives the same bits. ``COLLECTIVES_COMPILED=0`` turns it off (the
 Python path runs everything); ``COLLECTIVES_COMPILED=1`` asks for it, and a
@@ -46,7 +47,7 @@ NOT_TAKEN, FINISH = -1, 3
 """What a :class:`LeanCore`'s ``start`` returns besides: nothing done; done but for the call's end."""
 
 
-_NEWEST = "repeat_shares"
+_NEWEST = "repeat_barrier"
 """The engine's newest call: a build without it is from an older source, and is not used."""
 
 

@@ -186,9 +186,9 @@ class SharedExecutor:
         self._smalls: dict[tuple[str, Any, int, int], tuple[Any, list[Any]]] = {}
         self.segment_fits = min(segment_bytes, self._half)
         """Bytes of each rank's share one segment of an all-gather takes through the window."""
-        self._rooted_fits = min(  # bytes of a broadcast's or reduce's whole buffer a segment takes
-            segment_bytes if rooted_segment_bytes is None else rooted_segment_bytes, self._half
-        )
+        rooted = segment_bytes if rooted_segment_bytes is None else rooted_segment_bytes
+        self.rooted_fits = min(rooted, self._half)
+        """Bytes of a broadcast's or reduce's whole buffer one segment takes through the window."""
 
     def reset(self) -> None:
         """Start again from the first half of the regions; every rank at once, between calls.
@@ -585,7 +585,8 @@ class SharedExecutor:
                 backend.copy(out[edge[rank] + start : edge[rank] + start + n], half[rank][:n])
 
     def barrier(self, barrier: Barrier = unbounded) -> None:
-        """Pass one barrier of the memory: a barrier collective's whole call."""
+        """Pass one barrier of the memory: a barrier collective's whole call (a turn taken, as the engine's)."""
+        self.turn ^= 1
         barrier(self.shared, ())
 
     def broadcast(self, backend: ArrayBackend, work: Any, root: int, barrier: Barrier = unbounded) -> None:
@@ -596,7 +597,7 @@ class SharedExecutor:
         later, once every rank has read it, so a call needs no barrier at its end.
         """
         at_root, count = self._rank == root, work.shape[0]
-        slot = max(self._rooted_fits // work.itemsize, 1)
+        slot = max(self.rooted_fits // work.itemsize, 1)
         for start in range(0, count, slot):
             n = min(slot, count - start)
             region = self._window(backend, work, n)[1][root]
@@ -618,7 +619,7 @@ class SharedExecutor:
         rank, count = self._rank, x.shape[0]
         # out over x: each piece reduced apart and copied in, so no part is overwritten before it is read
         scratch = self._scratch(backend, x) if rank == root and backend.shares_memory(out, x) else None
-        slot = max(self._rooted_fits // x.itemsize, 1)
+        slot = max(self.rooted_fits // x.itemsize, 1)
         for start in range(0, count, slot):
             n = min(slot, count - start)
             mine, regions = self._window(backend, x, n)

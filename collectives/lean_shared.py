@@ -11,12 +11,13 @@ gets a :class:`~collectives.call.Call`, with its deadline and stall warning, onl
 where it waits past :data:`~collectives.lean.SPIN_S` or fails. A call that passes
 no barrier of the executor (nothing to move) passes one for its signature.
 
-Where the compiled engine runs, a small reduce-scatter's or all-gather's call (one
-barrier: the executor's path for inputs that fit the window) is one call into it,
-bookkeeping included, as a small allreduce's (:meth:`LeanShared.run_compiled`).
+Where the compiled engine runs, a small reduce-scatter's, all-gather's, broadcast's or
+reduce's call (one barrier: the executor's path for inputs that fit the window) and a
+barrier are one call into it, bookkeeping included, as a small allreduce's
+(:meth:`LeanShared.run_compiled`).
 """
 
-__all__ = ["SMALL_ALLGATHER", "SMALL_REDUCE_SCATTER", "LeanShared"]
+__all__ = ["SMALL_ALLGATHER", "SMALL_BROADCAST", "SMALL_REDUCE", "SMALL_REDUCE_SCATTER", "LeanShared"]
 
 import time
 from collections.abc import Callable, Sequence
@@ -35,8 +36,9 @@ if TYPE_CHECKING:
 
 _monotonic = time.monotonic
 
-SMALL_REDUCE_SCATTER, SMALL_ALLGATHER = 1, 2
-"""The engine's small call's modes (``SharedMemory.small_kernel``): a share reduced; every region copied."""
+SMALL_REDUCE_SCATTER, SMALL_ALLGATHER, SMALL_BROADCAST, SMALL_REDUCE = 1, 2, 3, 4
+"""The engine's small call's modes (``SharedMemory.small_kernel``): a share reduced; every region copied;
+the root's copied; every region reduced at the root."""
 
 
 class LeanShared(LeanCore, LeanBook):

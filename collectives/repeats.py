@@ -27,12 +27,14 @@ __all__ = [
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .backends import ArrayBackend
+import numpy as np
+
+from .backends import ArrayBackend, backend_for
 from .execute import PLANS_BUDGET, ProgramPlan, pack_opening, run
 from .execute_shared import SharedExecutor
 from .faults import PLAN as FAULTS
 from .lean import SPIN_S, LeanAllreduce
-from .lean_shared import SMALL_ALLGATHER, SMALL_REDUCE_SCATTER, LeanShared
+from .lean_shared import SMALL_ALLGATHER, SMALL_BROADCAST, SMALL_REDUCE, SMALL_REDUCE_SCATTER, LeanShared
 from .ops import ReduceOp
 from .watchdog import PackedSignature
 
@@ -333,15 +335,10 @@ class RepeatedReduceScatter(_RepeatedShares):
         assert op is not None  # only reductions run on shared memory are kept
         flat = _apart(backend, x, None)  # the executor itself minds an out that overlaps x
         target = _target(backend, out, self.shares[group.rank], x)
-        lean = self.lean
-        if (
-            lean is not None
-            and lean.compiled_call(self._compiled, group, flat) is not None
-            and _lean_ok(lean)
-        ):
-            lean.run_compiled(target, flat, shared.reduce_scatter, backend, target, flat, self.shares, op)
-        else:
-            _run_steps(self, group, check, shared.reduce_scatter, backend, target, flat, self.shares, op)
+        _run_steps(
+            self, group, check, shared.reduce_scatter, backend, target, flat, self.shares, op,
+            small=(target, flat, self._compiled, group, flat),
+        )  # fmt: skip
         if op.averages:
             backend.divide(target, group.size)
         if out is None:
@@ -381,15 +378,10 @@ class RepeatedAllgather(_RepeatedShares):
         ):
             mine = _apart(backend, x, work)
         # the executor copies this rank's part into work as it copies the others'
-        lean = self.lean
-        if (
-            lean is not None
-            and lean.compiled_call(self._compiled, group, mine) is not None
-            and _lean_ok(lean)
-        ):
-            lean.run_compiled(work, mine, shared.allgather, backend, work, mine, shares)
-        else:
-            _run_steps(self, group, check, shared.allgather, backend, work, mine, shares)
+        _run_steps(
+            self, group, check, shared.allgather, backend, work, mine, shares,
+            small=(work, mine, self._compiled, group, mine),
+        )  # fmt: skip
         if out is None:
             return work.reshape(self.shape)
         if not backend.shares_memory(work, out):
@@ -414,7 +406,15 @@ class RepeatedBarrier(Repeat):
         return True
 
     def run(self, group: "Communicator", x: Any, out: Any, check: bool | None) -> None:
-        _run_steps(self, group, check, self.shared.barrier)
+        _run_steps(self, group, check, self.shared.barrier, small=(NOTHING, NOTHING, self._compiled, group))
+
+    def _compiled(self, group: "Communicator") -> Any:
+        """The engine's small call of no bytes (an all-gather of nothing): one signed barrier; or None."""
+        if group.size == 1:
+            return None
+        views = self.shared.small_views(backend_for(_NOTHING_ARRAY), _NOTHING_ARRAY)
+        regions = tuple(every for _, every in views)
+        return self.shared.shared.small_kernel(regions, "uint8", "bor", 0, SPIN_S, SMALL_ALLGATHER)
 
 
 class _RepeatedRooted(_RepeatedOnShared):
@@ -438,8 +438,22 @@ class RepeatedBroadcast(_RepeatedRooted):
         work = _target(backend, out, x.size, x) if in_place is None else in_place
         if group.rank == self.root and in_place is None:
             backend.copy(work, x)  # the root's data, unless it is there already
-        _run_steps(self, group, check, self.shared.broadcast, backend, work, self.root)
+        _run_steps(
+            self, group, check, self.shared.broadcast, backend, work, self.root,
+            small=(work, work, self._compiled, group, work),
+        )  # fmt: skip
         return _delivered(backend, work, out, self.shape)
+
+    def _compiled(self, group: "Communicator", work: Any) -> Any:
+        """The engine's small call for these calls (one segment: one barrier), of bytes; or None."""
+        shared = self.shared
+        if self.backend.name != "numpy" or group.size == 1 or not 0 < work.nbytes <= shared.rooted_fits:
+            return None
+        as_bytes = work.view("uint8")
+        regions = tuple(every for _, every in shared.small_views(self.backend, as_bytes))
+        return shared.shared.small_kernel(
+            regions, "uint8", "bor", work.nbytes, SPIN_S, SMALL_BROADCAST, None, self.root
+        )
 
 
 class RepeatedReduce(_RepeatedRooted):
@@ -447,18 +461,39 @@ class RepeatedReduce(_RepeatedRooted):
 
     __slots__ = ()
 
+    def _compiled(self, group: "Communicator", mine: Any) -> Any:
+        """The engine's small call for these calls (one segment: one barrier), or None."""
+        op, shared = self.op, self.shared
+        assert op is not None  # a reduce reduces
+        combine = op.compiled_combine
+        if self.backend.name != "numpy" or combine is None or group.size == 1:
+            return None
+        if not 0 < mine.nbytes <= shared.rooted_fits:
+            return None
+        regions = tuple(every for _, every in shared.small_views(self.backend, mine))
+        count = mine.shape[0]
+        return shared.shared.small_kernel(
+            regions, str(mine.dtype), combine, count, SPIN_S, SMALL_REDUCE, None, self.root
+        )
+
     def run(self, group: "Communicator", x: Any, out: Any, check: bool | None) -> Any:
         backend, op, root = self.backend, self.op, self.root
         assert op is not None  # a reduce reduces
         if group.rank != root:  # the executor only reads x here, and out is never written
             mine = _apart(backend, x, None)
-            _run_steps(self, group, check, self.shared.reduce_to, backend, mine, mine, op, root)
+            _run_steps(
+                self, group, check, self.shared.reduce_to, backend, mine, mine, op, root,
+                small=(mine, mine, self._compiled, group, mine),
+            )  # fmt: skip
             return None
         # in place the executor reduces over x itself; any other overlap takes a copy of x
         in_place = None if out is not x else backend.flat_view(x)
         target = _target(backend, out, x.size, x) if in_place is None else in_place
         mine = in_place if in_place is not None else _apart(backend, x, target)
-        _run_steps(self, group, check, self.shared.reduce_to, backend, target, mine, op, root)
+        _run_steps(
+            self, group, check, self.shared.reduce_to, backend, target, mine, op, root,
+            small=(target, mine, self._compiled, group, mine),
+        )  # fmt: skip
         if op.averages:
             backend.divide(target, group.size)
         return _delivered(backend, target, out, self.shape)
@@ -470,23 +505,30 @@ def _run_steps(
     check: bool | None,
     steps: Callable[..., object],
     *arguments: Any,
+    small: tuple[Any, ...] = (),
 ) -> None:
     """``steps(*arguments, barrier)`` as a call of ``kept``'s key: lean, or under the watchdog.
 
     Its first barrier carries the signature. With ``$COLLECTIVES_DEBUG`` or an armed
-    ``$COLLECTIVES_FAULT`` it runs under the watchdog, whose Call those need.
+    ``$COLLECTIVES_FAULT`` it runs under the watchdog, whose Call those need. ``small``:
+    ``(work, source, make, *its arguments)``, where the lean path holds the compiled engine's
+    small call for these calls (``make``'s, asked at the first), that call from ``source`` into
+    ``work`` instead of ``steps`` (:meth:`LeanShared.run_compiled`).
     """
     lean = kept.lean
     if lean is not None and not FAULTS.armed and not lean.watchdog.debug:
-        lean.run(steps, *arguments)
+        if small and lean.compiled_call(*small[2:]) is not None:
+            lean.run_compiled(small[0], small[1], steps, *arguments)
+        else:
+            lean.run(steps, *arguments)
         return
     with group.watchdog.watch(kept.guard, check, first_barrier=True) as call:
         steps(*arguments, call.barrier)
 
 
-def _lean_ok(lean: LeanShared) -> bool:
-    """Whether a call may take the lean path: not under ``$COLLECTIVES_DEBUG`` or an armed fault."""
-    return not FAULTS.armed and not lean.watchdog.debug
+NOTHING = bytearray()
+"""A writable buffer of no bytes: a barrier's input and output in the engine's small call."""
+_NOTHING_ARRAY = np.frombuffer(NOTHING, np.uint8)
 
 
 def _delivered(backend: ArrayBackend, work: Any, out: Any, shape: tuple[int, ...]) -> Any:

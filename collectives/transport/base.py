@@ -270,6 +270,7 @@ class SharedMemory(ABC):
         spin_s: float,
         mode: int = 0,
         share: tuple[int, int] | None = None,
+        root: int = 0,
     ) -> Any:
         """The compiled engine's repeated small allreduce over ``halves``, or ``None`` where it takes none.
 
@@ -283,7 +284,9 @@ class SharedMemory(ABC):
         signatures differ); after 1 or 2, ``reduce(turn, work)`` reduces. ``mode`` 1
         reduces elements ``share`` (lo, hi) of the regions alone into ``work`` (a
         reduce-scatter's), 2 copies every rank's region into ``work`` in rank order
-        (an all-gather's). Memories without the control words the engine reads take none.
+        (an all-gather's; of no bytes, a barrier's), 3 copies ``root``'s region into ``work``
+        (a broadcast's: only the root copies in), 4 reduces every rank's into ``work`` at
+        ``root`` alone (a reduce's). Memories without the control words the engine reads take none.
         """
         return None
 

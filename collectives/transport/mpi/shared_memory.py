@@ -263,10 +263,11 @@ class MPISharedMemory(SharedMemory):
         spin_s: float,
         mode: int = 0,
         share: tuple[int, int] | None = None,
+        root: int = 0,
     ) -> Any:
         made = self._kernel("SmallAllreduce", dtype, op, spin_s)
         lo, hi = (0, count) if share is None else share
-        return made and made(regions=halves, count=count, mode=mode, lo=lo, hi=hi)
+        return made and made(regions=halves, count=count, mode=mode, lo=lo, hi=hi, root=root)
 
     def segmented_kernel(
         self,

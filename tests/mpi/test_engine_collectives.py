@@ -1,4 +1,5 @@
-"""The compiled engine's small reduce-scatter and all-gather: the Python path's bits, in one call each."""
+"""The compiled engine's small reduce-scatter, all-gather, broadcast, reduce and barrier: the Python
+path's bits, each repeat one call from the api into the engine."""
 
 import time
 from typing import Any
@@ -108,9 +109,12 @@ def test_a_late_rank_a_mismatch_and_a_rank_on_the_python_path(
     x = np.ones(size * 4, np.float32)
     share = np.empty(4, np.float32)
     whole = np.empty(size * 4, np.float32)
-    for _ in range(2):  # both keys agreed once, so later calls of either take the engine
+    for _ in range(3):  # every key agreed once, so later calls of each take the engine
         collectives.reduce_scatter(x, out=share, comm=comm)
         collectives.allgather(share, out=whole, comm=comm)
+        collectives.barrier(comm=comm)
+        collectives.broadcast(share, 0, out=share, comm=comm)
+        collectives.reduce(share, "sum", size - 1, comm=comm)
     for call in range(3):  # a late rank: the others wait on past the engine's spin, then finish in it
         x[...] = np.arange(size * 4) + call
         if rank == size - 1:
@@ -126,12 +130,20 @@ def test_a_late_rank_a_mismatch_and_a_rank_on_the_python_path(
         for lean in _leans(comm):
             lean._kernel = None
     before = _runs(made)
-    for call in range(2):
+    for call in range(3):  # (a barrier takes its turn of the window either way, so the next calls agree)
+        collectives.barrier(comm=comm)
         x[...] = np.arange(size * 4) - call
         collectives.reduce_scatter(x, out=share, comm=comm)
         problems.expect(np.array_equal(share, size * (np.arange(4) + 4 * rank - call)), "mixed paths: sums")
         collectives.allgather(share, out=whole, comm=comm)
         problems.expect(np.array_equal(whole, size * (np.arange(size * 4) - call)), "mixed paths: gathered")
+        mine = share.copy()
+        collectives.broadcast(mine, 0, out=mine, comm=comm)
+        problems.expect(np.array_equal(mine, size * (np.arange(4) - call)), "mixed paths: broadcast")
+        got = collectives.reduce(share, "sum", size - 1, comm=comm)
+        if rank == size - 1:
+            total = size * np.sum([np.arange(4) + 4 * r - call for r in range(size)], axis=0)
+            problems.expect(np.array_equal(got, total), "mixed paths: reduced")
     problems.expect((_runs(made) > before) == (rank != 0), f"rank {rank} ran {_runs(made) - before} calls")
     with problems.guard("a mismatch"), pytest.raises(collectives.MismatchError):
         if rank == 0:  # the ranks' calls differ: found in the engine's compare (and Python's)
@@ -230,5 +242,100 @@ def test_arrays_and_calls_the_engines_one_call_refuses_take_the_full_path(world:
     whole[4 * rank : 4 * rank + 4] = rank  # in place: this rank's share already in its part of out
     collectives.allgather(whole[4 * rank : 4 * rank + 4], out=whole, comm=comm)
     problems.expect_equal("in place", whole, np.repeat(np.arange(size, dtype=np.float32), 4))
+    comm.free()
+    problems.check()
+
+
+def _rooted(
+    comm: collectives.Communicator, collective: str, dtype: str, op: str | None, root: int, into: str
+) -> list[bytes]:
+    """The bits of REPEATS broadcasts or reduces (the later ones repeats): in place, into out or new."""
+    x = np.zeros(7, _dtype(dtype))
+    out = x if into == "in place" else np.zeros_like(x) if into == "out" else None
+    results = []
+    for call in range(REPEATS):
+        x[...] = _inputs(dtype, 7, comm.rank, comm.size, call)
+        if collective == "broadcast":
+            got = collectives.broadcast(x, root, out=out, comm=comm)
+        else:
+            got = collectives.reduce(x, op or "sum", root, out=out, comm=comm)
+        results.append(b"" if got is None else got.tobytes())
+    return results
+
+
+@pytest.mark.parametrize("into", ["in place", "out", "new"])
+def test_the_engines_broadcast_and_reduce_give_the_python_paths_bits(
+    world: MPI.Intracomm, monkeypatch: pytest.MonkeyPatch, into: str
+) -> None:
+    problems = Problems(world)
+    compiled = _lean_communicator(world)
+    made = _counting(monkeypatch, compiled.watchdog.shared)
+    with monkeypatch.context() as python_only:
+        python_only.setattr(engine, "COMPILED", None)
+        python = collectives.Communicator(world)
+        collectives.barrier(comm=python)
+    cases: list[tuple[str, str, str | None]] = [
+        ("reduce", dtype, op) for dtype, op in DTYPE_OPS if not OPS[op].custom
+    ]
+    cases += [("broadcast", dtype, None) for dtype in ALLGATHER_DTYPES]
+    for collective, dtype, op in cases:
+        for root in sorted({0, world.size - 1}):
+            what = f"{collective} {op or ''} {dtype} root {root}"
+            before = _runs(made)
+            ours = theirs = None
+            with problems.guard(f"{what} compiled"):
+                ours = _rooted(compiled, collective, dtype, op, root, into)
+            took = _runs(made) - before
+            if op is None or engine.reduces(dtype, OPS[op].compiled_combine or ""):
+                problems.expect(took >= REPEATS - 1, f"{what}: the engine ran {took} of the repeats")
+            with monkeypatch.context() as python_only, problems.guard(f"{what} python"):
+                python_only.setattr(engine, "COMPILED", None)
+                theirs = _rooted(python, collective, dtype, op, root, into)
+            if ours is not None and ours != theirs:
+                problems.expect(False, f"{what}: the compiled and Python paths differ")
+    compiled.free()
+    python.free()
+    problems.check()
+
+
+def test_repeated_rooted_calls_and_barriers_are_one_call_each_late_ranks_too(
+    world: MPI.Intracomm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past their first calls a broadcast, a reduce (its input read-only away from the root) and a barrier
+    run no Python layer below the api's, a late rank's wait aside; a rooted mismatch is found everywhere."""
+    from collectives import api
+
+    comm = _lean_communicator(world)
+    size, rank = world.size, world.rank
+    x = np.zeros(5, np.float64)
+    for _ in range(3):
+        collectives.broadcast(x, 0, out=x, comm=comm)
+        collectives.reduce(x, "sum", size - 1, comm=comm)
+        collectives.barrier(comm=comm)
+    full = count_calls(monkeypatch, api, "call_collective")
+    problems = Problems(world)
+    for call in range(6):
+        late = call % 3 == 2 and rank == call % size  # each rank late once in a while
+        x[...] = np.arange(5) + 10 * rank + call
+        if late:
+            time.sleep(0.05)
+        got = collectives.broadcast(x, 0, out=x, comm=comm)
+        problems.expect_equal(f"call {call}: broadcast", got, np.arange(5.0) + call)
+        x[...] = rank + call
+        x.flags.writeable = rank == size - 1
+        got = collectives.reduce(x, "sum", size - 1, comm=comm)
+        x.flags.writeable = True
+        if rank == size - 1:
+            problems.expect_equal(
+                f"call {call}: reduce", got, np.full(5, size * (size - 1) / 2 + size * call)
+            )
+        else:
+            problems.expect(got is None, f"call {call}: a reduce's result away from its root")
+        if late:
+            time.sleep(0.05)
+        collectives.barrier(comm=comm)
+    problems.expect(full[0] == 0, f"{full[0]} repeated calls took the full path")
+    with problems.guard("a mismatch"), pytest.raises(collectives.MismatchError):
+        collectives.broadcast(x, 0 if rank == 0 else size - 1, out=x, comm=comm)
     comm.free()
     problems.check()
