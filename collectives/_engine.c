@@ -550,8 +550,12 @@ static void small_finish(SmallAllreduce *self, int turn, void *out, const void *
     }
     Py_buffer *regions = self->regions[turn];
     int size = self->m.size;
-    if (self->mode == SMALL_ALLGATHER) {
-        for (int r = 0; r < size; r++) memcpy((char *)out + r * self->nbytes, regions[r].buf, (size_t)self->nbytes);
+    if (self->mode == SMALL_ALLGATHER) { /* this rank's part from its input, not its copy (none in place) */
+        for (int r = 0; r < size; r++) {
+            char *into = (char *)out + r * self->nbytes;
+            if (r != self->m.rank || !own) memcpy(into, regions[r].buf, (size_t)self->nbytes);
+            else if (into != (const char *)own) memmove(into, own, (size_t)self->nbytes);
+        }
         return;
     }
     if (self->mode == SMALL_BROADCAST) { /* the root's own output too: its copy holds its input's bytes */

@@ -8,9 +8,9 @@ signatures' check and reduction (``SmallAllreduce``, with the call's bookkeeping
 ``LeanCore`` on the communicator's per-call state, ``WatchdogCore``), and a larger
 one's segments, barrier for barrier as the Python path runs them
 (``SegmentedAllreduce``); and in other modes of the small call a repeated small
-reduce-scatter, all-gather, broadcast, reduce and barrier. The algorithms stay schedules, and what the engine does
-not take (other dtypes and ops, other transports) runs the Python path, which
-gives the same bits. ``COLLECTIVES_COMPILED=0`` turns it off (the
+reduce-scatter, all-gather, broadcast, reduce and barrier. The algorithms stay
+schedules, and what the engine does not take (other dtypes and ops, other
+transports) runs the Python path, which gives the same bits. ``COLLECTIVES_COMPILED=0`` turns it off (the
 Python path runs everything); ``COLLECTIVES_COMPILED=1`` asks for it, and a
 communicator made where it was not built raises (as it does for a value that is
 neither).

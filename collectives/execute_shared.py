@@ -193,18 +193,16 @@ class SharedExecutor:
     def reset(self) -> None:
         """Start again from the first half of the regions; every rank at once, between calls.
 
-        For a call whose ranks disagreed on its signature: some may have run
-        segments and others none, so their turns differ. The barrier that found the
-        disagreement came after every read of an earlier call, so any half is free.
-        """
+        For a call whose ranks disagreed on its signature: some may have run segments and others
+        none, so their turns differ. The barrier that found it came after every read of an earlier
+        call, so any half is free."""
         self.turn = 0
 
     def small_views(self, backend: ArrayBackend, like: Any) -> tuple[tuple[Any, list[Any]], ...]:
         """Per half: this rank's part and every rank's, as arrays of ``like``'s dtype and size.
 
-        What :meth:`allreduce_small` copies ``like`` into and reduces, for a caller that
-        runs such calls itself (:mod:`collectives.lean`): it takes the half
-        :attr:`turn` names and flips :attr:`turn`, as that method does.
+        What a one-barrier call copies ``like`` into, for a caller that runs such calls itself (the
+        compiled engine's): it takes the half :attr:`turn` names and flips it, as the executor does.
         """
         count = like.shape[0]
         halves = self._halves(backend, like)
@@ -382,10 +380,8 @@ class SharedExecutor:
     def segmented_kernel(self, backend: ArrayBackend, like: Any, op: str, spin_s: float) -> Any:
         """The compiled engine's twin of :meth:`allreduce`'s window path for arrays like ``like``, or None.
 
-        It passes the same barriers with the same notes, so a rank running it meets
-        one on the Python path; :meth:`through_window` says whether a call takes that
-        path. The caller keeps :attr:`turn` as the kernel's ``turn`` after each call.
-        """
+        The same barriers with the same notes, so a rank running it meets one on the Python path
+        (:meth:`through_window`: whether a call takes it); the caller keeps its ``turn`` as :attr:`turn`."""
         views = self._halves(backend, like)
         slot = self._slot(views, self._size + 1)
         halves = [[self.shared.region(r)[h * self._half : (h + 1) * self._half] for r in range(self._size)]
@@ -559,33 +555,37 @@ class SharedExecutor:
     ) -> None:
         """``out`` = every rank's ``x`` (``shares[r]`` elements) in rank order; ``x`` may lie in ``out``."""
         size, rank = self._size, self._rank
-        share = shares[0]
+        share, edge = shares[0], bounds(tuple(shares))
+        own, at = out[edge[rank] : edge[rank + 1]], _address(x)
+        apart = at is None or at != _address(own)  # else x is this rank's part of out: in place
         if 0 < share * x.itemsize <= self.segment_fits and shares.count(share) == size:
             # one segment of equal shares: the loop below, on views kept per size
             mine, regions = self._window(backend, x, share)
             backend.copy(mine, x)
+            if apart:  # this rank's part from x, in cache, not from its copy
+                backend.copy(own, x)
             barrier(self.shared, ())
             for r, region in enumerate(regions):
-                backend.copy(out[r * share : (r + 1) * share], region)
+                if r != rank:
+                    backend.copy(out[r * share : (r + 1) * share], region)
             return
         views = self._halves(backend, x)
-        edge = bounds(tuple(shares))
         slot = self._slot(views, 1)
         for start in range(0, max(shares, default=0), slot):
             half = self._next(views)
             n = max(min(start + slot, shares[rank]) - start, 0)
             if n:
                 backend.copy(half[rank][:n], x[start : start + n])
+            if n and apart:
+                backend.copy(own[start : start + n], x[start : start + n])
             barrier(self.shared, ())
             for r in range(size):
                 m = max(min(start + slot, shares[r]) - start, 0)
                 if m and r != rank:
                     backend.copy(out[edge[r] + start : edge[r] + start + m], half[r][:m])
-            if n:
-                backend.copy(out[edge[rank] + start : edge[rank] + start + n], half[rank][:n])
 
     def barrier(self, barrier: Barrier = unbounded) -> None:
-        """Pass one barrier of the memory: a barrier collective's whole call (a turn taken, as the engine's)."""
+        """Pass one barrier: a barrier collective's whole call (a turn of the window taken, as the engine)."""
         self.turn ^= 1
         barrier(self.shared, ())
 
