@@ -15,14 +15,7 @@ from .backends import ArrayBackend
 from .call import Call
 from .errors import InvalidBufferError
 from .execute import Scratch
-from .execute_shared import (
-    OVERSUBSCRIBED_ROOTED_SEGMENT_BYTES,
-    OVERSUBSCRIBED_SEGMENT_BYTES,
-    SEGMENT_BYTES,
-    SharedExecutor,
-    oversubscribed,
-    small_bytes,
-)
+from .execute_shared import SharedExecutor
 from .selector import Selector
 from .selector_agreement import agree_on_selector
 from .settings_agreement import (
@@ -33,6 +26,14 @@ from .settings_agreement import (
     differences,
     number_in,
     settings_of,
+)
+from .shared_sizes import (
+    OVERSUBSCRIBED_ROOTED_SEGMENT_BYTES,
+    OVERSUBSCRIBED_SEGMENT_BYTES,
+    SEGMENT_BYTES,
+    oversubscribed,
+    scatter_small_bytes,
+    small_bytes,
 )
 from .tracing.clock import align
 from .tracing.recorder import TRACER, agreed
@@ -269,9 +270,10 @@ class Communicator:
         extra: tuple[str, ...] = ("oversubscribed",) if crowded else ()
         if shared is not None:
             # the compiled engine's reduction wins one barrier further (the ranks agree whether it runs)
-            small = small_bytes(self.size, compiled=engine.COMPILED is not None)
-            extra += ("compiled",) if engine.COMPILED is not None else ()
-            self._shared = SharedExecutor(shared, self.rank, self.size, segment, small, rooted)
+            compiled = engine.COMPILED is not None
+            small, scatter = small_bytes(self.size, compiled), scatter_small_bytes(self.size, compiled)
+            extra += ("compiled",) if compiled else ()
+            self._shared = SharedExecutor(shared, self.rank, self.size, segment, small, rooted, scatter)
             # from the next call on, the ranks agree on signatures through a barrier, not messages,
             # so no data travels with them: forget the calls prepared to send it so
             self.watchdog.agree_through(shared, self._shared.reset)

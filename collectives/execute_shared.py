@@ -46,7 +46,6 @@ __all__ = [
     "small_bytes",
 ]
 
-import os
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import Any
@@ -55,6 +54,16 @@ from .backends.base import ArrayBackend
 from .chunking import bounds, even_split
 from .errors import ConfigurationError, MismatchError
 from .ops import ReduceOp
+from .shared_sizes import (
+    COMPILED_SMALL_READ_BYTES,
+    OVERSUBSCRIBED_ROOTED_SEGMENT_BYTES,
+    OVERSUBSCRIBED_SEGMENT_BYTES,
+    SEGMENT_BYTES,
+    SMALL_TOTAL_BYTES,
+    WHOLE_SMALL_TOTAL_BYTES,
+    oversubscribed,
+    small_bytes,
+)
 from .transport.base import SharedMemory
 
 Barrier = Callable[[SharedMemory, Sequence[int]], None]
@@ -65,81 +74,6 @@ def unbounded(shared: SharedMemory, note: Sequence[int] = ()) -> None:
     """A barrier with no deadline."""
     shared.arrive(note)
     shared.wait()
-
-
-SMALL_TOTAL_BYTES = 1 << 19
-"""Allreduces whose inputs on all ranks together are at most this size take one barrier.
-
-Every rank copies its input in and reduces the whole buffer itself, reading P
-regions, rather than one share of it (a barrier more and the shares copied out).
-Measured on 2 cores (2 MiB L2): at 2 ranks the one barrier won up to 128 KiB, tied
-at 256 KiB and lost at 512 KiB (63 against 76 us); at 4 ranks it won up to 64 KiB
-(61 against 102 us), tied at 128 KiB and lost at 256 KiB.
-"""
-
-COMPILED_SMALL_READ_BYTES = 1 << 21
-"""Where the compiled engine runs (:mod:`collectives.engine`), an allreduce passes one barrier while the
-bytes its ranks read in all, each every rank's input (``P * P`` times one input), are at most this.
-
-What one barrier costs past a few hundred KiB is the bytes each rank reads, ``P`` inputs against a
-segmented call's two shares, and where they come from. Measured on 2 cores (2 MiB L2) against
-segments, float32 sum in place, Intel MPI beside in one launch: at 2 ranks and 1 MiB a rank, one
-barrier took 37-50 us where the machine was fast (segments 55-70, Intel 49-73) but 115-162 us in
-launches where it was slow (segments 66-70, Intel 60-68), so 1 MiB goes in segments, which hold
-their time; at 4 ranks one barrier at 256 KiB took 1.08-1.31x Intel's time. So 512 KiB a rank at
-2 ranks, 128 KiB at 4, 32 KiB at 8. The ranks agree whether the engine runs
-(:mod:`collectives.settings_agreement`), so they agree on the path; the communicator passes it.
-"""
-
-
-def small_bytes(size: int, compiled: bool) -> int:
-    """Each rank's input bytes up to which an allreduce of ``size`` ranks passes one barrier.
-
-    :data:`SMALL_TOTAL_BYTES` in all on the Python path; :data:`COMPILED_SMALL_READ_BYTES` read
-    in all where the compiled engine runs.
-    """
-    if compiled:
-        return COMPILED_SMALL_READ_BYTES // (size * size)
-    return SMALL_TOTAL_BYTES // size
-
-
-WHOLE_SMALL_TOTAL_BYTES = 1 << 17
-""":data:`SMALL_TOTAL_BYTES` for an op that combines every rank's part at once (the reproducible sum's)
-at more than two ranks: past it each owner combines its share of all parts instead of every rank all.
-
-Measured at 4 ranks on 2 cores (``bench reproducible``, ratio to the default allreduce in one launch):
-with one barrier up to 1 MiB in all, 64 KiB took 2.13x, 128 KiB 2.18x, 256 KiB 2.11x; past 128 KiB in
-all, 1.59x, 1.42x and 1.22x; past 32 KiB, 16 KiB lost (2.18x against 1.85x).
-"""
-
-SEGMENT_BYTES = 1 << 19
-"""Bytes of each rank's share that one segment takes through the window (measured, see the module).
-
-Measured again at 2 ranks on 2 cores with a 480 MiB L3 (allreduce in place, the sizes
-alternating in one launch, medians): 512 KiB against 256 KiB took 65-73 against 72-76 us
-at 1 MiB, 249-265 against 276-289 us at 4 MiB, 1.26-2.34 against 1.27-2.50 ms at 16 MiB and
-5.38-5.41 against 5.87-5.91 ms at 64 MiB; 128 KiB and 2 MiB lost at every size.
-"""
-
-OVERSUBSCRIBED_SEGMENT_BYTES = 1 << 18
-"""The same where a node's ranks outnumber its cores, so that a barrier may wait for a rank to be scheduled.
-
-At 4 ranks on 2 cores (in place, back to back, side by side): 256 KiB against 1 MiB took 529-631
-against 1146-1161 us at 4 MiB, 3.0-3.2 against 5.6-5.7 ms at 16 MiB (engine off: 970-979 against
-1191-1248 us at 4 MiB); 128 and 512 KiB alike or between, 64 KiB and 2 MiB slower.
-"""
-
-OVERSUBSCRIBED_ROOTED_SEGMENT_BYTES = 1 << 20
-"""A broadcast's or reduce's segment of its whole buffer where a node's ranks outnumber its cores.
-
-A quarter of an allreduce's segments would pass four times the barriers for one buffer: at 4 ranks
-on 2 cores a 16 MiB broadcast took 2.2-2.5 ms in segments of 256 KiB against 1.7-1.8 in 1 MiB.
-"""
-
-
-def oversubscribed(node_ranks: int) -> bool:
-    """Whether ``node_ranks`` ranks on one machine outnumber its cores; the same on every rank of it."""
-    return node_ranks > (os.cpu_count() or 1)
 
 
 _WINDOW, _ZERO_COPY = 0, 1  # how a rank runs a call, in the note of its first barrier
@@ -162,6 +96,7 @@ class SharedExecutor:
         segment_bytes: int = SEGMENT_BYTES,
         small: int | None = None,
         rooted_segment_bytes: int | None = None,
+        scatter_small: int | None = None,
     ) -> None:
         self._rank = rank
         self._size = size
@@ -182,6 +117,8 @@ class SharedExecutor:
         # (at 2 ranks the pair op's window stays where it was measured: 512 KiB a rank)
         whole = (1 << 20 if size <= 2 else WHOLE_SMALL_TOTAL_BYTES) // size
         self._whole_small_bytes = min(whole, self._small_bytes)
+        # a reduce-scatter's (scatter_small_bytes; the allreduce's where not given)
+        self._scatter_small = min(self._small_bytes if scatter_small is None else scatter_small, self._half)
         # per (backend, dtype, count, half): this rank's part of the half and every rank's, as arrays
         self._smalls: dict[tuple[str, Any, int, int], tuple[Any, list[Any]]] = {}
         self.segment_fits = min(segment_bytes, self._half)
@@ -393,14 +330,14 @@ class SharedExecutor:
         """Whether :meth:`allreduce` of ``x`` into ``out`` goes through the window (not zero-copy)."""
         return self._locate(x) is None or self._locate(out) is None
 
-    def small(self, nbytes: int, op: ReduceOp) -> bool:
-        """Whether an allreduce of ``nbytes`` per rank with ``op`` may go through :meth:`allreduce_small`.
+    def small(self, nbytes: int, op: ReduceOp, scatter: bool = False) -> bool:
+        """Whether an allreduce (or ``scatter``: a reduce-scatter) of ``nbytes`` a rank passes one barrier.
 
-        At most the executor's window a rank (:func:`small_bytes`, given it; for an op that is
-        ``whole`` at more than two ranks, :data:`WHOLE_SMALL_TOTAL_BYTES` in all): the same on every
-        rank of a matching call.
+        At most the executor's window a rank (:func:`small_bytes`, given it; for an op that is ``whole``
+        at more than two ranks, :data:`WHOLE_SMALL_TOTAL_BYTES` in all); a reduce-scatter's
+        (:func:`~collectives.shared_sizes.scatter_small_bytes`, given it) but for a ``whole`` op.
         """
-        return nbytes <= self._limit(op)
+        return nbytes <= (self._scatter_small if scatter and not op.whole else self._limit(op))
 
     def _limit(self, op: ReduceOp) -> int:
         return self._whole_small_bytes if op.whole else self._small_bytes
@@ -473,7 +410,7 @@ class SharedExecutor:
         edge = bounds(tuple(shares))
         if not any(shares):
             return
-        if x.shape[0] * x.itemsize <= self._limit(op):  # as allreduce: one barrier, x copied whole
+        if self.small(x.shape[0] * x.itemsize, op, scatter=True):  # one barrier, x copied whole
             regions = self._through_window(backend, x, barrier)
             lo, hi = edge[rank], edge[rank + 1]
             self.reduce(backend, op, out, [region[lo:hi] for region in regions])

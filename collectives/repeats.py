@@ -321,7 +321,7 @@ class RepeatedReduceScatter(_RepeatedShares):
         assert op is not None  # only reductions run on shared memory are kept
         if self.backend.name != "numpy" or op.compiled_combine is None or group.size == 1:
             return None
-        if flat.nbytes == 0 or not shared.small(flat.nbytes, op):
+        if flat.nbytes == 0 or not shared.small(flat.nbytes, op, scatter=True):
             return None
         lo = sum(self.shares[: group.rank])
         regions = tuple(every for _, every in shared.small_views(self.backend, flat))

@@ -178,6 +178,44 @@ def test_an_allreduce_whose_inputs_together_are_small_passes_one_barrier(size: i
     assert all(b >= 2 for b in barriers[small + 1]), barriers[small + 1]  # two a segment
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["python", "compiled"])
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_a_reduce_scatter_passes_one_barrier_within_its_own_window(size: int, compiled: bool) -> None:
+    """Its ranks read a share of each input, not all of it: where the engine runs ``size`` times an
+    allreduce's window a rank (``scatter_small_bytes``), on the Python path the allreduce's."""
+    from collectives.shared_sizes import scatter_small_bytes, small_bytes
+
+    scale = scatter_small_bytes(size, compiled) // small_bytes(size, compiled)
+    assert scale == (size if compiled else 1)
+    limit = 1024  # an allreduce's window a rank, in bytes
+    world = ThreadWorld(size, region_bytes=8 * size * limit)
+    small = scale * limit // 4 // size * size  # float32 elements at the reduce-scatter's limit, in shares
+    barriers: dict[int, list[int]] = {}
+
+    def work(rank: int, memory: ThreadSharedMemory) -> list[np.ndarray]:
+        # (segments of 64 bytes past the window: more than one barrier)
+        executor = SharedExecutor(memory, rank, size, 64, limit, scatter_small=scale * limit)
+        assert executor.small(scale * limit, get_op("sum"), scatter=True)
+        assert not executor.small(scale * limit + 1, get_op("sum"), scatter=True)
+        results = []
+        for count in (small, small + size):
+            x = np.arange(count, dtype=np.float32) + rank
+            share = count // size
+            out = np.empty(share, np.float32)
+            before = memory._number
+            executor.reduce_scatter(NumpyBackend(), out, x, [share] * size, get_op("sum"))
+            barriers.setdefault(count, []).append(memory._number - before)
+            results.append((rank * share, out))
+        return results
+
+    for results in world.run(work):
+        for lo, out in results:
+            expected = size * np.arange(lo, lo + out.shape[0], dtype=np.float32) + sum(range(size))
+            np.testing.assert_array_equal(out, expected)
+    assert barriers[small] == [1] * size
+    assert all(b >= 2 for b in barriers[small + size]), barriers[small + size]
+
+
 def test_a_barrier_spins_only_where_every_rank_has_a_core(monkeypatch: pytest.MonkeyPatch) -> None:
     from collectives.transport.mpi.shared_memory import SPIN_POLLS, spin_polls
 
