@@ -74,7 +74,7 @@ from .dispatch import CheckedCall, call_collective, escaped
 from .explaining import explain
 from .faults import PLAN as FAULTS
 from .host_copy import on_host_copy
-from .one_call import repeat_barrier, repeat_rooted, repeat_shares
+from .one_call import ELSEWHERE, repeat_barrier, repeat_rooted, repeat_shares
 from .ops import ReduceOp
 from .reproducible_calls import ALIASES, Through, reproducibly
 from .reproducible_calls import went_on as reproducible_went_on
@@ -388,8 +388,7 @@ def reduce(
         ):
             done = repeat_rooted("reduce", x, out, op, root, algorithm, comm, check)
             if done is not None:
-                group = comm if comm.__class__ is Communicator else communicator_of(comm)
-                return done if group.rank == root else None
+                return None if done is ELSEWHERE else done
         if reproducible:
             return reproducibly("reduce", x, op, out, algorithm, comm, check, _THROUGH, root=root)
         wide = _widened(x, op, out, comm)

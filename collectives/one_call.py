@@ -10,7 +10,7 @@ on in Python (``LeanShared.went_on``). Where the engine does not take a call, no
 caller takes the full path (:func:`collectives.dispatch.call_collective`).
 """
 
-__all__ = ["repeat_barrier", "repeat_rooted", "repeat_shares"]
+__all__ = ["ELSEWHERE", "repeat_barrier", "repeat_rooted", "repeat_shares"]
 
 from typing import Any
 
@@ -21,6 +21,8 @@ from .communicator import Communicator, communicator_of
 from .requests import busy, settle
 
 _EMPTY, _EMPTY_LIKE = np.empty, np.empty_like
+ELSEWHERE = object()
+"""What :func:`repeat_rooted` gives a reduce's rank other than its root: done, and no result there."""
 _NOTHING = bytearray()  # a barrier's input and output in the compiled engine: no bytes
 
 
@@ -41,11 +43,13 @@ def repeat_rooted(
 ) -> Any:
     """A repeated broadcast's or reduce's call in one call into the compiled engine; None: not taken.
 
-    A reduce's rank other than its root gets its input back (the caller returns None there).
+    A reduce's rank other than its root gets :data:`ELSEWHERE` (the caller returns None there).
     """
     group, compiled = _group(comm)
     done = compiled.repeat_rooted(group.repeats, collective, x, out, op, root, algorithm, check, _EMPTY_LIKE)
-    return done if done is None or done.__class__ is not tuple else _went_on(done)
+    if done is not None and done.__class__ is tuple:
+        done = _went_on(done)
+    return ELSEWHERE if done is not None and collective == "reduce" and group.rank != root else done
 
 
 def repeat_barrier(algorithm: str, comm: Any, check: bool | None) -> bool:
