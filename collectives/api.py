@@ -89,6 +89,17 @@ _NDARRAY = np.ndarray  # a module global: an allreduce tells numpy arrays by the
 _EMPTY_LIKE = np.empty_like
 
 
+def _engine_takes(x: Any, out: Any) -> bool:
+    """Whether a call of ``x`` into ``out`` (or a new array) may be one call into the compiled engine:
+    numpy arrays, the engine running, no fault armed (the full path runs those)."""
+    return (
+        x.__class__ is _NDARRAY
+        and (out is None or out.__class__ is _NDARRAY)
+        and engine.COMPILED is not None
+        and not FAULTS.armed
+    )
+
+
 def allreduce(
     x: Any,
     op: "str | ReduceOp" = "sum",
@@ -220,15 +231,7 @@ def reduce_scatter(
         This rank's share of the result, ``out`` when given.
     """
     try:
-        if (
-            x.__class__ is _NDARRAY
-            and op.__class__ is str
-            and op != "avg"
-            and not reproducible
-            and (out is None or out.__class__ is _NDARRAY)
-            and engine.COMPILED is not None
-            and not FAULTS.armed
-        ):
+        if op.__class__ is str and op != "avg" and not reproducible and _engine_takes(x, out):
             done = repeat_shares("reduce_scatter", x, out, op, counts, algorithm, comm, check)
             if done is not None:
                 return done
@@ -277,12 +280,7 @@ def allgather(
         The concatenation, ``out`` when given.
     """
     try:
-        if (
-            x.__class__ is _NDARRAY
-            and (out is None or out.__class__ is _NDARRAY)
-            and engine.COMPILED is not None
-            and not FAULTS.armed
-        ):
+        if _engine_takes(x, out):
             done = repeat_shares("allgather", x, out, None, counts, algorithm, comm, check)
             if done is not None:
                 return done
@@ -326,12 +324,7 @@ def broadcast(
         InvalidRootError: ``root`` is not a rank of the communicator.
     """
     try:
-        if (
-            x.__class__ is _NDARRAY
-            and (out is None or out.__class__ is _NDARRAY)
-            and engine.COMPILED is not None
-            and not FAULTS.armed
-        ):
+        if _engine_takes(x, out):
             done = repeat_rooted("broadcast", x, out, None, root, algorithm, comm, check)
             if done is not None:
                 return done
@@ -377,15 +370,7 @@ def reduce(
         InvalidRootError: ``root`` is not a rank of the communicator.
     """
     try:
-        if (
-            x.__class__ is _NDARRAY
-            and op.__class__ is str
-            and op != "avg"
-            and not reproducible
-            and (out is None or out.__class__ is _NDARRAY)
-            and engine.COMPILED is not None
-            and not FAULTS.armed
-        ):
+        if op.__class__ is str and op != "avg" and not reproducible and _engine_takes(x, out):
             done = repeat_rooted("reduce", x, out, op, root, algorithm, comm, check)
             if done is not None:
                 return None if done is ELSEWHERE else done

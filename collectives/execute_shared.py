@@ -33,18 +33,7 @@ from the owners' buffers (per rank, S read and S / P written to reduce, and
 to copy in through the window).
 """
 
-__all__ = [
-    "COMPILED_SMALL_READ_BYTES",
-    "OVERSUBSCRIBED_ROOTED_SEGMENT_BYTES",
-    "OVERSUBSCRIBED_SEGMENT_BYTES",
-    "SEGMENT_BYTES",
-    "SMALL_TOTAL_BYTES",
-    "WHOLE_SMALL_TOTAL_BYTES",
-    "Barrier",
-    "SharedExecutor",
-    "oversubscribed",
-    "small_bytes",
-]
+__all__ = ["Barrier", "SharedExecutor"]
 
 from collections.abc import Callable, Sequence
 from functools import lru_cache
@@ -54,16 +43,7 @@ from .backends.base import ArrayBackend
 from .chunking import bounds, even_split
 from .errors import ConfigurationError, MismatchError
 from .ops import ReduceOp
-from .shared_sizes import (
-    COMPILED_SMALL_READ_BYTES,
-    OVERSUBSCRIBED_ROOTED_SEGMENT_BYTES,
-    OVERSUBSCRIBED_SEGMENT_BYTES,
-    SEGMENT_BYTES,
-    SMALL_TOTAL_BYTES,
-    WHOLE_SMALL_TOTAL_BYTES,
-    oversubscribed,
-    small_bytes,
-)
+from .shared_sizes import SEGMENT_BYTES, WHOLE_SMALL_TOTAL_BYTES, small_bytes
 from .transport.base import SharedMemory
 
 Barrier = Callable[[SharedMemory, Sequence[int]], None]

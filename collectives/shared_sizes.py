@@ -1,7 +1,7 @@
 """The shared-memory executor's sizes, each measured: one-barrier windows, segments, crowded nodes.
 
 What :mod:`collectives.execute_shared` runs each call by (and the cost model counts), kept apart
-from it with the measurements that chose them; the executor's module names them too.
+from it with the measurements that chose them.
 """
 
 __all__ = [

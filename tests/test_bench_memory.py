@@ -5,7 +5,7 @@ import re
 import pytest
 
 from collectives import engine
-from collectives.execute_shared import small_bytes
+from collectives.shared_sizes import small_bytes
 from tests.mpirun import BENCH, mpiexec, run_mpi
 
 needs_mpiexec = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec: install the mpich extra")

@@ -457,7 +457,7 @@ def test_barriers_cost_per_peer_and_appear_in_the_explanation() -> None:
 def test_shared_memory_copies_are_weighed_at_the_copy_cost() -> None:
     _with_shared_memory_and_butterfly()
     from collectives.algorithms import shared_memory
-    from collectives.execute_shared import SEGMENT_BYTES
+    from collectives.shared_sizes import SEGMENT_BYTES
 
     assert shared_memory.SEGMENT_ELEMENTS * 4 == SEGMENT_BYTES  # the model counts the executor's segments
     count, p = 1 << 22, 4
@@ -480,7 +480,7 @@ def test_an_oversubscribed_node_goes_through_its_own_segments() -> None:
     import os
 
     from collectives.algorithms import shared_memory
-    from collectives.execute_shared import (
+    from collectives.shared_sizes import (
         OVERSUBSCRIBED_ROOTED_SEGMENT_BYTES,
         OVERSUBSCRIBED_SEGMENT_BYTES,
         oversubscribed,
@@ -501,7 +501,7 @@ def test_an_oversubscribed_node_goes_through_its_own_segments() -> None:
 
 def test_a_small_shared_memory_allreduce_is_counted_as_one_barrier_and_whole_reductions() -> None:
     from collectives.algorithms import shared_memory
-    from collectives.execute_shared import COMPILED_SMALL_READ_BYTES, SMALL_TOTAL_BYTES, small_bytes
+    from collectives.shared_sizes import COMPILED_SMALL_READ_BYTES, SMALL_TOTAL_BYTES, small_bytes
 
     assert shared_memory.SMALL_ELEMENTS * 4 == SMALL_TOTAL_BYTES  # the model follows the executor
     assert shared_memory.COMPILED_SMALL_READ_ELEMENTS * 4 == COMPILED_SMALL_READ_BYTES

@@ -152,7 +152,7 @@ def test_regions_too_small_for_the_slots_are_a_clear_error() -> None:
 @pytest.mark.parametrize("size", [2, 3, 4])
 def test_an_allreduce_whose_inputs_together_are_small_passes_one_barrier(size: int, compiled: bool) -> None:
     """At most ``small_bytes`` a rank: one barrier; a float32 element more: segments."""
-    from collectives.execute_shared import small_bytes
+    from collectives.shared_sizes import small_bytes
 
     limit = small_bytes(size, compiled)
     world = ThreadWorld(size, region_bytes=4 * limit)
@@ -227,8 +227,8 @@ def test_a_barrier_spins_only_where_every_rank_has_a_core(monkeypatch: pytest.Mo
 @pytest.mark.parametrize("size", [2, 4])
 def test_an_op_combining_all_parts_at_once_has_a_smaller_one_barrier_window(size: int) -> None:
     """Past ``WHOLE_SMALL_TOTAL_BYTES`` at 3 ranks or more each owner sums its share, not each rank all."""
-    from collectives.execute_shared import SMALL_TOTAL_BYTES, WHOLE_SMALL_TOTAL_BYTES
     from collectives.reproducible_calls import _RowsSum
+    from collectives.shared_sizes import SMALL_TOTAL_BYTES, WHOLE_SMALL_TOTAL_BYTES
 
     world = ThreadWorld(size, region_bytes=2 * SMALL_TOTAL_BYTES)
     executor = SharedExecutor(world.memory(0), 0, size)

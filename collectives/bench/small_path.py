@@ -37,8 +37,8 @@ from mpi4py import MPI
 import collectives
 from collectives import engine
 from collectives.backends.numpy_backend import UFUNCS, NumpyBackend
-from collectives.execute_shared import small_bytes
 from collectives.ops import get_op
+from collectives.shared_sizes import small_bytes
 
 from .config import parse_size
 

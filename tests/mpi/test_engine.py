@@ -173,7 +173,7 @@ SEGMENTED = (("float32", "sum"), ("float64", "prod"), ("int32", "max"), ("uint8"
 
 def _past_the_small_window(dtype: str) -> int:
     """Elements of a rank's input past the engine's one-barrier window (by 200 KB: two segments or more)."""
-    from collectives.execute_shared import small_bytes
+    from collectives.shared_sizes import small_bytes
 
     return ((small_bytes(MPI.COMM_WORLD.size, compiled=True) + 200_007) // np.dtype(dtype).itemsize) | 1
 

@@ -2,6 +2,8 @@
 path's bits, each repeat one call from the api into the engine."""
 
 import time
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import ml_dtypes
@@ -61,42 +63,19 @@ def _gathered(comm: collectives.Communicator, dtype: str, rows: int, in_place: b
 def test_the_engines_reduce_scatter_and_all_gather_give_the_python_paths_bits(
     world: MPI.Intracomm, monkeypatch: pytest.MonkeyPatch, in_place: bool
 ) -> None:
-    problems = Problems(world)
-    compiled = _lean_communicator(world)
-    made = _counting(monkeypatch, compiled.watchdog.shared)
-    python = None
-    with monkeypatch.context() as python_only:
-        python_only.setattr(engine, "COMPILED", None)
-        python = collectives.Communicator(world)
-        collectives.barrier(comm=python)
-    cases: list[tuple[str, str | None, int]] = [
-        (dtype, op, rows) for dtype, op in DTYPE_OPS if not OPS[op].custom for rows in ROWS
-    ]
-    cases += [(dtype, None, rows) for dtype in ALLGATHER_DTYPES for rows in ROWS]
-    for dtype, op, rows in cases:
-        what = f"{'reduce-scatter ' + op if op else 'all-gather'} {dtype} rows {rows}"
-        before = _runs(made)
-        ours = theirs = None
-        with problems.guard(f"{what} compiled"):
-            if op is None:
-                ours = _gathered(compiled, dtype, rows, in_place)
-            else:
-                ours = _reduce_scattered(compiled, dtype, op, rows, in_place)
-        took = _runs(made) - before
-        # (float16's avg sums in float32; a reduce-scatter into x's own part is no repeat: the full path)
-        if op is None or (engine.reduces(dtype, OPS[op].compiled_combine or "") and not in_place):
-            problems.expect(took == REPEATS - 1, f"{what}: the engine ran {took} of the repeats")
-        with monkeypatch.context() as python_only, problems.guard(f"{what} python"):
-            python_only.setattr(engine, "COMPILED", None)
-            if op is None:
-                theirs = _gathered(python, dtype, rows, in_place)
-            else:
-                theirs = _reduce_scattered(python, dtype, op, rows, in_place)
-        if ours is not None and ours != theirs:
-            problems.expect(False, f"{what}: the compiled and Python paths differ")
-    compiled.free()
-    python.free()
-    problems.check()
+    cases: list[Case] = []
+    for dtype, op in DTYPE_OPS:
+        if not OPS[op].custom:
+            # (float16's avg sums in float32; a reduce-scatter into x's own part is no repeat: the full path)
+            taken = engine.reduces(dtype, OPS[op].compiled_combine or "") and not in_place
+            for rows in ROWS:
+                run = partial(_reduce_scattered, dtype=dtype, op=op, rows=rows, in_place=in_place)
+                cases.append((f"reduce-scatter {op} {dtype} rows {rows}", taken, run))
+    for dtype in ALLGATHER_DTYPES:
+        for rows in ROWS:
+            run = partial(_gathered, dtype=dtype, rows=rows, in_place=in_place)
+            cases.append((f"all-gather {dtype} rows {rows}", True, run))
+    _both_paths_alike(world, monkeypatch, cases)
 
 
 def test_a_late_rank_a_mismatch_and_a_rank_on_the_python_path(
@@ -267,6 +246,26 @@ def _rooted(
 def test_the_engines_broadcast_and_reduce_give_the_python_paths_bits(
     world: MPI.Intracomm, monkeypatch: pytest.MonkeyPatch, into: str
 ) -> None:
+    cases: list[Case] = []
+    for root in sorted({0, world.size - 1}):
+        for dtype, op in DTYPE_OPS:
+            if not OPS[op].custom:
+                taken = engine.reduces(dtype, OPS[op].compiled_combine or "")
+                run = partial(_rooted, collective="reduce", dtype=dtype, op=op, root=root, into=into)
+                cases.append((f"reduce {op} {dtype} root {root}", taken, run))
+        for dtype in ALLGATHER_DTYPES:
+            run = partial(_rooted, collective="broadcast", dtype=dtype, op=None, root=root, into=into)
+            cases.append((f"broadcast {dtype} root {root}", True, run))
+    _both_paths_alike(world, monkeypatch, cases)
+
+
+Case = tuple[str, bool, Callable[[collectives.Communicator], list[bytes]]]
+"""What a call gives, whether the engine takes its repeats, and its calls' bits on a communicator."""
+
+
+def _both_paths_alike(world: MPI.Intracomm, monkeypatch: pytest.MonkeyPatch, cases: list[Case]) -> None:
+    """Each case's bits with the engine and without; where the case says, the engine ran each repeat (at
+    least: a float16 average's float32 twin counts toward the float32 one's)."""
     problems = Problems(world)
     compiled = _lean_communicator(world)
     made = _counting(monkeypatch, compiled.watchdog.shared)
@@ -274,25 +273,19 @@ def test_the_engines_broadcast_and_reduce_give_the_python_paths_bits(
         python_only.setattr(engine, "COMPILED", None)
         python = collectives.Communicator(world)
         collectives.barrier(comm=python)
-    cases: list[tuple[str, str, str | None]] = [
-        ("reduce", dtype, op) for dtype, op in DTYPE_OPS if not OPS[op].custom
-    ]
-    cases += [("broadcast", dtype, None) for dtype in ALLGATHER_DTYPES]
-    for collective, dtype, op in cases:
-        for root in sorted({0, world.size - 1}):
-            what = f"{collective} {op or ''} {dtype} root {root}"
-            before = _runs(made)
-            ours = theirs = None
-            with problems.guard(f"{what} compiled"):
-                ours = _rooted(compiled, collective, dtype, op, root, into)
-            took = _runs(made) - before
-            if op is None or engine.reduces(dtype, OPS[op].compiled_combine or ""):
-                problems.expect(took >= REPEATS - 1, f"{what}: the engine ran {took} of the repeats")
-            with monkeypatch.context() as python_only, problems.guard(f"{what} python"):
-                python_only.setattr(engine, "COMPILED", None)
-                theirs = _rooted(python, collective, dtype, op, root, into)
-            if ours is not None and ours != theirs:
-                problems.expect(False, f"{what}: the compiled and Python paths differ")
+    for what, taken, run in cases:
+        before = _runs(made)
+        ours = theirs = None
+        with problems.guard(f"{what} compiled"):
+            ours = run(compiled)
+        took = _runs(made) - before
+        if taken:
+            problems.expect(took >= REPEATS - 1, f"{what}: the engine ran {took} of the repeats")
+        with monkeypatch.context() as python_only, problems.guard(f"{what} python"):
+            python_only.setattr(engine, "COMPILED", None)
+            theirs = run(python)
+        if ours is not None and ours != theirs:
+            problems.expect(False, f"{what}: the compiled and Python paths differ")
     compiled.free()
     python.free()
     problems.check()

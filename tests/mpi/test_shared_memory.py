@@ -115,7 +115,7 @@ def test_alloc_buffers_reduce_where_they_lie(world: MPI.Intracomm, dtype: str) -
 def test_alloc_on_some_ranks_only_is_a_mismatch_everywhere(world: MPI.Intracomm) -> None:
     if world.size == 1:
         pytest.skip("needs two ranks to disagree")
-    from collectives.execute_shared import small_bytes
+    from collectives.shared_sizes import small_bytes
 
     comm = collectives.Communicator(world, check=False)
     problems = Problems(world)
