@@ -1356,8 +1356,22 @@ static PyObject *core_start(LeanCore *self, PyObject *const *args, Py_ssize_t na
 
 static PyTypeObject LeanCoreType;
 
-/* The lean path kept under an allreduce's key (collectives.repeats.allreduce_key), where the compiled call
- * may take it (not while the watchdog's debug log is on); NULL, no error set, where none is. */
+/* The lean path kept under `key` (a new reference), where the compiled call may take it (not while the
+ * watchdog's debug log is on); NULL, no error set, where none is. */
+static PyObject *lean_kept(PyObject *kept, PyObject *key, PyObject **repeat) {
+    *repeat = key ? PyDict_GetItemWithError(kept, key) : NULL; /* borrowed */
+    PyObject *lean = *repeat ? PyObject_GetAttr(*repeat, s_lean) : NULL;
+    if (!lean || !PyObject_TypeCheck(lean, &LeanCoreType) || !((LeanCore *)lean)->watchdog ||
+        !PyObject_TypeCheck(((LeanCore *)lean)->watchdog, &WatchdogCoreType) ||
+        is_true(((LeanCore *)lean)->watchdog, s_debug) != 0) {
+        PyErr_Clear(); /* not kept: the full path decides, and names any problem */
+        Py_XDECREF(lean);
+        return NULL;
+    }
+    return lean;
+}
+
+/* The lean path kept under an allreduce's key (collectives.repeats.allreduce_key), as lean_kept. */
 static PyObject *lean_found(PyObject *kept, PyObject *x, PyObject *op, PyObject *algorithm, PyObject *result,
                             PyObject *check) {
     PyObject *shape = PyObject_GetAttr(x, s_shape);
@@ -1366,16 +1380,9 @@ static PyObject *lean_found(PyObject *kept, PyObject *x, PyObject *op, PyObject 
                           : NULL;
     Py_XDECREF(shape);
     Py_XDECREF(dtype);
-    PyObject *repeat = key ? PyDict_GetItemWithError(kept, key) : NULL; /* borrowed */
+    PyObject *repeat;
+    PyObject *lean = lean_kept(kept, key, &repeat);
     Py_XDECREF(key);
-    PyObject *lean = repeat ? PyObject_GetAttr(repeat, s_lean) : NULL;
-    if (!lean || !PyObject_TypeCheck(lean, &LeanCoreType) || !((LeanCore *)lean)->watchdog ||
-        !PyObject_TypeCheck(((LeanCore *)lean)->watchdog, &WatchdogCoreType) ||
-        is_true(((LeanCore *)lean)->watchdog, s_debug) != 0) {
-        PyErr_Clear(); /* not kept, or not an array: the full path decides, and names any problem */
-        Py_XDECREF(lean);
-        return NULL;
-    }
     return lean;
 }
 
@@ -1394,6 +1401,19 @@ static int contiguous(PyObject *array, int flags, char **begins, char **ends) {
     }
     PyBuffer_Release(&view);
     return 1;
+}
+
+/* Whether `out` may take a kept call's result as it is: C-contiguous, writable, of `shape` and `dtype`. An
+ * odd array is not (the full path names it). */
+static int out_fits(PyObject *out, PyObject *shape, PyObject *dtype) {
+    PyObject *out_shape = PyObject_GetAttr(out, s_shape), *out_dtype = PyObject_GetAttr(out, s_dtype);
+    int fits = out_shape && out_dtype && contiguous(out, PyBUF_WRITABLE, NULL, NULL) &&
+               PyObject_RichCompareBool(out_shape, shape, Py_EQ) == 1 &&
+               PyObject_RichCompareBool(out_dtype, dtype, Py_EQ) == 1;
+    Py_XDECREF(out_shape);
+    Py_XDECREF(out_dtype);
+    PyErr_Clear();
+    return fits;
 }
 
 /* The end of a call that core_run started: result where done, else (lean, status), or with
@@ -1461,16 +1481,11 @@ static PyObject *engine_repeat_out_of_place(PyObject *module, PyObject *const *a
     fits = fits && contiguous(out, PyBUF_WRITABLE, &out_begins, &out_ends) &&
            (out_ends <= x_begins || x_ends <= out_begins);
     if (fits && !new) {
-        PyObject *x_shape = PyObject_GetAttr(x, s_shape), *out_shape = PyObject_GetAttr(out, s_shape);
-        PyObject *x_dtype = PyObject_GetAttr(x, s_dtype), *out_dtype = PyObject_GetAttr(out, s_dtype);
-        fits = x_shape && out_shape && x_dtype && out_dtype &&
-               PyObject_RichCompareBool(x_shape, out_shape, Py_EQ) == 1 &&
-               PyObject_RichCompareBool(x_dtype, out_dtype, Py_EQ) == 1;
+        PyObject *x_shape = PyObject_GetAttr(x, s_shape), *x_dtype = PyObject_GetAttr(x, s_dtype);
+        fits = x_shape && x_dtype && out_fits(out, x_shape, x_dtype);
         Py_XDECREF(x_shape);
-        Py_XDECREF(out_shape);
         Py_XDECREF(x_dtype);
-        Py_XDECREF(out_dtype);
-        PyErr_Clear(); /* an odd array: the full path names it */
+        PyErr_Clear();
     }
     if (!fits) {
         Py_DECREF(lean);
@@ -1510,13 +1525,11 @@ static PyObject *engine_repeat_shares(PyObject *module, PyObject *const *args, P
                           : NULL;
     Py_XDECREF(shares);
     Py_XDECREF(shape);
-    PyObject *repeat = key ? PyDict_GetItemWithError(args[0], key) : NULL; /* borrowed */
+    PyObject *repeat;
+    PyObject *lean = lean_kept(args[0], key, &repeat);
     Py_XDECREF(key);
-    PyObject *lean = repeat ? PyObject_GetAttr(repeat, s_lean) : NULL;
     PyObject *result_shape = lean ? PyObject_GetAttr(repeat, s_shape) : NULL;
-    if (!result_shape || !PyObject_TypeCheck(lean, &LeanCoreType) || !((LeanCore *)lean)->watchdog ||
-        !PyObject_TypeCheck(((LeanCore *)lean)->watchdog, &WatchdogCoreType) ||
-        is_true(((LeanCore *)lean)->watchdog, s_debug) != 0 || !contiguous(x, 0, NULL, NULL)) {
+    if (!result_shape || !contiguous(x, 0, NULL, NULL)) {
         PyErr_Clear(); /* not kept, or not an array: the full path decides, and names any problem */
         Py_XDECREF(lean);
         Py_XDECREF(dtype);
@@ -1528,13 +1541,7 @@ static PyObject *engine_repeat_shares(PyObject *module, PyObject *const *args, P
         out = PyObject_CallFunctionObjArgs(args[8], result_shape, dtype, NULL);
     else {
         Py_INCREF(out);
-        PyObject *out_shape = PyObject_GetAttr(out, s_shape), *out_dtype = PyObject_GetAttr(out, s_dtype);
-        fits = out_shape && out_dtype && contiguous(out, PyBUF_WRITABLE, NULL, NULL) &&
-               PyObject_RichCompareBool(out_shape, result_shape, Py_EQ) == 1 &&
-               PyObject_RichCompareBool(out_dtype, dtype, Py_EQ) == 1;
-        Py_XDECREF(out_shape);
-        Py_XDECREF(out_dtype);
-        PyErr_Clear(); /* an odd array: the full path names it */
+        fits = out_fits(out, result_shape, dtype);
     }
     Py_DECREF(dtype);
     Py_DECREF(result_shape);
@@ -1547,21 +1554,6 @@ static PyObject *engine_repeat_shares(PyObject *module, PyObject *const *args, P
     PyObject *ended = repeat_ended(lean, core_run((LeanCore *)lean, out, x), out, 1);
     Py_DECREF(out);
     return ended;
-}
-
-/* The lean path kept under `key` (a new reference), where the compiled call may take it (not while the
- * watchdog's debug log is on); NULL, no error set, where none is. */
-static PyObject *lean_kept(PyObject *kept, PyObject *key, PyObject **repeat) {
-    *repeat = key ? PyDict_GetItemWithError(kept, key) : NULL; /* borrowed */
-    PyObject *lean = *repeat ? PyObject_GetAttr(*repeat, s_lean) : NULL;
-    if (!lean || !PyObject_TypeCheck(lean, &LeanCoreType) || !((LeanCore *)lean)->watchdog ||
-        !PyObject_TypeCheck(((LeanCore *)lean)->watchdog, &WatchdogCoreType) ||
-        is_true(((LeanCore *)lean)->watchdog, s_debug) != 0) {
-        PyErr_Clear(); /* not kept: the full path decides, and names any problem */
-        Py_XDECREF(lean);
-        return NULL;
-    }
-    return lean;
 }
 
 /* repeat_rooted(kept, collective, x, out, op, root, algorithm, check, empty_like) -> the result: done
@@ -1603,15 +1595,7 @@ static PyObject *engine_repeat_rooted(PyObject *module, PyObject *const *args, P
     PyObject *work = NULL;
     int writes_x = in_place && !(reduces && !at_root); /* a reduce's input is its output at the root alone */
     int fits = contiguous(x, writes_x ? PyBUF_WRITABLE : 0, NULL, NULL);
-    if (fits && !new && !in_place) {
-        PyObject *out_shape = PyObject_GetAttr(out, s_shape), *out_dtype = PyObject_GetAttr(out, s_dtype);
-        fits = out_shape && out_dtype && contiguous(out, PyBUF_WRITABLE, NULL, NULL) &&
-               PyObject_RichCompareBool(out_shape, shape, Py_EQ) == 1 &&
-               PyObject_RichCompareBool(out_dtype, dtype, Py_EQ) == 1;
-        Py_XDECREF(out_shape);
-        Py_XDECREF(out_dtype);
-        PyErr_Clear(); /* an odd array: the full path names it */
-    }
+    if (fits && !new && !in_place) fits = out_fits(out, shape, dtype);
     if (fits)
         work = in_place || (reduces && !at_root) ? Py_NewRef(x) : new ? PyObject_CallOneArg(args[8], x) : Py_NewRef(out);
     Py_DECREF(shape);

@@ -125,6 +125,13 @@ class SharedExecutor:
         halves = self._halves(backend, like)
         return tuple((half[self._rank][:count], [region[:count] for region in half]) for half in halves)
 
+    def small_call(self, backend: ArrayBackend, like: Any, op: str, spin_s: float, *mode: Any) -> Any:
+        """The compiled engine's one-barrier call over :meth:`small_views` for arrays like ``like``
+        (``SharedMemory.small_kernel``: ``op`` a binary op's name, ``mode`` its mode, share and root),
+        or None where the engine takes none."""
+        regions = tuple(every for _, every in self.small_views(backend, like))
+        return self.shared.small_kernel(regions, str(like.dtype), op, like.shape[0], spin_s, *mode)
+
     def _halves(self, backend: ArrayBackend, like: Any) -> list[list[Any]]:
         """Per half, every rank's region as an array of ``like``'s dtype (made once per dtype)."""
         key = (backend.name, like.dtype)

@@ -82,6 +82,7 @@ class LeanBook:
     _entry: Starts | None
     _pending: bool
     _record_as: type[Starts]
+    _kernel: Any  # the engine's small call, where one runs these calls
 
     def _book(
         self,
@@ -172,6 +173,17 @@ class LeanBook:
         if isinstance(error, MismatchError) and op is not None and op.custom:
             error.add_note(f"rank {self.watchdog.transport.rank}'s op {op.name!r} is {op.agreed_name!r}")
         self.watchdog.end(failed, error)
+
+    def _compiled_waits(self, status: int, turn: int, work: Any, digest: int) -> None:
+        """After the engine's call came back unfinished: wait on as a Call, or compare; then finish it."""
+        shared = self.executor.shared
+        if status == LATE:  # a rank is late: wait on as a Call, which compares the signatures after
+            call = self._record()
+            call.pending = self.guard if digest else None
+            call.arrived(shared, 0, None)
+        else:  # the signatures differ
+            self.watchdog.compare_posted(shared, self.guard, self._sequence)  # raises where they differ
+        self._kernel.reduce(turn, work)
 
 
 class LeanAllreduce(LeanCore, LeanBook):
@@ -365,9 +377,7 @@ class LeanAllreduce(LeanCore, LeanBook):
             views = self._views = executor.small_views(self.backend, source)
             combine = self.op.compiled_combine
             if self.backend.name == "numpy" and combine is not None and not self.guard.outgoing:
-                halves = tuple(regions for _, regions in views)
-                dtype, count = str(source.dtype), source.shape[0]
-                self._kernel = executor.shared.small_kernel(halves, dtype, combine, count, SPIN_S)
+                self._kernel = executor.small_call(self.backend, source, combine, SPIN_S)
         if guard is None:
             self._run(self.backend, work, source, self.op, self.barrier)
             return
@@ -388,17 +398,6 @@ class LeanAllreduce(LeanCore, LeanBook):
             self._reduce(work, regions[0], regions[1])
         else:
             executor.reduce(self.backend, self.op, work, regions)
-
-    def _compiled_waits(self, status: int, turn: int, work: Any, digest: int) -> None:
-        """After the compiled call came back without reducing: wait on as a Call, or compare; then reduce."""
-        shared = self.executor.shared
-        if status == LATE:  # a rank is late: wait on as a Call, which compares the signatures after
-            call = self._record()
-            call.pending = self.guard if digest else None
-            call.arrived(shared, 0, None)
-        else:  # the signatures differ
-            self.watchdog.compare_posted(shared, self.guard, self._sequence)  # raises where they differ
-        self._kernel.reduce(turn, work)
 
     def barrier(
         self, shared: SharedMemory, note: Sequence[int] = (), ranks: tuple[int, ...] | None = None

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .engine import DONE, FINISH, LATE, NOT_TAKEN, LeanCore
+from .engine import DONE, FINISH, NOT_TAKEN, LeanCore
 from .lean import SPIN_S, LeanBook, Repeats
 from .tracing.recorder import TRACER as _TRACE
 from .transport.base import SharedMemory
@@ -93,14 +93,7 @@ class LeanShared(LeanCore, LeanBook):
         """The rest of a call whose compiled start returned ``status``: taken, not done."""
         if status != FINISH:  # claimed and arrived: a rank is late, or the signatures differ
             try:
-                shared = self.executor.shared
-                if status == LATE:  # wait on as a Call, which compares the signatures after
-                    call = self._record()
-                    call.pending = self.guard if self._posted else None
-                    call.arrived(shared, 0, None)
-                else:
-                    self.watchdog.compare_posted(shared, self.guard, self._sequence)  # raises if they differ
-                self._kernel.reduce(self._turn, work)
+                self._compiled_waits(status, self._turn, work, self._posted)
             except BaseException as error:
                 self._failed(error)
                 raise

@@ -324,11 +324,8 @@ class RepeatedReduceScatter(_RepeatedShares):
         if flat.nbytes == 0 or not shared.small(flat.nbytes, op, scatter=True):
             return None
         lo = sum(self.shares[: group.rank])
-        regions = tuple(every for _, every in shared.small_views(self.backend, flat))
-        return shared.shared.small_kernel(
-            regions, str(flat.dtype), op.compiled_combine, flat.shape[0], SPIN_S, SMALL_REDUCE_SCATTER,
-            (lo, lo + self.shares[group.rank]),
-        )  # fmt: skip
+        share = (lo, lo + self.shares[group.rank])
+        return shared.small_call(self.backend, flat, op.compiled_combine, SPIN_S, SMALL_REDUCE_SCATTER, share)
 
     def run(self, group: "Communicator", x: Any, out: Any, check: bool | None) -> Any:
         backend, shared, op = self.backend, self.shared, self.op
@@ -359,14 +356,11 @@ class RepeatedAllgather(_RepeatedShares):
         It copies bytes, so it takes every dtype: its regions are the executor's as bytes.
         """
         shares, shared = self.shares, self.shared
-        nbytes = mine.nbytes
         if self.backend.name != "numpy" or group.size == 1 or shares.count(shares[0]) != len(shares):
             return None
-        if not 0 < nbytes <= shared.segment_fits:
+        if not 0 < mine.nbytes <= shared.segment_fits:
             return None
-        as_bytes = mine.view("uint8")
-        regions = tuple(every for _, every in shared.small_views(self.backend, as_bytes))
-        return shared.shared.small_kernel(regions, "uint8", "bor", nbytes, SPIN_S, SMALL_ALLGATHER)
+        return shared.small_call(self.backend, mine.view("uint8"), "bor", SPIN_S, SMALL_ALLGATHER)
 
     def run(self, group: "Communicator", x: Any, out: Any, check: bool | None) -> Any:
         backend, shared, shares = self.backend, self.shared, self.shares
@@ -412,9 +406,8 @@ class RepeatedBarrier(Repeat):
         """The engine's small call of no bytes (an all-gather of nothing): one signed barrier; or None."""
         if group.size == 1:
             return None
-        views = self.shared.small_views(backend_for(_NOTHING_ARRAY), _NOTHING_ARRAY)
-        regions = tuple(every for _, every in views)
-        return self.shared.shared.small_kernel(regions, "uint8", "bor", 0, SPIN_S, SMALL_ALLGATHER)
+        nothing = _NOTHING_ARRAY
+        return self.shared.small_call(backend_for(nothing), nothing, "bor", SPIN_S, SMALL_ALLGATHER)
 
 
 class _RepeatedRooted(_RepeatedOnShared):
@@ -450,10 +443,7 @@ class RepeatedBroadcast(_RepeatedRooted):
         if self.backend.name != "numpy" or group.size == 1 or not 0 < work.nbytes <= shared.rooted_fits:
             return None
         as_bytes = work.view("uint8")
-        regions = tuple(every for _, every in shared.small_views(self.backend, as_bytes))
-        return shared.shared.small_kernel(
-            regions, "uint8", "bor", work.nbytes, SPIN_S, SMALL_BROADCAST, None, self.root
-        )
+        return shared.small_call(self.backend, as_bytes, "bor", SPIN_S, SMALL_BROADCAST, None, self.root)
 
 
 class RepeatedReduce(_RepeatedRooted):
@@ -470,11 +460,7 @@ class RepeatedReduce(_RepeatedRooted):
             return None
         if not 0 < mine.nbytes <= shared.rooted_fits:
             return None
-        regions = tuple(every for _, every in shared.small_views(self.backend, mine))
-        count = mine.shape[0]
-        return shared.shared.small_kernel(
-            regions, str(mine.dtype), combine, count, SPIN_S, SMALL_REDUCE, None, self.root
-        )
+        return shared.small_call(self.backend, mine, combine, SPIN_S, SMALL_REDUCE, None, self.root)
 
     def run(self, group: "Communicator", x: Any, out: Any, check: bool | None) -> Any:
         backend, op, root = self.backend, self.op, self.root
